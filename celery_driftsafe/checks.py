@@ -1,0 +1,145 @@
+"""Django system checks for ``settings.DRIFTSAFE``.
+
+Stable ids (documented in the settings reference):
+
+========================  ==============================================================
+``celery_driftsafe.E001``  ``DRIFTSAFE`` is not a dict
+``celery_driftsafe.E002``  unknown key in ``DRIFTSAFE``
+``celery_driftsafe.E003``  a choice setting has a value outside its choices
+``celery_driftsafe.E004``  a number setting is not a positive number
+``celery_driftsafe.E005``  ``REDIS_URL`` is not a Redis URL
+``celery_driftsafe.E006``  ``TIME_AUTHORITY`` is ``redis`` but ``REDIS_URL`` is not set
+``celery_driftsafe.E007``  ``KEY_PREFIX`` is not a non-empty string without spaces
+``celery_driftsafe.E008``  ``MISFIRE_GRACE_SECONDS`` is negative
+``celery_driftsafe.W001``  ``TIME_AUTHORITY`` is ``database`` on SQLite (no shared clock)
+``celery_driftsafe.W002``  ``MAX_CLOCK_OFFSET_SECONDS`` is not below the hard bound
+========================  ==============================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.core.checks import CheckMessage, Error, Warning
+from django.db import connections
+
+from celery_driftsafe import conf
+
+_CHOICES: dict[str, Sequence[str]] = {
+    "TIME_AUTHORITY": conf.TIME_AUTHORITIES,
+    "MISFIRE_POLICY": conf.MISFIRE_POLICIES,
+    "REDIS_UNAVAILABLE": conf.REDIS_UNAVAILABLE_POLICIES,
+}
+_POSITIVE_INTS = ("CLAIM_BATCH_SIZE", "CLOCK_SYNC_SAMPLES", "FIRE_ALL_MAX")
+_POSITIVE_NUMBERS = (
+    "LEASE_SECONDS",
+    "MAX_CLOCK_OFFSET_SECONDS",
+    "HARD_CLOCK_OFFSET_SECONDS",
+    "CLOCK_SYNC_INTERVAL_SECONDS",
+    "HEARTBEAT_INTERVAL_SECONDS",
+    "NODE_DEAD_AFTER_SECONDS",
+    "MAX_LOOP_INTERVAL_SECONDS",
+)
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
+
+
+def _error(key: str, value: Any, problem: str, hint: str, id_: str) -> Error:
+    return Error(f"DRIFTSAFE[{key!r}] = {value!r}: {problem}", hint=hint, id=id_)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Validate every key of ``settings.DRIFTSAFE``."""
+    try:
+        raw = conf.raw_settings()
+    except conf.ConfigurationError as exc:
+        return [Error(str(exc), hint="DRIFTSAFE must be a dict", id="celery_driftsafe.E001")]
+    return list(_check_raw(raw))
+
+
+def _check_raw(raw: dict[str, Any]) -> Iterable[CheckMessage]:
+    known = conf.DriftSafeSettings.setting_names()
+    defaults = conf.DriftSafeSettings()
+    for key in sorted(set(raw) - set(known)):
+        yield _error(
+            key, raw[key], "unknown setting", "known: " + ", ".join(sorted(known)),
+            "celery_driftsafe.E002",
+        )
+    for key, choices in _CHOICES.items():
+        if key in raw and raw[key] not in choices:
+            yield _error(
+                key, raw[key], "not a valid choice", "one of: " + ", ".join(choices),
+                "celery_driftsafe.E003",
+            )
+    for key in _POSITIVE_INTS:
+        value = raw.get(key, 1)
+        if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            yield _error(key, value, "must be a positive whole number", "for example "
+                         f"{getattr(defaults, known[key])}", "celery_driftsafe.E004")
+    for key in _POSITIVE_NUMBERS:
+        value = raw.get(key, 1.0)
+        if not (_is_number(value) and value > 0):
+            yield _error(key, value, "must be a positive number of seconds", "for example "
+                         f"{getattr(defaults, known[key])}", "celery_driftsafe.E004")
+    redis_url = raw.get("REDIS_URL")
+    if redis_url is not None and (
+        not isinstance(redis_url, str) or urlsplit(redis_url).scheme not in REDIS_SCHEMES
+    ):
+        yield _error(
+            "REDIS_URL", redis_url, "not a Redis URL",
+            "use redis://host:6379/0, rediss:// for TLS, unix:///path, or None for no Redis",
+            "celery_driftsafe.E005",
+        )
+    if raw.get("TIME_AUTHORITY") == "redis" and not redis_url:
+        yield _error(
+            "TIME_AUTHORITY", "redis", "needs DRIFTSAFE['REDIS_URL']",
+            "set REDIS_URL, or use TIME_AUTHORITY 'database'", "celery_driftsafe.E006",
+        )
+    prefix = raw.get("KEY_PREFIX", "driftsafe")
+    if not (isinstance(prefix, str) and prefix and not any(c.isspace() for c in prefix)):
+        yield _error(
+            "KEY_PREFIX", prefix, "must be a non-empty string without spaces",
+            "for example 'driftsafe' or 'myproject:driftsafe'", "celery_driftsafe.E007",
+        )
+    grace = raw.get("MISFIRE_GRACE_SECONDS", 0)
+    if not (_is_number(grace) and grace >= 0):
+        yield _error(
+            "MISFIRE_GRACE_SECONDS", grace, "must be a number of seconds >= 0",
+            "for example 60", "celery_driftsafe.E008",
+        )
+    warn = raw.get("MAX_CLOCK_OFFSET_SECONDS", defaults.max_clock_offset_seconds)
+    hard = raw.get("HARD_CLOCK_OFFSET_SECONDS", defaults.hard_clock_offset_seconds)
+    if _is_number(warn) and _is_number(hard) and warn >= hard:
+        yield Warning(
+            f"DRIFTSAFE['MAX_CLOCK_OFFSET_SECONDS'] = {warn!r} is not below "
+            f"DRIFTSAFE['HARD_CLOCK_OFFSET_SECONDS'] = {hard!r}",
+            hint="the warning bound should be smaller than the bound that stops claiming",
+            id="celery_driftsafe.W002",
+        )
+
+
+def check_database(
+    app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Warn when the database cannot be a shared time authority."""
+    try:
+        raw = conf.raw_settings()
+    except conf.ConfigurationError:
+        return []  # reported by check_settings
+    if raw.get("TIME_AUTHORITY", "database") != "database":
+        return []
+    if connections["default"].vendor != "sqlite":
+        return []
+    return [
+        Warning(
+            "DRIFTSAFE['TIME_AUTHORITY'] is 'database' but the database is SQLite, whose clock "
+            "is each process's own wall clock, so beats on different machines share no clock",
+            hint="set DRIFTSAFE['TIME_AUTHORITY'] = 'redis' (with REDIS_URL), or use PostgreSQL",
+            id="celery_driftsafe.W001",
+        )
+    ]

@@ -1,0 +1,120 @@
+"""The settings surface: one typed, read-on-access view of ``settings.DRIFTSAFE``.
+
+Every setting lives in one dict in Django settings::
+
+    DRIFTSAFE = {
+        "REDIS_URL": "redis://127.0.0.1:6379/0",
+        "TIME_AUTHORITY": "database",
+    }
+
+:func:`get_settings` builds a :class:`DriftSafeSettings` from it each time it is asked after a
+change (Django's ``setting_changed`` signal clears the cache), so ``override_settings`` works
+in tests and nothing is read at import time. Values are validated by the system checks in
+:mod:`celery_driftsafe.checks`; :func:`get_settings` raises :class:`ConfigurationError` for a
+value it cannot use at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from django.conf import settings as django_settings
+
+from celery_driftsafe.exceptions import ConfigurationError
+
+TimeAuthority = Literal["database", "redis", "local"]
+MisfirePolicy = Literal["fire_once", "fire_all", "skip"]
+RedisUnavailablePolicy = Literal["fail_closed", "fail_open"]
+
+TIME_AUTHORITIES: tuple[TimeAuthority, ...] = ("database", "redis", "local")
+MISFIRE_POLICIES: tuple[MisfirePolicy, ...] = ("fire_once", "fire_all", "skip")
+REDIS_UNAVAILABLE_POLICIES: tuple[RedisUnavailablePolicy, ...] = ("fail_closed", "fail_open")
+
+
+@dataclass(frozen=True)
+class DriftSafeSettings:
+    """Every setting, with its default. Keys in ``settings.DRIFTSAFE`` are the upper-case names."""
+
+    #: Redis for locks, wake-up notifications and (optionally) the time authority.
+    #: ``None``: no Redis; locks fall back to the database and beats poll for changes.
+    redis_url: str | None = None
+    #: Prefix of every Redis key and channel this package uses.
+    key_prefix: str = "driftsafe"
+    #: Whose clock decides due-ness: ``database`` (the claim query's ``now()``), ``redis``
+    #: (Redis ``TIME``) or ``local`` (this process's wall clock; single-machine tests only).
+    time_authority: TimeAuthority = "database"
+    #: The most runs one claim round takes.
+    claim_batch_size: int = 500
+    #: Seconds a claimed run may stay undispatched before another beat re-publishes it.
+    lease_seconds: float = 30.0
+    #: A node whose measured offset from the authority exceeds this logs a warning.
+    max_clock_offset_seconds: float = 1.0
+    #: A node whose measured offset exceeds this stops claiming (its clock answer is absurd).
+    hard_clock_offset_seconds: float = 3600.0 * 6
+    #: How often a node re-measures its offset from the authority.
+    clock_sync_interval_seconds: float = 60.0
+    #: Round trips per offset measurement; the one with the lowest round trip wins.
+    clock_sync_samples: int = 5
+    #: Default misfire policy of a task that does not set its own.
+    misfire_policy: MisfirePolicy = "fire_once"
+    #: Seconds past its slot after which a slot counts as missed (default for tasks).
+    misfire_grace_seconds: float = 60.0
+    #: Upper bound on catch-up runs one ``fire_all`` task gets after downtime.
+    fire_all_max: int = 100
+    #: Seconds between node heartbeats.
+    heartbeat_interval_seconds: float = 5.0
+    #: A node whose heartbeat is older than this is considered dead.
+    node_dead_after_seconds: float = 30.0
+    #: The longest a beat sleeps between two looks at the schedule.
+    max_loop_interval_seconds: float = 1.0
+    #: What ``DriftSafeTask`` does when Redis cannot be reached.
+    redis_unavailable: RedisUnavailablePolicy = "fail_closed"
+
+    @classmethod
+    def setting_names(cls) -> dict[str, str]:
+        """Map of ``DRIFTSAFE`` key (upper case) to attribute name."""
+        return {f.name.upper(): f.name for f in dataclasses.fields(cls)}
+
+
+_cached: DriftSafeSettings | None = None
+
+
+def raw_settings() -> dict[str, Any]:
+    """The ``DRIFTSAFE`` dict from Django settings (empty when absent)."""
+    value = getattr(django_settings, "DRIFTSAFE", {})
+    if not isinstance(value, dict):
+        raise ConfigurationError(
+            "DRIFTSAFE", value, "must be a dict", "set DRIFTSAFE = {'REDIS_URL': ...} in settings"
+        )
+    return value
+
+
+def build_settings(raw: dict[str, Any]) -> DriftSafeSettings:
+    """Build a settings object from a ``DRIFTSAFE`` dict; unknown keys raise."""
+    names = DriftSafeSettings.setting_names()
+    unknown = sorted(set(raw) - set(names))
+    if unknown:
+        raise ConfigurationError(
+            unknown[0],
+            raw[unknown[0]],
+            "unknown setting",
+            "known settings: " + ", ".join(sorted(names)),
+        )
+    return DriftSafeSettings(**{names[key]: value for key, value in raw.items()})
+
+
+def get_settings() -> DriftSafeSettings:
+    """The current settings (cached until Django's ``setting_changed`` fires for DRIFTSAFE)."""
+    global _cached
+    if _cached is None:
+        _cached = build_settings(raw_settings())
+    return _cached
+
+
+def clear_cache(**kwargs: Any) -> None:
+    """``setting_changed`` receiver: forget the cached settings."""
+    global _cached
+    if kwargs.get("setting", "DRIFTSAFE") == "DRIFTSAFE":
+        _cached = None

@@ -1,0 +1,269 @@
+"""The tables: periodic task definitions, the run ledger, and the beat nodes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from django.core.exceptions import ValidationError
+from django.db import models
+
+from celery_driftsafe.exceptions import ScheduleError
+from celery_driftsafe.slots import Crontab, Interval, OneOff, Schedule
+
+
+class ScheduleKind(models.TextChoices):
+    INTERVAL = "interval", "Interval"
+    CRONTAB = "crontab", "Crontab"
+    ONE_OFF = "one_off", "One-off"
+
+
+class IntervalUnit(models.TextChoices):
+    SECONDS = "seconds", "seconds"
+    MINUTES = "minutes", "minutes"
+    HOURS = "hours", "hours"
+    DAYS = "days", "days"
+
+
+class MisfirePolicy(models.TextChoices):
+    DEFAULT = "", "Project default"
+    FIRE_ONCE = "fire_once", "Fire once for all missed slots"
+    FIRE_ALL = "fire_all", "Fire every missed slot (bounded)"
+    SKIP = "skip", "Skip to the next future slot"
+
+
+class OverlapPolicy(models.TextChoices):
+    ALLOW = "allow", "Allow overlapping runs"
+    SKIP = "skip", "Skip a slot while the previous run is running"
+
+
+class RunStatus(models.TextChoices):
+    CLAIMED = "claimed", "Claimed"
+    DISPATCHED = "dispatched", "Dispatched"
+    STARTED = "started", "Started"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    SKIPPED = "skipped", "Skipped"
+    MISSED = "missed", "Missed"
+
+
+class RunKind(models.TextChoices):
+    SCHEDULED = "scheduled", "Scheduled"
+    MANUAL = "manual", "Run now"
+    ADHOC = "adhoc", "Ad-hoc call"
+
+
+class TaskSource(models.TextChoices):
+    DATABASE = "database", "Database / admin"
+    BEAT_SCHEDULE = "beat_schedule", "Celery beat_schedule"
+
+
+_UNIT_SECONDS = {"seconds": 1, "minutes": 60, "hours": 3600, "days": 86400}
+
+
+class PeriodicTask(models.Model):
+    """A periodic task: what to call, with what, on which schedule, under which policies.
+
+    ``next_slot_at`` is the next slot not yet claimed (UTC); a beat claims the task when the
+    authority's clock has reached it, and moves it forward in the same transaction.
+    """
+
+    name = models.CharField(max_length=200, unique=True, help_text="Unique, human-chosen name.")
+    task = models.CharField(max_length=200, help_text="Registered Celery task name.")
+    args = models.JSONField(default=list, blank=True, help_text="JSON list of arguments.")
+    kwargs = models.JSONField(default=dict, blank=True, help_text="JSON object of keyword args.")
+    # Celery publish options.
+    queue = models.CharField(max_length=200, blank=True)
+    exchange = models.CharField(max_length=200, blank=True)
+    routing_key = models.CharField(max_length=200, blank=True)
+    priority = models.PositiveSmallIntegerField(null=True, blank=True)
+    expires_seconds = models.FloatField(
+        null=True, blank=True, help_text="Message expires this many seconds after its slot."
+    )
+    headers = models.JSONField(default=dict, blank=True, help_text="Extra message headers.")
+    # Schedule: exactly one kind.
+    schedule_kind = models.CharField(max_length=16, choices=ScheduleKind.choices)
+    interval_every = models.PositiveIntegerField(null=True, blank=True)
+    interval_unit = models.CharField(
+        max_length=16, choices=IntervalUnit.choices, default=IntervalUnit.SECONDS, blank=True
+    )
+    interval_anchor = models.DateTimeField(
+        null=True, blank=True, help_text="Slots are anchor + k * every; set once, kept forever."
+    )
+    crontab_minute = models.CharField(max_length=240, default="*", blank=True)
+    crontab_hour = models.CharField(max_length=96, default="*", blank=True)
+    crontab_day_of_month = models.CharField(max_length=124, default="*", blank=True)
+    crontab_month_of_year = models.CharField(max_length=64, default="*", blank=True)
+    crontab_day_of_week = models.CharField(max_length=64, default="*", blank=True)
+    timezone = models.CharField(max_length=63, default="UTC", help_text="IANA zone of the crontab.")
+    one_off_at = models.DateTimeField(null=True, blank=True)
+    # State and policies.
+    enabled = models.BooleanField(default=True)
+    disabled_reason = models.TextField(blank=True)
+    misfire_policy = models.CharField(
+        max_length=16, choices=MisfirePolicy.choices, default=MisfirePolicy.DEFAULT, blank=True
+    )
+    misfire_grace_seconds = models.FloatField(
+        null=True, blank=True, help_text="Empty: the project default."
+    )
+    overlap_policy = models.CharField(
+        max_length=16, choices=OverlapPolicy.choices, default=OverlapPolicy.ALLOW
+    )
+    source = models.CharField(
+        max_length=16, choices=TaskSource.choices, default=TaskSource.DATABASE
+    )
+    next_slot_at = models.DateTimeField(null=True, blank=True)
+    last_slot_at = models.DateTimeField(null=True, blank=True)
+    run_count = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    changed_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        indexes = [models.Index(fields=["enabled", "next_slot_at"], name="driftsafe_task_due")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def schedule(self) -> Schedule:
+        """The slot arithmetic object for this row; raises :class:`ScheduleError`."""
+        return self.build_schedule()
+
+    def build_schedule(self, *, anchor: datetime | None = None) -> Schedule:
+        """Build the schedule; ``anchor`` stands in for a not yet stored interval anchor."""
+        if self.schedule_kind == ScheduleKind.INTERVAL:
+            if not self.interval_every:
+                raise ScheduleError("every", "an interval task needs a positive 'every'")
+            unit = _UNIT_SECONDS.get(self.interval_unit or "seconds")
+            if unit is None:
+                raise ScheduleError("every", f"unknown unit {self.interval_unit!r}")
+            anchor = self.interval_anchor or anchor
+            if anchor is None:
+                raise ScheduleError("anchor", "an interval task needs an anchor")
+            return Interval(timedelta(seconds=self.interval_every * unit), anchor)
+        if self.schedule_kind == ScheduleKind.CRONTAB:
+            return Crontab(
+                minute=self.crontab_minute,
+                hour=self.crontab_hour,
+                day_of_month=self.crontab_day_of_month,
+                month_of_year=self.crontab_month_of_year,
+                day_of_week=self.crontab_day_of_week,
+                timezone=self.timezone,
+            )
+        if self.schedule_kind == ScheduleKind.ONE_OFF:
+            if self.one_off_at is None:
+                raise ScheduleError("at", "a one-off task needs an instant")
+            return OneOff(self.one_off_at)
+        raise ScheduleError("schedule_kind", f"unknown schedule kind {self.schedule_kind!r}")
+
+    def clean(self) -> None:
+        """Model validation: JSON shapes and the schedule, each error on the field at fault."""
+        errors: dict[str, str] = {}
+        if not isinstance(self.args, list):
+            errors["args"] = 'Arguments must be a JSON list, e.g. [1, "a"].'
+        if not isinstance(self.kwargs, dict):
+            errors["kwargs"] = 'Keyword arguments must be a JSON object, e.g. {"a": 1}.'
+        if not isinstance(self.headers, dict):
+            errors["headers"] = "Headers must be a JSON object."
+        try:
+            # An interval's anchor is stored on first claim; any aware instant validates it.
+            self.build_schedule(anchor=datetime(2000, 1, 1, tzinfo=UTC))
+        except ScheduleError as exc:
+            errors[SCHEDULE_FIELDS.get(exc.field, "schedule_kind")] = str(exc)
+        if errors:
+            raise ValidationError(errors)
+
+
+#: Which model field holds each schedule field named by :class:`ScheduleError`.
+SCHEDULE_FIELDS = {
+    "every": "interval_every",
+    "anchor": "interval_anchor",
+    "minute": "crontab_minute",
+    "hour": "crontab_hour",
+    "day_of_month": "crontab_day_of_month",
+    "month_of_year": "crontab_month_of_year",
+    "day_of_week": "crontab_day_of_week",
+    "timezone": "timezone",
+    "expression": "crontab_minute",
+    "at": "one_off_at",
+    "schedule_kind": "schedule_kind",
+}
+
+
+class Run(models.Model):
+    """The run ledger: one row per fired, skipped or missed slot (and per manual/ad-hoc run).
+
+    ``(periodic_task, slot)`` is unique: the idempotency key of a firing. Instants are the
+    authority's time. ``fencing_token`` is the token of the last writer; a write carrying an
+    older token is refused.
+    """
+
+    periodic_task = models.ForeignKey(
+        PeriodicTask, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
+    )
+    task_name = models.CharField(max_length=200, help_text="Celery task name at claim time.")
+    kind = models.CharField(max_length=16, choices=RunKind.choices, default=RunKind.SCHEDULED)
+    slot = models.DateTimeField(null=True, blank=True)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.CLAIMED)
+    claimed_by = models.CharField(max_length=255, blank=True, help_text="Node id of the claimer.")
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    celery_task_id = models.CharField(max_length=255, blank=True, db_index=True)
+    fencing_token = models.BigIntegerField(default=0)
+    dispatch_attempts = models.PositiveIntegerField(default=0)
+    worker = models.CharField(max_length=255, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-slot", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["periodic_task", "slot"], name="driftsafe_run_slot_once"),
+        ]
+        indexes = [
+            models.Index(fields=["status", "claimed_at"], name="driftsafe_run_outbox"),
+            models.Index(fields=["periodic_task", "-slot"], name="driftsafe_run_task_recent"),
+        ]
+
+    def __str__(self) -> str:
+        when = self.slot.isoformat() if self.slot else "ad hoc"
+        return f"{self.task_name} @ {when} ({self.status})"
+
+    @property
+    def lateness(self) -> timedelta | None:
+        """How long after its slot the run was claimed."""
+        if self.slot is None or self.claimed_at is None:
+            return None
+        return self.claimed_at - self.slot
+
+    @property
+    def duration(self) -> timedelta | None:
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return self.finished_at - self.started_at
+
+
+class BeatNode(models.Model):
+    """One running (or once running) beat: its heartbeat and its measured clock offset."""
+
+    node_id = models.CharField(max_length=255, unique=True)
+    hostname = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    version = models.CharField(max_length=32, blank=True)
+    started_at = models.DateTimeField()
+    last_heartbeat_at = models.DateTimeField()
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    clock_offset_seconds = models.FloatField(
+        null=True, blank=True, help_text="Authority minus this node's wall clock."
+    )
+    clock_rtt_seconds = models.FloatField(null=True, blank=True)
+    clock_measured_at = models.DateTimeField(null=True, blank=True)
+    claiming_paused_reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["hostname", "pid"]
+
+    def __str__(self) -> str:
+        return self.node_id

@@ -1,0 +1,81 @@
+"""Helpers for testing code that uses celery_driftsafe, shipped for users' own tests.
+
+:class:`FakeClock` is a :class:`~celery_driftsafe.clock.Clock` that only moves when told to:
+``sleep()`` advances it instantly, so a test of a schedule over a day runs in microseconds and
+boundary cases (a slot exactly at ``now``) are exact rather than hoped for::
+
+    from celery_driftsafe.testing import FakeClock
+
+    clock = FakeClock(datetime(2026, 3, 29, 0, 59, tzinfo=UTC))
+    clock.advance(60)
+    assert clock.now() == datetime(2026, 3, 29, 1, 0, tzinfo=UTC)
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+from celery_driftsafe.exceptions import ClockError
+
+
+class FakeClock:
+    """A controllable clock. ``now()`` is ``start`` plus the time advanced so far; the
+    monotonic clock advances in step. Thread-safe."""
+
+    name = "fake"
+
+    def __init__(self, start: datetime | None = None, *, monotonic_start: float = 1000.0) -> None:
+        if start is None:
+            start = datetime(2026, 1, 1, tzinfo=UTC)
+        if start.tzinfo is None:
+            raise ValueError("FakeClock needs an aware start datetime, e.g. tzinfo=UTC")
+        self._now = start.astimezone(UTC)
+        self._monotonic = monotonic_start
+        self._lock = threading.Lock()
+        self.sleeps: list[float] = []
+
+    def now(self) -> datetime:
+        with self._lock:
+            return self._now
+
+    def monotonic(self) -> float:
+        with self._lock:
+            return self._monotonic
+
+    def sleep(self, seconds: float) -> None:
+        """Record the requested sleep and advance by it at once."""
+        with self._lock:
+            self.sleeps.append(seconds)
+        if seconds > 0:
+            self.advance(seconds)
+
+    def advance(self, seconds: float | timedelta) -> datetime:
+        """Move both clocks forward; returns the new ``now()``."""
+        delta = seconds if isinstance(seconds, timedelta) else timedelta(seconds=seconds)
+        if delta < timedelta(0):
+            raise ValueError("a clock does not go backwards; use set() for a jump")
+        with self._lock:
+            self._now += delta
+            self._monotonic += delta.total_seconds()
+            return self._now
+
+    def set(self, instant: datetime) -> None:
+        """Jump the authority time (the monotonic clock is unaffected, as with a real step)."""
+        if instant.tzinfo is None:
+            raise ValueError("FakeClock.set needs an aware datetime")
+        with self._lock:
+            self._now = instant.astimezone(UTC)
+
+    # The Authority protocol, so a FakeClock can also stand in for the shared clock.
+    def read(self) -> datetime:
+        return self.now()
+
+
+class UnreachableAuthority:
+    """An authority that always fails, for testing outage handling."""
+
+    name = "unreachable"
+
+    def read(self) -> datetime:
+        raise ClockError("authority unreachable (test double)")

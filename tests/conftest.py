@@ -1,0 +1,90 @@
+"""Shared fixtures. Tests that use no database are marked ``pure`` automatically, so the
+PostgreSQL pass of ``tests/run.sh`` (``-m "not pure"``) runs only what depends on the database."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from tests import settings as test_settings
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true", help="run soak and chaos tests too")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    run_slow = config.getoption("--run-slow")
+    for item in items:
+        if item.get_closest_marker("django_db") is None and item.get_closest_marker("e2e") is None:
+            item.add_marker(pytest.mark.pure)
+        if item.get_closest_marker("slow") is not None and not run_slow:
+            item.add_marker(pytest.mark.skip(reason="slow: run with --run-slow"))
+
+
+@pytest.fixture
+def fake_clock() -> Any:
+    from celery_driftsafe.testing import FakeClock
+
+    return FakeClock(datetime(2026, 3, 1, 12, 0, tzinfo=UTC))
+
+
+@pytest.fixture
+def redis_client() -> Iterator[Any]:
+    """The test Redis database (``DRIFTSAFE_TEST_REDIS_DB``), emptied before and after."""
+    import redis
+
+    client = redis.Redis.from_url(test_settings.REDIS_URL)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+BROKER_DB = test_settings.REDIS_DB + 1
+BROKER_URL = f"{test_settings.REDIS_SERVER}/{BROKER_DB}"
+
+
+@pytest.fixture
+def broker_app() -> Iterator[Any]:
+    """A Celery app publishing to a real Redis broker (db ``REDIS_DB + 1``), with a registered
+    ``tests.add`` task. Messages land in the Redis list ``celery``; :func:`drain` reads them."""
+    import redis
+    from celery import Celery
+
+    client = redis.Redis.from_url(BROKER_URL)
+    client.flushdb()
+    app = Celery("driftsafe-tests", broker=BROKER_URL, set_as_current=False)
+    app.conf.broker_connection_retry_on_startup = False
+
+    @app.task(name="tests.add")
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    yield app
+    client.flushdb()
+    client.close()
+
+
+def drain(queue: str = "celery") -> list[dict[str, Any]]:
+    """Pop every message published to ``queue`` on the test broker; returns their headers
+    (with ``args``/``kwargs`` decoded from the body)."""
+    import base64
+
+    import redis
+
+    client = redis.Redis.from_url(BROKER_URL)
+    out = []
+    while (raw := client.rpop(queue)) is not None:
+        message = json.loads(raw)
+        headers = dict(message["headers"])
+        body = json.loads(base64.b64decode(message["body"]))
+        headers["args"], headers["kwargs"] = body[0], body[1]
+        headers["properties"] = message.get("properties", {})
+        out.append(headers)
+    client.close()
+    return out

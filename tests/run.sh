@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The test command (README.md gives it; .ci/run calls it):
+#   fresh virtual environment -> services -> ruff -> mypy -> pytest on SQLite -> pytest on PostgreSQL
+# Environment knobs: DRIFTSAFE_VENV (default .venv-test), PYTHON (default python3),
+# DRIFTSAFE_TEST_PG_HOST/PORT/USER, DRIFTSAFE_TEST_REDIS_URL; extra args go to both pytest runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=${DRIFTSAFE_VENV:-.venv-test}
+PG_HOST=${DRIFTSAFE_TEST_PG_HOST:-127.0.0.1}
+PG_PORT=${DRIFTSAFE_TEST_PG_PORT:-5432}
+REDIS_URL=${DRIFTSAFE_TEST_REDIS_URL:-redis://127.0.0.1:6379}
+
+say() { printf '\n== %s\n' "$*"; }
+die() { printf '\nERROR: %s\n' "$*" >&2; exit 2; }
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
+
+say "virtual environment $VENV (fresh)"
+rm -rf "$VENV"
+"$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip
+"$VENV/bin/python" -m pip install -q -e '.[test]'
+PY="$VENV/bin/python"
+
+port_open() { "$PY" - "$1" "$2" <<'PYEOF'
+import socket, sys
+s = socket.socket(); s.settimeout(1)
+sys.exit(0 if s.connect_ex((sys.argv[1], int(sys.argv[2]))) == 0 else 1)
+PYEOF
+}
+wait_port() { for _ in $(seq 1 60); do port_open "$1" "$2" && return 0; sleep 0.5; done; return 1; }
+
+say "services"
+redis_host_port=${REDIS_URL#redis://}
+redis_host=${redis_host_port%%:*}; redis_port=${redis_host_port##*:}
+if ! port_open "$redis_host" "$redis_port"; then
+  command -v redis-server >/dev/null || die "Redis is not running on $redis_host:$redis_port and redis-server is not installed. Install it (apt-get install redis-server) or point DRIFTSAFE_TEST_REDIS_URL at a running Redis."
+  echo "starting redis-server on $redis_host:$redis_port"
+  mkdir -p /tmp/driftsafe-redis
+  redis-server --daemonize yes --bind "$redis_host" --port "$redis_port" --save "" --appendonly no \
+    --dir /tmp/driftsafe-redis --logfile /tmp/driftsafe-redis/redis.log
+  wait_port "$redis_host" "$redis_port" || die "redis-server did not come up; see /tmp/driftsafe-redis/redis.log"
+fi
+echo "redis: $redis_host:$redis_port up"
+if ! port_open "$PG_HOST" "$PG_PORT"; then
+  if command -v pg_ctlcluster >/dev/null && [ -d /etc/postgresql ]; then
+    echo "starting PostgreSQL"
+    as_root pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start \
+      || die "could not start PostgreSQL with pg_ctlcluster"
+    wait_port "$PG_HOST" "$PG_PORT" || die "PostgreSQL did not come up on $PG_HOST:$PG_PORT"
+  else
+    die "PostgreSQL is not running on $PG_HOST:$PG_PORT. Install it (apt-get install postgresql) and start it, or set DRIFTSAFE_TEST_PG_HOST/PORT/USER to a server that trusts the test user."
+  fi
+fi
+echo "postgresql: $PG_HOST:$PG_PORT up"
+if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] && ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then
+  echo "installing libfaketime (Debian package faketime) for the clock-skew tests"
+  { as_root apt-get update -qq && as_root apt-get install -y -qq faketime >/dev/null; } \
+    || echo "WARNING: could not install faketime; skew tests will fall back or skip with a reason"
+fi
+
+say "ruff"
+"$VENV/bin/ruff" check .
+say "mypy"
+"$VENV/bin/mypy"
+say "pytest on SQLite"
+DRIFTSAFE_TEST_DB=sqlite "$PY" -m pytest "$@"
+say "pytest on PostgreSQL"
+DRIFTSAFE_TEST_DB=postgres "$PY" -m pytest -m "not pure" "$@"

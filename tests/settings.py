@@ -1,0 +1,95 @@
+"""Django settings for the test suite.
+
+``DRIFTSAFE_TEST_DB`` picks the database: ``sqlite`` (default) or ``postgres`` (PostgreSQL on
+``DRIFTSAFE_TEST_PG_HOST``:``DRIFTSAFE_TEST_PG_PORT``, user ``DRIFTSAFE_TEST_PG_USER``; the test
+runner creates and drops its own database). Redis tests use db ``DRIFTSAFE_TEST_REDIS_DB``
+(default 11) of ``DRIFTSAFE_TEST_REDIS_URL``'s server and the key prefix ``driftsafe-test``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import django
+
+BASE_DIR = Path(__file__).resolve().parent
+TEST_DB = os.environ.get("DRIFTSAFE_TEST_DB", "sqlite")
+REDIS_SERVER = os.environ.get("DRIFTSAFE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+REDIS_DB = int(os.environ.get("DRIFTSAFE_TEST_REDIS_DB", "11"))
+REDIS_URL = f"{REDIS_SERVER}/{REDIS_DB}"
+
+SECRET_KEY = "tests-only-not-secret"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "tests.urls"
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django_celery_results",
+    "celery_driftsafe",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+if TEST_DB == "postgres":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": os.environ.get("DRIFTSAFE_TEST_PG_NAME", "driftsafe"),
+            "USER": os.environ.get("DRIFTSAFE_TEST_PG_USER", "postgres"),
+            "HOST": os.environ.get("DRIFTSAFE_TEST_PG_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432"),
+            "TEST": {"NAME": os.environ.get("DRIFTSAFE_TEST_PG_TEST_NAME", "test_driftsafe")},
+        }
+    }
+elif TEST_DB == "sqlite":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(BASE_DIR / "driftsafe-tests.sqlite3"),
+            # A file, not SQLite's shared-cache memory database: that one has table locks
+            # that ignore the busy timeout, and beat subprocesses could not open it.
+            "TEST": {
+                "NAME": os.environ.get("DRIFTSAFE_TEST_SQLITE_NAME")
+                or str(BASE_DIR / f"test-driftsafe-{os.getpid()}.sqlite3")
+            },
+            "OPTIONS": {"timeout": 30},
+        }
+    }
+    if django.VERSION >= (5, 1):
+        # Take the write lock at BEGIN: no lock-upgrade deadlocks between claiming beats.
+        DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
+else:
+    raise RuntimeError(f"DRIFTSAFE_TEST_DB={TEST_DB!r}: use 'sqlite' or 'postgres'")
+
+DRIFTSAFE = {
+    "REDIS_URL": REDIS_URL,
+    "KEY_PREFIX": "driftsafe-test",
+    "TIME_AUTHORITY": "database" if TEST_DB == "postgres" else "redis",
+}
+
+CELERY_BROKER_URL = "memory://"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
