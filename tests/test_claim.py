@@ -1,0 +1,175 @@
+"""The claim transaction, against the real database: one conformance suite, every claimer.
+
+SQLite runs the compare-and-swap claimer; PostgreSQL runs both (SKIP LOCKED and CAS).
+Races are real: threads with their own connections claim the same due tasks at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection, connections
+
+from celery_driftsafe.claim import (
+    Claimer,
+    CompareAndSwapClaimer,
+    SkipLockedClaimer,
+    celery_task_id,
+    claimer_for,
+    reclaim_stale,
+)
+from celery_driftsafe.models import PeriodicTask, Run, RunStatus
+from tests.factories import crontab_task, interval_task
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+S = timedelta(seconds=1)
+
+
+def _claimers() -> list[str]:
+    names = ["cas"]
+    if connection.features.has_select_for_update_skip_locked:
+        names.append("skip_locked")
+    return names
+
+
+@pytest.fixture(params=["cas", "skip_locked"])
+def make_claimer(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    if request.param not in _claimers():
+        pytest.skip(f"{connection.vendor} has no SKIP LOCKED")
+    cls = CompareAndSwapClaimer if request.param == "cas" else SkipLockedClaimer
+
+    def make(**kwargs: object) -> Claimer:
+        return cls(**kwargs)  # type: ignore[arg-type]
+
+    return make
+
+
+@pytest.mark.django_db(transaction=True)
+class TestClaimContract:
+    def test_claims_due_task_once_and_advances(self, make_claimer) -> None:  # type: ignore[no-untyped-def]
+        task = interval_task("t", 10, anchor=T0, next_slot_at=T0)
+        result = make_claimer().claim(T0, "node-a")
+        assert [(r.periodic_task_id, r.slot) for r in result.runs] == [(task.pk, T0)]
+        run = Run.objects.get()
+        assert run.status == RunStatus.CLAIMED and run.claimed_by == "node-a"
+        assert run.celery_task_id == celery_task_id(task.pk, T0) == result.runs[0].celery_task_id
+        task.refresh_from_db()
+        assert task.next_slot_at == T0 + 10 * S
+        assert task.last_slot_at == T0 and task.run_count == 1
+        # claiming again at the same instant finds nothing
+        assert make_claimer().claim(T0, "node-b").runs == []
+
+    def test_boundary_slot_equal_to_now_is_due_one_microsecond_before_is_not(
+        self, make_claimer  # type: ignore[no-untyped-def]
+    ) -> None:
+        interval_task("t", 10, anchor=T0, next_slot_at=T0)
+        assert make_claimer().claim(T0 - timedelta(microseconds=1), "n").runs == []
+        assert len(make_claimer().claim(T0, "n").runs) == 1
+
+    def test_disabled_and_future_tasks_are_not_loaded(self, make_claimer) -> None:  # type: ignore[no-untyped-def]
+        interval_task("off", 10, anchor=T0, next_slot_at=T0, enabled=False)
+        interval_task("later", 10, anchor=T0, next_slot_at=T0 + 5 * S)
+        result = make_claimer().claim(T0, "n")
+        assert result.runs == [] and result.tasks_seen == 0
+
+    def test_batch_size_bounds_a_round_oldest_first(self, make_claimer) -> None:  # type: ignore[no-untyped-def]
+        for i in range(5):
+            interval_task(f"t{i}", 60, anchor=T0 - i * S, next_slot_at=T0 - i * S)
+        first = make_claimer(batch_size=3).claim(T0, "n")
+        assert [r.slot for r in first.runs] == [T0 - 4 * S, T0 - 3 * S, T0 - 2 * S]
+        second = make_claimer(batch_size=3).claim(T0, "n")
+        assert len(second.runs) == 2
+
+    def test_invalid_stored_schedule_disables_task_with_reason(self, make_claimer) -> None:  # type: ignore[no-untyped-def]
+        good = interval_task("good", 10, anchor=T0, next_slot_at=T0)
+        bad = crontab_task("bad", "*/5 * * * *", next_slot_at=T0)
+        PeriodicTask.objects.filter(pk=bad.pk).update(crontab_minute="99")  # edited in SQL
+        result = make_claimer().claim(T0, "n")
+        assert result.disabled == ["bad"]
+        assert [r.periodic_task_id for r in result.runs] == [good.pk]
+        bad.refresh_from_db()
+        assert not bad.enabled and bad.next_slot_at is None
+        assert "minute" in bad.disabled_reason and "99" in bad.disabled_reason
+
+    def test_misfire_records_missed_rows(self, make_claimer) -> None:  # type: ignore[no-untyped-def]
+        interval_task("hourly", 3600, anchor=T0, next_slot_at=T0, misfire_policy="fire_once")
+        now = T0 + timedelta(hours=3, minutes=10)
+        result = make_claimer().claim(now, "n")
+        assert [r.slot for r in result.runs] == [T0 + timedelta(hours=3)]
+        statuses = Counter(Run.objects.values_list("status", flat=True))
+        assert statuses == {"claimed": 1, "missed": 3}
+
+    def test_race_many_threads_one_winner_per_slot(self, make_claimer) -> None:  # type: ignore[no-untyped-def]
+        tasks = [interval_task(f"t{i}", 5, anchor=T0, next_slot_at=T0) for i in range(30)]
+        barrier = threading.Barrier(6)
+        claimed: list[tuple[int | None, datetime | None]] = []
+        errors: list[BaseException] = []
+        lock = threading.Lock()
+
+        def worker(n: int) -> None:
+            try:
+                barrier.wait()
+                for now in (T0, T0 + 5 * S, T0 + 10 * S):
+                    result = make_claimer(batch_size=7).claim(now, f"node-{n}")
+                    with lock:
+                        claimed.extend((r.periodic_task_id, r.slot) for r in result.runs)
+                    while result.tasks_seen:
+                        result = make_claimer(batch_size=7).claim(now, f"node-{n}")
+                        with lock:
+                            claimed.extend((r.periodic_task_id, r.slot) for r in result.runs)
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+            finally:
+                connections.close_all()
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        counts = Counter(claimed)
+        assert max(counts.values()) == 1, "a slot was claimed twice"
+        expected = {(t.pk, T0 + k * 5 * S) for t in tasks for k in range(3)}
+        assert set(counts) == expected, "a slot was lost"
+        assert Run.objects.count() == len(expected)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claimer_for_picks_skip_locked_where_available() -> None:
+    claimer = claimer_for()
+    expected = SkipLockedClaimer if connection.vendor == "postgresql" else CompareAndSwapClaimer
+    assert type(claimer) is expected
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claim_round_query_count_does_not_grow_with_due_tasks(
+    django_assert_max_num_queries,  # type: ignore[no-untyped-def]
+) -> None:
+    for i in range(200):
+        interval_task(f"t{i}", 60, anchor=T0, next_slot_at=T0)
+    claimer = claimer_for()
+    # SELECT, INSERT, UPDATE (+ savepoint/transaction statements); SQLite splits big bulk
+    # writes by its variable limit, which is per 999 parameters, not per task.
+    limit = 8 if connection.vendor == "postgresql" else 40
+    with django_assert_max_num_queries(limit):
+        result = claimer.claim(T0, "n")
+    assert len(result.runs) == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stale_claims_are_reclaimed_once_with_same_task_id() -> None:
+    task = interval_task("t", 10, anchor=T0, next_slot_at=T0)
+    claimer_for().claim(T0, "dead-node")
+    lease = timedelta(seconds=30)
+    assert reclaim_stale(T0 + 29 * S, "alive", lease=lease) == []
+    # exactly at the lease boundary: not yet stale (claimed_at < now - lease is strict)
+    assert reclaim_stale(T0 + 30 * S, "alive", lease=lease) == []
+    taken = reclaim_stale(T0 + 31 * S, "alive", lease=lease)
+    assert [r.celery_task_id for r in taken] == [celery_task_id(task.pk, T0)]
+    assert reclaim_stale(T0 + 31 * S, "other", lease=lease) == []
+    run = Run.objects.get()
+    assert run.claimed_by == "alive" and run.dispatch_attempts == 2
