@@ -61,7 +61,7 @@ def broker_app() -> Iterator[Any]:
     app = Celery("driftsafe-tests", broker=BROKER_URL, set_as_current=False)
     app.conf.broker_connection_retry_on_startup = False
 
-    @app.task(name="tests.add")
+    @app.task(name="tests.add", shared=False)
     def add(x: int, y: int) -> int:
         return x + y
 

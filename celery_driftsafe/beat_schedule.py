@@ -1,0 +1,160 @@
+"""Celery's ``beat_schedule`` setting, mirrored into :class:`PeriodicTask` rows.
+
+Every beat syncs at start. The sync is idempotent and race-safe: K beats starting at once
+create each entry once (the unique task name decides; the losers see the winner's row), and an
+entry whose definition did not change is left alone — so a restart never resets an interval's
+anchor. An entry whose definition changed is updated (its next slot recomputed once); a row of
+the same name created in the admin is never overwritten. Entries since removed from
+``beat_schedule`` are left as they are (disable or delete them in the admin).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+
+from celery_driftsafe.exceptions import ScheduleError
+from celery_driftsafe.models import IntervalUnit, PeriodicTask, ScheduleKind, TaskSource
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SyncReport:
+    created: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def _cron_field(value: Any) -> str:
+    if isinstance(value, str | int):
+        return str(value)
+    if isinstance(value, set | frozenset | list | tuple):
+        return ",".join(str(v) for v in sorted(value))
+    raise ScheduleError("expression", f"cannot read crontab field {value!r}")
+
+
+def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> dict[str, Any]:
+    """The :class:`PeriodicTask` fields of one ``beat_schedule`` entry; raises ``ValueError``
+    (``ScheduleError`` for schedules) naming the entry and what is wrong."""
+    from celery.schedules import crontab, schedule
+
+    if not isinstance(entry, Mapping) or "task" not in entry or "schedule" not in entry:
+        raise ValueError(f"beat_schedule[{name!r}] needs 'task' and 'schedule'")
+    sched = entry["schedule"]
+    fields: dict[str, Any] = {"task": entry["task"]}
+    if isinstance(sched, crontab):
+        fields.update(
+            schedule_kind=ScheduleKind.CRONTAB,
+            crontab_minute=_cron_field(sched._orig_minute),
+            crontab_hour=_cron_field(sched._orig_hour),
+            crontab_day_of_month=_cron_field(sched._orig_day_of_month),
+            crontab_month_of_year=_cron_field(sched._orig_month_of_year),
+            crontab_day_of_week=_cron_field(sched._orig_day_of_week),
+            timezone=timezone,
+        )
+    else:
+        if isinstance(sched, schedule) and type(sched) is schedule:
+            every = sched.run_every
+        elif isinstance(sched, timedelta):
+            every = sched
+        elif isinstance(sched, int | float) and not isinstance(sched, bool):
+            every = timedelta(seconds=sched)
+        else:
+            raise ScheduleError(
+                "schedule_kind",
+                f"beat_schedule[{name!r}]: {type(sched).__name__} schedules are not supported "
+                "(use a number of seconds, a timedelta, schedule() or crontab())",
+            )
+        seconds = every.total_seconds()
+        if seconds <= 0 or seconds != int(seconds):
+            raise ScheduleError(
+                "every", f"beat_schedule[{name!r}]: interval {seconds} s must be a positive "
+                "whole number of seconds",
+            )
+        fields.update(
+            schedule_kind=ScheduleKind.INTERVAL, interval_every=int(seconds),
+            interval_unit=IntervalUnit.SECONDS,
+        )
+    args = list(entry.get("args") or [])
+    kwargs = dict(entry.get("kwargs") or {})
+    try:
+        json.dumps([args, kwargs])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"beat_schedule[{name!r}]: args/kwargs must be JSON: {exc}") from exc
+    fields.update(args=args, kwargs=kwargs)
+    options = dict(entry.get("options") or {})
+    for key in ("queue", "exchange", "routing_key"):
+        fields[key] = str(options.get(key) or "")
+    fields["priority"] = options.get("priority")
+    expires = options.get("expires")
+    fields["expires_seconds"] = float(expires) if isinstance(expires, int | float) else None
+    fields["headers"] = dict(options.get("headers") or {})
+    return fields
+
+
+def sync_beat_schedule(
+    app: Any, *, now: datetime | None = None, using: str = "default"
+) -> SyncReport:
+    """Mirror ``app.conf.beat_schedule`` into the database (see the module docstring).
+
+    ``now`` is an authority reading used for new anchors and next slots (default: read the
+    configured authority)."""
+    report = SyncReport()
+    timezone = str(app.conf.timezone or "UTC")
+    for name, entry in (app.conf.beat_schedule or {}).items():
+        try:
+            fields = entry_fields(name, entry, timezone)
+            _sync_one(name, fields, report, using, now)
+        except (ValueError, ValidationError) as exc:
+            report.errors[name] = "; ".join(getattr(exc, "messages", [])) or str(exc)
+            logger.error("beat_schedule entry %r ignored: %s", name, exc,
+                         extra={"action": "sync", "task": name})
+    return report
+
+
+_UNCHECKED = ["interval_anchor", "next_slot_at"]
+
+
+def _sync_one(
+    name: str, fields: dict[str, Any], report: SyncReport, using: str, now: datetime | None
+) -> None:
+    with transaction.atomic(using=using):
+        task = PeriodicTask.objects.using(using).select_for_update().filter(name=name).first()
+        if task is None:
+            task = PeriodicTask(name=name, source=TaskSource.BEAT_SCHEDULE, **fields)
+            task.driftsafe_now = now  # type: ignore[attr-defined]
+            task.full_clean(exclude=_UNCHECKED, validate_unique=False)
+            try:
+                with transaction.atomic(using=using):
+                    task.save(using=using)
+            except IntegrityError:
+                report.unchanged.append(name)  # another beat created it a moment ago
+                return
+            report.created.append(name)
+            return
+        if task.source != TaskSource.BEAT_SCHEDULE:
+            logger.warning(
+                "beat_schedule entry %r ignored: a task of that name is managed in the database",
+                name, extra={"action": "sync", "task": name},
+            )
+            report.unchanged.append(name)
+            return
+        changed = {k: v for k, v in fields.items() if getattr(task, k) != v}
+        if not changed:
+            report.unchanged.append(name)
+            return
+        for key, value in changed.items():
+            setattr(task, key, value)
+        task.driftsafe_now = now  # type: ignore[attr-defined]
+        task.full_clean(exclude=_UNCHECKED, validate_unique=False)
+        task.save(using=using)
+        report.updated.append(name)

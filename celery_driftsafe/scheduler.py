@@ -1,0 +1,316 @@
+"""``DriftSafeScheduler``: a Celery beat scheduler that many beats can run at once.
+
+Use it with ``celery -A proj beat -S celery_driftsafe.scheduler:DriftSafeScheduler`` or
+``beat_scheduler = "celery_driftsafe.scheduler:DriftSafeScheduler"``.
+
+One tick is one round: heartbeat and clock check when due, take over stale claims (the
+outbox), read the authority's clock, claim what is due at that reading, publish, mark. Then it
+waits on the local monotonic clock for the authority's time until the next slot (at most
+``MAX_LOOP_INTERVAL_SECONDS``), woken early by a schedule-change notification. The node's wall
+clock is read only to report its offset.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from celery.beat import Scheduler
+from django.db import DatabaseError, InterfaceError, close_old_connections, connections
+from django.db.models import Min
+
+from celery_driftsafe import nodes
+from celery_driftsafe.beat_schedule import sync_beat_schedule
+from celery_driftsafe.claim import Claimer, ClaimResult, claimer_for, reclaim_stale
+from celery_driftsafe.clock import Authority, AuthorityClock, Clock, authority_from_settings
+from celery_driftsafe.conf import DriftSafeSettings, get_settings
+from celery_driftsafe.dispatch import Dispatcher
+from celery_driftsafe.exceptions import ClockError
+from celery_driftsafe.redis_client import channel, get_redis
+
+logger = logging.getLogger(__name__)
+
+#: Shortest wait when something looks due but this beat could not claim it (another beat
+#: holds the row), so a beat never spins.
+MIN_WAIT = 0.01
+_OUTAGE_ERRORS = (DatabaseError, InterfaceError, ClockError)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """An authority reading and the local monotonic time it was taken at."""
+
+    at: datetime
+    monotonic: float
+
+    def now(self, monotonic: float) -> datetime:
+        return self.at + timedelta(seconds=monotonic - self.monotonic)
+
+
+def _ensure_django() -> None:
+    import django
+    from django.apps import apps
+
+    if not apps.ready:
+        django.setup()
+
+
+class DriftSafeScheduler(Scheduler):  # type: ignore[misc]
+    """The drift-safe beat scheduler (see the module docstring)."""
+
+    def __init__(
+        self, app: Any, *args: Any, clock: Clock | None = None, authority: Authority | None = None,
+        using: str = "default", install_signal_handlers: bool = True, **kwargs: Any,
+    ) -> None:
+        self._clock_override = clock
+        self._authority_override = authority
+        self.using = using
+        self._install_signals = install_signal_handlers
+        self._shutdown = threading.Event()
+        self._wake = threading.Event()
+        self._in_round = False
+        self._ready = False
+        self._listener: threading.Thread | None = None
+        self.node_id = nodes.new_node_id()
+        self.rounds = 0
+        super().__init__(app, *args, **kwargs)
+
+    # -- set-up and shut-down -------------------------------------------------------------
+
+    def setup_schedule(self) -> None:
+        _ensure_django()
+        self.settings: DriftSafeSettings = get_settings()
+        self.authority = self._authority_override or authority_from_settings(
+            self.settings, using=self.using
+        )
+        self.clock: Clock = self._clock_override or AuthorityClock(
+            self.authority,
+            samples=self.settings.clock_sync_samples,
+            resync_seconds=self.settings.clock_sync_interval_seconds,
+        )
+        self.claimer: Claimer = claimer_for(self.using, self.settings)
+        self.dispatcher = Dispatcher(self.app, self.clock, using=self.using)
+        self._paused_reason = ""
+        self._outage: str | None = None
+        self._backoff = 0.0
+        self._next_heartbeat = 0.0
+        self._next_recovery = 0.0
+        self._check_clock()
+        nodes.register(self.node_id, self.clock.now(), using=self.using)
+        report = sync_beat_schedule(self.app, now=self.authority.read(), using=self.using)
+        logger.info(
+            "driftsafe node %s up (authority %s): beat_schedule %d created, %d updated, "
+            "%d unchanged, %d rejected", self.node_id, self.authority.name, len(report.created),
+            len(report.updated), len(report.unchanged), len(report.errors),
+            extra={"action": "start", "node": self.node_id},
+        )
+        self._start_listener()
+        if self._install_signals and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_terminate)
+            signal.signal(signal.SIGINT, self._on_terminate)
+        self._ready = True
+
+    def _on_terminate(self, signum: int, frame: Any) -> None:
+        """Finish the round in flight, then exit."""
+        self._shutdown.set()
+        self._wake.set()
+        if not self._in_round:
+            raise SystemExit()
+
+    def request_shutdown(self) -> None:
+        """Ask the scheduler (for example one run in a thread) to stop after this round."""
+        self._shutdown.set()
+        self._wake.set()
+
+    def close(self) -> None:
+        self._shutdown.set()
+        self._wake.set()
+        if self._ready:
+            try:
+                nodes.mark_stopped(self.node_id, self.clock.now(), using=self.using)
+            except _OUTAGE_ERRORS as exc:
+                logger.warning("could not mark node %s stopped: %s", self.node_id, exc)
+        if self._listener is not None:
+            self._listener.join(timeout=2)
+        connections.close_all()
+
+    def sync(self) -> None:
+        """Nothing to persist: every claim is committed when made."""
+
+    @property
+    def info(self) -> str:
+        settings = get_settings()
+        return (f"    . driftsafe node -> {self.node_id}\n"
+                f"    . time authority -> {settings.time_authority}")
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """One round, then the wait until the next slot; always returns 0 (it waited)."""
+        if self._shutdown.is_set():
+            raise SystemExit()
+        self._in_round = True
+        try:
+            wait = self._guarded_round()
+        finally:
+            self._in_round = False
+        if self._shutdown.is_set():
+            raise SystemExit()
+        if wait > 0:
+            self._wake.wait(wait)
+            self._wake.clear()
+        if self._shutdown.is_set():
+            raise SystemExit()
+        return 0.0
+
+    def _guarded_round(self) -> float:
+        """A round with outage handling: one log line per state change, backoff with jitter."""
+        try:
+            close_old_connections()
+            wait = self.run_round()
+        except _OUTAGE_ERRORS as exc:
+            if self._outage is None:
+                logger.error("claiming paused, the database or time authority is unreachable: "
+                             "%s; retrying with backoff", exc,
+                             extra={"action": "outage", "node": self.node_id})
+            self._outage = str(exc)
+            connections[self.using].close()
+            self._backoff = min(max(self._backoff * 2, 0.5), 30.0)
+            return self._backoff * random.uniform(0.5, 1.0)
+        if self._outage is not None:
+            logger.warning("claiming resumed after an outage (%s)", self._outage,
+                           extra={"action": "recovered", "node": self.node_id})
+            self._outage = None
+            self._backoff = 0.0
+        return wait
+
+    def run_round(self) -> float:
+        """Claim and publish what is due; return the seconds to wait before the next round."""
+        self.rounds += 1
+        mono = self.clock.monotonic()
+        if mono >= self._next_heartbeat:
+            self._heartbeat()
+            self._next_heartbeat = mono + self.settings.heartbeat_interval_seconds
+        if self._paused_reason:
+            return self.settings.max_loop_interval_seconds
+        reading = Reading(self.authority.read(), self.clock.monotonic())
+        if mono >= self._next_recovery:
+            stale = reclaim_stale(
+                reading.at, self.node_id, lease=timedelta(seconds=self.settings.lease_seconds),
+                using=self.using,
+            )
+            self.dispatcher.dispatch(stale)
+            self._next_recovery = mono + min(self.settings.lease_seconds / 2, 5.0)
+        result = self.claimer.claim(reading.at, self.node_id)
+        self.dispatcher.dispatch(result.runs)
+        self._log_round(result)
+        if result.tasks_seen >= getattr(self.claimer, "batch_size", 0):
+            return 0.0  # a full batch: more may be due right now
+        return self._wait_after(reading, claimed=bool(result.tasks_seen))
+
+    def _wait_after(self, reading: Reading, *, claimed: bool) -> float:
+        next_due = self.next_due()
+        cap = self.settings.max_loop_interval_seconds
+        if next_due is None:
+            return cap
+        wait = (next_due - reading.now(self.clock.monotonic())).total_seconds()
+        if wait <= 0:
+            # Due, but not ours to claim (another beat holds it) or just became due.
+            return 0.0 if claimed else MIN_WAIT
+        return min(wait, cap)
+
+    def next_due(self) -> datetime | None:
+        """The earliest unclaimed slot of any enabled task."""
+        from celery_driftsafe.models import PeriodicTask
+
+        value: datetime | None = (
+            PeriodicTask.objects.using(self.using)
+            .filter(enabled=True)
+            .aggregate(next_due=Min("next_slot_at"))["next_due"]
+        )
+        return value
+
+    def _log_round(self, result: ClaimResult) -> None:
+        if result.runs or result.missed or result.disabled:
+            logger.info(
+                "claimed %d runs (%d missed, %d tasks disabled)", len(result.runs),
+                result.missed, len(result.disabled),
+                extra={"action": "claim", "node": self.node_id},
+            )
+
+    # -- clock and heartbeat ----------------------------------------------------------------
+
+    def _check_clock(self) -> None:
+        """Re-measure the offset when due; warn past the soft bound, pause past the hard one."""
+        if not isinstance(self.clock, AuthorityClock) or not self.clock.needs_sync():
+            return
+        sample = self.clock.sync()
+        offset = abs(sample.offset)
+        if offset > self.settings.hard_clock_offset_seconds:
+            reason = (f"clock offset {sample.offset:+.3f} s from the {self.authority.name} "
+                      f"authority exceeds HARD_CLOCK_OFFSET_SECONDS="
+                      f"{self.settings.hard_clock_offset_seconds}; claiming paused")
+            if reason != self._paused_reason:
+                logger.error(reason, extra={"action": "pause", "node": self.node_id})
+            self._paused_reason = reason
+            return
+        if self._paused_reason:
+            logger.warning("clock offset back within bounds; claiming resumed",
+                           extra={"action": "resume", "node": self.node_id})
+        self._paused_reason = ""
+        if offset > self.settings.max_clock_offset_seconds:
+            logger.warning(
+                "node %s wall clock is %+.3f s off the %s authority (±%.3f s); due-ness does "
+                "not depend on it, but check NTP", self.node_id, sample.offset,
+                self.authority.name, sample.error_bound,
+                extra={"action": "clock-offset", "node": self.node_id},
+            )
+
+    def _heartbeat(self) -> None:
+        self._check_clock()
+        sample = self.clock.last_sample if isinstance(self.clock, AuthorityClock) else None
+        nodes.heartbeat(
+            self.node_id, self.clock.now(), sample, paused_reason=self._paused_reason,
+            using=self.using,
+        )
+
+    # -- wake-ups ---------------------------------------------------------------------------
+
+    def _start_listener(self) -> None:
+        client = get_redis(self.settings)
+        if client is None:
+            return
+        self._listener = threading.Thread(
+            target=self._listen, args=(client,), name="driftsafe-wakeups", daemon=True
+        )
+        self._listener.start()
+
+    def _listen(self, client: Any) -> None:
+        """Set the wake event on every schedule-change message; reconnect with backoff."""
+        from redis.exceptions import RedisError
+
+        name = channel(self.settings, "changes")
+        failing = False
+        delay = 0.5
+        while not self._shutdown.is_set():
+            try:
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(name)
+                if failing:
+                    logger.warning("schedule-change notifications restored")
+                    failing, delay = False, 0.5
+                while not self._shutdown.is_set():
+                    if pubsub.get_message(timeout=1.0) is not None:
+                        self._wake.set()
+            except (RedisError, OSError) as exc:
+                if not failing:
+                    logger.warning("schedule-change notifications unavailable (%s); polling "
+                                   "every %.1f s", exc, self.settings.max_loop_interval_seconds)
+                failing = True
+                self._shutdown.wait(delay)
+                delay = min(delay * 2, 10.0)
