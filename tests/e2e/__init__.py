@@ -1,0 +1,1 @@
+"""End-to-end harness: real ``celery beat`` processes against real databases and Redis."""

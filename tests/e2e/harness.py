@@ -1,0 +1,249 @@
+"""Start real beats (clocks skewed with libfaketime), record every published message, count.
+
+The recorder pops messages off the broker's Redis list as they arrive and stamps each with the
+test process's own wall clock, which is the machine's real clock: the clock of the PostgreSQL
+and Redis servers that act as authority. A message stamped before its slot was published early.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from celery_driftsafe.slots import Crontab, Interval, Schedule
+from tests import settings as test_settings
+from tests.support.faketime import skewed_env, verify_skew
+
+ROOT = Path(__file__).resolve().parents[2]
+BROKER_DB = test_settings.REDIS_DB + 2
+SCHEDULER = "celery_driftsafe.scheduler:DriftSafeScheduler"
+
+
+def real_now() -> datetime:
+    """The test process's (unskewed) wall clock: the servers' clock on this machine."""
+    return datetime.now(UTC)
+
+
+@dataclass
+class Received:
+    periodic_task_id: int
+    slot: datetime
+    celery_task_id: str
+    received_at: datetime
+
+
+@dataclass
+class Beat:
+    offset: float
+    process: subprocess.Popen[bytes]
+    log: Path
+    measured_offset: float
+
+
+@dataclass
+class TaskReport:
+    name: str
+    expected: int = 0
+    fired: int = 0
+    duplicates: int = 0
+    missed: list[datetime] = field(default_factory=list)
+    unexpected: list[datetime] = field(default_factory=list)
+    early: list[tuple[datetime, float]] = field(default_factory=list)
+    lateness: list[float] = field(default_factory=list)
+
+
+class E2ERun:
+    """One end-to-end run: its own database, key prefix and broker list."""
+
+    def __init__(self, backend: str, workdir: Path, *, authority: str | None = None,
+                 beat_schedule: dict[str, float] | None = None) -> None:
+        self.backend = backend
+        self.workdir = workdir
+        self.token = uuid.uuid4().hex[:8]
+        self.beats: list[Beat] = []
+        self.received: list[Received] = []
+        self._stop = threading.Event()
+        self._recorder: threading.Thread | None = None
+        broker = f"{test_settings.REDIS_SERVER}/{BROKER_DB}"
+        self.broker = redis.Redis.from_url(broker)
+        self.broker.delete("celery")
+        if backend == "postgresql":
+            self.db_name = f"driftsafe_e2e_{self.token}"
+            self._pg("CREATE DATABASE " + self.db_name)
+            db = f"postgresql:{self.db_name}"
+        else:
+            db = f"sqlite:{workdir / 'e2e.sqlite3'}"
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.e2e.settings",
+            "PYTHONPATH": str(ROOT),
+            "DRIFTSAFE_E2E_DB": db,
+            "DRIFTSAFE_E2E_BROKER": broker,
+            "DRIFTSAFE_E2E_REDIS": test_settings.REDIS_URL,
+            "DRIFTSAFE_E2E_PREFIX": f"driftsafe-e2e-{self.token}",
+            "DRIFTSAFE_E2E_AUTHORITY": authority
+            or ("database" if backend == "postgresql" else "redis"),
+            "DRIFTSAFE_E2E_BEAT_SCHEDULE": json.dumps(beat_schedule or {}),
+        }
+        self.tool("migrate")
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _pg(self, sql: str) -> None:
+        import psycopg
+
+        with psycopg.connect(
+            host=os.environ.get("DRIFTSAFE_TEST_PG_HOST", "127.0.0.1"),
+            port=os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432"),
+            user=os.environ.get("DRIFTSAFE_TEST_PG_USER", "postgres"),
+            dbname="postgres", autocommit=True,
+        ) as conn:
+            conn.execute(sql)
+
+    def tool(self, command: str, payload: Any = None) -> Any:
+        result = subprocess.run(
+            [sys.executable, "-m", "tests.e2e.tool", command], cwd=ROOT, env=self.env,
+            input=json.dumps(payload).encode() if payload is not None else None,
+            capture_output=True, timeout=120, check=False,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"tests.e2e.tool {command} failed:\n{result.stderr.decode()}")
+        return json.loads(result.stdout) if command == "dump" else None
+
+    def seed(self, specs: list[dict[str, Any]], start: datetime) -> None:
+        self.tool("seed", [{**spec, "start": start.isoformat()} for spec in specs])
+
+    def start_beat(self, offset: float) -> Beat:
+        """Start one beat whose wall clock is ``offset`` seconds off; the skew is verified in
+        a child with the very same environment first."""
+        env = skewed_env(offset, self.env)
+        measured = verify_skew(env, offset) if offset else 0.0
+        log = self.workdir / f"beat-{len(self.beats)}.log"
+        with log.open("wb") as out:  # the child keeps its own copy of the descriptor
+            process = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "tests.e2e.celery_app", "beat", "-S",
+                 SCHEDULER, "--loglevel", "INFO", "-s",
+                 str(self.workdir / f"beat-{len(self.beats)}")],
+                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            )
+        beat = Beat(offset, process, log, measured)
+        self.beats.append(beat)
+        return beat
+
+    def start_recorder(self) -> None:
+        self._recorder = threading.Thread(target=self._record, daemon=True)
+        self._recorder.start()
+
+    def _record(self) -> None:
+        while not self._stop.is_set() or self.broker.llen("celery"):
+            item = self.broker.brpop(["celery"], timeout=0.2)
+            if item is None:
+                continue
+            stamp = real_now()
+            message = json.loads(item[1])
+            headers = message["headers"]
+            self.received.append(Received(
+                periodic_task_id=int(headers["driftsafe_periodic_task_id"]),
+                slot=datetime.fromisoformat(headers["driftsafe_slot"]),
+                celery_task_id=headers["id"],
+                received_at=stamp,
+            ))
+
+    def kill(self, beat: Beat) -> None:
+        beat.process.send_signal(signal.SIGKILL)
+        beat.process.wait(timeout=10)
+
+    def stop(self) -> dict[str, int | None]:
+        """SIGTERM every beat, wait, stop the recorder. Returns each beat's exit code."""
+        for beat in self.beats:
+            if beat.process.poll() is None:
+                beat.process.send_signal(signal.SIGTERM)
+        codes: dict[str, int | None] = {}
+        for i, beat in enumerate(self.beats):
+            try:
+                codes[f"beat-{i}"] = beat.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                beat.process.kill()
+                codes[f"beat-{i}"] = None
+        self._stop.set()
+        if self._recorder is not None:
+            self._recorder.join(timeout=10)
+        return codes
+
+    def close(self) -> None:
+        for beat in self.beats:
+            if beat.process.poll() is None:
+                beat.process.kill()
+                beat.process.wait()
+        self._stop.set()
+        self.broker.delete("celery")
+        self.broker.close()
+        if self.backend == "postgresql":
+            self._pg(f"DROP DATABASE IF EXISTS {self.db_name} WITH (FORCE)")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {b.log.name} (offset {b.offset:+})\n{b.log.read_text()[-3000:]}"
+                         for b in self.beats)
+
+
+def schedule_of(task: dict[str, Any]) -> Schedule:
+    if task["kind"] == "interval":
+        return Interval(timedelta(seconds=task["every"]), datetime.fromisoformat(task["anchor"]))
+    return Crontab(minute=task["minute"], hour=task["hour"], timezone=task["timezone"])
+
+
+def analyse(
+    dump: dict[str, Any], received: list[Received], *, start: datetime, until: datetime,
+) -> dict[int, TaskReport]:
+    """Compare what arrived with every slot due in ``[start, until]`` (beat_schedule tasks:
+    after their anchor). Slots after ``until`` may or may not have fired, but never twice."""
+    by_task: dict[int, list[Received]] = defaultdict(list)
+    for message in received:
+        by_task[message.periodic_task_id].append(message)
+    reports: dict[int, TaskReport] = {}
+    for task in dump["tasks"]:
+        schedule = schedule_of(task)
+        report = reports[task["id"]] = TaskReport(task["name"])
+        first = start
+        if task["source"] == "beat_schedule":
+            first = datetime.fromisoformat(task["anchor"]) + timedelta(microseconds=1)
+        expected = list(schedule.slots_between(first, until))
+        report.expected = len(expected)
+        counts = Counter(m.slot for m in by_task[task["id"]])
+        report.fired = len(counts)
+        report.duplicates = sum(c - 1 for c in counts.values())
+        report.missed = [s for s in expected if s not in counts]
+        valid = set(schedule.slots_between(first, until + timedelta(hours=1)))
+        report.unexpected = [s for s in counts if s not in valid]
+        for message in by_task[task["id"]]:
+            late = (message.received_at - message.slot).total_seconds()
+            report.lateness.append(late)
+            if late < 0:
+                report.early.append((message.slot, late))
+    return reports
+
+
+def table(reports: dict[int, TaskReport]) -> str:
+    lines = [f"{'task':<22}{'due':>5}{'fired':>7}{'dup':>5}{'missed':>8}{'early':>7}"
+             f"{'p50 late':>10}{'max late':>10}"]
+    for report in reports.values():
+        late = sorted(report.lateness) or [0.0]
+        lines.append(
+            f"{report.name:<22}{report.expected:>5}{report.fired:>7}{report.duplicates:>5}"
+            f"{len(report.missed):>8}{len(report.early):>7}"
+            f"{statistics.median(late):>10.3f}{late[-1]:>10.3f}"
+        )
+    return "\n".join(lines)

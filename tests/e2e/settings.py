@@ -1,0 +1,54 @@
+"""Django settings for beat/worker subprocesses started by the end-to-end tests.
+
+Everything specific to one run comes from the environment (set by :mod:`tests.e2e.harness`):
+``DRIFTSAFE_E2E_DB`` (``postgresql:<name>`` or ``sqlite:<path>``), ``DRIFTSAFE_E2E_BROKER``,
+``DRIFTSAFE_E2E_REDIS``, ``DRIFTSAFE_E2E_PREFIX``, ``DRIFTSAFE_E2E_AUTHORITY`` and
+``DRIFTSAFE_E2E_BEAT_SCHEDULE`` (JSON: name -> seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import django
+
+from tests.settings import INSTALLED_APPS, SECRET_KEY, TEMPLATES, USE_TZ  # noqa: F401
+
+_kind, _, _name = os.environ["DRIFTSAFE_E2E_DB"].partition(":")
+if _kind == "postgresql":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": _name,
+            "USER": os.environ.get("DRIFTSAFE_TEST_PG_USER", "postgres"),
+            "HOST": os.environ.get("DRIFTSAFE_TEST_PG_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432"),
+        }
+    }
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": _name,
+            "OPTIONS": {"timeout": 30},
+        }
+    }
+    if django.VERSION >= (5, 1):
+        DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+DRIFTSAFE = {
+    "REDIS_URL": os.environ["DRIFTSAFE_E2E_REDIS"],
+    "KEY_PREFIX": os.environ["DRIFTSAFE_E2E_PREFIX"],
+    "TIME_AUTHORITY": os.environ.get("DRIFTSAFE_E2E_AUTHORITY", "database"),
+    "LEASE_SECONDS": 5.0,
+    "HEARTBEAT_INTERVAL_SECONDS": 1.0,
+    "MISFIRE_GRACE_SECONDS": 30.0,
+}
+CELERY_BROKER_URL = os.environ["DRIFTSAFE_E2E_BROKER"]
+CELERY_BEAT_SCHEDULE = {
+    name: {"task": "e2e.tick", "schedule": float(seconds)}
+    for name, seconds in json.loads(os.environ.get("DRIFTSAFE_E2E_BEAT_SCHEDULE", "{}")).items()
+}
+CELERY_TIMEZONE = "UTC"

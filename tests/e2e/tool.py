@@ -1,0 +1,64 @@
+"""Run inside the e2e database's settings: ``python -m tests.e2e.tool migrate|seed|dump``.
+
+``seed`` reads a JSON list of task specs on stdin and sets each task's first slot to the first
+slot at or after ``start``; ``dump`` prints tasks, runs and nodes as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import datetime
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.e2e.settings")
+
+
+def main(command: str) -> None:
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from celery_driftsafe.models import BeatNode, PeriodicTask, Run
+
+    if command == "migrate":
+        call_command("migrate", verbosity=0, interactive=False)
+    elif command == "seed":
+        for spec in json.load(sys.stdin):
+            start = datetime.fromisoformat(spec.pop("start"))
+            task = PeriodicTask(task="e2e.tick", **spec)
+            task.driftsafe_now = start  # type: ignore[attr-defined]
+            task.full_clean(exclude=["interval_anchor"])
+            task.save()
+            PeriodicTask.objects.filter(pk=task.pk).update(
+                next_slot_at=task.schedule.first_at_or_after(start)
+            )
+    elif command == "dump":
+        def iso(value: datetime | None) -> str | None:
+            return value.isoformat() if value else None
+
+        tasks = [
+            {"id": t.pk, "name": t.name, "kind": t.schedule_kind, "every": t.interval_every,
+             "anchor": iso(t.interval_anchor), "minute": t.crontab_minute,
+             "hour": t.crontab_hour, "timezone": t.timezone, "source": t.source}
+            for t in PeriodicTask.objects.all()
+        ]
+        runs = [
+            {"task_id": r.periodic_task_id, "slot": iso(r.slot), "status": r.status,
+             "celery_task_id": r.celery_task_id, "attempts": r.dispatch_attempts,
+             "claimed_by": r.claimed_by}
+            for r in Run.objects.all()
+        ]
+        nodes = [
+            {"node_id": n.node_id, "offset": n.clock_offset_seconds, "rtt": n.clock_rtt_seconds,
+             "stopped": iso(n.stopped_at)}
+            for n in BeatNode.objects.all()
+        ]
+        json.dump({"tasks": tasks, "runs": runs, "nodes": nodes}, sys.stdout)
+    else:
+        raise SystemExit(f"unknown command {command!r}: use migrate, seed or dump")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
