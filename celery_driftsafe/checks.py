@@ -26,6 +26,7 @@ from django.core.checks import CheckMessage, Error, Warning
 from django.db import connections
 
 from celery_driftsafe import conf
+from celery_driftsafe.exceptions import ConfigurationError
 
 _CHOICES: dict[str, Sequence[str]] = {
     "TIME_AUTHORITY": conf.TIME_AUTHORITIES,
@@ -57,7 +58,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     """Validate every key of ``settings.DRIFTSAFE``."""
     try:
         raw = conf.raw_settings()
-    except conf.ConfigurationError as exc:
+    except ConfigurationError as exc:
         return [Error(str(exc), hint="DRIFTSAFE must be a dict", id="celery_driftsafe.E001")]
     return list(_check_raw(raw))
 
@@ -129,7 +130,7 @@ def check_database(
     """Warn when the database cannot be a shared time authority."""
     try:
         raw = conf.raw_settings()
-    except conf.ConfigurationError:
+    except ConfigurationError:
         return []  # reported by check_settings
     if raw.get("TIME_AUTHORITY", "database") != "database":
         return []

@@ -154,7 +154,7 @@ class _BaseClaimer:
         if not rows:
             return
         Run.objects.using(self.using).bulk_create(rows)
-        if fired and fired[0][1].pk is None:
+        if fired and not connections[self.using].features.can_return_rows_from_bulk_insert:
             self._fetch_ids(fired)
         result.runs.extend(_claimed(task, run) for task, run in fired)
         result.runs.sort(key=lambda r: (r.slot, r.run_id))

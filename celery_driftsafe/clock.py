@@ -9,7 +9,7 @@ Three pieces:
   last measurement plus the local monotonic time elapsed since, and re-measures periodically.
   The local *wall* clock is read only to report this node's offset; it never decides anything.
 
-The offset estimate is NTP-style: ``offset = authority − midpoint(local before, local after)``
+The offset estimate is NTP-style: ``offset = authority - midpoint(local before, local after)``
 with error at most half the round trip; of several samples the one with the smallest round
 trip wins.
 """
@@ -148,7 +148,7 @@ class OffsetSample:
     ``offset`` is authority minus local wall clock (positive: this node is behind);
     ``rtt`` the round trip in seconds; the true offset lies within ``offset ± rtt/2``.
     ``authority_at`` is the authority's answer and ``monotonic_at`` the local monotonic
-    time at the middle of the round trip, so ``authority_at + (monotonic() − monotonic_at)``
+    time at the middle of the round trip, so ``authority_at + (monotonic() - monotonic_at)``
     estimates the authority's time later.
     """
 
@@ -234,7 +234,9 @@ class AuthorityClock:
         return sample is None or self._monotonic() - sample.monotonic_at >= self.resync_seconds
 
     def now(self) -> datetime:
-        sample = self.last_sample if not self.needs_sync() else self.sync()
+        sample = self.last_sample
+        if sample is None or self.needs_sync():
+            sample = self.sync()
         elapsed = self._monotonic() - sample.monotonic_at
         return sample.authority_at + timedelta(seconds=elapsed)
 

@@ -60,7 +60,7 @@ def _ensure_django() -> None:
         django.setup()
 
 
-class DriftSafeScheduler(Scheduler):  # type: ignore[misc]
+class DriftSafeScheduler(Scheduler):
     """The drift-safe beat scheduler (see the module docstring)."""
 
     def __init__(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import django
 
@@ -54,6 +55,7 @@ TEMPLATES = [
     }
 ]
 
+DATABASES: dict[str, dict[str, Any]]
 if TEST_DB == "postgres":
     DATABASES = {
         "default": {
