@@ -127,3 +127,60 @@ def test_beat_schedule_synced_once_by_several_beats(broker_app: Any, clock: Fake
     finally:
         for beat in beats:
             beat.close()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("policy", "fired", "missed_rows"),
+    [
+        # on-time window (grace 60 s) = 61 slots fire under every policy
+        ("fire_once", 61, 1000 + 1),  # 1000 recorded one by one + 1 summary row
+        ("fire_all", 61 + 100, 900 + 1),
+        ("skip", 61, 1000 + 1),
+    ],
+)
+def test_misfire_policies_after_one_day_outage_of_one_second_task(
+    scheduler: DriftSafeScheduler, clock: FakeClock, policy: str, fired: int, missed_rows: int
+) -> None:
+    task = interval_task("every-second", 1, anchor=T0, next_slot_at=T0, misfire_policy=policy)
+    clock.advance(timedelta(days=1))
+    while scheduler.run_round() == 0.0:  # full batches first
+        pass
+    messages = drain()
+    assert len(messages) == fired
+    assert len({m["id"] for m in messages}) == fired
+    runs = Run.objects.filter(periodic_task=task)
+    assert runs.filter(status=RunStatus.DISPATCHED).count() == fired
+    assert runs.filter(status=RunStatus.MISSED).count() == missed_rows
+    summary = runs.get(status=RunStatus.MISSED, slot=T0)
+    assert f"{86_340 - 1000} slots from {T0.isoformat()}" in summary.error
+    task.refresh_from_db()
+    assert task.next_slot_at == T0 + timedelta(days=1, seconds=1)
+    # the next round fires only the next slot: no storm
+    clock.advance(S)
+    scheduler.run_round()
+    assert len(drain()) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_terminate_during_a_round_finishes_the_round_then_exits(
+    scheduler: DriftSafeScheduler, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    interval_task("add", 10, anchor=T0, next_slot_at=T0)
+    real_dispatch = scheduler.dispatcher.dispatch
+
+    def dispatch_with_signal(runs: Any) -> Any:
+        scheduler._on_terminate(15, None)  # SIGTERM arrives mid-round: must not raise here
+        return real_dispatch(runs)
+
+    monkeypatch.setattr(scheduler.dispatcher, "dispatch", dispatch_with_signal)
+    with pytest.raises(SystemExit):
+        scheduler.tick()
+    assert len(drain()) == 1
+    assert Run.objects.get().status == RunStatus.DISPATCHED  # published and marked
+
+
+@pytest.mark.django_db(transaction=True)
+def test_terminate_while_waiting_exits_at_once(scheduler: DriftSafeScheduler) -> None:
+    with pytest.raises(SystemExit):
+        scheduler._on_terminate(15, None)

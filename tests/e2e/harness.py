@@ -69,7 +69,7 @@ class E2ERun:
     """One end-to-end run: its own database, key prefix and broker list."""
 
     def __init__(self, backend: str, workdir: Path, *, authority: str | None = None,
-                 beat_schedule: dict[str, float] | None = None) -> None:
+                 beat_schedule: dict[str, float] | None = None, max_loop: float = 1.0) -> None:
         self.backend = backend
         self.workdir = workdir
         self.token = uuid.uuid4().hex[:8]
@@ -97,6 +97,7 @@ class E2ERun:
             "DRIFTSAFE_E2E_AUTHORITY": authority
             or ("database" if backend == "postgresql" else "redis"),
             "DRIFTSAFE_E2E_BEAT_SCHEDULE": json.dumps(beat_schedule or {}),
+            "DRIFTSAFE_E2E_MAX_LOOP": str(max_loop),
         }
         self.tool("migrate")
 
@@ -122,6 +123,11 @@ class E2ERun:
         if result.returncode != 0:
             raise RuntimeError(f"tests.e2e.tool {command} failed:\n{result.stderr.decode()}")
         return json.loads(result.stdout) if command == "dump" else None
+
+    def received_for(self, name: str) -> list[Received]:
+        """Messages of the task called ``name`` (looked up in the database)."""
+        ids = {t["id"] for t in self.tool("dump")["tasks"] if t["name"] == name}
+        return [m for m in self.received if m.periodic_task_id in ids]
 
     def seed(self, specs: list[dict[str, Any]], start: datetime) -> None:
         self.tool("seed", [{**spec, "start": start.isoformat()} for spec in specs])

@@ -1,4 +1,6 @@
-"""Run inside the e2e database's settings: ``python -m tests.e2e.tool migrate|seed|dump``.
+"""Run inside the e2e database's settings: ``python -m tests.e2e.tool <command>``.
+
+Commands: migrate, seed, add, update, delete, dump.
 
 ``seed`` reads a JSON list of task specs on stdin and sets each task's first slot to the first
 slot at or after ``start``; ``dump`` prints tasks, runs and nodes as JSON.
@@ -34,6 +36,20 @@ def main(command: str) -> None:
             PeriodicTask.objects.filter(pk=task.pk).update(
                 next_slot_at=task.schedule.first_at_or_after(start)
             )
+    elif command == "add":  # like the admin would: the authority decides the first slot
+        for spec in json.load(sys.stdin):
+            task = PeriodicTask(task="e2e.tick", **spec)
+            task.full_clean(exclude=["interval_anchor"])
+            task.save()
+    elif command == "update":
+        change = json.load(sys.stdin)
+        task = PeriodicTask.objects.get(name=change["name"])
+        for key, value in change["fields"].items():
+            setattr(task, key, value)
+        task.full_clean()
+        task.save()
+    elif command == "delete":
+        PeriodicTask.objects.get(name=json.load(sys.stdin)["name"]).delete()
     elif command == "dump":
         def iso(value: datetime | None) -> str | None:
             return value.isoformat() if value else None
