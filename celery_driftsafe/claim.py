@@ -226,8 +226,6 @@ def publish_options(task: PeriodicTask) -> dict[str, Any]:
 class SkipLockedClaimer(_BaseClaimer):
     """``SELECT … FOR UPDATE SKIP LOCKED``: PostgreSQL, MySQL 8+, MariaDB 10.6+."""
 
-    _FIELDS = ["next_slot_at", "last_slot_at", "run_count", "enabled", "disabled_reason"]
-
     def claim(self, now: datetime, node_id: str) -> ClaimResult:
         result = ClaimResult()
         with transaction.atomic(using=self.using):
@@ -243,7 +241,7 @@ class SkipLockedClaimer(_BaseClaimer):
             for task, plan in planned:
                 self._advance(task, plan)
             self._write_runs(planned, now, node_id, result)
-            PeriodicTask.objects.using(self.using).bulk_update(tasks, self._FIELDS)
+            advance_tasks(self.using, tasks)
         return result
 
 
@@ -265,7 +263,7 @@ class CompareAndSwapClaimer(_BaseClaimer):
             self._advance(task, plan)
         try:
             with transaction.atomic(using=self.using):
-                won = self._swap([t for t, _ in planned] + disabled, seen)
+                won = advance_tasks(self.using, [t for t, _ in planned] + disabled, seen)
                 planned = [(t, p) for t, p in planned if t.pk in won]
                 result.disabled = [t.name for t in disabled if t.pk in won]
                 self._write_runs(planned, now, node_id, result)
@@ -277,48 +275,74 @@ class CompareAndSwapClaimer(_BaseClaimer):
             return ClaimResult(tasks_seen=result.tasks_seen)
         return result
 
-    def _swap(self, tasks: Sequence[PeriodicTask], seen: dict[int, Any]) -> set[int]:
-        connection = connections[self.using]
-        adapt = connection.ops.adapt_datetimefield_value
-        table = connection.ops.quote_name(PeriodicTask._meta.db_table)
-        cases: dict[str, list[Any]] = {"next_slot_at": [], "last_slot_at": [], "run_count": [],
-                                       "enabled": [], "disabled_reason": []}
-        sql_cases: dict[str, list[str]] = {name: [] for name in cases}
-        # PostgreSQL cannot infer a CASE's type from parameters alone (all NULL, say).
-        casts = _PG_CASTS if connection.vendor == "postgresql" else {}
-        where: list[str] = []
-        where_params: list[Any] = []
+
+_FIELDS = ("next_slot_at", "last_slot_at", "run_count", "enabled", "disabled_reason")
+_PG_TYPES = ("timestamptz", "timestamptz", "bigint", "boolean", "text")
+
+
+def advance_tasks(
+    using: str, tasks: Sequence[PeriodicTask], seen: dict[int, Any] | None = None
+) -> set[int]:
+    """Write the claim state of ``tasks`` in one statement; return the ids written.
+
+    With ``seen`` (task id -> the ``next_slot_at`` read before planning) the statement is a
+    compare-and-swap: a task is written only while enabled and still at that slot, and the
+    ids returned are the tasks this caller won. PostgreSQL gets ``UPDATE ... FROM unnest(...)``;
+    other databases a ``CASE`` per column (with ``RETURNING`` for the swap: SQLite 3.35+).
+    """
+    if not tasks:
+        return set()
+    connection = connections[using]
+    table = connection.ops.quote_name(PeriodicTask._meta.db_table)
+    if connection.vendor == "postgresql":
+        return _advance_postgresql(connection, table, tasks, seen)
+    adapt = connection.ops.adapt_datetimefield_value
+    assignments: list[str] = []
+    params: list[Any] = []
+    for name in _FIELDS:
+        whens = []
         for task in tasks:
-            for name in cases:
-                value = getattr(task, name)
-                if name in ("next_slot_at", "last_slot_at"):
-                    value = adapt(value)
-                sql_cases[name].append(f"WHEN %s THEN {casts.get(name, '%s')}")
-                cases[name].extend([task.pk, value])
-            where.append("(id = %s AND next_slot_at = %s)")
-            where_params.extend([task.pk, adapt(seen[task.pk])])
-        assignments = []
-        params: list[Any] = []
-        for name in cases:
-            column = connection.ops.quote_name(name)
-            assignments.append(f"{column} = CASE id {' '.join(sql_cases[name])} END")
-            params.extend(cases[name])
-        sql = (
-            f"UPDATE {table} SET {', '.join(assignments)} "
-            f"WHERE enabled AND ({' OR '.join(where)}) RETURNING id"
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params + where_params)
-            return {row[0] for row in cursor.fetchall()}
+            value = getattr(task, name)
+            whens.append("WHEN %s THEN %s")
+            params.extend([task.pk, adapt(value) if name.endswith("_at") else value])
+        assignments.append(f"{connection.ops.quote_name(name)} = CASE id {' '.join(whens)} END")
+    if seen is None:
+        where = f"id IN ({', '.join(['%s'] * len(tasks))})"
+        params.extend(task.pk for task in tasks)
+    else:
+        pairs = " OR ".join(["(id = %s AND next_slot_at = %s)"] * len(tasks))
+        where = f"enabled AND ({pairs})"
+        for task in tasks:
+            params.extend([task.pk, adapt(seen[task.pk])])
+    sql = f"UPDATE {table} SET {', '.join(assignments)} WHERE {where}"
+    with connection.cursor() as cursor:
+        if seen is None:
+            cursor.execute(sql, params)
+            return {task.pk for task in tasks}
+        cursor.execute(sql + " RETURNING id", params)
+        return {row[0] for row in cursor.fetchall()}
 
 
-_PG_CASTS = {
-    "next_slot_at": "%s::timestamptz",
-    "last_slot_at": "%s::timestamptz",
-    "run_count": "%s::bigint",
-    "enabled": "%s::boolean",
-    "disabled_reason": "%s::text",
-}
+def _advance_postgresql(
+    connection: Any, table: str, tasks: Sequence[PeriodicTask], seen: dict[int, Any] | None
+) -> set[int]:
+    columns = ["id", *_FIELDS]
+    types = ["bigint", *_PG_TYPES]
+    arrays: list[list[Any]] = [[task.pk for task in tasks]]
+    arrays += [[getattr(task, name) for task in tasks] for name in _FIELDS]
+    where = f"{table}.id = v.id"
+    if seen is not None:
+        columns.append("seen")
+        types.append("timestamptz")
+        arrays.append([seen[task.pk] for task in tasks])
+        where += f" AND {table}.enabled AND {table}.next_slot_at = v.seen"
+    sets = ", ".join(f"{name} = v.{name}" for name in _FIELDS)
+    unnest = ", ".join(f"%s::{t}[]" for t in types)
+    sql = (f"UPDATE {table} SET {sets} FROM unnest({unnest}) AS v({', '.join(columns)}) "
+           f"WHERE {where} RETURNING {table}.id")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, arrays)
+        return {row[0] for row in cursor.fetchall()}
 
 
 def claimer_for(using: str = "default", settings: DriftSafeSettings | None = None) -> Claimer:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -58,30 +59,41 @@ class Dispatcher:
         self.using = using
 
     def dispatch(self, runs: Sequence[ClaimedRun]) -> DispatchResult:
+        """Publish ``runs`` (pipelined where the transport batches, as kombu's Redis transport
+        does), then mark what went out ``dispatched`` and what cannot run ``failed``.
+
+        If the broker fails, every run of the round that is not known to be out stays
+        ``claimed``: the outbox re-publishes it after the lease, under the same task id.
+        """
         result = DispatchResult()
         if not runs:
             return result
         registered = self.app.tasks
-        pending = list(runs)
-        with self.app.producer_or_acquire() as producer:
-            for index, run in enumerate(pending):
-                if run.task_name not in registered:
-                    result.failed[run.run_id] = (
-                        f"task {run.task_name!r} is not registered with this beat's Celery app "
-                        "(check the task name, or import its module in the beat process)"
-                    )
-                    continue
-                try:
-                    self._publish(run, producer)
-                except Exception as exc:  # broker refused or unreachable
-                    result.deferred = [r.run_id for r in pending[index:]]
-                    logger.error(
-                        "publishing failed, %d runs stay claimed for the outbox: %s",
-                        len(result.deferred), exc,
-                        extra={"action": "publish-failed", "task": run.task_name},
-                    )
-                    break
-                result.published.append(run.run_id)
+        sent: list[int] = []
+        index = 0
+        try:
+            with self.app.producer_or_acquire() as producer:
+                batch = producer.batch() if hasattr(producer, "batch") else nullcontext()
+                with batch:
+                    for index, run in enumerate(runs):  # noqa: B007 - read after the loop
+                        if run.task_name not in registered:
+                            result.failed[run.run_id] = (
+                                f"task {run.task_name!r} is not registered with this beat's "
+                                "Celery app (check the task name, or import its module in the "
+                                "beat process)"
+                            )
+                            continue
+                        self._publish(run, producer)
+                        sent.append(run.run_id)
+        except Exception as exc:  # broker refused or unreachable: nothing is known to be out
+            result.deferred = [r.run_id for r in runs if r.run_id not in result.failed]
+            logger.error(
+                "publishing failed at run %d of %d; %d runs stay claimed for the outbox: %s",
+                index + 1, len(runs), len(result.deferred), exc,
+                extra={"action": "publish-failed"},
+            )
+        else:
+            result.published = sent
         self._record(result)
         return result
 
