@@ -1,27 +1,18 @@
 """The exception hierarchy: everything celery_driftsafe raises on purpose derives from
-:class:`DriftSafeError`."""
+:class:`DriftSafeError`.
+
+This module imports nothing from Django, so the pure core (slot arithmetic, misfire policies)
+stays free of it. :class:`ConfigurationError` is also Django's ``ImproperlyConfigured``; it is
+defined in :mod:`celery_driftsafe.conf` and importable from here too.
+"""
 
 from __future__ import annotations
 
-from django.core.exceptions import ImproperlyConfigured
+from typing import Any
 
 
 class DriftSafeError(Exception):
     """Base class of every error celery_driftsafe raises on purpose."""
-
-
-class ConfigurationError(DriftSafeError, ImproperlyConfigured):
-    """A setting has a value that cannot work. The message names the setting and the fix."""
-
-    def __init__(self, setting: str, value: object, problem: str, hint: str = "") -> None:
-        self.setting = setting
-        self.value = value
-        self.problem = problem
-        self.hint = hint
-        message = f"DRIFTSAFE[{setting!r}] = {value!r}: {problem}"
-        if hint:
-            message += f" ({hint})"
-        super().__init__(message)
 
 
 class ScheduleError(DriftSafeError, ValueError):
@@ -38,3 +29,21 @@ class ScheduleError(DriftSafeError, ValueError):
 
 class ClockError(DriftSafeError):
     """The time authority could not be read, or answered something absurd."""
+
+
+class LockError(DriftSafeError):
+    """A lock could not be taken in time, or its backend (Redis, the database) could not be
+    reached, so the outcome of an operation is unknown."""
+
+
+class LockLost(LockError):
+    """A lock this process held is no longer held: its lease ran out or someone took it over.
+    Work done under it must not be committed without checking its fencing token."""
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ConfigurationError":
+        from celery_driftsafe.conf import ConfigurationError
+
+        return ConfigurationError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -113,7 +113,7 @@ def test_database_authority_reads_server_time() -> None:
 
 def test_fake_clock_rejects_naive_and_backwards() -> None:
     with pytest.raises(ValueError, match="aware"):
-        FakeClock(datetime(2026, 1, 1))  # noqa: DTZ001
+        FakeClock(datetime(2026, 1, 1))
     clock = FakeClock(T0)
     with pytest.raises(ValueError, match="backwards"):
         clock.advance(-1)

@@ -4,6 +4,7 @@ them."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -45,7 +46,7 @@ def test_new_edited_disabled_and_deleted_tasks_take_effect_within_a_second(
         time.sleep(3.5)
         after = [m for m in run.received_for("new") if m.received_at > edited_at]
         assert len(after) >= 3, [m.slot for m in after]
-        gaps = {(b.slot - a.slot).total_seconds() for a, b in zip(after, after[1:], strict=False)}
+        gaps = {(b.slot - a.slot).total_seconds() for a, b in itertools.pairwise(after)}
         assert gaps == {1.0}, gaps
 
         # disabling stops it: nothing whose slot is over 1 s after the commit

@@ -1,0 +1,491 @@
+"""Crontab schedules: parse a classic five-field cron expression and find its slots.
+
+Pure like :mod:`celery_driftsafe.slots`, which re-exports :class:`Crontab`: no clock, no I/O,
+standard library only (``zoneinfo`` for zones).
+
+Syntax, per field: ``*``, numbers, ranges ``a-b``, steps ``*/n``, ``a-b/n`` and ``a/n``
+(from ``a`` to the field's maximum), comma lists, month names ``jan``-``dec`` and weekday names
+``sun``-``sat`` (case-insensitive); in ``day_of_week`` both 0 and 7 mean Sunday, and the
+open-ended forms ``*`` and ``a/n`` run up to 6 (so ``1/2`` is Monday, Wednesday, Friday). If both
+``day_of_month`` and ``day_of_week`` are restricted (neither starts with ``*``) a day matches
+when *either* matches, otherwise when both do (the Vixie cron rule). An expression that can
+never fire, such as ``0 0 31 2 *``, is rejected when the Crontab is built.
+
+DST: wall times are read in ``timezone``. If the ``hour`` field is exactly ``*`` (``*/1`` and
+``0-23`` do not count) the crontab is *hourly or more frequent*: every UTC instant whose local
+wall time matches is a slot, so a repeated hour fires again and a skipped hour fires nothing.
+Otherwise it is *fixed-time*: a wall time that occurs twice fires once, at its first
+occurrence, and a wall time that does not exist fires once, at the instant the gap ends
+(several such times collapse onto that slot).
+
+How a search works: walk the matching local dates (month by month, then day by day from
+sorted tuples), and within a date bisect the sorted matching minutes of the day. Each date is
+split into at most two stretches of constant UTC offset, computed once per ``(zone, date)``
+and cached. That relies on a zone changing its offset at most once in any 50 hours, which holds
+for every zone in the tz database since 1900 (the closest pair is about 95 hours apart).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from functools import lru_cache
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from celery_driftsafe.exceptions import ScheduleError
+
+__all__ = ["Crontab"]
+
+_US = timedelta(microseconds=1)
+_EPOCH = datetime(1, 1, 1, tzinfo=UTC)
+_DAY_US = 86_400_000_000
+_MINUTE_US = 60_000_000
+_SECOND_US = 1_000_000
+_LAST_DAY_INDEX = date.max.toordinal() - 3  # leaves room to look at the following day
+
+
+def require_aware(name: str, value: object) -> datetime:
+    """Return ``value`` if it is an aware datetime, else raise ``ScheduleError(name, ...)``."""
+    if not isinstance(value, datetime):
+        raise ScheduleError(name, f"must be a datetime, got {type(value).__name__}")
+    if value.utcoffset() is None:
+        raise ScheduleError(name, f"must be time-zone aware, got naive {value.isoformat()}")
+    return value
+
+
+def to_us(instant: datetime) -> int:
+    """Microseconds from 0001-01-01T00:00Z to the aware ``instant``."""
+    return (instant - _EPOCH) // _US
+
+
+def from_us(value: int) -> datetime | None:
+    """The aware UTC datetime ``value`` microseconds after 0001-01-01T00:00Z, or ``None``."""
+    try:
+        return _EPOCH + timedelta(microseconds=value)
+    except OverflowError:
+        return None
+
+
+# --------------------------------------------------------------------------- parsing
+
+_MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+_BOUNDS: dict[str, tuple[int, int, dict[str, int]]] = {
+    "minute": (0, 59, {}),
+    "hour": (0, 23, {}),
+    "day_of_month": (1, 31, {}),
+    "month_of_year": (1, 12, {name: i for i, name in enumerate(_MONTH_NAMES, 1)}),
+    "day_of_week": (0, 7, {name: i for i, name in enumerate(_DAY_NAMES)}),
+}
+_MACROS = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+_LONGEST_MONTH = (0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+def _parse_value(name: str, text: str, source: str) -> int:
+    low, high, names = _BOUNDS[name]
+    if text.isascii() and text.isdigit():
+        value = int(text)
+    elif text.lower() in names:
+        return names[text.lower()]
+    elif not text:
+        raise ScheduleError(name, f"a number is missing in {source!r}")
+    else:
+        kind = "a number" if not names else f"a number or a name like {next(iter(names))!r}"
+        raise ScheduleError(name, f"{text!r} is not {kind} in {source!r}")
+    if not low <= value <= high:
+        raise ScheduleError(name, f"{value} is out of range {low}-{high} in {source!r}")
+    return value
+
+
+def _parse_item(name: str, item: str, source: str) -> range:
+    low, high, _ = _BOUNDS[name]
+    base, slash, step_text = item.partition("/")
+    step = 1
+    if slash:
+        if not (step_text.isascii() and step_text.isdigit()):
+            raise ScheduleError(name, f"step {step_text!r} is not a number in {source!r}")
+        step = int(step_text)
+        if step == 0:
+            raise ScheduleError(name, f"step 0 is not allowed in {source!r}")
+    # Open-ended forms stop at Saturday: 7 is Sunday only when written out.
+    top = 6 if name == "day_of_week" else high
+    if base == "*":
+        return range(low, top + 1, step)
+    first_text, dash, last_text = base.partition("-")
+    first = _parse_value(name, first_text, source)
+    if not dash:
+        return range(first, (top if slash else first) + 1, step)
+    last = _parse_value(name, last_text, source)
+    if first > last:
+        hint = " (Sunday is also 7: write 'fri-7')" if name == "day_of_week" else ""
+        raise ScheduleError(
+            name, f"range {first_text}-{last_text} runs backwards in {source!r}{hint}"
+        )
+    return range(first, last + 1, step)
+
+
+def _parse_field(name: str, source: object) -> tuple[int, ...]:
+    """Parse one cron field into the sorted tuple of values it allows."""
+    if not isinstance(source, str):
+        raise ScheduleError(name, f"must be text, got {type(source).__name__}")
+    text = source.strip()
+    if not text:
+        raise ScheduleError(name, "is empty; write '*' to allow every value")
+    if any(char.isspace() for char in text):
+        raise ScheduleError(name, f"must not contain spaces: {source!r}")
+    values: set[int] = set()
+    for item in text.split(","):
+        if not item:
+            raise ScheduleError(name, f"has an empty list item in {source!r}")
+        values.update(_parse_item(name, item, text))
+    if name == "day_of_week" and 7 in values:
+        values.discard(7)
+        values.add(0)
+    return tuple(sorted(values))
+
+
+def _load_zone(key: object) -> ZoneInfo:
+    if not isinstance(key, str):
+        raise ScheduleError("timezone", f"must be text, got {type(key).__name__}")
+    if not key:
+        raise ScheduleError("timezone", "is empty; write an IANA name such as 'UTC'")
+    try:
+        return ZoneInfo(key)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise ScheduleError(
+            "timezone", f"unknown time zone {key!r}; use an IANA name such as 'Europe/Berlin'"
+        ) from None
+
+
+def _mask(values: tuple[int, ...]) -> int:
+    return sum(1 << value for value in values)
+
+
+# --------------------------------------------------------------------------- zone days
+
+
+def _offset(aware: datetime) -> int:
+    offset = aware.utcoffset()
+    assert offset is not None  # every datetime reaching here has a ZoneInfo or UTC tzinfo
+    return offset // _US
+
+
+def _offset_at(zone: ZoneInfo, instant_us: int) -> int:
+    return _offset((_EPOCH + timedelta(microseconds=instant_us)).astimezone(zone))
+
+
+# A segment: (wall_start, wall_end, offset, utc_start). Wall times are microseconds after the
+# local midnight of the day, clipped to [0, one day); offset is local minus UTC; utc_start is
+# where the stretch begins in UTC (the end of the gap before it, if any).
+_Segment = tuple[int, int, int, int]
+
+
+@lru_cache(maxsize=4096)
+def _day_segments(zone: ZoneInfo, day: int) -> tuple[_Segment, ...]:
+    """Split local day ``day`` (``date.toordinal() - 1``) of ``zone`` into constant offsets."""
+    today, tomorrow = date.fromordinal(day + 1), date.fromordinal(day + 2)
+    start = datetime(today.year, today.month, today.day, tzinfo=zone)
+    end = datetime(tomorrow.year, tomorrow.month, tomorrow.day, tzinfo=zone)
+    midnight = day * _DAY_US
+    # The earliest instant that can read as local midnight, the latest that can read as the
+    # next midnight: between them lies every instant whose local date is `day`.
+    utc_low = midnight - max(_offset(start), _offset(start.replace(fold=1)))
+    utc_high = midnight + _DAY_US - min(_offset(end), _offset(end.replace(fold=1)))
+    before, after = _offset_at(zone, utc_low), _offset_at(zone, utc_high)
+    if before == after:
+        return ((0, _DAY_US, before, utc_low),)
+    low, high = utc_low // _SECOND_US, utc_high // _SECOND_US  # transitions fall on seconds
+    while high - low > 1:
+        middle = (low + high) // 2
+        if _offset_at(zone, middle * _SECOND_US) == before:
+            low = middle
+        else:
+            high = middle
+    change = high * _SECOND_US
+    wall_before_end = min(max(change + before - midnight, 0), _DAY_US)
+    wall_after_start = min(max(change + after - midnight, 0), _DAY_US)
+    return ((0, wall_before_end, before, utc_low), (wall_after_start, _DAY_US, after, change))
+
+
+# --------------------------------------------------------------------------- the schedule
+
+
+@dataclass(frozen=True)
+class Crontab:
+    """A classic cron schedule evaluated in ``timezone`` (see the module docstring).
+
+    Every field is validated when the Crontab is built; a bad one raises
+    :class:`~celery_driftsafe.exceptions.ScheduleError` naming it, and so does a combination
+    that can never fire (field ``"day_of_month"``). Searches return ``None`` only when no slot
+    exists before ``datetime.max``.
+    """
+
+    minute: str = "*"
+    hour: str = "*"
+    day_of_month: str = "*"
+    month_of_year: str = "*"
+    day_of_week: str = "*"
+    timezone: str = "UTC"
+    _zone: ZoneInfo = field(init=False, repr=False, compare=False)
+    _minutes: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _hours: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _days: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _months: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _weekdays: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _day_or: bool = field(init=False, repr=False, compare=False)
+    _fixed_time: bool = field(init=False, repr=False, compare=False)
+    _times: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _weekday_step: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        parsed = {name: _parse_field(name, getattr(self, name)) for name in _BOUNDS}
+        zone = _load_zone(self.timezone)
+        days, months, weekdays = (
+            parsed["day_of_month"],
+            parsed["month_of_year"],
+            parsed["day_of_week"],
+        )
+        day_or = not self.day_of_month.strip().startswith("*") and not (
+            self.day_of_week.strip().startswith("*")
+        )
+        # Every (month, day) that exists falls on each weekday within 400 years, so only the
+        # AND rule with no day that exists in any allowed month can never fire.
+        if not day_or and not any(days[0] <= _LONGEST_MONTH[month] for month in months):
+            raise ScheduleError(
+                "day_of_month",
+                f"{self.day_of_month.strip()!r} never occurs in month "
+                f"{self.month_of_year.strip()!r}, so this schedule would never fire",
+            )
+        weekday_mask = _mask(weekdays)
+        step = tuple(
+            next(k for k in range(7) if weekday_mask >> ((weekday + k) % 7) & 1)
+            for weekday in range(7)
+        )
+        times = tuple(
+            (hour * 60 + minute) * _MINUTE_US
+            for hour in parsed["hour"]
+            for minute in parsed["minute"]
+        )
+        for name, value in (
+            ("_zone", zone),
+            ("_minutes", parsed["minute"]),
+            ("_hours", parsed["hour"]),
+            ("_days", days),
+            ("_months", months),
+            ("_weekdays", weekdays),
+            ("_day_or", day_or),
+            ("_fixed_time", self.hour.strip() != "*"),
+            ("_times", times),
+            ("_weekday_step", step),
+        ):
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def from_expression(cls, expression: str, timezone: str = "UTC") -> Crontab:
+        """Build a Crontab from ``"minute hour day_of_month month_of_year day_of_week"``.
+
+        The macros ``@yearly``, ``@annually``, ``@monthly``, ``@weekly``, ``@daily``,
+        ``@midnight`` and ``@hourly`` are accepted too. Any other number of fields raises
+        ``ScheduleError("expression", ...)``.
+        """
+        if not isinstance(expression, str):
+            raise ScheduleError("expression", f"must be text, got {type(expression).__name__}")
+        text = _MACROS.get(expression.strip().lower(), expression)
+        fields = text.split()
+        if len(fields) != 5:
+            raise ScheduleError(
+                "expression",
+                f"needs 5 fields (minute hour day-of-month month day-of-week), "
+                f"got {len(fields)} in {expression!r}",
+            )
+        minute, hour, day_of_month, month_of_year, day_of_week = fields
+        return cls(minute, hour, day_of_month, month_of_year, day_of_week, timezone)
+
+    @property
+    def expression(self) -> str:
+        """The five fields joined by spaces, as written (without the time zone)."""
+        return " ".join(getattr(self, name).strip() for name in _BOUNDS)
+
+    # ------------------------------------------------------------------ searching
+
+    def first_at_or_after(self, instant: datetime) -> datetime | None:
+        """Return the smallest slot ``>= instant``, or ``None`` if none before ``datetime.max``."""
+        return self._search(to_us(require_aware("after", instant)))
+
+    def next_after(self, instant: datetime) -> datetime | None:
+        """Return the smallest slot ``> instant``, or ``None`` if none before ``datetime.max``.
+
+        Slots fall on whole seconds, so this is the first slot at or after ``instant + 1 µs``.
+        """
+        return self._search(to_us(require_aware("after", instant)) + 1)
+
+    def slots_between(self, start: datetime, end: datetime) -> Iterator[datetime]:
+        """Return the slots ``s`` with ``start <= s < end``, ascending."""
+        return self._iterate(to_us(require_aware("after", start)), require_aware("after", end))
+
+    def _iterate(self, start_us: int, end: datetime) -> Iterator[datetime]:
+        slot = self._search(start_us)
+        while slot is not None and slot < end:
+            yield slot
+            slot = self._search(to_us(slot) + 1)
+
+    def _search(self, after_us: int) -> datetime | None:
+        """The smallest slot at or after ``after_us`` (microseconds, see :func:`to_us`)."""
+        instant = from_us(after_us)
+        if instant is None:
+            return None
+        try:
+            local = instant.astimezone(self._zone)
+            if local.toordinal() < 3:
+                raise OverflowError("too close to datetime.min")
+            today = local.toordinal() - 1
+            # The day before can still hold a slot >= after_us only if it changes its offset
+            # (a repeated hour or a gap that crosses midnight); otherwise all of it lies before.
+            multiple = len(_day_segments(self._zone, today - 1)) > 1
+            day = self._next_day(today - 1 if multiple else today)
+            while day is not None:
+                found = self._first_in_day(day, after_us)
+                if found is not None:
+                    return from_us(self._earlier_next_day(day, after_us, found))
+                day = self._next_day(day + 1)
+        except OverflowError:  # within a few days of datetime.min or datetime.max
+            return None
+        return None
+
+    def _earlier_next_day(self, day: int, after_us: int, found: int) -> int:
+        """``found``, or an earlier slot of the next day if a repeated hour crosses midnight.
+
+        Only an hourly crontab can fire in both occurrences of a repeated hour, and only a day
+        with an offset change can overlap the next one in UTC.
+        """
+        if self._fixed_time or len(_day_segments(self._zone, day)) == 1:
+            return found
+        if self._next_day(day + 1) != day + 1:
+            return found
+        early = self._first_in_day(day + 1, after_us)
+        return found if early is None else min(found, early)
+
+    def _first_in_day(self, day: int, after_us: int) -> int | None:
+        """The earliest slot ``>= after_us`` among the wall times of local ``day``."""
+        times = self._times
+        midnight = day * _DAY_US
+        covered = 0  # wall times below this were already seen earlier in UTC
+        for wall_start, wall_end, offset, utc_start in _day_segments(self._zone, day):
+            if self._fixed_time:
+                if wall_start > covered and utc_start >= after_us:
+                    # Wall times in [covered, wall_start) do not exist: they fire at the
+                    # instant the gap ends, if any of them matches.
+                    i = bisect_left(times, covered)
+                    if i < len(times) and times[i] < wall_start:
+                        return utc_start
+                wall_start = max(wall_start, covered)
+                covered = max(covered, wall_end)
+            i = bisect_left(times, max(wall_start, after_us + offset - midnight))
+            if i < len(times) and times[i] < wall_end:
+                return midnight + times[i] - offset
+        return None
+
+    def _next_day(self, day: int) -> int | None:
+        """The first local date index ``>= day`` whose month and day match, or ``None``."""
+        if day > _LAST_DAY_INDEX:
+            return None
+        current = date.fromordinal(day + 1)
+        year, month, mday = current.year, current.month, current.day
+        months = self._months
+        while year <= 9999:
+            if month in months:
+                found = self._first_day_in_month(year, month, mday)
+                if found is not None:
+                    index = date(year, month, found).toordinal() - 1
+                    return index if index <= _LAST_DAY_INDEX else None
+                position = bisect_right(months, month)
+            else:
+                position = bisect_left(months, month)
+            if position == len(months):
+                year, month = year + 1, months[0]
+            else:
+                month = months[position]
+            mday = 1
+        return None
+
+    def _first_day_in_month(self, year: int, month: int, mday: int) -> int | None:
+        """The first matching day of the month ``>= mday``, or ``None``."""
+        last = _month_length(year, month)
+        weekday = date(year, month, mday).toordinal() % 7  # 0 is Sunday, as in cron
+        days = self._days
+        i = bisect_left(days, mday)
+        if self._day_or:
+            best = days[i] if i < len(days) and days[i] <= last else None
+            by_weekday = mday + self._weekday_step[weekday]
+            if by_weekday <= last and (best is None or by_weekday < best):
+                best = by_weekday
+            return best
+        step = self._weekday_step
+        for candidate in days[i:]:
+            if candidate > last:
+                return None
+            if step[(weekday + candidate - mday) % 7] == 0:
+                return candidate
+        return None
+
+    # ------------------------------------------------------------------ describing
+
+    def describe(self) -> str:
+        """Return e.g. ``"at 02:30 (Europe/Berlin)"`` or ``"every 15 minutes (UTC)"``."""
+        minute, hour = self.minute.strip(), self.hour.strip()
+        if self._fixed_time and len(self._hours) * len(self._minutes) <= 4:
+            text = "at " + ", ".join(f"{h:02}:{m:02}" for h in self._hours for m in self._minutes)
+        elif self._fixed_time:
+            text = f"at minute {minute} past hour {hour}"
+        elif minute == "*":
+            text = "every minute"
+        elif minute.startswith("*/") and 60 % len(self._minutes) == 0:
+            every = 60 // len(self._minutes)
+            text = "every minute" if every == 1 else f"every {every} minutes"
+        elif len(self._minutes) == 1:
+            text = f"every hour at :{self._minutes[0]:02}"
+        else:
+            text = f"every hour at minute {minute}"
+        days = self.day_of_month.strip()
+        weekdays = _runs(self._weekdays, _DAY_NAMES, 0)
+        if days != "*" and self.day_of_week.strip() != "*":
+            joint = "or" if self._day_or else "if it is a"
+            text += f" on day {days} of the month {joint} {weekdays}"
+        elif days != "*":
+            text += f" on day {days} of the month"
+        elif self.day_of_week.strip() != "*":
+            text += f" on {weekdays}"
+        if self.month_of_year.strip() != "*":
+            text += f" in {_runs(self._months, _MONTH_NAMES, 1)}"
+        return f"{text} ({self.timezone})"
+
+
+def _runs(values: tuple[int, ...], names: tuple[str, ...], first: int) -> str:
+    """Render ``(1, 2, 3, 5)`` as ``"Mon-Wed, Fri"`` using ``names`` (index ``value - first``)."""
+    parts: list[str] = []
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        low, high = names[values[i] - first].title(), names[values[j] - first].title()
+        parts.append(low if i == j else f"{low}-{high}" if j > i + 1 else f"{low}, {high}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+def _month_length(year: int, month: int) -> int:
+    if month == 2:
+        leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+        return 29 if leap else 28
+    return _LONGEST_MONTH[month]
