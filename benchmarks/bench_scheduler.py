@@ -82,8 +82,8 @@ def bench(tasks: int, beats: int, seconds: float) -> dict[str, object]:
             while real_now() < window_end:
                 time.sleep(0.5)
                 with run.broker.pipeline(transaction=True) as pipe:  # keep Redis small
-                    pipe.llen("celery")
-                    pipe.delete("celery")
+                    pipe.llen(run.queue)
+                    pipe.delete(run.queue)
                     trimmed += pipe.execute()[0]
                 for i, beat in enumerate(run.beats):
                     if beat.process.poll() is None:

@@ -53,10 +53,10 @@ if ! port_open "$PG_HOST" "$PG_PORT"; then
   fi
 fi
 echo "postgresql: $PG_HOST:$PG_PORT up"
-if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] && ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then
-  echo "installing libfaketime (Debian package faketime) for the clock-skew tests"
-  { as_root apt-get update -qq && as_root apt-get install -y -qq faketime >/dev/null; } \
-    || echo "WARNING: could not install faketime; skew tests will fall back or skip with a reason"
+if ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || ! command -v cc >/dev/null; then
+  echo "installing libfaketime (Debian package faketime) and a C compiler for its shim"
+  { as_root apt-get update -qq && as_root apt-get install -y -qq faketime gcc libc6-dev >/dev/null; } \
+    || echo "WARNING: could not install faketime/gcc; the clock-skew tests will skip, saying why"
 fi
 
 say "ruff"

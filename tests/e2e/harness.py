@@ -25,7 +25,7 @@ import redis
 
 from celery_driftsafe.slots import Crontab, Interval, Schedule
 from tests import settings as test_settings
-from tests.support.faketime import skewed_env, verify_skew
+from tests.support.faketime import cleanup_killed, skewed_env, verify_skew
 
 ROOT = Path(__file__).resolve().parents[2]
 BROKER_DB = test_settings.REDIS_DB + 2
@@ -79,7 +79,7 @@ class E2ERun:
         self._recorder: threading.Thread | None = None
         broker = f"{test_settings.REDIS_SERVER}/{BROKER_DB}"
         self.broker = redis.Redis.from_url(broker)
-        self.broker.delete("celery")
+        self.queue = f"e2e-{self.token}"
         if backend == "postgresql":
             self.db_name = f"driftsafe_e2e_{self.token}"
             self._pg("CREATE DATABASE " + self.db_name)
@@ -92,6 +92,7 @@ class E2ERun:
             "PYTHONPATH": str(ROOT),
             "DRIFTSAFE_E2E_DB": db,
             "DRIFTSAFE_E2E_BROKER": broker,
+            "DRIFTSAFE_E2E_QUEUE": self.queue,
             "DRIFTSAFE_E2E_REDIS": test_settings.REDIS_URL,
             "DRIFTSAFE_E2E_PREFIX": f"driftsafe-e2e-{self.token}",
             "DRIFTSAFE_E2E_AUTHORITY": authority
@@ -154,8 +155,8 @@ class E2ERun:
         self._recorder.start()
 
     def _record(self) -> None:
-        while not self._stop.is_set() or self.broker.llen("celery"):
-            item = self.broker.brpop(["celery"], timeout=0.2)
+        while not self._stop.is_set() or self.broker.llen(self.queue):
+            item = self.broker.brpop([self.queue], timeout=0.2)
             if item is None:
                 continue
             stamp = real_now()
@@ -171,6 +172,7 @@ class E2ERun:
     def kill(self, beat: Beat) -> None:
         beat.process.send_signal(signal.SIGKILL)
         beat.process.wait(timeout=10)
+        cleanup_killed(beat.process.pid)  # libfaketime's shared memory outlives a SIGKILL
 
     def stop(self) -> dict[str, int | None]:
         """SIGTERM every beat, wait, stop the recorder. Returns each beat's exit code."""
@@ -195,7 +197,7 @@ class E2ERun:
                 beat.process.kill()
                 beat.process.wait()
         self._stop.set()
-        self.broker.delete("celery")
+        self.broker.delete(self.queue)
         self.broker.close()
         if self.backend == "postgresql":
             self._pg(f"DROP DATABASE IF EXISTS {self.db_name} WITH (FORCE)")

@@ -48,6 +48,8 @@ DRIFTSAFE = {
     "MAX_LOOP_INTERVAL_SECONDS": float(os.environ.get("DRIFTSAFE_E2E_MAX_LOOP", "1.0")),
 }
 CELERY_BROKER_URL = os.environ["DRIFTSAFE_E2E_BROKER"]
+# One queue per run, so concurrent runs on one Redis never read each other's messages.
+CELERY_TASK_DEFAULT_QUEUE = os.environ["DRIFTSAFE_E2E_QUEUE"]
 CELERY_BEAT_SCHEDULE = {
     name: {"task": "e2e.tick", "schedule": float(seconds)}
     for name, seconds in json.loads(os.environ.get("DRIFTSAFE_E2E_BEAT_SCHEDULE", "{}")).items()

@@ -1,0 +1,373 @@
+"""The skewed-clock harness: children really read a shifted wall clock, nothing else shifts.
+
+Every child here is a real Python process started with LD_PRELOAD of libfaketime
+(plus our shim). Skips only when libfaketime or a C compiler is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import celery
+import pytest
+
+from tests.support import faketime
+from tests.support.faketime import (
+    FaketimeUnavailable,
+    build_shim,
+    cleanup_killed,
+    libfaketime_path,
+    measure_offset,
+    skewed_env,
+    verify_skew,
+)
+
+CHILD_TIMEOUT = 30
+
+
+@pytest.fixture(scope="module", autouse=True)
+def faketime_ready() -> None:
+    try:
+        libfaketime_path()
+        build_shim()
+    except FaketimeUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def run_python(script: str, env: dict[str, str]) -> str:
+    """Run ``script`` in a child with ``env``; return its last stdout line."""
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()[-1]
+
+
+def libfaketime_only(offset: float) -> dict[str, str]:
+    """Like skewed_env(offset) but without the shim: plain upstream behaviour."""
+    env = skewed_env(offset)
+    env["LD_PRELOAD"] = str(libfaketime_path())
+    return env
+
+
+# --- the wall clock is shifted, the monotonic clock is not ----------------------------
+
+
+@pytest.mark.parametrize("offset", [2.5, -4.0, 3600.0])
+def test_child_wall_clock_is_shifted_by_the_offset(offset: float) -> None:
+    measured = verify_skew(skewed_env(offset), expected=offset)
+
+    assert measured == pytest.approx(offset, abs=0.25)
+
+
+def test_zero_offset_is_a_plain_process() -> None:
+    env = skewed_env(0, base={"PATH": os.environ["PATH"], "LD_PRELOAD": "/x/libfaketime.so.1"})
+
+    assert "LD_PRELOAD" not in env
+    assert not any(key.startswith("FAKETIME") for key in env)
+    assert verify_skew(env, expected=0) == pytest.approx(0, abs=0.25)
+
+
+def test_verify_skew_reports_a_wrong_offset() -> None:
+    with pytest.raises(AssertionError, match=r"wall clock is \+2\.5\d\d s off, expected \+0\.000"):
+        verify_skew(skewed_env(2.5), expected=0)
+
+
+def test_verify_skew_reports_a_faked_monotonic_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = skewed_env(2.5)
+    del env["FAKETIME_DONT_FAKE_MONOTONIC"]  # libfaketime then fakes monotonic time too
+    monkeypatch.setattr(faketime, "_PROBE_TIMEOUT", 2.0)  # its waits hang
+
+    with pytest.raises(AssertionError, match=r"monotonic clock is \+\d+\.\d+ s off") as failure:
+        verify_skew(env, expected=2.5)
+    assert "no answer within 2 s" in str(failure.value)
+
+
+def test_measure_offset_tells_offsets_apart() -> None:
+    assert measure_offset(skewed_env(-4)) - measure_offset(skewed_env(2.5)) == pytest.approx(
+        -6.5, abs=0.05
+    )
+
+
+# --- timed waits keep real durations under the preload --------------------------------
+
+# Each entry waits 0.2 s for something that never comes; the child reports how long
+# each took on its monotonic clock (which is not faked), or the error it raised.
+WAITS_SCRIPT = """
+import json, os, queue, select, socket, threading, time
+
+read_end, write_end = os.pipe()
+
+def lock_acquire():
+    lock = threading.Lock()
+    lock.acquire()
+    lock.acquire(timeout=0.2)
+
+def condition_wait():
+    condition = threading.Condition()
+    with condition:
+        condition.wait(0.2)
+
+def queue_get():
+    try:
+        queue.Queue().get(timeout=0.2)
+    except queue.Empty:
+        pass
+
+def poll():
+    poller = select.poll()
+    poller.register(read_end, select.POLLIN)
+    poller.poll(200)
+
+def epoll():
+    with select.epoll() as poller:
+        poller.register(read_end, select.EPOLLIN)
+        poller.poll(0.2)
+
+def socket_recv():
+    left, right = socket.socketpair()
+    with left, right:
+        left.settimeout(0.2)
+        try:
+            left.recv(1)
+        except TimeoutError:
+            pass
+
+waits = {
+    "time.sleep": lambda: time.sleep(0.2),
+    "threading.Event.wait": lambda: threading.Event().wait(0.2),
+    "threading.Lock.acquire": lock_acquire,
+    "threading.Condition.wait": condition_wait,
+    "queue.Queue.get": queue_get,
+    "select.select": lambda: select.select([read_end], [], [], 0.2),
+    "select.poll": poll,
+    "select.epoll": epoll,
+    "socket.recv": socket_recv,
+}
+took = {}
+for name, wait in waits.items():
+    start = time.monotonic()
+    try:
+        wait()
+        took[name] = time.monotonic() - start
+    except OSError as exc:
+        took[name] = repr(exc)
+print(json.dumps(took))
+"""
+WAITS = (
+    "time.sleep",
+    "threading.Event.wait",
+    "threading.Lock.acquire",
+    "threading.Condition.wait",
+    "queue.Queue.get",
+    "select.select",
+    "select.poll",
+    "select.epoll",
+    "socket.recv",
+)
+
+
+@pytest.fixture(scope="module", params=[-4.0, 3600.0], ids=["behind-4s", "ahead-1h"])
+def wait_durations(request: pytest.FixtureRequest) -> dict[str, float | str]:
+    durations: dict[str, float | str] = json.loads(
+        run_python(WAITS_SCRIPT, skewed_env(request.param))
+    )
+    return durations
+
+
+@pytest.mark.parametrize("wait", WAITS)
+def test_timed_wait_takes_real_time(wait_durations: dict[str, float | str], wait: str) -> None:
+    took = wait_durations[wait]
+
+    assert isinstance(took, float), f"{wait}(0.2 s) raised {took}"
+    assert took == pytest.approx(0.2, abs=0.1), f"{wait}(0.2 s) took {took:.3f} s"
+
+
+# Two threads spin; count how often the GIL changes hands in one second. With a
+# 50 ms switch interval that is about 20 times; when the GIL's timed condvar
+# wait returns at once, it is hundreds to tens of thousands of times.
+GIL_SCRIPT = """
+import json, sys, threading
+sys.setswitchinterval(0.05)
+state = {"running": True, "owner": None, "switches": 0}
+
+def spin(tag):
+    while state["running"]:
+        if state["owner"] != tag:
+            state["owner"] = tag
+            state["switches"] += 1
+
+threads = [threading.Thread(target=spin, args=(tag,)) for tag in "ab"]
+for thread in threads:
+    thread.start()
+threading.Event().wait(1.0)
+state["running"] = False
+for thread in threads:
+    thread.join()
+print(json.dumps(state["switches"]))
+"""
+
+
+def test_gil_switch_interval_is_kept() -> None:
+    switches = json.loads(run_python(GIL_SCRIPT, skewed_env(-4)))
+
+    assert switches < 60, f"GIL changed hands {switches} times in 1 s (interval 50 ms)"
+
+
+# --- what runs in the skewed processes -------------------------------------------------
+
+REDIS_SCRIPT = """
+import json, time, redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+client = redis.Redis(host="127.0.0.1", port=6379, socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
+seconds, microseconds = client.time()
+local = time.time()
+start = time.monotonic()
+try:
+    client.blpop(KEY, timeout=5)  # the server would wait 5 s; the client gives up first
+except redis.TimeoutError:
+    pass
+print(json.dumps({
+    "ahead_of_redis": local - (seconds + microseconds / 1e6),
+    "socket_timeout_took": time.monotonic() - start,
+}))
+"""
+
+
+@pytest.mark.redis
+def test_redis_client_in_skewed_process() -> None:
+    key = f"celery_driftsafe:test:faketime:{uuid.uuid4().hex}"
+    script = REDIS_SCRIPT.replace("KEY", repr(key))
+
+    report = json.loads(run_python(script, skewed_env(2.5)))
+
+    assert report["ahead_of_redis"] == pytest.approx(2.5, abs=0.25)
+    assert report["socket_timeout_took"] == pytest.approx(0.2, abs=0.1)
+
+
+def test_celery_command_runs_in_skewed_process() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "celery", "--version"],
+        env=skewed_env(3600),
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+        check=False,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[0] == celery.__version__
+
+
+# --- upstream libfaketime 0.9.10 bugs the shim works around -----------------------------
+# These document the bugs: they run WITHOUT the shim and expect the failure. If one of
+# them fails, libfaketime got fixed and the matching function in faketime_shim.c may go.
+
+
+def test_upstream_bug_without_shim_time_sleep_fails() -> None:
+    """libfaketime issue 426: clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME) mangled."""
+    script = """
+import time
+try:
+    time.sleep(0.2)
+    print("slept")
+except OSError as exc:
+    print(exc.errno)
+"""
+
+    assert run_python(script, libfaketime_only(2.5)) == "22"  # EINVAL
+
+
+def test_upstream_bug_without_shim_gil_thrashes() -> None:
+    """pthread_cond_timedwait on a CLOCK_MONOTONIC condvar times out at once."""
+    switches = json.loads(run_python(GIL_SCRIPT, libfaketime_only(-4)))
+
+    assert switches > 200, f"GIL changed hands only {switches} times in 1 s"
+
+
+# --- the helpers themselves ------------------------------------------------------------
+
+
+def test_skewed_env_replaces_inherited_faketime_settings() -> None:
+    base = {
+        "PATH": "/bin",
+        "FAKETIME": "+99",
+        "FAKETIME_SHARED": "/faketime_sem_1 /faketime_shm_1",
+        "LD_PRELOAD": "/old/faketime_shim-0.so /old/libfaketime.so.1:/other/libfoo.so",
+    }
+
+    env = skewed_env(-0.5, base=base)
+
+    assert env["LD_PRELOAD"].split(":") == [
+        str(build_shim()),
+        str(libfaketime_path()),
+        "/other/libfoo.so",
+    ]
+    assert env["FAKETIME"] == "-0.500000"
+    assert env["FAKETIME_DONT_FAKE_MONOTONIC"] == "1"
+    assert "FAKETIME_SHARED" not in env
+    assert env["PATH"] == "/bin"
+
+
+def test_build_shim_reuses_the_cached_build(tmp_path: Path) -> None:
+    first = build_shim(tmp_path)
+    built_at = first.stat().st_mtime_ns
+
+    assert build_shim(tmp_path) == first
+    assert first.stat().st_mtime_ns == built_at
+
+
+def test_missing_libfaketime_says_how_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(faketime, "LIBFAKETIME_CANDIDATES", (tmp_path / "libfaketime.so.1",))
+
+    with pytest.raises(FaketimeUnavailable, match="apt-get install -y faketime"):
+        libfaketime_path()
+
+
+def test_missing_compiler_says_how_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CC", raising=False)
+
+    with pytest.raises(FaketimeUnavailable, match="gcc"):
+        build_shim(tmp_path)
+
+
+def test_cleanup_killed_removes_what_libfaketime_leaves_behind() -> None:
+    script = "import sys\nprint('ready', flush=True)\nsys.stdin.readline()"
+    with subprocess.Popen(
+        [sys.executable, "-c", script],
+        env=skewed_env(2.5),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as child:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "ready\n"
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    leftovers = [
+        Path(f"/dev/shm/faketime_shm_{child.pid}"),
+        Path(f"/dev/shm/sem.faketime_sem_{child.pid}"),
+    ]
+    assert all(path.exists() for path in leftovers)
+
+    cleanup_killed(child.pid)
+
+    assert not any(path.exists() for path in leftovers)
