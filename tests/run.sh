@@ -63,6 +63,8 @@ say "ruff"
 "$VENV/bin/ruff" check .
 say "mypy"
 "$VENV/bin/mypy"
+say "docs (Sphinx, warnings are errors)"
+"$VENV/bin/sphinx-build" -W -q -b html docs docs/_build/html
 say "pytest on SQLite"
 DRIFTSAFE_TEST_DB=sqlite "$PY" -m pytest "$@"
 say "pytest on PostgreSQL"
