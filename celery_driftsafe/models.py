@@ -220,7 +220,9 @@ class Run(models.Model):
     class Meta:
         ordering = ["-slot", "-id"]
         constraints = [
-            models.UniqueConstraint(fields=["periodic_task", "slot"], name="driftsafe_run_slot_once"),
+            models.UniqueConstraint(
+                fields=["periodic_task", "slot"], name="driftsafe_run_slot_once"
+            ),
         ]
         indexes = [
             models.Index(fields=["status", "claimed_at"], name="driftsafe_run_outbox"),
@@ -267,3 +269,25 @@ class BeatNode(models.Model):
 
     def __str__(self) -> str:
         return self.node_id
+
+
+class Lock(models.Model):
+    """A lease for :mod:`celery_driftsafe.locks` when no Redis is configured.
+
+    One row per lock name, kept after release so ``fencing_token`` only ever grows: each
+    acquisition increments it. ``token`` is the holder's random token (empty: free);
+    the lease is over at ``expires_at`` (an instant of the lock's clock, not a local one).
+    """
+
+    name = models.CharField(max_length=200, unique=True)
+    token = models.CharField(max_length=64, blank=True, help_text="Holder's token; empty: free.")
+    fencing_token = models.BigIntegerField(
+        default=0, help_text="Incremented by every acquisition; never decreases."
+    )
+    expires_at = models.DateTimeField(help_text="The lease is over at this instant.")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command (README.md gives it; .ci/run calls it):
-#   fresh virtual environment -> services -> ruff -> mypy -> pytest on SQLite -> pytest on PostgreSQL
+#   fresh venv -> services -> ruff -> mypy -> docs -> pytest on SQLite -> pytest on PostgreSQL
 # Environment knobs: DRIFTSAFE_VENV (default .venv-test), PYTHON (default python3),
 # DRIFTSAFE_TEST_PG_HOST/PORT/USER, DRIFTSAFE_TEST_REDIS_URL; extra args go to both pytest runs.
 set -euo pipefail
