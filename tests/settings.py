@@ -64,7 +64,11 @@ if TEST_DB == "postgres":
             "USER": os.environ.get("DRIFTSAFE_TEST_PG_USER", "postgres"),
             "HOST": os.environ.get("DRIFTSAFE_TEST_PG_HOST", "127.0.0.1"),
             "PORT": os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432"),
-            "TEST": {"NAME": os.environ.get("DRIFTSAFE_TEST_PG_TEST_NAME", "test_driftsafe")},
+            # one test database per run, so concurrent runs on one server never collide
+            "TEST": {
+                "NAME": os.environ.get("DRIFTSAFE_TEST_PG_TEST_NAME")
+                or f"test_driftsafe_{os.getpid()}"
+            },
         }
     }
 elif TEST_DB == "sqlite":
