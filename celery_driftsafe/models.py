@@ -214,6 +214,9 @@ class Run(models.Model):
     celery_task_id = models.CharField(max_length=255, blank=True, db_index=True)
     fencing_token = models.BigIntegerField(default=0)
     dispatch_attempts = models.PositiveIntegerField(default=0)
+    duplicate_deliveries = models.PositiveIntegerField(
+        default=0, help_text="Deliveries of this run that were skipped as duplicates."
+    )
     worker = models.CharField(max_length=255, blank=True)
     error = models.TextField(blank=True)
 
@@ -269,6 +272,20 @@ class BeatNode(models.Model):
 
     def __str__(self) -> str:
         return self.node_id
+
+    def state_at(self, now: datetime, dead_after: timedelta) -> str:
+        """``"stopped"`` (shut down cleanly), ``"dead"`` (no heartbeat for ``dead_after`` at
+        the authority's ``now``) or ``"alive"``."""
+        if self.stopped_at is not None:
+            return "stopped"
+        if self.last_heartbeat_at < now - dead_after:
+            return "dead"
+        return "alive"
+
+    def offset_exceeds(self, bound_seconds: float) -> bool:
+        """Whether the measured clock offset is beyond ``bound_seconds`` (either way)."""
+        offset = self.clock_offset_seconds
+        return offset is not None and abs(offset) > bound_seconds
 
 
 class Lock(models.Model):

@@ -1,0 +1,322 @@
+"""``DriftSafeTask``: a Celery task base class that executes a run at most once.
+
+Celery delivers at least once (``acks_late`` redelivery, Redis visibility timeouts, a beat's
+outbox re-publishing after a crash), so the same run can reach several workers. For a message
+that carries ``driftsafe_run_id`` the base class
+
+1. reads the run from the ledger and rejects the message if the headers do not match it
+   (unknown run, another task's run, another Celery task id, a malformed header);
+2. takes the run's lock (Redis, or the database without Redis) with a watchdog renewing it,
+   and with it a fencing token;
+3. re-verifies the run inside the lock and marks it ``started`` with that token — a write
+   the database refuses when the row already carries a newer token;
+4. runs the body, then records ``succeeded`` or ``failed`` — again refused when a newer token
+   has taken over meanwhile (a worker paused past its lease), whose outcome is then discarded
+   with a log line.
+
+A duplicate delivery of a running or finished run is acknowledged, logged, counted on the run
+(``duplicate_deliveries``) and never executed. Calls without the header behave exactly like a
+plain task. ``apply_async(..., idempotency_key="order-42")`` creates the ledger row at publish
+time so that one key runs once across producers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import traceback
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from celery import Task
+from django.db import IntegrityError
+from django.db.models import F, Q
+
+from celery_driftsafe.clock import AuthorityClock, authority_from_settings
+from celery_driftsafe.conf import get_settings
+from celery_driftsafe.dispatch import (
+    HEADER_FENCING_TOKEN,
+    HEADER_PERIODIC_TASK_ID,
+    HEADER_RUN_ID,
+    HEADER_SLOT,
+)
+from celery_driftsafe.exceptions import DriftSafeError, LockError
+from celery_driftsafe.locks import lock_backend
+from celery_driftsafe.models import OverlapPolicy, PeriodicTask, Run, RunKind, RunStatus
+
+logger = logging.getLogger(__name__)
+
+_ADHOC_NAMESPACE = uuid.UUID("0b8c7f4e-2a55-4d1e-9d8e-7a61c3f0b2a4")
+_RUNNABLE = (RunStatus.CLAIMED, RunStatus.DISPATCHED, RunStatus.STARTED)
+_FINISHED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.SKIPPED, RunStatus.MISSED)
+
+
+class BadRunHeaders(DriftSafeError):
+    """A message's driftsafe headers are malformed or do not match its run."""
+
+
+@dataclass(frozen=True)
+class RunHeaders:
+    run_id: int
+    fencing_token: int
+    periodic_task_id: int | None
+    slot: str | None
+
+
+def _int_header(name: str, value: Any, *, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise BadRunHeaders(f"header {name}={value!r} is not a whole number")
+    try:
+        number = int(value)
+    except ValueError:
+        raise BadRunHeaders(f"header {name}={value!r} is not a whole number") from None
+    if number < 0:
+        raise BadRunHeaders(f"header {name}={value!r} is negative")
+    return number
+
+
+def read_headers(request: Any) -> RunHeaders | None:
+    """The run headers of the current request, None when it carries none."""
+    raw = getattr(request, HEADER_RUN_ID, None)
+    if raw is None:
+        return None
+    run_id = _int_header(HEADER_RUN_ID, raw)
+    token = _int_header(HEADER_FENCING_TOKEN, getattr(request, HEADER_FENCING_TOKEN, 0))
+    periodic = _int_header(
+        HEADER_PERIODIC_TASK_ID, getattr(request, HEADER_PERIODIC_TASK_ID, None), optional=True
+    )
+    slot = getattr(request, HEADER_SLOT, None)
+    if slot is not None and not isinstance(slot, str):
+        raise BadRunHeaders(f"header {HEADER_SLOT}={slot!r} is not an ISO 8601 instant")
+    assert run_id is not None and token is not None
+    return RunHeaders(run_id, token, periodic, slot)
+
+
+_clocks: dict[int, AuthorityClock] = {}
+_clocks_lock = threading.Lock()
+
+
+def authority_clock() -> AuthorityClock:
+    """This process's clock on the configured authority (re-measured every minute)."""
+    pid = os.getpid()
+    with _clocks_lock:
+        clock = _clocks.get(pid)
+        if clock is None:
+            settings = get_settings()
+            clock = AuthorityClock(
+                authority_from_settings(settings),
+                samples=1, resync_seconds=settings.clock_sync_interval_seconds,
+            )
+            _clocks[pid] = clock
+        return clock
+
+
+def _log(level: int, message: str, *args: Any, run_id: int, action: str, **extra: Any) -> None:
+    logger.log(level, message, *args, extra={"action": action, "run": run_id, **extra})
+
+
+class DriftSafeTask(Task):
+    """Base class for tasks that must run at most once per run (see the module docstring).
+
+    Use it as ``@app.task(base=DriftSafeTask, acks_late=True, reject_on_worker_lost=True)``:
+    with late acknowledgement a worker killed mid-run leaves its message to be redelivered,
+    and the redelivery takes the run over once the dead worker's lease has run out.
+    """
+
+    abstract = True
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            headers = read_headers(self.request)
+        except BadRunHeaders as exc:
+            _log(logging.ERROR, "rejected %s[%s]: %s; not executed", self.name,
+                 self.request.id, exc, run_id=-1, action="reject")
+            return None
+        if headers is None:
+            return super().__call__(*args, **kwargs)
+        return _Execution(self, headers).run(args, kwargs)
+
+    def apply_async(
+        self, args: Any = None, kwargs: Any = None, task_id: str | None = None,
+        *, idempotency_key: str | None = None, **options: Any,
+    ) -> Any:
+        """Like :meth:`celery.Task.apply_async`; with ``idempotency_key`` the call is recorded
+        in the run ledger first and runs at most once for that key, whoever sends it."""
+        if idempotency_key is None:
+            return super().apply_async(args, kwargs, task_id=task_id, **options)
+        return _publish_idempotent(self, idempotency_key, args, kwargs, options)
+
+
+class _Execution:
+    """One delivery of one run."""
+
+    def __init__(self, task: DriftSafeTask, headers: RunHeaders) -> None:
+        self.task = task
+        self.headers = headers
+        self.run_id = headers.run_id
+        self.settings = get_settings()
+
+    def run(self, args: Any, kwargs: Any) -> Any:
+        run = Run.objects.filter(pk=self.run_id).select_related("periodic_task").first()
+        problem = self._mismatch(run)
+        if problem:
+            _log(logging.ERROR, "rejected %s[%s]: %s; not executed", self.task.name,
+                 self.task.request.id, problem, run_id=self.run_id, action="reject")
+            return None
+        assert run is not None
+        if run.status in _FINISHED:
+            return self._duplicate(f"run is already {run.status}")
+        lock = lock_backend(self.settings).lock(
+            f"run:{self.run_id}", ttl=self.settings.lease_seconds
+        )
+        try:
+            acquired = lock.acquire(blocking=False)
+        except LockError as exc:
+            return self._lock_unavailable(exc, run, args, kwargs)
+        if not acquired:
+            # Someone holds the run: alive (then it finishes and the re-sent copy is dropped
+            # as a duplicate) or dead (then its lease runs out and the copy takes over).
+            return self._resend("another worker holds the run's lock",
+                                self.settings.lease_seconds, args, kwargs)
+        with lock.watch() as held:
+            return self._run_fenced(held.fencing_token, run, args, kwargs)
+
+    def _mismatch(self, run: Run | None) -> str:
+        if run is None:
+            return f"unknown run {self.run_id}"
+        if run.task_name != self.task.name:
+            return f"run {self.run_id} belongs to task {run.task_name!r}"
+        if run.celery_task_id and run.celery_task_id != self.task.request.id:
+            return f"run {self.run_id} has Celery task id {run.celery_task_id}"
+        claimed_for = self.headers.periodic_task_id
+        if claimed_for is not None and run.periodic_task_id != claimed_for:
+            return f"run {self.run_id} is not a run of periodic task {claimed_for}"
+        return ""
+
+    def _duplicate(self, why: str) -> None:
+        Run.objects.filter(pk=self.run_id).update(
+            duplicate_deliveries=F("duplicate_deliveries") + 1
+        )
+        _log(logging.WARNING, "duplicate delivery of run %s (%s[%s]) skipped: %s", self.run_id,
+             self.task.name, self.task.request.id, why, run_id=self.run_id, action="duplicate")
+        return None
+
+    def _now(self) -> datetime:
+        return authority_clock().now()
+
+    def _start(self, token: int, *, status_from: tuple[str, ...] = _RUNNABLE) -> bool:
+        return bool(Run.objects.filter(
+            pk=self.run_id, status__in=status_from, fencing_token__lt=token
+        ).update(
+            status=RunStatus.STARTED, started_at=self._now(), fencing_token=token,
+            worker=self.task.request.hostname or socket.gethostname(), error="",
+        ))
+
+    def _finish(self, token: int, status: str, error: str = "") -> bool:
+        written = Run.objects.filter(pk=self.run_id, fencing_token=token).update(
+            status=status, finished_at=self._now(), error=error
+        )
+        if not written:
+            _log(logging.ERROR, "run %s: outcome %s discarded, a newer holder (fencing token "
+                 "above %s) took the run over while this worker was paused past its lease",
+                 self.run_id, status, token, run_id=self.run_id, action="fenced-out")
+        return bool(written)
+
+    def _run_fenced(self, token: int, run: Run, args: Any, kwargs: Any) -> Any:
+        """Start under ``token``, run the body (the overlap lock held if the task skips
+        overlaps), record the outcome under the same token."""
+        if not self._start(token):
+            return self._duplicate("it already started or finished under another holder")
+        periodic = run.periodic_task
+        if periodic is None or periodic.overlap_policy != OverlapPolicy.SKIP:
+            return self._body(token, args, kwargs)
+        task_lock = lock_backend(self.settings).lock(
+            f"task-running:{periodic.pk}", ttl=self.settings.lease_seconds
+        )
+        if not task_lock.acquire(blocking=False):
+            self._finish(token, RunStatus.SKIPPED, "skipped: the previous run of this task is "
+                         "still running (overlap policy 'skip')")
+            return None
+        with task_lock.watch():
+            return self._body(token, args, kwargs)
+
+    def _body(self, token: int, args: Any, kwargs: Any) -> Any:
+        try:
+            result = self.task.run(*args, **kwargs)
+        except Exception:
+            self._finish(token, RunStatus.FAILED, traceback.format_exc(limit=20))
+            raise
+        self._finish(token, RunStatus.SUCCEEDED)
+        return result
+
+    def _lock_unavailable(self, exc: LockError, run: Run, args: Any, kwargs: Any) -> Any:
+        if self.settings.redis_unavailable == "fail_open":
+            _log(logging.WARNING, "run %s: lock backend unreachable (%s); REDIS_UNAVAILABLE="
+                 "fail_open, so only the database decides", self.run_id, exc,
+                 run_id=self.run_id, action="fail-open")
+            return self._run_database_only(args, kwargs)
+        return self._resend(f"lock backend unreachable ({exc}); REDIS_UNAVAILABLE=fail_closed",
+                            5.0, args, kwargs)
+
+    def _resend(self, why: str, countdown: float, args: Any, kwargs: Any) -> None:
+        """Acknowledge this delivery and send the same message (same task id, same headers)
+        again in ``countdown`` seconds."""
+        request = self.task.request
+        headers = {name: getattr(request, name, None) for name in
+                   (HEADER_RUN_ID, HEADER_SLOT, HEADER_FENCING_TOKEN, HEADER_PERIODIC_TASK_ID)}
+        options = {k: v for k, v in (request.delivery_info or {}).items()
+                   if k in ("exchange", "routing_key") and v}
+        Task.apply_async(self.task, args, kwargs, task_id=request.id,
+                         countdown=countdown, headers=headers, **options)
+        _log(logging.WARNING, "run %s (%s[%s]) re-sent for %.1f s later: %s", self.run_id,
+             self.task.name, request.id, countdown, why, run_id=self.run_id, action="resend")
+        return None
+
+    def _run_database_only(self, args: Any, kwargs: Any) -> Any:
+        """Fail-open: one conditional update decides who starts (claimed/dispatched only)."""
+        started = Run.objects.filter(
+            pk=self.run_id, status__in=(RunStatus.CLAIMED, RunStatus.DISPATCHED)
+        ).update(status=RunStatus.STARTED, started_at=self._now(),
+                 fencing_token=F("fencing_token") + 1)
+        if not started:
+            return self._duplicate("it already started (database check, fail-open)")
+        token = Run.objects.values_list("fencing_token", flat=True).get(pk=self.run_id)
+        return self._body(token, args, kwargs)
+
+
+def _publish_idempotent(
+    task: DriftSafeTask, key: str, args: Any, kwargs: Any, options: dict[str, Any]
+) -> Any:
+    if not isinstance(key, str) or not key or len(key) > 255:
+        raise ValueError(f"idempotency_key must be a non-empty string of at most 255 "
+                         f"characters, not {key!r}")
+    task_id = str(uuid.uuid5(_ADHOC_NAMESPACE, f"{task.name}:{key}"))
+    now = authority_clock().now()
+    try:
+        run, created = Run.objects.get_or_create(
+            idempotency_key=key,
+            defaults={"kind": RunKind.ADHOC, "task_name": task.name, "status": RunStatus.CLAIMED,
+                      "claimed_at": now, "claimed_by": f"producer:{socket.gethostname()}",
+                      "celery_task_id": task_id},
+        )
+    except IntegrityError:  # lost a race on the key to another producer
+        run, created = Run.objects.get(idempotency_key=key), False
+    if run.task_name != task.name:
+        raise ValueError(f"idempotency_key {key!r} was already used for task {run.task_name!r}")
+    if created or run.status == RunStatus.CLAIMED:
+        headers = dict(options.pop("headers", None) or {})
+        headers.update({HEADER_RUN_ID: run.pk, HEADER_FENCING_TOKEN: 0})
+        Task.apply_async(task, args, kwargs, task_id=task_id, headers=headers, **options)
+        Run.objects.filter(Q(pk=run.pk) & Q(status=RunStatus.CLAIMED)).update(
+            status=RunStatus.DISPATCHED, dispatched_at=authority_clock().now()
+        )
+    return task.AsyncResult(task_id)
+
+
+__all__ = ["BadRunHeaders", "DriftSafeTask", "PeriodicTask", "RunHeaders", "read_headers"]

@@ -1,0 +1,322 @@
+"""DriftSafeTask in-process, against the real database and Redis: deliveries are simulated by
+pushing the request a worker would build (headers become request attributes)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from celery_driftsafe.models import Run, RunKind, RunStatus
+from celery_driftsafe.task import DriftSafeTask, read_headers
+from tests import settings as test_settings
+from tests.conftest import drain
+from tests.factories import interval_task
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def calls() -> list[Any]:
+    return []
+
+
+@pytest.fixture
+def record(broker_app: Any, calls: list[Any], redis_client: Any) -> Any:
+    gate = threading.Event()
+    gate.set()
+
+    @broker_app.task(name="tests.record", base=DriftSafeTask, shared=False)
+    def record(value: str) -> str:
+        gate.wait(10)
+        calls.append(value)
+        if value == "boom":
+            raise ValueError("boom")
+        return value
+
+    record.gate = gate
+    return record
+
+
+def _run(task_name: str = "tests.record", **fields: Any) -> Run:
+    return Run.objects.create(
+        kind=fields.pop("kind", RunKind.MANUAL), task_name=task_name,
+        status=fields.pop("status", RunStatus.DISPATCHED),
+        celery_task_id=fields.pop("celery_task_id", str(uuid.uuid4())), **fields,
+    )
+
+
+@contextmanager
+def delivery(task: Any, run: Run | None = None, **headers: Any) -> Iterator[None]:
+    request = {"id": run.celery_task_id if run else str(uuid.uuid4()), "hostname": "worker-1",
+               "delivery_info": {}, "args": [], "kwargs": {}}
+    if run is not None:
+        request.update(driftsafe_run_id=run.pk, driftsafe_fencing_token=0,
+                       driftsafe_periodic_task_id=run.periodic_task_id)
+    request.update(headers)
+    task.push_request(**request)
+    try:
+        yield
+    finally:
+        task.pop_request()
+
+
+def test_plain_call_without_headers_is_a_plain_task(record: Any, calls: list[Any]) -> None:
+    with delivery(record):
+        assert record("x") == "x"
+    assert calls == ["x"]
+    assert Run.objects.count() == 0
+
+
+def test_run_executes_once_and_duplicates_are_skipped_and_counted(
+    record: Any, calls: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    run = _run()
+    with delivery(record, run):
+        assert record("a") == "a"
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED
+    assert run.started_at is not None and run.finished_at >= run.started_at
+    assert run.fencing_token >= 1 and run.worker == "worker-1"
+    for _ in range(4):
+        with delivery(record, run):
+            assert record("a") is None
+    assert calls == ["a"]
+    run.refresh_from_db()
+    assert run.duplicate_deliveries == 4
+    assert "duplicate delivery of run" in caplog.text
+
+
+def test_failure_is_recorded_with_the_error_and_raised(record: Any) -> None:
+    run = _run()
+    with delivery(record, run), pytest.raises(ValueError, match="boom"):
+        record("boom")
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    assert "ValueError: boom" in run.error
+
+
+@pytest.mark.parametrize(
+    ("headers", "reason"),
+    [
+        ({"driftsafe_run_id": 999_999}, "unknown run 999999"),
+        ({"driftsafe_run_id": "12x"}, "is not a whole number"),
+        ({"driftsafe_fencing_token": "abc"}, "driftsafe_fencing_token='abc' is not a whole number"),
+        ({"driftsafe_run_id": True}, "is not a whole number"),
+        ({"driftsafe_run_id": -3}, "is negative"),
+        ({"id": "not-the-run's-id"}, "has Celery task id"),
+        ({"driftsafe_periodic_task_id": 424242}, "is not a run of periodic task 424242"),
+    ],
+)
+def test_forged_or_malformed_headers_are_rejected_never_executed(
+    record: Any, calls: list[Any], caplog: pytest.LogCaptureFixture,
+    headers: dict[str, Any], reason: str,
+) -> None:
+    run = _run()
+    with caplog.at_level(logging.ERROR), delivery(record, run, **headers):
+        assert record("a") is None
+    assert calls == []
+    assert reason in caplog.text
+    run.refresh_from_db()
+    assert run.status == RunStatus.DISPATCHED
+
+
+def test_run_of_another_task_is_rejected(record: Any, calls: list[Any],
+                                         caplog: pytest.LogCaptureFixture) -> None:
+    run = _run(task_name="tests.other")
+    with delivery(record, run):
+        assert record("a") is None
+    assert calls == []
+    assert "belongs to task 'tests.other'" in caplog.text
+
+
+def test_concurrent_deliveries_execute_once(record: Any, calls: list[Any]) -> None:
+    """While one delivery runs, four more arrive: they find the lock held and are re-sent
+    (same id and headers) for after the lease, never executed alongside."""
+    run = _run()
+    record.gate.clear()
+    first = threading.Thread(target=lambda: _deliver(record, run))
+    first.start()
+    _wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.STARTED)
+    for _ in range(4):
+        with delivery(record, run):
+            assert record("a") is None
+    record.gate.set()
+    first.join()
+    assert calls == ["a"]
+    resent = drain()
+    assert len(resent) == 4
+    assert {m["id"] for m in resent} == {run.celery_task_id}
+    assert {m["driftsafe_run_id"] for m in resent} == {run.pk}
+    assert all(m["eta"] for m in resent)
+    # the re-sent copies, delivered after the run finished, are dropped as duplicates
+    with delivery(record, run):
+        assert record("a") is None
+    assert calls == ["a"]
+
+
+def _deliver(task: Any, run: Run) -> None:
+    from django.db import connections
+
+    try:
+        with delivery(task, run):
+            task("a")
+    finally:
+        connections.close_all()
+
+
+def _wait_for(condition: Any, timeout: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def test_stale_started_run_is_taken_over_with_a_newer_token(
+    record: Any, calls: list[Any], redis_client: Any
+) -> None:
+    """A worker died mid-run: the row says started, but nobody holds the lock any more."""
+    run = _run(status=RunStatus.STARTED, fencing_token=7)
+    redis_client.set(f"driftsafe-test:fence:run:{run.pk}", 7)
+    with delivery(record, run):
+        assert record("a") == "a"
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED
+    assert run.fencing_token == 8
+
+
+def test_outcome_of_a_fenced_out_holder_is_discarded(
+    record: Any, calls: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """While a holder runs, a successor with a newer token takes the row over (as after the
+    holder was paused past its lease): the holder's outcome must not overwrite it."""
+    run = _run()
+    record.gate.clear()
+    first = threading.Thread(target=lambda: _deliver(record, run))
+    first.start()
+    _wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.STARTED)
+    token = Run.objects.get(pk=run.pk).fencing_token
+    Run.objects.filter(pk=run.pk).update(fencing_token=token + 1, status=RunStatus.SUCCEEDED,
+                                         error="recorded by the successor")
+    record.gate.set()
+    first.join()
+    run.refresh_from_db()
+    assert run.fencing_token == token + 1
+    assert run.error == "recorded by the successor"
+    assert "outcome succeeded discarded" in caplog.text
+
+
+def test_overlap_skip_records_skipped_slot_while_previous_runs(
+    record: Any, calls: list[Any]
+) -> None:
+    from datetime import UTC, datetime
+
+    periodic = interval_task("slow", 1, anchor=datetime(2026, 3, 1, tzinfo=UTC),
+                             task="tests.record", overlap_policy="skip")
+    first, second = (_run(periodic_task=periodic, kind=RunKind.SCHEDULED,
+                          slot=datetime(2026, 3, 1, 0, 0, s, tzinfo=UTC)) for s in (1, 2))
+    record.gate.clear()
+    worker = threading.Thread(target=lambda: _deliver(record, first))
+    worker.start()
+    _wait_for(lambda: Run.objects.get(pk=first.pk).status == RunStatus.STARTED)
+    with delivery(record, second):
+        assert record("a") is None
+    second.refresh_from_db()
+    assert second.status == RunStatus.SKIPPED
+    assert "previous run of this task is still running" in second.error
+    record.gate.set()
+    worker.join()
+    assert calls == ["a"]
+    assert Run.objects.get(pk=first.pk).status == RunStatus.SUCCEEDED
+
+
+def test_overlap_allow_runs_side_by_side(record: Any, calls: list[Any]) -> None:
+    from datetime import UTC, datetime
+
+    periodic = interval_task("fast", 1, anchor=datetime(2026, 3, 1, tzinfo=UTC),
+                             task="tests.record")
+    assert periodic.overlap_policy == "allow"
+    first, second = (_run(periodic_task=periodic, kind=RunKind.SCHEDULED,
+                          slot=datetime(2026, 3, 1, 0, 0, s, tzinfo=UTC)) for s in (1, 2))
+    record.gate.clear()
+    worker = threading.Thread(target=lambda: _deliver(record, first))
+    worker.start()
+    _wait_for(lambda: Run.objects.get(pk=first.pk).status == RunStatus.STARTED)
+    record.gate.set()
+    with delivery(record, second):
+        assert record("b") == "b"
+    worker.join()
+    assert sorted(calls) == ["a", "b"]
+
+
+def test_idempotency_key_records_once_and_publishes_once(record: Any) -> None:
+    first = record.apply_async(("a",), idempotency_key="order-42")
+    second = record.apply_async(("a",), idempotency_key="order-42")
+    assert first.id == second.id
+    messages = drain()
+    assert len(messages) == 1
+    run = Run.objects.get(idempotency_key="order-42")
+    assert run.kind == RunKind.ADHOC and run.status == RunStatus.DISPATCHED
+    assert messages[0]["driftsafe_run_id"] == run.pk
+    assert messages[0]["id"] == run.celery_task_id == first.id
+
+
+def test_idempotency_key_of_another_task_is_refused(record: Any) -> None:
+    _run(task_name="tests.other", idempotency_key="shared")
+    with pytest.raises(ValueError, match=r"already used for task 'tests\.other'"):
+        record.apply_async(("a",), idempotency_key="shared")
+
+
+def test_without_key_apply_async_is_plain(record: Any) -> None:
+    record.apply_async(("a",))
+    messages = drain()
+    assert len(messages) == 1
+    assert "driftsafe_run_id" not in messages[0]
+    assert Run.objects.count() == 0
+
+
+_DEAD_REDIS = {**test_settings.DRIFTSAFE, "REDIS_URL": "redis://127.0.0.1:1/0",
+               "TIME_AUTHORITY": "database"}
+
+
+def test_redis_unreachable_fail_closed_resends_and_does_not_execute(
+    record: Any, calls: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    run = _run()
+    with override_settings(DRIFTSAFE=_DEAD_REDIS), delivery(record, run):
+        assert record("a") is None
+    assert calls == []
+    assert [m["id"] for m in drain()] == [run.celery_task_id]
+    assert "fail_closed" in caplog.text
+
+
+def test_redis_unreachable_fail_open_runs_once_on_database_checks(
+    record: Any, calls: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    run = _run()
+    with override_settings(DRIFTSAFE={**_DEAD_REDIS, "REDIS_UNAVAILABLE": "fail_open"}):
+        with delivery(record, run):
+            assert record("a") == "a"
+        with delivery(record, run):
+            assert record("a") is None
+    assert calls == ["a"]
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED
+    assert "fail_open" in caplog.text
+
+
+def test_read_headers_none_without_run_header() -> None:
+    class Request:
+        pass
+
+    assert read_headers(Request()) is None
+
+
