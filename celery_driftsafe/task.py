@@ -229,22 +229,31 @@ class _Execution:
         return bool(written)
 
     def _run_fenced(self, token: int, run: Run, args: Any, kwargs: Any) -> Any:
-        """Start under ``token``, run the body (the overlap lock held if the task skips
-        overlaps), record the outcome under the same token."""
-        if not self._start(token):
-            return self._duplicate("it already started or finished under another holder")
+        """Under the run lock's ``token``: take the overlap lock first if the task skips
+        overlaps, then start, run the body and record the outcome under the same token."""
         periodic = run.periodic_task
         if periodic is None or periodic.overlap_policy != OverlapPolicy.SKIP:
-            return self._body(token, args, kwargs)
+            return self._start_and_run(token, args, kwargs)
         task_lock = lock_backend(self.settings).lock(
             f"task-running:{periodic.pk}", ttl=self.settings.lease_seconds
         )
         if not task_lock.acquire(blocking=False):
-            self._finish(token, RunStatus.SKIPPED, "skipped: the previous run of this task is "
-                         "still running (overlap policy 'skip')")
+            runnable = Run.objects.filter(
+                pk=self.run_id, status__in=_RUNNABLE, fencing_token__lt=token
+            )
+            runnable.update(
+                status=RunStatus.SKIPPED, fencing_token=token, finished_at=self._now(),
+                error="skipped: the previous run of this task is still running "
+                      "(overlap policy 'skip')",
+            )
             return None
         with task_lock.watch():
-            return self._body(token, args, kwargs)
+            return self._start_and_run(token, args, kwargs)
+
+    def _start_and_run(self, token: int, args: Any, kwargs: Any) -> Any:
+        if not self._start(token):
+            return self._duplicate("it already started or finished under another holder")
+        return self._body(token, args, kwargs)
 
     def _body(self, token: int, args: Any, kwargs: Any) -> Any:
         try:
