@@ -19,15 +19,16 @@ from django.db.models import Q
 
 from celery_driftsafe.claim import ClaimedRun
 from celery_driftsafe.clock import Clock
+from celery_driftsafe.headers import (
+    HEADER_FENCING_TOKEN,
+    HEADER_PERIODIC_TASK_ID,
+    HEADER_RUN_ID,
+    HEADER_SLOT,
+)
 from celery_driftsafe.models import Run, RunStatus
 
 logger = logging.getLogger(__name__)
 
-#: Message headers every published run carries.
-HEADER_RUN_ID = "driftsafe_run_id"
-HEADER_SLOT = "driftsafe_slot"
-HEADER_FENCING_TOKEN = "driftsafe_fencing_token"
-HEADER_PERIODIC_TASK_ID = "driftsafe_periodic_task_id"
 
 
 @dataclass

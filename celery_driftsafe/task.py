@@ -30,7 +30,7 @@ import traceback
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Task
 from django.db import IntegrityError
@@ -38,21 +38,28 @@ from django.db.models import F, Q
 
 from celery_driftsafe.clock import AuthorityClock, authority_from_settings
 from celery_driftsafe.conf import get_settings
-from celery_driftsafe.dispatch import (
+from celery_driftsafe.exceptions import DriftSafeError, LockError
+from celery_driftsafe.headers import (
+    ALL as RUN_HEADERS,
+)
+from celery_driftsafe.headers import (
     HEADER_FENCING_TOKEN,
     HEADER_PERIODIC_TASK_ID,
     HEADER_RUN_ID,
     HEADER_SLOT,
 )
-from celery_driftsafe.exceptions import DriftSafeError, LockError
 from celery_driftsafe.locks import lock_backend
-from celery_driftsafe.models import OverlapPolicy, PeriodicTask, Run, RunKind, RunStatus
+
+if TYPE_CHECKING:
+    from celery_driftsafe.models import Run
 
 logger = logging.getLogger(__name__)
 
 _ADHOC_NAMESPACE = uuid.UUID("0b8c7f4e-2a55-4d1e-9d8e-7a61c3f0b2a4")
-_RUNNABLE = (RunStatus.CLAIMED, RunStatus.DISPATCHED, RunStatus.STARTED)
-_FINISHED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.SKIPPED, RunStatus.MISSED)
+# Run statuses (spelled out: this module must import before Django's app registry is ready,
+# so that a Celery app module can say base=DriftSafeTask).
+_RUNNABLE = ("claimed", "dispatched", "started")
+_FINISHED = ("succeeded", "failed", "skipped", "missed")
 
 
 class BadRunHeaders(DriftSafeError):
@@ -96,6 +103,13 @@ def read_headers(request: Any) -> RunHeaders | None:
         raise BadRunHeaders(f"header {HEADER_SLOT}={slot!r} is not an ISO 8601 instant")
     assert run_id is not None and token is not None
     return RunHeaders(run_id, token, periodic, slot)
+
+
+def _runs() -> Any:
+    """The run ledger's manager, imported late (see the status tuples above)."""
+    from celery_driftsafe.models import Run
+
+    return Run.objects
 
 
 _clocks: dict[int, AuthorityClock] = {}
@@ -163,7 +177,7 @@ class _Execution:
         self.settings = get_settings()
 
     def run(self, args: Any, kwargs: Any) -> Any:
-        run = Run.objects.filter(pk=self.run_id).select_related("periodic_task").first()
+        run = _runs().filter(pk=self.run_id).select_related("periodic_task").first()
         problem = self._mismatch(run)
         if problem:
             _log(logging.ERROR, "rejected %s[%s]: %s; not executed", self.task.name,
@@ -200,7 +214,7 @@ class _Execution:
         return ""
 
     def _duplicate(self, why: str) -> None:
-        Run.objects.filter(pk=self.run_id).update(
+        _runs().filter(pk=self.run_id).update(
             duplicate_deliveries=F("duplicate_deliveries") + 1
         )
         _log(logging.WARNING, "duplicate delivery of run %s (%s[%s]) skipped: %s", self.run_id,
@@ -211,15 +225,15 @@ class _Execution:
         return authority_clock().now()
 
     def _start(self, token: int, *, status_from: tuple[str, ...] = _RUNNABLE) -> bool:
-        return bool(Run.objects.filter(
+        return bool(_runs().filter(
             pk=self.run_id, status__in=status_from, fencing_token__lt=token
         ).update(
-            status=RunStatus.STARTED, started_at=self._now(), fencing_token=token,
+            status="started", started_at=self._now(), fencing_token=token,
             worker=self.task.request.hostname or socket.gethostname(), error="",
         ))
 
     def _finish(self, token: int, status: str, error: str = "") -> bool:
-        written = Run.objects.filter(pk=self.run_id, fencing_token=token).update(
+        written = _runs().filter(pk=self.run_id, fencing_token=token).update(
             status=status, finished_at=self._now(), error=error
         )
         if not written:
@@ -232,17 +246,17 @@ class _Execution:
         """Under the run lock's ``token``: take the overlap lock first if the task skips
         overlaps, then start, run the body and record the outcome under the same token."""
         periodic = run.periodic_task
-        if periodic is None or periodic.overlap_policy != OverlapPolicy.SKIP:
+        if periodic is None or periodic.overlap_policy != "skip":
             return self._start_and_run(token, args, kwargs)
         task_lock = lock_backend(self.settings).lock(
             f"task-running:{periodic.pk}", ttl=self.settings.lease_seconds
         )
         if not task_lock.acquire(blocking=False):
-            runnable = Run.objects.filter(
+            runnable = _runs().filter(
                 pk=self.run_id, status__in=_RUNNABLE, fencing_token__lt=token
             )
             runnable.update(
-                status=RunStatus.SKIPPED, fencing_token=token, finished_at=self._now(),
+                status="skipped", fencing_token=token, finished_at=self._now(),
                 error="skipped: the previous run of this task is still running "
                       "(overlap policy 'skip')",
             )
@@ -259,9 +273,9 @@ class _Execution:
         try:
             result = self.task.run(*args, **kwargs)
         except Exception:
-            self._finish(token, RunStatus.FAILED, traceback.format_exc(limit=20))
+            self._finish(token, "failed", traceback.format_exc(limit=20))
             raise
-        self._finish(token, RunStatus.SUCCEEDED)
+        self._finish(token, "succeeded")
         return result
 
     def _lock_unavailable(self, exc: LockError, run: Run, args: Any, kwargs: Any) -> Any:
@@ -277,8 +291,7 @@ class _Execution:
         """Acknowledge this delivery and send the same message (same task id, same headers)
         again in ``countdown`` seconds."""
         request = self.task.request
-        headers = {name: getattr(request, name, None) for name in
-                   (HEADER_RUN_ID, HEADER_SLOT, HEADER_FENCING_TOKEN, HEADER_PERIODIC_TASK_ID)}
+        headers = {name: getattr(request, name, None) for name in RUN_HEADERS}
         options = {k: v for k, v in (request.delivery_info or {}).items()
                    if k in ("exchange", "routing_key") and v}
         Task.apply_async(self.task, args, kwargs, task_id=request.id,
@@ -289,13 +302,13 @@ class _Execution:
 
     def _run_database_only(self, args: Any, kwargs: Any) -> Any:
         """Fail-open: one conditional update decides who starts (claimed/dispatched only)."""
-        started = Run.objects.filter(
-            pk=self.run_id, status__in=(RunStatus.CLAIMED, RunStatus.DISPATCHED)
-        ).update(status=RunStatus.STARTED, started_at=self._now(),
+        started = _runs().filter(
+            pk=self.run_id, status__in=("claimed", "dispatched")
+        ).update(status="started", started_at=self._now(),
                  fencing_token=F("fencing_token") + 1)
         if not started:
             return self._duplicate("it already started (database check, fail-open)")
-        token = Run.objects.values_list("fencing_token", flat=True).get(pk=self.run_id)
+        token = _runs().values_list("fencing_token", flat=True).get(pk=self.run_id)
         return self._body(token, args, kwargs)
 
 
@@ -308,24 +321,24 @@ def _publish_idempotent(
     task_id = str(uuid.uuid5(_ADHOC_NAMESPACE, f"{task.name}:{key}"))
     now = authority_clock().now()
     try:
-        run, created = Run.objects.get_or_create(
+        run, created = _runs().get_or_create(
             idempotency_key=key,
-            defaults={"kind": RunKind.ADHOC, "task_name": task.name, "status": RunStatus.CLAIMED,
+            defaults={"kind": "adhoc", "task_name": task.name, "status": "claimed",
                       "claimed_at": now, "claimed_by": f"producer:{socket.gethostname()}",
                       "celery_task_id": task_id},
         )
     except IntegrityError:  # lost a race on the key to another producer
-        run, created = Run.objects.get(idempotency_key=key), False
+        run, created = _runs().get(idempotency_key=key), False
     if run.task_name != task.name:
         raise ValueError(f"idempotency_key {key!r} was already used for task {run.task_name!r}")
-    if created or run.status == RunStatus.CLAIMED:
+    if created or run.status == "claimed":
         headers = dict(options.pop("headers", None) or {})
         headers.update({HEADER_RUN_ID: run.pk, HEADER_FENCING_TOKEN: 0})
         Task.apply_async(task, args, kwargs, task_id=task_id, headers=headers, **options)
-        Run.objects.filter(Q(pk=run.pk) & Q(status=RunStatus.CLAIMED)).update(
-            status=RunStatus.DISPATCHED, dispatched_at=authority_clock().now()
+        _runs().filter(Q(pk=run.pk) & Q(status="claimed")).update(
+            status="dispatched", dispatched_at=authority_clock().now()
         )
     return task.AsyncResult(task_id)
 
 
-__all__ = ["BadRunHeaders", "DriftSafeTask", "PeriodicTask", "RunHeaders", "read_headers"]
+__all__ = ["BadRunHeaders", "DriftSafeTask", "RunHeaders", "read_headers"]

@@ -3,7 +3,8 @@
 ``DRIFTSAFE_TEST_DB`` picks the database: ``sqlite`` (default) or ``postgres`` (PostgreSQL on
 ``DRIFTSAFE_TEST_PG_HOST``:``DRIFTSAFE_TEST_PG_PORT``, user ``DRIFTSAFE_TEST_PG_USER``; the test
 runner creates and drops its own database). Redis tests use db ``DRIFTSAFE_TEST_REDIS_DB``
-(default 11) of ``DRIFTSAFE_TEST_REDIS_URL``'s server and the key prefix ``driftsafe-test``.
+(default 11) of ``DRIFTSAFE_TEST_REDIS_URL``'s server and the key prefix ``driftsafe-test``;
+the suite also uses the next four databases (broker, e2e broker, locks, e2e runs).
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@ from tests.support.faketime import cleanup_killed, skewed_env, verify_skew
 
 ROOT = Path(__file__).resolve().parents[2]
 BROKER_DB = test_settings.REDIS_DB + 2
+# Locks, notifications and the Redis authority of e2e runs: a database no test flushes (runs
+# are told apart by their key prefix and clean up after themselves).
+E2E_REDIS_DB = test_settings.REDIS_DB + 4
 SCHEDULER = "celery_driftsafe.scheduler:DriftSafeScheduler"
 
 
@@ -69,11 +72,13 @@ class E2ERun:
     """One end-to-end run: its own database, key prefix and broker list."""
 
     def __init__(self, backend: str, workdir: Path, *, authority: str | None = None,
-                 beat_schedule: dict[str, float] | None = None, max_loop: float = 1.0) -> None:
+                 beat_schedule: dict[str, float] | None = None, max_loop: float = 1.0,
+                 lease: float = 5.0) -> None:
         self.backend = backend
         self.workdir = workdir
         self.token = uuid.uuid4().hex[:8]
         self.beats: list[Beat] = []
+        self.workers: list[Beat] = []
         self.received: list[Received] = []
         self._stop = threading.Event()
         self._recorder: threading.Thread | None = None
@@ -93,12 +98,13 @@ class E2ERun:
             "DRIFTSAFE_E2E_DB": db,
             "DRIFTSAFE_E2E_BROKER": broker,
             "DRIFTSAFE_E2E_QUEUE": self.queue,
-            "DRIFTSAFE_E2E_REDIS": test_settings.REDIS_URL,
+            "DRIFTSAFE_E2E_REDIS": f"{test_settings.REDIS_SERVER}/{E2E_REDIS_DB}",
             "DRIFTSAFE_E2E_PREFIX": f"driftsafe-e2e-{self.token}",
             "DRIFTSAFE_E2E_AUTHORITY": authority
             or ("database" if backend == "postgresql" else "redis"),
             "DRIFTSAFE_E2E_BEAT_SCHEDULE": json.dumps(beat_schedule or {}),
             "DRIFTSAFE_E2E_MAX_LOOP": str(max_loop),
+            "DRIFTSAFE_E2E_LEASE": str(lease),
         }
         self.tool("migrate")
 
@@ -123,7 +129,7 @@ class E2ERun:
         )
         if result.returncode != 0:
             raise RuntimeError(f"tests.e2e.tool {command} failed:\n{result.stderr.decode()}")
-        return json.loads(result.stdout) if command == "dump" else None
+        return json.loads(result.stdout) if result.stdout.strip() else None
 
     def received_for(self, name: str) -> list[Received]:
         """Messages of the task called ``name`` (looked up in the database)."""
@@ -149,6 +155,37 @@ class E2ERun:
         beat = Beat(offset, process, log, measured)
         self.beats.append(beat)
         return beat
+
+    def start_worker(self, name: str, *, pool: str = "solo") -> Beat:
+        """Start one ``celery worker`` (concurrency 1) on this run's queue."""
+        log = self.workdir / f"worker-{name}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "tests.e2e.celery_app", "worker",
+                 "-P", pool, "-c", "1", "-n", f"{name}@e2e", "-Q", self.queue,
+                 "--loglevel", "INFO", "--without-gossip", "--without-mingle",
+                 "--without-heartbeat"],
+                cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+            )
+        worker = Beat(0.0, process, log, 0.0)
+        self.workers.append(worker)
+        return worker
+
+    def publisher(self) -> Any:
+        """A Celery app in this process that publishes to the run's broker and queue."""
+        from celery import Celery
+
+        app = Celery("e2e-publisher", broker=self.env["DRIFTSAFE_E2E_BROKER"],
+                     set_as_current=False)
+        app.conf.task_default_queue = self.queue
+        return app
+
+    def executions(self) -> list[dict[str, Any]]:
+        """What the e2e.work bodies recorded when they ran to the end."""
+        raw = redis.Redis.from_url(self.env["DRIFTSAFE_E2E_REDIS"]).lrange(
+            f"{self.env['DRIFTSAFE_E2E_PREFIX']}:executions", 0, -1
+        )
+        return [json.loads(item) for item in raw]
 
     def start_recorder(self) -> None:
         self._recorder = threading.Thread(target=self._record, daemon=True)
@@ -192,19 +229,23 @@ class E2ERun:
         return codes
 
     def close(self) -> None:
-        for beat in self.beats:
+        for beat in self.beats + self.workers:
             if beat.process.poll() is None:
                 beat.process.kill()
                 beat.process.wait()
         self._stop.set()
         self.broker.delete(self.queue)
         self.broker.close()
+        keys = redis.Redis.from_url(self.env["DRIFTSAFE_E2E_REDIS"])
+        for key in keys.scan_iter(f"{self.env['DRIFTSAFE_E2E_PREFIX']}:*"):
+            keys.delete(key)
+        keys.close()
         if self.backend == "postgresql":
             self._pg(f"DROP DATABASE IF EXISTS {self.db_name} WITH (FORCE)")
 
     def logs(self) -> str:
         return "\n".join(f"--- {b.log.name} (offset {b.offset:+})\n{b.log.read_text()[-3000:]}"
-                         for b in self.beats)
+                         for b in self.beats + self.workers)
 
 
 def schedule_of(task: dict[str, Any]) -> Schedule:

@@ -65,6 +65,19 @@ def main(command: str) -> None:
         task.save()
     elif command == "delete":
         PeriodicTask.objects.get(name=json.load(sys.stdin)["name"]).delete()
+    elif command == "make_run":  # a manual run, as the admin's "run now" creates one
+        import uuid
+
+        from celery_driftsafe.models import RunKind, RunStatus
+
+        run = Run.objects.create(kind=RunKind.MANUAL, task_name=json.load(sys.stdin)["task"],
+                                 status=RunStatus.DISPATCHED, celery_task_id=str(uuid.uuid4()))
+        json.dump({"id": run.pk, "celery_task_id": run.celery_task_id}, sys.stdout)
+    elif command == "run":
+        run = Run.objects.get(pk=json.load(sys.stdin)["id"])
+        json.dump({"status": run.status, "fencing_token": run.fencing_token,
+                   "worker": run.worker, "duplicates": run.duplicate_deliveries,
+                   "error": run.error}, sys.stdout)
     elif command == "dump":
         def iso(value: datetime | None) -> str | None:
             return value.isoformat() if value else None

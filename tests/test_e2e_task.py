@@ -1,0 +1,119 @@
+"""End-to-end: DriftSafeTask with real ``celery worker`` processes, real Redis and the real
+database. Bodies record in Redis when they run to the end; the ledger says who won."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import settings as test_settings
+from tests.e2e.harness import E2ERun
+
+pytestmark = pytest.mark.e2e
+BACKEND = "postgresql" if test_settings.TEST_DB == "postgres" else "sqlite"
+
+
+def _wait(condition: Callable[[], Any], timeout: float, what: str, run: E2ERun) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}\n{run.logs()}")
+
+
+def _publish(run: E2ERun, made: dict[str, Any], marker: str, seconds: float,
+             copies: int = 1) -> None:
+    app = run.publisher()
+    headers = {"driftsafe_run_id": made["id"], "driftsafe_fencing_token": 0}
+    with app.producer_or_acquire() as producer:
+        for _ in range(copies):
+            app.send_task("e2e.work", args=[marker, seconds], task_id=made["celery_task_id"],
+                          headers=headers, producer=producer)
+    app.close()
+
+
+def _status(run: E2ERun, made: dict[str, Any]) -> dict[str, Any]:
+    result: dict[str, Any] = run.tool("run", {"id": made["id"]})
+    return result
+
+
+def test_same_run_delivered_five_times_to_two_workers_executes_once(tmp_path: Path) -> None:
+    run = E2ERun(BACKEND, tmp_path, lease=3.0)
+    try:
+        run.start_worker("w1")
+        run.start_worker("w2")
+        made = run.tool("make_run", {"task": "e2e.work"})
+        time.sleep(4)  # workers up
+        _publish(run, made, "five", 1.5, copies=5)
+        _wait(lambda: _status(run, made)["duplicates"] >= 4, 40, "4 duplicates counted", run)
+        time.sleep(1)
+        state = _status(run, made)
+        print(f"\nrun after 5 deliveries to 2 workers: {state}")
+        assert state["status"] == "succeeded"
+        assert state["duplicates"] == 4
+        assert [e["marker"] for e in run.executions()] == ["five"]
+        assert "Traceback" not in run.logs()
+    finally:
+        run.close()
+
+
+def test_worker_paused_past_its_lease_cannot_record_over_its_successor(tmp_path: Path) -> None:
+    run = E2ERun(BACKEND, tmp_path, lease=2.0)
+    try:
+        first = run.start_worker("w1")
+        made = run.tool("make_run", {"task": "e2e.work"})
+        time.sleep(3)
+        _publish(run, made, "paused", 4.0)
+        _wait(lambda: _status(run, made)["status"] == "started", 20, "w1 to start", run)
+        first.process.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(3.0)  # w1's lease (2 s) runs out while it is stopped
+            run.start_worker("w2")
+            time.sleep(3)
+            _publish(run, made, "successor", 1.0)  # the redelivery reaches w2
+            _wait(lambda: _status(run, made)["status"] == "succeeded", 30, "w2 to finish", run)
+            successor = _status(run, made)
+            assert successor["worker"].startswith("w2@")
+        finally:
+            first.process.send_signal(signal.SIGCONT)
+        _wait(lambda: "discarded" in first.log.read_text(), 30, "w1's outcome discarded", run)
+        final = _status(run, made)
+        print(f"\nafter w1 resumed: {final}")
+        assert final == successor, "the paused worker overwrote its successor's record"
+        assert "outcome succeeded discarded" in first.log.read_text()
+        # Both bodies ran to the end (w1's could not be stopped while paused): fencing makes
+        # sure only the successor's outcome is recorded.
+        assert sorted(e["marker"] for e in run.executions()) == ["paused", "successor"]
+    finally:
+        run.close()
+
+
+def test_worker_killed_mid_run_is_retried_not_lost_not_doubled(tmp_path: Path) -> None:
+    run = E2ERun(BACKEND, tmp_path, lease=2.0)
+    try:
+        worker = run.start_worker("w1", pool="prefork")
+        made = run.tool("make_run", {"task": "e2e.work"})
+        time.sleep(4)
+        _publish(run, made, "killed", 3.0)
+        _wait(lambda: _status(run, made)["status"] == "started", 20, "the run to start", run)
+        children = subprocess.run(["pgrep", "-P", str(worker.process.pid)], capture_output=True,
+                                  text=True, check=False).stdout.split()
+        assert children, "prefork worker has no child process"
+        for child in children:
+            subprocess.run(["kill", "-KILL", child], check=False)
+        _wait(lambda: _status(run, made)["status"] == "succeeded", 40, "the retry to finish", run)
+        final = _status(run, made)
+        print(f"\nafter the child was killed mid-run: {final}")
+        assert final["fencing_token"] >= 2
+        assert [e["marker"] for e in run.executions()] == ["killed"]
+        assert "WorkerLostError" in worker.log.read_text()
+    finally:
+        run.close()
