@@ -51,7 +51,7 @@ from celery_driftsafe.headers import (
 from celery_driftsafe.locks import lock_backend
 
 if TYPE_CHECKING:
-    from celery_driftsafe.models import Run
+    pass
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +167,56 @@ class DriftSafeTask(Task):
         return _publish_idempotent(self, idempotency_key, args, kwargs, options)
 
 
+class _Ledger:
+    """The statements every delivery makes, as plain SQL: this is the per-execution hot path,
+    where compiling ORM queries would cost more than the round trips."""
+
+    def __init__(self) -> None:
+        from django.db import connection
+
+        from celery_driftsafe.models import PeriodicTask, Run
+
+        self.connection = connection
+        quote = connection.ops.quote_name
+        self.runs = quote(Run._meta.db_table)
+        self.tasks = quote(PeriodicTask._meta.db_table)
+
+    def _write(self, sql: str, params: list[Any]) -> int:
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return int(cursor.rowcount)
+
+    def _at(self, instant: datetime) -> Any:
+        return self.connection.ops.adapt_datetimefield_value(instant)
+
+    def load(self, run_id: int) -> dict[str, Any] | None:
+        sql = (f"SELECT r.status, r.task_name, r.celery_task_id, r.periodic_task_id, "
+               f"t.overlap_policy FROM {self.runs} r LEFT JOIN {self.tasks} t "
+               f"ON t.id = r.periodic_task_id WHERE r.id = %s")
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, [run_id])
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        keys = ("status", "task_name", "celery_task_id", "periodic_task_id", "overlap_policy")
+        return dict(zip(keys, row, strict=True))
+
+    def start(self, run_id: int, token: int, now: datetime, worker: str) -> bool:
+        return self._write(
+            f"UPDATE {self.runs} SET status = 'started', started_at = %s, fencing_token = %s, "
+            f"worker = %s, error = '' WHERE id = %s AND fencing_token < %s "
+            f"AND status IN ('claimed', 'dispatched', 'started')",
+            [self._at(now), token, worker, run_id, token],
+        ) == 1
+
+    def finish(self, run_id: int, token: int, status: str, now: datetime, error: str) -> bool:
+        return self._write(
+            f"UPDATE {self.runs} SET status = %s, finished_at = %s, error = %s "
+            f"WHERE id = %s AND fencing_token = %s",
+            [status, self._at(now), error, run_id, token],
+        ) == 1
+
+
 class _Execution:
     """One delivery of one run."""
 
@@ -175,17 +225,18 @@ class _Execution:
         self.headers = headers
         self.run_id = headers.run_id
         self.settings = get_settings()
+        self.ledger = _Ledger()
 
     def run(self, args: Any, kwargs: Any) -> Any:
-        run = _runs().filter(pk=self.run_id).select_related("periodic_task").first()
+        run = self.ledger.load(self.run_id)
         problem = self._mismatch(run)
         if problem:
             _log(logging.ERROR, "rejected %s[%s]: %s; not executed", self.task.name,
                  self.task.request.id, problem, run_id=self.run_id, action="reject")
             return None
         assert run is not None
-        if run.status in _FINISHED:
-            return self._duplicate(f"run is already {run.status}")
+        if run["status"] in _FINISHED:
+            return self._duplicate(f"run is already {run['status']}")
         lock = lock_backend(self.settings).lock(
             f"run:{self.run_id}", ttl=self.settings.lease_seconds
         )
@@ -201,15 +252,15 @@ class _Execution:
         with lock.watch() as held:
             return self._run_fenced(held.fencing_token, run, args, kwargs)
 
-    def _mismatch(self, run: Run | None) -> str:
+    def _mismatch(self, run: dict[str, Any] | None) -> str:
         if run is None:
             return f"unknown run {self.run_id}"
-        if run.task_name != self.task.name:
-            return f"run {self.run_id} belongs to task {run.task_name!r}"
-        if run.celery_task_id and run.celery_task_id != self.task.request.id:
-            return f"run {self.run_id} has Celery task id {run.celery_task_id}"
+        if run["task_name"] != self.task.name:
+            return f"run {self.run_id} belongs to task {run['task_name']!r}"
+        if run["celery_task_id"] and run["celery_task_id"] != self.task.request.id:
+            return f"run {self.run_id} has Celery task id {run['celery_task_id']}"
         claimed_for = self.headers.periodic_task_id
-        if claimed_for is not None and run.periodic_task_id != claimed_for:
+        if claimed_for is not None and run["periodic_task_id"] != claimed_for:
             return f"run {self.run_id} is not a run of periodic task {claimed_for}"
         return ""
 
@@ -224,32 +275,25 @@ class _Execution:
     def _now(self) -> datetime:
         return authority_clock().now()
 
-    def _start(self, token: int, *, status_from: tuple[str, ...] = _RUNNABLE) -> bool:
-        return bool(_runs().filter(
-            pk=self.run_id, status__in=status_from, fencing_token__lt=token
-        ).update(
-            status="started", started_at=self._now(), fencing_token=token,
-            worker=self.task.request.hostname or socket.gethostname(), error="",
-        ))
+    def _start(self, token: int) -> bool:
+        worker = self.task.request.hostname or socket.gethostname()
+        return self.ledger.start(self.run_id, token, self._now(), worker)
 
     def _finish(self, token: int, status: str, error: str = "") -> bool:
-        written = _runs().filter(pk=self.run_id, fencing_token=token).update(
-            status=status, finished_at=self._now(), error=error
-        )
+        written = self.ledger.finish(self.run_id, token, status, self._now(), error)
         if not written:
             _log(logging.ERROR, "run %s: outcome %s discarded, a newer holder (fencing token "
                  "above %s) took the run over while this worker was paused past its lease",
                  self.run_id, status, token, run_id=self.run_id, action="fenced-out")
         return bool(written)
 
-    def _run_fenced(self, token: int, run: Run, args: Any, kwargs: Any) -> Any:
+    def _run_fenced(self, token: int, run: dict[str, Any], args: Any, kwargs: Any) -> Any:
         """Under the run lock's ``token``: take the overlap lock first if the task skips
         overlaps, then start, run the body and record the outcome under the same token."""
-        periodic = run.periodic_task
-        if periodic is None or periodic.overlap_policy != "skip":
+        if run["periodic_task_id"] is None or run["overlap_policy"] != "skip":
             return self._start_and_run(token, args, kwargs)
         task_lock = lock_backend(self.settings).lock(
-            f"task-running:{periodic.pk}", ttl=self.settings.lease_seconds
+            f"task-running:{run['periodic_task_id']}", ttl=self.settings.lease_seconds
         )
         if not task_lock.acquire(blocking=False):
             runnable = _runs().filter(
@@ -278,7 +322,9 @@ class _Execution:
         self._finish(token, "succeeded")
         return result
 
-    def _lock_unavailable(self, exc: LockError, run: Run, args: Any, kwargs: Any) -> Any:
+    def _lock_unavailable(
+        self, exc: LockError, run: dict[str, Any], args: Any, kwargs: Any
+    ) -> Any:
         if self.settings.redis_unavailable == "fail_open":
             _log(logging.WARNING, "run %s: lock backend unreachable (%s); REDIS_UNAVAILABLE="
                  "fail_open, so only the database decides", self.run_id, exc,
