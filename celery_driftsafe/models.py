@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -248,6 +249,17 @@ class Run(models.Model):
         if self.started_at is None or self.finished_at is None:
             return None
         return self.finished_at - self.started_at
+
+    @property
+    def task_result(self) -> Any | None:
+        """The django-celery-results ``TaskResult`` of this run's Celery task id, when that app
+        is installed and the result was stored (it is looked up, never copied)."""
+        from django.apps import apps
+
+        if not self.celery_task_id or not apps.is_installed("django_celery_results"):
+            return None
+        task_result = apps.get_model("django_celery_results", "TaskResult")
+        return task_result.objects.filter(task_id=self.celery_task_id).first()
 
 
 class BeatNode(models.Model):

@@ -320,3 +320,14 @@ def test_read_headers_none_without_run_header() -> None:
     assert read_headers(Request()) is None
 
 
+
+
+def test_run_links_to_its_celery_result_without_copying() -> None:
+    from django_celery_results.models import TaskResult
+
+    run = _run()
+    assert run.task_result is None
+    stored = TaskResult.objects.create(task_id=run.celery_task_id, status="SUCCESS",
+                                       result='"a"')
+    assert run.task_result == stored
+    assert _run(celery_task_id="").task_result is None
