@@ -3,6 +3,7 @@ database. Bodies record in Redis when they run to the end; the ledger says who w
 
 from __future__ import annotations
 
+import itertools
 import signal
 import subprocess
 import time
@@ -115,5 +116,42 @@ def test_worker_killed_mid_run_is_retried_not_lost_not_doubled(tmp_path: Path) -
         assert final["fencing_token"] >= 2
         assert [e["marker"] for e in run.executions()] == ["killed"]
         assert "WorkerLostError" in worker.log.read_text()
+    finally:
+        run.close()
+
+
+def test_overlap_skip_with_a_task_slower_than_its_interval(tmp_path: Path) -> None:
+    """A beat fires a 1-second task whose body takes 2.5 s, to two workers: with overlap
+    policy 'skip' no two runs overlap, and the slots that came while one ran are recorded
+    skipped."""
+    from datetime import datetime, timedelta
+
+    from tests.e2e.harness import real_now
+
+    run = E2ERun(BACKEND, tmp_path, lease=5.0)
+    try:
+        start = real_now() + timedelta(seconds=6)
+        run.seed([{"name": "slow", "task": "e2e.work", "args": ["slow", 2.5],
+                   "schedule_kind": "interval", "interval_every": 1,
+                   "interval_unit": "seconds", "overlap_policy": "skip"}], start)
+        run.start_worker("w1")
+        run.start_worker("w2")
+        run.start_beat(0.0)
+        time.sleep(6 + 10)
+        run.stop()
+        time.sleep(4)  # the last run finishes
+        runs = run.tool("dump")["runs"]
+        ran = sorted(
+            (datetime.fromisoformat(r["started"]), datetime.fromisoformat(r["finished"]))
+            for r in runs if r["status"] == "succeeded"
+        )
+        skipped = [r for r in runs if r["status"] == "skipped"]
+        print(f"\n{len(ran)} runs executed, {len(skipped)} slots skipped")
+        assert len(ran) >= 3
+        assert len(skipped) >= 5
+        assert all("still running" in r["error"] for r in skipped)
+        for (_, finished), (started, _) in itertools.pairwise(ran):
+            assert started >= finished, f"runs overlap: {started} < {finished}"
+        assert len(run.executions()) == len(ran)
     finally:
         run.close()

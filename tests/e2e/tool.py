@@ -29,7 +29,7 @@ def main(command: str) -> None:
     elif command == "seed":
         for spec in json.load(sys.stdin):
             start = datetime.fromisoformat(spec.pop("start"))
-            task = PeriodicTask(task="e2e.tick", **spec)
+            task = PeriodicTask(**{"task": "e2e.tick", **spec})
             task.driftsafe_now = start  # type: ignore[attr-defined]
             task.full_clean(exclude=["interval_anchor"])
             task.save()
@@ -91,7 +91,8 @@ def main(command: str) -> None:
         runs = [
             {"task_id": r.periodic_task_id, "slot": iso(r.slot), "status": r.status,
              "celery_task_id": r.celery_task_id, "attempts": r.dispatch_attempts,
-             "claimed_by": r.claimed_by}
+             "claimed_by": r.claimed_by, "started": iso(r.started_at),
+             "finished": iso(r.finished_at), "error": r.error}
             for r in Run.objects.all()
         ]
         nodes = [
