@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from django.db import OperationalError, connections, transaction
-from django.db.models import F
+from django.db.models import F, Q
 
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.exceptions import ScheduleError
@@ -357,12 +357,16 @@ def reclaim_stale(
     now: datetime, node_id: str, *, lease: timedelta, limit: int = 500, using: str = "default"
 ) -> list[ClaimedRun]:
     """The outbox: runs claimed longer than ``lease`` ago and never marked dispatched (their
-    beat died between commit and publish, or the broker refused) are taken over by this node,
-    one compare-and-swap each on ``claimed_at``, and returned for re-publishing under the same
-    Celery task id."""
+    beat died between commit and publish, or the broker refused), or claimed by a node known
+    to be stopped or dead, are taken over by this node, one compare-and-swap each on
+    ``claimed_at``, and returned for re-publishing under the same Celery task id."""
+    from celery_driftsafe.models import BeatNode
+
+    gone = BeatNode.objects.using(using).filter(stopped_at__isnull=False).values("node_id")
     stale = list(
         Run.objects.using(using)
-        .filter(status=RunStatus.CLAIMED, claimed_at__lt=now - lease)
+        .filter(Q(claimed_at__lt=now - lease) | Q(claimed_by__in=gone),
+                status=RunStatus.CLAIMED, kind__in=(RunKind.SCHEDULED, RunKind.MANUAL))
         .select_related("periodic_task")
         .order_by("claimed_at")[:limit]
     )

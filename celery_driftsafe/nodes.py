@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
@@ -10,6 +11,8 @@ from datetime import datetime, timedelta
 from celery_driftsafe import __version__
 from celery_driftsafe.clock import OffsetSample
 from celery_driftsafe.models import BeatNode
+
+logger = logging.getLogger(__name__)
 
 
 def new_node_id() -> str:
@@ -48,6 +51,28 @@ def heartbeat(
 
 def mark_stopped(node_id: str, now: datetime, *, using: str = "default") -> None:
     BeatNode.objects.using(using).filter(node_id=node_id).update(stopped_at=now)
+
+
+def mark_dead(
+    now: datetime, dead_after: timedelta, by: str, *, using: str = "default"
+) -> list[str]:
+    """Mark nodes whose last heartbeat is older than ``dead_after`` as stopped; return their
+    ids. Their claimed-but-unpublished runs are then taken over at once (see
+    :func:`celery_driftsafe.claim.reclaim_stale`), without waiting for the lease."""
+    stale = BeatNode.objects.using(using).filter(
+        stopped_at__isnull=True, last_heartbeat_at__lt=now - dead_after
+    )
+    ids = list(stale.values_list("node_id", flat=True))
+    if ids:
+        BeatNode.objects.using(using).filter(node_id__in=ids, stopped_at__isnull=True).update(
+            stopped_at=now,
+            claiming_paused_reason=(
+                f"marked dead by {by}: no heartbeat for over {dead_after.total_seconds():g} s"
+            ),
+        )
+        logger.warning("marked beat nodes dead (no heartbeat for %s): %s", dead_after,
+                       ", ".join(ids), extra={"action": "mark-dead", "node": by})
+    return ids
 
 
 def alive(now: datetime, dead_after: timedelta, *, using: str = "default") -> list[BeatNode]:

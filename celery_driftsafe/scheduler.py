@@ -200,6 +200,10 @@ class DriftSafeScheduler(Scheduler):
             return self.settings.max_loop_interval_seconds
         reading = Reading(self.authority.read(), self.clock.monotonic())
         if mono >= self._next_recovery:
+            nodes.mark_dead(
+                reading.at, timedelta(seconds=self.settings.node_dead_after_seconds),
+                self.node_id, using=self.using,
+            )
             stale = reclaim_stale(
                 reading.at, self.node_id, lease=timedelta(seconds=self.settings.lease_seconds),
                 using=self.using,

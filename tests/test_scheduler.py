@@ -184,3 +184,52 @@ def test_terminate_during_a_round_finishes_the_round_then_exits(
 def test_terminate_while_waiting_exits_at_once(scheduler: DriftSafeScheduler) -> None:
     with pytest.raises(SystemExit):
         scheduler._on_terminate(15, None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_dead_node_is_marked_and_its_claims_republished_without_waiting_for_the_lease(
+    scheduler: DriftSafeScheduler, clock: FakeClock
+) -> None:
+    from celery_driftsafe.claim import claimer_for
+    from celery_driftsafe.nodes import register
+
+    task = interval_task("add", 3600, anchor=T0, next_slot_at=T0)
+    register("dead-node", T0)
+    claimer_for().claim(T0, "dead-node")  # claimed, then the node died before publishing
+    clock.advance(31)  # NODE_DEAD_AFTER_SECONDS = 30, LEASE_SECONDS = 30 -> lease not yet over
+    Run.objects.filter(periodic_task=task).update(claimed_at=T0 + 20 * S)
+    scheduler.run_round()
+    node = BeatNode.objects.get(node_id="dead-node")
+    assert node.stopped_at == T0 + 31 * S
+    assert "marked dead by" in node.claiming_paused_reason
+    messages = drain()
+    assert [m["id"] for m in messages] == [celery_task_id(task.pk, T0)]
+    run = Run.objects.get(periodic_task=task)
+    assert run.status == RunStatus.DISPATCHED and run.claimed_by == scheduler.node_id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_absurd_clock_answer_stops_claiming_on_that_node_only(
+    broker_app: Any, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    from celery_driftsafe.clock import AuthorityClock
+
+    interval_task("add", 10, anchor=T0, next_slot_at=T0)
+    # This node's wall clock reads ten hours ahead of the authority (bound: 6 hours).
+    skewed = AuthorityClock(clock, samples=1, monotonic=clock.monotonic, sleeper=clock.sleep,
+                            wall=lambda: clock.now() + timedelta(hours=10))
+    broken = DriftSafeScheduler(app=broker_app, clock=skewed, authority=clock,
+                                install_signal_handlers=False)
+    healthy = DriftSafeScheduler(app=broker_app, clock=clock, authority=clock,
+                                 install_signal_handlers=False)
+    try:
+        broken.run_round()
+        assert drain() == []
+        node = BeatNode.objects.get(node_id=broken.node_id)
+        assert "exceeds HARD_CLOCK_OFFSET_SECONDS" in node.claiming_paused_reason
+        assert "claiming paused" in caplog.text
+        healthy.run_round()
+        assert len(drain()) == 1
+    finally:
+        broken.close()
+        healthy.close()
