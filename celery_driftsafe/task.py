@@ -66,6 +66,14 @@ class BadRunHeaders(DriftSafeError):
     """A message's driftsafe headers are malformed or do not match its run."""
 
 
+class LedgerUnavailable(DriftSafeError):
+    """The database could not be reached before the body ran: the delivery is re-sent."""
+
+
+#: How long a worker keeps retrying to record an outcome while the database is away.
+FINISH_RETRY_SECONDS = 60.0
+
+
 @dataclass(frozen=True)
 class RunHeaders:
     run_id: int
@@ -154,7 +162,11 @@ class DriftSafeTask(Task):
             return None
         if headers is None:
             return super().__call__(*args, **kwargs)
-        return _Execution(self, headers).run(args, kwargs)
+        execution = _Execution(self, headers)
+        try:
+            return execution.run(args, kwargs)
+        except LedgerUnavailable as exc:  # nothing ran yet: try the whole delivery later
+            return execution.resend(str(exc), 5.0, args, kwargs)
 
     def apply_async(
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None,
@@ -182,9 +194,15 @@ class _Ledger:
         self.tasks = quote(PeriodicTask._meta.db_table)
 
     def _write(self, sql: str, params: list[Any]) -> int:
-        with self.connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return int(cursor.rowcount)
+        from django.db import DatabaseError
+
+        try:
+            with self.connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                return int(cursor.rowcount)
+        except DatabaseError as exc:
+            self.connection.close()  # the next statement reconnects
+            raise LedgerUnavailable(f"database unreachable: {exc}") from exc
 
     def _at(self, instant: datetime) -> Any:
         return self.connection.ops.adapt_datetimefield_value(instant)
@@ -193,9 +211,15 @@ class _Ledger:
         sql = (f"SELECT r.status, r.task_name, r.celery_task_id, r.periodic_task_id, "
                f"t.overlap_policy FROM {self.runs} r LEFT JOIN {self.tasks} t "
                f"ON t.id = r.periodic_task_id WHERE r.id = %s")
-        with self.connection.cursor() as cursor:
-            cursor.execute(sql, [run_id])
-            row = cursor.fetchone()
+        from django.db import DatabaseError
+
+        try:
+            with self.connection.cursor() as cursor:
+                cursor.execute(sql, [run_id])
+                row = cursor.fetchone()
+        except DatabaseError as exc:
+            self.connection.close()
+            raise LedgerUnavailable(f"database unreachable: {exc}") from exc
         if row is None:
             return None
         keys = ("status", "task_name", "celery_task_id", "periodic_task_id", "overlap_policy")
@@ -247,7 +271,7 @@ class _Execution:
         if not acquired:
             # Someone holds the run: alive (then it finishes and the re-sent copy is dropped
             # as a duplicate) or dead (then its lease runs out and the copy takes over).
-            return self._resend("another worker holds the run's lock",
+            return self.resend("another worker holds the run's lock",
                                 self.settings.lease_seconds, args, kwargs)
         with lock.watch() as held:
             return self._run_fenced(held.fencing_token, run, args, kwargs)
@@ -280,7 +304,21 @@ class _Execution:
         return self.ledger.start(self.run_id, token, self._now(), worker)
 
     def _finish(self, token: int, status: str, error: str = "") -> bool:
-        written = self.ledger.finish(self.run_id, token, status, self._now(), error)
+        """Record the outcome under ``token``; while the database is away, keep trying (with
+        backoff, up to ``FINISH_RETRY_SECONDS``) rather than lose it or run the body again."""
+        waited, delay = 0.0, 0.5
+        while True:
+            try:
+                written = self.ledger.finish(self.run_id, token, status, self._now(), error)
+                break
+            except LedgerUnavailable as exc:
+                if waited >= FINISH_RETRY_SECONDS:
+                    _log(logging.ERROR, "run %s: outcome %s not recorded, the database stayed "
+                         "unreachable for %.0f s: %s; the run stays 'started'", self.run_id,
+                         status, waited, exc, run_id=self.run_id, action="outcome-lost")
+                    return False
+                authority_clock().sleep(delay)
+                waited, delay = waited + delay, min(delay * 2, 5.0)
         if not written:
             _log(logging.ERROR, "run %s: outcome %s discarded, a newer holder (fencing token "
                  "above %s) took the run over while this worker was paused past its lease",
@@ -330,10 +368,10 @@ class _Execution:
                  "fail_open, so only the database decides", self.run_id, exc,
                  run_id=self.run_id, action="fail-open")
             return self._run_database_only(args, kwargs)
-        return self._resend(f"lock backend unreachable ({exc}); REDIS_UNAVAILABLE=fail_closed",
+        return self.resend(f"lock backend unreachable ({exc}); REDIS_UNAVAILABLE=fail_closed",
                             5.0, args, kwargs)
 
-    def _resend(self, why: str, countdown: float, args: Any, kwargs: Any) -> None:
+    def resend(self, why: str, countdown: float, args: Any, kwargs: Any) -> None:
         """Acknowledge this delivery and send the same message (same task id, same headers)
         again in ``countdown`` seconds."""
         request = self.task.request
