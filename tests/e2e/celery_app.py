@@ -33,3 +33,14 @@ def work(marker: str, seconds: float = 0.0) -> str:
                  json.dumps({"marker": marker, "pid": os.getpid()}))
     client.close()
     return marker
+
+
+@app.task(name="e2e.slot_work", base=DriftSafeTask, bind=True, acks_late=True,
+          reject_on_worker_lost=True)
+def slot_work(self: Any, seconds: float = 0.0) -> None:
+    """Sleeps, then appends "<periodic task id> <slot> <pid>" to a file (a file, because the
+    chaos test restarts Redis)."""
+    time.sleep(seconds)
+    line = f"{self.request.driftsafe_periodic_task_id} {self.request.driftsafe_slot} {os.getpid()}"
+    with open(os.environ["DRIFTSAFE_E2E_EXEC_LOG"], "a") as log:
+        log.write(line + "\n")

@@ -32,6 +32,7 @@ BROKER_DB = test_settings.REDIS_DB + 2
 # Locks, notifications and the Redis authority of e2e runs: a database no test flushes (runs
 # are told apart by their key prefix and clean up after themselves).
 E2E_REDIS_DB = test_settings.REDIS_DB + 4
+RABBITMQ_URL = os.environ.get("DRIFTSAFE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 SCHEDULER = "celery_driftsafe.scheduler:DriftSafeScheduler"
 
 
@@ -73,7 +74,7 @@ class E2ERun:
 
     def __init__(self, backend: str, workdir: Path, *, authority: str | None = None,
                  beat_schedule: dict[str, float] | None = None, max_loop: float = 1.0,
-                 lease: float = 5.0) -> None:
+                 lease: float = 5.0, broker: str = "redis") -> None:
         self.backend = backend
         self.workdir = workdir
         self.token = uuid.uuid4().hex[:8]
@@ -82,8 +83,9 @@ class E2ERun:
         self.received: list[Received] = []
         self._stop = threading.Event()
         self._recorder: threading.Thread | None = None
-        broker = f"{test_settings.REDIS_SERVER}/{BROKER_DB}"
-        self.broker = redis.Redis.from_url(broker)
+        redis_broker = f"{test_settings.REDIS_SERVER}/{BROKER_DB}"
+        self.broker = redis.Redis.from_url(redis_broker)
+        broker_url = redis_broker if broker == "redis" else RABBITMQ_URL
         self.queue = f"e2e-{self.token}"
         if backend == "postgresql":
             self.db_name = f"driftsafe_e2e_{self.token}"
@@ -96,7 +98,8 @@ class E2ERun:
             "DJANGO_SETTINGS_MODULE": "tests.e2e.settings",
             "PYTHONPATH": str(ROOT),
             "DRIFTSAFE_E2E_DB": db,
-            "DRIFTSAFE_E2E_BROKER": broker,
+            "DRIFTSAFE_E2E_BROKER": broker_url,
+            "DRIFTSAFE_E2E_EXEC_LOG": str(workdir / "executions.log"),
             "DRIFTSAFE_E2E_QUEUE": self.queue,
             "DRIFTSAFE_E2E_REDIS": f"{test_settings.REDIS_SERVER}/{E2E_REDIS_DB}",
             "DRIFTSAFE_E2E_PREFIX": f"driftsafe-e2e-{self.token}",
