@@ -1,0 +1,186 @@
+"""Chaos, end to end: three skewed beats and two workers for a minute while beats are
+SIGKILLed and restarted every few seconds, a worker is SIGSTOPped past its lock lease, Redis
+restarts once and PostgreSQL restarts once. Afterwards every slot in the window must have
+exactly one run row, have run at most once, and be either executed or recorded missed.
+
+The broker is RabbitMQ, so a Redis restart (Redis here keeps nothing on disk) takes locks,
+notifications and fencing counters away, not queued messages. PostgreSQL only: its restart is
+part of the test. Needs root (it restarts the machine's services) and skips otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections import Counter
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_driftsafe.slots import Interval
+from tests import settings as test_settings
+from tests.e2e.harness import E2ERun, real_now
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(test_settings.TEST_DB != "postgres", reason="restarts PostgreSQL"),
+]
+
+PG_HOST, PG_PORT = "127.0.0.1", int(os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432"))
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _wait_port(port: int, up: bool = True, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while _port_open(port) != up:
+        assert time.monotonic() < deadline, f"port {port} did not come {'up' if up else 'down'}"
+        time.sleep(0.1)
+
+
+def _redis_cli(*args: str) -> str:
+    return subprocess.run(["redis-cli", "-p", "6379", *args], capture_output=True, text=True,
+                          check=False, timeout=10).stdout.strip()
+
+
+def restart_redis() -> None:
+    """Shut the machine's Redis down and start it again with the same settings."""
+    directory = _redis_cli("CONFIG", "GET", "dir").splitlines()[-1]
+    logfile = _redis_cli("CONFIG", "GET", "logfile").splitlines()[-1]
+    _redis_cli("SHUTDOWN", "NOSAVE")
+    _wait_port(6379, up=False)
+    command = ["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "--port", "6379",
+               "--save", "", "--appendonly", "no", "--dir", directory]
+    if logfile:
+        command += ["--logfile", logfile]
+    subprocess.run(command, check=True, timeout=30)
+    _wait_port(6379)
+
+
+def restart_postgresql() -> None:
+    version = sorted(os.listdir("/etc/postgresql"))[-1]
+    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
+                   check=True, timeout=120, capture_output=True)
+    _wait_port(PG_PORT)
+
+
+@pytest.fixture(autouse=True)
+def _needs_root_and_tools() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("restarts Redis and PostgreSQL: needs root")
+    for tool in ("redis-cli", "redis-server", "pg_ctlcluster"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} not on PATH")
+    if not _port_open(5672):
+        pytest.skip("RabbitMQ is not running on 127.0.0.1:5672")
+
+
+def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
+    offsets = [0.0, 2.5, -4.0]
+    run = E2ERun("postgresql", tmp_path, lease=3.0, broker="amqp")
+    rng = random.Random(20261129)
+    log: list[str] = []
+    try:
+        start = real_now() + timedelta(seconds=8)
+        run.seed([{"name": f"chaos-{i:02d}", "task": "e2e.slot_work", "args": [0.3],
+                   "schedule_kind": "interval", "interval_every": 2 + i % 2,
+                   "interval_unit": "seconds"} for i in range(10)], start)
+        workers = [run.start_worker("w1", pool="prefork"), run.start_worker("w2", pool="prefork")]
+        alive: list[Any] = [run.start_beat(offset) for offset in offsets]
+        time.sleep(8)
+        began = time.monotonic()
+
+        def at(second: float) -> None:
+            time.sleep(max(0.0, began + second - time.monotonic()))
+
+        plan = [(t, "kill-beat") for t in range(4, 60, 5)]
+        plan += [(12, "stop-worker"), (20, "cont-worker"), (26, "redis"), (42, "postgresql")]
+        for second, action in sorted(plan):
+            at(second)
+            if action == "kill-beat":
+                index = rng.randrange(len(alive))
+                victim = alive[index]
+                run.kill(victim)
+                time.sleep(1.0)
+                alive[index] = run.start_beat(victim.offset)
+            elif action == "stop-worker":
+                for pid in [workers[0].process.pid, *_children(workers[0].process.pid)]:
+                    os.kill(pid, signal.SIGSTOP)
+            elif action == "cont-worker":
+                for pid in [workers[0].process.pid, *_children(workers[0].process.pid)]:
+                    os.kill(pid, signal.SIGCONT)
+            elif action == "redis":
+                restart_redis()
+            elif action == "postgresql":
+                restart_postgresql()
+            log.append(f"{time.monotonic() - began:5.1f}s {action}")
+        at(62)
+        stopped_at = real_now()
+        for beat in alive:
+            beat.process.send_signal(signal.SIGTERM)
+        for beat in alive:
+            beat.process.wait(timeout=30)
+        time.sleep(12)  # workers drain what is queued, re-sent or redelivered
+        dump = run.tool("dump")
+    finally:
+        run.close()
+
+    window_end = stopped_at - timedelta(seconds=3)
+    executed = Counter(tuple(line.split()[:2]) for line in
+                       (tmp_path / "executions.log").read_text().splitlines())
+    by_slot: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for row in dump["runs"]:
+        by_slot.setdefault((row["task_id"], row["slot"]), []).append(row)
+    rows = ["task        due  rows  succeeded  missed  other  executed  doubled"]
+    totals = Counter[str]()
+    problems: list[str] = []
+    for task in dump["tasks"]:
+        schedule = Interval(timedelta(seconds=task["every"]),
+                            datetime.fromisoformat(task["anchor"]))
+        due = [s.isoformat() for s in schedule.slots_between(start, window_end)]
+        counts = Counter[str]()
+        for slot in due:
+            found = by_slot.get((task["id"], slot), [])
+            runs_here = len(found)
+            ran = executed[(str(task["id"]), slot)]
+            status = found[0]["status"] if found else "none"
+            counts["rows"] += runs_here
+            counts[status if status in ("succeeded", "missed") else "other"] += 1
+            counts["executed"] += ran
+            counts["doubled"] += ran > 1
+            if runs_here != 1:
+                problems.append(f"{task['name']} {slot}: {runs_here} run rows")
+            elif status == "succeeded" and ran != 1:
+                problems.append(f"{task['name']} {slot}: succeeded but executed {ran} times")
+            elif status not in ("succeeded", "missed"):
+                problems.append(f"{task['name']} {slot}: left {status} ({found[0]['error']})")
+            elif ran > 1:
+                problems.append(f"{task['name']} {slot}: executed {ran} times")
+        totals.update(counts)
+        totals["due"] += len(due)
+        rows.append(f"{task['name']:<10}{len(due):>5}{counts['rows']:>6}{counts['succeeded']:>11}"
+                    f"{counts['missed']:>8}{counts['other']:>7}{counts['executed']:>10}"
+                    f"{counts['doubled']:>9}")
+    rows.append(f"{'all':<10}{totals['due']:>5}{totals['rows']:>6}{totals['succeeded']:>11}"
+                f"{totals['missed']:>8}{totals['other']:>7}{totals['executed']:>10}"
+                f"{totals['doubled']:>9}")
+    print("\nchaos timeline:\n  " + "\n  ".join(log))
+    print("\n".join(rows))
+    assert totals["due"] > 150
+    assert not problems, "\n".join(problems[:40])
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
+    return [int(p) for p in out.stdout.split()]
