@@ -233,3 +233,75 @@ def test_absurd_clock_answer_stops_claiming_on_that_node_only(
     finally:
         broken.close()
         healthy.close()
+
+
+class FlakyAuthority:
+    """An authority that can be switched off and on (a database or Redis outage)."""
+
+    name = "flaky"
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.down = False
+
+    def read(self) -> datetime:
+        from celery_driftsafe.exceptions import ClockError
+
+        if self.down:
+            raise ClockError("authority unreachable (outage)")
+        return self.clock.now()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outage_logs_once_per_state_change_backs_off_and_catches_up(
+    broker_app: Any, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    authority = FlakyAuthority(clock)
+    sched = DriftSafeScheduler(app=broker_app, clock=clock, authority=authority,
+                               install_signal_handlers=False)
+    try:
+        interval_task("add", 10, anchor=T0, next_slot_at=T0)
+        authority.down = True
+        waits = []
+        for _ in range(6):
+            waits.append(sched._guarded_round())
+            clock.advance(10)
+        assert caplog.text.count("claiming paused") == 1
+        assert waits[-1] > waits[0]  # exponential backoff (with jitter)
+        assert all(w <= 30.0 for w in waits)
+        authority.down = False
+        sched._guarded_round()
+        assert caplog.text.count("claiming resumed") == 1
+        # 60 s of outage, grace 60 s: every slot was still on time and fires now, once
+        assert sorted(m[HEADER_SLOT] for m in drain()) == [
+            (T0 + k * 10 * S).isoformat() for k in range(7)
+        ]
+    finally:
+        sched.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_broker_outage_leaves_runs_claimed_for_the_outbox(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    from celery import Celery
+
+    dead = Celery("dead-broker", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    dead.conf.broker_connection_retry = False
+    dead.conf.task_publish_retry = False
+
+    @dead.task(name="tests.add", shared=False)
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    sched = DriftSafeScheduler(app=dead, clock=clock, authority=clock,
+                               install_signal_handlers=False)
+    try:
+        interval_task("add", 10, anchor=T0, next_slot_at=T0)
+        sched.run_round()
+        run = Run.objects.get()
+        assert run.status == RunStatus.CLAIMED, "marked dispatched without being published"
+        assert run.dispatched_at is None
+        assert "stay claimed for the outbox" in caplog.text
+    finally:
+        sched.close()
