@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from celery_driftsafe.testing.faketime import FaketimeUnavailable, libfaketime_path
 from tests import settings as test_settings
 from tests.e2e.harness import E2ERun, TaskReport, analyse, real_now, table
-from tests.support.faketime import FaketimeUnavailable, libfaketime_path
 
 pytestmark = pytest.mark.e2e
 

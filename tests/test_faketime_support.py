@@ -17,8 +17,8 @@ from pathlib import Path
 import celery
 import pytest
 
-from tests.support import faketime
-from tests.support.faketime import (
+from celery_driftsafe.testing import faketime
+from celery_driftsafe.testing.faketime import (
     FaketimeUnavailable,
     build_shim,
     cleanup_killed,

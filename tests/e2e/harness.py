@@ -24,8 +24,8 @@ from typing import Any
 import redis
 
 from celery_driftsafe.slots import Crontab, Interval, Schedule
+from celery_driftsafe.testing.faketime import cleanup_killed, skewed_env, verify_skew
 from tests import settings as test_settings
-from tests.support.faketime import cleanup_killed, skewed_env, verify_skew
 
 ROOT = Path(__file__).resolve().parents[2]
 BROKER_DB = test_settings.REDIS_DB + 2

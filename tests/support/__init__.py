@@ -1,1 +1,0 @@
-"""Helpers shared by the test suites (not part of the installed package)."""
