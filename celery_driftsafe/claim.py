@@ -153,9 +153,12 @@ class _BaseClaimer:
             result.missed += len(plan.missed) + (1 if plan.unrecorded_missed else 0)
         if not rows:
             return
-        Run.objects.using(self.using).bulk_create(rows)
-        if fired and not connections[self.using].features.can_return_rows_from_bulk_insert:
-            self._fetch_ids(fired)
+        if connections[self.using].vendor == "postgresql":
+            _insert_runs_postgresql(connections[self.using], rows)
+        else:
+            Run.objects.using(self.using).bulk_create(rows)
+            if fired and not connections[self.using].features.can_return_rows_from_bulk_insert:
+                self._fetch_ids(fired)
         result.runs.extend(_claimed(task, run) for task, run in fired)
         result.runs.sort(key=lambda r: (r.slot, r.run_id))
 
@@ -274,6 +277,33 @@ class CompareAndSwapClaimer(_BaseClaimer):
             logger.debug("claim round lost to a concurrent writer: %s", exc)
             return ClaimResult(tasks_seen=result.tasks_seen)
         return result
+
+
+_RUN_COLUMNS = (
+    ("periodic_task_id", "bigint"), ("task_name", "text"), ("kind", "text"),
+    ("slot", "timestamptz"), ("status", "text"), ("claimed_by", "text"),
+    ("claimed_at", "timestamptz"), ("celery_task_id", "text"), ("fencing_token", "bigint"),
+    ("dispatch_attempts", "integer"), ("duplicate_deliveries", "integer"), ("worker", "text"),
+    ("error", "text"),
+)
+
+
+def _insert_runs_postgresql(connection: Any, rows: Sequence[Run]) -> None:
+    """``INSERT … SELECT unnest(…) RETURNING``: one statement, no per-row ORM work; sets the
+    new ids on ``rows``. The unique ``(periodic_task, slot)`` constraint still applies."""
+    table = connection.ops.quote_name(Run._meta.db_table)
+    names = ", ".join(name for name, _ in _RUN_COLUMNS)
+    arrays = ", ".join(f"%s::{kind}[]" for _, kind in _RUN_COLUMNS)
+    values = [[getattr(row, name) for row in rows] for name, _ in _RUN_COLUMNS]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} ({names}) SELECT * FROM unnest({arrays}) "
+            f"RETURNING id, periodic_task_id, slot",
+            values,
+        )
+        ids = {(task_id, slot): pk for pk, task_id, slot in cursor.fetchall()}
+    for row in rows:
+        row.pk = ids[(row.periodic_task_id, row.slot)]
 
 
 _FIELDS = ("next_slot_at", "last_slot_at", "run_count", "enabled", "disabled_reason")
