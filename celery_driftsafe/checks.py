@@ -11,6 +11,7 @@ Stable ids (documented in the settings reference):
 ``celery_driftsafe.E006``  ``TIME_AUTHORITY`` is ``redis`` but ``REDIS_URL`` is not set
 ``celery_driftsafe.E007``  ``KEY_PREFIX`` is not a non-empty string without spaces
 ``celery_driftsafe.E008``  ``MISFIRE_GRACE_SECONDS`` is negative
+``celery_driftsafe.E009``  ``CELERY_APP`` is not a dotted path
 ``celery_driftsafe.W001``  ``TIME_AUTHORITY`` is ``database`` on SQLite (no shared clock)
 ``celery_driftsafe.W002``  ``MAX_CLOCK_OFFSET_SECONDS`` is not below the hard bound
 ========================  ==============================================================
@@ -106,6 +107,12 @@ def _check_raw(raw: dict[str, Any]) -> Iterable[CheckMessage]:
         yield _error(
             "KEY_PREFIX", prefix, "must be a non-empty string without spaces",
             "for example 'driftsafe' or 'myproject:driftsafe'", "celery_driftsafe.E007",
+        )
+    app_path = raw.get("CELERY_APP")
+    if app_path is not None and not (isinstance(app_path, str) and app_path.strip()):
+        yield _error(
+            "CELERY_APP", app_path, "must be a dotted path to a Celery app, or None",
+            "for example 'proj.celery:app'", "celery_driftsafe.E009",
         )
     grace = raw.get("MISFIRE_GRACE_SECONDS", 0)
     if not (_is_number(grace) and grace >= 0):

@@ -87,6 +87,9 @@ class DriftSafeSettings:
     max_loop_interval_seconds: float = 1.0
     #: What ``DriftSafeTask`` does when Redis cannot be reached.
     redis_unavailable: RedisUnavailablePolicy = "fail_closed"
+    #: Dotted path of the project's Celery app (``"proj.celery:app"``), for the admin's task
+    #: name checks and "run now". ``None``: Celery's current app.
+    celery_app: str | None = None
 
     @classmethod
     def setting_names(cls) -> dict[str, str]:

@@ -4,6 +4,7 @@ PostgreSQL pass of ``tests/run.sh`` (``-m "not pure"``) runs only what depends o
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -47,30 +48,33 @@ def redis_client() -> Iterator[Any]:
 
 BROKER_DB = test_settings.REDIS_DB + 1
 BROKER_URL = f"{test_settings.REDIS_SERVER}/{BROKER_DB}"
+# One queue per test process, so concurrent runs on one Redis never see each other's messages.
+QUEUE = f"tests-{os.getpid()}"
 
 
 @pytest.fixture
 def broker_app() -> Iterator[Any]:
     """A Celery app publishing to a real Redis broker (db ``REDIS_DB + 1``), with a registered
-    ``tests.add`` task. Messages land in the Redis list ``celery``; :func:`drain` reads them."""
+    ``tests.add`` task. Messages land in the Redis list :data:`QUEUE`; :func:`drain` reads them."""
     import redis
     from celery import Celery
 
     client = redis.Redis.from_url(BROKER_URL)
-    client.flushdb()
+    client.delete(QUEUE)
     app = Celery("driftsafe-tests", broker=BROKER_URL, set_as_current=False)
     app.conf.broker_connection_retry_on_startup = False
+    app.conf.task_default_queue = QUEUE
 
     @app.task(name="tests.add", shared=False)
     def add(x: int, y: int) -> int:
         return x + y
 
     yield app
-    client.flushdb()
+    client.delete(QUEUE)
     client.close()
 
 
-def drain(queue: str = "celery") -> list[dict[str, Any]]:
+def drain(queue: str = QUEUE) -> list[dict[str, Any]]:
     """Pop every message published to ``queue`` on the test broker; returns their headers
     (with ``args``/``kwargs`` decoded from the body)."""
     import base64

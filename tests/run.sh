@@ -53,10 +53,18 @@ if ! port_open "$PG_HOST" "$PG_PORT"; then
   fi
 fi
 echo "postgresql: $PG_HOST:$PG_PORT up"
-if ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || ! command -v cc >/dev/null; then
-  echo "installing libfaketime (Debian package faketime) and a C compiler for its shim"
-  { as_root apt-get update -qq && as_root apt-get install -y -qq faketime gcc libc6-dev >/dev/null; } \
-    || echo "WARNING: could not install faketime/gcc; the clock-skew tests will skip, saying why"
+# Debian packages some tests need: libfaketime and a C compiler for its shim (clock skew),
+# Chromium and its driver (the admin browser test). Installed once when missing; a test whose
+# tool is still missing skips and says what to install.
+apt_missing=()
+ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || apt_missing+=(faketime)
+command -v cc >/dev/null || apt_missing+=(gcc libc6-dev)
+command -v chromium >/dev/null || apt_missing+=(chromium fonts-dejavu-core)
+command -v chromedriver >/dev/null || apt_missing+=(chromium-driver)
+if [ ${#apt_missing[@]} -gt 0 ]; then
+  echo "installing Debian packages: ${apt_missing[*]}"
+  { as_root apt-get update -qq && as_root apt-get install -y -qq "${apt_missing[@]}" >/dev/null; } \
+    || echo "WARNING: could not install ${apt_missing[*]}; tests that need them will skip, saying why"
 fi
 
 say "ruff"

@@ -27,6 +27,7 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 ROOT_URLCONF = "tests.urls"
 ALLOWED_HOSTS = ["*"]
+STATIC_URL = "/static/"
 
 INSTALLED_APPS = [
     "django.contrib.admin",

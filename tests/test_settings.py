@@ -56,6 +56,7 @@ def test_driftsafe_must_be_a_dict() -> None:
         ({"TIME_AUTHORITY": "redis", "REDIS_URL": None}, "celery_driftsafe.E006", "REDIS_URL"),
         ({"KEY_PREFIX": "a b"}, "celery_driftsafe.E007", "without spaces"),
         ({"MISFIRE_GRACE_SECONDS": -5}, "celery_driftsafe.E008", ">= 0"),
+        ({"CELERY_APP": 3}, "celery_driftsafe.E009", "dotted path"),
     ],
 )
 def test_bad_values_get_stable_ids_and_name_the_setting(

@@ -1,0 +1,23 @@
+"""The Django admin of celery_driftsafe: periodic tasks, the run ledger and the beat nodes.
+
+* :mod:`~celery_driftsafe.admin.tasks` — what runs next and what ran; enable, disable, run
+  now, reset schedule; a form that validates everything before saving.
+* :mod:`~celery_driftsafe.admin.runs` — the read-only ledger: slot, status, node, instants,
+  lateness and duration, with a link to the django-celery-results result.
+* :mod:`~celery_driftsafe.admin.nodes` — each beat's heartbeat and measured clock offset.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from celery_driftsafe.admin.nodes import BeatNodeAdmin
+from celery_driftsafe.admin.runs import RunAdmin
+from celery_driftsafe.admin.tasks import PeriodicTaskAdmin
+from celery_driftsafe.models import BeatNode, PeriodicTask, Run
+
+__all__ = ["BeatNodeAdmin", "PeriodicTaskAdmin", "RunAdmin"]
+
+admin.site.register(PeriodicTask, PeriodicTaskAdmin)
+admin.site.register(Run, RunAdmin)
+admin.site.register(BeatNode, BeatNodeAdmin)

@@ -1,0 +1,147 @@
+"""Admin of the run ledger: read-only history of every fired, skipped, missed and manual run.
+
+The list is paginated and costs a fixed number of queries whatever the size of the ledger
+(no per-row lookups: the task name and node are stored on the run). The filters' choices come
+from the small tables (tasks, nodes), never from a ``DISTINCT`` over the ledger.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.apps import apps
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import NoReverseMatch, reverse
+from django.utils.html import format_html
+from django.utils.http import urlencode
+from django.utils.safestring import SafeString
+
+from celery_driftsafe.admin.display import (
+    AuthorityNowMixin,
+    duration,
+    instant,
+    lateness,
+    status_badge,
+)
+from celery_driftsafe.models import BeatNode, PeriodicTask, Run
+
+#: At most this many choices in the task and node filters; search finds the rest.
+FILTER_CHOICES = 100
+
+
+class PeriodicTaskFilter(admin.SimpleListFilter):
+    title = "periodic task"
+    parameter_name = "periodic_task"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        rows = PeriodicTask.objects.order_by("name").values_list("pk", "name")[:FILTER_CHOICES]
+        return [(str(pk), name) for pk, name in rows]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value and value.isdigit():
+            return queryset.filter(periodic_task_id=int(value))
+        return queryset
+
+
+class NodeFilter(admin.SimpleListFilter):
+    """The node that claimed the run; "admin" gathers the runs started from the admin."""
+
+    title = "node"
+    parameter_name = "node"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        nodes = BeatNode.objects.order_by("hostname", "pid").values_list("node_id", flat=True)
+        return [("admin", "admin (run now)"), *((n, n) for n in nodes[:FILTER_CHOICES])]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value == "admin":
+            return queryset.filter(claimed_by__startswith="admin")
+        if value:
+            return queryset.filter(claimed_by=value)
+        return queryset
+
+
+def _results_url() -> str | None:
+    """The django-celery-results TaskResult list in this admin, when installed."""
+    if not apps.is_installed("django_celery_results"):
+        return None
+    try:
+        return reverse("admin:django_celery_results_taskresult_changelist")
+    except NoReverseMatch:
+        return None
+
+
+class RunAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = (
+        "run", "task_name", "kind", "slot_at", "status_badge", "claimed_by", "claimed",
+        "dispatched", "started", "finished", "lateness_text", "duration_text", "result",
+    )
+    list_filter = ("status", "kind", PeriodicTaskFilter, NodeFilter)
+    search_fields = ("task_name", "celery_task_id", "=claimed_by")
+    list_per_page = 100
+    show_full_result_count = False
+    readonly_fields = (
+        "task_name", "periodic_task", "kind", "slot_at", "status_badge", "claimed_by",
+        "claimed", "dispatched", "started", "finished", "lateness_text", "duration_text",
+        "celery_task_id", "result", "idempotency_key", "fencing_token", "dispatch_attempts",
+        "worker", "error",
+    )
+    fields = readonly_fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="run", ordering="id")
+    def run(self, run: Run) -> str:
+        return f"#{run.pk}"
+
+    @admin.display(description="slot", ordering="slot")
+    def slot_at(self, run: Run) -> SafeString | str:
+        return instant(run.slot, milliseconds=True)
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, run: Run) -> SafeString | str:
+        return status_badge(run.status)
+
+    @admin.display(description="claimed", ordering="claimed_at")
+    def claimed(self, run: Run) -> SafeString | str:
+        return instant(run.claimed_at, milliseconds=True, same_day_as=run.slot)
+
+    @admin.display(description="dispatched", ordering="dispatched_at")
+    def dispatched(self, run: Run) -> SafeString | str:
+        return instant(run.dispatched_at, milliseconds=True, same_day_as=run.slot)
+
+    @admin.display(description="started", ordering="started_at")
+    def started(self, run: Run) -> SafeString | str:
+        return instant(run.started_at, milliseconds=True, same_day_as=run.slot)
+
+    @admin.display(description="finished", ordering="finished_at")
+    def finished(self, run: Run) -> SafeString | str:
+        return instant(run.finished_at, milliseconds=True, same_day_as=run.slot)
+
+    @admin.display(description="lateness")
+    def lateness_text(self, run: Run) -> SafeString | str:
+        return lateness(run.lateness)
+
+    @admin.display(description="duration")
+    def duration_text(self, run: Run) -> str:
+        return duration(run.duration)
+
+    @admin.display(description="result")
+    def result(self, run: Run) -> SafeString | str:
+        base = _results_url()
+        if base is None or not run.celery_task_id:
+            return "—"
+        return format_html(
+            '<a href="{}?{}">task result</a>', base, urlencode({"task_id": run.celery_task_id})
+        )

@@ -1,0 +1,255 @@
+"""Admin of periodic tasks: what runs next, what ran last and how late; the common chores.
+
+The list is one query however many runs the ledger holds: the last run's status, slot, claim
+instant and node come from correlated subqueries on the ``(periodic_task, -slot)`` index.
+
+Every write goes through :mod:`celery_driftsafe.changes`: the form saves the model (its signals
+recompute the next slot once and wake the beats); the bulk actions use ``QuerySet.update()``
+and therefore call :func:`changes.reschedule` / :func:`changes.notify` themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db import transaction
+from django.db.models import F, OuterRef, QuerySet, Subquery
+from django.http import HttpRequest
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from celery_driftsafe import changes
+from celery_driftsafe.admin.display import (
+    AuthorityNowMixin,
+    instant,
+    lateness,
+    page_now,
+    relative,
+    schedule_cell,
+    status_badge,
+)
+from celery_driftsafe.clock import AuthorityClock, authority_from_settings
+from celery_driftsafe.conf import ConfigurationError
+from celery_driftsafe.exceptions import ClockError, ScheduleError
+from celery_driftsafe.forms import PeriodicTaskForm
+from celery_driftsafe.manual import admin_actor, get_celery_app, run_now
+from celery_driftsafe.models import PeriodicTask, Run, RunStatus
+
+logger = logging.getLogger(__name__)
+
+
+def _last_run(field: str) -> Subquery:
+    runs = Run.objects.filter(periodic_task=OuterRef("pk")).order_by(
+        F("slot").desc(nulls_last=True), "-id"
+    )
+    return Subquery(runs.values(field)[:1])
+
+
+class LastRunStatusFilter(admin.SimpleListFilter):
+    """Filter tasks by the status of their latest run (or "never ran")."""
+
+    title = "last run status"
+    parameter_name = "last_run"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("never", "Never ran"), *((s.value, s.label) for s in RunStatus)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value == "never":
+            return queryset.filter(last_run_status__isnull=True)
+        if value in RunStatus.values:
+            return queryset.filter(last_run_status=value)
+        return queryset
+
+
+def _schedulable(tasks: list[PeriodicTask]) -> tuple[list[PeriodicTask], list[str]]:
+    """Split tasks into those whose schedule evaluates and the messages for the others."""
+    good, bad = [], []
+    for task in tasks:
+        try:
+            task.schedule  # noqa: B018 - building it is the check
+        except (ScheduleError, ValueError) as exc:
+            bad.append(f"{task.name}: {exc}")
+        else:
+            good.append(task)
+    return good, bad
+
+
+class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
+    form = PeriodicTaskForm
+    list_display = (
+        "name", "task", "schedule_text", "timezone", "enabled", "next_slot", "last_run",
+        "last_lateness",
+    )
+    list_display_links = ("name",)
+    list_filter = ("enabled", "schedule_kind", LastRunStatusFilter, "source", "timezone")
+    search_fields = ("name", "task")
+    list_per_page = 100
+    show_full_result_count = False
+    actions = ("enable_tasks", "disable_tasks", "run_now", "reset_schedule")
+    readonly_fields = (
+        "schedule_text", "next_slot", "last_slot_at", "run_count", "interval_anchor", "source",
+        "created_at", "changed_at",
+    )
+    fieldsets = (
+        (None, {"fields": ("name", "task", "args", "kwargs", "enabled", "disabled_reason")}),
+        ("Schedule", {
+            "fields": (
+                "schedule_kind", ("interval_every", "interval_unit"),
+                ("crontab_minute", "crontab_hour", "crontab_day_of_month",
+                 "crontab_month_of_year", "crontab_day_of_week"),
+                "timezone", "one_off_at",
+            ),
+            "description": "Fill in the fields of the chosen kind: interval (every N units), "
+                           "crontab (five cron fields evaluated in the time zone) or one-off.",
+        }),
+        ("Policies", {"fields": ("misfire_policy", "misfire_grace_seconds", "overlap_policy")}),
+        ("Publishing", {
+            "classes": ("collapse",),
+            "fields": ("queue", "exchange", "routing_key", "priority", "expires_seconds",
+                       "headers"),
+        }),
+        ("State", {"fields": readonly_fields}),
+    )
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """No "State" section on the add page: a new task has none yet."""
+        fieldsets = super().get_fieldsets(request, obj)
+        return fieldsets if obj is not None else fieldsets[:-1]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[PeriodicTask]:
+        queryset: QuerySet[PeriodicTask] = super().get_queryset(request)
+        return queryset.annotate(
+            last_run_status=_last_run("status"),
+            last_run_slot=_last_run("slot"),
+            last_run_claimed_at=_last_run("claimed_at"),
+            last_run_node=_last_run("claimed_by"),
+        )
+
+    # -- columns ------------------------------------------------------------------------------
+
+    @admin.display(description="schedule")
+    def schedule_text(self, task: PeriodicTask) -> SafeString | str:
+        return schedule_cell(task)
+
+    @admin.display(description="next slot", ordering="next_slot_at")
+    def next_slot(self, task: PeriodicTask) -> SafeString | str:
+        if task.next_slot_at is None:
+            return "—"
+        when = relative(task.next_slot_at, page_now())
+        style = "" if task.enabled else "color:#999"
+        return format_html(
+            '<span style="{}">{}</span><br><small>{}</small>', style, instant(task.next_slot_at),
+            when if task.enabled else "disabled",
+        )
+
+    @admin.display(description="last run", ordering="last_run_slot")
+    def last_run(self, task: PeriodicTask) -> SafeString | str:
+        status = getattr(task, "last_run_status", None)
+        if status is None:
+            return "never"
+        node = getattr(task, "last_run_node", "") or "?"
+        return format_html(
+            '{}<br><small title="claimed by {}">{}</small>', status_badge(status), node,
+            instant(getattr(task, "last_run_slot", None)),
+        )
+
+    @admin.display(description="lateness")
+    def last_lateness(self, task: PeriodicTask) -> SafeString | str:
+        slot = getattr(task, "last_run_slot", None)
+        claimed = getattr(task, "last_run_claimed_at", None)
+        return lateness(claimed - slot if slot and claimed else None)
+
+    # -- actions ------------------------------------------------------------------------------
+
+    @admin.action(description="Enable selected tasks (next slot after now)", permissions=["change"])
+    def enable_tasks(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
+        tasks, broken = _schedulable(list(queryset.filter(enabled=False)))
+        for text in broken:
+            self.message_user(request, f"Not enabled, the schedule is invalid: {text}",
+                              messages.ERROR)
+        if not tasks:
+            self.message_user(request, "No disabled task with a valid schedule was selected.",
+                              messages.WARNING)
+            return
+        try:
+            with transaction.atomic():
+                PeriodicTask.objects.filter(pk__in=[t.pk for t in tasks]).update(
+                    enabled=True, disabled_reason=""
+                )
+                changes.reschedule(tasks)  # the same recomputation as a re-enabling save
+        except ClockError as exc:
+            self.message_user(request, f"Nothing enabled: {exc}", messages.ERROR)
+            return
+        self._log(request, "enable", tasks)
+        self.message_user(request, f"Enabled {len(tasks)} task(s): "
+                          + ", ".join(t.name for t in tasks), messages.SUCCESS)
+
+    @admin.action(description="Disable selected tasks", permissions=["change"])
+    def disable_tasks(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
+        tasks = list(queryset.filter(enabled=True).only("pk", "name"))
+        if not tasks:
+            self.message_user(request, "No enabled task was selected.", messages.WARNING)
+            return
+        with transaction.atomic():
+            PeriodicTask.objects.filter(pk__in=[t.pk for t in tasks]).update(
+                enabled=False, disabled_reason=f"disabled in the admin by {request.user}"
+            )
+            transaction.on_commit(changes.notify)
+        self._log(request, "disable", tasks)
+        self.message_user(request, f"Disabled {len(tasks)} task(s).", messages.SUCCESS)
+
+    @admin.action(description="Run selected tasks now", permissions=["change"])
+    def run_now(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
+        try:
+            app = get_celery_app()
+            clock = AuthorityClock(authority_from_settings(), samples=1)
+            actor = admin_actor(request.user.get_username())
+            for task in queryset:
+                result = run_now(task, app=app, clock=clock, actor=actor)
+                if not result.created:
+                    level, text = messages.WARNING, "already ran at this instant; not repeated"
+                elif result.status == RunStatus.FAILED:
+                    level, text = messages.ERROR, f"failed: {result.error}"
+                elif result.deferred:
+                    level, text = messages.SUCCESS, "queued, published when this request commits"
+                elif result.status == RunStatus.DISPATCHED:
+                    level, text = messages.SUCCESS, "dispatched"
+                else:
+                    level, text = messages.WARNING, ("claimed; the broker did not take it, a "
+                                                     "beat will re-publish it after the lease")
+                self.message_user(
+                    request, f"Run now {task.name} (task id {result.celery_task_id}): {text}",
+                    level,
+                )
+        except (ClockError, ConfigurationError) as exc:
+            self.message_user(request, f"Cannot run now: {exc}", messages.ERROR)
+
+    @admin.action(description="Reset schedule (next slot after now, no catch-up)",
+                  permissions=["change"])
+    def reset_schedule(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
+        tasks, broken = _schedulable(list(queryset))
+        for text in broken:
+            self.message_user(request, f"Not reset, the schedule is invalid: {text}",
+                              messages.ERROR)
+        if not tasks:
+            return
+        try:
+            with transaction.atomic():
+                count = changes.reschedule(tasks)
+        except ClockError as exc:
+            self.message_user(request, f"Nothing reset: {exc}", messages.ERROR)
+            return
+        self._log(request, "reset", tasks)
+        self.message_user(request, f"Reset the schedule of {count} task(s).", messages.SUCCESS)
+
+    @staticmethod
+    def _log(request: HttpRequest, action: str, tasks: list[PeriodicTask]) -> None:
+        logger.info(
+            "%s: %s by %s", action, ", ".join(t.name for t in tasks), request.user,
+            extra={"action": f"admin-{action}", "task": [t.name for t in tasks],
+                   "node": admin_actor(request.user.get_username())},
+        )

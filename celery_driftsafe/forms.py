@@ -1,0 +1,215 @@
+"""The periodic task form: everything is validated before anything is saved.
+
+Each problem is reported on the field at fault, all at once (not the first one only):
+
+* ``task`` — must be registered with the project's Celery app
+  (:func:`celery_driftsafe.manual.get_celery_app`);
+* ``args`` / ``kwargs`` / ``headers`` — a JSON list, object and object;
+* ``interval_every`` — a positive whole number (interval tasks);
+* ``crontab_*`` — each field parsed on its own, so two bad fields give two errors, then the
+  combination (``0 0 31 2 *`` never fires) on ``crontab_day_of_month``;
+* ``timezone`` — an IANA zone name;
+* ``one_off_at`` — required for a one-off task.
+
+Saving goes through the model's ``save()``, so :mod:`celery_driftsafe.changes` recomputes the
+next slot once and wakes the beats.
+"""
+
+from __future__ import annotations
+
+import zoneinfo
+from functools import lru_cache
+from typing import Any
+
+from django import forms
+from django.core.validators import MinValueValidator
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from celery_driftsafe.exceptions import ScheduleError
+from celery_driftsafe.manual import get_celery_app, registered_task_names
+from celery_driftsafe.models import PeriodicTask, ScheduleKind
+from celery_driftsafe.slots import Crontab
+
+#: Form field -> the :class:`Crontab` argument it holds.
+CRONTAB_FIELDS = {
+    "crontab_minute": "minute",
+    "crontab_hour": "hour",
+    "crontab_day_of_month": "day_of_month",
+    "crontab_month_of_year": "month_of_year",
+    "crontab_day_of_week": "day_of_week",
+}
+
+
+@lru_cache(maxsize=1)
+def time_zone_names() -> tuple[str, ...]:
+    """Every IANA zone this Python knows, sorted (for the time zone suggestions)."""
+    return tuple(sorted(zoneinfo.available_timezones()))
+
+
+class SuggestingTextInput(forms.TextInput):
+    """A text input with a ``<datalist>`` of suggestions; any text may still be typed."""
+
+    def __init__(self, suggestions: Any = (), attrs: dict[str, Any] | None = None) -> None:
+        super().__init__(attrs)
+        self.suggestions = suggestions
+
+    def render(
+        self, name: str, value: Any, attrs: dict[str, Any] | None = None, renderer: Any = None
+    ) -> SafeString:
+        list_id = f"{(attrs or {}).get('id') or 'id_' + name}_suggestions"
+        attrs = {**(attrs or {}), "list": list_id, "autocomplete": "off"}
+        suggestions = self.suggestions() if callable(self.suggestions) else self.suggestions
+        options = format_html_join("", '<option value="{}">', ((s,) for s in suggestions))
+        return format_html(
+            '{}<datalist id="{}">{}</datalist>',
+            super().render(name, value, attrs, renderer), list_id, options,
+        )
+
+
+def _task_suggestions() -> list[str]:
+    try:
+        return registered_task_names()
+    except Exception:  # a broken app setting is reported by validation, not by rendering
+        return []
+
+
+def _message(exc: ScheduleError) -> str:
+    """The error text without the ``"field: "`` prefix (the form shows it on the field)."""
+    text = str(exc)
+    return text.removeprefix(f"{exc.field}: ")
+
+
+class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
+    """Add / change form of :class:`PeriodicTask` (see the module docstring)."""
+
+    class Meta:
+        model = PeriodicTask
+        fields = [
+            "name", "task", "args", "kwargs", "enabled", "disabled_reason",
+            "schedule_kind", "interval_every", "interval_unit", "crontab_minute", "crontab_hour",
+            "crontab_day_of_month", "crontab_month_of_year", "crontab_day_of_week", "timezone",
+            "one_off_at", "misfire_policy", "misfire_grace_seconds", "overlap_policy",
+            "queue", "exchange", "routing_key", "priority", "expires_seconds", "headers",
+        ]
+        widgets = {
+            "task": SuggestingTextInput(_task_suggestions, attrs={"size": 60}),
+            "timezone": SuggestingTextInput(time_zone_names),
+            "args": forms.Textarea(attrs={"rows": 2, "cols": 60}),
+            "kwargs": forms.Textarea(attrs={"rows": 2, "cols": 60}),
+            "headers": forms.Textarea(attrs={"rows": 2, "cols": 60}),
+            "disabled_reason": forms.Textarea(attrs={"rows": 2, "cols": 60}),
+        }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        every = self.fields["interval_every"]
+        assert isinstance(every, forms.IntegerField)
+        # Our own message for 0 and below (in clean()), not "greater than or equal to 0".
+        every.min_value = None
+        every.validators = [v for v in every.validators if not isinstance(v, MinValueValidator)]
+        every.widget.attrs.pop("min", None)
+        self.fields["schedule_kind"].initial = ScheduleKind.CRONTAB
+
+    # -- single fields ----------------------------------------------------------------------
+
+    def clean_task(self) -> str:
+        name = str(self.cleaned_data.get("task") or "").strip()
+        if not name:
+            raise forms.ValidationError("Enter the name of a registered Celery task.")
+        try:
+            app = get_celery_app()
+            known = name in app.tasks
+        except Exception as exc:
+            raise forms.ValidationError(
+                f"The Celery app could not be loaded to check the task name: {exc}"
+            ) from exc
+        if not known:
+            raise forms.ValidationError(
+                f"{name!r} is not a task registered with the Celery app {app.main!r}. Check "
+                "the spelling, or make sure the module defining it is imported (e.g. by "
+                "autodiscover_tasks)."
+            )
+        return name
+
+    def clean_args(self) -> Any:
+        value = self.cleaned_data.get("args")
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise forms.ValidationError('Arguments must be a JSON list, e.g. [1, "a"].')
+        return value
+
+    def clean_kwargs(self) -> Any:
+        value = self.cleaned_data.get("kwargs")
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise forms.ValidationError('Keyword arguments must be a JSON object, e.g. {"a": 1}.')
+        return value
+
+    def clean_headers(self) -> Any:
+        value = self.cleaned_data.get("headers")
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise forms.ValidationError('Headers must be a JSON object, e.g. {"x-team": "ops"}.')
+        return value
+
+    def clean_timezone(self) -> str:
+        name = str(self.cleaned_data.get("timezone") or "").strip()
+        try:
+            Crontab(timezone=name)
+        except ScheduleError as exc:
+            raise forms.ValidationError(_message(exc)) from exc
+        return name
+
+    # -- the schedule as a whole -----------------------------------------------------------
+
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        data = self.cleaned_data
+        kind = data.get("schedule_kind")
+        if kind == ScheduleKind.INTERVAL:
+            every = data.get("interval_every")
+            if "interval_every" not in self.errors and (every is None or every <= 0):
+                self.add_error(
+                    "interval_every", "An interval must be a positive whole number, e.g. 30."
+                )
+        elif kind == ScheduleKind.CRONTAB:
+            self._clean_crontab(data)
+        elif (kind == ScheduleKind.ONE_OFF and data.get("one_off_at") is None
+              and "one_off_at" not in self.errors):
+            self.add_error("one_off_at", "A one-off task needs the instant it runs at.")
+        return data
+
+    def _clean_crontab(self, data: dict[str, Any]) -> None:
+        bad = False
+        for field, argument in CRONTAB_FIELDS.items():
+            value = str(data.get(field) or "").strip()
+            data[field] = value
+            try:
+                Crontab(**{argument: value})
+            except ScheduleError as exc:
+                self.add_error(field, _message(exc))
+                bad = True
+        if bad or "timezone" in self.errors:
+            return
+        try:  # each field is fine alone; the combination may still never fire
+            Crontab(**{arg: data[field] for field, arg in CRONTAB_FIELDS.items()},
+                    timezone=data.get("timezone") or "UTC")
+        except ScheduleError as exc:
+            field = next((f for f, a in CRONTAB_FIELDS.items() if a == exc.field),
+                         "crontab_day_of_month")
+            self.add_error(field, _message(exc))
+
+    def full_clean(self) -> None:
+        super().full_clean()
+        # The model's clean() repeats some checks with its own wording; keep one message
+        # per field (ours, which came first).
+        if not self.is_bound:
+            return
+        by_field = self.errors  # set by full_clean() above: no recursion
+        for name, errors in list(by_field.items()):
+            if len(errors) > 1:
+                by_field[name] = self.error_class(errors[:1])

@@ -1,0 +1,296 @@
+"""``manage.py driftsafe_import``: bring periodic tasks in from Celery's ``beat_schedule`` and
+from django-celery-beat's database, idempotently.
+
+Every entry is converted and validated first; nothing is written with ``--dry-run``. Then, per
+entry, by its unique name:
+
+* absent here: **created** (its next slot computed once from the time authority);
+* present and identical: **unchanged** — running the import twice changes nothing, and an
+  interval's anchor is never moved;
+* present and different: a ``beat_schedule`` row (source ``beat_schedule``) is **updated**, as a
+  beat does at start; any other row is **kept** as it is, unless ``--update`` is given (rows
+  edited in the admin are never overwritten by accident);
+* not importable (solar schedules, sub-second intervals, bad JSON, invalid crontab): **error**,
+  with the reason; the command then exits with status 1 after importing the rest.
+
+Imported django-celery-beat tasks become database-managed tasks (edit them in this admin);
+``beat_schedule`` entries stay ``beat_schedule``-managed. A task name the Celery app does not
+know is imported with a warning: the beat would record its runs as failed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.apps import apps
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import IntegrityError, transaction
+
+from celery_driftsafe.beat_schedule import entry_fields
+from celery_driftsafe.changes import authority_now
+from celery_driftsafe.exceptions import ScheduleError
+from celery_driftsafe.manual import get_celery_app, load_celery_app
+from celery_driftsafe.models import IntervalUnit, PeriodicTask, ScheduleKind, TaskSource
+
+logger = logging.getLogger(__name__)
+
+BEAT_SCHEDULE = "beat_schedule"
+DJANGO_CELERY_BEAT = "django_celery_beat"
+_NOT_COMPARED = ("interval_anchor",)
+
+
+@dataclass
+class Entry:
+    """One task to import: its fields, or why it cannot be imported."""
+
+    name: str
+    origin: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    #: Set only when the task is created (an interval's anchor).
+    on_create: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Outcome:
+    entry: Entry
+    action: str  # create, update, unchanged, kept, error
+    detail: str = ""
+
+
+# -- sources ---------------------------------------------------------------------------------
+
+
+def from_beat_schedule(app: Any) -> list[Entry]:
+    """The entries of ``app.conf.beat_schedule``, converted as a beat converts them."""
+    timezone = str(app.conf.timezone or "UTC")
+    entries = []
+    for name, raw in (app.conf.beat_schedule or {}).items():
+        entry = Entry(name=str(name), origin=BEAT_SCHEDULE)
+        try:
+            entry.fields = {**entry_fields(name, raw, timezone), "source": TaskSource.BEAT_SCHEDULE}
+        except (ValueError, ScheduleError) as exc:
+            entry.error = str(exc)
+        entries.append(entry)
+    return entries
+
+
+_DCB_UNITS = {"days": IntervalUnit.DAYS, "hours": IntervalUnit.HOURS,
+              "minutes": IntervalUnit.MINUTES, "seconds": IntervalUnit.SECONDS}
+
+
+def _json(text: str | None, default: Any, what: str) -> Any:
+    try:
+        return json.loads(text) if text else default
+    except ValueError as exc:
+        raise ValueError(f"{what} is not valid JSON: {exc}") from None
+
+
+def _dcb_schedule(row: Any, entry: Entry) -> dict[str, Any]:
+    if row.solar_id is not None:
+        raise ValueError("solar schedules are not supported")
+    if row.clocked_id is not None:
+        return {"schedule_kind": ScheduleKind.ONE_OFF, "one_off_at": row.clocked.clocked_time}
+    if row.one_off:
+        raise ValueError("one_off with an interval or crontab schedule is not supported; "
+                         "use a clocked schedule (a one-off task) instead")
+    if row.interval_id is not None:
+        every, period = row.interval.every, row.interval.period
+        if period == "microseconds":
+            if every % 1_000_000:
+                raise ValueError(f"an interval of {every} microseconds is not whole seconds")
+            every, period = every // 1_000_000, "seconds"
+        if every <= 0 or period not in _DCB_UNITS:
+            raise ValueError(f"interval every {every} {period} is not supported")
+        anchor = row.start_time or row.last_run_at
+        if anchor is not None:
+            entry.on_create["interval_anchor"] = anchor
+        return {"schedule_kind": ScheduleKind.INTERVAL, "interval_every": every,
+                "interval_unit": _DCB_UNITS[period]}
+    if row.crontab_id is not None:
+        cron = row.crontab
+        if row.start_time is not None:
+            entry.notes.append("start_time is ignored for crontab schedules")
+        return {
+            "schedule_kind": ScheduleKind.CRONTAB, "crontab_minute": cron.minute,
+            "crontab_hour": cron.hour, "crontab_day_of_month": cron.day_of_month,
+            "crontab_month_of_year": cron.month_of_year, "crontab_day_of_week": cron.day_of_week,
+            "timezone": str(cron.timezone or "UTC"),
+        }
+    raise ValueError("it has no schedule")
+
+
+def from_django_celery_beat() -> list[Entry]:
+    """django-celery-beat's periodic tasks (not its internal ``celery.backend_cleanup``)."""
+    from django_celery_beat.models import PeriodicTask as BeatTask
+
+    rows = BeatTask.objects.select_related("interval", "crontab", "clocked").order_by("name")
+    entries = []
+    for row in rows:
+        entry = Entry(name=row.name, origin=DJANGO_CELERY_BEAT)
+        try:
+            fields = _dcb_schedule(row, entry)
+            fields.update(
+                task=row.task, args=_json(row.args, [], "args"),
+                kwargs=_json(row.kwargs, {}, "kwargs"), headers=_json(row.headers, {}, "headers"),
+                queue=row.queue or "", exchange=row.exchange or "",
+                routing_key=row.routing_key or "", priority=row.priority,
+                expires_seconds=(float(row.expire_seconds)
+                                 if row.expire_seconds is not None else None),
+                enabled=row.enabled, source=TaskSource.DATABASE,
+            )
+            if row.expires is not None:
+                entry.notes.append("the absolute 'expires' is ignored (expire_seconds is kept)")
+            entry.fields = fields
+        except ValueError as exc:
+            entry.error = str(exc)
+        entries.append(entry)
+    return entries
+
+
+# -- planning and applying -------------------------------------------------------------------
+
+
+def _validate(entry: Entry) -> None:
+    task = PeriodicTask(name=entry.name, **entry.fields, **entry.on_create)
+    try:
+        task.full_clean(exclude=["interval_anchor", "next_slot_at"], validate_unique=False)
+    except ValidationError as exc:
+        entry.error = "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
+
+
+def plan(entries: list[Entry], *, update: bool) -> list[Outcome]:
+    """Decide, without writing, what importing ``entries`` does (see the module docstring)."""
+    existing = {t.name: t for t in PeriodicTask.objects.filter(name__in=[e.name for e in entries])}
+    outcomes = []
+    for entry in entries:
+        if not entry.error:
+            _validate(entry)
+        if entry.error:
+            outcomes.append(Outcome(entry, "error", entry.error))
+            continue
+        current = existing.get(entry.name)
+        if current is None:
+            outcomes.append(Outcome(entry, "create"))
+            continue
+        differing = sorted(
+            k for k, v in entry.fields.items()
+            if k not in _NOT_COMPARED and k != "source" and getattr(current, k) != v
+        )
+        if not differing:
+            outcomes.append(Outcome(entry, "unchanged"))
+        elif update or (entry.origin == BEAT_SCHEDULE
+                        and current.source == TaskSource.BEAT_SCHEDULE):
+            outcomes.append(Outcome(entry, "update", "changes " + ", ".join(differing)))
+        else:
+            why = ("it is managed in the database" if entry.origin == BEAT_SCHEDULE
+                   else "use --update to overwrite it")
+            outcomes.append(Outcome(entry, "kept", f"differs in {', '.join(differing)}; {why}"))
+    return outcomes
+
+
+def apply(outcomes: list[Outcome], now: datetime) -> None:
+    """Write the creates and updates of ``outcomes``; ``now`` is one authority reading."""
+    for outcome in outcomes:
+        entry = outcome.entry
+        if outcome.action not in ("create", "update"):
+            continue
+        with transaction.atomic():
+            task = PeriodicTask.objects.select_for_update().filter(name=entry.name).first()
+            if task is None:
+                if outcome.action == "update":
+                    outcome.action, outcome.detail = "error", "deleted meanwhile"
+                    continue
+                task = PeriodicTask(name=entry.name, **entry.fields, **entry.on_create)
+            else:
+                if outcome.action == "create":
+                    outcome.action, outcome.detail = "unchanged", "created meanwhile"
+                    continue
+                for key, value in entry.fields.items():
+                    if key != "source":
+                        setattr(task, key, value)
+            task.driftsafe_now = now  # type: ignore[attr-defined]
+            try:
+                with transaction.atomic():
+                    task.save()
+            except IntegrityError:
+                outcome.action, outcome.detail = "unchanged", "created meanwhile"
+        logger.info("imported %s from %s: %s", entry.name, entry.origin, outcome.action,
+                    extra={"action": "import", "task": entry.name})
+
+
+class Command(BaseCommand):
+    help = ("Import periodic tasks from Celery's beat_schedule and django-celery-beat, "
+            "idempotently (see --dry-run).")
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--source", action="append", choices=[BEAT_SCHEDULE, DJANGO_CELERY_BEAT],
+            help="import only from this source (repeatable); default: every available source",
+        )
+        parser.add_argument("--app", metavar="MODULE:APP",
+                            help="the Celery app whose beat_schedule to import (default: "
+                                 "the project's app)")
+        parser.add_argument("--dry-run", action="store_true",
+                            help="show what would be done, write nothing")
+        parser.add_argument("--update", action="store_true",
+                            help="overwrite existing tasks that differ (not only beat_schedule "
+                                 "ones)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        sources = options["source"] or [BEAT_SCHEDULE, DJANGO_CELERY_BEAT]
+        explicit = bool(options["source"])
+        app = load_celery_app(options["app"]) if options["app"] else get_celery_app()
+        entries: list[Entry] = []
+        if BEAT_SCHEDULE in sources:
+            entries += from_beat_schedule(app)
+        if DJANGO_CELERY_BEAT in sources:
+            if apps.is_installed("django_celery_beat"):
+                entries += from_django_celery_beat()
+            elif explicit:
+                raise CommandError("django_celery_beat is not in INSTALLED_APPS: nothing to "
+                                   "import from it")
+            else:
+                self.stdout.write("django_celery_beat is not installed: skipped")
+        names = [e.name for e in entries]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        for entry in entries:
+            if entry.name in duplicates and not entry.error:
+                entry.error = "the same name comes from more than one source"
+        outcomes = plan(entries, update=options["update"])
+        if not options["dry_run"]:
+            apply(outcomes, authority_now())
+        self._report(outcomes, app, dry_run=options["dry_run"])
+        errors = sum(1 for o in outcomes if o.action == "error")
+        if errors:
+            raise CommandError(f"{errors} task(s) could not be imported (see above)")
+
+    def _report(self, outcomes: list[Outcome], app: Any, *, dry_run: bool) -> None:
+        verb = {"create": "would create", "update": "would update"} if dry_run else {}
+        try:
+            known: Any = app.tasks
+        except Exception:  # an app that cannot finalise: no registry warnings
+            known = None
+        counts: dict[str, int] = {}
+        for outcome in outcomes:
+            entry = outcome.entry
+            counts[outcome.action] = counts.get(outcome.action, 0) + 1
+            style = self.style.ERROR if outcome.action == "error" else (lambda s: s)
+            line = f"{verb.get(outcome.action, outcome.action):<12} {entry.name} ({entry.origin})"
+            if outcome.detail:
+                line += f": {outcome.detail}"
+            self.stdout.write(style(line))
+            task = entry.fields.get("task")
+            if known is not None and task and outcome.action != "error" and task not in known:
+                self.stdout.write(self.style.WARNING(
+                    f"  warning: task {task!r} is not registered with the Celery app"))
+            for note in entry.notes:
+                self.stdout.write(f"  note: {note}")
+        summary = ", ".join(f"{n} {a}" for a, n in sorted(counts.items())) or "nothing to import"
+        self.stdout.write(("dry run, nothing written: " if dry_run else "") + summary)

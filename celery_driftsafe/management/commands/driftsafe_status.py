@@ -1,0 +1,165 @@
+"""``manage.py driftsafe_status``: are the beats alive, whose clock is off, what is due, what
+failed lately.
+
+Exit status: 0 when at least one beat node is alive, 2 when none is (so a monitoring probe can
+run it as is), 1 for any other error (for example an unreachable time authority).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db.models import Count, Min, Q
+
+from celery_driftsafe.conf import ConfigurationError, get_settings
+from celery_driftsafe.exceptions import ClockError
+from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus
+
+#: Exit status when no beat node is alive.
+NO_NODE_ALIVE = 2
+_FAILED = (RunStatus.FAILED, RunStatus.MISSED)
+
+
+@dataclass
+class NodeReport:
+    node_id: str
+    hostname: str
+    pid: int
+    state: str
+    heartbeat_age_seconds: float
+    clock_offset_seconds: float | None
+    clock_rtt_seconds: float | None
+    offset_exceeds_bound: bool
+    claiming_paused_reason: str
+
+
+@dataclass
+class Status:
+    """Everything the command reports (also its ``--json`` output)."""
+
+    authority: str
+    now: str
+    max_clock_offset_seconds: float
+    nodes: list[NodeReport] = field(default_factory=list)
+    alive: int = 0
+    tasks_enabled: int = 0
+    tasks_disabled: int = 0
+    due_now: int = 0
+    due_within_minute: int = 0
+    oldest_due_slot: str | None = None
+    undispatched_runs: int = 0
+    failures_since: str = ""
+    failure_count: int = 0
+    recent_failures: list[dict[str, Any]] = field(default_factory=list)
+
+
+def collect(now: datetime, *, since: timedelta, limit: int, authority: str) -> Status:
+    """Gather the status at the authority's ``now`` (a handful of queries)."""
+    settings = get_settings()
+    dead_after = timedelta(seconds=settings.node_dead_after_seconds)
+    bound = settings.max_clock_offset_seconds
+    status = Status(authority=authority, now=now.isoformat(), max_clock_offset_seconds=bound)
+    for node in BeatNode.objects.order_by("hostname", "pid"):
+        state = node.state_at(now, dead_after)
+        status.nodes.append(NodeReport(
+            node_id=node.node_id, hostname=node.hostname, pid=node.pid, state=state,
+            heartbeat_age_seconds=(now - node.last_heartbeat_at).total_seconds(),
+            clock_offset_seconds=node.clock_offset_seconds,
+            clock_rtt_seconds=node.clock_rtt_seconds,
+            offset_exceeds_bound=node.offset_exceeds(bound),
+            claiming_paused_reason=node.claiming_paused_reason,
+        ))
+    status.alive = sum(1 for n in status.nodes if n.state == "alive")
+    counts = PeriodicTask.objects.aggregate(
+        n_enabled=Count("pk", filter=Q(enabled=True)),
+        n_disabled=Count("pk", filter=Q(enabled=False)),
+        due_now=Count("pk", filter=Q(enabled=True, next_slot_at__lte=now)),
+        due_soon=Count("pk", filter=Q(enabled=True, next_slot_at__gt=now,
+                                      next_slot_at__lte=now + timedelta(minutes=1))),
+        oldest=Min("next_slot_at", filter=Q(enabled=True, next_slot_at__lte=now)),
+    )
+    status.tasks_enabled, status.tasks_disabled = counts["n_enabled"], counts["n_disabled"]
+    status.due_now, status.due_within_minute = counts["due_now"], counts["due_soon"]
+    status.oldest_due_slot = counts["oldest"].isoformat() if counts["oldest"] else None
+    status.undispatched_runs = Run.objects.filter(status=RunStatus.CLAIMED).count()
+    start = now - since
+    failures = Run.objects.filter(status__in=_FAILED, slot__gte=start)
+    status.failures_since = start.isoformat()
+    status.failure_count = failures.count()
+    for run in failures.order_by("-slot", "-id")[:limit]:
+        status.recent_failures.append({
+            "run": run.pk, "task": run.task_name,
+            "slot": run.slot.isoformat() if run.slot else None,
+            "status": run.status, "node": run.claimed_by,
+            "error": (run.error.splitlines() or [""])[0],
+        })
+    return status
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.3f} s"
+
+
+class Command(BaseCommand):
+    help = ("Show beat nodes (alive/dead, clock offsets), due counts and recent failures. "
+            f"Exits {NO_NODE_ALIVE} when no beat node is alive.")
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--json", action="store_true", help="print one JSON document")
+        parser.add_argument("--since", type=float, default=24.0, metavar="HOURS",
+                            help="failures of the last HOURS hours (default 24)")
+        parser.add_argument("--failures", type=int, default=10, metavar="N",
+                            help="list at most N recent failures (default 10)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        from celery_driftsafe.clock import authority_from_settings
+
+        try:
+            authority = authority_from_settings()
+            now = authority.read()
+        except (ClockError, ConfigurationError) as exc:
+            raise CommandError(f"cannot read the time authority: {exc}") from exc
+        status = collect(now, since=timedelta(hours=options["since"]),
+                         limit=max(options["failures"], 0), authority=authority.name)
+        if options["json"]:
+            self.stdout.write(json.dumps(asdict(status), indent=2))
+        else:
+            self._print(status)
+        if status.alive == 0:
+            raise CommandError(
+                "no beat node is alive: nothing is claiming slots (start `celery beat -S "
+                "celery_driftsafe.scheduler:DriftSafeScheduler`)", returncode=NO_NODE_ALIVE,
+            )
+
+    def _print(self, status: Status) -> None:
+        out, style = self.stdout.write, self.style
+        out(f"time authority: {status.authority}, now {status.now}")
+        out(f"\nbeat nodes ({status.alive} alive of {len(status.nodes)}; offset bound "
+            f"±{status.max_clock_offset_seconds} s):")
+        if not status.nodes:
+            out("  (none registered)")
+        for node in status.nodes:
+            offset = _seconds(node.clock_offset_seconds)
+            if node.clock_rtt_seconds is not None:
+                offset += f" ±{node.clock_rtt_seconds / 2 * 1000:.1f} ms"
+            if node.offset_exceeds_bound:
+                offset = style.WARNING(offset + "  EXCEEDS BOUND")
+            state = {"alive": style.SUCCESS, "dead": style.ERROR}.get(
+                node.state, style.NOTICE)(node.state)
+            line = (f"  {node.node_id:<40} {state:<7} heartbeat "
+                    f"{node.heartbeat_age_seconds:.1f} s ago  offset {offset}")
+            if node.claiming_paused_reason:
+                line += style.ERROR(f"  PAUSED: {node.claiming_paused_reason}")
+            out(line)
+        out(f"\ntasks: {status.tasks_enabled} enabled, {status.tasks_disabled} disabled; "
+            f"due now {status.due_now} (oldest slot {status.oldest_due_slot or '-'}), "
+            f"due within a minute {status.due_within_minute}")
+        out(f"runs claimed but not yet dispatched: {status.undispatched_runs}")
+        out(f"\nfailed or missed runs since {status.failures_since}: {status.failure_count}")
+        for failure in status.recent_failures:
+            out(f"  #{failure['run']} {failure['task']} slot {failure['slot']} "
+                f"{failure['status']} on {failure['node'] or '-'}: {failure['error']}")

@@ -1,0 +1,184 @@
+"""Run now: a manual run of a periodic task, through the same ledger and outbox as a slot.
+
+The path mirrors a beat's claim, so a manual run is deduplicated, visible and recoverable
+exactly like a scheduled one:
+
+1. read the time authority once: that instant is the run's *slot*;
+2. commit ``Run(kind=manual, slot=now, status=claimed)`` with the deterministic Celery task id
+   of ``(task, slot)``. The unique ``(task, slot)`` constraint refuses a second run at the same
+   instant (a replayed request carrying the same clock reading is recorded and published once),
+   and a re-publish by the outbox reuses the id. Two clicks are two readings, so two runs;
+3. publish it with :class:`~celery_driftsafe.dispatch.Dispatcher` through the project's Celery
+   app, which marks it ``dispatched`` (or ``failed`` when the task is not registered). If the
+   broker is down the run stays ``claimed`` and a beat's outbox re-publishes it after the lease,
+   under the same task id.
+
+A manual run changes nothing about the schedule: ``next_slot_at``, ``last_slot_at`` and
+``run_count`` stay as they are, and the overlap policy does not apply (an operator asked).
+
+The Celery app comes from :func:`get_celery_app`: the app installed with
+:func:`set_celery_app` (tests, or a project that wants to be explicit), else
+``DRIFTSAFE['CELERY_APP']`` (a dotted path), else ``celery.current_app``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from datetime import datetime
+from importlib import import_module
+from typing import Any
+
+from django.db import IntegrityError, connections, transaction
+
+from celery_driftsafe.claim import ClaimedRun, celery_task_id, publish_options
+from celery_driftsafe.clock import AuthorityClock, Clock, authority_from_settings
+from celery_driftsafe.conf import ConfigurationError, get_settings
+from celery_driftsafe.dispatch import Dispatcher, DispatchResult
+from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
+
+logger = logging.getLogger(__name__)
+
+_app_override: Any = None
+
+
+def set_celery_app(app: Any) -> None:
+    """Use ``app`` for task-name validation and manual runs (``None``: back to the default)."""
+    global _app_override
+    _app_override = app
+
+
+def load_celery_app(path: str) -> Any:
+    """Import the Celery app ``path`` names: ``"proj.celery:app"`` or ``"proj.celery.app"``."""
+    module_name, colon, attribute = path.partition(":")
+    if not colon:
+        module_name, _, attribute = path.rpartition(".")
+    if not module_name or not attribute:
+        raise ConfigurationError(
+            "CELERY_APP", path, "is not a dotted path", "write e.g. 'proj.celery:app'"
+        )
+    try:
+        app = getattr(import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(
+            "CELERY_APP", path, f"cannot be imported: {exc}", "check the module and name"
+        ) from exc
+    if not hasattr(app, "tasks") or not hasattr(app, "send_task"):
+        raise ConfigurationError("CELERY_APP", path, "is not a Celery app")
+    return app
+
+
+def get_celery_app() -> Any:
+    """The Celery app whose task registry the admin checks and that publishes manual runs."""
+    if _app_override is not None:
+        return _app_override
+    path = get_settings().celery_app
+    if path:
+        return load_celery_app(path)
+    from celery import current_app
+
+    return current_app._get_current_object()
+
+
+def registered_task_names(app: Any | None = None) -> list[str]:
+    """Names of the tasks registered with ``app`` (default :func:`get_celery_app`), sorted,
+    without Celery's own ``celery.*`` tasks."""
+    app = app if app is not None else get_celery_app()
+    return sorted(name for name in app.tasks if not name.startswith("celery."))
+
+
+def admin_actor(username: str) -> str:
+    """The ``claimed_by`` of a run an admin user started."""
+    return f"admin:{username}" if username else "admin"
+
+
+def _default_actor() -> str:
+    return f"manual:{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class ManualRun:
+    """What :func:`run_now` did.
+
+    ``created`` is False when a run of that task at that instant already existed (a duplicate
+    request): nothing was published again. ``status`` is the run's status afterwards;
+    ``deferred`` means the publish waits for the caller's transaction to commit.
+    """
+
+    run_id: int | None
+    task_name: str
+    slot: datetime
+    celery_task_id: str
+    created: bool
+    status: str
+    deferred: bool = False
+    error: str = ""
+
+
+def run_now(
+    task: PeriodicTask, *, app: Any | None = None, clock: Clock | None = None,
+    actor: str = "", using: str = "default",
+) -> ManualRun:
+    """Start ``task`` now, through the ledger (see the module docstring).
+
+    ``clock`` supplies the slot (default: one reading of the configured time authority);
+    ``actor`` is recorded as ``claimed_by``. Inside a caller's transaction the publish waits
+    for its commit, so a worker never receives a run it cannot see yet.
+    """
+    app = app if app is not None else get_celery_app()
+    if clock is None:
+        clock = AuthorityClock(authority_from_settings(using=using), samples=1)
+    slot = clock.now()
+    task_id = celery_task_id(task.pk, slot)
+    actor = actor or _default_actor()
+    run = Run(
+        periodic_task=task, task_name=task.task, kind=RunKind.MANUAL, slot=slot,
+        status=RunStatus.CLAIMED, claimed_by=actor, claimed_at=slot, celery_task_id=task_id,
+        dispatch_attempts=1,
+    )
+    try:
+        with transaction.atomic(using=using):
+            run.save(using=using)
+    except IntegrityError:
+        existing = Run.objects.using(using).filter(periodic_task=task, slot=slot).first()
+        logger.info(
+            "run now of %s at %s already recorded; not published again", task.name, slot,
+            extra={"action": "run-now-duplicate", "task": task.name, "slot": slot,
+                   "node": actor},
+        )
+        return ManualRun(
+            run_id=existing.pk if existing else None, task_name=task.task, slot=slot,
+            celery_task_id=task_id, created=False,
+            status=existing.status if existing else RunStatus.CLAIMED,
+        )
+    claimed = ClaimedRun(
+        run_id=run.pk, periodic_task_id=task.pk, task_name=task.task, slot=slot,
+        celery_task_id=task_id, fencing_token=run.fencing_token, args=list(task.args or []),
+        kwargs=dict(task.kwargs or {}), options=publish_options(task),
+    )
+    dispatcher = Dispatcher(app, clock, using=using)
+    logger.info(
+        "run now of %s (slot %s) by %s", task.name, slot, actor,
+        extra={"action": "run-now", "task": task.name, "slot": slot, "node": actor},
+    )
+    if connections[using].in_atomic_block:
+        transaction.on_commit(lambda: dispatcher.dispatch([claimed]), using=using)
+        return ManualRun(
+            run_id=run.pk, task_name=task.task, slot=slot, celery_task_id=task_id,
+            created=True, status=RunStatus.CLAIMED, deferred=True,
+        )
+    result = dispatcher.dispatch([claimed])
+    return ManualRun(
+        run_id=run.pk, task_name=task.task, slot=slot, celery_task_id=task_id, created=True,
+        status=_status_after(result, run.pk), error=result.failed.get(run.pk, ""),
+    )
+
+
+def _status_after(result: DispatchResult, run_id: int) -> str:
+    if run_id in result.published:
+        return RunStatus.DISPATCHED
+    if run_id in result.failed:
+        return RunStatus.FAILED
+    return RunStatus.CLAIMED

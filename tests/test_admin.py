@@ -1,0 +1,559 @@
+"""The admin through Django's test client: the task form's validation, every action, and every
+list page (contents, filters, and a bounded number of queries with thousands of runs)."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from celery import Celery
+from django.conf import settings
+from django.test import override_settings
+from django.urls import reverse
+
+from celery_driftsafe import changes, manual
+from celery_driftsafe.claim import celery_task_id
+from celery_driftsafe.dispatch import HEADER_RUN_ID, HEADER_SLOT
+from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunKind, RunStatus
+from celery_driftsafe.slots import Crontab
+from celery_driftsafe.testing import FakeClock
+from tests.conftest import drain
+from tests.factories import crontab_task, interval_task
+
+TASKS = reverse("admin:celery_driftsafe_periodictask_changelist")
+ADD = reverse("admin:celery_driftsafe_periodictask_add")
+RUNS = reverse("admin:celery_driftsafe_run_changelist")
+NODES = reverse("admin:celery_driftsafe_beatnode_changelist")
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+S = timedelta(seconds=1)
+#: An app to load by dotted path (not made the current app).
+DOTTED_APP = Celery("admin-tests-dotted", set_as_current=False)
+#: The broker queue of the run-now tests: their own, so other runs on the same Redis do not
+#: mix their messages in.
+QUEUE = f"driftsafe-admin-tests-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def app(broker_app: Any) -> Iterator[Any]:
+    """The Celery app the admin validates against and publishes through (``tests.add``)."""
+    manual.set_celery_app(broker_app)
+    yield broker_app
+    manual.set_celery_app(None)
+
+
+@pytest.fixture
+def wakeups(redis_client: Any) -> Iterator[Any]:
+    """Counts schedule-change notifications published while the test runs, on a channel of
+    its own (a key prefix unique to the test: other runs on the same Redis publish too)."""
+    prefix = f"driftsafe-test-{uuid.uuid4().hex[:12]}"
+    with override_settings(DRIFTSAFE={**settings.DRIFTSAFE, "KEY_PREFIX": prefix}):
+        pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(f"{prefix}:changes")
+        pubsub.get_message(timeout=1.0)  # the subscription's confirmation
+        yield lambda: _count(pubsub)
+        pubsub.close()
+
+
+def _count(pubsub: Any) -> int:
+    seen = 0
+    while pubsub.get_message(timeout=0.3) is not None:
+        seen += 1
+    return seen
+
+
+def form_data(**overrides: Any) -> dict[str, Any]:
+    """A valid add-form POST for a crontab task; ``overrides`` replace fields."""
+    data: dict[str, Any] = {
+        "name": "nightly", "task": "tests.add", "args": "[1, 2]", "kwargs": "{}",
+        "enabled": "on", "disabled_reason": "", "schedule_kind": "crontab",
+        "interval_every": "", "interval_unit": "seconds", "crontab_minute": "*/15",
+        "crontab_hour": "*", "crontab_day_of_month": "*", "crontab_month_of_year": "*",
+        "crontab_day_of_week": "*", "timezone": "Europe/Berlin", "one_off_at_0": "",
+        "one_off_at_1": "", "misfire_policy": "", "misfire_grace_seconds": "",
+        "overlap_policy": "allow", "queue": "", "exchange": "", "routing_key": "",
+        "priority": "", "expires_seconds": "", "headers": "{}", "_save": "Save",
+    }
+    data.update(overrides)
+    return {k: v for k, v in data.items() if v is not None}
+
+
+def form_errors(response: Any) -> dict[str, list[str]]:
+    assert response.status_code == 200, "an invalid form is shown again, not saved"
+    return {k: list(v) for k, v in response.context["adminform"].form.errors.items()}
+
+
+def action(client: Any, name: str, tasks: list[PeriodicTask]) -> Any:
+    return client.post(
+        TASKS, {"action": name, "_selected_action": [t.pk for t in tasks]}, follow=True
+    )
+
+
+def page_messages(response: Any) -> list[str]:
+    return [str(m) for m in response.context["messages"]]
+
+
+# -- the form --------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_add_crontab_task_computes_next_slot_from_the_authority(
+    admin_client: Any, app: Any, django_capture_on_commit_callbacks: Any, wakeups: Any
+) -> None:
+    before = changes.authority_now()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = admin_client.post(ADD, form_data())
+    after = changes.authority_now()
+    assert response.status_code == 302
+    task = PeriodicTask.objects.get(name="nightly")
+    schedule = Crontab(minute="*/15", timezone="Europe/Berlin")
+    assert task.next_slot_at is not None
+    assert schedule.next_after(before) <= task.next_slot_at <= schedule.next_after(after)
+    assert (task.args, task.kwargs, task.enabled) == ([1, 2], {}, True)
+    assert wakeups() == 1
+
+
+@pytest.mark.django_db
+def test_unknown_task_name_is_refused_on_the_task_field(admin_client: Any, app: Any) -> None:
+    errors = form_errors(admin_client.post(ADD, form_data(task="tests.nope")))
+    assert list(errors) == ["task"]
+    assert "'tests.nope' is not a task registered" in errors["task"][0]
+    assert not PeriodicTask.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("crontab_minute", "61", "61 is out of range 0-59"),
+        ("crontab_hour", "24", "24 is out of range 0-23"),
+        ("crontab_day_of_month", "0", "0 is out of range 1-31"),
+        ("crontab_month_of_year", "13", "13 is out of range 1-12"),
+        ("crontab_day_of_week", "funday", "'funday' is not a number or a name"),
+        ("crontab_minute", "*/0", "step 0 is not allowed"),
+        ("crontab_hour", "", "is empty"),
+    ],
+)
+def test_invalid_crontab_field_is_refused_on_that_field(
+    admin_client: Any, app: Any, field: str, value: str, message: str
+) -> None:
+    errors = form_errors(admin_client.post(ADD, form_data(**{field: value})))
+    assert list(errors) == [field]
+    assert message in errors[field][0]
+    assert not PeriodicTask.objects.exists()
+
+
+@pytest.mark.django_db
+def test_every_bad_crontab_field_gets_its_own_error(admin_client: Any, app: Any) -> None:
+    errors = form_errors(admin_client.post(ADD, form_data(
+        crontab_minute="60", crontab_hour="x", crontab_day_of_week="8", timezone="Nowhere/City",
+    )))
+    assert sorted(errors) == sorted(
+        ["crontab_minute", "crontab_hour", "crontab_day_of_week", "timezone"]
+    )
+
+
+@pytest.mark.django_db
+def test_crontab_that_never_fires_is_refused_on_day_of_month(admin_client: Any, app: Any) -> None:
+    errors = form_errors(admin_client.post(ADD, form_data(
+        crontab_minute="0", crontab_hour="0", crontab_day_of_month="31",
+        crontab_month_of_year="2",
+    )))
+    assert list(errors) == ["crontab_day_of_month"]
+    assert "never fire" in errors["crontab_day_of_month"][0]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("kind", ["crontab", "interval"])
+def test_invalid_time_zone_is_refused_on_the_timezone_field(
+    admin_client: Any, app: Any, kind: str
+) -> None:
+    errors = form_errors(admin_client.post(ADD, form_data(
+        schedule_kind=kind, interval_every="30", timezone="Mars/Olympus_Mons",
+    )))
+    assert list(errors) == ["timezone"]
+    assert "unknown time zone 'Mars/Olympus_Mons'" in errors["timezone"][0]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("every", ["0", "-5", ""])
+def test_non_positive_interval_is_refused_on_interval_every(
+    admin_client: Any, app: Any, every: str
+) -> None:
+    errors = form_errors(admin_client.post(ADD, form_data(
+        schedule_kind="interval", interval_every=every,
+    )))
+    assert errors == {"interval_every": ["An interval must be a positive whole number, e.g. 30."]}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("args", '{"x": 1}', "Arguments must be a JSON list"),
+        ("args", '"one"', "Arguments must be a JSON list"),
+        ("args", "[1, 2", "Enter a valid JSON"),
+        ("kwargs", "[1, 2]", "Keyword arguments must be a JSON object"),
+        ("kwargs", "3", "Keyword arguments must be a JSON object"),
+        ("kwargs", "{x: 1}", "Enter a valid JSON"),
+        ("headers", "[]", "Headers must be a JSON object"),
+    ],
+)
+def test_args_and_kwargs_must_be_a_json_list_and_object(
+    admin_client: Any, app: Any, field: str, value: str, message: str
+) -> None:
+    errors = form_errors(admin_client.post(ADD, form_data(**{field: value})))
+    assert list(errors) == [field]
+    assert message in errors[field][0]
+
+
+@pytest.mark.django_db
+def test_one_off_needs_its_instant(admin_client: Any, app: Any) -> None:
+    errors = form_errors(admin_client.post(ADD, form_data(schedule_kind="one_off")))
+    assert list(errors) == ["one_off_at"]
+
+
+@pytest.mark.django_db
+def test_interval_and_one_off_tasks_can_be_added(admin_client: Any, app: Any) -> None:
+    assert admin_client.post(ADD, form_data(
+        name="every-30", schedule_kind="interval", interval_every="30", interval_unit="minutes",
+    )).status_code == 302
+    assert admin_client.post(ADD, form_data(
+        name="once", schedule_kind="one_off", one_off_at_0="2030-01-02", one_off_at_1="03:04:05",
+    )).status_code == 302
+    every = PeriodicTask.objects.get(name="every-30")
+    assert every.interval_anchor is not None
+    assert every.next_slot_at == every.interval_anchor + timedelta(minutes=30)
+    once = PeriodicTask.objects.get(name="once")
+    assert once.next_slot_at == once.one_off_at == datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+@pytest.mark.django_db
+def test_add_page_suggests_registered_tasks_and_zones(admin_client: Any, app: Any) -> None:
+    page = admin_client.get(ADD).content.decode()
+    assert '<option value="tests.add">' in page
+    assert '<option value="Europe/Berlin">' in page
+
+
+@pytest.mark.django_db
+def test_editing_the_schedule_recomputes_next_slot_once_and_wakes_beats(
+    admin_client: Any, app: Any, django_capture_on_commit_callbacks: Any, wakeups: Any
+) -> None:
+    task = interval_task("tick", 10, anchor=T0)
+    change = reverse("admin:celery_driftsafe_periodictask_change", args=[task.pk])
+    wakeups()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = admin_client.post(change, form_data(
+            name="tick", schedule_kind="interval", interval_every="7", timezone="UTC",
+        ))
+    assert response.status_code == 302
+    task.refresh_from_db()
+    now = changes.authority_now()
+    assert task.interval_anchor == T0  # kept: slots stay anchor + k * every
+    assert task.next_slot_at is not None
+    assert (task.next_slot_at - T0) % timedelta(seconds=7) == timedelta(0)
+    assert now - 7 * S < task.next_slot_at <= now + 7 * S
+    assert wakeups() == 1
+    # an edit that leaves the schedule alone leaves the next slot alone
+    before = task.next_slot_at
+    admin_client.post(change, form_data(
+        name="tick", schedule_kind="interval", interval_every="7", timezone="UTC", args="[9]",
+    ))
+    task.refresh_from_db()
+    assert task.args == [9] and task.next_slot_at == before
+
+
+# -- actions ---------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_enable_action_starts_after_now_without_catch_up(
+    admin_client: Any, app: Any, django_capture_on_commit_callbacks: Any, wakeups: Any
+) -> None:
+    old = T0 - timedelta(days=30)
+    task = interval_task("paused", 60, anchor=old, next_slot_at=old)
+    PeriodicTask.objects.filter(pk=task.pk).update(enabled=False, disabled_reason="ops")
+    broken = interval_task("broken", 60, anchor=old)
+    PeriodicTask.objects.filter(pk=broken.pk).update(
+        enabled=False, schedule_kind="crontab", crontab_minute="99"
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        response = action(admin_client, "enable_tasks", [task, broken])
+    now = changes.authority_now()
+    task.refresh_from_db()
+    assert task.enabled and task.disabled_reason == ""
+    assert task.next_slot_at is not None and now - 60 * S < task.next_slot_at <= now + 60 * S
+    assert (task.next_slot_at - old) % timedelta(seconds=60) == timedelta(0)
+    assert not PeriodicTask.objects.get(pk=broken.pk).enabled
+    texts = page_messages(response)
+    assert any("Not enabled, the schedule is invalid: broken" in t for t in texts)
+    assert "Enabled 1 task(s): paused" in texts
+    assert wakeups() == 1
+
+
+@pytest.mark.django_db
+def test_disable_action_records_who_and_wakes_beats(
+    admin_client: Any, app: Any, django_capture_on_commit_callbacks: Any, wakeups: Any
+) -> None:
+    tasks = [interval_task(f"t{i}", 10, anchor=T0) for i in range(3)]
+    wakeups()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = action(admin_client, "disable_tasks", tasks[:2])
+    assert "Disabled 2 task(s)." in page_messages(response)
+    states = dict(PeriodicTask.objects.values_list("name", "enabled"))
+    assert states == {"t0": False, "t1": False, "t2": True}
+    assert PeriodicTask.objects.get(name="t0").disabled_reason == "disabled in the admin by admin"
+    assert wakeups() == 1
+
+
+@pytest.mark.django_db
+def test_reset_schedule_action_drops_the_backlog(
+    admin_client: Any, app: Any, django_capture_on_commit_callbacks: Any, wakeups: Any
+) -> None:
+    task = crontab_task("late", "*/5 * * * *", next_slot_at=T0 - timedelta(days=2))
+    before = changes.authority_now()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = action(admin_client, "reset_schedule", [task])
+    task.refresh_from_db()
+    schedule = Crontab(minute="*/5")
+    assert task.next_slot_at is not None
+    assert schedule.next_after(before) <= task.next_slot_at
+    assert task.next_slot_at <= schedule.next_after(changes.authority_now())
+    assert "Reset the schedule of 1 task(s)." in page_messages(response)
+    assert wakeups() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_now_action_goes_through_the_ledger_and_the_broker(
+    admin_client: Any, app: Any
+) -> None:
+    task = crontab_task("report", "0 3 * * *", args=[4, 5], queue=QUEUE)
+    next_slot = PeriodicTask.objects.get(pk=task.pk).next_slot_at
+    before = changes.authority_now()
+    response = action(admin_client, "run_now", [task])
+    after = changes.authority_now()
+    run = Run.objects.get()
+    assert run.kind == RunKind.MANUAL and run.status == RunStatus.DISPATCHED
+    assert run.slot is not None and before <= run.slot <= after
+    assert run.claimed_at == run.slot and run.dispatched_at is not None
+    assert run.claimed_by == "admin:admin"
+    assert run.celery_task_id == celery_task_id(task.pk, run.slot)
+    [message] = drain(QUEUE)
+    assert message["id"] == run.celery_task_id and message["args"] == [4, 5]
+    assert message[HEADER_RUN_ID] == run.pk and message[HEADER_SLOT] == run.slot.isoformat()
+    assert any("dispatched" in t for t in page_messages(response))
+    # the schedule is untouched, and the run is visible in the ledger
+    assert PeriodicTask.objects.get(pk=task.pk).next_slot_at == next_slot
+    assert f"#{run.pk}" in admin_client.get(RUNS).content.decode()
+    # running again is a new run at a new instant, with its own task id
+    action(admin_client, "run_now", [task])
+    assert Run.objects.count() == 2 and len(drain(QUEUE)) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_now_of_an_unregistered_task_fails_the_run_visibly(
+    admin_client: Any, app: Any
+) -> None:
+    task = interval_task("ghost", 60, anchor=T0, queue=QUEUE)
+    PeriodicTask.objects.filter(pk=task.pk).update(task="tests.gone")
+    response = action(admin_client, "run_now", [task])
+    run = Run.objects.get()
+    assert run.status == RunStatus.FAILED and "'tests.gone' is not registered" in run.error
+    assert any("failed" in t for t in page_messages(response))
+    assert drain(QUEUE) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_now_is_deduplicated_by_task_and_instant(app: Any) -> None:
+    task = interval_task("dup", 60, anchor=T0, queue=QUEUE)
+    clock = FakeClock(T0 + 5 * S)
+    first = manual.run_now(task, clock=clock, actor="test")
+    second = manual.run_now(task, clock=clock, actor="test")
+    assert first.created and first.status == RunStatus.DISPATCHED
+    assert not second.created and second.run_id == first.run_id
+    assert second.celery_task_id == first.celery_task_id
+    assert Run.objects.count() == 1 and len(drain(QUEUE)) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_now_inside_a_transaction_publishes_after_commit(app: Any) -> None:
+    from django.db import transaction
+
+    task = interval_task("atomic", 60, anchor=T0, queue=QUEUE)
+    with transaction.atomic():
+        result = manual.run_now(task, clock=FakeClock(T0), actor="test")
+        assert result.deferred and drain(QUEUE) == []
+    assert [m["id"] for m in drain(QUEUE)] == [result.celery_task_id]
+    assert Run.objects.get().status == RunStatus.DISPATCHED
+
+
+def test_celery_app_from_a_dotted_path() -> None:
+    from celery_driftsafe.conf import ConfigurationError
+
+    loaded = manual.load_celery_app("tests.test_admin:DOTTED_APP")
+    assert loaded is DOTTED_APP is manual.load_celery_app("tests.test_admin.DOTTED_APP")
+    with pytest.raises(ConfigurationError, match="cannot be imported"):
+        manual.load_celery_app("tests.nowhere:app")
+    with pytest.raises(ConfigurationError, match="is not a Celery app"):
+        manual.load_celery_app("tests.settings:TIME_ZONE")
+
+
+# -- list pages ------------------------------------------------------------------------------
+
+
+def _runs(task: PeriodicTask, count: int, *, node: str, start: datetime,
+          status: str = RunStatus.SUCCEEDED) -> list[Run]:
+    return [
+        Run(periodic_task=task, task_name=task.task, slot=start + i * 60 * S, status=status,
+            claimed_by=node, claimed_at=start + i * 60 * S + 1500 * timedelta(milliseconds=1),
+            dispatched_at=start + i * 60 * S + 2 * S, started_at=start + i * 60 * S + 3 * S,
+            finished_at=start + i * 60 * S + 5250 * timedelta(milliseconds=1),
+            celery_task_id=celery_task_id(task.pk, start + i * 60 * S))
+        for i in range(count)
+    ]
+
+
+@pytest.mark.django_db
+@override_settings(TIME_ZONE="Asia/Kolkata")
+def test_task_list_answers_what_runs_next_and_what_ran(admin_client: Any, app: Any) -> None:
+    cron = crontab_task("quarterly", "*/15 * * * *", timezone="Europe/Berlin",
+                        next_slot_at=datetime(2030, 1, 1, 6, 30, tzinfo=UTC))
+    interval_task("five", 300, anchor=T0)
+    Run.objects.bulk_create(_runs(cron, 3, node="beat-a", start=T0, status=RunStatus.FAILED))
+    page = admin_client.get(TASKS).content.decode()
+    assert "Every 15 minutes (Europe/Berlin)" in page  # cron-descriptor
+    assert "every 5 minutes" in page  # the interval's own describe()
+    assert "2030-01-01 12:00:00 IST" in page  # 06:30 UTC in the admin's zone
+    assert "driftsafe-status-failed" in page and "+1.500 s" in page
+    assert 'title="claimed by beat-a"' in page
+    assert "never" in page  # "five" has not run
+
+
+@pytest.mark.django_db
+def test_schedule_falls_back_to_describe_without_cron_descriptor(
+    admin_client: Any, app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    crontab_task("quarterly", "*/15 * * * *", timezone="Europe/Berlin")
+    monkeypatch.setitem(sys.modules, "cron_descriptor", None)  # import fails
+    page = admin_client.get(TASKS).content.decode()
+    assert "every 15 minutes (Europe/Berlin)" in page
+    assert "Every 15 minutes" not in page
+
+
+@pytest.mark.django_db
+def test_task_list_search_and_filters(admin_client: Any, app: Any) -> None:
+    ran = interval_task("ran-and-failed", 60, anchor=T0)
+    interval_task("never-ran", 60, anchor=T0, task="tests.other")
+    off = interval_task("switched-off", 60, anchor=T0)
+    PeriodicTask.objects.filter(pk=off.pk).update(enabled=False)
+    Run.objects.bulk_create(_runs(ran, 2, node="n", start=T0, status=RunStatus.FAILED))
+
+    def names(query: str) -> set[str]:
+        response = admin_client.get(TASKS + query)
+        return {t.name for t in response.context["cl"].result_list}
+
+    assert names("?q=tests.other") == {"never-ran"}
+    assert names("?q=switched") == {"switched-off"}
+    assert names("?enabled__exact=0") == {"switched-off"}
+    assert names("?last_run=failed") == {"ran-and-failed"}
+    assert names("?last_run=never") == {"never-ran", "switched-off"}
+    assert names("?schedule_kind__exact=crontab") == set()
+
+
+@pytest.mark.django_db
+def test_run_list_shows_the_ledger_read_only(admin_client: Any, app: Any) -> None:
+    task = interval_task("tick", 60, anchor=T0)
+    other = interval_task("tock", 60, anchor=T0)
+    Run.objects.bulk_create(_runs(task, 2, node="host-a:1:aa", start=T0))
+    Run.objects.bulk_create(_runs(other, 1, node="host-b:2:bb", start=T0, status="failed"))
+    BeatNode.objects.create(node_id="host-a:1:aa", hostname="host-a", pid=1, started_at=T0,
+                            last_heartbeat_at=T0)
+    page = admin_client.get(RUNS).content.decode()
+    for text in ("tick", "host-a:1:aa", "+1.500 s", "2.250 s", "2026-03-01 12:00:00.000 UTC",
+                 ">12:00:01.500<", ">12:00:05.250<", "driftsafe-status-succeeded"):
+        assert text in page
+    run = Run.objects.filter(task_name="tests.add").first()
+    assert run is not None
+    assert f"/admin/django_celery_results/taskresult/?task_id={run.celery_task_id}" in page
+
+    def count(query: str) -> int:
+        return len(admin_client.get(RUNS + query).context["cl"].result_list)
+
+    assert count("?status__exact=failed") == 1
+    assert count(f"?periodic_task={task.pk}") == 2
+    assert count("?node=host-a:1:aa") == 2
+    assert count("?node=admin") == 0
+    assert count(f"?q={run.celery_task_id}") == 1
+    # read-only: no add, no change, no delete
+    assert admin_client.get(reverse("admin:celery_driftsafe_run_add")).status_code == 403
+    change = reverse("admin:celery_driftsafe_run_change", args=[run.pk])
+    assert admin_client.get(change).status_code == 200  # the view-only page
+    admin_client.post(change, {"status": "claimed"})
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED
+    assert admin_client.post(
+        reverse("admin:celery_driftsafe_run_delete", args=[run.pk]), {"post": "yes"}
+    ).status_code == 403
+
+
+@pytest.mark.django_db
+def test_node_list_shows_liveness_and_highlights_offsets_beyond_the_bound(
+    admin_client: Any, app: Any
+) -> None:
+    now = changes.authority_now()
+    BeatNode.objects.create(
+        node_id="good:1:a", hostname="good", pid=1, started_at=now, last_heartbeat_at=now,
+        clock_offset_seconds=0.004, clock_rtt_seconds=0.0008, clock_measured_at=now,
+    )
+    BeatNode.objects.create(
+        node_id="skewed:2:b", hostname="skewed", pid=2, started_at=now, last_heartbeat_at=now,
+        clock_offset_seconds=-1.3, clock_rtt_seconds=0.002, clock_measured_at=now,
+    )
+    BeatNode.objects.create(
+        node_id="gone:3:c", hostname="gone", pid=3, started_at=now - timedelta(hours=1),
+        last_heartbeat_at=now - timedelta(minutes=5),
+    )
+    BeatNode.objects.create(
+        node_id="quit:4:d", hostname="quit", pid=4, started_at=now, last_heartbeat_at=now,
+        stopped_at=now,
+    )
+    page = admin_client.get(NODES).content.decode()
+    assert page.count("driftsafe-node-alive") == 2
+    assert page.count("driftsafe-node-dead") == 1 and page.count("driftsafe-node-stopped") == 1
+    assert page.count("driftsafe-offset-exceeded") == 1
+    assert "⚠ -1.300 s" in page and "+0.004 s" in page and "0.8 ms (±0.4 ms)" in page
+
+    def names(query: str) -> set[str]:
+        return {n.hostname for n in admin_client.get(NODES + query).context["cl"].result_list}
+
+    assert names("?state=alive") == {"good", "skewed"}
+    assert names("?state=dead") == {"gone"}
+    assert names("?state=stopped") == {"quit"}
+    assert admin_client.get(reverse("admin:celery_driftsafe_beatnode_add")).status_code == 403
+
+
+@pytest.mark.django_db
+def test_list_pages_stay_paginated_and_bounded_with_thousands_of_runs(
+    admin_client: Any, app: Any, django_assert_max_num_queries: Any
+) -> None:
+    tasks = [interval_task(f"task-{i:03d}", 60, anchor=T0) for i in range(120)]
+    for n in range(4):
+        BeatNode.objects.create(node_id=f"node-{n}", hostname=f"host-{n}", pid=n,
+                                started_at=T0, last_heartbeat_at=T0)
+    runs: list[Run] = []
+    for i, task in enumerate(tasks[:30]):
+        runs += _runs(task, 100, node=f"node-{i % 4}", start=T0)
+    Run.objects.bulk_create(runs, batch_size=500)
+    assert Run.objects.count() == 3000
+    admin_client.get(TASKS)  # the session and user are loaded once
+    for url, rows in ((TASKS, 100), (TASKS + "?p=2", 20), (RUNS, 100), (RUNS + "?p=29", 100),
+                      (RUNS + "?status__exact=succeeded&node=node-1", 100), (NODES, 4),
+                      (TASKS + "?last_run=succeeded", 30)):
+        with django_assert_max_num_queries(8):
+            response = admin_client.get(url)
+        assert response.status_code == 200
+        assert len(response.context["cl"].result_list) == rows, url
+    assert 'class="paginator"' in admin_client.get(RUNS).content.decode()

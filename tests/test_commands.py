@@ -1,0 +1,283 @@
+"""The operations commands: ``driftsafe_status`` and ``driftsafe_import``."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.schedules import crontab, schedule
+from django.conf import settings
+from django.core.management import CommandError, call_command, execute_from_command_line
+from django.test import override_settings
+
+from celery_driftsafe import changes, manual
+from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus, TaskSource
+from tests.factories import interval_task
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+#: A second Celery app, for ``driftsafe_import --app`` (not made the current app).
+OTHER_APP = Celery("commands-tests-other", set_as_current=False)
+OTHER_APP.conf.beat_schedule = {"other-app-task": {"task": "other.task", "schedule": 60.0}}
+
+
+@pytest.fixture
+def app(broker_app: Any) -> Iterator[Any]:
+    manual.set_celery_app(broker_app)
+    broker_app.conf.timezone = "Europe/Berlin"
+    yield broker_app
+    manual.set_celery_app(None)
+
+
+def run(*args: str) -> str:
+    out = io.StringIO()
+    call_command(*args, stdout=out, no_color=True)
+    return out.getvalue()
+
+
+# -- driftsafe_status ------------------------------------------------------------------------
+
+
+def _node(name: str, now: datetime, *, age: float = 0.0, offset: float | None = 0.01,
+          **fields: Any) -> BeatNode:
+    return BeatNode.objects.create(
+        node_id=f"{name}:1:ab", hostname=name, pid=1, started_at=now - timedelta(hours=1),
+        last_heartbeat_at=now - timedelta(seconds=age), clock_offset_seconds=offset,
+        clock_rtt_seconds=0.002 if offset is not None else None, **fields,
+    )
+
+
+@pytest.mark.django_db
+def test_status_exits_2_when_no_node_is_alive() -> None:
+    now = changes.authority_now()
+    _node("old", now, age=3600)
+    _node("quit", now, stopped_at=now)
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="no beat node is alive") as raised:
+        call_command("driftsafe_status", stdout=out, no_color=True)
+    assert raised.value.returncode == 2
+    text = out.getvalue()
+    assert "0 alive of 2" in text and " dead " in text and " stopped " in text
+
+
+@pytest.mark.django_db(transaction=True)  # run_from_argv closes the connections
+def test_status_exit_status_through_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        execute_from_command_line(["manage.py", "driftsafe_status", "--no-color"])
+    assert exited.value.code == 2
+    assert "(none registered)" in capsys.readouterr().out
+    _node("up", changes.authority_now())
+    execute_from_command_line(["manage.py", "driftsafe_status", "--no-color"])  # no exit
+
+
+@pytest.mark.django_db
+def test_status_reports_nodes_offsets_due_counts_and_failures() -> None:
+    now = changes.authority_now()
+    _node("steady", now, offset=0.004)
+    _node("skewed", now, offset=-1.3)
+    _node("paused", now, offset=None, claiming_paused_reason="clock offset absurd")
+    _node("gone", now, age=120)
+    due = interval_task("due", 60, anchor=T0, next_slot_at=now - timedelta(minutes=3))
+    interval_task("soon", 60, anchor=T0, next_slot_at=now + timedelta(seconds=20))
+    later = interval_task("later", 60, anchor=T0, next_slot_at=now + timedelta(hours=1))
+    PeriodicTask.objects.filter(pk=later.pk).update(enabled=False)
+    Run.objects.create(periodic_task=due, task_name="tests.add", slot=now - timedelta(hours=1),
+                       status=RunStatus.FAILED, claimed_by="steady:1:ab",
+                       error="ZeroDivisionError: division by zero\ntraceback…")
+    Run.objects.create(periodic_task=due, task_name="tests.add", slot=now - timedelta(days=3),
+                       status=RunStatus.FAILED, error="too old to list")
+    Run.objects.create(periodic_task=due, task_name="tests.add", slot=now - timedelta(hours=2),
+                       status=RunStatus.CLAIMED)
+    text = run("driftsafe_status")
+    assert "3 alive of 4" in text
+    assert "+0.004 s ±1.0 ms" in text
+    assert "-1.300 s ±1.0 ms  EXCEEDS BOUND" in text
+    assert "PAUSED: clock offset absurd" in text
+    assert "2 enabled, 1 disabled; due now 1" in text and "due within a minute 1" in text
+    assert "runs claimed but not yet dispatched: 1" in text
+    assert "failed or missed runs since" in text and ": 1\n" in text
+    assert "tests.add" in text and "ZeroDivisionError: division by zero" in text
+    assert "too old to list" not in text and "traceback" not in text
+
+    data = json.loads(run("driftsafe_status", "--json", "--since", "100"))
+    assert data["alive"] == 3 and data["due_now"] == 1 and data["failure_count"] == 2
+    skewed = next(n for n in data["nodes"] if n["hostname"] == "skewed")
+    assert skewed["offset_exceeds_bound"] is True and skewed["state"] == "alive"
+    assert data["recent_failures"][0]["error"] == "ZeroDivisionError: division by zero"
+
+
+class EveryOther(schedule):  # type: ignore[misc]
+    """A custom Celery schedule class: not something the import can translate."""
+
+
+# -- driftsafe_import: beat_schedule ---------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_import_beat_schedule_dry_run_then_idempotent_import(app: Any) -> None:
+    app.conf.beat_schedule = {
+        "every-30": {"task": "tests.add", "schedule": 30.0, "args": (1, 2),
+                     "options": {"queue": "fast"}},
+        "nightly": {"task": "tests.add", "schedule": crontab(minute=30, hour=2)},
+        "unknown-task": {"task": "tests.unknown", "schedule": timedelta(minutes=5)},
+    }
+    text = run("driftsafe_import", "--source", "beat_schedule", "--dry-run")
+    assert "would create every-30 (beat_schedule)" in text
+    assert "warning: task 'tests.unknown' is not registered" in text
+    assert "dry run, nothing written: 3 create" in text
+    assert not PeriodicTask.objects.exists()
+
+    assert "3 create" in run("driftsafe_import", "--source", "beat_schedule")
+    every = PeriodicTask.objects.get(name="every-30")
+    assert (every.interval_every, every.args, every.queue) == (30, [1, 2], "fast")
+    assert every.source == TaskSource.BEAT_SCHEDULE and every.next_slot_at is not None
+    nightly = PeriodicTask.objects.get(name="nightly")
+    assert (nightly.crontab_minute, nightly.crontab_hour, nightly.timezone) == (
+        "30", "2", "Europe/Berlin")
+    state = list(PeriodicTask.objects.values_list("name", "interval_anchor", "next_slot_at"))
+
+    assert "3 unchanged" in run("driftsafe_import", "--source", "beat_schedule")
+    assert list(PeriodicTask.objects.values_list("name", "interval_anchor", "next_slot_at")) == (
+        state)
+
+
+@pytest.mark.django_db
+def test_import_updates_beat_schedule_rows_but_keeps_admin_rows(app: Any) -> None:
+    app.conf.beat_schedule = {"every-30": {"task": "tests.add", "schedule": 30.0}}
+    run("driftsafe_import", "--source", "beat_schedule")
+    interval_task("mine", 60, anchor=T0)
+    app.conf.beat_schedule = {
+        "every-30": {"task": "tests.add", "schedule": 45.0},
+        "mine": {"task": "tests.add", "schedule": 10.0, "args": [1, 2]},
+    }
+    text = run("driftsafe_import", "--source", "beat_schedule")
+    assert "update       every-30 (beat_schedule): changes interval_every" in text
+    assert "kept         mine (beat_schedule): differs in interval_every; it is managed in " \
+        "the database" in text
+    assert PeriodicTask.objects.get(name="every-30").interval_every == 45
+    assert PeriodicTask.objects.get(name="mine").interval_every == 60
+
+
+@pytest.mark.django_db
+def test_import_reports_entries_it_cannot_import_and_exits_1(app: Any) -> None:
+    app.conf.beat_schedule = {
+        "fine": {"task": "tests.add", "schedule": 10.0},
+        "half-second": {"task": "tests.add", "schedule": 0.5},
+        "custom": {"task": "tests.add", "schedule": EveryOther(timedelta(seconds=10))},
+        "opaque-args": {"task": "tests.add", "schedule": 10.0, "args": (object(),)},
+    }
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="3 task"):
+        call_command("driftsafe_import", "--source", "beat_schedule", stdout=out, no_color=True)
+    text = out.getvalue()
+    assert "error        half-second" in text and "positive whole number of seconds" in text
+    assert "error        custom" in text and "EveryOther schedules are not supported" in text
+    assert "error        opaque-args" in text and "args/kwargs must be JSON" in text
+    assert list(PeriodicTask.objects.values_list("name", flat=True)) == ["fine"]
+
+
+# -- driftsafe_import: django-celery-beat ----------------------------------------------------
+
+
+@pytest.fixture
+def celery_beat() -> Iterator[Any]:
+    """django-celery-beat installed for the test, with its tables created and dropped after."""
+    pytest.importorskip("django_celery_beat", reason="django-celery-beat is not installed")
+    from django.apps import apps
+    from django.contrib import admin
+    from django.db import connection
+
+    registered = dict(admin.site._registry)  # re-populating the apps autodiscovers its admin
+    try:
+        with override_settings(INSTALLED_APPS=[*settings.INSTALLED_APPS, "django_celery_beat"]):
+            from django_celery_beat import models
+
+            tables = list(apps.get_app_config("django_celery_beat").get_models())
+            with connection.schema_editor() as editor:
+                for model in tables:
+                    editor.create_model(model)
+            try:
+                yield models
+            finally:
+                with connection.schema_editor() as editor:
+                    for model in reversed(tables):
+                        editor.delete_model(model)
+    finally:
+        admin.site._registry.clear()
+        admin.site._registry.update(registered)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_import_django_celery_beat_tasks_idempotently(app: Any, celery_beat: Any) -> None:
+    m = celery_beat
+    last_run = datetime(2026, 2, 1, 8, 0, 7, tzinfo=UTC)
+    ten_minutes = m.IntervalSchedule.objects.create(every=10, period="minutes")
+    workdays = m.CrontabSchedule.objects.create(minute="30", hour="7", day_of_week="1-5",
+                                                timezone="Europe/Berlin")
+    when = m.ClockedSchedule.objects.create(clocked_time=datetime(2030, 5, 1, 9, tzinfo=UTC))
+    m.PeriodicTask.objects.create(name="poll", task="tests.add", interval=ten_minutes,
+                                  args="[1, 2]", kwargs='{"z": 3}', queue="q",
+                                  expire_seconds=60, last_run_at=last_run)
+    m.PeriodicTask.objects.create(name="morning", task="tests.add", crontab=workdays,
+                                  enabled=False)
+    m.PeriodicTask.objects.create(name="launch", task="tests.add", clocked=when, one_off=True)
+    sun = m.SolarSchedule.objects.create(event="sunset", latitude=52.5, longitude=13.4)
+    m.PeriodicTask.objects.create(name="dusk", task="tests.add", solar=sun)
+    m.PeriodicTask.objects.create(name="bad-json", task="tests.add", interval=ten_minutes,
+                                  args="[1,")
+    m.PeriodicTask.objects.create(name="once-interval", task="tests.add", interval=ten_minutes,
+                                  one_off=True)
+
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="3 task"):
+        call_command("driftsafe_import", "--source", "django_celery_beat", "--dry-run",
+                     stdout=out, no_color=True)
+    text = out.getvalue()
+    assert "would create poll (django_celery_beat)" in text
+    assert "solar schedules are not supported" in text and "args is not valid JSON" in text
+    assert "one_off with an interval or crontab schedule is not supported" in text
+    assert not PeriodicTask.objects.exists()
+
+    with pytest.raises(CommandError):
+        call_command("driftsafe_import", "--source", "django_celery_beat", stdout=io.StringIO())
+    poll = PeriodicTask.objects.get(name="poll")
+    assert (poll.interval_every, poll.interval_unit, poll.interval_anchor) == (
+        10, "minutes", last_run)
+    assert (poll.args, poll.kwargs, poll.queue, poll.expires_seconds) == ([1, 2], {"z": 3}, "q",
+                                                                         60.0)
+    assert poll.source == TaskSource.DATABASE
+    assert poll.next_slot_at is not None
+    assert (poll.next_slot_at - last_run) % timedelta(minutes=10) == timedelta(0)
+    morning = PeriodicTask.objects.get(name="morning")
+    assert (morning.crontab_minute, morning.crontab_hour, morning.crontab_day_of_week,
+            morning.timezone, morning.enabled) == ("30", "7", "1-5", "Europe/Berlin", False)
+    launch = PeriodicTask.objects.get(name="launch")
+    assert launch.schedule_kind == "one_off" and launch.next_slot_at == when.clocked_time
+    assert PeriodicTask.objects.count() == 3
+
+    # again: nothing changes; an edited source row is kept unless --update is given
+    m.PeriodicTask.objects.filter(name__in=["dusk", "bad-json", "once-interval"]).delete()
+    assert "3 unchanged" in run("driftsafe_import", "--source", "django_celery_beat")
+    m.PeriodicTask.objects.filter(name="poll").update(queue="slow")
+    text = run("driftsafe_import", "--source", "django_celery_beat")
+    assert "kept         poll (django_celery_beat): differs in queue; use --update" in text
+    assert PeriodicTask.objects.get(name="poll").queue == "q"
+    assert "1 update" in run("driftsafe_import", "--source", "django_celery_beat", "--update")
+    updated = PeriodicTask.objects.get(name="poll")
+    assert updated.queue == "slow" and updated.next_slot_at == poll.next_slot_at
+
+
+@pytest.mark.django_db
+def test_import_from_django_celery_beat_needs_it_installed(app: Any) -> None:
+    with pytest.raises(CommandError, match="django_celery_beat is not in INSTALLED_APPS"):
+        call_command("driftsafe_import", "--source", "django_celery_beat")
+    assert "django_celery_beat is not installed: skipped" in run("driftsafe_import")
+    # another app than the project's, named on the command line
+    text = run("driftsafe_import", "--app", "tests.test_commands:OTHER_APP", "--dry-run",
+               "--source", "beat_schedule")
+    assert "would create other-app-task (beat_schedule)" in text
+    assert "warning: task 'other.task' is not registered" in text
