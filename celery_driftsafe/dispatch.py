@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import Case, F, Q, Value, When
 
 from celery_driftsafe.claim import ClaimedRun
 from celery_driftsafe.clock import Clock
@@ -117,8 +117,13 @@ class Dispatcher:
         now = self.clock.now()
         runs = Run.objects.using(self.using)
         if result.published:
-            runs.filter(pk__in=result.published, status=RunStatus.CLAIMED).update(
-                status=RunStatus.DISPATCHED, dispatched_at=now
+            # A fast worker may have started the run already: keep its status, stamp the time.
+            runs.filter(pk__in=result.published, dispatched_at__isnull=True).update(
+                dispatched_at=now,
+                status=Case(
+                    When(status=RunStatus.CLAIMED, then=Value(RunStatus.DISPATCHED)),
+                    default=F("status"),
+                ),
             )
         for run_id, reason in result.failed.items():
             logger.error("run %s failed before publishing: %s", run_id, reason,

@@ -305,3 +305,21 @@ def test_broker_outage_leaves_runs_claimed_for_the_outbox(
         assert "stay claimed for the outbox" in caplog.text
     finally:
         sched.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_started_before_it_was_marked_keeps_status_and_gets_dispatch_time(
+    scheduler: DriftSafeScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    interval_task("add", 10, anchor=T0, next_slot_at=T0)
+    real_record = scheduler.dispatcher._record
+
+    def worker_was_faster(result: Any) -> None:
+        Run.objects.update(status=RunStatus.STARTED)  # a worker started it meanwhile
+        real_record(result)
+
+    monkeypatch.setattr(scheduler.dispatcher, "_record", worker_was_faster)
+    scheduler.run_round()
+    run = Run.objects.get()
+    assert run.status == RunStatus.STARTED
+    assert run.dispatched_at == T0
