@@ -1,16 +1,19 @@
 """Settings of the example project.
 
-SQLite by default; PostgreSQL with one variable::
+SQLite by default (``EXAMPLE_SQLITE_PATH``, default ``example.sqlite3`` beside manage.py);
+PostgreSQL with one variable::
 
     EXAMPLE_DATABASE=postgres://postgres@127.0.0.1:5432/driftsafe_example
 
-Redis (locks, wake-ups, broker) from ``EXAMPLE_REDIS_URL`` (default redis://127.0.0.1:6379).
+Redis from ``EXAMPLE_REDIS_URL`` (default redis://127.0.0.1:6379): celery_driftsafe's locks and
+wake-ups use database ``EXAMPLE_REDIS_DB`` (default 0), the Celery broker the next one.
 """
 
 import os
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import django
 from celery.schedules import crontab
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -57,12 +60,19 @@ STATIC_URL = "static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 
+# Several beats and a worker write to one SQLite file: wait for its lock rather than fail, and
+# take the lock at BEGIN (Django 5.1+) so that two writers never deadlock upgrading it.
+_SQLITE_OPTIONS: dict[str, object] = {"timeout": 30}
+if django.VERSION >= (5, 1):
+    _SQLITE_OPTIONS["transaction_mode"] = "IMMEDIATE"
+
+
 def _database(url: str | None) -> dict[str, object]:
     if not url:
         return {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": os.environ.get("EXAMPLE_SQLITE_PATH", str(BASE_DIR / "example.sqlite3")),
-            "OPTIONS": {"timeout": 30},
+            "OPTIONS": _SQLITE_OPTIONS,
         }
     parts = urlsplit(url)
     if parts.scheme not in ("postgres", "postgresql"):
@@ -80,20 +90,24 @@ def _database(url: str | None) -> dict[str, object]:
 DATABASES = {"default": _database(os.environ.get("EXAMPLE_DATABASE"))}
 _on_sqlite = DATABASES["default"]["ENGINE"].endswith("sqlite3")
 
-REDIS_URL = os.environ.get("EXAMPLE_REDIS_URL", "redis://127.0.0.1:6379")
+REDIS_URL = os.environ.get("EXAMPLE_REDIS_URL", "redis://127.0.0.1:6379").rstrip("/")
+REDIS_DB = int(os.environ.get("EXAMPLE_REDIS_DB", "0"))
 
 # celery_driftsafe: one dict, every key documented in docs/reference/settings.md.
 DRIFTSAFE = {
-    "REDIS_URL": f"{REDIS_URL}/0",
+    "REDIS_URL": f"{REDIS_URL}/{REDIS_DB}",
     "KEY_PREFIX": "example",
     # SQLite has no server clock shared by processes; Redis TIME is the authority then.
     "TIME_AUTHORITY": "redis" if _on_sqlite else "database",
 }
 
-CELERY_BROKER_URL = f"{REDIS_URL}/1"
-CELERY_RESULT_BACKEND = "django-db"
+CELERY_BROKER_URL = f"{REDIS_URL}/{REDIS_DB + 1}"
+CELERY_RESULT_BACKEND = "django-db"  # django-celery-results: results in the admin too
+CELERY_RESULT_EXTENDED = True  # store task names and arguments with the results
 CELERY_BEAT_SCHEDULER = "celery_driftsafe.scheduler:DriftSafeScheduler"
 CELERY_TIMEZONE = "UTC"
+# Mirrored into celery_driftsafe's PeriodicTask table when a beat starts; more tasks can be
+# added in the admin (the demo adds two the same way).
 CELERY_BEAT_SCHEDULE = {
     "heartbeat-every-2s": {"task": "shop.tasks.heartbeat", "schedule": 2.0},
     "report-every-minute": {
