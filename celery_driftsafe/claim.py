@@ -233,7 +233,7 @@ class SkipLockedClaimer(_BaseClaimer):
         result = ClaimResult()
         with transaction.atomic(using=self.using):
             tasks = list(
-                self._due(now).select_for_update(skip_locked=True, of=("self",))[
+                self._due(now).select_for_update(skip_locked=True)[
                     : self.batch_size
                 ]
             )

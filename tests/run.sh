@@ -67,6 +67,23 @@ if [ ${#apt_missing[@]} -gt 0 ]; then
     || echo "WARNING: could not install ${apt_missing[*]}; tests that need them will skip, saying why"
 fi
 
+# MySQL/MariaDB pass (integration tests, not end-to-end): when a server runs or can be started.
+MYSQL_PASS=0
+if ! port_open 127.0.0.1 3306 && command -v mariadbd >/dev/null; then
+  echo "starting MariaDB"
+  as_root start-stop-daemon --start --oknodo --background --exec "$(command -v mariadbd)" || true
+  wait_port 127.0.0.1 3306 || true
+fi
+if port_open 127.0.0.1 3306; then
+  if ! "$PY" -c "import MySQLdb" 2>/dev/null; then
+    command -v mariadb_config >/dev/null || command -v mysql_config >/dev/null \
+      || { as_root apt-get install -y -qq libmariadb-dev pkg-config >/dev/null 2>&1 || true; }
+    "$PY" -m pip install -q -e '.[test,mysql]' || true
+  fi
+  "$PY" -c "import MySQLdb" 2>/dev/null && MYSQL_PASS=1
+fi
+[ "$MYSQL_PASS" = 1 ] || echo "NOTE: no MySQL/MariaDB on 127.0.0.1:3306 (or no mysqlclient): skipping the MySQL pass"
+
 say "ruff"
 "$VENV/bin/ruff" check .
 say "mypy"
@@ -77,3 +94,7 @@ say "pytest on SQLite"
 DRIFTSAFE_TEST_DB=sqlite "$PY" -m pytest "$@"
 say "pytest on PostgreSQL"
 DRIFTSAFE_TEST_DB=postgres "$PY" -m pytest -m "not pure" "$@"
+if [ "$MYSQL_PASS" = 1 ]; then
+  say "pytest on MySQL/MariaDB (integration, not end-to-end)"
+  DRIFTSAFE_TEST_DB=mysql "$PY" -m pytest -m "not pure and not e2e" "$@"
+fi

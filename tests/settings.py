@@ -73,6 +73,18 @@ if TEST_DB == "postgres":
             },
         }
     }
+elif TEST_DB == "mysql":
+    # MySQL 8 / MariaDB 10.6+ (needs mysqlclient): not part of tests/run.sh yet.
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": os.environ.get("DRIFTSAFE_TEST_MYSQL_NAME", "driftsafe"),
+            "USER": os.environ.get("DRIFTSAFE_TEST_MYSQL_USER", "root"),
+            "HOST": os.environ.get("DRIFTSAFE_TEST_MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("DRIFTSAFE_TEST_MYSQL_PORT", "3306"),
+            "TEST": {"NAME": f"test_driftsafe_{os.getpid()}"},
+        }
+    }
 elif TEST_DB == "sqlite":
     DATABASES = {
         "default": {
@@ -91,12 +103,12 @@ elif TEST_DB == "sqlite":
         # Take the write lock at BEGIN: no lock-upgrade deadlocks between claiming beats.
         DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
 else:
-    raise RuntimeError(f"DRIFTSAFE_TEST_DB={TEST_DB!r}: use 'sqlite' or 'postgres'")
+    raise RuntimeError(f"DRIFTSAFE_TEST_DB={TEST_DB!r}: use 'sqlite', 'postgres' or 'mysql'")
 
 DRIFTSAFE = {
     "REDIS_URL": REDIS_URL,
     "KEY_PREFIX": "driftsafe-test",
-    "TIME_AUTHORITY": "database" if TEST_DB == "postgres" else "redis",
+    "TIME_AUTHORITY": "redis" if TEST_DB == "sqlite" else "database",
 }
 
 CELERY_BROKER_URL = "memory://"
