@@ -159,7 +159,7 @@ class _BaseClaimer:
             Run.objects.using(self.using).bulk_create(rows)
             if fired and not connections[self.using].features.can_return_rows_from_bulk_insert:
                 self._fetch_ids(fired)
-        result.runs.extend(_claimed(task, run) for task, run in fired)
+        result.runs.extend(claimed_run(run, task) for task, run in fired)
         result.runs.sort(key=lambda r: (r.slot, r.run_id))
 
     def _fetch_ids(self, fired: list[tuple[PeriodicTask, Run]]) -> None:
@@ -196,17 +196,19 @@ class _BaseClaimer:
             task.run_count = (task.run_count or 0) + len(plan.fire)
 
 
-def _claimed(task: PeriodicTask, run: Run) -> ClaimedRun:
+def claimed_run(run: Run, task: PeriodicTask | None) -> ClaimedRun:
+    """What publishing ``run`` needs: the run's identity, its task's arguments and options
+    (none when the periodic task was deleted meanwhile)."""
     return ClaimedRun(
         run_id=run.pk,
-        periodic_task_id=task.pk,
-        task_name=task.task,
+        periodic_task_id=run.periodic_task_id,
+        task_name=run.task_name,
         slot=run.slot,
         celery_task_id=run.celery_task_id,
         fencing_token=run.fencing_token,
-        args=list(task.args or []),
-        kwargs=dict(task.kwargs or {}),
-        options=publish_options(task),
+        args=list(task.args or []) if task else [],
+        kwargs=dict(task.kwargs or {}) if task else {},
+        options=publish_options(task) if task else {},
     )
 
 
@@ -413,14 +415,5 @@ def reclaim_stale(
             run.pk, run.task_name, run.slot, run.claimed_by,
             extra={"action": "reclaim", "task": run.task_name, "slot": run.slot, "node": node_id},
         )
-        taken.append(
-            ClaimedRun(
-                run_id=run.pk, periodic_task_id=run.periodic_task_id, task_name=run.task_name,
-                slot=run.slot, celery_task_id=run.celery_task_id,
-                fencing_token=run.fencing_token,
-                args=list(task.args or []) if task else [],
-                kwargs=dict(task.kwargs or {}) if task else {},
-                options=publish_options(task) if task else {},
-            )
-        )
+        taken.append(claimed_run(run, task))
     return taken

@@ -33,7 +33,7 @@ from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
-from celery_driftsafe.claim import ClaimedRun, celery_task_id, publish_options
+from celery_driftsafe.claim import celery_task_id, claimed_run
 from celery_driftsafe.clock import AuthorityClock, Clock, authority_from_settings
 from celery_driftsafe.conf import ConfigurationError, get_settings
 from celery_driftsafe.dispatch import Dispatcher, DispatchResult
@@ -153,11 +153,7 @@ def run_now(
             celery_task_id=task_id, created=False,
             status=existing.status if existing else RunStatus.CLAIMED,
         )
-    claimed = ClaimedRun(
-        run_id=run.pk, periodic_task_id=task.pk, task_name=task.task, slot=slot,
-        celery_task_id=task_id, fencing_token=run.fencing_token, args=list(task.args or []),
-        kwargs=dict(task.kwargs or {}), options=publish_options(task),
-    )
+    claimed = claimed_run(run, task)
     dispatcher = Dispatcher(app, clock, using=using)
     logger.info(
         "run now of %s (slot %s) by %s", task.name, slot, actor,
