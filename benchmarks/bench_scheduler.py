@@ -3,7 +3,8 @@ evenly over the minute, so N/60 slots fall due each second), K beats, a fixed wi
 
     python benchmarks/bench_scheduler.py --tasks 10000 100000 --beats 1 2 --seconds 60
 
-Prints one table row per (tasks, beats): start-up time (launch -> first dispatch), sustained
+Prints one table row per (tasks, beats): start-up time (process launch -> node registered and
+ready to claim), sustained
 dispatches/s, dispatch lateness (dispatched_at - slot, authority time) p50/p99/max, slots due
 in the window that were not dispatched in it, the beats' peak RSS and CPU, and statements per
 claim round (measured separately with Django's query capture on a 500-task round).
@@ -61,17 +62,64 @@ def _lateness(db: str, since: object, until: object) -> tuple[list[float], int, 
     return [float(r[0]) for r in rows], stuck, due_not_done
 
 
-def _first_dispatch(db: str) -> object:
+def _shift(db: str, delta: timedelta) -> None:
     with psycopg.connect(host="127.0.0.1", user="postgres", dbname=db) as conn:
-        return conn.execute("SELECT min(dispatched_at) FROM celery_driftsafe_run").fetchone()[0]
+        conn.execute(
+            "UPDATE celery_driftsafe_periodictask SET interval_anchor = interval_anchor + %s, "
+            "next_slot_at = next_slot_at + %s",
+            (delta, delta),
+        )
+
+
+def _first_ready(db: str) -> object:
+    """When the first beat had registered its node: start-up done, ready to claim."""
+    with psycopg.connect(host="127.0.0.1", user="postgres", dbname=db) as conn:
+        return conn.execute("SELECT min(started_at) FROM celery_driftsafe_beatnode").fetchone()[0]
+
+
+def burst(tasks: int, beats: int) -> tuple[float, float]:
+    """Capacity: every task due at the same instant; how long until all are dispatched?"""
+    with tempfile.TemporaryDirectory() as tmp:
+        run = E2ERun("postgresql", Path(tmp))
+        try:
+            parked = real_now() + timedelta(hours=1)
+            run.tool("bulk_seed", {"count": tasks, "every": 3600, "start": parked.isoformat(),
+                                   "spread": False})
+            start = real_now() + timedelta(seconds=3)
+            _shift(run.db_name, start - parked)
+            for _ in range(beats):
+                run.start_beat(0.0)
+            done = None
+            while done is None and real_now() < start + timedelta(seconds=600):
+                time.sleep(0.5)
+                with run.broker.pipeline(transaction=True) as pipe:
+                    pipe.delete(run.queue)
+                    pipe.execute()
+                with psycopg.connect(host="127.0.0.1", user="postgres", dbname=run.db_name) as c:
+                    left, last = c.execute(
+                        "SELECT count(*) FILTER (WHERE status <> 'dispatched'), "
+                        "max(dispatched_at) FROM celery_driftsafe_run"
+                    ).fetchone()
+                    count = c.execute("SELECT count(*) FROM celery_driftsafe_run").fetchone()[0]
+                if count == tasks and left == 0:
+                    done = last
+            run.stop()
+        finally:
+            run.close()
+    elapsed = (done - start).total_seconds() if done else float("nan")
+    return elapsed, tasks / elapsed
 
 
 def bench(tasks: int, beats: int, seconds: float) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         run = E2ERun("postgresql", Path(tmp))
         try:
+            # Seed an hour ahead (seeding 100k rows takes a while), then move every slot so the
+            # first ones fall due 3 s after the beats start: no backlog from the set-up.
+            parked = real_now() + timedelta(hours=1)
+            run.tool("bulk_seed", {"count": tasks, "every": 60, "start": parked.isoformat()})
             start = real_now() + timedelta(seconds=3)
-            run.tool("bulk_seed", {"count": tasks, "every": 60, "start": start.isoformat()})
+            _shift(run.db_name, start - parked)
             launched = real_now()
             for _ in range(beats):
                 run.start_beat(0.0)
@@ -89,7 +137,7 @@ def bench(tasks: int, beats: int, seconds: float) -> dict[str, object]:
                     if beat.process.poll() is None:
                         rss, used = _proc_stats(beat.process.pid)
                         peak_rss, cpu[i] = max(peak_rss, rss), used
-            first = _first_dispatch(run.db_name)
+            first = _first_ready(run.db_name)
             late, stuck, behind = _lateness(run.db_name, start, window_end - timedelta(seconds=2))
             run.stop()
             late.sort()
@@ -146,6 +194,8 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--beats", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--burst", action="store_true",
+                        help="also measure capacity: all tasks due at one instant")
     args = parser.parse_args()
     print(f"statements per 500-task claim round: {queries_per_round()}")
     header = (f"{'tasks':>7} {'beats':>5} {'start s':>7} {'due':>7} {'sent':>7} {'sent/s':>7} "
@@ -158,6 +208,13 @@ def main() -> None:
                   f"{r['dispatched']:>7} {r['per_s']:>7.0f} {r['p50']:>6.3f} {r['p99']:>6.3f} "
                   f"{r['max']:>6.3f} {r['behind']:>6} {r['rss_mb']:>6.0f} {r['cpu_s']:>6.1f}",
                   flush=True)
+    if args.burst:
+        print("\ncapacity: every task due at one instant")
+        print(f"{'tasks':>7} {'beats':>5} {'drained in s':>12} {'dispatches/s':>12}")
+        for tasks in args.tasks:
+            for beats in args.beats:
+                elapsed, rate = burst(tasks, beats)
+                print(f"{tasks:>7} {beats:>5} {elapsed:>12.1f} {rate:>12.0f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,8 @@ def main(command: str) -> None:
         count, every = spec["count"], spec["every"]
         rows = []
         for i in range(count):
-            anchor = start + timedelta(seconds=every * i / count)
+            offset = every * i / count if spec.get("spread", True) else 0
+            anchor = start + timedelta(seconds=offset)
             rows.append(PeriodicTask(
                 name=f"bench-{i:06d}", task="e2e.tick", schedule_kind="interval",
                 interval_every=every, interval_unit="seconds", interval_anchor=anchor,
