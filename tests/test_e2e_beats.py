@@ -113,7 +113,7 @@ def test_skewed_beats_fire_every_slot_exactly_once_never_early(tmp_path: Path) -
         print("nodes:", [(n["node_id"], n["offset"], n["rtt"]) for n in dump["nodes"]])
         alive = [i for i in range(len(offsets)) if i != killed]
         for i in alive:
-            assert codes[f"beat-{i}"] == 0, run.logs()
+            assert codes[f"beat-{i}"] == 0, f"exit codes {codes} (None: no exit)\n{run.logs()}"
         assert "Traceback" not in run.logs(), run.logs()
         synced = [t for t in dump["tasks"] if t["source"] == "beat_schedule"]
         assert len(synced) == 1, "beat_schedule entry created more than once"

@@ -222,7 +222,7 @@ class E2ERun:
         codes: dict[str, int | None] = {}
         for i, beat in enumerate(self.beats):
             try:
-                codes[f"beat-{i}"] = beat.process.wait(timeout=15)
+                codes[f"beat-{i}"] = beat.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 beat.process.kill()
                 codes[f"beat-{i}"] = None
