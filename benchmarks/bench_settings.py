@@ -1,0 +1,59 @@
+"""Django settings of the side-by-side benchmark (``benchmarks/compare.py``).
+
+django-celery-beat and celery_driftsafe are installed together, so every scheduler runs from
+the same project, the same Celery app and the same PostgreSQL server. Everything specific to
+one trial comes from the environment, set by :mod:`benchmarks.peers`:
+
+``BENCH_DB``              the trial's own PostgreSQL database
+``BENCH_STORE_URL``       Redis for RedBeat's schedule and celery_driftsafe's locks/wake-ups
+``BENCH_BROKER_URL``      the broker (a Redis database no test uses)
+``BENCH_PREFIX``          key prefix of the trial (RedBeat keys, driftsafe keys)
+``BENCH_QUEUE``           the trial's queue: the recorder pops it
+``BENCH_MAX_LOOP``        tuned runs only: ``beat_max_loop_interval`` (seconds)
+``BENCH_REDBEAT_LOCK``    tuned runs only: ``redbeat_lock_timeout`` (seconds)
+
+Nothing else is set, so each scheduler runs with its shipped defaults.
+"""
+
+from __future__ import annotations
+
+import os
+
+SECRET_KEY = "benchmark-only-not-secret"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django_celery_beat",
+    "celery_driftsafe",
+]
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ.get("BENCH_DB", "driftsafe_bench"),
+        "USER": os.environ.get("DRIFTSAFE_TEST_PG_USER", "postgres"),
+        "HOST": os.environ.get("DRIFTSAFE_TEST_PG_HOST", "127.0.0.1"),
+        "PORT": os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432"),
+    }
+}
+_PREFIX = os.environ.get("BENCH_PREFIX", "dsbench")
+_STORE = os.environ.get("BENCH_STORE_URL", "redis://127.0.0.1:6379/9")
+
+DRIFTSAFE = {
+    "REDIS_URL": _STORE,
+    "KEY_PREFIX": f"{_PREFIX}:driftsafe",
+    "TIME_AUTHORITY": "database",
+}
+
+CELERY_BROKER_URL = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/9")
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("BENCH_QUEUE", f"{_PREFIX}:queue")
+CELERY_TIMEZONE = "UTC"
+CELERY_REDBEAT_REDIS_URL = _STORE
+CELERY_REDBEAT_KEY_PREFIX = f"{_PREFIX}:redbeat:"
+if os.environ.get("BENCH_MAX_LOOP"):
+    CELERY_BEAT_MAX_LOOP_INTERVAL = int(os.environ["BENCH_MAX_LOOP"])
+if os.environ.get("BENCH_REDBEAT_LOCK"):
+    CELERY_REDBEAT_LOCK_TIMEOUT = int(os.environ["BENCH_REDBEAT_LOCK"])

@@ -1,0 +1,311 @@
+"""Side-by-side benchmark: celery_driftsafe against django-celery-beat and RedBeat.
+
+Runs each scenario for each scheduler in turn, on this machine, in one run, with the same
+schedules; prints the tables and writes docs/comparison.md with PNG plots under
+docs/_static/comparison/ (and the raw results as results.json beside them).
+
+    bash benchmarks/compare.sh                 # everything, published sizes (~40 min)
+    bash benchmarks/compare.sh --quick         # every scenario, small sizes (~5 min)
+    bash benchmarks/compare.sh --scenarios scale --tasks 10000 --no-docs
+
+Scenarios: skew (duplicates, misses and timing with K = 1, 2, 3 skewed beats), failover
+(SIGKILL the publishing beat; peers as shipped and tuned), scale (1k/10k/100k entries on
+PostgreSQL), edits (schedule edit propagation to running beats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.bench_settings")
+
+from benchmarks import report, scenarios  # noqa: E402
+from benchmarks.peers import PEERS  # noqa: E402
+from benchmarks.trial import Disturbed, Services, pg_exec  # noqa: E402
+
+SCENARIOS = ("skew", "failover", "scale", "edits")
+DISTS = ("celery-driftsafe", "celery", "kombu", "Django", "django-celery-beat",
+         "celery-redbeat", "redis", "psycopg")
+SCALE_WINDOWS = {1_000: 60.0, 10_000: 90.0, 100_000: 150.0}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("--quick", action="store_true",
+                        help="every scenario at small sizes and short windows (smoke run)")
+    parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    parser.add_argument("--peers", nargs="+", choices=list(PEERS), default=list(PEERS))
+    parser.add_argument("--beats", type=int, nargs="+", default=None,
+                        help="K values of the skew scenario (default 1 2 3)")
+    parser.add_argument("--skew-seconds", type=float, default=None,
+                        help="seconds of due slots per skew run (default 45)")
+    parser.add_argument("--tasks", type=int, nargs="+", default=None,
+                        help="entry counts of the scale scenario (default 1000 10000 100000)")
+    parser.add_argument("--scale-seconds", type=float, default=None,
+                        help="window of every scale run (default 60/90/150 s by size)")
+    parser.add_argument("--failover-after", type=float, default=None,
+                        help="seconds watched after the kill: the bound (default 45)")
+    parser.add_argument("--edits", type=int, default=None, help="edits per run (default 6)")
+    parser.add_argument("--no-tuned", action="store_true", help="skip the tuned failover runs")
+    parser.add_argument("--docs", type=Path, default=None,
+                        help="where comparison.md and _static/comparison/ go (default docs/; "
+                        "with --quick a temporary folder, so the published page is kept)")
+    parser.add_argument("--no-docs", action="store_true", help="print the tables only")
+    parser.add_argument("--report-only", type=Path, metavar="RESULTS_JSON",
+                        help="rebuild tables and docs from a saved results.json, run nothing")
+    parser.add_argument("--merge", type=Path, metavar="RESULTS_JSON",
+                        help="re-run only --scenarios (every peer) and replace those in a saved "
+                        "results.json, e.g. scale when the machine is quieter")
+    return parser
+
+
+def _plan(args: argparse.Namespace) -> dict[str, Any]:
+    quick = args.quick
+    tasks = args.tasks or ([2_000] if quick else [1_000, 10_000, 100_000])
+    windows = {t: args.scale_seconds or (12.0 if quick else SCALE_WINDOWS.get(t, 120.0))
+               for t in tasks}
+    return {
+        "beats": args.beats or ([1, 3] if quick else [1, 2, 3]),
+        "skew_seconds": args.skew_seconds or (6.0 if quick else 45.0),
+        "tasks": tasks, "windows": windows, "settle": 4.0 if quick else 10.0,
+        "failover_before": 4.0 if quick else 15.0,
+        "failover_after": args.failover_after or (6.0 if quick else 45.0),
+        "tuned": not (args.no_tuned or quick),
+        "edits": args.edits or (2 if quick else 6), "edit_spacing": 2.5 if quick else 5.0,
+    }
+
+
+def _machine(redis_url: str) -> dict[str, str]:
+    cpu = "unknown"
+    with open("/proc/cpuinfo") as info:
+        for line in info:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as info:
+        kb = int(next(line for line in info if line.startswith("MemTotal")).split()[1])
+    pretty = platform.system()
+    if Path("/etc/os-release").exists():
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                pretty = line.split("=", 1)[1].strip('"')
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    redis_version = client.info("server")["redis_version"]
+    client.close()
+    postgres = pg_exec("SELECT version()")[0][0].split(" on ")[0]
+    return {"cpu": cpu, "cores": str(os.cpu_count()), "memory": f"{kb / 1024 / 1024:.0f} GiB",
+            "os": f"{pretty}, Linux {platform.release()}", "python": platform.python_version(),
+            "postgres": postgres, "redis": str(redis_version)}
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for dist in DISTS:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def _limits(results: dict[str, Any], own_redis: bool) -> list[str]:
+    limits = [
+        "Statements per second: pg_stat_statements is not loaded on this PostgreSQL server "
+        "(it needs a server restart, and the server is shared), so database load is given "
+        "as transactions, rows read and rows written per second from pg_stat_database. With "
+        "Django's autocommit each django-celery-beat query is its own transaction; a "
+        "celery_driftsafe claim is several statements in one transaction.",
+    ]
+    if not own_redis:
+        limits.append("redis-server was not found, so broker and store shared one Redis "
+                      "database and the store command counts include the broker's traffic.")
+    for r in results.get("failover", []):
+        if r["gap"] is None:
+            ttl = r.get("lock_ttl_at_kill")
+            extra = (f" RedBeat's lock had {ttl:.0f} s to live at the kill; a standby tries "
+                     "to take it once per beat_max_loop_interval (300 s as shipped), so the "
+                     f"expected gap is {ttl:.0f}-{ttl + 300:.0f} s." if ttl else "")
+            limits.append(
+                f"Failover of {report.LABELS[r['peer']]} "
+                f"({'tuned' if r['tuned'] else 'as shipped'}): no firing within the "
+                f"{r['after']:.0f} s bound, so the gap is only known to exceed it.{extra}"
+            )
+    for r in results.get("scale", []):
+        if not report._finished(r):
+            limits.append(
+                f"Scale, {report.LABELS[r['peer']]} at {r['tasks']:,} entries: did not finish, "
+                f"{100 * r['sent_fraction']:.1f}% of the slots due in the window were sent "
+                f"within the {r['seconds']:.0f} s bound"
+                + ("" if r["alive_at_end"] else " (the beat process had exited)") + "."
+            )
+    for r in results.get("errors", []):
+        limits.append(f"{r['scenario']} / {report.LABELS.get(r['peer'], r['peer'])}: the run "
+                      f"failed ({r['error']}).")
+    return limits
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    plan = _plan(args)
+    peers = [PEERS[key] for key in args.peers]
+    started = datetime.now(UTC)
+    began = time.time()
+    results: dict[str, Any] = {s: [] for s in SCENARIOS}
+    results["errors"] = []
+    load: dict[str, list[float]] = {}
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    def attempt(scenario: str, peer_key: str, call: Any) -> None:
+        before, began = os.getloadavg()[0], time.time()
+        for tries in (1, 2):
+            try:
+                results[scenario].append(call())
+            except Disturbed as exc:
+                if tries == 1:
+                    log(f"  {peer_key}: {exc}; running it again")
+                    continue
+                results["errors"].append({"scenario": scenario, "peer": peer_key,
+                                          "error": str(exc)})
+            except Exception as exc:
+                traceback.print_exc()
+                results["errors"].append({"scenario": scenario, "peer": peer_key,
+                                          "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+            break
+        load.setdefault(scenario, []).extend([before, os.getloadavg()[0]])
+        log(f"    ({time.time() - began:.0f} s, load {before:.2f} -> {os.getloadavg()[0]:.2f})")
+
+    with tempfile.TemporaryDirectory(prefix="dsbench-") as tmp:
+        services = Services(Path(tmp))
+        try:
+            if "skew" in args.scenarios:
+                log(f"\n== skew: K = {plan['beats']}, {plan['skew_seconds']:.0f} s each")
+                for k in plan["beats"]:
+                    for peer in peers:
+                        attempt("skew", peer.key, lambda p=peer, k=k: scenarios.skew(
+                            services, p, k, plan["skew_seconds"], log))
+            if "failover" in args.scenarios:
+                log(f"\n== failover: bound {plan['failover_after']:.0f} s after the kill")
+                for peer in peers:
+                    for tuned in (False, True):
+                        if tuned and (not plan["tuned"] or not peer.tuned):
+                            continue
+                        attempt("failover", peer.key, lambda p=peer, t=tuned: scenarios.failover(
+                            services, p, t, plan["failover_before"], plan["failover_after"],
+                            log))
+            if "scale" in args.scenarios:
+                log(f"\n== scale: {plan['tasks']} entries, windows {plan['windows']}")
+                for tasks in plan["tasks"]:
+                    for peer in peers:
+                        attempt("scale", peer.key, lambda p=peer, n=tasks: scenarios.scale(
+                            services, p, n, plan["windows"][n], plan["settle"], log))
+            if "edits" in args.scenarios:
+                log(f"\n== edits: {plan['edits']} per scheduler")
+                for peer in peers:
+                    attempt("edits", peer.key, lambda p=peer: scenarios.edits(
+                        services, p, plan["edits"], plan["edit_spacing"], log))
+            machine = _machine(services.broker_url)
+        finally:
+            own_redis = services.own_redis
+            services.close()
+
+    results["meta"] = {
+        "quick": args.quick, "machine": machine, "versions": _versions(),
+        "started": started.strftime("%Y-%m-%d %H:%M UTC"),
+        "finished": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "duration_min": (time.time() - began) / 60,
+        "command": " ".join(["bash benchmarks/compare.sh", *sys.argv[1:]]),
+        "peers": {p.key: {"shipped": p.shipped_note, "tuned": p.tuned_note} for p in peers},
+        "offsets": list(scenarios.OFFSETS),
+        "skew": {"entries": 30, "seconds": plan["skew_seconds"]},
+        "failover": {"before": plan["failover_before"], "after": plan["failover_after"]},
+        "scale": {"windows": {str(k): v for k, v in plan["windows"].items()},
+                  "settle": plan["settle"]},
+        "edits": {"count": plan["edits"], "spacing": plan["edit_spacing"]},
+        "load": {k: (min(v), max(v)) for k, v in load.items()},
+        "slot_mismatches": sum(r.get("slot_mismatches", 0)
+                               for s in ("skew", "scale") for r in results[s]),
+    }
+    results["meta"]["limits"] = _limits(results, own_redis)
+    return results
+
+
+def _merge(saved: dict[str, Any], fresh: dict[str, Any], rerun: list[str]) -> dict[str, Any]:
+    """``saved`` with the scenarios in ``rerun`` replaced by ``fresh`` ones (all peers of a
+    scenario are always measured together, so every table stays side by side)."""
+    merged = dict(saved)
+    meta = dict(saved["meta"])
+    earlier = dict(saved.get("earlier", {}))
+    for scenario in rerun:
+        # the replaced measurement stays in the page, marked as such: nothing is dropped
+        earlier[scenario] = {"rows": saved[scenario], "started": saved["meta"]["started"],
+                             "load": saved["meta"]["load"].get(scenario)}
+        merged[scenario] = fresh[scenario]
+        meta["load"] = {**meta["load"], **{k: v for k, v in fresh["meta"]["load"].items()
+                                           if k == scenario}}
+        for key in ("scale", "skew", "failover", "edits"):
+            if key == scenario:
+                meta[key] = fresh["meta"][key]
+    merged["errors"] = [e for e in saved.get("errors", []) if e["scenario"] not in rerun] \
+        + fresh.get("errors", [])
+    meta["rerun"] = [*meta.get("rerun", []), {
+        "scenarios": rerun, "started": fresh["meta"]["started"],
+        "finished": fresh["meta"]["finished"], "command": fresh["meta"]["command"]}]
+    meta["slot_mismatches"] = sum(r.get("slot_mismatches", 0)
+                                  for s in ("skew", "scale") for r in merged[s])
+    merged["meta"] = meta
+    merged["earlier"] = earlier
+    meta["limits"] = _limits(merged, "redis-server was not found" not in " ".join(
+        fresh["meta"]["limits"]))
+    return merged
+
+
+def main() -> None:
+    args = _parser().parse_args()
+    if args.report_only:
+        results = json.loads(args.report_only.read_text())
+    elif args.merge:
+        results = _merge(json.loads(args.merge.read_text()), run(args), args.scenarios)
+    else:
+        results = run(args)
+    print(report.tables(results))
+    lines = report.ratios(results)
+    if lines:
+        print("\n== ratios (celery_driftsafe against each peer)")
+        print("\n".join(f"- {line}" for line in lines))
+    limits = results["meta"]["limits"]
+    if limits:
+        print("\n== not measured / bounds hit")
+        print("\n".join(f"- {line}" for line in limits))
+    if not args.no_docs:
+        if args.docs is None:
+            quick = results["meta"]["quick"]
+            args.docs = Path(tempfile.gettempdir()) / "dsbench-quick-docs" if quick \
+                else ROOT / "docs"
+        static = args.docs / report.STATIC
+        static.mkdir(parents=True, exist_ok=True)
+        if not args.report_only:
+            (static / "results.json").write_text(json.dumps(results, indent=1))
+        page = report.write_docs(results, args.docs)
+        print(f"\nwrote {page} and plots under {static}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,296 @@
+"""The five scenarios of the comparison. Each function runs one scheduler once and returns a
+plain dict of results (JSON-ready; :mod:`benchmarks.report` turns them into tables and plots).
+
+All times are true time (this process's clock, epoch seconds) unless named otherwise.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from benchmarks.peers import Entry, Peer
+from benchmarks.recorder import (
+    Schedule,
+    Tally,
+    match_in_order,
+    match_nearest,
+    origin_pid,
+    percentile,
+    percentile_bounded,
+)
+from benchmarks.trial import Services, Trial
+
+#: Wall-clock offsets of the beats, in start order: beat k of a K-beat run has OFFSETS[k].
+#: The first beat started is the fast one, so a scheduler with one active beat (RedBeat's
+#: lock holder) runs on a clock 0.7 s ahead, as happens whenever that beat's host leads.
+OFFSETS = (0.7, -1.3, 0.0)
+#: Wait after the first beat printed its start-up banner before starting the others, so that
+#: the first beat is the one that takes RedBeat's lock.
+BANNER_WAIT = 1.0
+
+Log = Callable[[str], None]
+
+
+def _at(seconds_from_now: float) -> datetime:
+    return datetime.now(UTC) + timedelta(seconds=seconds_from_now)
+
+
+def _sleep_until(instant: float) -> None:
+    time.sleep(max(0.0, instant - time.time()))
+
+
+def _schedules(entries: list[Entry]) -> dict[int, Schedule]:
+    return {e.index: Schedule(e.first_due.timestamp(), e.every) for e in entries}
+
+
+def _timing(tally: Tally) -> dict[str, Any]:
+    late = [o for o in tally.offsets if o >= 0]
+    early = [-o for o in tally.offsets if o < 0]
+    return {
+        "due": tally.due, "fired": tally.fired, "duplicates": tally.duplicates,
+        "missed": tally.missed, "messages": len(tally.offsets), "early": len(early),
+        "early_p50": percentile(early, 50) if early else 0.0,
+        "early_p99": percentile(early, 99) if early else 0.0,
+        "early_max": max(early, default=0.0),
+        "late_p50": percentile(late, 50), "late_p99": percentile(late, 99),
+        "late_max": max(late, default=float("nan")),
+        "slot_mismatches": tally.slot_mismatches,
+    }
+
+
+def _lead(beats: int) -> float:
+    """Seconds from seeding to the first due instant: time for ``beats`` beats to start."""
+    return 5.0 + 1.2 * beats
+
+
+def _start_beats(trial: Trial, count: int) -> None:
+    for i, offset in enumerate(OFFSETS[:count]):
+        trial.start_beat(offset, wait_banner=BANNER_WAIT if i == 0 else 0.0)
+
+
+def _publishers(trial: Trial, stamps: list[Any]) -> list[float]:
+    """Offsets of the beats that published at least one of ``stamps`` (messages)."""
+    pids = {origin_pid(m.origin) for m in stamps}
+    return [b.offset for b in trial.beats if b.pid in pids]
+
+
+# -- 1 and 2: duplicates, misses and dispatch timing under skew --------------------------------
+
+def skew(services: Services, peer: Peer, beats: int, seconds: float, log: Log) -> dict[str, Any]:
+    """``beats`` beats skewed by OFFSETS, 30 entries every 4-6 s, ``seconds`` of due instants."""
+    trial = Trial(services, peer)
+    try:
+        first = _at(_lead(beats))
+        entries = [Entry(i, 4 + i % 3, first + timedelta(seconds=0.13 * i)) for i in range(30)]
+        trial.seed(entries)
+        _start_beats(trial, beats)
+        start = first.timestamp()
+        end = start + seconds
+        _sleep_until(end + 2.5)
+        trial.stop()
+        trial.check_undisturbed()
+        tally = match_nearest(trial.recorder.messages, _schedules(entries), start, end)
+        result = {
+            "peer": peer.key, "beats": beats, "seconds": seconds,
+            "offsets": [b.offset for b in trial.beats],
+            "measured_offsets": [round(b.measured_offset, 3) for b in trial.beats],
+            "publishing_beats": _publishers(trial, trial.recorder.messages),
+            **_timing(tally),
+            "sample": [round(o, 4) for o in tally.offsets],
+        }
+        log(f"  {peer.label:<20} K={beats}: due {tally.due}, dup {tally.duplicates}, "
+            f"missed {tally.missed}, early {result['early']} (max {result['early_max']:.3f} s), "
+            f"late p99 {result['late_p99']:.3f} s")
+        return result
+    finally:
+        trial.close()
+
+
+# -- 3: failover ----------------------------------------------------------------------------
+
+def failover(services: Services, peer: Peer, tuned: bool, before: float, after: float,
+             log: Log) -> dict[str, Any]:
+    """Three skewed beats, 40 entries every 4 s (one due instant every 0.1 s); after
+    ``before`` seconds SIGKILL the beat that published last, watch ``after`` seconds more."""
+    trial = Trial(services, peer, tuned=tuned)
+    try:
+        first = _at(_lead(3))
+        entries = [Entry(i, 4, first + timedelta(seconds=0.1 * i)) for i in range(40)]
+        trial.seed(entries)
+        _start_beats(trial, 3)
+        start = first.timestamp()
+        _sleep_until(start + before)
+        recent = max(trial.recorder.messages, key=lambda m: m.stamp, default=None)
+        victim = trial.beat_by_pid(origin_pid(recent.origin) if recent else None) \
+            or trial.beats[0]
+        lock_ttl = trial.lock_ttl()
+        killed = trial.kill(victim)
+        _sleep_until(killed + after)
+        trial.stop()
+        trial.check_undisturbed()
+        messages = trial.recorder.messages
+        bound = killed + after
+        schedules = _schedules(entries)
+        before_kill = match_nearest(messages, schedules, start, killed)
+        after_kill = match_nearest([m for m in messages if m.stamp <= bound], schedules,
+                                   killed, bound - 3.0)
+        next_stamps = sorted(m.stamp for m in messages if killed < m.stamp <= bound)
+        normal = sorted(m.stamp for m in messages if start <= m.stamp < killed)
+        spacing = [b - a for a, b in itertools.pairwise(normal)]
+        result = {
+            "peer": peer.key, "tuned": tuned, "before": before, "after": after,
+            "victim_offset": victim.offset,
+            "lock_ttl_at_kill": lock_ttl,
+            "gap": (next_stamps[0] - killed) if next_stamps else None,
+            "normal_spacing_p99": percentile(spacing, 99),
+            "due_after": after_kill.due, "lost": after_kill.missed,
+            # the worst-served slot after the kill: its first message - its due instant
+            "late_after_max": max(after_kill.first_offsets, default=float("nan")),
+            "duplicates_before": before_kill.duplicates,
+            "duplicates_after": after_kill.duplicates,
+            "due_before": before_kill.due, "missed_before": before_kill.missed,
+            "timeline": [round(m.stamp - killed, 3) for m in messages
+                         if start <= m.stamp <= bound],
+        }
+        gap = f"{result['gap']:.2f} s" if result["gap"] is not None else f"> {after:.0f} s"
+        log(f"  {peer.label:<20} {'tuned' if tuned else 'shipped':<7}: gap {gap}, lost "
+            f"{after_kill.missed}/{after_kill.due} in {after:.0f} s, duplicates before/after "
+            f"{before_kill.duplicates}/{after_kill.duplicates}")
+        return result
+    finally:
+        trial.close()
+
+
+# -- 4: scale ---------------------------------------------------------------------------------
+
+def scale(services: Services, peer: Peer, tasks: int, seconds: float, settle: float,
+          log: Log) -> dict[str, Any]:
+    """One beat, ``tasks`` entries every 60 s whose first due instants are spread evenly over
+    the minute after launch (tasks/60 slots due per second from the start); a bounded window
+    of ``seconds``. Lateness and the sustained rate are taken after ``settle`` seconds."""
+    trial = Trial(services, peer)
+    try:
+        pad = 5.0 + tasks * 0.3e-3  # seeding time, measured: ~0.2 ms per entry
+        launch_at = _at(pad)
+        entries = [Entry(i, 60, launch_at + timedelta(seconds=60.0 * i / tasks))
+                   for i in range(tasks)]
+        seeded_in = trial.seed(entries)
+        launch = launch_at.timestamp()
+        overran = max(0.0, time.time() - launch)
+        _sleep_until(launch)
+        c0 = trial.counters()
+        beat = trial.start_beat(0.0)
+        end = launch + seconds
+        _sleep_until(end)
+        c1 = trial.counters()
+        cpu = beat.cpu
+        alive = beat.process.poll() is None
+        trial.stop()
+        trial.check_undisturbed()
+        messages = [m for m in trial.recorder.messages if m.stamp <= end]
+        schedules = _schedules(entries)
+        whole = match_in_order(messages, schedules, launch, end - 2.0)
+        steady = match_in_order(messages, schedules, launch + settle, end - 2.0)
+        elapsed = c1.at - c0.at
+        first = min((m.stamp for m in messages), default=None)
+        stamps = sorted(m.stamp for m in messages)
+        # the longest stretch without a single send, once sending started
+        pause = max((b - a for a, b in itertools.pairwise([*stamps, end])), default=None)
+        sustained = sum(1 for m in messages if m.stamp >= launch + settle) / (seconds - settle)
+        # a slot still unsent at the end is at least (end - due) late
+        unsent = [end - t for t in steady.missed_at]
+        p50, p50_bound = percentile_bounded(steady.offsets, unsent, 50)
+        p99, p99_bound = percentile_bounded(steady.offsets, unsent, 99)
+        worst, worst_bound = percentile_bounded(steady.offsets, unsent, 100)
+        result = {
+            "peer": peer.key, "tasks": tasks, "seconds": seconds, "settle": settle,
+            "seeded_in": seeded_in, "seed_overran": overran, "alive_at_end": alive,
+            "due_rate": tasks / 60.0,
+            "due": whole.due, "sent": whole.fired,
+            "sent_fraction": whole.fired / whole.due if whole.due else float("nan"),
+            "startup": (first - launch) if first is not None else None,
+            "longest_pause": pause,
+            "sustained": sustained,
+            "late_p50": p50, "late_p50_at_least": p50_bound,
+            "late_p99": p99, "late_p99_at_least": p99_bound,
+            "late_max": worst, "late_max_at_least": worst_bound,
+            "steady_due": steady.due, "steady_sent": steady.fired,
+            "cpu_percent": 100.0 * cpu / seconds,
+            "rss_mb": beat.peak_rss_kb / 1024,
+            "db_xacts_per_s": (c1.xacts - c0.xacts) / elapsed,
+            "db_rows_read_per_s": (c1.rows_read - c0.rows_read) / elapsed,
+            "db_rows_written_per_s": (c1.rows_written - c0.rows_written) / elapsed,
+            "store_commands_per_s": (c1.store_commands - c0.store_commands) / elapsed,
+            "slot_mismatches": whole.slot_mismatches,
+        }
+        log(f"  {peer.label:<20} {tasks:>7}: sent {whole.fired}/{whole.due} "
+            f"({100 * result['sent_fraction']:.1f}%), start-up "
+            f"{result['startup'] if first is None else round(result['startup'], 2)} s, "
+            f"{sustained:.0f}/s, p99 {result['late_p99']:.3f} s, CPU "
+            f"{result['cpu_percent']:.0f}%, RSS {result['rss_mb']:.0f} MB")
+        return result
+    finally:
+        trial.close()
+
+
+# -- 5: schedule edits ------------------------------------------------------------------------
+
+def edits(services: Services, peer: Peer, count: int, spacing: float, log: Log) -> dict[str, Any]:
+    """Three skewed beats; 20 background entries every 60 s; ``count`` idle entries (every
+    3600 s) are edited one after another to run every 1 s, ``spacing`` seconds apart."""
+    trial = Trial(services, peer)
+    try:
+        seeded = datetime.now(UTC)
+        first = _at(_lead(3))
+        background = [Entry(i, 60, first + timedelta(seconds=3.0 * i)) for i in range(20)]
+        targets = [Entry(100 + j, 3600, seeded + timedelta(seconds=3600)) for j in range(count)]
+        trial.seed(background + targets)
+        _start_beats(trial, 3)
+        start = first.timestamp() + 2.0
+        plan = [{"index": t.index, "every": 1,
+                 "at": datetime.fromtimestamp(start + spacing * j, UTC).isoformat()}
+                for j, t in enumerate(targets)]
+        done = trial.set_intervals(plan)
+        _sleep_until(time.time() + 6.0)
+        trial.stop()
+        trial.check_undisturbed()
+        firsts, all_beats, raw, beats_firing = [], [], [], []
+        for edit in done:
+            edited = datetime.fromisoformat(edit["edited_at"]).timestamp()
+            due = max(edited, datetime.fromisoformat(edit["due_at"]).timestamp()
+                      if edit["due_at"] else edited)
+            after = sorted((m for m in trial.recorder.messages
+                            if m.index == edit["index"] and m.stamp >= edited - 0.5),
+                           key=lambda m: m.stamp)
+            if not after:
+                firsts.append(None)
+                continue
+            raw.append(after[0].stamp - edited)
+            firsts.append(after[0].stamp - due)
+            per_beat: dict[str, float] = {}
+            for m in after:
+                per_beat.setdefault(m.origin, m.stamp)
+            beats_firing.append(len(per_beat))
+            all_beats.append(max(per_beat.values()) - due)
+        ok = [f for f in firsts if f is not None]
+        result = {
+            "peer": peer.key, "count": count,
+            "edit_to_first_p50": statistics.median(raw) if raw else None,
+            "edit_to_first_max": max(raw, default=None),
+            "first_late_p50": statistics.median(ok) if ok else None,
+            "first_late_max": max(ok, default=None),
+            "all_beats_max": max(all_beats, default=None),
+            "beats_firing": max(beats_firing, default=0),
+            "never_fired": sum(1 for f in firsts if f is None),
+            "delays": [round(f, 3) if f is not None else None for f in firsts],
+        }
+        log(f"  {peer.label:<20}: edit -> first firing p50 {result['edit_to_first_p50']}, "
+            f"late vs due max {result['first_late_max']}, all beats {result['all_beats_max']}")
+        return result
+    finally:
+        trial.close()
