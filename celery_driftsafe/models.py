@@ -58,6 +58,10 @@ class TaskSource(models.TextChoices):
     BEAT_SCHEDULE = "beat_schedule", "Celery beat_schedule"
 
 
+#: Stands in for an interval anchor not stored yet, where only the schedule's shape matters
+#: (validation, descriptions); never used to compute a real slot.
+STAND_IN_ANCHOR = datetime(2000, 1, 1, tzinfo=UTC)
+
 _UNIT_SECONDS = {"seconds": 1, "minutes": 60, "hours": 3600, "days": 86400}
 
 
@@ -168,7 +172,7 @@ class PeriodicTask(models.Model):
             errors["headers"] = "Headers must be a JSON object."
         try:
             # An interval's anchor is stored on first claim; any aware instant validates it.
-            self.build_schedule(anchor=datetime(2000, 1, 1, tzinfo=UTC))
+            self.build_schedule(anchor=STAND_IN_ANCHOR)
         except ScheduleError as exc:
             errors[SCHEDULE_FIELDS.get(exc.field, "schedule_kind")] = str(exc)
         if errors:

@@ -21,7 +21,7 @@ from django.utils.safestring import SafeString
 from celery_driftsafe.clock import authority_from_settings
 from celery_driftsafe.conf import ConfigurationError
 from celery_driftsafe.exceptions import ClockError, ScheduleError
-from celery_driftsafe.models import PeriodicTask, RunStatus, ScheduleKind
+from celery_driftsafe.models import STAND_IN_ANCHOR, PeriodicTask, RunStatus, ScheduleKind
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,6 @@ STATUS_COLOURS: dict[str, str] = {
     RunStatus.SKIPPED: "#777777",
     RunStatus.MISSED: "#c77700",
 }
-_STANDIN_ANCHOR = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 def read_authority() -> datetime | None:
@@ -189,7 +188,7 @@ def _cron_description(expression: str) -> str | None:
 def describe_schedule(task: PeriodicTask) -> str:
     """Human-readable schedule: cron-descriptor for crontabs when installed, else the
     schedule's own ``describe()``. Raises :class:`ScheduleError` for a broken schedule."""
-    schedule = task.build_schedule(anchor=_STANDIN_ANCHOR)
+    schedule = task.build_schedule(anchor=STAND_IN_ANCHOR)
     if task.schedule_kind == ScheduleKind.CRONTAB:
         expression = " ".join(
             str(getattr(task, f"crontab_{name}")).strip()
