@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import Case, F, Value, When
 
 from celery_driftsafe.claim import ClaimedRun
 from celery_driftsafe.clock import Clock
@@ -128,6 +128,6 @@ class Dispatcher:
         for run_id, reason in result.failed.items():
             logger.error("run %s failed before publishing: %s", run_id, reason,
                          extra={"action": "dispatch-failed", "run": run_id})
-            runs.filter(Q(pk=run_id) & Q(status=RunStatus.CLAIMED)).update(
+            runs.filter(pk=run_id, status=RunStatus.CLAIMED).update(
                 status=RunStatus.FAILED, finished_at=now, error=reason
             )

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Task
 from django.db import IntegrityError
-from django.db.models import F, Q
+from django.db.models import F
 
 from celery_driftsafe.clock import AuthorityClock, authority_from_settings
 from celery_driftsafe.conf import get_settings
@@ -419,7 +419,7 @@ def _publish_idempotent(
         headers = dict(options.pop("headers", None) or {})
         headers.update({HEADER_RUN_ID: run.pk, HEADER_FENCING_TOKEN: 0})
         Task.apply_async(task, args, kwargs, task_id=task_id, headers=headers, **options)
-        _runs().filter(Q(pk=run.pk) & Q(status="claimed")).update(
+        _runs().filter(pk=run.pk, status="claimed").update(
             status="dispatched", dispatched_at=authority_clock().now()
         )
     return task.AsyncResult(task_id)
