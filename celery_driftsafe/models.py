@@ -174,13 +174,13 @@ class PeriodicTask(models.Model):
             # An interval's anchor is stored on first claim; any aware instant validates it.
             self.build_schedule(anchor=STAND_IN_ANCHOR)
         except ScheduleError as exc:
-            errors[SCHEDULE_FIELDS.get(exc.field, "schedule_kind")] = str(exc)
+            errors[SCHEDULE_ERROR_FIELDS.get(exc.field, "schedule_kind")] = str(exc)
         if errors:
             raise ValidationError(errors)
 
 
 #: Which model field holds each schedule field named by :class:`ScheduleError`.
-SCHEDULE_FIELDS = {
+SCHEDULE_ERROR_FIELDS = {
     "every": "interval_every",
     "anchor": "interval_anchor",
     "minute": "crontab_minute",
