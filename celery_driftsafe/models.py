@@ -45,6 +45,8 @@ class RunStatus(models.TextChoices):
     FAILED = "failed", "Failed"
     SKIPPED = "skipped", "Skipped"
     MISSED = "missed", "Missed"
+    EXPIRED = "expired", "Expired"
+    REVOKED = "revoked", "Revoked"
 
 
 class RunKind(models.TextChoices):
@@ -224,6 +226,19 @@ class Run(models.Model):
     )
     worker = models.CharField(max_length=255, blank=True)
     error = models.TextField(blank=True)
+    message = models.JSONField(
+        default=dict, blank=True,
+        help_text="What the run is published with, captured at claim time: args, kwargs and "
+                  "publish options. The outbox re-publishes exactly this.",
+    )
+    expires_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="The run's message expires at this instant of the time authority.",
+    )
+    retry_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="A refused publish is tried again at this instant (backoff).",
+    )
 
     class Meta:
         ordering = ["-slot", "-id"]
