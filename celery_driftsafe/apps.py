@@ -13,7 +13,7 @@ class DriftSafeConfig(AppConfig):
     def ready(self) -> None:
         from django.core import checks
         from django.core.signals import setting_changed
-        from django.db.models.signals import post_delete, post_save, pre_save
+        from django.db.models.signals import post_delete, post_save
 
         from celery_driftsafe import changes, conf
         from celery_driftsafe import checks as driftsafe_checks
@@ -22,7 +22,6 @@ class DriftSafeConfig(AppConfig):
         setting_changed.connect(conf.clear_cache, dispatch_uid="driftsafe-settings-cache")
         checks.register(driftsafe_checks.check_settings, checks.Tags.compatibility)
         checks.register(driftsafe_checks.check_database, checks.Tags.database)
-        pre_save.connect(changes.before_save, sender=PeriodicTask, dispatch_uid="driftsafe-pre")
         post_save.connect(changes.after_change, sender=PeriodicTask, dispatch_uid="driftsafe-post")
         post_delete.connect(
             changes.after_change, sender=PeriodicTask, dispatch_uid="driftsafe-delete"

@@ -1,7 +1,7 @@
 """Schedule edits: recompute a task's next slot once, and wake every beat.
 
-Connected in :meth:`DriftSafeConfig.ready` to ``pre_save`` / ``post_save`` / ``post_delete``
-of :class:`~celery_driftsafe.models.PeriodicTask`:
+:func:`prepare_save` runs in ``PeriodicTask.save()``; :func:`after_change` is connected in
+:meth:`DriftSafeConfig.ready` to ``post_save`` / ``post_delete``:
 
 * a new task gets its interval anchor (the authority's now, unless given) and its first slot
   strictly after the authority's now (a one-off: its instant);
@@ -21,12 +21,13 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.core.exceptions import ValidationError
+from django.db import router, transaction
 
 from celery_driftsafe.clock import authority_from_settings
 from celery_driftsafe.conf import get_settings
-from celery_driftsafe.exceptions import ClockError, ScheduleError
-from celery_driftsafe.models import PeriodicTask, ScheduleKind
+from celery_driftsafe.exceptions import ClockError
+from celery_driftsafe.models import CLAIM_FIELDS, PeriodicTask, ScheduleKind
 from celery_driftsafe.redis_client import channel, get_redis
 
 logger = logging.getLogger(__name__)
@@ -43,30 +44,65 @@ def authority_now(using: str = "default") -> datetime:
     return authority_from_settings(using=using).read()
 
 
-def first_slot(task: PeriodicTask, now: datetime) -> datetime | None:
-    """The slot a new, edited or re-enabled task starts at: the first one after ``now``.
+def first_slot(
+    task: PeriodicTask, now: datetime, *, after: datetime | None = None,
+    taken: Iterable[datetime] = (),
+) -> datetime | None:
+    """The slot a new, edited or re-enabled task starts at: the first one after ``now`` and
+    after ``after`` (the latest slot that already has a run), so that it never lands on a slot
+    that fired.
 
-    A one-off that has not fired yet keeps its instant even when it lies in the past, so that
-    it still fires (subject to its misfire policy) rather than vanishing.
+    A one-off keeps its instant even when it lies in the past, so that it still fires
+    (subject to its misfire policy) rather than vanishing, unless a run at that instant is
+    already recorded (``taken``).
     """
     if task.schedule_kind == ScheduleKind.ONE_OFF:
-        return task.one_off_at if task.last_slot_at is None else None
-    return task.schedule.next_after(now)
+        return None if task.one_off_at in set(taken) else task.one_off_at
+    return task.schedule.next_after(max(now, after) if after is not None else now)
 
 
-def before_save(sender: Any, instance: PeriodicTask, raw: bool = False, **kwargs: Any) -> None:
-    """``pre_save``: fill the anchor and recompute ``next_slot_at`` when the schedule changed."""
-    if raw:  # loaddata: store exactly what the fixture says
-        return
-    using = kwargs.get("using") or "default"
+def _latest_run_slot(task_id: int, using: str) -> datetime | None:
+    from celery_driftsafe.models import Run
+
+    latest: datetime | None = (
+        Run.objects.using(using).filter(periodic_task_id=task_id, slot__isnull=False)
+        .order_by("-slot").values_list("slot", flat=True).first()
+    )
+    return latest
+
+
+def prepare_save(instance: PeriodicTask, options: dict[str, Any]) -> None:
+    """Called by ``PeriodicTask.save()`` before it writes (``options`` are its keyword
+    arguments, adjusted in place).
+
+    * JSON fields stored as a JSON string of the right shape are decoded; a value the task
+      could not fire with raises :class:`~django.core.exceptions.ValidationError`;
+    * a new task gets its interval anchor (the authority's now, unless given) and its first
+      slot;
+    * an update writes every field but the claim's (:data:`~celery_driftsafe.models.CLAIM_FIELDS`),
+      plus ``next_slot_at`` when the schedule changed or the task was re-enabled, moved past
+      every slot that already has a run.
+    """
+    using = options.get("using") or router.db_for_write(PeriodicTask, instance=instance)
+    instance.coerce()
+    problems = instance.problems()
+    if problems:
+        errors: dict[str, list[str]] = {}
+        for problem in problems:
+            errors.setdefault(problem.field, []).append(problem.message)
+        raise ValidationError(errors)
+    adding = instance._state.adding or instance.pk is None or options.get("force_insert")
     previous = None
-    if instance.pk is not None:
+    if not adding:
         previous = (
-            PeriodicTask.objects.using(using)
-            .filter(pk=instance.pk)
-            .values(*SCHEDULE_FIELDS, "enabled")
-            .first()
+            PeriodicTask.objects.using(using).filter(pk=instance.pk)
+            .values(*SCHEDULE_FIELDS, "enabled").first()
         )
+        if previous is not None and options.get("update_fields") is None:
+            options["update_fields"] = [
+                f.name for f in PeriodicTask._meta.concrete_fields
+                if not f.primary_key and f.name not in CLAIM_FIELDS
+            ]
     changed = previous is None or any(
         previous[name] != getattr(instance, name) for name in SCHEDULE_FIELDS
     )
@@ -84,15 +120,25 @@ def before_save(sender: Any, instance: PeriodicTask, raw: bool = False, **kwargs
             raise
     if instance.schedule_kind == ScheduleKind.INTERVAL and instance.interval_anchor is None:
         instance.interval_anchor = now
-    try:
-        instance.next_slot_at = first_slot(instance, now)
-    except ScheduleError:
-        # Saved with an invalid schedule (e.g. through the ORM without full_clean): the task
-        # cannot fire; the scheduler records the reason if it is ever enabled and due.
-        instance.next_slot_at = None
-        raise
+    latest = None if previous is None else _latest_run_slot(instance.pk, using)
+    taken = _run_slots_at(instance, using) if previous is not None else []
+    instance.next_slot_at = first_slot(instance, now, after=latest, taken=taken)
     if re_enabled:
         instance.disabled_reason = ""
+    fields = options.get("update_fields")
+    if fields is not None:
+        extra = {"next_slot_at", "interval_anchor"} | ({"disabled_reason"} if re_enabled else set())
+        options["update_fields"] = list(dict.fromkeys([*fields, *extra]))
+
+
+def _run_slots_at(task: PeriodicTask, using: str) -> list[datetime]:
+    """The one-off's instant, when a run of the task is already recorded at it."""
+    from celery_driftsafe.models import Run
+
+    if task.one_off_at is None:
+        return []
+    exists = Run.objects.using(using).filter(periodic_task_id=task.pk, slot=task.one_off_at)
+    return [task.one_off_at] if exists.exists() else []
 
 
 def after_change(sender: Any, instance: PeriodicTask, **kwargs: Any) -> None:
@@ -116,11 +162,15 @@ def notify() -> bool:
 
 
 def reschedule(tasks: Iterable[PeriodicTask], *, using: str = "default") -> int:
-    """Recompute ``next_slot_at`` of ``tasks`` from the authority's now and save them."""
+    """Recompute ``next_slot_at`` of ``tasks`` from the authority's now (past every slot that
+    already has a run) and write it."""
     now = authority_now(using)
     count = 0
     for task in tasks:
-        task.next_slot_at = first_slot(task, now)
+        task.next_slot_at = first_slot(
+            task, now, after=_latest_run_slot(task.pk, using),
+            taken=_run_slots_at(task, using),
+        )
         PeriodicTask.objects.using(using).filter(pk=task.pk).update(
             next_slot_at=task.next_slot_at
         )

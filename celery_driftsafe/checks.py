@@ -37,6 +37,7 @@ _CHOICES: dict[str, Sequence[str]] = {
 _POSITIVE_INTS = ("CLAIM_BATCH_SIZE", "CLOCK_SYNC_SAMPLES", "FIRE_ALL_MAX")
 _POSITIVE_NUMBERS = (
     "LEASE_SECONDS",
+    "STUCK_RUN_SECONDS",
     "MAX_CLOCK_OFFSET_SECONDS",
     "HARD_CLOCK_OFFSET_SECONDS",
     "CLOCK_SYNC_INTERVAL_SECONDS",
@@ -113,6 +114,13 @@ def _check_raw(raw: dict[str, Any]) -> Iterable[CheckMessage]:
         yield _error(
             "CELERY_APP", app_path, "must be a dotted path to a Celery app, or None",
             "for example 'proj.celery:app'", "celery_driftsafe.E009",
+        )
+    expires = raw.get("RUN_EXPIRES_SECONDS")
+    if expires is not None and not (_is_number(expires) and expires > 0):
+        yield _error(
+            "RUN_EXPIRES_SECONDS", expires, "must be a positive number of seconds, or None",
+            "for example 86400 (a day), or None for messages that never expire",
+            "celery_driftsafe.E004",
         )
     grace = raw.get("MISFIRE_GRACE_SECONDS", 0)
     if not (_is_number(grace) and grace >= 0):

@@ -14,6 +14,7 @@ the unique ``(periodic_task, slot)`` constraint is the last guard.
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Iterable, Sequence
@@ -21,15 +22,24 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from django.db import OperationalError, connections, transaction
+from django.db import (
+    DataError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    connections,
+    transaction,
+)
 from django.db.models import F, Q
 
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
-from celery_driftsafe.exceptions import ScheduleError
 from celery_driftsafe.misfire import ClaimPlan, plan_claim
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 
 logger = logging.getLogger(__name__)
+
+#: Errors that mean "the database is away", not "this row is bad": they end the round.
+_OUTAGE = (OperationalError, InterfaceError)
 
 _TASK_ID_NAMESPACE = uuid.UUID("6f1c2b0e-5d0a-4c55-9a43-3f2f0c1d7e11")
 
@@ -52,6 +62,11 @@ class ClaimedRun:
     args: list[Any] = field(default_factory=list)
     kwargs: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    #: The node (or actor) that holds the claim: publishing re-checks it still does.
+    claimed_by: str = ""
+    #: The message's expiry, an instant of the time authority.
+    expires_at: datetime | None = None
+    dispatch_attempts: int = 1
 
 
 @dataclass
@@ -96,6 +111,36 @@ class _BaseClaimer:
             .order_by("next_slot_at", "id")
         )
 
+    def _load(self, due: Any, result: ClaimResult) -> list[PeriodicTask]:
+        """The due rows. A row the ORM cannot even load (text that is not JSON or not a date,
+        stored by raw SQL on SQLite) is disabled by id, and the others are loaded one by one."""
+        try:
+            return list(due[: self.batch_size])
+        except _OUTAGE:
+            raise
+        except Exception:
+            ids = list(due.values_list("pk", flat=True)[: self.batch_size])
+        tasks = []
+        for pk in ids:
+            try:
+                tasks.append(PeriodicTask.objects.using(self.using).get(pk=pk))
+            except _OUTAGE:
+                raise
+            except Exception as exc:
+                name = self._disable_by_id(pk, f"the row cannot be read: {exc!r}")
+                result.disabled.append(name)
+        return tasks
+
+    def _disable_by_id(self, pk: int, problem: str) -> str:
+        name = str(PeriodicTask.objects.using(self.using).filter(pk=pk)
+                   .values_list("name", flat=True).first() or pk)
+        logger.error("task %s disabled: %s", name, problem,
+                     extra={"action": "disable", "task": name})
+        PeriodicTask.objects.using(self.using).filter(pk=pk).update(
+            enabled=False, next_slot_at=None, disabled_reason=_reason(problem)
+        )
+        return name
+
     def _plan(self, task: PeriodicTask, now: datetime) -> ClaimPlan:
         assert task.next_slot_at is not None
         grace = task.misfire_grace_seconds
@@ -113,27 +158,34 @@ class _BaseClaimer:
     def _plans(
         self, tasks: Sequence[PeriodicTask], now: datetime, result: ClaimResult
     ) -> list[tuple[PeriodicTask, ClaimPlan]]:
-        """Plan each task; a task whose schedule is broken is disabled, not claimed."""
+        """Plan each task; a task whose row cannot be fired (bad JSON shape, bad option,
+        broken schedule, anything its planning raises) is disabled with the reason, and the
+        others go on."""
         planned = []
         for task in tasks:
+            task.coerce()
+            problems = task.problems()
             try:
-                planned.append((task, self._plan(task, now)))
-            except (ScheduleError, ValueError) as exc:
-                reason = f"disabled by the scheduler: stored schedule is invalid: {exc}"
-                logger.error(
-                    "task %s has an invalid schedule and was disabled: %s", task.name, exc,
-                    extra={"action": "disable", "task": task.name},
-                )
-                task.enabled = False
-                task.disabled_reason = reason
-                task.next_slot_at = None
-                result.disabled.append(task.name)
+                if not problems:
+                    planned.append((task, self._plan(task, now)))
+                    continue
+                problem = "; ".join(map(str, problems))
+            except Exception as exc:
+                problem = f"the schedule cannot be evaluated: {exc!r}"
+            logger.error("task %s disabled: %s", task.name, problem,
+                         extra={"action": "disable", "task": task.name})
+            task.enabled = False
+            task.disabled_reason = _reason(problem)
+            task.next_slot_at = None
+            result.disabled.append(task.name)
         return planned
 
     def _write_runs(
         self, planned: Iterable[tuple[PeriodicTask, ClaimPlan]], now: datetime, node_id: str,
         result: ClaimResult,
-    ) -> None:
+    ) -> list[PeriodicTask]:
+        """Insert the round's run rows; return the tasks whose rows the database refused
+        (they are to be disabled). A slot that already has a run is skipped, not an error."""
         rows: list[Run] = []
         fired: list[tuple[PeriodicTask, Run]] = []
         for task, plan in planned:
@@ -142,35 +194,94 @@ class _BaseClaimer:
             if plan.unrecorded_missed:
                 first, count = plan.unrecorded_missed
                 rows.append(self._missed_row(task, first, now, node_id, plan, count))
+            message = run_message(task)
             for slot in plan.fire:
                 run = Run(
                     periodic_task=task, task_name=task.task, kind=RunKind.SCHEDULED, slot=slot,
                     status=RunStatus.CLAIMED, claimed_by=node_id, claimed_at=now,
                     celery_task_id=celery_task_id(task.pk, slot), dispatch_attempts=1,
+                    message=message, expires_at=self._expires_at(task, slot),
                 )
                 rows.append(run)
                 fired.append((task, run))
             result.missed += len(plan.missed) + (1 if plan.unrecorded_missed else 0)
         if not rows:
-            return
-        if connections[self.using].vendor == "postgresql":
-            _insert_runs_postgresql(connections[self.using], rows)
-        else:
-            Run.objects.using(self.using).bulk_create(rows)
-            if fired and not connections[self.using].features.can_return_rows_from_bulk_insert:
-                self._fetch_ids(fired)
-        result.runs.extend(claimed_run(run, task) for task, run in fired)
+            return []
+        refused = self._insert(rows, now, node_id)
+        for task, run in fired:
+            if _inserted(run):
+                result.runs.append(claimed_run(run))
+            elif task not in refused:
+                logger.warning(
+                    "slot %s of %s already has a run; skipped (the task was saved or "
+                    "rescheduled onto a slot that fired)", run.slot, task.name,
+                    extra={"action": "slot-taken", "task": task.name, "slot": run.slot,
+                           "node": node_id},
+                )
         result.runs.sort(key=lambda r: (r.slot, r.run_id))
+        return refused
 
-    def _fetch_ids(self, fired: list[tuple[PeriodicTask, Run]]) -> None:
-        """Backends without INSERT … RETURNING: look the new ids up in one query."""
-        keys = {(task.pk, run.slot): run for task, run in fired}
+    def _expires_at(self, task: PeriodicTask, slot: datetime) -> datetime | None:
+        seconds = task.expires_seconds
+        if seconds is None:
+            seconds = self.settings.run_expires_seconds
+        return None if seconds is None else slot + timedelta(seconds=seconds)
+
+    def _insert(self, rows: list[Run], now: datetime, node_id: str) -> list[PeriodicTask]:
+        """Insert ``rows``, skipping those whose slot already has a run. Should the database
+        refuse the batch for another reason, insert task by task and return the tasks whose
+        rows it still refuses."""
+        try:
+            with transaction.atomic(using=self.using):
+                self._insert_rows(rows, now, node_id)
+            return []
+        except (IntegrityError, DataError) as exc:
+            logger.warning("claim batch refused (%s); inserting task by task", exc)
+        by_task: dict[int | None, list[Run]] = {}
+        for row in rows:
+            row.pk = None
+            by_task.setdefault(row.periodic_task_id, []).append(row)
+        refused = []
+        for group in by_task.values():
+            try:
+                with transaction.atomic(using=self.using):
+                    self._insert_rows(group, now, node_id)
+            except (IntegrityError, DataError) as exc:
+                task = group[0].periodic_task
+                assert task is not None
+                for row in group:
+                    row.pk = None
+                task.disabled_reason = _reason(f"the database refused its run row: {exc}")
+                logger.error("task %s disabled: %s", task.name, task.disabled_reason,
+                             extra={"action": "disable", "task": task.name})
+                refused.append(task)
+        return refused
+
+    def _insert_rows(self, rows: list[Run], now: datetime, node_id: str) -> None:
+        connection = connections[self.using]
+        if connection.vendor == "postgresql":
+            _insert_runs_postgresql(connection, rows)
+            return
+        Run.objects.using(self.using).bulk_create(rows, ignore_conflicts=True)
+        # ignore_conflicts sets no ids: look up the rows this round inserted (an older run
+        # of the same slot was claimed by another node or at another instant).
+        keys = {(row.periodic_task_id, row.slot): row for row in rows}
+        for row in rows:
+            row.pk = None
         for pk, task_id, slot in Run.objects.using(self.using).filter(
-            periodic_task_id__in={t.pk for t, _ in fired}, slot__in={r.slot for _, r in fired}
+            periodic_task_id__in={r.periodic_task_id for r in rows},
+            slot__in={r.slot for r in rows}, claimed_by=node_id, claimed_at=now,
         ).values_list("pk", "periodic_task_id", "slot"):
-            run = keys.get((task_id, slot))
-            if run is not None:
-                run.pk = pk
+            found = keys.get((task_id, slot))
+            if found is not None:
+                found.pk = pk
+
+    def _disable_refused(self, refused: list[PeriodicTask], result: ClaimResult) -> None:
+        for task in refused:
+            PeriodicTask.objects.using(self.using).filter(pk=task.pk).update(
+                enabled=False, disabled_reason=task.disabled_reason
+            )
+            result.disabled.append(task.name)
 
     @staticmethod
     def _missed_row(
@@ -196,9 +307,29 @@ class _BaseClaimer:
             task.run_count = (task.run_count or 0) + len(plan.fire)
 
 
-def claimed_run(run: Run, task: PeriodicTask | None) -> ClaimedRun:
-    """What publishing ``run`` needs: the run's identity, its task's arguments and options
-    (none when the periodic task was deleted meanwhile)."""
+def _inserted(run: Run) -> bool:
+    return run.pk is not None  # type: ignore[redundant-expr,unused-ignore]
+
+
+def _reason(problem: str) -> str:
+    return f"disabled by the scheduler: {problem}"
+
+
+def run_message(task: PeriodicTask) -> dict[str, Any]:
+    """What a run of ``task`` is published with, captured when it is claimed."""
+    return {"args": list(task.args), "kwargs": dict(task.kwargs),
+            "options": publish_options(task)}
+
+
+def claimed_run(run: Run, task: PeriodicTask | None = None) -> ClaimedRun:
+    """What publishing ``run`` needs: its identity and the message captured at claim time
+    (for a row claimed before messages were captured: its task's current arguments and
+    options, none when the task was deleted)."""
+    message = run.message if isinstance(run.message, dict) and run.message else None
+    if message is None:
+        message = run_message(task) if task is not None else {}
+    args, kwargs = message.get("args"), message.get("kwargs")
+    options = message.get("options")
     return ClaimedRun(
         run_id=run.pk,
         periodic_task_id=run.periodic_task_id,
@@ -206,9 +337,12 @@ def claimed_run(run: Run, task: PeriodicTask | None) -> ClaimedRun:
         slot=run.slot,
         celery_task_id=run.celery_task_id,
         fencing_token=run.fencing_token,
-        args=list(task.args or []) if task else [],
-        kwargs=dict(task.kwargs or {}) if task else {},
-        options=publish_options(task) if task else {},
+        args=list(args) if isinstance(args, list) else [],
+        kwargs=dict(kwargs) if isinstance(kwargs, dict) else {},
+        options=dict(options) if isinstance(options, dict) else {},
+        claimed_by=run.claimed_by,
+        expires_at=run.expires_at,
+        dispatch_attempts=run.dispatch_attempts,
     )
 
 
@@ -221,8 +355,6 @@ def publish_options(task: PeriodicTask) -> dict[str, Any]:
             options[name] = value
     if task.priority is not None:
         options["priority"] = task.priority
-    if task.expires_seconds is not None:
-        options["expires_seconds"] = task.expires_seconds
     if task.headers:
         options["headers"] = dict(task.headers)
     return options
@@ -234,19 +366,16 @@ class SkipLockedClaimer(_BaseClaimer):
     def claim(self, now: datetime, node_id: str) -> ClaimResult:
         result = ClaimResult()
         with transaction.atomic(using=self.using):
-            tasks = list(
-                self._due(now).select_for_update(skip_locked=True)[
-                    : self.batch_size
-                ]
-            )
+            tasks = self._load(self._due(now).select_for_update(skip_locked=True), result)
             result.tasks_seen = len(tasks)
             if not tasks:
                 return result
             planned = self._plans(tasks, now, result)
             for task, plan in planned:
                 self._advance(task, plan)
-            self._write_runs(planned, now, node_id, result)
+            refused = self._write_runs(planned, now, node_id, result)
             advance_tasks(self.using, tasks)
+            self._disable_refused(refused, result)
         return result
 
 
@@ -257,7 +386,7 @@ class CompareAndSwapClaimer(_BaseClaimer):
 
     def claim(self, now: datetime, node_id: str) -> ClaimResult:
         result = ClaimResult()
-        tasks = list(self._due(now)[: self.batch_size])
+        tasks = self._load(self._due(now), result)
         result.tasks_seen = len(tasks)
         if not tasks:
             return result
@@ -271,7 +400,8 @@ class CompareAndSwapClaimer(_BaseClaimer):
                 won = advance_tasks(self.using, [t for t, _ in planned] + disabled, seen)
                 planned = [(t, p) for t, p in planned if t.pk in won]
                 result.disabled = [t.name for t in disabled if t.pk in won]
-                self._write_runs(planned, now, node_id, result)
+                refused = self._write_runs(planned, now, node_id, result)
+                self._disable_refused(refused, result)
         except OperationalError as exc:
             if "locked" not in str(exc):
                 raise
@@ -286,26 +416,34 @@ _RUN_COLUMNS = (
     ("slot", "timestamptz"), ("status", "text"), ("claimed_by", "text"),
     ("claimed_at", "timestamptz"), ("celery_task_id", "text"), ("fencing_token", "bigint"),
     ("dispatch_attempts", "integer"), ("duplicate_deliveries", "integer"), ("worker", "text"),
-    ("error", "text"),
+    ("error", "text"), ("message", "jsonb"), ("expires_at", "timestamptz"),
 )
 
 
 def _insert_runs_postgresql(connection: Any, rows: Sequence[Run]) -> None:
-    """``INSERT … SELECT unnest(…) RETURNING``: one statement, no per-row ORM work; sets the
-    new ids on ``rows``. The unique ``(periodic_task, slot)`` constraint still applies."""
+    """``INSERT … SELECT … FROM unnest(…) ON CONFLICT DO NOTHING RETURNING``: one statement,
+    no per-row ORM work; sets the new ids on ``rows``. A row whose slot already has a run is
+    skipped (its ``pk`` stays None)."""
     table = connection.ops.quote_name(Run._meta.db_table)
     names = ", ".join(name for name, _ in _RUN_COLUMNS)
-    arrays = ", ".join(f"%s::{kind}[]" for _, kind in _RUN_COLUMNS)
-    values = [[getattr(row, name) for row in rows] for name, _ in _RUN_COLUMNS]
+    # jsonb travels as text (one array of JSON documents) and is cast back per row.
+    arrays = ", ".join(f"%s::{'text' if kind == 'jsonb' else kind}[]" for _, kind in _RUN_COLUMNS)
+    selects = ", ".join(f"v.{name}::jsonb" if kind == "jsonb" else f"v.{name}"
+                        for name, kind in _RUN_COLUMNS)
+    values = [
+        [json.dumps(getattr(row, name)) if kind == "jsonb" else getattr(row, name)
+         for row in rows]
+        for name, kind in _RUN_COLUMNS
+    ]
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {table} ({names}) SELECT * FROM unnest({arrays}) "
-            f"RETURNING id, periodic_task_id, slot",
+            f"INSERT INTO {table} ({names}) SELECT {selects} FROM unnest({arrays}) "
+            f"AS v({names}) ON CONFLICT DO NOTHING RETURNING id, periodic_task_id, slot",
             values,
         )
         ids = {(task_id, slot): pk for pk, task_id, slot in cursor.fetchall()}
     for row in rows:
-        row.pk = ids[(row.periodic_task_id, row.slot)]
+        row.pk = ids.get((row.periodic_task_id, row.slot))
 
 
 _FIELDS = ("next_slot_at", "last_slot_at", "run_count", "enabled", "disabled_reason")
@@ -388,32 +526,47 @@ def claimer_for(using: str = "default", settings: DriftSafeSettings | None = Non
 def reclaim_stale(
     now: datetime, node_id: str, *, lease: timedelta, limit: int = 500, using: str = "default"
 ) -> list[ClaimedRun]:
-    """The outbox: runs claimed longer than ``lease`` ago and never marked dispatched (their
-    beat died between commit and publish, or the broker refused), or claimed by a node known
-    to be stopped or dead, are taken over by this node, one compare-and-swap each on
-    ``claimed_at``, and returned for re-publishing under the same Celery task id."""
+    """The outbox: ``claimed`` runs that were never marked dispatched are taken over by this
+    node, one compare-and-swap each on ``claimed_at``, and returned for re-publishing under the
+    same Celery task id, with the message captured when they were claimed. Eligible are runs
+
+    * claimed longer than ``lease`` ago (their beat died between commit and publish, or the
+      broker was unreachable),
+    * claimed by a node known to be stopped or dead (its publisher lost them), or
+    * whose refused publish is due for another try (``retry_at`` reached).
+
+    A run waiting for its ``retry_at`` is left alone until then. The previous publisher
+    re-checks ownership before it publishes (:meth:`Dispatcher.dispatch`), so a paused beat
+    that comes back does not publish a run taken over here.
+    """
     from celery_driftsafe.models import BeatNode
 
     gone = BeatNode.objects.using(using).filter(stopped_at__isnull=False).values("node_id")
     stale = list(
         Run.objects.using(using)
-        .filter(Q(claimed_at__lt=now - lease) | Q(claimed_by__in=gone),
+        .filter(Q(retry_at__isnull=True, claimed_at__lt=now - lease)
+                | Q(retry_at__isnull=True, claimed_by__in=gone)
+                | Q(retry_at__lte=now),
                 status=RunStatus.CLAIMED, kind__in=(RunKind.SCHEDULED, RunKind.MANUAL))
+        .exclude(expires_at__lte=now)
         .select_related("periodic_task")
         .order_by("claimed_at")[:limit]
     )
     taken: list[ClaimedRun] = []
     for run in stale:
         updated = Run.objects.using(using).filter(
-            pk=run.pk, status=RunStatus.CLAIMED, claimed_at=run.claimed_at
-        ).update(claimed_at=now, claimed_by=node_id, dispatch_attempts=F("dispatch_attempts") + 1)
+            pk=run.pk, status=RunStatus.CLAIMED, claimed_at=run.claimed_at,
+            claimed_by=run.claimed_by,
+        ).update(claimed_at=now, claimed_by=node_id, retry_at=None,
+                 dispatch_attempts=F("dispatch_attempts") + 1)
         if not updated:
             continue
-        task = run.periodic_task
         logger.warning(
             "re-publishing run %s of %s (slot %s): claimed by %s but never dispatched",
             run.pk, run.task_name, run.slot, run.claimed_by,
             extra={"action": "reclaim", "task": run.task_name, "slot": run.slot, "node": node_id},
         )
-        taken.append(claimed_run(run, task))
+        run.claimed_at, run.claimed_by = now, node_id
+        run.dispatch_attempts += 1
+        taken.append(claimed_run(run, run.periodic_task))
     return taken

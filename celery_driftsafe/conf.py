@@ -85,6 +85,13 @@ class DriftSafeSettings:
     node_dead_after_seconds: float = 30.0
     #: The longest a beat sleeps between two looks at the schedule.
     max_loop_interval_seconds: float = 1.0
+    #: Message expiry of a scheduled run whose task sets no ``expires_seconds``: seconds
+    #: after its slot, on the time authority's clock. ``None``: such messages never expire.
+    run_expires_seconds: float | None = 86400.0
+    #: A run with no outcome this many seconds after its claim is reconciled (a ``started``
+    #: run whose lock nobody holds becomes ``failed``, a ``dispatched`` one takes the result
+    #: backend's state) and listed under "needs attention" in the admin.
+    stuck_run_seconds: float = 3600.0
     #: What ``DriftSafeTask`` does when Redis cannot be reached.
     redis_unavailable: RedisUnavailablePolicy = "fail_closed"
     #: Dotted path of the project's Celery app (``"proj.celery:app"``), for the admin's task

@@ -3,16 +3,17 @@
 Order matters: a run is committed as ``claimed`` first, then published with its deterministic
 Celery task id, then marked ``dispatched``. A crash between publish and mark leaves a
 ``claimed`` run that the outbox re-publishes under the same task id; ``DriftSafeTask`` makes
-that second delivery harmless. A run is never marked dispatched unless its publish returned.
+that second delivery harmless. A run is never marked dispatched unless its publish returned,
+and it is published only by the node that still holds its claim.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django.db.models import Case, F, Value, When
@@ -31,12 +32,24 @@ logger = logging.getLogger(__name__)
 
 
 
+#: A run whose publish the broker refused this many times is recorded ``failed``.
+MAX_PUBLISH_ATTEMPTS = 8
+#: Longest wait before another try of a refused publish.
+MAX_PUBLISH_BACKOFF = timedelta(minutes=5)
+
+
 @dataclass
 class DispatchResult:
     published: list[int] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)
-    #: Runs left ``claimed`` because publishing failed (broker down): the outbox retries them.
+    #: Runs left ``claimed`` because the broker could not be reached: the outbox retries them
+    #: after the lease.
     deferred: list[int] = field(default_factory=list)
+    #: Runs whose message the broker refused (the others went out): retried with backoff.
+    refused: dict[int, str] = field(default_factory=dict)
+    #: Runs not published because this publisher no longer owns their claim (another node
+    #: took them over while this one was paused, or this node was marked dead).
+    lost: list[int] = field(default_factory=list)
 
 
 def message_headers(run: ClaimedRun) -> dict[str, Any]:
@@ -60,51 +73,84 @@ class Dispatcher:
         self.using = using
 
     def dispatch(self, runs: Sequence[ClaimedRun]) -> DispatchResult:
-        """Publish ``runs`` (pipelined where the transport batches, as kombu's Redis transport
-        does), then mark what went out ``dispatched`` and what cannot run ``failed``.
+        """Publish ``runs``, then mark what went out ``dispatched``.
 
-        If the broker fails, every run of the round that is not known to be out stays
-        ``claimed``: the outbox re-publishes it after the lease, under the same task id.
+        First the claims are confirmed, in one statement: only runs still ``claimed`` by the
+        node that claimed them, while that node is not marked dead, are published (their
+        ``claimed_at`` is renewed, so the outbox leaves them alone for a lease). A run taken
+        over meanwhile is left to its new owner.
+
+        Each message is published on its own: one the broker refuses is recorded with its
+        error and tried again with backoff, and the rest of the batch goes out once. If the
+        broker cannot be reached, every run not known to be out stays ``claimed`` for the
+        outbox, under the same task id.
         """
         result = DispatchResult()
         if not runs:
             return result
-        registered = self.app.tasks
-        sent: list[int] = []
+        owned = self._confirm(runs)
+        result.lost = [r.run_id for r in runs if r.run_id not in owned]
+        if result.lost:
+            logger.warning(
+                "%d claimed runs were taken over by another node before this one published "
+                "them (it was paused or marked dead); not publishing them", len(result.lost),
+                extra={"action": "claim-lost"},
+            )
+        todo = [r for r in runs if r.run_id in owned]
         index = 0
         try:
             with self.app.producer_or_acquire() as producer:
-                batch = producer.batch() if hasattr(producer, "batch") else nullcontext()
-                with batch:
-                    for index, run in enumerate(runs):  # noqa: B007 - read after the loop
-                        if run.task_name not in registered:
-                            result.failed[run.run_id] = (
-                                f"task {run.task_name!r} is not registered with this beat's "
-                                "Celery app (check the task name, or import its module in the "
-                                "beat process)"
-                            )
-                            continue
+                unreachable = _connection_errors(producer)
+                for index, run in enumerate(todo):  # noqa: B007 - read after the loop
+                    try:
                         self._publish(run, producer)
-                        sent.append(run.run_id)
-        except Exception as exc:  # broker refused or unreachable: nothing is known to be out
-            result.deferred = [r.run_id for r in runs if r.run_id not in result.failed]
+                    except unreachable:
+                        raise
+                    except Exception as exc:
+                        result.refused[run.run_id] = f"{type(exc).__name__}: {exc}"
+                        continue
+                    result.published.append(run.run_id)
+        except Exception as exc:  # broker unreachable: nothing more is known to be out
+            done = set(result.published) | set(result.refused)
+            result.deferred = [r.run_id for r in todo if r.run_id not in done]
             logger.error(
                 "publishing failed at run %d of %d; %d runs stay claimed for the outbox: %s",
-                index + 1, len(runs), len(result.deferred), exc,
+                index + 1, len(todo), len(result.deferred), exc,
                 extra={"action": "publish-failed"},
             )
-        else:
-            result.published = sent
-        self._record(result)
+        self._record(result, {r.run_id: r for r in todo})
         return result
 
+    def _confirm(self, runs: Sequence[ClaimedRun]) -> set[int]:
+        """Renew the claims this publisher still holds; return their run ids."""
+        from celery_driftsafe.models import BeatNode
+
+        now = self.clock.now()
+        dead = BeatNode.objects.using(self.using).filter(stopped_at__isnull=False)
+        by_claimer: dict[str, list[int]] = {}
+        for run in runs:
+            by_claimer.setdefault(run.claimed_by, []).append(run.run_id)
+        owned: set[int] = set()
+        table = Run.objects.using(self.using)
+        for claimer, ids in by_claimer.items():
+            if dead.filter(node_id=claimer).exists():
+                continue
+            mine = table.filter(pk__in=ids, status=RunStatus.CLAIMED, claimed_by=claimer)
+            mine.update(claimed_at=now)
+            owned.update(mine.filter(claimed_at=now).values_list("pk", flat=True))
+        return owned
+
     def _publish(self, run: ClaimedRun, producer: Any) -> None:
-        options = {k: v for k, v in run.options.items() if k not in ("headers", "expires_seconds")}
-        expires = run.options.get("expires_seconds")
-        if expires is not None and run.slot is not None:
-            options["expires"] = run.slot + timedelta(seconds=expires)
-        self.app.send_task(
-            run.task_name,
+        """Publish by name, as Celery beat does: a task this process has registered gets its
+        own options (``apply_async``), any other goes out with ``send_task``; either way the
+        app's routing (``task_routes``) applies."""
+        options = {k: v for k, v in run.options.items() if k != "headers"}
+        if run.expires_at is not None:
+            options["expires"] = run.expires_at
+        task = self.app.tasks.get(run.task_name)
+        send = task.apply_async if task is not None else partial(
+            self.app.send_task, run.task_name)
+        send(
             args=run.args,
             kwargs=run.kwargs,
             task_id=run.celery_task_id,
@@ -113,21 +159,43 @@ class Dispatcher:
             **options,
         )
 
-    def _record(self, result: DispatchResult) -> None:
+    def _record(self, result: DispatchResult, runs: dict[int, ClaimedRun]) -> None:
         now = self.clock.now()
-        runs = Run.objects.using(self.using)
+        table = Run.objects.using(self.using)
         if result.published:
             # A fast worker may have started the run already: keep its status, stamp the time.
-            runs.filter(pk__in=result.published, dispatched_at__isnull=True).update(
-                dispatched_at=now,
+            table.filter(pk__in=result.published, dispatched_at__isnull=True).update(
+                dispatched_at=now, retry_at=None, error="",
                 status=Case(
                     When(status=RunStatus.CLAIMED, then=Value(RunStatus.DISPATCHED)),
                     default=F("status"),
                 ),
             )
+        for run_id, reason in result.refused.items():
+            attempts = runs[run_id].dispatch_attempts
+            if attempts >= MAX_PUBLISH_ATTEMPTS:
+                result.failed[run_id] = (f"the broker refused the message {attempts} times; "
+                                         f"last: {reason}")
+                continue
+            delay = min(timedelta(seconds=2 ** attempts), MAX_PUBLISH_BACKOFF)
+            logger.error("the broker refused run %s (attempt %d); trying again in %s: %s",
+                         run_id, attempts, delay, reason,
+                         extra={"action": "publish-refused", "run": run_id})
+            table.filter(pk=run_id, status=RunStatus.CLAIMED).update(
+                retry_at=now + delay, error=f"publish attempt {attempts} refused: {reason}"
+            )
         for run_id, reason in result.failed.items():
             logger.error("run %s failed before publishing: %s", run_id, reason,
                          extra={"action": "dispatch-failed", "run": run_id})
-            runs.filter(pk=run_id, status=RunStatus.CLAIMED).update(
+            table.filter(pk=run_id, status=RunStatus.CLAIMED).update(
                 status=RunStatus.FAILED, finished_at=now, error=reason
             )
+
+
+def _connection_errors(producer: Any) -> tuple[type[BaseException], ...]:
+    """The exceptions that mean "the broker cannot be reached" (not "it refused this one")."""
+    from kombu.exceptions import OperationalError
+
+    connection = getattr(producer, "connection", None)
+    errors = tuple(getattr(connection, "connection_errors", ()) or ())
+    return (*errors, OperationalError, ConnectionError)

@@ -9,9 +9,9 @@ exactly like a scheduled one:
    instant (a replayed request carrying the same clock reading is recorded and published once),
    and a re-publish by the outbox reuses the id. Two clicks are two readings, so two runs;
 3. publish it with :class:`~celery_driftsafe.dispatch.Dispatcher` through the project's Celery
-   app, which marks it ``dispatched`` (or ``failed`` when the task is not registered). If the
-   broker is down the run stays ``claimed`` and a beat's outbox re-publishes it after the lease,
-   under the same task id.
+   app, by name, which marks it ``dispatched``. If the broker is down the run stays
+   ``claimed`` and a beat's outbox re-publishes it after the lease, under the same task id; if
+   the broker refuses the message, the outbox tries again with backoff.
 
 A manual run changes nothing about the schedule: ``next_slot_at``, ``last_slot_at`` and
 ``run_count`` stay as they are, and the overlap policy does not apply (an operator asked).
@@ -27,13 +27,13 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from importlib import import_module
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
-from celery_driftsafe.claim import celery_task_id, claimed_run
+from celery_driftsafe.claim import celery_task_id, claimed_run, run_message
 from celery_driftsafe.clock import AuthorityClock, Clock, authority_from_settings
 from celery_driftsafe.conf import ConfigurationError, get_settings
 from celery_driftsafe.dispatch import Dispatcher, DispatchResult
@@ -136,7 +136,9 @@ def run_now(
     run = Run(
         periodic_task=task, task_name=task.task, kind=RunKind.MANUAL, slot=slot,
         status=RunStatus.CLAIMED, claimed_by=actor, claimed_at=slot, celery_task_id=task_id,
-        dispatch_attempts=1,
+        dispatch_attempts=1, message=run_message(task),
+        expires_at=None if task.expires_seconds is None
+        else slot + timedelta(seconds=task.expires_seconds),
     )
     try:
         with transaction.atomic(using=using):
@@ -168,7 +170,8 @@ def run_now(
     result = dispatcher.dispatch([claimed])
     return ManualRun(
         run_id=run.pk, task_name=task.task, slot=slot, celery_task_id=task_id, created=True,
-        status=_status_after(result, run.pk), error=result.failed.get(run.pk, ""),
+        status=_status_after(result, run.pk),
+        error=result.failed.get(run.pk, "") or result.refused.get(run.pk, ""),
     )
 
 
@@ -177,4 +180,6 @@ def _status_after(result: DispatchResult, run_id: int) -> str:
         return RunStatus.DISPATCHED
     if run_id in result.failed:
         return RunStatus.FAILED
+    if run_id in result.refused:
+        return RunStatus.CLAIMED
     return RunStatus.CLAIMED

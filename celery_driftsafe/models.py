@@ -10,6 +10,7 @@ from django.db import models
 
 from celery_driftsafe.exceptions import ScheduleError
 from celery_driftsafe.slots import Crontab, Interval, OneOff, Schedule
+from celery_driftsafe.validation import Problem, coerce_json, json_problems, option_problems
 
 
 class ScheduleKind(models.TextChoices):
@@ -65,6 +66,9 @@ class TaskSource(models.TextChoices):
 STAND_IN_ANCHOR = datetime(2000, 1, 1, tzinfo=UTC)
 
 _UNIT_SECONDS = {"seconds": 1, "minutes": 60, "hours": 3600, "days": 86400}
+
+#: The columns the claim writes: never written back by a ``save()`` of a loaded instance.
+CLAIM_FIELDS = frozenset({"next_slot_at", "last_slot_at", "run_count"})
 
 
 class PeriodicTask(models.Model):
@@ -163,22 +167,57 @@ class PeriodicTask(models.Model):
             return OneOff(self.one_off_at)
         raise ScheduleError("schedule_kind", f"unknown schedule kind {self.schedule_kind!r}")
 
-    def clean(self) -> None:
-        """Model validation: JSON shapes and the schedule, each error on the field at fault."""
-        errors: dict[str, str] = {}
-        if not isinstance(self.args, list):
-            errors["args"] = 'Arguments must be a JSON list, e.g. [1, "a"].'
-        if not isinstance(self.kwargs, dict):
-            errors["kwargs"] = 'Keyword arguments must be a JSON object, e.g. {"a": 1}.'
-        if not isinstance(self.headers, dict):
-            errors["headers"] = "Headers must be a JSON object."
+    def coerce(self) -> None:
+        """Read ``args``/``kwargs``/``headers`` stored as a JSON string of the right shape as
+        that value (see :mod:`celery_driftsafe.validation`)."""
+        self.args = coerce_json(self.args, list)
+        self.kwargs = coerce_json(self.kwargs, dict)
+        self.headers = coerce_json(self.headers, dict)
+
+    def problems(self) -> list[Problem]:
+        """Everything that keeps this row from firing, each naming the model field at fault."""
+        found = json_problems(self.args, self.kwargs, self.headers)
+        found += option_problems(
+            task=self.task, priority=self.priority, expires_seconds=self.expires_seconds,
+            misfire_grace_seconds=self.misfire_grace_seconds,
+            misfire_policy=self.misfire_policy, overlap_policy=self.overlap_policy,
+        )
         try:
-            # An interval's anchor is stored on first claim; any aware instant validates it.
-            self.build_schedule(anchor=STAND_IN_ANCHOR)
+            # An interval's anchor is stored on first save; any aware instant validates it.
+            schedule = self.build_schedule(anchor=STAND_IN_ANCHOR)
+            schedule.next_after(self.interval_anchor or STAND_IN_ANCHOR)
         except ScheduleError as exc:
-            errors[SCHEDULE_ERROR_FIELDS.get(exc.field, "schedule_kind")] = str(exc)
+            found.append(Problem(SCHEDULE_ERROR_FIELDS.get(exc.field, "schedule_kind"),
+                                 str(exc)))
+        except (ValueError, OverflowError, TypeError, KeyError) as exc:
+            field = {"interval": "interval_every", "crontab": "timezone",
+                     "one_off": "one_off_at"}.get(str(self.schedule_kind), "schedule_kind")
+            found.append(Problem(field, f"the schedule cannot be evaluated: {exc!r}"))
+        return found
+
+    def clean(self) -> None:
+        """Model validation: every problem on the field at fault."""
+        self.coerce()
+        errors: dict[str, list[str]] = {}
+        for problem in self.problems():
+            errors.setdefault(problem.field, []).append(problem.message)
         if errors:
             raise ValidationError(errors)
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Save what the user owns; never write the scheduler's claim state back.
+
+        ``next_slot_at``, ``last_slot_at`` and ``run_count`` belong to the claim: an update
+        leaves them out (unless named in ``update_fields``), so saving an instance loaded a
+        while ago cannot move a task back to a slot that already fired. A schedule edit or a
+        re-enable computes a new next slot after every slot that already has a run (see
+        :mod:`celery_driftsafe.changes`). A value the task could not fire with raises
+        :class:`~django.core.exceptions.ValidationError` naming the field.
+        """
+        from celery_driftsafe.changes import prepare_save
+
+        prepare_save(self, kwargs)
+        super().save(*args, **kwargs)
 
 
 #: Which model field holds each schedule field named by :class:`ScheduleError`.

@@ -38,7 +38,9 @@ def register(node_id: str, now: datetime, *, using: str = "default") -> BeatNode
 def heartbeat(
     node_id: str, now: datetime, sample: OffsetSample | None = None, *,
     paused_reason: str = "", using: str = "default",
-) -> None:
+) -> bool:
+    """Record a heartbeat; False when the node is not registered as running (it was marked
+    dead, or its row is gone): the caller must re-register."""
     fields: dict[str, object] = {"last_heartbeat_at": now, "claiming_paused_reason": paused_reason}
     if sample is not None:
         fields.update(
@@ -46,7 +48,10 @@ def heartbeat(
             clock_rtt_seconds=sample.rtt,
             clock_measured_at=sample.authority_at,
         )
-    BeatNode.objects.using(using).filter(node_id=node_id).update(**fields)
+    return bool(
+        BeatNode.objects.using(using).filter(node_id=node_id, stopped_at__isnull=True)
+        .update(**fields)
+    )
 
 
 def mark_stopped(node_id: str, now: datetime, *, using: str = "default") -> None:

@@ -31,6 +31,7 @@ from celery_driftsafe.clock import Authority, AuthorityClock, Clock, authority_f
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.dispatch import Dispatcher
 from celery_driftsafe.exceptions import ClockError
+from celery_driftsafe.reconcile import reconcile
 from celery_driftsafe.redis_client import channel, get_redis
 
 logger = logging.getLogger(__name__)
@@ -180,14 +181,26 @@ class DriftSafeScheduler(Scheduler):
                              extra={"action": "outage", "node": self.node_id})
             self._outage = str(exc)
             connections[self.using].close()
-            self._backoff = min(max(self._backoff * 2, 0.5), 30.0)
-            return self._backoff * random.uniform(0.5, 1.0)
+            return self._back_off()
+        except Exception as exc:
+            # Not an outage and not one row (the claim isolates rows): a bug or something
+            # unforeseen. The beat must not exit over it: log it once, back off, try again.
+            if self._outage != repr(exc):
+                logger.exception("claim round failed unexpectedly; retrying with backoff",
+                                 extra={"action": "round-error", "node": self.node_id})
+            self._outage = repr(exc)
+            connections[self.using].close()
+            return self._back_off()
         if self._outage is not None:
             logger.warning("claiming resumed after an outage (%s)", self._outage,
                            extra={"action": "recovered", "node": self.node_id})
             self._outage = None
             self._backoff = 0.0
         return wait
+
+    def _back_off(self) -> float:
+        self._backoff = min(max(self._backoff * 2, 0.5), 30.0)
+        return self._backoff * random.uniform(0.5, 1.0)
 
     def run_round(self) -> float:
         """Claim and publish what is due; return the seconds to wait before the next round."""
@@ -204,10 +217,9 @@ class DriftSafeScheduler(Scheduler):
                 reading.at, timedelta(seconds=self.settings.node_dead_after_seconds),
                 self.node_id, using=self.using,
             )
-            stale = reclaim_stale(
-                reading.at, self.node_id, lease=timedelta(seconds=self.settings.lease_seconds),
-                using=self.using,
-            )
+            lease = timedelta(seconds=self.settings.lease_seconds)
+            reconcile(reading.at, lease=lease, app=self.app, using=self.using)
+            stale = reclaim_stale(reading.at, self.node_id, lease=lease, using=self.using)
             self.dispatcher.dispatch(stale)
             self._next_recovery = mono + min(self.settings.lease_seconds / 2, 5.0)
         result = self.claimer.claim(reading.at, self.node_id)
@@ -278,10 +290,20 @@ class DriftSafeScheduler(Scheduler):
     def _heartbeat(self) -> None:
         self._check_clock()
         sample = self.clock.last_sample if isinstance(self.clock, AuthorityClock) else None
-        nodes.heartbeat(
+        alive = nodes.heartbeat(
             self.node_id, self.clock.now(), sample, paused_reason=self._paused_reason,
             using=self.using,
         )
+        if not alive:
+            # Another beat marked this node dead while it was paused (SIGSTOP, a VM pause, a
+            # long GC) and took over its unpublished claims; publishing re-checks ownership,
+            # so nothing it held goes out twice. Come back as alive.
+            logger.warning(
+                "node %s was marked dead while it was paused; its unpublished claims were "
+                "taken over; re-registering", self.node_id,
+                extra={"action": "re-register", "node": self.node_id},
+            )
+            nodes.register(self.node_id, self.clock.now(), using=self.using)
 
     # -- wake-ups ---------------------------------------------------------------------------
 

@@ -1,0 +1,130 @@
+"""Runs that will never hear from a worker get an outcome all the same.
+
+A run normally leaves ``dispatched`` / ``started`` because a worker records what happened.
+Some never will: a message that expired in the queue (a worker discards it), a worker killed
+while it ran a ``DriftSafeTask`` without late acknowledgement (nothing redelivers it), a plain
+task (no base class records anything). Each beat runs :func:`reconcile` with its outbox pass;
+every statement is bounded, and each change is conditional on the status it read, so beats
+reconciling at once never fight.
+
+* ``claimed`` or ``dispatched`` past its ``expires_at`` (plus a lease, for a worker that took
+  it just in time) becomes ``expired``: a worker discards the message, and ``DriftSafeTask``
+  refuses a finished run.
+* ``started`` longer than ``STUCK_RUN_SECONDS`` ago, whose run lock nobody holds (its worker
+  renews the lock while the body runs), becomes ``failed`` ("worker lost"), written under a
+  fresh fencing token so that a worker that was merely paused cannot record over it.
+* ``dispatched`` longer than ``STUCK_RUN_SECONDS`` ago takes the state of the Celery result
+  backend when it has one for the task id (``SUCCESS``, ``FAILURE``, ``REVOKED``); otherwise it
+  stays, and the admin lists it under "needs attention".
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Q
+
+from celery_driftsafe.conf import DriftSafeSettings, get_settings
+from celery_driftsafe.exceptions import LockError
+from celery_driftsafe.models import Run, RunStatus
+
+logger = logging.getLogger(__name__)
+
+_BACKEND_STATES = {
+    "SUCCESS": RunStatus.SUCCEEDED, "FAILURE": RunStatus.FAILED, "REVOKED": RunStatus.REVOKED,
+}
+
+
+@dataclass
+class Reconciled:
+    expired: list[int] = field(default_factory=list)
+    lost: list[int] = field(default_factory=list)
+    from_results: list[int] = field(default_factory=list)
+
+
+def stuck(now: datetime, settings: DriftSafeSettings | None = None) -> Q:
+    """Runs with no outcome ``STUCK_RUN_SECONDS`` after they were claimed (the admin's
+    "needs attention" filter)."""
+    settings = settings or get_settings()
+    bound = now - timedelta(seconds=settings.stuck_run_seconds)
+    return Q(status__in=(RunStatus.CLAIMED, RunStatus.DISPATCHED, RunStatus.STARTED),
+             claimed_at__lt=bound)
+
+
+def reconcile(
+    now: datetime, *, lease: timedelta, app: Any | None = None, using: str = "default",
+    limit: int = 200, settings: DriftSafeSettings | None = None,
+) -> Reconciled:
+    """One bounded pass (see the module docstring); ``now`` is the authority's."""
+    settings = settings or get_settings()
+    done = Reconciled()
+    runs = Run.objects.using(using)
+    expired = list(
+        runs.filter(status__in=(RunStatus.CLAIMED, RunStatus.DISPATCHED),
+                    expires_at__lt=now - lease)
+        .values_list("pk", "expires_at")[:limit]
+    )
+    for pk, expires_at in expired:
+        if runs.filter(pk=pk, status__in=(RunStatus.CLAIMED, RunStatus.DISPATCHED)).update(
+            status=RunStatus.EXPIRED, finished_at=now,
+            error=f"expired: not started before its expiry at {expires_at}",
+        ):
+            done.expired.append(pk)
+    bound = now - timedelta(seconds=settings.stuck_run_seconds)
+    started = runs.filter(status=RunStatus.STARTED, started_at__lt=bound)
+    for pk, started_at in started.values_list("pk", "started_at")[:limit]:
+        if _worker_lost(pk, started_at, now, using, settings):
+            done.lost.append(pk)
+    if app is not None:
+        _from_result_backend(app, runs, bound, now, limit, done)
+    if done.expired or done.lost or done.from_results:
+        logger.warning(
+            "reconciled runs without an outcome: %d expired, %d worker lost, %d from the "
+            "result backend", len(done.expired), len(done.lost), len(done.from_results),
+            extra={"action": "reconcile"},
+        )
+    return done
+
+
+def _worker_lost(
+    pk: int, started_at: datetime | None, now: datetime, using: str, settings: DriftSafeSettings
+) -> bool:
+    from celery_driftsafe.locks import lock_backend
+
+    lock = lock_backend(settings, using=using).lock(f"run:{pk}", ttl=settings.lease_seconds)
+    try:
+        if not lock.acquire(blocking=False):
+            return False  # a worker still renews it: the body is running
+    except LockError:
+        return False  # cannot tell: leave it for a later pass
+    try:
+        token = lock.fencing_token
+        return bool(Run.objects.using(using).filter(
+            pk=pk, status=RunStatus.STARTED, fencing_token__lt=token
+        ).update(
+            status=RunStatus.FAILED, finished_at=now, fencing_token=token,
+            error=f"worker lost: started at {started_at}, no outcome recorded and nobody "
+                  "holds the run's lock (the worker died or was killed)",
+        ))
+    finally:
+        lock.release()
+
+
+def _from_result_backend(
+    app: Any, runs: Any, bound: datetime, now: datetime, limit: int, done: Reconciled
+) -> None:
+    for pk, task_id in runs.filter(status=RunStatus.DISPATCHED, claimed_at__lt=bound).exclude(
+        celery_task_id=""
+    ).values_list("pk", "celery_task_id")[:limit]:
+        try:
+            state = app.AsyncResult(task_id).state
+        except Exception:  # no result backend, or it is away: nothing to learn here
+            return
+        status = _BACKEND_STATES.get(state)
+        if status is not None and runs.filter(pk=pk, status=RunStatus.DISPATCHED).update(
+            status=status, finished_at=now, error=f"outcome taken from the result backend: {state}"
+        ):
+            done.from_results.append(pk)
