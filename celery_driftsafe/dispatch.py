@@ -50,6 +50,8 @@ class DispatchResult:
     #: Runs not published because this publisher no longer owns their claim (another node
     #: took them over while this one was paused, or this node was marked dead).
     lost: list[int] = field(default_factory=list)
+    #: Runs not published because their message had expired already (a long outage).
+    expired: list[int] = field(default_factory=list)
 
 
 def message_headers(run: ClaimedRun) -> dict[str, Any]:
@@ -75,10 +77,9 @@ class Dispatcher:
     def dispatch(self, runs: Sequence[ClaimedRun]) -> DispatchResult:
         """Publish ``runs``, then mark what went out ``dispatched``.
 
-        First the claims are confirmed, in one statement: only runs still ``claimed`` by the
-        node that claimed them, while that node is not marked dead, are published (their
-        ``claimed_at`` is renewed, so the outbox leaves them alone for a lease). A run taken
-        over meanwhile is left to its new owner.
+        First the claims are confirmed: only runs still ``claimed`` by the node that claimed
+        them, while that node is not marked dead, are published. A run taken over meanwhile
+        (this beat was paused past ``NODE_DEAD_AFTER_SECONDS``) is left to its new owner.
 
         Each message is published on its own: one the broker refuses is recorded with its
         error and tried again with backoff, and the rest of the batch goes out once. If the
@@ -96,7 +97,15 @@ class Dispatcher:
                 "them (it was paused or marked dead); not publishing them", len(result.lost),
                 extra={"action": "claim-lost"},
             )
-        todo = [r for r in runs if r.run_id in owned]
+        now = self.clock.now()
+        todo = []
+        for run in runs:
+            if run.run_id not in owned:
+                continue
+            if run.expires_at is not None and run.expires_at <= now:
+                result.expired.append(run.run_id)
+            else:
+                todo.append(run)
         index = 0
         try:
             with self.app.producer_or_acquire() as producer:
@@ -122,10 +131,9 @@ class Dispatcher:
         return result
 
     def _confirm(self, runs: Sequence[ClaimedRun]) -> set[int]:
-        """Renew the claims this publisher still holds; return their run ids."""
+        """The ids of ``runs`` whose claims their claimer still holds."""
         from celery_driftsafe.models import BeatNode
 
-        now = self.clock.now()
         dead = BeatNode.objects.using(self.using).filter(stopped_at__isnull=False)
         by_claimer: dict[str, list[int]] = {}
         for run in runs:
@@ -135,9 +143,8 @@ class Dispatcher:
         for claimer, ids in by_claimer.items():
             if dead.filter(node_id=claimer).exists():
                 continue
-            mine = table.filter(pk__in=ids, status=RunStatus.CLAIMED, claimed_by=claimer)
-            mine.update(claimed_at=now)
-            owned.update(mine.filter(claimed_at=now).values_list("pk", flat=True))
+            owned.update(table.filter(pk__in=ids, status=RunStatus.CLAIMED, claimed_by=claimer)
+                         .values_list("pk", flat=True))
         return owned
 
     def _publish(self, run: ClaimedRun, producer: Any) -> None:
@@ -183,6 +190,11 @@ class Dispatcher:
                          extra={"action": "publish-refused", "run": run_id})
             table.filter(pk=run_id, status=RunStatus.CLAIMED).update(
                 retry_at=now + delay, error=f"publish attempt {attempts} refused: {reason}"
+            )
+        if result.expired:
+            table.filter(pk__in=result.expired, status=RunStatus.CLAIMED).update(
+                status=RunStatus.EXPIRED, finished_at=now,
+                error="expired before it could be published",
             )
         for run_id, reason in result.failed.items():
             logger.error("run %s failed before publishing: %s", run_id, reason,

@@ -354,16 +354,16 @@ def test_run_now_action_goes_through_the_ledger_and_the_broker(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_run_now_of_an_unregistered_task_fails_the_run_visibly(
+def test_run_now_of_a_task_this_process_has_not_imported_is_published_by_name(
     admin_client: Any, app: Any
 ) -> None:
+    # The web process need not import every task module: the worker that has it runs it.
     task = interval_task("ghost", 60, anchor=T0, queue=QUEUE)
     PeriodicTask.objects.filter(pk=task.pk).update(task="tests.gone")
-    response = action(admin_client, "run_now", [task])
+    action(admin_client, "run_now", [task])
     run = Run.objects.get()
-    assert run.status == RunStatus.FAILED and "'tests.gone' is not registered" in run.error
-    assert any("failed" in t for t in page_messages(response))
-    assert drain(QUEUE) == []
+    assert run.status == RunStatus.DISPATCHED and run.error == ""
+    assert [m["task"] for m in drain(QUEUE)] == ["tests.gone"]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -15,7 +15,7 @@ from celery_driftsafe.dispatch import HEADER_FENCING_TOKEN, HEADER_RUN_ID, HEADE
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus
 from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.testing import FakeClock
-from tests.conftest import drain
+from tests.conftest import QUEUE, drain
 from tests.factories import interval_task
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -74,16 +74,21 @@ def test_wait_is_time_until_next_slot_by_authority(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_unregistered_task_fails_the_run_and_beat_carries_on(
+def test_task_the_beat_has_not_imported_is_published_by_name_with_the_apps_routes(
     scheduler: DriftSafeScheduler,
 ) -> None:
-    interval_task("ghost", 10, anchor=T0, next_slot_at=T0, task="no.such.task")
+    # Rolling deploys and slim beat processes: the beat's app does not register the task;
+    # it goes out by name, routed by task_routes, as Celery beat does.
+    routed = f"{QUEUE}-routed"
+    scheduler.app.conf.task_routes = {"elsewhere.*": {"queue": routed}}
+    interval_task("ghost", 10, anchor=T0, next_slot_at=T0, task="elsewhere.report", args=[7])
     interval_task("real", 10, anchor=T0, next_slot_at=T0)
     scheduler.run_round()
     assert [m["task"] for m in drain()] == ["tests.add"]
-    ghost = Run.objects.get(task_name="no.such.task")
-    assert ghost.status == RunStatus.FAILED
-    assert "'no.such.task' is not registered" in ghost.error
+    sent = drain(routed)
+    assert [(m["task"], m["args"]) for m in sent] == [("elsewhere.report", [7])]
+    ghost = Run.objects.get(task_name="elsewhere.report")
+    assert ghost.status == RunStatus.DISPATCHED and sent[0]["id"] == ghost.celery_task_id
 
 
 @pytest.mark.django_db(transaction=True)
@@ -314,9 +319,9 @@ def test_run_started_before_it_was_marked_keeps_status_and_gets_dispatch_time(
     interval_task("add", 10, anchor=T0, next_slot_at=T0)
     real_record = scheduler.dispatcher._record
 
-    def worker_was_faster(result: Any) -> None:
+    def worker_was_faster(result: Any, runs: Any) -> None:
         Run.objects.update(status=RunStatus.STARTED)  # a worker started it meanwhile
-        real_record(result)
+        real_record(result, runs)
 
     monkeypatch.setattr(scheduler.dispatcher, "_record", worker_was_faster)
     scheduler.run_round()
