@@ -113,10 +113,13 @@ class Dispatcher:
                 for index, run in enumerate(todo):  # noqa: B007 - read after the loop
                     try:
                         self._publish(run, producer)
-                    except unreachable:
-                        raise
+                    except unreachable as exc:
+                        if not _refused(exc):
+                            raise
+                        result.refused[run.run_id] = _describe(exc)
+                        continue
                     except Exception as exc:
-                        result.refused[run.run_id] = f"{type(exc).__name__}: {exc}"
+                        result.refused[run.run_id] = _describe(exc)
                         continue
                     result.published.append(run.run_id)
         except Exception as exc:  # broker unreachable: nothing more is known to be out
@@ -181,11 +184,11 @@ class Dispatcher:
         for run_id, reason in result.refused.items():
             attempts = runs[run_id].dispatch_attempts
             if attempts >= MAX_PUBLISH_ATTEMPTS:
-                result.failed[run_id] = (f"the broker refused the message {attempts} times; "
+                result.failed[run_id] = (f"publishing was refused {attempts} times; "
                                          f"last: {reason}")
                 continue
             delay = min(timedelta(seconds=2 ** attempts), MAX_PUBLISH_BACKOFF)
-            logger.error("the broker refused run %s (attempt %d); trying again in %s: %s",
+            logger.error("could not publish run %s (attempt %d); trying again in %s: %s",
                          run_id, attempts, delay, reason,
                          extra={"action": "publish-refused", "run": run_id})
             table.filter(pk=run_id, status=RunStatus.CLAIMED).update(
@@ -202,6 +205,25 @@ class Dispatcher:
             table.filter(pk=run_id, status=RunStatus.CLAIMED).update(
                 status=RunStatus.FAILED, finished_at=now, error=reason
             )
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether the broker answered this one message with a refusal (a negative publisher
+    confirm: the queue is full, a policy rejects it), which kombu reports as a recoverable
+    connection error although the connection is fine."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if type(seen).__name__ == "MessageNacked":
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or "no detail given"
+    if _refused(exc) and "Nack" not in text:
+        text = f"the broker answered with a negative acknowledgement (Nack); {text}"
+    return f"{type(exc).__name__}: {text}"
 
 
 def _connection_errors(producer: Any) -> tuple[type[BaseException], ...]:

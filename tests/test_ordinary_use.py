@@ -1,0 +1,367 @@
+"""What a project does to the scheduler in its first week: stale saves, malformed rows, a paused
+beat, a slim beat process, a broker that refuses one message. Real database, real Redis broker
+(RabbitMQ where a refusal is the point); time from a fake clock."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.db import connection
+
+from celery_driftsafe import nodes
+from celery_driftsafe.claim import claimer_for, reclaim_stale
+from celery_driftsafe.dispatch import Dispatcher
+from celery_driftsafe.models import PeriodicTask, Run, RunStatus
+from celery_driftsafe.reconcile import reconcile
+from celery_driftsafe.scheduler import DriftSafeScheduler
+from celery_driftsafe.testing import FakeClock
+from tests import settings as test_settings
+from tests.conftest import drain
+from tests.factories import interval_task
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+S = timedelta(seconds=1)
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(T0)
+
+
+@pytest.fixture
+def scheduler(broker_app: Any, clock: FakeClock) -> Iterator[DriftSafeScheduler]:
+    sched = DriftSafeScheduler(
+        app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
+    )
+    yield sched
+    sched.close()
+
+
+def _slots(task: PeriodicTask) -> list[datetime]:
+    return sorted(s for s in Run.objects.filter(periodic_task=task).values_list("slot", flat=True)
+                  if s is not None)
+
+
+# -- the claim owns its columns -------------------------------------------------------------
+
+
+def test_stale_save_of_kwargs_never_moves_the_task_back(
+    scheduler: DriftSafeScheduler, clock: FakeClock
+) -> None:
+    task = interval_task("t", 1, anchor=T0, next_slot_at=T0, args=[1], kwargs={"y": 1})
+    stale = PeriodicTask.objects.get(pk=task.pk)  # an admin form opened now
+    for _ in range(5):
+        scheduler.run_round()
+        clock.advance(S)
+    stale.kwargs = {"y": 2}
+    stale.save()  # 0.1 wrote next_slot_at = T0 back here and every claim hit the constraint
+    fresh = PeriodicTask.objects.get(pk=task.pk)
+    assert fresh.next_slot_at == T0 + 5 * S and fresh.run_count == 5
+    assert fresh.kwargs == {"y": 2}
+    for _ in range(3):
+        scheduler.run_round()
+        clock.advance(S)
+    assert _slots(task) == [T0 + k * S for k in range(8)]
+    messages = drain()
+    assert len(messages) == 8 and messages[-1]["kwargs"] == {"y": 2}
+
+
+def test_stale_schedule_edit_starts_after_every_slot_that_has_a_run(
+    scheduler: DriftSafeScheduler, clock: FakeClock
+) -> None:
+    task = interval_task("t", 2, anchor=T0, next_slot_at=T0)
+    stale = PeriodicTask.objects.get(pk=task.pk)
+    for _ in range(4):
+        scheduler.run_round()
+        clock.advance(S)
+    # The schedule edit (2 s -> 1 s, same anchor) on an old instance; the authority's "now"
+    # as the saving process sees it lags behind the last fired slot.
+    stale.interval_every = 1
+    stale.driftsafe_now = T0  # type: ignore[attr-defined]
+    stale.save()
+    fresh = PeriodicTask.objects.get(pk=task.pk)
+    assert fresh.next_slot_at is not None and fresh.next_slot_at > max(_slots(task))
+
+
+def test_a_slot_that_already_has_a_run_is_skipped_and_the_round_goes_on(
+    scheduler: DriftSafeScheduler, clock: FakeClock
+) -> None:
+    taken = interval_task("taken", 10, anchor=T0, next_slot_at=T0)
+    other = interval_task("other", 10, anchor=T0, next_slot_at=T0)
+    Run.objects.create(periodic_task=taken, task_name="tests.add", slot=T0,
+                       status=RunStatus.SUCCEEDED, celery_task_id="earlier")
+    scheduler.run_round()
+    assert [m["task"] for m in drain()] == ["tests.add"]  # only "other"'s run
+    assert Run.objects.filter(periodic_task=other, slot=T0).exists()
+    assert Run.objects.filter(periodic_task=taken).count() == 1
+    taken.refresh_from_db()
+    assert taken.next_slot_at == T0 + 10 * S and taken.enabled  # advanced, not disabled
+    clock.advance(10 * S)
+    scheduler.run_round()
+    assert len(drain()) == 2  # both fire their next slot
+
+
+# -- no data can stop a beat -----------------------------------------------------------------
+
+
+def test_json_strings_in_args_and_kwargs_are_read_as_their_value(
+    scheduler: DriftSafeScheduler,
+) -> None:
+    task = PeriodicTask(name="habit", task="tests.add", schedule_kind="interval",
+                        interval_every=10, interval_anchor=T0,
+                        args=json.dumps([1, 2]), kwargs=json.dumps({}))
+    task.save()
+    task.refresh_from_db()
+    assert task.args == [1, 2] and task.kwargs == {}
+    # stored as a JSON string behind save()'s back: the claim reads it the same way
+    PeriodicTask.objects.filter(pk=task.pk).update(args=json.dumps([3, 4]), next_slot_at=T0)
+    scheduler.run_round()
+    assert [m["args"] for m in drain()] == [[3, 4]]
+
+
+@pytest.mark.parametrize(("field", "value", "wrong"), [
+    ("args", "1, 2", "args"),
+    ("args", {"x": 1}, "args"),
+    ("kwargs", [1, 2], "kwargs"),
+    ("kwargs", json.dumps([1]), "kwargs"),
+    ("headers", {"id": "another-task-id"}, "headers"),
+    ("headers", {"task": "evil.task"}, "headers"),
+    ("priority", 999, "priority"),
+    ("expires_seconds", -5.0, "expires_seconds"),
+    ("misfire_grace_seconds", -1.0, "misfire_grace_seconds"),
+    ("misfire_policy", "sometimes", "misfire_policy"),
+    ("timezone", "Mars/Olympus_Mons", "timezone"),
+])
+def test_save_refuses_what_the_task_could_not_fire_with(field: str, value: Any,
+                                                         wrong: str) -> None:
+    fields: dict[str, Any] = {"schedule_kind": "interval", "interval_every": 10,
+                              "interval_anchor": T0}
+    if field == "timezone":
+        fields = {"schedule_kind": "crontab", "crontab_minute": "0"}
+    task = PeriodicTask(name="bad", task="tests.add", **fields, **{field: value})
+    with pytest.raises(ValidationError) as caught:
+        task.save()
+    assert wrong in caught.value.message_dict
+    assert not PeriodicTask.objects.exists()
+
+
+_BAD_ROWS: list[tuple[str, dict[str, Any], str]] = [
+    ("args-object", {"args": {"a": 1}}, "args:"),
+    ("args-text", {"args": "1, 2"}, "args:"),
+    ("kwargs-list", {"kwargs": [1, 2]}, "kwargs:"),
+    ("headers-protocol", {"headers": {"id": "x", "task": "y"}}, "headers:"),
+    ("interval-overflow", {"interval_every": 2_000_000_000, "interval_unit": "days"},
+     "interval_every:"),
+    ("zone", {"schedule_kind": "crontab", "timezone": "Nowhere/Atlantis"}, "timezone"),
+    ("grace", {"misfire_grace_seconds": -3.0}, "misfire_grace_seconds:"),
+    ("expiry", {"expires_seconds": -1.0}, "expires_seconds:"),
+    ("policy", {"overlap_policy": "maybe"}, "overlap_policy:"),
+]
+
+
+def test_each_malformed_row_is_disabled_with_its_reason_and_the_rest_fire(
+    scheduler: DriftSafeScheduler, clock: FakeClock
+) -> None:
+    good = interval_task("good", 1, anchor=T0, next_slot_at=T0)
+    bad = {}
+    for name, _, _ in _BAD_ROWS:
+        bad[name] = interval_task(name, 1, anchor=T0, next_slot_at=T0)
+    for name, values, _ in _BAD_ROWS:  # behind save()'s back, as SQL or a migration would
+        PeriodicTask.objects.filter(pk=bad[name].pk).update(**values)
+    for _ in range(3):
+        scheduler.run_round()
+        clock.advance(S)
+    assert _slots(good) == [T0, T0 + S, T0 + 2 * S]
+    assert {m["task"] for m in drain()} == {"tests.add"}
+    for name, _, reason in _BAD_ROWS:
+        row = PeriodicTask.objects.get(pk=bad[name].pk)
+        assert not row.enabled, name
+        assert row.disabled_reason.startswith("disabled by the scheduler"), name
+        assert reason in row.disabled_reason, (name, row.disabled_reason)
+        assert not Run.objects.filter(periodic_task=row).exists(), name
+
+
+@pytest.mark.skipif(test_settings.TEST_DB != "sqlite", reason="only SQLite stores any text")
+def test_a_row_the_orm_cannot_read_is_disabled_and_the_rest_fire(
+    scheduler: DriftSafeScheduler, clock: FakeClock
+) -> None:
+    good = interval_task("good", 1, anchor=T0, next_slot_at=T0)
+    broken = interval_task("broken", 1, anchor=T0, next_slot_at=T0)
+    with connection.cursor() as cursor:  # JSON columns have a CHECK there; dates do not
+        cursor.execute("UPDATE celery_driftsafe_periodictask SET interval_anchor = "
+                       "'last tuesday' WHERE id = %s", [broken.pk])
+    scheduler.run_round()
+    assert _slots(good) == [T0]
+    row = PeriodicTask.objects.filter(pk=broken.pk).values("enabled", "disabled_reason").get()
+    assert not row["enabled"] and row["disabled_reason"].startswith("disabled by the scheduler")
+
+
+# -- a paused node cannot double-publish -------------------------------------------------------
+
+
+def test_claims_taken_over_from_a_paused_node_are_not_published_by_it(
+    broker_app: Any, clock: FakeClock
+) -> None:
+    interval_task("t", 10, anchor=T0, next_slot_at=T0)
+    nodes.register("paused", T0)
+    nodes.register("peer", T0)
+    claimed = claimer_for().claim(T0, "paused").runs  # committed, then the process froze
+    assert len(claimed) == 1
+    clock.advance(40 * S)  # > NODE_DEAD_AFTER_SECONDS (30 s)
+    nodes.heartbeat("peer", clock.now())
+    assert nodes.mark_dead(clock.now(), timedelta(seconds=30), "peer") == ["paused"]
+    taken = reclaim_stale(clock.now(), "peer", lease=timedelta(seconds=30))
+    assert [r.run_id for r in taken] == [claimed[0].run_id]
+    dispatcher = Dispatcher(broker_app, clock)
+    assert dispatcher.dispatch(taken).published == [claimed[0].run_id]
+    resumed = dispatcher.dispatch(claimed)  # the paused beat carries on where it stopped
+    assert resumed.published == [] and resumed.lost == [claimed[0].run_id]
+    assert len(drain()) == 1
+    # its next heartbeat tells it that it was marked dead; it registers again
+    assert nodes.heartbeat("paused", clock.now()) is False
+
+
+def test_a_node_marked_dead_re_registers_at_its_next_heartbeat(
+    scheduler: DriftSafeScheduler, clock: FakeClock
+) -> None:
+    scheduler.run_round()
+    clock.advance(60 * S)
+    nodes.mark_dead(clock.now(), timedelta(seconds=30), "peer")
+    scheduler._next_heartbeat = 0.0
+    scheduler.run_round()
+    node = nodes.BeatNode.objects.get(node_id=scheduler.node_id)
+    assert node.stopped_at is None and node.last_heartbeat_at == clock.now()
+
+
+# -- partial failures stay partial -------------------------------------------------------------
+
+
+def test_outbox_republishes_the_message_captured_at_claim_time(
+    broker_app: Any, clock: FakeClock
+) -> None:
+    task = interval_task("t", 10, anchor=T0, next_slot_at=T0, args=[1, 1], queue="")
+    claimed = claimer_for().claim(T0, "crashed").runs  # the beat died before publishing
+    edited = PeriodicTask.objects.get(pk=task.pk)
+    edited.args = [9, 9]
+    edited.save()
+    edited.delete()
+    clock.advance(31 * S)
+    taken = reclaim_stale(clock.now(), "peer", lease=timedelta(seconds=30))
+    Dispatcher(broker_app, clock).dispatch(taken)
+    sent = drain()
+    assert [(m["id"], m["args"]) for m in sent] == [(claimed[0].celery_task_id, [1, 1])]
+
+
+AMQP_URL = os.environ.get("DRIFTSAFE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+@pytest.fixture
+def amqp_app(settings: Any) -> Iterator[tuple[Any, str, str]]:
+    """A Celery app on RabbitMQ with publisher confirms, and two queues: one that takes
+    messages and one that refuses every message (``x-max-length`` 0, ``reject-publish``).
+    Messages do not expire (the fake clock lies months back: RabbitMQ would drop them)."""
+    from celery import Celery
+    from kombu import Queue
+
+    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "RUN_EXPIRES_SECONDS": None}
+    unique = uuid.uuid4().hex[:8]
+    good, refusing = f"ok-{unique}", f"full-{unique}"
+    app = Celery("driftsafe-amqp", broker=AMQP_URL, set_as_current=False)
+    app.conf.broker_transport_options = {"confirm_publish": True}
+    app.conf.broker_connection_retry_on_startup = False
+    app.conf.task_queues = [
+        Queue(good),
+        Queue(refusing, queue_arguments={"x-max-length": 0, "x-overflow": "reject-publish"}),
+    ]
+    app.conf.task_default_queue = good
+    app.conf.task_routes = {"refused.*": {"queue": refusing}}
+    yield app, good, refusing
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        for name in (good, refusing):
+            channel.queue_delete(name)
+    app.close()
+
+
+def _amqp_count(app: Any, queue: str) -> int:
+    with app.connection_for_write() as conn:
+        return int(conn.default_channel.queue_declare(queue, passive=True).message_count)
+
+
+def test_a_message_the_broker_refuses_is_retried_alone_with_backoff(
+    amqp_app: tuple[Any, str, str], clock: FakeClock
+) -> None:
+    app, good, _ = amqp_app
+    interval_task("a", 60, anchor=T0, next_slot_at=T0)
+    refused = interval_task("refused", 60, anchor=T0, next_slot_at=T0, task="refused.job")
+    interval_task("b", 60, anchor=T0, next_slot_at=T0)
+    nodes.register("n1", T0)
+    result = Dispatcher(app, clock).dispatch(claimer_for().claim(T0, "n1").runs)
+    run = Run.objects.get(periodic_task=refused)
+    assert sorted(result.refused) == [run.pk] and len(result.published) == 2
+    assert _amqp_count(app, good) == 2
+    assert run.status == RunStatus.CLAIMED and run.retry_at == T0 + 2 * S
+    assert "refused" in run.error and "Nack" in run.error, run.error
+    # not before its retry_at, then once more, with a longer wait
+    assert reclaim_stale(T0 + S, "n1", lease=timedelta(seconds=30)) == []
+    clock.advance(2 * S)
+    again = reclaim_stale(clock.now(), "n1", lease=timedelta(seconds=30))
+    assert [r.run_id for r in again] == [run.pk]
+    Dispatcher(app, clock).dispatch(again)
+    run.refresh_from_db()
+    assert run.dispatch_attempts == 2 and run.retry_at == clock.now() + 4 * S
+    assert _amqp_count(app, good) == 2  # the others were not published again
+
+
+def test_after_the_last_attempt_a_refused_run_is_recorded_failed(
+    amqp_app: tuple[Any, str, str], clock: FakeClock
+) -> None:
+    from celery_driftsafe.dispatch import MAX_PUBLISH_ATTEMPTS
+
+    app, _, _ = amqp_app
+    task = interval_task("refused", 60, anchor=T0, next_slot_at=T0, task="refused.job")
+    nodes.register("n1", T0)
+    runs = claimer_for().claim(T0, "n1").runs
+    Run.objects.filter(periodic_task=task).update(dispatch_attempts=MAX_PUBLISH_ATTEMPTS)
+    runs = [type(r)(**{**r.__dict__, "dispatch_attempts": MAX_PUBLISH_ATTEMPTS}) for r in runs]
+    Dispatcher(app, clock).dispatch(runs)
+    run = Run.objects.get(periodic_task=task)
+    assert run.status == RunStatus.FAILED and f"{MAX_PUBLISH_ATTEMPTS} times" in run.error
+
+
+# -- no run stays dispatched forever -----------------------------------------------------------
+
+
+def test_runs_past_their_expiry_are_recorded_expired(
+    scheduler: DriftSafeScheduler, clock: FakeClock
+) -> None:
+    task = interval_task("t", 60, anchor=T0, next_slot_at=T0, expires_seconds=30.0)
+    scheduler.run_round()
+    message = drain()[0]
+    run = Run.objects.get(periodic_task=task)
+    assert run.expires_at == T0 + 30 * S and message["expires"] == (T0 + 30 * S).isoformat()
+    lease = timedelta(seconds=30)
+    assert reconcile(T0 + 59 * S, lease=lease).expired == []  # a worker may still take it
+    assert reconcile(T0 + 61 * S, lease=lease).expired == [run.pk]
+    run.refresh_from_db()
+    assert run.status == RunStatus.EXPIRED and "expiry" in run.error
+
+
+def test_a_started_run_whose_worker_is_gone_is_recorded_failed(clock: FakeClock) -> None:
+    task = interval_task("t", 60, anchor=T0)
+    run = Run.objects.create(periodic_task=task, task_name="tests.add", slot=T0,
+                             status=RunStatus.STARTED, started_at=T0, claimed_at=T0)
+    lease = timedelta(seconds=30)
+    assert reconcile(T0 + 10 * S, lease=lease).lost == []  # not past STUCK_RUN_SECONDS
+    assert reconcile(T0 + timedelta(hours=2), lease=lease).lost == [run.pk]
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED and run.error.startswith("worker lost")
+    assert run.fencing_token > 0  # a paused worker's late outcome is refused
