@@ -74,7 +74,7 @@ class E2ERun:
 
     def __init__(self, backend: str, workdir: Path, *, authority: str | None = None,
                  beat_schedule: dict[str, float] | None = None, max_loop: float = 1.0,
-                 lease: float = 5.0, broker: str = "redis") -> None:
+                 lease: float = 5.0, broker: str = "redis", dead_after: float = 30.0) -> None:
         self.backend = backend
         self.workdir = workdir
         self.token = uuid.uuid4().hex[:8]
@@ -108,6 +108,7 @@ class E2ERun:
             "DRIFTSAFE_E2E_BEAT_SCHEDULE": json.dumps(beat_schedule or {}),
             "DRIFTSAFE_E2E_MAX_LOOP": str(max_loop),
             "DRIFTSAFE_E2E_LEASE": str(lease),
+            "DRIFTSAFE_E2E_DEAD_AFTER": str(dead_after),
         }
         self.tool("migrate")
 
@@ -142,16 +143,17 @@ class E2ERun:
     def seed(self, specs: list[dict[str, Any]], start: datetime) -> None:
         self.tool("seed", [{**spec, "start": start.isoformat()} for spec in specs])
 
-    def start_beat(self, offset: float) -> Beat:
+    def start_beat(self, offset: float, *, scheduler: str = SCHEDULER,
+                   app: str = "tests.e2e.celery_app", env: dict[str, str] | None = None) -> Beat:
         """Start one beat whose wall clock is ``offset`` seconds off; the skew is verified in
         a child with the very same environment first."""
-        env = skewed_env(offset, self.env)
+        env = skewed_env(offset, {**self.env, **(env or {})})
         measured = verify_skew(env, offset) if offset else 0.0
         log = self.workdir / f"beat-{len(self.beats)}.log"
         with log.open("wb") as out:  # the child keeps its own copy of the descriptor
             process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "tests.e2e.celery_app", "beat", "-S",
-                 SCHEDULER, "--loglevel", "INFO", "-s",
+                [sys.executable, "-m", "celery", "-A", app, "beat", "-S",
+                 scheduler, "--loglevel", "INFO", "-s",
                  str(self.workdir / f"beat-{len(self.beats)}")],
                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
             )

@@ -44,6 +44,8 @@ DRIFTSAFE = {
     "TIME_AUTHORITY": os.environ.get("DRIFTSAFE_E2E_AUTHORITY", "database"),
     "LEASE_SECONDS": float(os.environ.get("DRIFTSAFE_E2E_LEASE", "5.0")),
     "HEARTBEAT_INTERVAL_SECONDS": 1.0,
+    "NODE_DEAD_AFTER_SECONDS": float(os.environ.get("DRIFTSAFE_E2E_DEAD_AFTER", "30.0")),
+    "CELERY_APP": "tests.e2e.celery_app:app",
     "MISFIRE_GRACE_SECONDS": 30.0,
     "MAX_LOOP_INTERVAL_SECONDS": float(os.environ.get("DRIFTSAFE_E2E_MAX_LOOP", "1.0")),
 }

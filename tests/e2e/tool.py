@@ -79,6 +79,16 @@ def main(command: str) -> None:
         json.dump({"status": run.status, "fencing_token": run.fencing_token,
                    "worker": run.worker, "duplicates": run.duplicate_deliveries,
                    "error": run.error}, sys.stdout)
+    elif command == "stale_saves":  # save from instances read a while ago, as forms do
+        stale_saves(**json.load(sys.stdin))
+    elif command == "corrupt":  # raw SQL, as a data migration or a psql session would
+        from django.db import connection
+
+        table = PeriodicTask._meta.db_table
+        with connection.cursor() as cursor:
+            for change in json.load(sys.stdin):
+                cursor.execute(f"UPDATE {table} SET {change['set']} WHERE name = %s",
+                               [change["name"]])
     elif command == "dump":
         def iso(value: datetime | None) -> str | None:
             return value.isoformat() if value else None
@@ -86,7 +96,8 @@ def main(command: str) -> None:
         tasks = [
             {"id": t.pk, "name": t.name, "kind": t.schedule_kind, "every": t.interval_every,
              "anchor": iso(t.interval_anchor), "minute": t.crontab_minute,
-             "hour": t.crontab_hour, "timezone": t.timezone, "source": t.source}
+             "hour": t.crontab_hour, "timezone": t.timezone, "source": t.source,
+             "enabled": t.enabled, "disabled_reason": t.disabled_reason}
             for t in PeriodicTask.objects.all()
         ]
         runs = [
@@ -104,6 +115,37 @@ def main(command: str) -> None:
         json.dump({"tasks": tasks, "runs": runs, "nodes": nodes}, sys.stdout)
     else:
         raise SystemExit(f"unknown command {command!r}: use migrate, seed or dump")
+
+
+def stale_saves(name: str, seconds: float, pause: float) -> None:
+    """For ``seconds``: load the task, wait ``pause`` (the claims move on meanwhile), change its
+    kwargs and save the stale instance: through the ORM and, every other time, through the
+    admin's form, as a person editing it would."""
+    import time
+
+    from django.forms.models import model_to_dict
+
+    from celery_driftsafe.forms import PeriodicTaskForm
+    from celery_driftsafe.models import PeriodicTask
+
+    deadline = time.monotonic() + seconds
+    saves = 0
+    while time.monotonic() < deadline:
+        stale = PeriodicTask.objects.get(name=name)
+        time.sleep(pause)
+        if saves % 2:
+            data = {k: v for k, v in model_to_dict(stale).items() if v is not None}
+            data.update(args=json.dumps(stale.args), kwargs=json.dumps({"save": saves}),
+                        headers=json.dumps(stale.headers))
+            form = PeriodicTaskForm(data=data, instance=stale)
+            if not form.is_valid():
+                raise SystemExit(f"the admin form refused the edit: {form.errors.as_json()}")
+            form.save()
+        else:
+            stale.kwargs = {"save": saves}
+            stale.save()
+        saves += 1
+    json.dump({"saves": saves}, sys.stdout)
 
 
 if __name__ == "__main__":
