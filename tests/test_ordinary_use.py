@@ -365,3 +365,24 @@ def test_a_started_run_whose_worker_is_gone_is_recorded_failed(clock: FakeClock)
     run.refresh_from_db()
     assert run.status == RunStatus.FAILED and run.error.startswith("worker lost")
     assert run.fencing_token > 0  # a paused worker's late outcome is refused
+
+
+def test_the_admin_lists_runs_without_an_outcome_under_needs_attention(
+    admin_client: Any,
+) -> None:
+    from django.urls import reverse
+
+    from celery_driftsafe.changes import authority_now
+
+    now = authority_now()
+    task = interval_task("t", 60, anchor=T0)
+    old = Run.objects.create(periodic_task=task, task_name="tests.add", slot=T0,
+                             status=RunStatus.DISPATCHED, claimed_at=now - timedelta(hours=2),
+                             celery_task_id="old-and-silent")
+    Run.objects.create(periodic_task=task, task_name="tests.add", slot=T0 + S,
+                       status=RunStatus.DISPATCHED, claimed_at=now, celery_task_id="fresh-one")
+    page = admin_client.get(reverse("admin:celery_driftsafe_run_changelist"),
+                            {"attention": "stuck"})
+    assert page.status_code == 200
+    listed = list(page.context["cl"].result_list)
+    assert [r.pk for r in listed] == [old.pk]

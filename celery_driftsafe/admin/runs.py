@@ -23,9 +23,11 @@ from celery_driftsafe.admin.display import (
     duration,
     instant,
     lateness,
+    page_now,
     status_badge,
 )
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run
+from celery_driftsafe.reconcile import stuck
 
 #: At most this many choices in the task and node filters; search finds the rest.
 FILTER_CHOICES = 100
@@ -65,6 +67,23 @@ class NodeFilter(admin.SimpleListFilter):
         return queryset
 
 
+class AttentionFilter(admin.SimpleListFilter):
+    """Runs with no outcome ``STUCK_RUN_SECONDS`` after their claim (see
+    :mod:`celery_driftsafe.reconcile`)."""
+
+    title = "attention"
+    parameter_name = "attention"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("stuck", "needs attention (no outcome)")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        now = page_now()
+        if self.value() == "stuck" and now is not None:
+            return queryset.filter(stuck(now))
+        return queryset
+
+
 def _results_url() -> str | None:
     """The django-celery-results TaskResult list in this admin, when installed."""
     if not apps.is_installed("django_celery_results"):
@@ -80,7 +99,7 @@ class RunAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
         "run", "task_name", "kind", "slot_at", "status_badge", "claimed_by", "claimed",
         "dispatched", "started", "finished", "lateness_text", "duration_text", "result",
     )
-    list_filter = ("status", "kind", PeriodicTaskFilter, NodeFilter)
+    list_filter = ("status", AttentionFilter, "kind", PeriodicTaskFilter, NodeFilter)
     search_fields = ("task_name", "celery_task_id", "=claimed_by")
     list_per_page = 100
     show_full_result_count = False
