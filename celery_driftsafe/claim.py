@@ -33,8 +33,16 @@ from django.db import (
 from django.db.models import F, Q
 
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
+from celery_driftsafe.exceptions import ScheduleError
 from celery_driftsafe.misfire import ClaimPlan, plan_claim
-from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
+from celery_driftsafe.models import (
+    SCHEDULE_ERROR_FIELDS,
+    PeriodicTask,
+    Run,
+    RunKind,
+    RunStatus,
+)
+from celery_driftsafe.validation import Problem
 
 logger = logging.getLogger(__name__)
 
@@ -164,14 +172,17 @@ class _BaseClaimer:
         planned = []
         for task in tasks:
             task.coerce()
-            problems = task.problems()
+            problems = task.problems(schedule=False)  # planning evaluates the schedule
             try:
                 if not problems:
                     planned.append((task, self._plan(task, now)))
                     continue
                 problem = "; ".join(map(str, problems))
+            except ScheduleError as exc:
+                problem = str(Problem(SCHEDULE_ERROR_FIELDS.get(exc.field, "schedule_kind"),
+                                      str(exc)))
             except Exception as exc:
-                problem = f"the schedule cannot be evaluated: {exc!r}"
+                problem = f"{task.schedule_field()}: the schedule cannot be evaluated: {exc!r}"
             logger.error("task %s disabled: %s", task.name, problem,
                          extra={"action": "disable", "task": task.name})
             task.enabled = False

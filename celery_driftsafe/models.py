@@ -174,26 +174,33 @@ class PeriodicTask(models.Model):
         self.kwargs = coerce_json(self.kwargs, dict)
         self.headers = coerce_json(self.headers, dict)
 
-    def problems(self) -> list[Problem]:
-        """Everything that keeps this row from firing, each naming the model field at fault."""
+    def problems(self, *, schedule: bool = True) -> list[Problem]:
+        """Everything that keeps this row from firing, each naming the model field at fault.
+        ``schedule=False`` leaves the schedule out (a caller about to evaluate it anyway)."""
         found = json_problems(self.args, self.kwargs, self.headers)
         found += option_problems(
             task=self.task, priority=self.priority, expires_seconds=self.expires_seconds,
             misfire_grace_seconds=self.misfire_grace_seconds,
             misfire_policy=self.misfire_policy, overlap_policy=self.overlap_policy,
         )
+        if not schedule:
+            return found
         try:
             # An interval's anchor is stored on first save; any aware instant validates it.
-            schedule = self.build_schedule(anchor=STAND_IN_ANCHOR)
-            schedule.next_after(self.interval_anchor or STAND_IN_ANCHOR)
+            built = self.build_schedule(anchor=STAND_IN_ANCHOR)
+            built.next_after(self.interval_anchor or STAND_IN_ANCHOR)
         except ScheduleError as exc:
             found.append(Problem(SCHEDULE_ERROR_FIELDS.get(exc.field, "schedule_kind"),
                                  str(exc)))
         except (ValueError, OverflowError, TypeError, KeyError) as exc:
-            field = {"interval": "interval_every", "crontab": "timezone",
-                     "one_off": "one_off_at"}.get(str(self.schedule_kind), "schedule_kind")
-            found.append(Problem(field, f"the schedule cannot be evaluated: {exc!r}"))
+            found.append(Problem(self.schedule_field(),
+                                 f"the schedule cannot be evaluated: {exc!r}"))
         return found
+
+    def schedule_field(self) -> str:
+        """The field to blame when the schedule as a whole cannot be evaluated."""
+        return {"interval": "interval_every", "crontab": "timezone",
+                "one_off": "one_off_at"}.get(str(self.schedule_kind), "schedule_kind")
 
     def clean(self) -> None:
         """Model validation: every problem on the field at fault."""

@@ -289,7 +289,7 @@ def test_enable_action_starts_after_now_without_catch_up(
     assert (task.next_slot_at - old) % timedelta(seconds=60) == timedelta(0)
     assert not PeriodicTask.objects.get(pk=broken.pk).enabled
     texts = page_messages(response)
-    assert any("Not enabled, the schedule is invalid: broken" in t for t in texts)
+    assert any("Not enabled, it cannot fire: broken" in t for t in texts)
     assert "Enabled 1 task(s): paused" in texts
     assert wakeups() == 1
 

@@ -386,3 +386,23 @@ def test_the_admin_lists_runs_without_an_outcome_under_needs_attention(
     assert page.status_code == 200
     listed = list(page.context["cl"].result_list)
     assert [r.pk for r in listed] == [old.pk]
+
+
+def test_an_unexpected_error_in_a_round_is_logged_once_and_the_beat_carries_on(
+    scheduler: DriftSafeScheduler, clock: FakeClock, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    interval_task("t", 1, anchor=T0, next_slot_at=T0)
+    real_claim = scheduler.claimer.claim
+    failures = iter([True, True, False])
+
+    def sometimes_broken(now: datetime, node_id: str) -> Any:
+        if next(failures):
+            raise RuntimeError("a bug nobody foresaw")
+        return real_claim(now, node_id)
+
+    monkeypatch.setattr(scheduler.claimer, "claim", sometimes_broken)
+    waits = [scheduler._guarded_round() for _ in range(3)]  # what tick() does, minus the wait
+    assert waits[0] > 0 and waits[1] > 0  # backed off, did not raise
+    assert len([r for r in caplog.records if "failed unexpectedly" in r.getMessage()]) == 1
+    assert len(drain()) == 1  # the third round claimed and published

@@ -32,7 +32,7 @@ from celery_driftsafe.admin.display import (
 )
 from celery_driftsafe.clock import AuthorityClock, authority_from_settings
 from celery_driftsafe.conf import ConfigurationError
-from celery_driftsafe.exceptions import ClockError, ScheduleError
+from celery_driftsafe.exceptions import ClockError
 from celery_driftsafe.forms import PeriodicTaskForm
 from celery_driftsafe.manual import admin_actor, get_celery_app, run_now
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
@@ -66,13 +66,14 @@ class LastRunStatusFilter(admin.SimpleListFilter):
 
 
 def _schedulable(tasks: list[PeriodicTask]) -> tuple[list[PeriodicTask], list[str]]:
-    """Split tasks into those whose schedule evaluates and the messages for the others."""
+    """Split tasks into those that can fire and the messages for the others (the same checks
+    as ``save()`` and the claim: schedule, JSON shapes, options)."""
     good, bad = [], []
     for task in tasks:
-        try:
-            task.schedule  # noqa: B018 - building it is the check
-        except (ScheduleError, ValueError) as exc:
-            bad.append(f"{task.name}: {exc}")
+        task.coerce()
+        problems = task.problems()
+        if problems:
+            bad.append(f"{task.name}: " + "; ".join(map(str, problems)))
         else:
             good.append(task)
     return good, bad
@@ -169,7 +170,7 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
     def enable_tasks(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
         tasks, broken = _schedulable(list(queryset.filter(enabled=False)))
         for text in broken:
-            self.message_user(request, f"Not enabled, the schedule is invalid: {text}",
+            self.message_user(request, f"Not enabled, it cannot fire: {text}",
                               messages.ERROR)
         if not tasks:
             self.message_user(request, "No disabled task with a valid schedule was selected.",
@@ -233,7 +234,7 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
     def reset_schedule(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
         tasks, broken = _schedulable(list(queryset))
         for text in broken:
-            self.message_user(request, f"Not reset, the schedule is invalid: {text}",
+            self.message_user(request, f"Not reset, it cannot fire: {text}",
                               messages.ERROR)
         if not tasks:
             return
