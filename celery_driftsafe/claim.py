@@ -535,14 +535,17 @@ def claimer_for(using: str = "default", settings: DriftSafeSettings | None = Non
 
 
 def reclaim_stale(
-    now: datetime, node_id: str, *, lease: timedelta, limit: int = 500, using: str = "default"
+    now: datetime, node_id: str, *, lease: timedelta, limit: int = 500, using: str = "default",
+    dead_after: timedelta | None = None,
 ) -> list[ClaimedRun]:
     """The outbox: ``claimed`` runs that were never marked dispatched are taken over by this
     node, one compare-and-swap each on ``claimed_at``, and returned for re-publishing under the
     same Celery task id, with the message captured when they were claimed. Eligible are runs
 
     * claimed longer than ``lease`` ago (their beat died between commit and publish, or the
-      broker was unreachable),
+      broker was unreachable) by this node, by something that is not a beat (a manual run),
+      or by a beat with no heartbeat within ``dead_after`` (when given): a live beat's claims
+      are its own to publish,
     * claimed by a node known to be stopped or dead (its publisher lost them), or
     * whose refused publish is due for another try (``retry_at`` reached).
 
@@ -552,10 +555,15 @@ def reclaim_stale(
     """
     from celery_driftsafe.models import BeatNode
 
-    gone = BeatNode.objects.using(using).filter(stopped_at__isnull=False).values("node_id")
+    nodes = BeatNode.objects.using(using)
+    gone = nodes.filter(stopped_at__isnull=False).values("node_id")
+    expired_lease = Q(retry_at__isnull=True, claimed_at__lt=now - lease)
+    if dead_after is not None:
+        alive = nodes.filter(stopped_at__isnull=True, last_heartbeat_at__gte=now - dead_after)
+        expired_lease &= ~Q(claimed_by__in=alive.exclude(node_id=node_id).values("node_id"))
     stale = list(
         Run.objects.using(using)
-        .filter(Q(retry_at__isnull=True, claimed_at__lt=now - lease)
+        .filter(expired_lease
                 | Q(retry_at__isnull=True, claimed_by__in=gone)
                 | Q(retry_at__lte=now),
                 status=RunStatus.CLAIMED, kind__in=(RunKind.SCHEDULED, RunKind.MANUAL))

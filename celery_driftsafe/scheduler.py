@@ -219,7 +219,10 @@ class DriftSafeScheduler(Scheduler):
             )
             lease = timedelta(seconds=self.settings.lease_seconds)
             reconcile(reading.at, lease=lease, app=self.app, using=self.using)
-            stale = reclaim_stale(reading.at, self.node_id, lease=lease, using=self.using)
+            stale = reclaim_stale(
+                reading.at, self.node_id, lease=lease, using=self.using,
+                dead_after=timedelta(seconds=self.settings.node_dead_after_seconds),
+            )
             self.dispatcher.dispatch(stale)
             self._next_recovery = mono + min(self.settings.lease_seconds / 2, 5.0)
         result = self.claimer.claim(reading.at, self.node_id)

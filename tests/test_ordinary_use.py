@@ -406,3 +406,21 @@ def test_an_unexpected_error_in_a_round_is_logged_once_and_the_beat_carries_on(
     assert waits[0] > 0 and waits[1] > 0  # backed off, did not raise
     assert len([r for r in caplog.records if "failed unexpectedly" in r.getMessage()]) == 1
     assert len(drain()) == 1  # the third round claimed and published
+
+
+def test_a_live_beats_claims_are_not_taken_over_by_lease_alone(clock: FakeClock) -> None:
+    interval_task("t", 10, anchor=T0, next_slot_at=T0)
+    nodes.register("slow", T0)
+    claimed = claimer_for().claim(T0, "slow").runs  # publishing a huge batch, say
+    lease, dead_after = timedelta(seconds=30), timedelta(seconds=30)
+    clock.advance(40 * S)
+    nodes.heartbeat("slow", clock.now() - 5 * S)  # it still heartbeats
+    assert reclaim_stale(clock.now(), "peer", lease=lease, dead_after=dead_after) == []
+    # its own outbox pass may retry it (the broker was away, say) ...
+    mine = reclaim_stale(clock.now(), "slow", lease=lease, dead_after=dead_after)
+    assert [r.run_id for r in mine] == [claimed[0].run_id]
+    # ... and once its heartbeat is older than dead_after, anyone may
+    Run.objects.update(claimed_at=T0)
+    clock.advance(60 * S)
+    taken = reclaim_stale(clock.now(), "peer", lease=lease, dead_after=dead_after)
+    assert [r.run_id for r in taken] == [claimed[0].run_id]

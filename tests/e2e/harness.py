@@ -74,7 +74,7 @@ class E2ERun:
 
     def __init__(self, backend: str, workdir: Path, *, authority: str | None = None,
                  beat_schedule: dict[str, float] | None = None, max_loop: float = 1.0,
-                 lease: float = 5.0, broker: str = "redis", dead_after: float = 30.0) -> None:
+                 lease: float = 5.0, broker: str = "redis", dead_after: float = 5.0) -> None:
         self.backend = backend
         self.workdir = workdir
         self.token = uuid.uuid4().hex[:8]
