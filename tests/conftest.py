@@ -92,3 +92,25 @@ def drain(queue: str = QUEUE) -> list[dict[str, Any]]:
         out.append(headers)
     client.close()
     return out
+
+
+@pytest.fixture
+def clock() -> Any:
+    """A fake clock at 2026-03-01 12:00 UTC (the same instant as :func:`fake_clock`), for the
+    tests that drive a scheduler by hand."""
+    from celery_driftsafe.testing import FakeClock
+
+    return FakeClock(datetime(2026, 3, 1, 12, 0, tzinfo=UTC))
+
+
+@pytest.fixture
+def scheduler(broker_app: Any, clock: Any) -> Iterator[Any]:
+    """A ``DriftSafeScheduler`` on the test broker whose authority is ``clock``; its rounds
+    are run by the test (``run_round()``), not by a loop."""
+    from celery_driftsafe.scheduler import DriftSafeScheduler
+
+    sched = DriftSafeScheduler(
+        app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
+    )
+    yield sched
+    sched.close()

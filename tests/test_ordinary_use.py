@@ -31,19 +31,6 @@ S = timedelta(seconds=1)
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(T0)
-
-
-@pytest.fixture
-def scheduler(broker_app: Any, clock: FakeClock) -> Iterator[DriftSafeScheduler]:
-    sched = DriftSafeScheduler(
-        app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
-    )
-    yield sched
-    sched.close()
-
 
 def _slots(task: PeriodicTask) -> list[datetime]:
     return sorted(s for s in Run.objects.filter(periodic_task=task).values_list("slot", flat=True)

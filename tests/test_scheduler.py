@@ -3,7 +3,6 @@ clock as the authority so every instant is exact."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,19 +20,6 @@ from tests.factories import interval_task
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 S = timedelta(seconds=1)
 
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(T0)
-
-
-@pytest.fixture
-def scheduler(broker_app: Any, clock: FakeClock) -> Iterator[DriftSafeScheduler]:
-    sched = DriftSafeScheduler(
-        app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
-    )
-    yield sched
-    sched.close()
 
 
 @pytest.mark.django_db(transaction=True)
