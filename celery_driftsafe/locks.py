@@ -65,7 +65,10 @@ class DistributedLock(Protocol):
     * ``fencing_token`` is the counter's value after this acquisition: across all holders of
       one name, tokens strictly increase in acquisition order, through contention, expiry and
       release. A store that refuses writes carrying a token below the highest it has seen
-      therefore refuses a former holder that was paused past its lease.
+      therefore refuses a former holder that was paused past its lease. A lock made with
+      ``fencing_floor=n`` hands out a token above ``n`` (the counter jumps if it is behind):
+      pass the highest token the store has seen, and tokens stay one sequence across backends
+      and across a counter that was lost.
     * A backend that cannot be reached raises :class:`LockError`; that call's outcome is
       unknown (the lease still ends by itself).
     * ``lease_remaining()`` is the local, pessimistic view: measured from before the request
@@ -103,7 +106,9 @@ class DistributedLock(Protocol):
 class LockBackend(Protocol):
     """Makes lock objects; cheap, so make one lock object per use and per thread."""
 
-    def lock(self, name: str, ttl: float = DEFAULT_TTL) -> DistributedLock: ...
+    def lock(
+        self, name: str, ttl: float = DEFAULT_TTL, *, fencing_floor: int = 0
+    ) -> DistributedLock: ...
 
 
 @dataclass
@@ -145,10 +150,13 @@ def _log_extra(action: str, lock: _LeaseLock) -> dict[str, Any]:
 class _LeaseLock:
     """What both backends share: polling, bookkeeping, logging, ``hold()`` and the watchdog."""
 
-    def __init__(self, name: str, ttl: float, clock: Clock) -> None:
+    def __init__(self, name: str, ttl: float, clock: Clock, fencing_floor: int = 0) -> None:
         if not name:
             raise ValueError("a lock needs a non-empty name")
         _check_ttl(ttl)
+        if fencing_floor < 0:
+            raise ValueError(f"fencing_floor must be >= 0, not {fencing_floor!r}")
+        self.fencing_floor = int(fencing_floor)
         self.name = name
         self.ttl = float(ttl)
         self.clock = clock
@@ -407,10 +415,17 @@ class _Watchdog:
 
 # -- Redis --------------------------------------------------------------------------------------
 
-# KEYS[1] the lock, KEYS[2] its fencing counter; ARGV[1] the token, ARGV[2] the lease in ms.
+# KEYS[1] the lock, KEYS[2] its fencing counter; ARGV[1] the token, ARGV[2] the lease in ms,
+# ARGV[3] the fencing floor (the token handed out is above it).
 _ACQUIRE_SCRIPT = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    return redis.call('INCR', KEYS[2])
+    local token = redis.call('INCR', KEYS[2])
+    local floor = tonumber(ARGV[3])
+    if token <= floor then
+        token = floor + 1
+        redis.call('SET', KEYS[2], token)
+    end
+    return token
 end
 return 0
 """
@@ -447,8 +462,8 @@ class RedisLockBackend:
         self.extend_script = client.register_script(_EXTEND_SCRIPT)
         self.release_script = client.register_script(_RELEASE_SCRIPT)
 
-    def lock(self, name: str, ttl: float = DEFAULT_TTL) -> RedisLock:
-        return RedisLock(self, name, ttl)
+    def lock(self, name: str, ttl: float = DEFAULT_TTL, *, fencing_floor: int = 0) -> RedisLock:
+        return RedisLock(self, name, ttl, fencing_floor=fencing_floor)
 
     def lock_key(self, name: str) -> str:
         return f"{self.key_prefix}:lock:{name}"
@@ -465,8 +480,11 @@ def _ms(ttl: float) -> int:
 class RedisLock(_LeaseLock):
     """A :class:`DistributedLock` in Redis; see :class:`RedisLockBackend`."""
 
-    def __init__(self, backend: RedisLockBackend, name: str, ttl: float = DEFAULT_TTL) -> None:
-        super().__init__(name, ttl, backend.clock)
+    def __init__(
+        self, backend: RedisLockBackend, name: str, ttl: float = DEFAULT_TTL,
+        *, fencing_floor: int = 0,
+    ) -> None:
+        super().__init__(name, ttl, backend.clock, fencing_floor)
         self.backend = backend
         self.key = backend.lock_key(name)
 
@@ -480,7 +498,9 @@ class RedisLock(_LeaseLock):
 
     def _acquire_token(self, token: str, ttl: float) -> int | None:
         keys = (self.key, self.backend.fence_key(self.name))
-        fencing_token = self._call(self.backend.acquire_script, keys, (token, _ms(ttl)))
+        fencing_token = self._call(
+            self.backend.acquire_script, keys, (token, _ms(ttl), self.fencing_floor)
+        )
         return fencing_token or None
 
     def _extend_token(self, token: str, ttl: float) -> bool:
@@ -508,15 +528,20 @@ class DatabaseLockBackend:
         self.using = using
         self.clock: Clock = clock if clock is not None else AuthorityClock(DatabaseAuthority(using))
 
-    def lock(self, name: str, ttl: float = DEFAULT_TTL) -> DatabaseLock:
-        return DatabaseLock(self, name, ttl)
+    def lock(
+        self, name: str, ttl: float = DEFAULT_TTL, *, fencing_floor: int = 0
+    ) -> DatabaseLock:
+        return DatabaseLock(self, name, ttl, fencing_floor=fencing_floor)
 
 
 class DatabaseLock(_LeaseLock):
     """A :class:`DistributedLock` in the database; see :class:`DatabaseLockBackend`."""
 
-    def __init__(self, backend: DatabaseLockBackend, name: str, ttl: float = DEFAULT_TTL) -> None:
-        super().__init__(name, ttl, backend.clock)
+    def __init__(
+        self, backend: DatabaseLockBackend, name: str, ttl: float = DEFAULT_TTL,
+        *, fencing_floor: int = 0,
+    ) -> None:
+        super().__init__(name, ttl, backend.clock, fencing_floor)
         self.using = backend.using
 
     def _rows(self) -> Any:
@@ -535,7 +560,8 @@ class DatabaseLock(_LeaseLock):
 
     def _acquire_token(self, token: str, ttl: float) -> int | None:
         from django.db import DatabaseError, transaction
-        from django.db.models import F, Q
+        from django.db.models import F, Q, Value
+        from django.db.models.functions import Greatest
 
         from celery_driftsafe.models import Lock as LockRow
 
@@ -550,14 +576,18 @@ class DatabaseLock(_LeaseLock):
                     self._rows()
                     .filter(Q(token="") | Q(expires_at__lte=now))
                     .update(
-                        token=token, fencing_token=F("fencing_token") + 1, expires_at=expires_at
+                        token=token,
+                        fencing_token=Greatest(F("fencing_token") + 1,
+                                               Value(self.fencing_floor + 1)),
+                        expires_at=expires_at,
                     )
                 )
                 if not taken:  # no row yet, or held: insert unless a row exists
                     LockRow.objects.using(self.using).bulk_create(
                         [
                             LockRow(
-                                name=self.name, token=token, fencing_token=1, expires_at=expires_at
+                                name=self.name, token=token,
+                                fencing_token=self.fencing_floor + 1, expires_at=expires_at,
                             )
                         ],
                         ignore_conflicts=True,
