@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from celery.exceptions import Ignore
 from django.test import override_settings
 
 from celery_driftsafe.models import Run, RunKind, RunStatus
@@ -85,8 +86,8 @@ def test_run_executes_once_and_duplicates_are_skipped_and_counted(
     assert run.started_at is not None and run.finished_at >= run.started_at
     assert run.fencing_token >= 1 and run.worker == "worker-1"
     for _ in range(4):
-        with delivery(record, run):
-            assert record("a") is None
+        with delivery(record, run), pytest.raises(Ignore):
+            record("a")
     assert calls == ["a"]
     run.refresh_from_db()
     assert run.duplicate_deliveries == 4
@@ -119,8 +120,9 @@ def test_forged_or_malformed_headers_are_rejected_never_executed(
     headers: dict[str, Any], reason: str,
 ) -> None:
     run = _run()
-    with caplog.at_level(logging.ERROR), delivery(record, run, **headers):
-        assert record("a") is None
+    with caplog.at_level(logging.ERROR), delivery(record, run, **headers), \
+            pytest.raises(Ignore):
+        record("a")
     assert calls == []
     assert reason in caplog.text
     run.refresh_from_db()
@@ -130,8 +132,8 @@ def test_forged_or_malformed_headers_are_rejected_never_executed(
 def test_run_of_another_task_is_rejected(record: Any, calls: list[Any],
                                          caplog: pytest.LogCaptureFixture) -> None:
     run = _run(task_name="tests.other")
-    with delivery(record, run):
-        assert record("a") is None
+    with delivery(record, run), pytest.raises(Ignore):
+        record("a")
     assert calls == []
     assert "belongs to task 'tests.other'" in caplog.text
 
@@ -145,8 +147,8 @@ def test_concurrent_deliveries_execute_once(record: Any, calls: list[Any]) -> No
     first.start()
     _wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.STARTED)
     for _ in range(4):
-        with delivery(record, run):
-            assert record("a") is None
+        with delivery(record, run), pytest.raises(Ignore):
+            record("a")
     record.gate.set()
     first.join()
     assert calls == ["a"]
@@ -156,8 +158,8 @@ def test_concurrent_deliveries_execute_once(record: Any, calls: list[Any]) -> No
     assert {m["driftsafe_run_id"] for m in resent} == {run.pk}
     assert all(m["eta"] for m in resent)
     # the re-sent copies, delivered after the run finished, are dropped as duplicates
-    with delivery(record, run):
-        assert record("a") is None
+    with delivery(record, run), pytest.raises(Ignore):
+        record("a")
     assert calls == ["a"]
 
 
@@ -227,8 +229,8 @@ def test_overlap_skip_records_skipped_slot_while_previous_runs(
     worker = threading.Thread(target=lambda: _deliver(record, first))
     worker.start()
     _wait_for(lambda: Run.objects.get(pk=first.pk).status == RunStatus.STARTED)
-    with delivery(record, second):
-        assert record("a") is None
+    with delivery(record, second), pytest.raises(Ignore):
+        record("a")
     second.refresh_from_db()
     assert second.status == RunStatus.SKIPPED
     assert "previous run of this task is still running" in second.error
@@ -291,8 +293,8 @@ def test_redis_unreachable_fail_closed_resends_and_does_not_execute(
     record: Any, calls: list[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     run = _run()
-    with override_settings(DRIFTSAFE=_DEAD_REDIS), delivery(record, run):
-        assert record("a") is None
+    with override_settings(DRIFTSAFE=_DEAD_REDIS), delivery(record, run), pytest.raises(Ignore):
+        record("a")
     assert calls == []
     assert [m["id"] for m in drain()] == [run.celery_task_id]
     assert "fail_closed" in caplog.text
@@ -305,8 +307,8 @@ def test_redis_unreachable_fail_open_runs_once_on_database_checks(
     with override_settings(DRIFTSAFE={**_DEAD_REDIS, "REDIS_UNAVAILABLE": "fail_open"}):
         with delivery(record, run):
             assert record("a") == "a"
-        with delivery(record, run):
-            assert record("a") is None
+        with delivery(record, run), pytest.raises(Ignore):
+            record("a")
     assert calls == ["a"]
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED
