@@ -312,10 +312,14 @@ def test_rollback_publishes_nothing_and_keeps_the_key_unused(make_env: Any) -> N
     class Rollback(Exception):
         pass
 
-    with pytest.raises(Rollback), transaction.atomic():
-        env.tasks["double"].apply_async([7], idempotency_key=KEY + "rolled-back")
-        env.tasks["double"].apply_async([8])
-        raise Rollback
+    def publish_then_roll_back() -> None:
+        with transaction.atomic():
+            env.tasks["double"].apply_async([7], idempotency_key=KEY + "rolled-back")
+            env.tasks["double"].apply_async([8])
+            raise Rollback
+
+    with pytest.raises(Rollback):
+        publish_then_roll_back()
     time.sleep(1.0)
     assert env.seen == []
     assert not Run.objects.filter(idempotency_key=KEY + "rolled-back").exists()
