@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from billiard.einfo import ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
 from celery.worker.request import Request
 
@@ -81,6 +82,8 @@ class DriftSafeRequest(Request):
                    return_ok: bool = False) -> None:
         super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
         exc = exc_info.exception
+        if isinstance(exc, ExceptionWithTraceback):
+            exc = exc.exc
         redelivered = self.task.acks_late and self.task.reject_on_worker_lost
         if isinstance(exc, WorkerLostError) and not redelivered:
             record_from_worker(self._context, "failed", f"worker lost: {exc}", started_too=True)
