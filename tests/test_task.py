@@ -333,3 +333,123 @@ def test_run_links_to_its_celery_result_without_copying() -> None:
                                        result='"a"')
     assert run.task_result == stored
     assert _run(celery_task_id="").task_result is None
+
+
+# -- degraded modes keep their promises ---------------------------------------------------------
+
+
+def test_lost_fence_counter_continues_the_runs_sequence(
+    record: Any, calls: list[Any], redis_client: Any
+) -> None:
+    """Redis lost its fencing counter (restart without persistence): the next lock's token
+    still goes above the run's, so the take-over of a dead holder's run is recorded."""
+    run = _run(status=RunStatus.STARTED, fencing_token=9, worker="dead-worker")
+    assert redis_client.get(f"driftsafe-test:fence:run:{run.pk}") is None
+    with delivery(record, run):
+        assert record("a") == "a"
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED and run.fencing_token == 10
+    assert calls == ["a"]
+
+
+def test_fail_open_continues_the_same_sequence(record: Any, calls: list[Any]) -> None:
+    run = _run(fencing_token=4)
+    with override_settings(DRIFTSAFE={**_DEAD_REDIS, "REDIS_UNAVAILABLE": "fail_open"}), \
+            delivery(record, run):
+        assert record("a") == "a"
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED and run.fencing_token == 5
+    assert run.worker == "worker-1 (no lock)"
+
+
+def test_fail_open_applies_the_overlap_policy_on_the_ledger(
+    record: Any, calls: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    from datetime import UTC, datetime
+
+    periodic = interval_task("slow-open", 1, anchor=datetime(2026, 3, 1, tzinfo=UTC),
+                             task="tests.record", overlap_policy="skip")
+    running, late = (_run(periodic_task=periodic, kind=RunKind.SCHEDULED,
+                          slot=datetime(2026, 3, 1, 0, 0, s, tzinfo=UTC)) for s in (1, 2))
+    Run.objects.filter(pk=running.pk).update(status=RunStatus.STARTED, worker="other")
+    with caplog.at_level(logging.INFO), \
+            override_settings(DRIFTSAFE={**_DEAD_REDIS, "REDIS_UNAVAILABLE": "fail_open"}):
+        with delivery(record, late), pytest.raises(Ignore):
+            record("a")
+        late.refresh_from_db()
+        assert late.status == RunStatus.SKIPPED
+        assert "previous run of this task is still running" in late.error
+        Run.objects.filter(pk=running.pk).update(status=RunStatus.SUCCEEDED)
+        third = _run(periodic_task=periodic, kind=RunKind.SCHEDULED,
+                     slot=datetime(2026, 3, 1, 0, 0, 3, tzinfo=UTC))
+        with delivery(record, third):
+            assert record("b") == "b"
+    assert calls == ["b"]
+    assert "overlap checked on the ledger only (fail_open)" in caplog.text
+
+
+def test_a_run_started_without_a_lock_is_never_taken_over(
+    record: Any, calls: list[Any]
+) -> None:
+    """A lock holder cannot tell whether an unlocked (fail_open, eager) start still runs."""
+    run = _run(status=RunStatus.STARTED, fencing_token=3, worker="w9 (no lock)")
+    with delivery(record, run), pytest.raises(Ignore):
+        record("a")
+    run.refresh_from_db()
+    assert run.status == RunStatus.STARTED and run.fencing_token == 3
+    assert calls == []
+
+
+def test_unreachable_lock_backend_is_recorded_on_the_run_and_expiry_ends_it(
+    record: Any, calls: list[Any]
+) -> None:
+    from datetime import timedelta
+
+    from celery_driftsafe.task import authority_clock
+
+    run = _run()
+    with override_settings(DRIFTSAFE=_DEAD_REDIS):
+        with delivery(record, run), pytest.raises(Ignore):
+            record("a")
+        run.refresh_from_db()
+        assert run.status == RunStatus.DISPATCHED
+        assert run.error.startswith("waiting: lock backend unreachable")
+        Run.objects.filter(pk=run.pk).update(
+            expires_at=authority_clock().now() - timedelta(seconds=1))
+        with delivery(record, run), pytest.raises(Ignore):
+            record("a")
+    run.refresh_from_db()
+    assert run.status == RunStatus.EXPIRED
+    assert calls == []
+    assert len(drain()) == 1  # only the first delivery was re-sent
+
+
+def test_copy_of_an_earlier_attempt_is_a_duplicate(record: Any, calls: list[Any]) -> None:
+    run = _run(status=RunStatus.RETRYING, attempt=2)
+    with delivery(record, run, retries=1), pytest.raises(Ignore):
+        record("a")
+    with delivery(record, run, retries=2):
+        assert record("a") == "a"
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED and run.attempt == 2
+    assert run.duplicate_deliveries == 1
+    assert calls == ["a"]
+
+
+def test_admin_run_page_shows_the_attempts(admin_client: Any) -> None:
+    from django.urls import reverse
+
+    from celery_driftsafe.models import RunAttempt
+
+    run = _run(status=RunStatus.SUCCEEDED, attempt=2)
+    for number, outcome in ((0, "retrying"), (1, "retrying"), (2, "succeeded")):
+        RunAttempt.objects.create(run=run, number=number, outcome=outcome, worker="w1@host",
+                                  error=f"attempt {number} said so")
+    page = admin_client.get(reverse("admin:celery_driftsafe_run_change", args=[run.pk]))
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "Attempts (Celery retries of this run)" in html
+    assert all(f"attempt {n} said so" in html for n in range(3))
+    assert "Retry scheduled" in html
+    listing = admin_client.get(reverse("admin:celery_driftsafe_run_changelist"))
+    assert listing.status_code == 200 and "attempts" in listing.content.decode()
