@@ -86,7 +86,7 @@ def main() -> None:
             import pstats
 
             profile.disable()
-            pstats.Stats(profile).sort_stats("cumulative").print_stats(25)
+            pstats.Stats(profile).sort_stats(os.environ.get("PROFILE_SORT", "cumulative")).print_stats(25)
         assert Run.objects.filter(status="succeeded").count() == args.runs
         db = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
         lock = "Redis" if settings.DRIFTSAFE.get("REDIS_URL") else "database"

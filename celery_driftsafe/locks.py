@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import secrets
 import threading
@@ -47,6 +48,9 @@ DEFAULT_TTL = 30.0
 #: Blocking acquisition polls with a jittered back-off between these two pauses (seconds).
 POLL_MIN_SECONDS = 0.005
 POLL_MAX_SECONDS = 0.05
+#: A watchdog's threads start only once a lock has been held this fraction of its ttl: most
+#: holds (a short task body) end before, and cost no thread at all. Renewals keep their times.
+WATCHDOG_START_FRACTION = 1 / 6
 
 
 class DistributedLock(Protocol):
@@ -302,10 +306,10 @@ class _LeaseLock:
         dog = _Watchdog(self, held, on_lost) if watchdog else None
         try:
             if dog is not None:
-                dog.start()
+                _starter.schedule(dog, self.ttl * WATCHDOG_START_FRACTION)
             yield held
         finally:
-            if dog is not None:
+            if dog is not None and not _starter.cancel(dog):
                 dog.stop()
             try:
                 released = self.release()
@@ -321,15 +325,60 @@ class _LeaseLock:
                 held._mark_lost("no longer held at release")
 
 
+class _DeferredStarter:
+    """One thread per process that starts each held lock's :class:`_Watchdog` once the lock
+    has been held for ``WATCHDOG_START_FRACTION`` of its ttl (see there)."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._pending: dict[int, tuple[float, _Watchdog]] = {}
+        self._pid = -1
+
+    def schedule(self, dog: _Watchdog, delay: float) -> None:
+        import time
+
+        with self._condition:
+            if self._pid != os.getpid():  # first use, or a forked child: no thread yet
+                self._pid = os.getpid()
+                self._pending.clear()
+                threading.Thread(target=self._loop, name="driftsafe-lock-watchdog-starter",
+                                 daemon=True).start()
+            self._pending[id(dog)] = (time.monotonic() + delay, dog)
+            self._condition.notify()
+
+    def cancel(self, dog: _Watchdog) -> bool:
+        """True when the watchdog was never started (nothing to stop)."""
+        with self._condition:
+            return self._pending.pop(id(dog), None) is not None
+
+    def _loop(self) -> None:
+        import time
+
+        with self._condition:
+            while True:
+                now = time.monotonic()
+                for key, (at, dog) in list(self._pending.items()):
+                    if at <= now:
+                        del self._pending[key]
+                        dog.start()
+                wake = min((at for at, _ in self._pending.values()), default=None)
+                self._condition.wait(None if wake is None else max(wake - now, 0.001))
+
+
+_starter = _DeferredStarter()
+
+
 class _Watchdog:
-    """Two daemon threads for one held lease: a renewer that extends it every ``ttl/3``, and a
-    timekeeper that declares it lost when the local lease runs out, even while a renewal call
-    is stuck on an unreachable backend (socket timeouts and retries can outlast a lease)."""
+    """Two daemon threads for one held lease: a renewer that extends it every ``ttl/3`` (from
+    when the watchdog was made), and a timekeeper that declares it lost when the local lease
+    runs out, even while a renewal call is stuck on an unreachable backend (socket timeouts
+    and retries can outlast a lease)."""
 
     def __init__(
         self, lock: _LeaseLock, held: HeldLock, on_lost: Callable[[HeldLock], None] | None
     ) -> None:
         self.lock, self.held, self.on_lost = lock, held, on_lost
+        self.made_at = lock.clock.monotonic()
         self._stopping = threading.Event()
         self._lose_once = threading.Lock()
         self._threads = [
@@ -366,7 +415,7 @@ class _Watchdog:
     def _renew_until_stopped(self) -> str | None:
         """None when stopped; otherwise why the lock was lost."""
         interval = self.lock.ttl / 3
-        wait = interval
+        wait = max(0.0, interval - (self.lock.clock.monotonic() - self.made_at))
         while not self._stopping.wait(wait):
             if self.lock.lease_remaining() <= 0:
                 return "the lease ran out before it could be renewed"
