@@ -256,3 +256,4 @@ def test_lost_pool_process_without_reject_on_worker_lost_is_recorded_failed(
         app.close()
     finally:
         run.close()
+

@@ -453,3 +453,17 @@ def test_admin_run_page_shows_the_attempts(admin_client: Any) -> None:
     assert "Retry scheduled" in html
     listing = admin_client.get(reverse("admin:celery_driftsafe_run_changelist"))
     assert listing.status_code == 200 and "attempts" in listing.content.decode()
+
+
+def test_body_rejecting_with_requeue_gives_the_run_back(broker_app: Any) -> None:
+    from celery.exceptions import Reject
+
+    @broker_app.task(name="tests.rejecting", base=DriftSafeTask, shared=False)
+    def rejecting() -> None:
+        raise Reject("not now", requeue=True)
+
+    run = _run(task_name="tests.rejecting")
+    with delivery(rejecting, run), pytest.raises(Reject):
+        rejecting()
+    run.refresh_from_db()
+    assert run.status == RunStatus.DISPATCHED and "requeued" in run.error
