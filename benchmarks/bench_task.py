@@ -86,7 +86,8 @@ def main() -> None:
             import pstats
 
             profile.disable()
-            pstats.Stats(profile).sort_stats(os.environ.get("PROFILE_SORT", "cumulative")).print_stats(25)
+            order = os.environ.get("PROFILE_SORT", "cumulative")
+            pstats.Stats(profile).sort_stats(order).print_stats(25)
         assert Run.objects.filter(status="succeeded").count() == args.runs
         db = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
         lock = "Redis" if settings.DRIFTSAFE.get("REDIS_URL") else "database"

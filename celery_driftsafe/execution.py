@@ -89,8 +89,9 @@ class Execution:
             self._suppress(f"a copy of attempt {self.attempt}; the run is at attempt "
                            f"{row.attempt}")
         now = self._now()
-        if row.expires_at is not None and now >= row.expires_at and row.status != "started":
-            self._expire(now, row.expires_at)  # a started run is taken over, not expired
+        expires_at = row.expires_at or self._message_expiry()
+        if expires_at is not None and now >= expires_at and row.status != "started":
+            self._expire(now, expires_at)  # a started run is taken over, not expired
         if self.request.is_eager:
             return self._run_unlocked(row, now, args, kwargs, mode="eager")
         try:
@@ -148,6 +149,19 @@ class Execution:
         if claimed_for is not None and run.periodic_task_id != claimed_for:
             return f"run {self.run_id} is not a run of periodic task {claimed_for}"
         return ""
+
+    def _message_expiry(self) -> datetime | None:
+        """The message's own ``expires`` (for runs whose row has no ``expires_at``)."""
+        expires = self.request.expires
+        if not expires:
+            return None
+        from celery.utils.time import maybe_iso8601, maybe_make_aware
+
+        instant = maybe_iso8601(expires) if isinstance(expires, str) else expires
+        if not isinstance(instant, datetime):
+            return None
+        aware: datetime = maybe_make_aware(instant, self.task.app.timezone)
+        return aware
 
     @staticmethod
     def _skips_overlaps(row: RunRow) -> bool:

@@ -340,7 +340,8 @@ def test_run_past_its_expiry_is_recorded_expired_not_run(make_env: Any) -> None:
     run = finished(run)
     assert run.status == RunStatus.EXPIRED and "expired" in run.error
     assert env.seen == []
-    assert env.app.AsyncResult(run.celery_task_id).state == "REVOKED"
+    # the ledger is written first (it decides), the result backend right after
+    wait_for(lambda: env.app.AsyncResult(run.celery_task_id).state == "REVOKED", timeout=5)
 
 
 def test_expiry_is_the_authoritys_not_the_workers_clock(make_env: Any) -> None:
@@ -353,6 +354,18 @@ def test_expiry_is_the_authoritys_not_the_workers_clock(make_env: Any) -> None:
     env.publish_run(run, [2], expires=datetime.now(UTC) - timedelta(minutes=1))
     assert env.app.AsyncResult(run.celery_task_id).get(timeout=20) == 4
     assert finished(run).status == RunStatus.SUCCEEDED
+
+
+def test_message_expires_is_judged_by_the_authority_without_expires_at(make_env: Any) -> None:
+    env = make_env()
+    past, future = new_run("sem.double", "manual"), new_run("sem.double", "manual")
+    now = authority_clock().now()
+    env.publish_run(past, [5], expires=now - timedelta(seconds=1))
+    env.publish_run(future, [6], expires=now + timedelta(minutes=5))
+    assert env.app.AsyncResult(future.celery_task_id).get(timeout=20) == 12
+    assert finished(past).status == RunStatus.EXPIRED
+    assert finished(future).status == RunStatus.SUCCEEDED
+    assert env.bodies("sem.double") == [(6, 0)]
 
 
 def test_explicit_expires_of_a_keyed_call_is_judged_by_the_authority(make_env: Any) -> None:
