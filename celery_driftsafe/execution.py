@@ -36,6 +36,8 @@ FINISH_RETRY_SECONDS = 60.0
 #: A delivery that finds the lock backend or the database unreachable comes back this late.
 UNREACHABLE_RESEND_SECONDS = 5.0
 
+SKIPPED_WHY = "skipped: the previous run of this task is still running (overlap policy 'skip')"
+
 _active = threading.local()
 
 
@@ -76,6 +78,20 @@ class Execution:
     # -- the delivery ---------------------------------------------------------------------------
 
     def run(self, args: Any, kwargs: Any) -> Any:
+        now = self._now()
+        message_expiry = self._message_expiry()
+        if (self.request.is_eager or not self.ledger.can_return
+                or (message_expiry is not None and now >= message_expiry)):
+            row = self._checked(now)
+            if self.request.is_eager:
+                return self._run_unlocked(row, now, args, kwargs, mode="eager")
+            return self._run_locked(row, now, args, kwargs)
+        # The fast path: lock, then one conditional start that also checks what the headers
+        # claim; only a refused start reads the run to say why.
+        return self._run_locked(None, now, args, kwargs)
+
+    def _checked(self, now: datetime) -> RunRow:
+        """The run, if this delivery may start it; otherwise the delivery ends here (Ignore)."""
         row = self.ledger.load(self.run_id)
         problem = self._mismatch(row)
         if problem:
@@ -88,19 +104,22 @@ class Execution:
         if self.attempt < row.attempt:
             self._suppress(f"a copy of attempt {self.attempt}; the run is at attempt "
                            f"{row.attempt}")
-        now = self._now()
         expires_at = row.expires_at or self._message_expiry()
         if expires_at is not None and now >= expires_at and row.status != "started":
             self._expire(now, expires_at)  # a started run is taken over, not expired
-        if self.request.is_eager:
-            return self._run_unlocked(row, now, args, kwargs, mode="eager")
+        return row
+
+    def _run_locked(self, row: RunRow | None, now: datetime, args: Any, kwargs: Any) -> Any:
+        """Take the run's lock (its token above the row's when ``row`` was read), start the
+        run under it and run the body."""
+        floor = row.fencing_token if row is not None else self.headers.fencing_token
         try:
             lock = lock_backend(self.settings).lock(
-                f"run:{self.run_id}", ttl=self.settings.lease_seconds,
-                fencing_floor=row.fencing_token,
+                f"run:{self.run_id}", ttl=self.settings.lease_seconds, fencing_floor=floor,
             )
             acquired = lock.acquire(blocking=False)
         except LockError as exc:
+            row = row or self._checked(now)  # a duplicate or an expired run ends here
             if self.settings.redis_unavailable != "fail_open":
                 self.resend(f"lock backend unreachable ({exc}); REDIS_UNAVAILABLE=fail_closed",
                             UNREACHABLE_RESEND_SECONDS, args, kwargs)
@@ -111,16 +130,52 @@ class Execution:
         if not acquired:
             # Someone holds the run: alive (then it finishes and the re-sent copy is dropped
             # as a duplicate) or dead (then its lease runs out and the copy takes over).
+            if row is None:
+                self._checked(now)  # a duplicate of a finished run ends here, not later
             self.resend("another worker holds the run's lock", self.settings.lease_seconds,
                         args, kwargs)
         with self.locks:
-            held = self.locks.enter_context(lock.watch())
-            token = held.fencing_token
-            self._check_overlap_locked(row, token, args, kwargs)
-            if not self.ledger.start(self.run_id, token, now, self.worker, self.attempt):
-                self._suppress("it already started or finished under another holder")
+            token = self.locks.enter_context(lock.watch()).fencing_token
+            if row is not None:
+                self._check_overlap_locked(row, token, args, kwargs)
+                if not self.ledger.start(self.run_id, token, now, self.worker, self.attempt):
+                    self._suppress("it already started or finished under another holder")
+            else:
+                started = self.ledger.start_checked(
+                    self.run_id, token, now, self.worker, self.attempt, task=self.task.name,
+                    task_id=self.request.id, periodic_task_id=self.headers.periodic_task_id,
+                )
+                if started is None:
+                    row = self._checked(now)  # says why, or ends the delivery
+                    if row.fencing_token >= token:  # the lock's counter was behind the run's
+                        self.locks.close()
+                        return self._run_locked(row, now, args, kwargs)
+                    self._suppress("it already started or finished under another holder")
+                periodic_task_id, overlap_policy = started
+                if periodic_task_id is not None and overlap_policy == "skip":
+                    self._hold_overlap_lock_or_skip(periodic_task_id, token, args, kwargs)
             self.token, self.started_at = token, now
             return self._body(args, kwargs)
+
+    def _hold_overlap_lock_or_skip(self, periodic_task_id: int, token: int, args: Any,
+                                   kwargs: Any) -> None:
+        """After a fast-path start: hold the task's running lock, or end the run skipped."""
+        task_lock = lock_backend(self.settings).lock(
+            f"task-running:{periodic_task_id}", ttl=self.settings.lease_seconds
+        )
+        try:
+            acquired = task_lock.acquire(blocking=False)
+        except LockError as exc:
+            self.ledger.requeue(self.run_id, token, f"waiting: {exc}")
+            self.locks.close()
+            self.resend(f"lock backend unreachable taking the overlap lock ({exc})",
+                        UNREACHABLE_RESEND_SECONDS, args, kwargs)
+        if not acquired:
+            self.ledger.finish(self.run_id, token, "skipped", self._now(), SKIPPED_WHY)
+            _log(logging.INFO, "run %s skipped: the previous run is still running",
+                 self.run_id, run_id=self.run_id, action="overlap-skip")
+            raise Ignore()
+        self.locks.enter_context(task_lock.watch())
 
     def _run_unlocked(self, row: RunRow, now: datetime, args: Any, kwargs: Any,
                       *, mode: str) -> Any:
@@ -195,11 +250,7 @@ class Execution:
         raise Ignore()
 
     def _skip(self, token: int | None) -> NoReturn:
-        self.ledger.end_waiting(
-            self.run_id, "skipped", self._now(),
-            "skipped: the previous run of this task is still running (overlap policy 'skip')",
-            token=token,
-        )
+        self.ledger.end_waiting(self.run_id, "skipped", self._now(), SKIPPED_WHY, token=token)
         _log(logging.INFO, "run %s skipped: the previous run is still running", self.run_id,
              run_id=self.run_id, action="overlap-skip")
         raise Ignore()

@@ -57,6 +57,12 @@ def _aware(value: Any) -> datetime | None:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
+def _sqlite_returns() -> bool:
+    import sqlite3
+
+    return sqlite3.sqlite_version_info >= (3, 35)
+
+
 class Ledger:
     def __init__(self) -> None:
         from django.db import connection
@@ -69,6 +75,10 @@ class Ledger:
         self.tasks = quote(PeriodicTask._meta.db_table)
         self.attempts = quote(RunAttempt._meta.db_table)
         self._pre_start = ", ".join(f"'{status}'" for status in PRE_START)
+        #: UPDATE … RETURNING (PostgreSQL, SQLite 3.35+): the start checks and reads at once.
+        self.can_return = connection.vendor == "postgresql" or (
+            connection.vendor == "sqlite" and _sqlite_returns()
+        )
 
     def _execute(self, sql: str, params: list[Any], *, fetch: bool) -> Any:
         from django.db import DatabaseError
@@ -117,6 +127,31 @@ class Ledger:
             f"OR (status = 'started' AND worker NOT LIKE %s))",
             [self._at(now), token, worker, attempt, run_id, token, attempt, f"%{UNLOCKED}"],
         ) == 1
+
+    def start_checked(
+        self, run_id: int, token: int, now: datetime, worker: str, attempt: int, *,
+        task: str, task_id: str | None, periodic_task_id: int | None,
+    ) -> tuple[int | None, str | None] | None:
+        """:meth:`start`, refused also when the run is not the headers' (task, Celery task id,
+        periodic task) or its ``expires_at`` has passed at ``now``. Returns the run's periodic
+        task id and overlap policy, None when refused (:meth:`load` says why)."""
+        at = self._at(now)
+        row = self._fetch(
+            f"UPDATE {self.runs} SET status = 'started', started_at = %s, fencing_token = %s, "
+            f"worker = %s, error = '', attempt = %s WHERE id = %s AND fencing_token < %s "
+            f"AND attempt <= %s AND (status IN ({self._pre_start}) "
+            f"OR (status = 'started' AND worker NOT LIKE %s)) AND task_name = %s "
+            f"AND (celery_task_id = '' OR celery_task_id = %s) "
+            f"AND (%s IS NULL OR periodic_task_id = %s) "
+            f"AND (expires_at IS NULL OR expires_at > %s OR status = 'started') "
+            f"RETURNING periodic_task_id, (SELECT t.overlap_policy FROM {self.tasks} t "
+            f"WHERE t.id = {self.runs}.periodic_task_id)",
+            [at, token, worker, attempt, run_id, token, attempt, f"%{UNLOCKED}", task,
+             task_id or "", periodic_task_id, periodic_task_id, at],
+        )
+        if row is None:
+            return None
+        return row[0], row[1]
 
     def start_unlocked(self, run_id: int, now: datetime, worker: str, attempt: int) -> int | None:
         """Start a waiting run without a lock: the run's own token sequence goes one up.
