@@ -4,6 +4,14 @@ import django.db.models.deletion
 from django.db import migrations, models
 
 
+def attempt_database_default(apps, schema_editor):
+    """The claim inserts runs with raw SQL on PostgreSQL (INSERT … SELECT unnest()) naming
+    only its own columns: give the new NOT NULL column a database default there."""
+    if schema_editor.connection.vendor == "postgresql":
+        table = schema_editor.quote_name("celery_driftsafe_run")
+        schema_editor.execute(f"ALTER TABLE {table} ALTER COLUMN attempt SET DEFAULT 0")
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -39,4 +47,5 @@ class Migration(migrations.Migration):
                 'constraints': [models.UniqueConstraint(fields=('run', 'number'), name='driftsafe_attempt_once')],
             },
         ),
+        migrations.RunPython(attempt_database_default, migrations.RunPython.noop, elidable=False),
     ]
