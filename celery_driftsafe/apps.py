@@ -11,11 +11,12 @@ class DriftSafeConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from celery.signals import task_revoked
         from django.core import checks
         from django.core.signals import setting_changed
         from django.db.models.signals import post_delete, post_save
 
-        from celery_driftsafe import changes, conf
+        from celery_driftsafe import changes, conf, worker
         from celery_driftsafe import checks as driftsafe_checks
         from celery_driftsafe.models import PeriodicTask
 
@@ -26,3 +27,5 @@ class DriftSafeConfig(AppConfig):
         post_delete.connect(
             changes.after_change, sender=PeriodicTask, dispatch_uid="driftsafe-delete"
         )
+        # Worker side: a revoked or expired run message is recorded (runs' messages only).
+        task_revoked.connect(worker.on_task_revoked, dispatch_uid="driftsafe-revoked")

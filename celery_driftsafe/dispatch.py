@@ -16,6 +16,7 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
+from celery import Task
 from django.db.models import Case, F, Value, When
 
 from celery_driftsafe.claim import ClaimedRun
@@ -27,6 +28,7 @@ from celery_driftsafe.headers import (
     HEADER_SLOT,
 )
 from celery_driftsafe.models import Run, RunStatus
+from celery_driftsafe.task import DriftSafeTask
 
 logger = logging.getLogger(__name__)
 
@@ -158,8 +160,13 @@ class Dispatcher:
         if run.expires_at is not None:
             options["expires"] = run.expires_at
         task = self.app.tasks.get(run.task_name)
-        send = task.apply_async if task is not None else partial(
-            self.app.send_task, run.task_name)
+        if task is None:
+            send = partial(self.app.send_task, run.task_name)
+        elif isinstance(task, DriftSafeTask):
+            # Its apply_async would wait for a transaction's commit: a beat publishes now.
+            send = partial(Task.apply_async, task)
+        else:
+            send = task.apply_async
         send(
             args=run.args,
             kwargs=run.kwargs,

@@ -1,4 +1,16 @@
-"""Names of the message headers a published run carries (see docs/reference/headers.md)."""
+"""The message headers a published run carries, and how a worker reads them back
+(see docs/reference/headers.md).
+
+A worker's request has every custom header as an attribute; an eager request
+(``task_always_eager``, ``apply()``) has them only in ``request.headers``. Both are read here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from celery_driftsafe.exceptions import DriftSafeError
 
 #: Id of the run's row in the ledger.
 HEADER_RUN_ID = "driftsafe_run_id"
@@ -10,3 +22,56 @@ HEADER_FENCING_TOKEN = "driftsafe_fencing_token"
 HEADER_PERIODIC_TASK_ID = "driftsafe_periodic_task_id"
 
 ALL = (HEADER_RUN_ID, HEADER_SLOT, HEADER_FENCING_TOKEN, HEADER_PERIODIC_TASK_ID)
+
+
+class BadRunHeaders(DriftSafeError):
+    """A message's driftsafe headers are malformed or do not match its run."""
+
+
+@dataclass(frozen=True)
+class RunHeaders:
+    run_id: int
+    fencing_token: int
+    periodic_task_id: int | None
+    slot: str | None
+
+
+def _int_header(name: str, value: Any, *, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise BadRunHeaders(f"header {name}={value!r} is not a whole number")
+    try:
+        number = int(value)
+    except ValueError:
+        raise BadRunHeaders(f"header {name}={value!r} is not a whole number") from None
+    if number < 0:
+        raise BadRunHeaders(f"header {name}={value!r} is negative")
+    return number
+
+
+def header_value(request: Any, name: str) -> Any:
+    """One custom header of a Celery request (worker or eager), None when absent."""
+    value = getattr(request, name, None)
+    if value is None:
+        custom = getattr(request, "headers", None)
+        if isinstance(custom, dict):
+            value = custom.get(name)
+    return value
+
+
+def read_headers(request: Any) -> RunHeaders | None:
+    """The run headers of a request, None when it carries none; raises :class:`BadRunHeaders`."""
+    raw = header_value(request, HEADER_RUN_ID)
+    if raw is None:
+        return None
+    run_id = _int_header(HEADER_RUN_ID, raw)
+    token = _int_header(HEADER_FENCING_TOKEN, header_value(request, HEADER_FENCING_TOKEN) or 0)
+    periodic = _int_header(
+        HEADER_PERIODIC_TASK_ID, header_value(request, HEADER_PERIODIC_TASK_ID), optional=True
+    )
+    slot = header_value(request, HEADER_SLOT)
+    if slot is not None and not isinstance(slot, str):
+        raise BadRunHeaders(f"header {HEADER_SLOT}={slot!r} is not an ISO 8601 instant")
+    assert run_id is not None and token is not None
+    return RunHeaders(run_id, token, periodic, slot)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import secrets
 import threading
@@ -47,6 +48,9 @@ DEFAULT_TTL = 30.0
 #: Blocking acquisition polls with a jittered back-off between these two pauses (seconds).
 POLL_MIN_SECONDS = 0.005
 POLL_MAX_SECONDS = 0.05
+#: A watchdog's threads start only once a lock has been held this fraction of its ttl: most
+#: holds (a short task body) end before, and cost no thread at all. Renewals keep their times.
+WATCHDOG_START_FRACTION = 1 / 6
 
 
 class DistributedLock(Protocol):
@@ -65,7 +69,10 @@ class DistributedLock(Protocol):
     * ``fencing_token`` is the counter's value after this acquisition: across all holders of
       one name, tokens strictly increase in acquisition order, through contention, expiry and
       release. A store that refuses writes carrying a token below the highest it has seen
-      therefore refuses a former holder that was paused past its lease.
+      therefore refuses a former holder that was paused past its lease. A lock made with
+      ``fencing_floor=n`` hands out a token above ``n`` (the counter jumps if it is behind):
+      pass the highest token the store has seen, and tokens stay one sequence across backends
+      and across a counter that was lost.
     * A backend that cannot be reached raises :class:`LockError`; that call's outcome is
       unknown (the lease still ends by itself).
     * ``lease_remaining()`` is the local, pessimistic view: measured from before the request
@@ -103,7 +110,9 @@ class DistributedLock(Protocol):
 class LockBackend(Protocol):
     """Makes lock objects; cheap, so make one lock object per use and per thread."""
 
-    def lock(self, name: str, ttl: float = DEFAULT_TTL) -> DistributedLock: ...
+    def lock(
+        self, name: str, ttl: float = DEFAULT_TTL, *, fencing_floor: int = 0
+    ) -> DistributedLock: ...
 
 
 @dataclass
@@ -145,10 +154,13 @@ def _log_extra(action: str, lock: _LeaseLock) -> dict[str, Any]:
 class _LeaseLock:
     """What both backends share: polling, bookkeeping, logging, ``hold()`` and the watchdog."""
 
-    def __init__(self, name: str, ttl: float, clock: Clock) -> None:
+    def __init__(self, name: str, ttl: float, clock: Clock, fencing_floor: int = 0) -> None:
         if not name:
             raise ValueError("a lock needs a non-empty name")
         _check_ttl(ttl)
+        if fencing_floor < 0:
+            raise ValueError(f"fencing_floor must be >= 0, not {fencing_floor!r}")
+        self.fencing_floor = int(fencing_floor)
         self.name = name
         self.ttl = float(ttl)
         self.clock = clock
@@ -294,10 +306,10 @@ class _LeaseLock:
         dog = _Watchdog(self, held, on_lost) if watchdog else None
         try:
             if dog is not None:
-                dog.start()
+                _starter.schedule(dog, self.ttl * WATCHDOG_START_FRACTION)
             yield held
         finally:
-            if dog is not None:
+            if dog is not None and not _starter.cancel(dog):
                 dog.stop()
             try:
                 released = self.release()
@@ -313,15 +325,60 @@ class _LeaseLock:
                 held._mark_lost("no longer held at release")
 
 
+class _DeferredStarter:
+    """One thread per process that starts each held lock's :class:`_Watchdog` once the lock
+    has been held for ``WATCHDOG_START_FRACTION`` of its ttl (see there)."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._pending: dict[int, tuple[float, _Watchdog]] = {}
+        self._pid = -1
+
+    def schedule(self, dog: _Watchdog, delay: float) -> None:
+        import time
+
+        with self._condition:
+            if self._pid != os.getpid():  # first use, or a forked child: no thread yet
+                self._pid = os.getpid()
+                self._pending.clear()
+                threading.Thread(target=self._loop, name="driftsafe-lock-watchdog-starter",
+                                 daemon=True).start()
+            self._pending[id(dog)] = (time.monotonic() + delay, dog)
+            self._condition.notify()
+
+    def cancel(self, dog: _Watchdog) -> bool:
+        """True when the watchdog was never started (nothing to stop)."""
+        with self._condition:
+            return self._pending.pop(id(dog), None) is not None
+
+    def _loop(self) -> None:
+        import time
+
+        with self._condition:
+            while True:
+                now = time.monotonic()
+                for key, (at, dog) in list(self._pending.items()):
+                    if at <= now:
+                        del self._pending[key]
+                        dog.start()
+                wake = min((at for at, _ in self._pending.values()), default=None)
+                self._condition.wait(None if wake is None else max(wake - now, 0.001))
+
+
+_starter = _DeferredStarter()
+
+
 class _Watchdog:
-    """Two daemon threads for one held lease: a renewer that extends it every ``ttl/3``, and a
-    timekeeper that declares it lost when the local lease runs out, even while a renewal call
-    is stuck on an unreachable backend (socket timeouts and retries can outlast a lease)."""
+    """Two daemon threads for one held lease: a renewer that extends it every ``ttl/3`` (from
+    when the watchdog was made), and a timekeeper that declares it lost when the local lease
+    runs out, even while a renewal call is stuck on an unreachable backend (socket timeouts
+    and retries can outlast a lease)."""
 
     def __init__(
         self, lock: _LeaseLock, held: HeldLock, on_lost: Callable[[HeldLock], None] | None
     ) -> None:
         self.lock, self.held, self.on_lost = lock, held, on_lost
+        self.made_at = lock.clock.monotonic()
         self._stopping = threading.Event()
         self._lose_once = threading.Lock()
         self._threads = [
@@ -358,7 +415,7 @@ class _Watchdog:
     def _renew_until_stopped(self) -> str | None:
         """None when stopped; otherwise why the lock was lost."""
         interval = self.lock.ttl / 3
-        wait = interval
+        wait = max(0.0, interval - (self.lock.clock.monotonic() - self.made_at))
         while not self._stopping.wait(wait):
             if self.lock.lease_remaining() <= 0:
                 return "the lease ran out before it could be renewed"
@@ -407,10 +464,17 @@ class _Watchdog:
 
 # -- Redis --------------------------------------------------------------------------------------
 
-# KEYS[1] the lock, KEYS[2] its fencing counter; ARGV[1] the token, ARGV[2] the lease in ms.
+# KEYS[1] the lock, KEYS[2] its fencing counter; ARGV[1] the token, ARGV[2] the lease in ms,
+# ARGV[3] the fencing floor (the token handed out is above it).
 _ACQUIRE_SCRIPT = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    return redis.call('INCR', KEYS[2])
+    local token = redis.call('INCR', KEYS[2])
+    local floor = tonumber(ARGV[3])
+    if token <= floor then
+        token = floor + 1
+        redis.call('SET', KEYS[2], token)
+    end
+    return token
 end
 return 0
 """
@@ -447,8 +511,8 @@ class RedisLockBackend:
         self.extend_script = client.register_script(_EXTEND_SCRIPT)
         self.release_script = client.register_script(_RELEASE_SCRIPT)
 
-    def lock(self, name: str, ttl: float = DEFAULT_TTL) -> RedisLock:
-        return RedisLock(self, name, ttl)
+    def lock(self, name: str, ttl: float = DEFAULT_TTL, *, fencing_floor: int = 0) -> RedisLock:
+        return RedisLock(self, name, ttl, fencing_floor=fencing_floor)
 
     def lock_key(self, name: str) -> str:
         return f"{self.key_prefix}:lock:{name}"
@@ -465,8 +529,11 @@ def _ms(ttl: float) -> int:
 class RedisLock(_LeaseLock):
     """A :class:`DistributedLock` in Redis; see :class:`RedisLockBackend`."""
 
-    def __init__(self, backend: RedisLockBackend, name: str, ttl: float = DEFAULT_TTL) -> None:
-        super().__init__(name, ttl, backend.clock)
+    def __init__(
+        self, backend: RedisLockBackend, name: str, ttl: float = DEFAULT_TTL,
+        *, fencing_floor: int = 0,
+    ) -> None:
+        super().__init__(name, ttl, backend.clock, fencing_floor)
         self.backend = backend
         self.key = backend.lock_key(name)
 
@@ -480,7 +547,9 @@ class RedisLock(_LeaseLock):
 
     def _acquire_token(self, token: str, ttl: float) -> int | None:
         keys = (self.key, self.backend.fence_key(self.name))
-        fencing_token = self._call(self.backend.acquire_script, keys, (token, _ms(ttl)))
+        fencing_token = self._call(
+            self.backend.acquire_script, keys, (token, _ms(ttl), self.fencing_floor)
+        )
         return fencing_token or None
 
     def _extend_token(self, token: str, ttl: float) -> bool:
@@ -508,15 +577,20 @@ class DatabaseLockBackend:
         self.using = using
         self.clock: Clock = clock if clock is not None else AuthorityClock(DatabaseAuthority(using))
 
-    def lock(self, name: str, ttl: float = DEFAULT_TTL) -> DatabaseLock:
-        return DatabaseLock(self, name, ttl)
+    def lock(
+        self, name: str, ttl: float = DEFAULT_TTL, *, fencing_floor: int = 0
+    ) -> DatabaseLock:
+        return DatabaseLock(self, name, ttl, fencing_floor=fencing_floor)
 
 
 class DatabaseLock(_LeaseLock):
     """A :class:`DistributedLock` in the database; see :class:`DatabaseLockBackend`."""
 
-    def __init__(self, backend: DatabaseLockBackend, name: str, ttl: float = DEFAULT_TTL) -> None:
-        super().__init__(name, ttl, backend.clock)
+    def __init__(
+        self, backend: DatabaseLockBackend, name: str, ttl: float = DEFAULT_TTL,
+        *, fencing_floor: int = 0,
+    ) -> None:
+        super().__init__(name, ttl, backend.clock, fencing_floor)
         self.using = backend.using
 
     def _rows(self) -> Any:
@@ -535,7 +609,8 @@ class DatabaseLock(_LeaseLock):
 
     def _acquire_token(self, token: str, ttl: float) -> int | None:
         from django.db import DatabaseError, transaction
-        from django.db.models import F, Q
+        from django.db.models import F, Q, Value
+        from django.db.models.functions import Greatest
 
         from celery_driftsafe.models import Lock as LockRow
 
@@ -550,14 +625,18 @@ class DatabaseLock(_LeaseLock):
                     self._rows()
                     .filter(Q(token="") | Q(expires_at__lte=now))
                     .update(
-                        token=token, fencing_token=F("fencing_token") + 1, expires_at=expires_at
+                        token=token,
+                        fencing_token=Greatest(F("fencing_token") + 1,
+                                               Value(self.fencing_floor + 1)),
+                        expires_at=expires_at,
                     )
                 )
                 if not taken:  # no row yet, or held: insert unless a row exists
                     LockRow.objects.using(self.using).bulk_create(
                         [
                             LockRow(
-                                name=self.name, token=token, fencing_token=1, expires_at=expires_at
+                                name=self.name, token=token,
+                                fencing_token=self.fencing_floor + 1, expires_at=expires_at,
                             )
                         ],
                         ignore_conflicts=True,

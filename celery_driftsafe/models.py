@@ -42,6 +42,7 @@ class RunStatus(models.TextChoices):
     CLAIMED = "claimed", "Claimed"
     DISPATCHED = "dispatched", "Dispatched"
     STARTED = "started", "Started"
+    RETRYING = "retrying", "Retry scheduled"
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"
     SKIPPED = "skipped", "Skipped"
@@ -285,6 +286,11 @@ class Run(models.Model):
         null=True, blank=True,
         help_text="A refused publish is tried again at this instant (backoff).",
     )
+    attempt = models.PositiveIntegerField(
+        default=0,
+        help_text="Celery's retry count of the current (or last) attempt: 0 for the first. "
+                  "Earlier attempts are kept as RunAttempt rows.",
+    )
 
     class Meta:
         ordering = ["-slot", "-id"]
@@ -325,6 +331,29 @@ class Run(models.Model):
             return None
         task_result = apps.get_model("django_celery_results", "TaskResult")
         return task_result.objects.filter(task_id=self.celery_task_id).first()
+
+
+class RunAttempt(models.Model):
+    """An attempt of a run that ended in a retry (``self.retry()``, ``autoretry_for``); the
+    run row itself holds the current or last attempt. A run without retries has none."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField(help_text="Celery's retry count: 0 for the first.")
+    outcome = models.CharField(max_length=16, choices=RunStatus.choices)
+    worker = models.CharField(max_length=255, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    fencing_token = models.BigIntegerField(default=0)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["run", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "number"], name="driftsafe_attempt_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} attempt {self.number} ({self.outcome})"
 
 
 class BeatNode(models.Model):

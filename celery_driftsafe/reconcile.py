@@ -50,8 +50,8 @@ def stuck(now: datetime, settings: DriftSafeSettings | None = None) -> Q:
     "needs attention" filter)."""
     settings = settings or get_settings()
     bound = now - timedelta(seconds=settings.stuck_run_seconds)
-    return Q(status__in=(RunStatus.CLAIMED, RunStatus.DISPATCHED, RunStatus.STARTED),
-             claimed_at__lt=bound)
+    return Q(status__in=(RunStatus.CLAIMED, RunStatus.DISPATCHED, RunStatus.STARTED,
+                         RunStatus.RETRYING), claimed_at__lt=bound)
 
 
 def reconcile(

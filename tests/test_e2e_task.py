@@ -155,3 +155,105 @@ def test_overlap_skip_with_a_task_slower_than_its_interval(tmp_path: Path) -> No
         assert len(run.executions()) == len(ran)
     finally:
         run.close()
+
+
+# -- Celery's own semantics with real workers ---------------------------------------------------
+
+
+def _results_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> E2ERun:
+    """An E2ERun whose workers store results in Redis (the run's broker database)."""
+    results = f"{test_settings.REDIS_SERVER}/{test_settings.REDIS_DB + 2}"
+    monkeypatch.setenv("DRIFTSAFE_E2E_RESULTS", results)
+    return E2ERun(BACKEND, tmp_path, **kwargs)
+
+
+def _send(run: E2ERun, made: dict[str, Any], task: str, args: list[Any],
+          **options: Any) -> Any:
+    from celery import Celery
+
+    app = Celery("e2e-publisher", broker=run.env["DRIFTSAFE_E2E_BROKER"],
+                 backend=run.env["DRIFTSAFE_E2E_RESULTS"], set_as_current=False)
+    app.conf.task_default_queue = run.queue
+    app.send_task(task, args=args, task_id=made["celery_task_id"],
+                  headers={"driftsafe_run_id": made["id"], "driftsafe_fencing_token": 0},
+                  **options)
+    return app
+
+
+@pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
+def test_retries_hop_between_two_workers_and_a_stale_copy_is_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = _results_run(tmp_path, monkeypatch, lease=3.0)
+    try:
+        run.start_worker("w1")
+        run.start_worker("w2")
+        made = run.tool("make_run", {"task": "e2e.flaky"})
+        time.sleep(4)
+        app = _send(run, made, "e2e.flaky", ["hop", 2])
+        assert app.AsyncResult(made["celery_task_id"]).get(timeout=40) == "hop:2"
+        state = _status(run, made)
+        print(f"\nrun after two retries: {state}; attempts: {run.executions()}")
+        assert state["status"] == "succeeded"
+        assert [e["retries"] for e in run.executions()] == [0, 1, 2]
+        # a redelivered copy of the first attempt (as after a visibility timeout)
+        _send(run, made, "e2e.flaky", ["hop", 2]).close()
+        _wait(lambda: _status(run, made)["duplicates"] == 1, 20, "the copy dropped", run)
+        assert len(run.executions()) == 3
+        assert app.AsyncResult(made["celery_task_id"]).get(timeout=5) == "hop:2"
+        assert _status(run, made)["status"] == "succeeded"
+        app.close()
+    finally:
+        run.close()
+
+
+@pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
+def test_soft_and_hard_time_limits_are_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = _results_run(tmp_path, monkeypatch, lease=3.0)
+    try:
+        run.start_worker("w1", pool="prefork")
+        soft = run.tool("make_run", {"task": "e2e.soft_limited"})
+        hard = run.tool("make_run", {"task": "e2e.hard_limited"})
+        time.sleep(4)
+        app = _send(run, soft, "e2e.soft_limited", ["soft", 3.0])
+        _send(run, hard, "e2e.hard_limited", ["hard", 3.0]).close()
+        _wait(lambda: _status(run, soft)["status"] == "failed", 30, "soft limit recorded", run)
+        _wait(lambda: _status(run, hard)["status"] == "failed", 30, "hard limit recorded", run)
+        print(f"\nsoft: {_status(run, soft)}\nhard: {_status(run, hard)}")
+        assert "SoftTimeLimitExceeded" in _status(run, soft)["error"]
+        assert "hard time limit (1" in _status(run, hard)["error"]
+        assert run.executions() == []  # neither body reached its end
+        assert app.AsyncResult(soft["celery_task_id"]).state == "FAILURE"
+        assert app.AsyncResult(hard["celery_task_id"]).state == "FAILURE"
+        app.close()
+    finally:
+        run.close()
+
+
+@pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
+def test_lost_pool_process_without_reject_on_worker_lost_is_recorded_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = _results_run(tmp_path, monkeypatch, lease=2.0)
+    try:
+        worker = run.start_worker("w1", pool="prefork")
+        made = run.tool("make_run", {"task": "e2e.fragile"})
+        time.sleep(4)
+        app = _send(run, made, "e2e.fragile", ["lost", 3.0])
+        _wait(lambda: _status(run, made)["status"] == "started", 20, "the run to start", run)
+        children = subprocess.run(["pgrep", "-P", str(worker.process.pid)], capture_output=True,
+                                  text=True, check=False).stdout.split()
+        assert children, "prefork worker has no child process"
+        for child in children:
+            subprocess.run(["kill", "-KILL", child], check=False)
+        _wait(lambda: _status(run, made)["status"] == "failed", 20, "the loss recorded", run)
+        print(f"\nafter the pool process was lost: {_status(run, made)}")
+        assert "worker lost" in _status(run, made)["error"]
+        assert run.executions() == []
+        assert app.AsyncResult(made["celery_task_id"]).state == "FAILURE"
+        app.close()
+    finally:
+        run.close()
+

@@ -323,6 +323,23 @@ class TestLockContract:
             mine = [token for token, who in acquired if who == me]
             assert mine == sorted(mine) and len(mine) == rounds
 
+    def test_fencing_floor_continues_one_sequence(self, harness: Harness) -> None:
+        """A lock made with a floor hands out a token above it even when its counter is behind
+        (another backend or a lost counter handed out higher ones); without one it counts on."""
+        locks = harness.backend()
+        first = locks.lock("floored", ttl=10)
+        assert first.acquire(blocking=False) and first.fencing_token == 1
+        assert first.release()
+        jumped = locks.lock("floored", ttl=10, fencing_floor=41)
+        assert jumped.acquire(blocking=False) and jumped.fencing_token == 42
+        assert jumped.release()
+        below = locks.lock("floored", ttl=10, fencing_floor=5)
+        assert below.acquire(blocking=False) and below.fencing_token == 43
+        assert below.release()
+        fresh = locks.lock("never-taken", ttl=10, fencing_floor=7)
+        assert fresh.acquire(blocking=False) and fresh.fencing_token == 8
+        assert fresh.release()
+
 
 # -- database specifics -------------------------------------------------------------------------
 

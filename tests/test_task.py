@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from celery.exceptions import Ignore
 from django.test import override_settings
 
 from celery_driftsafe.models import Run, RunKind, RunStatus
@@ -85,8 +86,8 @@ def test_run_executes_once_and_duplicates_are_skipped_and_counted(
     assert run.started_at is not None and run.finished_at >= run.started_at
     assert run.fencing_token >= 1 and run.worker == "worker-1"
     for _ in range(4):
-        with delivery(record, run):
-            assert record("a") is None
+        with delivery(record, run), pytest.raises(Ignore):
+            record("a")
     assert calls == ["a"]
     run.refresh_from_db()
     assert run.duplicate_deliveries == 4
@@ -119,8 +120,9 @@ def test_forged_or_malformed_headers_are_rejected_never_executed(
     headers: dict[str, Any], reason: str,
 ) -> None:
     run = _run()
-    with caplog.at_level(logging.ERROR), delivery(record, run, **headers):
-        assert record("a") is None
+    with caplog.at_level(logging.ERROR), delivery(record, run, **headers), \
+            pytest.raises(Ignore):
+        record("a")
     assert calls == []
     assert reason in caplog.text
     run.refresh_from_db()
@@ -130,8 +132,8 @@ def test_forged_or_malformed_headers_are_rejected_never_executed(
 def test_run_of_another_task_is_rejected(record: Any, calls: list[Any],
                                          caplog: pytest.LogCaptureFixture) -> None:
     run = _run(task_name="tests.other")
-    with delivery(record, run):
-        assert record("a") is None
+    with delivery(record, run), pytest.raises(Ignore):
+        record("a")
     assert calls == []
     assert "belongs to task 'tests.other'" in caplog.text
 
@@ -145,8 +147,8 @@ def test_concurrent_deliveries_execute_once(record: Any, calls: list[Any]) -> No
     first.start()
     _wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.STARTED)
     for _ in range(4):
-        with delivery(record, run):
-            assert record("a") is None
+        with delivery(record, run), pytest.raises(Ignore):
+            record("a")
     record.gate.set()
     first.join()
     assert calls == ["a"]
@@ -156,8 +158,8 @@ def test_concurrent_deliveries_execute_once(record: Any, calls: list[Any]) -> No
     assert {m["driftsafe_run_id"] for m in resent} == {run.pk}
     assert all(m["eta"] for m in resent)
     # the re-sent copies, delivered after the run finished, are dropped as duplicates
-    with delivery(record, run):
-        assert record("a") is None
+    with delivery(record, run), pytest.raises(Ignore):
+        record("a")
     assert calls == ["a"]
 
 
@@ -227,8 +229,8 @@ def test_overlap_skip_records_skipped_slot_while_previous_runs(
     worker = threading.Thread(target=lambda: _deliver(record, first))
     worker.start()
     _wait_for(lambda: Run.objects.get(pk=first.pk).status == RunStatus.STARTED)
-    with delivery(record, second):
-        assert record("a") is None
+    with delivery(record, second), pytest.raises(Ignore):
+        record("a")
     second.refresh_from_db()
     assert second.status == RunStatus.SKIPPED
     assert "previous run of this task is still running" in second.error
@@ -291,8 +293,8 @@ def test_redis_unreachable_fail_closed_resends_and_does_not_execute(
     record: Any, calls: list[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     run = _run()
-    with override_settings(DRIFTSAFE=_DEAD_REDIS), delivery(record, run):
-        assert record("a") is None
+    with override_settings(DRIFTSAFE=_DEAD_REDIS), delivery(record, run), pytest.raises(Ignore):
+        record("a")
     assert calls == []
     assert [m["id"] for m in drain()] == [run.celery_task_id]
     assert "fail_closed" in caplog.text
@@ -305,8 +307,8 @@ def test_redis_unreachable_fail_open_runs_once_on_database_checks(
     with override_settings(DRIFTSAFE={**_DEAD_REDIS, "REDIS_UNAVAILABLE": "fail_open"}):
         with delivery(record, run):
             assert record("a") == "a"
-        with delivery(record, run):
-            assert record("a") is None
+        with delivery(record, run), pytest.raises(Ignore):
+            record("a")
     assert calls == ["a"]
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED
@@ -331,3 +333,137 @@ def test_run_links_to_its_celery_result_without_copying() -> None:
                                        result='"a"')
     assert run.task_result == stored
     assert _run(celery_task_id="").task_result is None
+
+
+# -- degraded modes keep their promises ---------------------------------------------------------
+
+
+def test_lost_fence_counter_continues_the_runs_sequence(
+    record: Any, calls: list[Any], redis_client: Any
+) -> None:
+    """Redis lost its fencing counter (restart without persistence): the next lock's token
+    still goes above the run's, so the take-over of a dead holder's run is recorded."""
+    run = _run(status=RunStatus.STARTED, fencing_token=9, worker="dead-worker")
+    assert redis_client.get(f"driftsafe-test:fence:run:{run.pk}") is None
+    with delivery(record, run):
+        assert record("a") == "a"
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED and run.fencing_token == 10
+    assert calls == ["a"]
+
+
+def test_fail_open_continues_the_same_sequence(record: Any, calls: list[Any]) -> None:
+    run = _run(fencing_token=4)
+    with override_settings(DRIFTSAFE={**_DEAD_REDIS, "REDIS_UNAVAILABLE": "fail_open"}), \
+            delivery(record, run):
+        assert record("a") == "a"
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED and run.fencing_token == 5
+    assert run.worker == "worker-1 (no lock)"
+
+
+def test_fail_open_applies_the_overlap_policy_on_the_ledger(
+    record: Any, calls: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    from datetime import UTC, datetime
+
+    periodic = interval_task("slow-open", 1, anchor=datetime(2026, 3, 1, tzinfo=UTC),
+                             task="tests.record", overlap_policy="skip")
+    running, late = (_run(periodic_task=periodic, kind=RunKind.SCHEDULED,
+                          slot=datetime(2026, 3, 1, 0, 0, s, tzinfo=UTC)) for s in (1, 2))
+    Run.objects.filter(pk=running.pk).update(status=RunStatus.STARTED, worker="other")
+    with caplog.at_level(logging.INFO), \
+            override_settings(DRIFTSAFE={**_DEAD_REDIS, "REDIS_UNAVAILABLE": "fail_open"}):
+        with delivery(record, late), pytest.raises(Ignore):
+            record("a")
+        late.refresh_from_db()
+        assert late.status == RunStatus.SKIPPED
+        assert "previous run of this task is still running" in late.error
+        Run.objects.filter(pk=running.pk).update(status=RunStatus.SUCCEEDED)
+        third = _run(periodic_task=periodic, kind=RunKind.SCHEDULED,
+                     slot=datetime(2026, 3, 1, 0, 0, 3, tzinfo=UTC))
+        with delivery(record, third):
+            assert record("b") == "b"
+    assert calls == ["b"]
+    assert "overlap checked on the ledger only (fail_open)" in caplog.text
+
+
+def test_a_run_started_without_a_lock_is_never_taken_over(
+    record: Any, calls: list[Any]
+) -> None:
+    """A lock holder cannot tell whether an unlocked (fail_open, eager) start still runs."""
+    run = _run(status=RunStatus.STARTED, fencing_token=3, worker="w9 (no lock)")
+    with delivery(record, run), pytest.raises(Ignore):
+        record("a")
+    run.refresh_from_db()
+    assert run.status == RunStatus.STARTED and run.fencing_token == 3
+    assert calls == []
+
+
+def test_unreachable_lock_backend_is_recorded_on_the_run_and_expiry_ends_it(
+    record: Any, calls: list[Any]
+) -> None:
+    from datetime import timedelta
+
+    from celery_driftsafe.task import authority_clock
+
+    run = _run()
+    with override_settings(DRIFTSAFE=_DEAD_REDIS):
+        with delivery(record, run), pytest.raises(Ignore):
+            record("a")
+        run.refresh_from_db()
+        assert run.status == RunStatus.DISPATCHED
+        assert run.error.startswith("waiting: lock backend unreachable")
+        Run.objects.filter(pk=run.pk).update(
+            expires_at=authority_clock().now() - timedelta(seconds=1))
+        with delivery(record, run), pytest.raises(Ignore):
+            record("a")
+    run.refresh_from_db()
+    assert run.status == RunStatus.EXPIRED
+    assert calls == []
+    assert len(drain()) == 1  # only the first delivery was re-sent
+
+
+def test_copy_of_an_earlier_attempt_is_a_duplicate(record: Any, calls: list[Any]) -> None:
+    run = _run(status=RunStatus.RETRYING, attempt=2)
+    with delivery(record, run, retries=1), pytest.raises(Ignore):
+        record("a")
+    with delivery(record, run, retries=2):
+        assert record("a") == "a"
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED and run.attempt == 2
+    assert run.duplicate_deliveries == 1
+    assert calls == ["a"]
+
+
+def test_admin_run_page_shows_the_attempts(admin_client: Any) -> None:
+    from django.urls import reverse
+
+    from celery_driftsafe.models import RunAttempt
+
+    run = _run(status=RunStatus.SUCCEEDED, attempt=2)
+    for number, outcome in ((0, "retrying"), (1, "retrying"), (2, "succeeded")):
+        RunAttempt.objects.create(run=run, number=number, outcome=outcome, worker="w1@host",
+                                  error=f"attempt {number} said so")
+    page = admin_client.get(reverse("admin:celery_driftsafe_run_change", args=[run.pk]))
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "Attempts (Celery retries of this run)" in html
+    assert all(f"attempt {n} said so" in html for n in range(3))
+    assert "Retry scheduled" in html
+    listing = admin_client.get(reverse("admin:celery_driftsafe_run_changelist"))
+    assert listing.status_code == 200 and "attempts" in listing.content.decode()
+
+
+def test_body_rejecting_with_requeue_gives_the_run_back(broker_app: Any) -> None:
+    from celery.exceptions import Reject
+
+    @broker_app.task(name="tests.rejecting", base=DriftSafeTask, shared=False)
+    def rejecting() -> None:
+        raise Reject("not now", requeue=True)
+
+    run = _run(task_name="tests.rejecting")
+    with delivery(rejecting, run), pytest.raises(Reject):
+        rejecting()
+    run.refresh_from_db()
+    assert run.status == RunStatus.DISPATCHED and "requeued" in run.error

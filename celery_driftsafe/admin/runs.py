@@ -26,7 +26,7 @@ from celery_driftsafe.admin.display import (
     page_now,
     status_badge,
 )
-from celery_driftsafe.models import BeatNode, PeriodicTask, Run
+from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunAttempt
 from celery_driftsafe.reconcile import stuck
 
 #: At most this many choices in the task and node filters; search finds the rest.
@@ -94,10 +94,43 @@ def _results_url() -> str | None:
         return None
 
 
+class RunAttemptInline(admin.TabularInline):  # type: ignore[type-arg]
+    """The attempts of a run whose body retried (a run without retries has none: the run's
+    own row is its one attempt)."""
+
+    model = RunAttempt
+    extra = 0
+    can_delete = False
+    fields = ("number", "outcome_badge", "worker", "started", "finished", "fencing_token",
+              "error")
+    readonly_fields = fields
+    ordering = ("number",)
+    verbose_name_plural = "attempts (Celery retries of this run)"
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="outcome")
+    def outcome_badge(self, attempt: RunAttempt) -> SafeString | str:
+        return status_badge(attempt.outcome)
+
+    @admin.display(description="started")
+    def started(self, attempt: RunAttempt) -> SafeString | str:
+        return instant(attempt.started_at, milliseconds=True)
+
+    @admin.display(description="finished")
+    def finished(self, attempt: RunAttempt) -> SafeString | str:
+        return instant(attempt.finished_at, milliseconds=True)
+
+
 class RunAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = (
         "run", "task_name", "kind", "slot_at", "status_badge", "claimed_by", "claimed",
-        "dispatched", "started", "finished", "lateness_text", "duration_text", "result",
+        "dispatched", "started", "finished", "lateness_text", "duration_text", "attempts",
+        "result",
     )
     list_filter = ("status", AttentionFilter, "kind", PeriodicTaskFilter, NodeFilter)
     search_fields = ("task_name", "celery_task_id", "=claimed_by")
@@ -107,9 +140,10 @@ class RunAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
         "task_name", "periodic_task", "kind", "slot_at", "status_badge", "claimed_by",
         "claimed", "dispatched", "started", "finished", "lateness_text", "duration_text",
         "celery_task_id", "result", "idempotency_key", "fencing_token", "dispatch_attempts",
-        "worker", "error",
+        "attempts", "duplicate_deliveries", "expires_at", "worker", "error",
     )
     fields = readonly_fields
+    inlines = (RunAttemptInline,)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -155,6 +189,11 @@ class RunAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.display(description="duration")
     def duration_text(self, run: Run) -> str:
         return duration(run.duration)
+
+    @admin.display(description="attempts", ordering="attempt")
+    def attempts(self, run: Run) -> int:
+        """How many attempts the body had (Celery retries + 1), from the run row alone."""
+        return run.attempt + 1
 
     @admin.display(description="result")
     def result(self, run: Run) -> SafeString | str:

@@ -44,3 +44,51 @@ def slot_work(self: Any, seconds: float = 0.0) -> None:
     line = f"{self.request.driftsafe_periodic_task_id} {self.request.driftsafe_slot} {os.getpid()}"
     with open(os.environ["DRIFTSAFE_E2E_EXEC_LOG"], "a") as log:
         log.write(line + "\n")
+
+
+# A result backend when the test asks for one (the semantics tests read results back).
+if os.environ.get("DRIFTSAFE_E2E_RESULTS"):
+    app.conf.result_backend = os.environ["DRIFTSAFE_E2E_RESULTS"]
+
+
+def _executed(marker: str, **extra: Any) -> None:
+    import redis
+
+    client = redis.Redis.from_url(os.environ["DRIFTSAFE_E2E_REDIS"])
+    client.rpush(f"{os.environ['DRIFTSAFE_E2E_PREFIX']}:executions",
+                 json.dumps({"marker": marker, "pid": os.getpid(), **extra}))
+    client.close()
+
+
+@app.task(name="e2e.flaky", base=DriftSafeTask, bind=True, acks_late=True,
+          reject_on_worker_lost=True)
+def flaky(self: Any, marker: str, fail_times: int) -> str:
+    """Retries itself ``fail_times`` times, recording every attempt that reaches the end."""
+    _executed(marker, retries=self.request.retries, worker=self.request.hostname)
+    if self.request.retries < fail_times:
+        raise self.retry(countdown=0.3, max_retries=fail_times)
+    return f"{marker}:{self.request.retries}"
+
+
+@app.task(name="e2e.soft_limited", base=DriftSafeTask, acks_late=True,
+          reject_on_worker_lost=True, soft_time_limit=1, time_limit=30)
+def soft_limited(marker: str, seconds: float) -> str:
+    time.sleep(seconds)
+    _executed(marker)
+    return marker
+
+
+@app.task(name="e2e.hard_limited", base=DriftSafeTask, acks_late=True,
+          reject_on_worker_lost=True, time_limit=1)
+def hard_limited(marker: str, seconds: float) -> str:
+    time.sleep(seconds)
+    _executed(marker)
+    return marker
+
+
+@app.task(name="e2e.fragile", base=DriftSafeTask, acks_late=True)
+def fragile(marker: str, seconds: float) -> str:
+    """Late ack, but no reject_on_worker_lost: a lost pool process is a failure for Celery."""
+    time.sleep(seconds)
+    _executed(marker)
+    return marker

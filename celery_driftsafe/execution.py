@@ -1,0 +1,369 @@
+"""One delivery of one run, inside a worker (or an eager call): the steps
+:class:`~celery_driftsafe.task.DriftSafeTask` takes around the body.
+
+A delivery that must not run the body (duplicate, copy of an earlier attempt, expired, skipped,
+re-sent for later, forged) raises :class:`celery.exceptions.Ignore`: Celery then acknowledges
+the message and writes nothing to the result backend, so only the body's execution ever stores
+a result under the run's task id.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import traceback
+from contextlib import ExitStack, suppress
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from celery import Task
+from celery.exceptions import Ignore, Reject, Retry
+
+from celery_driftsafe.conf import get_settings
+from celery_driftsafe.exceptions import LockError, LockLost
+from celery_driftsafe.headers import RunHeaders
+from celery_driftsafe.ledger import FINISHED, Ledger, LedgerUnavailable, RunRow
+from celery_driftsafe.locks import lock_backend
+
+if TYPE_CHECKING:
+    from celery_driftsafe.clock import AuthorityClock
+
+logger = logging.getLogger("celery_driftsafe.task")
+
+#: How long a worker keeps retrying to record an outcome while the database is away.
+FINISH_RETRY_SECONDS = 60.0
+#: A delivery that finds the lock backend or the database unreachable comes back this late.
+UNREACHABLE_RESEND_SECONDS = 5.0
+
+SKIPPED_WHY = "skipped: the previous run of this task is still running (overlap policy 'skip')"
+
+_active = threading.local()
+
+
+def current_execution() -> Execution | None:
+    """The execution whose body runs in this thread, if any."""
+    stack: list[Execution] = getattr(_active, "stack", [])
+    return stack[-1] if stack else None
+
+
+def _log(level: int, message: str, *args: Any, run_id: int, action: str, **extra: Any) -> None:
+    logger.log(level, message, *args, extra={"action": action, "run": run_id, **extra})
+
+
+def authority_clock() -> AuthorityClock:
+    from celery_driftsafe.task import authority_clock as clock
+
+    return clock()
+
+
+class Execution:
+    """One delivery of one run (see the module docstring)."""
+
+    def __init__(self, task: Task, headers: RunHeaders) -> None:
+        self.task = task
+        self.request = task.request
+        self.headers = headers
+        self.run_id = headers.run_id
+        self.settings = get_settings()
+        self.ledger = Ledger()
+        self.attempt = int(self.request.retries or 0)
+        self.worker = self.request.hostname or socket.gethostname()
+        self.token: int | None = None
+        self.started_at: datetime | None = None
+        self.handed_over = False
+        self.retry_reason = ""
+        self.locks = ExitStack()
+
+    # -- the delivery ---------------------------------------------------------------------------
+
+    def run(self, args: Any, kwargs: Any) -> Any:
+        now = self._now()
+        message_expiry = self._message_expiry()
+        if (self.request.is_eager or not self.ledger.can_return
+                or (message_expiry is not None and now >= message_expiry)):
+            row = self._checked(now)
+            if self.request.is_eager:
+                return self._run_unlocked(row, now, args, kwargs, mode="eager")
+            return self._run_locked(row, now, args, kwargs)
+        # The fast path: lock, then one conditional start that also checks what the headers
+        # claim; only a refused start reads the run to say why.
+        return self._run_locked(None, now, args, kwargs)
+
+    def _checked(self, now: datetime) -> RunRow:
+        """The run, if this delivery may start it; otherwise the delivery ends here (Ignore)."""
+        row = self.ledger.load(self.run_id)
+        problem = self._mismatch(row)
+        if problem:
+            _log(logging.ERROR, "rejected %s[%s]: %s; not executed", self.task.name,
+                 self.request.id, problem, run_id=self.run_id, action="reject")
+            raise Ignore()
+        assert row is not None
+        if row.status in FINISHED:
+            self._suppress(f"run is already {row.status}")
+        if self.attempt < row.attempt:
+            self._suppress(f"a copy of attempt {self.attempt}; the run is at attempt "
+                           f"{row.attempt}")
+        expires_at = row.expires_at or self._message_expiry()
+        if expires_at is not None and now >= expires_at and row.status != "started":
+            self._expire(now, expires_at)  # a started run is taken over, not expired
+        return row
+
+    def _run_locked(self, row: RunRow | None, now: datetime, args: Any, kwargs: Any) -> Any:
+        """Take the run's lock (its token above the row's when ``row`` was read), start the
+        run under it and run the body."""
+        floor = row.fencing_token if row is not None else self.headers.fencing_token
+        try:
+            lock = lock_backend(self.settings).lock(
+                f"run:{self.run_id}", ttl=self.settings.lease_seconds, fencing_floor=floor,
+            )
+            acquired = lock.acquire(blocking=False)
+        except LockError as exc:
+            row = row or self._checked(now)  # a duplicate or an expired run ends here
+            if self.settings.redis_unavailable != "fail_open":
+                self.resend(f"lock backend unreachable ({exc}); REDIS_UNAVAILABLE=fail_closed",
+                            UNREACHABLE_RESEND_SECONDS, args, kwargs)
+            _log(logging.WARNING, "run %s: lock backend unreachable (%s); REDIS_UNAVAILABLE="
+                 "fail_open, so only the database decides", self.run_id, exc,
+                 run_id=self.run_id, action="fail-open")
+            return self._run_unlocked(row, now, args, kwargs, mode="fail_open")
+        if not acquired:
+            # Someone holds the run: alive (then it finishes and the re-sent copy is dropped
+            # as a duplicate) or dead (then its lease runs out and the copy takes over).
+            if row is None:
+                self._checked(now)  # a duplicate of a finished run ends here, not later
+            self.resend("another worker holds the run's lock", self.settings.lease_seconds,
+                        args, kwargs)
+        with self.locks:
+            token = self.locks.enter_context(lock.watch()).fencing_token
+            if row is not None:
+                self._check_overlap_locked(row, token, args, kwargs)
+                if not self.ledger.start(self.run_id, token, now, self.worker, self.attempt):
+                    self._suppress("it already started or finished under another holder")
+            else:
+                started = self.ledger.start_checked(
+                    self.run_id, token, now, self.worker, self.attempt, task=self.task.name,
+                    task_id=self.request.id, periodic_task_id=self.headers.periodic_task_id,
+                )
+                if started is None:
+                    row = self._checked(now)  # says why, or ends the delivery
+                    if row.fencing_token >= token:  # the lock's counter was behind the run's
+                        self.locks.close()
+                        return self._run_locked(row, now, args, kwargs)
+                    self._suppress("it already started or finished under another holder")
+                periodic_task_id, overlap_policy = started
+                if periodic_task_id is not None and overlap_policy == "skip":
+                    self._hold_overlap_lock_or_skip(periodic_task_id, token, args, kwargs)
+            self.token, self.started_at = token, now
+            return self._body(args, kwargs)
+
+    def _hold_overlap_lock_or_skip(self, periodic_task_id: int, token: int, args: Any,
+                                   kwargs: Any) -> None:
+        """After a fast-path start: hold the task's running lock, or end the run skipped."""
+        task_lock = lock_backend(self.settings).lock(
+            f"task-running:{periodic_task_id}", ttl=self.settings.lease_seconds
+        )
+        try:
+            acquired = task_lock.acquire(blocking=False)
+        except LockError as exc:
+            self.ledger.requeue(self.run_id, token, f"waiting: {exc}")
+            self.locks.close()
+            self.resend(f"lock backend unreachable taking the overlap lock ({exc})",
+                        UNREACHABLE_RESEND_SECONDS, args, kwargs)
+        if not acquired:
+            self.ledger.finish(self.run_id, token, "skipped", self._now(), SKIPPED_WHY)
+            _log(logging.INFO, "run %s skipped: the previous run is still running",
+                 self.run_id, run_id=self.run_id, action="overlap-skip")
+            raise Ignore()
+        self.locks.enter_context(task_lock.watch())
+
+    def _run_unlocked(self, row: RunRow, now: datetime, args: Any, kwargs: Any,
+                      *, mode: str) -> Any:
+        """Eager calls and ``fail_open``: the conditional start alone decides (a run already
+        started is never taken over), the overlap policy is checked on the ledger."""
+        if self._skips_overlaps(row):
+            assert row.periodic_task_id is not None
+            if self.ledger.other_started(row.periodic_task_id, self.run_id):
+                self._skip(None)
+            _log(logging.INFO, "run %s: overlap checked on the ledger only (%s)", self.run_id,
+                 mode, run_id=self.run_id, action="overlap-ledger")
+        token = self.ledger.start_unlocked(self.run_id, now, self.worker, self.attempt)
+        if token is None:
+            self._suppress(f"it already started (database check, {mode})")
+        self.token, self.started_at = token, now
+        return self._body(args, kwargs)
+
+    def _mismatch(self, run: RunRow | None) -> str:
+        if run is None:
+            return f"unknown run {self.run_id}"
+        if run.task_name != self.task.name:
+            return f"run {self.run_id} belongs to task {run.task_name!r}"
+        if run.celery_task_id and run.celery_task_id != self.request.id:
+            return f"run {self.run_id} has Celery task id {run.celery_task_id}"
+        claimed_for = self.headers.periodic_task_id
+        if claimed_for is not None and run.periodic_task_id != claimed_for:
+            return f"run {self.run_id} is not a run of periodic task {claimed_for}"
+        return ""
+
+    def _message_expiry(self) -> datetime | None:
+        """The message's own ``expires`` (for runs whose row has no ``expires_at``)."""
+        expires = self.request.expires
+        if not expires:
+            return None
+        from celery.utils.time import maybe_iso8601, maybe_make_aware
+
+        instant = maybe_iso8601(expires) if isinstance(expires, str) else expires
+        if not isinstance(instant, datetime):
+            return None
+        aware: datetime = maybe_make_aware(instant, self.task.app.timezone)
+        return aware
+
+    @staticmethod
+    def _skips_overlaps(row: RunRow) -> bool:
+        return row.periodic_task_id is not None and row.overlap_policy == "skip"
+
+    def _check_overlap_locked(self, row: RunRow, token: int, args: Any, kwargs: Any) -> None:
+        """Under the run lock: with overlap policy ``skip``, hold the task's running lock for
+        the body, or record the run ``skipped``."""
+        if not self._skips_overlaps(row):
+            return
+        task_lock = lock_backend(self.settings).lock(
+            f"task-running:{row.periodic_task_id}", ttl=self.settings.lease_seconds
+        )
+        try:
+            acquired = task_lock.acquire(blocking=False)
+        except LockError as exc:
+            self.locks.close()  # give the run lock back before the delivery comes again
+            self.resend(f"lock backend unreachable taking the overlap lock ({exc})",
+                        UNREACHABLE_RESEND_SECONDS, args, kwargs)
+        if not acquired:
+            self._skip(token)
+        self.locks.enter_context(task_lock.watch())
+
+    # -- outcomes without the body --------------------------------------------------------------
+
+    def _suppress(self, why: str) -> NoReturn:
+        with suppress(LedgerUnavailable):  # only a counter
+            self.ledger.count_duplicate(self.run_id)
+        _log(logging.WARNING, "duplicate delivery of run %s (%s[%s]) skipped: %s", self.run_id,
+             self.task.name, self.request.id, why, run_id=self.run_id, action="duplicate")
+        raise Ignore()
+
+    def _skip(self, token: int | None) -> NoReturn:
+        self.ledger.end_waiting(self.run_id, "skipped", self._now(), SKIPPED_WHY, token=token)
+        _log(logging.INFO, "run %s skipped: the previous run is still running", self.run_id,
+             run_id=self.run_id, action="overlap-skip")
+        raise Ignore()
+
+    def _expire(self, now: datetime, expires_at: datetime) -> NoReturn:
+        why = (f"expired: the run expired at {expires_at.isoformat()}, the time authority "
+               f"said {now.isoformat()} when it was delivered")
+        if self.ledger.end_waiting(self.run_id, "expired", now, why):
+            _log(logging.WARNING, "run %s (%s[%s]) %s; not executed", self.run_id,
+                 self.task.name, self.request.id, why, run_id=self.run_id, action="expired")
+            self._store_revoked("expired")
+        else:
+            self._suppress("it expired, and another delivery is handling it")
+        raise Ignore()
+
+    def _store_revoked(self, reason: str) -> None:
+        """Store REVOKED as Celery does for a message it expires itself (never for eager
+        calls, nor when results are ignored)."""
+        if self.request.is_eager or self.task.ignore_result:
+            return
+        with suppress(NotImplementedError):  # no result backend
+            self.task.backend.mark_as_revoked(self.request.id, reason, request=self.request)
+
+    def resend(self, why: str, countdown: float, args: Any, kwargs: Any) -> NoReturn:
+        """Acknowledge this delivery and send the same message (same task id, headers, attempt
+        number, links) again in ``countdown`` seconds."""
+        request = self.request
+        signature = self.task.signature_from_request(request, args, kwargs, countdown=countdown)
+        Task.apply_async(self.task, args, kwargs, **signature.options)
+        with suppress(LedgerUnavailable):  # the reason is logged below too
+            self.ledger.note(self.run_id, f"waiting: {why}")
+        _log(logging.WARNING, "run %s (%s[%s]) re-sent for %.1f s later: %s", self.run_id,
+             self.task.name, request.id, countdown, why, run_id=self.run_id, action="resend")
+        raise Ignore()
+
+    # -- the body and its outcome ---------------------------------------------------------------
+
+    def _body(self, args: Any, kwargs: Any) -> Any:
+        stack = getattr(_active, "stack", None)
+        if stack is None:
+            stack = _active.stack = []
+        stack.append(self)
+        try:
+            result = self.task.run(*args, **kwargs)
+        except Retry as exc:
+            if not self.handed_over:  # eager mode, or a Retry raised without retry()
+                self.hand_over(self.attempt + 1, str(exc))
+            raise
+        except Reject as exc:
+            if exc.requeue and self.token is not None:
+                self.ledger.requeue(self.run_id, self.token, f"requeued: {exc.reason!r}")
+            else:
+                self._finish("failed", traceback.format_exc(limit=20))
+            raise
+        except Exception:
+            self._finish("failed", traceback.format_exc(limit=20))
+            raise
+        finally:
+            stack.pop()
+        self._finish("succeeded")
+        return result
+
+    def is_retry(self, task: Task, task_id: str | None, options: dict[str, Any]) -> bool:
+        """Whether a publish is this execution's ``retry()`` sending the next attempt."""
+        retries = options.get("retries")
+        return (task is self.task and task_id == self.request.id and not self.handed_over
+                and isinstance(retries, int) and retries > self.attempt)
+
+    def hand_over(self, next_attempt: int, reason: str) -> None:
+        """End this attempt with a retry, before the next attempt's message is sent: the run
+        waits for ``next_attempt`` and its locks are free for it."""
+        assert self.token is not None
+        now = self._now()
+        reason = reason or self.retry_reason
+        if not self.ledger.hand_over(self.run_id, self.token, next_attempt, f"retry: {reason}"):
+            _log(logging.ERROR, "run %s: retry not sent, a newer holder (fencing token above "
+                 "%s) took the run over", self.run_id, self.token, run_id=self.run_id,
+                 action="fenced-out")
+            raise LockLost(f"run {self.run_id} was taken over; its retry is not sent")
+        self.handed_over = True
+        self.ledger.record_attempt(self.run_id, self.attempt, "retrying", self.worker,
+                                   self.started_at, now, self.token, reason)
+        self.locks.close()
+        _log(logging.INFO, "run %s attempt %s ends in a retry (%s); attempt %s is next",
+             self.run_id, self.attempt, reason, next_attempt, run_id=self.run_id,
+             action="retry")
+
+    def _now(self) -> datetime:
+        return authority_clock().now()
+
+    def _finish(self, status: str, error: str = "") -> bool:
+        """Record the outcome under the token; while the database is away, keep trying (with
+        backoff, up to ``FINISH_RETRY_SECONDS``) rather than lose it or run the body again."""
+        assert self.token is not None
+        waited, delay = 0.0, 0.5
+        while True:
+            try:
+                now = self._now()
+                written = self.ledger.finish(self.run_id, self.token, status, now, error)
+                break
+            except LedgerUnavailable as exc:
+                if waited >= FINISH_RETRY_SECONDS:
+                    _log(logging.ERROR, "run %s: outcome %s not recorded, the database stayed "
+                         "unreachable for %.0f s: %s; the run stays 'started'", self.run_id,
+                         status, waited, exc, run_id=self.run_id, action="outcome-lost")
+                    return False
+                authority_clock().sleep(delay)
+                waited, delay = waited + delay, min(delay * 2, 5.0)
+        if not written:
+            _log(logging.ERROR, "run %s: outcome %s discarded, a newer holder (fencing token "
+                 "above %s) took the run over while this worker was paused past its lease",
+                 self.run_id, status, self.token, run_id=self.run_id, action="fenced-out")
+        elif self.attempt > 0:
+            self.ledger.record_attempt(self.run_id, self.attempt, status, self.worker,
+                                       self.started_at, now, self.token, error)
+        return bool(written)

@@ -1,0 +1,263 @@
+"""The run ledger's statements on a worker's path, as plain SQL: this is the per-execution hot
+path, where compiling ORM queries would cost more than the round trips.
+
+Every write is conditional on what the writer may change: a start on the run still waiting (or,
+for a lock holder, started by a holder that may be dead) and on a fencing token below the
+writer's; an outcome on the writer's own token; an early end (expired, revoked, skipped) on a
+run nobody started. So a writer that lost the run changes nothing.
+
+Status names are spelled out (not imported from the models): a Celery app module imports
+:mod:`celery_driftsafe.task` before Django's app registry is ready.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from celery_driftsafe.exceptions import DriftSafeError
+
+#: Waiting for a worker: the first delivery, or the next attempt after a retry.
+PRE_START = ("claimed", "dispatched", "retrying")
+FINISHED = ("succeeded", "failed", "skipped", "missed", "expired", "revoked")
+#: Appended to ``worker`` when a run was started without a lock (eager mode, ``fail_open``):
+#: such a start is never taken over by a lock holder, who cannot know whether it still runs.
+UNLOCKED = " (no lock)"
+
+
+class LedgerUnavailable(DriftSafeError):
+    """The database could not be reached before the body ran: the delivery is re-sent."""
+
+
+@dataclass(frozen=True)
+class RunRow:
+    status: str
+    task_name: str
+    celery_task_id: str
+    periodic_task_id: int | None
+    overlap_policy: str | None
+    fencing_token: int
+    attempt: int
+    expires_at: datetime | None
+
+
+def _aware(value: Any) -> datetime | None:
+    """A datetime column as read by a raw cursor (SQLite gives text), aware UTC."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        from django.utils.dateparse import parse_datetime
+
+        parsed = parse_datetime(value)
+        if parsed is None:
+            raise ValueError(f"unreadable instant {value!r} in the run ledger")
+        value = parsed
+    assert isinstance(value, datetime)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _sqlite_returns() -> bool:
+    import sqlite3
+
+    return sqlite3.sqlite_version_info >= (3, 35)
+
+
+class Ledger:
+    def __init__(self) -> None:
+        from django.db import connection
+
+        from celery_driftsafe.models import PeriodicTask, Run, RunAttempt
+
+        self.connection = connection
+        quote = connection.ops.quote_name
+        self.runs = quote(Run._meta.db_table)
+        self.tasks = quote(PeriodicTask._meta.db_table)
+        self.attempts = quote(RunAttempt._meta.db_table)
+        self._pre_start = ", ".join(f"'{status}'" for status in PRE_START)
+        #: UPDATE … RETURNING (PostgreSQL, SQLite 3.35+): the start checks and reads at once.
+        self.can_return = connection.vendor == "postgresql" or (
+            connection.vendor == "sqlite" and _sqlite_returns()
+        )
+
+    def _execute(self, sql: str, params: list[Any], *, fetch: bool) -> Any:
+        from django.db import DatabaseError
+
+        try:
+            with self.connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                return cursor.fetchone() if fetch else int(cursor.rowcount)
+        except DatabaseError as exc:
+            if not self.connection.in_atomic_block:
+                self.connection.close()  # the next statement reconnects
+            raise LedgerUnavailable(f"database unreachable: {exc}") from exc
+
+    def _write(self, sql: str, params: list[Any]) -> int:
+        """Rows changed."""
+        changed: int = self._execute(sql, params, fetch=False)
+        return changed
+
+    def _fetch(self, sql: str, params: list[Any]) -> tuple[Any, ...] | None:
+        """The first row."""
+        row: tuple[Any, ...] | None = self._execute(sql, params, fetch=True)
+        return row
+
+    def _at(self, instant: datetime) -> Any:
+        return self.connection.ops.adapt_datetimefield_value(instant)
+
+    def load(self, run_id: int) -> RunRow | None:
+        row = self._fetch(
+            f"SELECT r.status, r.task_name, r.celery_task_id, r.periodic_task_id, "
+            f"t.overlap_policy, r.fencing_token, r.attempt, r.expires_at FROM {self.runs} r "
+            f"LEFT JOIN {self.tasks} t ON t.id = r.periodic_task_id WHERE r.id = %s",
+            [run_id])
+        if row is None:
+            return None
+        status, task_name, task_id, periodic_task_id, overlap, token, attempt, expires = row
+        return RunRow(status, task_name, task_id, periodic_task_id, overlap, int(token),
+                      int(attempt), _aware(expires))
+
+    def start(self, run_id: int, token: int, now: datetime, worker: str, attempt: int) -> bool:
+        """Start ``attempt`` under a lock's ``token``: the run is waiting, or was started by a
+        locked holder whose lease the caller's lock proves over."""
+        return self._write(
+            f"UPDATE {self.runs} SET status = 'started', started_at = %s, fencing_token = %s, "
+            f"worker = %s, error = '', attempt = %s WHERE id = %s AND fencing_token < %s "
+            f"AND attempt <= %s AND (status IN ({self._pre_start}) "
+            f"OR (status = 'started' AND worker NOT LIKE %s))",
+            [self._at(now), token, worker, attempt, run_id, token, attempt, f"%{UNLOCKED}"],
+        ) == 1
+
+    def start_checked(
+        self, run_id: int, token: int, now: datetime, worker: str, attempt: int, *,
+        task: str, task_id: str | None, periodic_task_id: int | None,
+    ) -> tuple[int | None, str | None] | None:
+        """:meth:`start`, refused also when the run is not the headers' (task, Celery task id,
+        periodic task) or its ``expires_at`` has passed at ``now``. Returns the run's periodic
+        task id and overlap policy, None when refused (:meth:`load` says why)."""
+        at = self._at(now)
+        row = self._fetch(
+            f"UPDATE {self.runs} SET status = 'started', started_at = %s, fencing_token = %s, "
+            f"worker = %s, error = '', attempt = %s WHERE id = %s AND fencing_token < %s "
+            f"AND attempt <= %s AND (status IN ({self._pre_start}) "
+            f"OR (status = 'started' AND worker NOT LIKE %s)) AND task_name = %s "
+            f"AND (celery_task_id = '' OR celery_task_id = %s) "
+            f"AND (%s IS NULL OR periodic_task_id = %s) "
+            f"AND (expires_at IS NULL OR expires_at > %s OR status = 'started') "
+            f"RETURNING periodic_task_id, (SELECT t.overlap_policy FROM {self.tasks} t "
+            f"WHERE t.id = {self.runs}.periodic_task_id)",
+            [at, token, worker, attempt, run_id, token, attempt, f"%{UNLOCKED}", task,
+             task_id or "", periodic_task_id, periodic_task_id, at],
+        )
+        if row is None:
+            return None
+        return row[0], row[1]
+
+    def start_unlocked(self, run_id: int, now: datetime, worker: str, attempt: int) -> int | None:
+        """Start a waiting run without a lock: the run's own token sequence goes one up.
+        Returns the token, None when the run is not waiting."""
+        from django.db import transaction
+
+        with transaction.atomic():  # the row stays locked from the update to the read
+            started = self._write(
+                f"UPDATE {self.runs} SET status = 'started', started_at = %s, "
+                f"fencing_token = fencing_token + 1, worker = %s, error = '', attempt = %s "
+                f"WHERE id = %s AND attempt <= %s AND status IN ({self._pre_start})",
+                [self._at(now), worker + UNLOCKED, attempt, run_id, attempt],
+            )
+            if started != 1:
+                return None
+            row = self._fetch(f"SELECT fencing_token FROM {self.runs} WHERE id = %s",
+                              [run_id])
+        assert row is not None
+        return int(row[0])
+
+    def other_started(self, periodic_task_id: int, run_id: int) -> bool:
+        """Whether another run of the periodic task is recorded ``started``."""
+        return self._fetch(
+            f"SELECT 1 FROM {self.runs} WHERE periodic_task_id = %s AND status = 'started' "
+            f"AND id <> %s", [periodic_task_id, run_id]) is not None
+
+    def finish(self, run_id: int, token: int, status: str, now: datetime, error: str) -> bool:
+        return self._write(
+            f"UPDATE {self.runs} SET status = %s, finished_at = %s, error = %s "
+            f"WHERE id = %s AND fencing_token = %s",
+            [status, self._at(now), error, run_id, token],
+        ) == 1
+
+    def hand_over(self, run_id: int, token: int, next_attempt: int, error: str) -> bool:
+        """The attempt under ``token`` ends in a retry: the run waits for ``next_attempt``."""
+        return self._write(
+            f"UPDATE {self.runs} SET status = 'retrying', attempt = %s, error = %s "
+            f"WHERE id = %s AND fencing_token = %s AND status = 'started'",
+            [next_attempt, error, run_id, token],
+        ) == 1
+
+    def requeue(self, run_id: int, token: int, error: str) -> bool:
+        """The attempt under ``token`` gave its message back (``Reject(requeue=True)``)."""
+        return self._write(
+            f"UPDATE {self.runs} SET status = 'dispatched', error = %s "
+            f"WHERE id = %s AND fencing_token = %s AND status = 'started'",
+            [error, run_id, token],
+        ) == 1
+
+    def end_waiting(self, run_id: int, status: str, now: datetime, error: str,
+                    *, token: int | None = None) -> bool:
+        """End a run nobody started (expired, skipped, revoked); with ``token``, also record
+        that token (a lock holder's decision)."""
+        sql = f"UPDATE {self.runs} SET status = %s, finished_at = %s, error = %s"
+        params: list[Any] = [status, self._at(now), error]
+        if token is not None:
+            sql += ", fencing_token = %s"
+            params.append(token)
+        sql += f" WHERE id = %s AND status IN ({self._pre_start})"
+        params.append(run_id)
+        if token is not None:
+            sql += " AND fencing_token < %s"
+            params.append(token)
+        return self._write(sql, params) == 1
+
+    def end_by_worker(self, run_id: int, attempt: int, worker: str, status: str,
+                      now: datetime, error: str) -> bool:
+        """End ``attempt`` of a run from the worker's main process (hard time limit, a lost
+        pool process, a terminating revoke): waiting, or started by that worker."""
+        return self._write(
+            f"UPDATE {self.runs} SET status = %s, finished_at = %s, error = %s "
+            f"WHERE id = %s AND attempt = %s AND (status IN ({self._pre_start}) "
+            f"OR (status = 'started' AND worker IN (%s, %s)))",
+            [status, self._at(now), error, run_id, attempt, worker, worker + UNLOCKED],
+        ) == 1
+
+    def note(self, run_id: int, error: str) -> None:
+        """Say on a waiting run why it is still waiting."""
+        self._write(
+            f"UPDATE {self.runs} SET error = %s WHERE id = %s AND status IN ({self._pre_start})",
+            [error, run_id],
+        )
+
+    def count_duplicate(self, run_id: int) -> None:
+        self._write(
+            f"UPDATE {self.runs} SET duplicate_deliveries = duplicate_deliveries + 1 "
+            f"WHERE id = %s", [run_id],
+        )
+
+    def record_attempt(self, run_id: int, number: int, outcome: str, worker: str,
+                       started_at: datetime | None, finished_at: datetime, token: int,
+                       error: str) -> None:
+        """Keep ``number`` of a run that has more than one attempt (idempotent)."""
+        from django.db import IntegrityError, transaction
+
+        from celery_driftsafe.models import RunAttempt
+
+        try:
+            with transaction.atomic():
+                RunAttempt.objects.create(
+                    run_id=run_id, number=number, outcome=outcome, worker=worker,
+                    started_at=started_at, finished_at=finished_at, fencing_token=token,
+                    error=error,
+                )
+        except IntegrityError:  # a taken-over attempt of the same number: keep the newer
+            RunAttempt.objects.filter(run_id=run_id, number=number).update(
+                outcome=outcome, worker=worker, started_at=started_at,
+                finished_at=finished_at, fencing_token=token, error=error,
+            )

@@ -1,0 +1,423 @@
+"""Celery's own semantics under DriftSafeTask, with a real in-process worker
+(``celery.contrib.testing.worker.start_worker``), a real Redis broker, real result backends and
+the real database: retries, results, transactions, expiry, revoke, eager mode and canvas.
+
+Every test checks three things: what the ledger recorded, what the body saw (``seen``), and
+what the result backend holds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery, chain, chord, group
+from celery.contrib.testing.worker import start_worker
+from django.db import transaction
+from django.test import override_settings
+
+from celery_driftsafe.models import Run, RunAttempt, RunKind, RunStatus
+from celery_driftsafe.task import DriftSafeTask, authority_clock
+from tests import settings as test_settings
+from tests.factories import interval_task
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(120),
+    # Celery's Redis result backend calls redis-py's deprecated setex(); not our code.
+    pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning"),
+    # The in-process worker's threads keep their own result-backend clients, unclosed.
+    pytest.mark.filterwarnings(
+        "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"),
+]
+
+BROKER_URL = f"{test_settings.REDIS_SERVER}/{test_settings.REDIS_DB + 1}"
+#: Keys name the task id (uuid5): unique per test run, so no result of an earlier run is found.
+KEY = f"{uuid.uuid4().hex[:8]}-"
+SHORT_LEASE = {**test_settings.DRIFTSAFE, "LEASE_SECONDS": 2.0}
+
+
+@dataclass
+class Env:
+    app: Celery
+    queue: str
+    seen: list[tuple[str, Any, int]] = field(default_factory=list)
+    gate: threading.Event = field(default_factory=threading.Event)
+    tasks: dict[str, Any] = field(default_factory=dict)
+
+    def publish_run(self, run: Run, args: list[Any], **options: Any) -> None:
+        """Publish a run by name, as the beat does (headers, deterministic id)."""
+        headers = {"driftsafe_run_id": run.pk, "driftsafe_fencing_token": 0,
+                   "driftsafe_periodic_task_id": run.periodic_task_id}
+        self.app.send_task(run.task_name, args=args, task_id=run.celery_task_id,
+                           headers=headers, queue=self.queue, **options)
+
+    def bodies(self, name: str) -> list[tuple[Any, int]]:
+        return [(value, retries) for task, value, retries in self.seen if task == name]
+
+
+def _make_app(queue: str, backend: str | None, seen: list[Any], gate: threading.Event,
+              tasks: dict[str, Any]) -> Celery:
+    app = Celery("driftsafe-semantics", broker=BROKER_URL, backend=backend,
+                 set_as_current=False)
+    app.conf.update(
+        task_default_queue=queue, broker_connection_retry_on_startup=False,
+        worker_hijack_root_logger=False, result_expires=600, task_store_eager_result=False,
+    )
+
+    @app.task(name="sem.flaky", base=DriftSafeTask, bind=True, shared=False, acks_late=True)
+    def flaky(self: Any, marker: str, fail_times: int) -> str:
+        seen.append(("sem.flaky", marker, self.request.retries))
+        if self.request.retries < fail_times:
+            raise self.retry(countdown=0.2, max_retries=5)
+        return f"{marker}:{self.request.retries}"
+
+    @app.task(name="sem.auto", base=DriftSafeTask, bind=True, shared=False,
+              autoretry_for=(ValueError,), retry_backoff=True, retry_jitter=False,
+              max_retries=2)
+    def auto(self: Any, marker: str) -> str:
+        seen.append(("sem.auto", marker, self.request.retries))
+        raise ValueError(f"{marker} attempt {self.request.retries} fails")
+
+    @app.task(name="sem.double", base=DriftSafeTask, shared=False, acks_late=True)
+    def double(x: int) -> int:
+        assert gate.wait(20), "gate never opened"
+        seen.append(("sem.double", x, 0))
+        return x * 2
+
+    @app.task(name="sem.add", shared=False)
+    def add(values: Any, y: int = 0) -> int:
+        return (sum(values) if isinstance(values, list) else values) + y
+
+    tasks.update(flaky=flaky, auto=auto, double=double, add=add)
+    return app
+
+
+@pytest.fixture
+def make_env(redis_client: Any) -> Iterator[Callable[..., Env]]:
+    """Build an app with its tasks (``backend``: a result backend URL or None) and optionally
+    run an in-process worker on its own queue for the rest of the test."""
+    from celery.signals import task_postrun, task_revoked
+    from django.db import connections
+
+    def close_connections(**kwargs: Any) -> None:
+        if threading.current_thread() is not threading.main_thread():  # not eager calls
+            connections.close_all()  # the worker's threads are not Django's: close theirs
+
+    task_postrun.connect(close_connections, weak=False, dispatch_uid="sem-close-postrun")
+    task_revoked.connect(close_connections, weak=False, dispatch_uid="sem-close-revoked")
+    stack: list[Any] = []
+    queues: list[str] = []
+    apps: list[Celery] = []
+
+    def make(backend: str | None = BROKER_URL, *, worker: bool = True,
+             pool: str = "threads", eager: bool = False) -> Env:
+        queue = f"sem-{uuid.uuid4().hex[:8]}"
+        queues.append(queue)
+        seen: list[Any] = []
+        gate = threading.Event()
+        gate.set()
+        tasks: dict[str, Any] = {}
+        env = Env(_make_app(queue, backend, seen, gate, tasks), queue, seen, gate, tasks)
+        apps.append(env.app)
+        if eager:
+            env.app.conf.task_always_eager = True
+        if worker:
+            context = start_worker(env.app, pool=pool, concurrency=4, perform_ping_check=False,
+                                   loglevel="WARNING", shutdown_timeout=30)
+            context.__enter__()
+            stack.append(context)
+        return env
+
+    yield make
+    for context in reversed(stack):
+        context.__exit__(None, None, None)
+    for app in apps:
+        if app.conf.result_backend and "redis" in str(app.conf.result_backend):
+            app.backend.result_consumer.stop()
+            app.backend.client.close()
+        app.close()
+    task_postrun.disconnect(dispatch_uid="sem-close-postrun")
+    task_revoked.disconnect(dispatch_uid="sem-close-revoked")
+    client = redis.Redis.from_url(BROKER_URL)
+    for queue in queues:
+        client.delete(queue)
+    client.close()
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what or condition}"
+        time.sleep(0.05)
+
+
+def finished(run: Run) -> Run:
+    """Wait until the run has a final status; return it fresh."""
+    def done() -> Run | None:
+        fresh = Run.objects.get(pk=run.pk)
+        return fresh if fresh.status not in ("claimed", "dispatched", "started", "retrying") \
+            else None
+    result: Run = wait_for(done, what=f"run {run.pk} to finish")
+    return result
+
+
+def new_run(task_name: str, kind: str) -> Run:
+    fields: dict[str, Any] = {}
+    if kind == "scheduled":
+        anchor = datetime(2026, 3, 1, tzinfo=UTC)
+        fields = {"periodic_task": interval_task(f"p-{uuid.uuid4().hex[:6]}", 60, anchor=anchor,
+                                                 task=task_name),
+                  "slot": anchor + timedelta(minutes=1), "kind": RunKind.SCHEDULED}
+    elif kind == "manual":
+        fields = {"kind": RunKind.MANUAL, "claimed_by": "admin:tester"}
+    else:
+        fields = {"kind": RunKind.ADHOC}
+    return Run.objects.create(task_name=task_name, status=RunStatus.DISPATCHED,
+                              celery_task_id=str(uuid.uuid4()), **fields)
+
+
+def start(env: Env, kind: str, task: str, args: list[Any]) -> Run:
+    """Start a run of ``task`` the way ``kind`` of run is started."""
+    if kind == "key":
+        key = f"key-{uuid.uuid4().hex}"
+        env.tasks[task.split(".")[1]].apply_async(args, idempotency_key=key)
+        return Run.objects.get(idempotency_key=key)
+    run = new_run(task, kind)
+    env.publish_run(run, args)
+    return run
+
+
+# -- 1. retries ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["scheduled", "manual", "adhoc", "key"])
+def test_self_retry_runs_every_attempt_of_the_same_run(make_env: Any, kind: str) -> None:
+    env = make_env()
+    run = start(env, kind, "sem.flaky", ["m", 2])
+    assert env.app.AsyncResult(run.celery_task_id).get(timeout=30) == "m:2"
+    run = finished(run)
+    assert env.bodies("sem.flaky") == [("m", 0), ("m", 1), ("m", 2)]
+    assert run.status == RunStatus.SUCCEEDED and run.attempt == 2
+    attempts = list(RunAttempt.objects.filter(run=run).values_list("number", "outcome"))
+    assert attempts == [(0, "retrying"), (1, "retrying"), (2, "succeeded")]
+    assert run.duplicate_deliveries == 0
+    # A redelivered copy of attempt 1 (or of the first message) is dropped: no body, no result.
+    env.publish_run(run, ["m", 2], retries=1)
+    env.publish_run(run, ["m", 2])
+    wait_for(lambda: Run.objects.get(pk=run.pk).duplicate_deliveries == 2, what="2 duplicates")
+    assert len(env.bodies("sem.flaky")) == 3
+    assert env.app.AsyncResult(run.celery_task_id).get(timeout=5) == "m:2"
+    assert Run.objects.get(pk=run.pk).status == RunStatus.SUCCEEDED
+
+
+def test_autoretry_with_backoff_ends_failed_after_max_retries(make_env: Any) -> None:
+    env = make_env()
+    run = start(env, "manual", "sem.auto", ["a"])
+    result = env.app.AsyncResult(run.celery_task_id)
+    with pytest.raises(ValueError, match="a attempt 2 fails"):
+        result.get(timeout=30)
+    run = finished(run)
+    assert env.bodies("sem.auto") == [("a", 0), ("a", 1), ("a", 2)]
+    assert run.status == RunStatus.FAILED and run.attempt == 2
+    assert "ValueError: a attempt 2 fails" in run.error
+    attempts = list(RunAttempt.objects.filter(run=run).values_list("number", "outcome", "error"))
+    assert [(n, o) for n, o, _ in attempts] == [(0, "retrying"), (1, "retrying"), (2, "failed")]
+    assert "a attempt 0 fails" in attempts[0][2]
+
+
+def test_retry_in_eager_mode_records_each_attempt(make_env: Any) -> None:
+    env = make_env(worker=False, eager=True)
+    outcome = env.tasks["flaky"].apply_async(["e", 1], idempotency_key=KEY + "eager-retry")
+    assert outcome.get() == "e:1"
+    run = Run.objects.get(idempotency_key=KEY + "eager-retry")
+    assert run.status == RunStatus.SUCCEEDED and run.attempt == 1
+    assert env.bodies("sem.flaky") == [("e", 0), ("e", 1)]
+    assert list(RunAttempt.objects.filter(run=run).values_list("number", "outcome")) == [
+        (0, "retrying"), (1, "succeeded")]
+    again = env.tasks["flaky"].apply_async(["e", 1], idempotency_key=KEY + "eager-retry")
+    assert again.id == run.celery_task_id
+    assert len(env.bodies("sem.flaky")) == 2, "the key ran once"
+
+
+# -- 2. results ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["redis", "django-db", None])
+def test_duplicates_never_write_the_result(make_env: Any, backend: str | None,
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    """Three copies arrive while the body runs (re-sent for after the lease), two after it
+    finished: the result is the body's, never an early or late None."""
+    url = {"redis": BROKER_URL, "django-db": "django-db", None: None}[backend]
+    with override_settings(DRIFTSAFE=SHORT_LEASE):
+        env = make_env(url)
+        env.gate.clear()
+        run = new_run("sem.double", "manual")
+        env.publish_run(run, [21])
+        wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.STARTED)
+        for _ in range(3):
+            env.publish_run(run, [21])
+        wait_for(lambda: caplog.text.count("re-sent for") >= 3, what="3 copies re-sent")
+        if url is not None:
+            assert env.app.AsyncResult(run.celery_task_id).state == "PENDING"
+        env.gate.set()
+        run = finished(run)
+        for _ in range(2):
+            env.publish_run(run, [21])
+        wait_for(lambda: Run.objects.get(pk=run.pk).duplicate_deliveries == 5, timeout=30,
+                 what="5 duplicates")
+    assert run.status == RunStatus.SUCCEEDED
+    assert env.bodies("sem.double") == [(21, 0)]
+    if url is not None:
+        result = env.app.AsyncResult(run.celery_task_id)
+        assert result.get(timeout=5) == 42 and result.state == "SUCCESS"
+    if backend == "django-db":
+        from django_celery_results.models import TaskResult
+
+        stored = TaskResult.objects.get(task_id=run.celery_task_id)
+        assert stored.status == "SUCCESS" and stored.result == "42"
+        assert Run.objects.get(pk=run.pk).task_result == stored
+
+
+# -- 3. transactions ----------------------------------------------------------------------------
+
+
+def test_publish_inside_a_transaction_waits_for_the_commit(make_env: Any) -> None:
+    env = make_env()
+    with transaction.atomic():
+        keyed = env.tasks["double"].apply_async([5], idempotency_key=KEY + "on-commit")
+        plain = env.tasks["double"].apply_async([6])
+        time.sleep(1.0)  # a worker would have run a message published now
+        assert env.seen == []
+        assert redis.Redis.from_url(BROKER_URL).llen(env.queue) == 0
+    assert keyed.get(timeout=20) == 10 and plain.get(timeout=20) == 12
+    run = finished(Run.objects.get(idempotency_key=KEY + "on-commit"))
+    assert run.status == RunStatus.SUCCEEDED and run.celery_task_id == keyed.id
+    assert sorted(env.bodies("sem.double")) == [(5, 0), (6, 0)]
+
+
+def test_rollback_publishes_nothing_and_keeps_the_key_unused(make_env: Any) -> None:
+    env = make_env()
+
+    class Rollback(Exception):
+        pass
+
+    def publish_then_roll_back() -> None:
+        with transaction.atomic():
+            env.tasks["double"].apply_async([7], idempotency_key=KEY + "rolled-back")
+            env.tasks["double"].apply_async([8])
+            raise Rollback
+
+    with pytest.raises(Rollback):
+        publish_then_roll_back()
+    time.sleep(1.0)
+    assert env.seen == []
+    assert not Run.objects.filter(idempotency_key=KEY + "rolled-back").exists()
+    again = env.tasks["double"].apply_async([7], idempotency_key=KEY + "rolled-back")
+    assert again.get(timeout=20) == 14
+    assert env.bodies("sem.double") == [(7, 0)]
+
+
+# -- 4. expiry on the authority's clock ---------------------------------------------------------
+
+
+def test_run_past_its_expiry_is_recorded_expired_not_run(make_env: Any) -> None:
+    env = make_env()
+    run = new_run("sem.double", "scheduled")
+    now = authority_clock().now()
+    Run.objects.filter(pk=run.pk).update(expires_at=now - timedelta(seconds=1))
+    env.publish_run(run, [1])
+    run = finished(run)
+    assert run.status == RunStatus.EXPIRED and "expired" in run.error
+    assert env.seen == []
+    # the ledger is written first (it decides), the result backend right after
+    wait_for(lambda: env.app.AsyncResult(run.celery_task_id).state == "REVOKED", timeout=5)
+
+
+def test_expiry_is_the_authoritys_not_the_workers_clock(make_env: Any) -> None:
+    """The message's own ``expires`` says "expired" by this machine's clock, but the run's
+    ``expires_at`` on the authority's clock is still ahead: the run runs."""
+    env = make_env()
+    run = new_run("sem.double", "manual")
+    Run.objects.filter(pk=run.pk).update(
+        expires_at=authority_clock().now() + timedelta(minutes=5))
+    env.publish_run(run, [2], expires=datetime.now(UTC) - timedelta(minutes=1))
+    assert env.app.AsyncResult(run.celery_task_id).get(timeout=20) == 4
+    assert finished(run).status == RunStatus.SUCCEEDED
+
+
+def test_message_expires_is_judged_by_the_authority_without_expires_at(make_env: Any) -> None:
+    env = make_env()
+    past, future = new_run("sem.double", "manual"), new_run("sem.double", "manual")
+    now = authority_clock().now()
+    env.publish_run(past, [5], expires=now - timedelta(seconds=1))
+    env.publish_run(future, [6], expires=now + timedelta(minutes=5))
+    assert env.app.AsyncResult(future.celery_task_id).get(timeout=20) == 12
+    assert finished(past).status == RunStatus.EXPIRED
+    assert finished(future).status == RunStatus.SUCCEEDED
+    assert env.bodies("sem.double") == [(6, 0)]
+
+
+def test_explicit_expires_of_a_keyed_call_is_judged_by_the_authority(make_env: Any) -> None:
+    env = make_env(worker=False)
+    env.tasks["double"].apply_async([3], idempotency_key=KEY + "expiring", expires=0.5)
+    run = Run.objects.get(idempotency_key=KEY + "expiring")
+    assert run.expires_at is not None
+    assert timedelta(0) < run.expires_at - run.claimed_at <= timedelta(seconds=0.5)
+    time.sleep(0.7)
+    with start_worker(env.app, pool="threads", concurrency=2, perform_ping_check=False,
+                      loglevel="WARNING"):
+        run = finished(run)
+    assert run.status == RunStatus.EXPIRED
+    assert env.seen == []
+
+
+def test_revoked_message_is_recorded_revoked(make_env: Any) -> None:
+    env = make_env()
+    run = new_run("sem.double", "manual")
+    env.app.control.revoke(run.celery_task_id, reply=True, timeout=2)
+    env.publish_run(run, [4])
+    run = finished(run)
+    assert run.status == RunStatus.REVOKED
+    assert env.seen == []
+    assert env.app.AsyncResult(run.celery_task_id).state == "REVOKED"
+
+
+# -- 6. Celery features -------------------------------------------------------------------------
+
+
+def test_eager_mode_runs_keyed_calls_once_and_records_them(make_env: Any) -> None:
+    env = make_env(worker=False, eager=True)
+    with transaction.atomic():  # as in a user's TestCase: eager calls do not wait for commit
+        first = env.tasks["double"].apply_async([9], idempotency_key=KEY + "eager")
+        second = env.tasks["double"].apply_async([9], idempotency_key=KEY + "eager")
+        assert first.get() == 18
+        assert env.bodies("sem.double") == [(9, 0)]
+        assert second.id == first.id
+        run = Run.objects.get(idempotency_key=KEY + "eager")
+        assert run.status == RunStatus.SUCCEEDED and run.worker.endswith("(no lock)")
+    assert env.tasks["double"].delay(1).get() == 2
+
+
+def test_chain_group_and_chord_with_driftsafe_tasks(make_env: Any) -> None:
+    env = make_env()
+    double, add = env.tasks["double"], env.tasks["add"]
+    assert chain(double.s(1), add.s(100)).apply_async().get(timeout=20) == 102
+    assert group(double.s(i) for i in range(3)).apply_async().get(timeout=20) == [0, 2, 4]
+    assert chord((double.s(i) for i in range(3)), add.s(1)).apply_async().get(timeout=20) == 7
+    keyed = chain(double.s(5).set(idempotency_key=KEY + "in-a-chain"), add.s(1)).apply_async()
+    assert keyed.get(timeout=20) == 11
+    run = finished(Run.objects.get(idempotency_key=KEY + "in-a-chain"))
+    assert run.status == RunStatus.SUCCEEDED
+    assert sorted(env.bodies("sem.double")) == sorted(
+        [(1, 0), (0, 0), (1, 0), (2, 0), (0, 0), (1, 0), (2, 0), (5, 0)])
