@@ -24,7 +24,7 @@ from celery.beat import Scheduler
 from django.db import DatabaseError, InterfaceError, close_old_connections, connections
 from django.db.models import Min
 
-from celery_driftsafe import nodes
+from celery_driftsafe import checks, nodes
 from celery_driftsafe.beat_schedule import sync_beat_schedule
 from celery_driftsafe.claim import Claimer, ClaimResult, claimer_for, reclaim_stale
 from celery_driftsafe.clock import Authority, AuthorityClock, Clock, authority_from_settings
@@ -84,6 +84,7 @@ class DriftSafeScheduler(Scheduler):
 
     def setup_schedule(self) -> None:
         _ensure_django()
+        self._refuse_bad_configuration()
         self.settings: DriftSafeSettings = get_settings()
         self.authority = self._authority_override or authority_from_settings(
             self.settings, using=self.using
@@ -114,6 +115,18 @@ class DriftSafeScheduler(Scheduler):
             signal.signal(signal.SIGTERM, self._on_terminate)
             signal.signal(signal.SIGINT, self._on_terminate)
         self._ready = True
+
+    def _refuse_bad_configuration(self) -> None:
+        """``celery beat`` runs no system checks: refuse to start on any error they would
+        report, with their message and hint, and without a traceback."""
+        errors = checks.startup_errors()
+        if not errors:
+            return
+        for message in errors:
+            logger.critical("%s", checks.describe(message),
+                            extra={"action": "config-error", "node": self.node_id})
+        raise SystemExit("celery_driftsafe cannot start:\n" +
+                         "\n".join(checks.describe(message) for message in errors))
 
     def _on_terminate(self, signum: int, frame: Any) -> None:
         """Finish the round in flight, then exit."""

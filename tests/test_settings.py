@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 import pytest
+from celery import Celery
 from django.conf import settings as django_settings
 from django.core.checks import Error, Warning
 from django.db import connection
@@ -15,6 +16,7 @@ from celery_driftsafe import changes, checks, conf
 from celery_driftsafe.exceptions import ConfigurationError
 from celery_driftsafe.locks import RedisLockBackend, lock_backend
 from celery_driftsafe.redis_client import channel, key_prefix
+from celery_driftsafe.scheduler import DriftSafeScheduler
 from tests import settings as test_settings
 
 PROJECT_A = {"ENGINE": "django.db.backends.postgresql", "NAME": "shop", "HOST": "db1",
@@ -106,6 +108,25 @@ def test_sqlite_with_database_authority_warns() -> None:
         assert "TIME_AUTHORITY" in messages[0].hint
     else:
         assert messages == []
+
+
+def test_use_tz_false_is_a_check_error_with_a_hint() -> None:
+    with override_settings(USE_TZ=False):
+        messages = checks.check_use_tz()
+    assert [m.id for m in messages] == ["celery_driftsafe.E010"]
+    assert isinstance(messages[0], Error)
+    assert "USE_TZ = False" in messages[0].msg
+    assert "set USE_TZ = True" in (messages[0].hint or "")
+    assert checks.check_use_tz() == []  # the test settings have USE_TZ = True
+
+
+def test_beat_refuses_to_start_with_the_check_message_when_checks_were_skipped() -> None:
+    app = Celery("refuse", broker="memory://", set_as_current=False)
+    with override_settings(USE_TZ=False), pytest.raises(SystemExit) as info:
+        DriftSafeScheduler(app=app, install_signal_handlers=False)
+    text = str(info.value.code)
+    assert "celery_driftsafe.E010" in text and "USE_TZ = False" in text
+    assert "HINT: set USE_TZ = True" in text
 
 
 def test_default_key_prefix_is_per_database_and_stable() -> None:
