@@ -214,17 +214,21 @@ class E2ERun:
         beat.process.wait(timeout=10)
         cleanup_killed(beat.process.pid)  # libfaketime's shared memory outlives a SIGKILL
 
-    def stop(self) -> dict[str, int | None]:
-        """SIGTERM every beat, wait, stop the recorder. Returns each beat's exit code."""
+    def stop(self, timeout: float = 90.0) -> dict[str, int | None]:
+        """SIGTERM every beat, wait, stop the recorder. Returns each beat's exit code (None:
+        still running ``timeout`` seconds after the signal, then killed). The bound is only
+        against a hang: a clean stop takes a round and a second or two, but two shared cores
+        may run much else at the same time."""
         for beat in self.beats:
             if beat.process.poll() is None:
                 beat.process.send_signal(signal.SIGTERM)
         codes: dict[str, int | None] = {}
         for i, beat in enumerate(self.beats):
             try:
-                codes[f"beat-{i}"] = beat.process.wait(timeout=30)
+                codes[f"beat-{i}"] = beat.process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 beat.process.kill()
+                beat.process.wait()
                 codes[f"beat-{i}"] = None
         self._stop.set()
         if self._recorder is not None:
