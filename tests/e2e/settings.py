@@ -46,7 +46,7 @@ DRIFTSAFE = {
     "TIME_AUTHORITY": os.environ.get("DRIFTSAFE_E2E_AUTHORITY", "database"),
     "LEASE_SECONDS": float(os.environ.get("DRIFTSAFE_E2E_LEASE", "5.0")),
     "HEARTBEAT_INTERVAL_SECONDS": 1.0,
-    "MISFIRE_GRACE_SECONDS": 30.0,
+    "MISFIRE_GRACE_SECONDS": float(os.environ.get("DRIFTSAFE_E2E_MISFIRE_GRACE", "30.0")),
     "MAX_LOOP_INTERVAL_SECONDS": float(os.environ.get("DRIFTSAFE_E2E_MAX_LOOP", "1.0")),
 }
 CELERY_BROKER_URL = os.environ["DRIFTSAFE_E2E_BROKER"]
