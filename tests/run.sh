@@ -71,6 +71,7 @@ command -v rabbitmq-server >/dev/null || [ -x /usr/sbin/rabbitmq-server ] || apt
 command -v redis-cli >/dev/null || apt_missing+=(redis-tools)
 command -v redis-server >/dev/null || apt_missing+=(redis-server)
 command -v pg_ctlcluster >/dev/null || apt_missing+=(postgresql-common)
+command -v pgrep >/dev/null || apt_missing+=(procps)
 if [ ${#apt_missing[@]} -gt 0 ]; then
   echo "installing Debian packages: ${apt_missing[*]}"
   { as_root apt-get update -qq && as_root apt-get install -y -qq "${apt_missing[@]}" >/dev/null; } \
