@@ -30,7 +30,7 @@ import pytest
 
 from celery_driftsafe.slots import Interval
 from tests import settings as test_settings
-from tests.e2e.harness import E2ERun, real_now
+from tests.e2e.harness import E2ERun, real_now, wait_until_handles_sigterm
 
 pytestmark = [
     pytest.mark.e2e,
@@ -145,6 +145,9 @@ def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
         at(62)
         stopped_at = real_now()
         for beat in alive:
+            # A beat restarted a moment ago may still be starting Python: a SIGTERM before it
+            # has any handler ends it by the default action (see handles_sigterm).
+            wait_until_handles_sigterm(beat.process)
             beat.process.send_signal(signal.SIGTERM)
         for beat in alive:
             try:

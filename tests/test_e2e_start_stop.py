@@ -29,7 +29,14 @@ import pytest
 
 from celery_driftsafe.testing.faketime import FaketimeUnavailable, libfaketime_path
 from tests import settings as test_settings
-from tests.e2e.harness import ROOT, SCHEDULER, Beat, E2ERun, real_now
+from tests.e2e.harness import (
+    ROOT,
+    SCHEDULER,
+    Beat,
+    E2ERun,
+    real_now,
+    wait_until_handles_sigterm,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -39,20 +46,10 @@ AT_ONCE = 4
 SEED = 20261130
 
 
-def handles_sigterm(pid: int) -> bool:
-    """Whether process ``pid`` has a SIGTERM handler installed (``SigCgt`` in /proc)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("SigCgt:"):
-            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
-    return False
-
-
 def _terminate_after(beat: Beat, delay: float) -> str:
     """Wait until ``beat`` handles SIGTERM, then ``delay`` seconds, then send it one."""
-    while not handles_sigterm(beat.process.pid):
-        if beat.process.poll() is not None:
-            return f"exited with {beat.process.returncode} before handling signals"
-        time.sleep(0.002)
+    if not wait_until_handles_sigterm(beat.process):
+        return f"exited with {beat.process.returncode} before handling signals"
     time.sleep(delay)
     beat.process.send_signal(signal.SIGTERM)
     return ""
