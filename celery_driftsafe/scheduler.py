@@ -29,7 +29,7 @@ from django.db import DatabaseError, InterfaceError, close_old_connections, conn
 from django.db.models import Min
 
 from celery_driftsafe import checks, nodes
-from celery_driftsafe.beat_schedule import sync_beat_schedule
+from celery_driftsafe.beat_schedule import SyncReport, sync_beat_schedule
 from celery_driftsafe.claim import Claimer, ClaimResult, claimer_for, reclaim_stale
 from celery_driftsafe.clock import Authority, AuthorityClock, Clock, authority_from_settings
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
@@ -161,9 +161,7 @@ class DriftSafeScheduler(Scheduler):
         self._backoff = 0.0
         self._next_heartbeat = 0.0
         self._next_recovery = 0.0
-        self._check_clock()
-        nodes.register(self.node_id, self.clock.now(), using=self.using)
-        report = sync_beat_schedule(self.app, now=self.authority.read(), using=self.using)
+        report = self._start_up()
         logger.info(
             "driftsafe node %s up (authority %s): beat_schedule %d created, %d updated, "
             "%d unchanged, %d rejected", self.node_id, self.authority.name, len(report.created),
@@ -172,6 +170,34 @@ class DriftSafeScheduler(Scheduler):
         )
         self._start_listener()
         self._ready = True
+
+    def _start_up(self) -> SyncReport:
+        """Measure the clock, register the node, mirror ``beat_schedule`` (all idempotent).
+
+        Through an outage of the database or the time authority it retries with backoff, so
+        a beat started while they restart waits for them instead of crashing; a signal while
+        it waits stops it (exit 0), recording the node stopped if it was registered."""
+        backoff = 0.0
+        registered = False
+        while True:
+            try:
+                self._check_clock()
+                nodes.register(self.node_id, self.clock.now(), using=self.using)
+                registered = True
+                return sync_beat_schedule(self.app, now=self.authority.read(), using=self.using)
+            except _OUTAGE_ERRORS as exc:
+                if not backoff:
+                    logger.error("start-up waiting: the database or time authority is "
+                                 "unreachable: %s; retrying with backoff", exc,
+                                 extra={"action": "outage", "node": self.node_id})
+                connections[self.using].close()
+                backoff = min(max(backoff * 2, 0.5), 10.0)
+                self._wake.wait(backoff * random.uniform(0.5, 1.0))
+                self._wake.clear()
+            if self._terminating is not None:
+                if registered:
+                    self._mark_stopped(attempts=1)
+                raise SystemExit()
 
     def _install_signal_handlers(self) -> None:
         if self._install_signals and threading.current_thread() is threading.main_thread():
