@@ -12,6 +12,7 @@ Stable ids (documented in the settings reference):
 ``celery_driftsafe.E007``  ``KEY_PREFIX`` is not a non-empty string without spaces
 ``celery_driftsafe.E008``  ``MISFIRE_GRACE_SECONDS`` is negative
 ``celery_driftsafe.E009``  ``CELERY_APP`` is not a dotted path
+``celery_driftsafe.E010``  ``USE_TZ`` is not ``True`` (slots are aware UTC instants)
 ``celery_driftsafe.W001``  ``TIME_AUTHORITY`` is ``database`` on SQLite (no shared clock)
 ``celery_driftsafe.W002``  ``MAX_CLOCK_OFFSET_SECONDS`` is not below the hard bound
 ========================  ==============================================================
@@ -23,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Warning
 from django.db import connections
 
@@ -137,6 +139,35 @@ def _check_raw(raw: dict[str, Any]) -> Iterable[CheckMessage]:
             hint="the warning bound should be smaller than the bound that stops claiming",
             id="celery_driftsafe.W002",
         )
+
+
+def check_use_tz(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Slots, claims and heartbeats are aware UTC datetimes: Django must store them so."""
+    use_tz = getattr(django_settings, "USE_TZ", False)
+    if use_tz is True:
+        return []
+    return [
+        Error(
+            f"USE_TZ = {use_tz!r}: celery_driftsafe stores every slot, claim and heartbeat as an "
+            "aware UTC instant, which Django does only with USE_TZ = True",
+            hint="set USE_TZ = True in the Django settings (TIME_ZONE stays the zone shown to "
+                 "people; each periodic task keeps its own crontab time zone)",
+            id="celery_driftsafe.E010",
+        )
+    ]
+
+
+def startup_errors() -> list[CheckMessage]:
+    """The errors among this package's checks, for a process that may run without Django's
+    system checks (``celery beat`` runs none): the scheduler refuses to start on any."""
+    messages = check_settings() + check_use_tz()
+    return [m for m in messages if m.is_serious()]
+
+
+def describe(message: CheckMessage) -> str:
+    """One line as ``manage.py check`` prints it: ``id: message HINT: hint``."""
+    text = f"{message.id}: {message.msg}"
+    return f"{text} HINT: {message.hint}" if message.hint else text
 
 
 def check_database(

@@ -17,6 +17,9 @@ value it cannot use at all.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -49,6 +52,26 @@ MISFIRE_POLICIES: tuple[MisfirePolicy, ...] = ("fire_once", "fire_all", "skip")
 REDIS_UNAVAILABLE_POLICIES: tuple[RedisUnavailablePolicy, ...] = ("fail_closed", "fail_open")
 
 
+#: The fixed part of the default key prefix (and the prefix of a settings object built by hand).
+DEFAULT_KEY_PREFIX = "driftsafe"
+#: The parts of a ``DATABASES`` entry that identify a database (and so a project).
+DATABASE_IDENTITY = ("ENGINE", "NAME", "HOST", "PORT")
+
+
+def default_key_prefix(database: Mapping[str, Any]) -> str:
+    """``driftsafe:<8 hex digits>``: a short stable hash of ``database``'s ENGINE, NAME, HOST
+    and PORT (a ``DATABASES`` entry).
+
+    Every beat and worker of one project use the same database, so they share the prefix;
+    projects with different databases get different prefixes, so their locks and wake-ups stay
+    apart on one Redis database. Processes of one project that name the database differently
+    (``localhost`` here, ``127.0.0.1`` there) must set ``KEY_PREFIX`` explicitly.
+    """
+    identity = [str(database.get(part) or "") for part in DATABASE_IDENTITY]
+    digest = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:8]
+    return f"{DEFAULT_KEY_PREFIX}:{digest}"
+
+
 @dataclass(frozen=True)
 class DriftSafeSettings:
     """Every setting, with its default. Keys in ``settings.DRIFTSAFE`` are the upper-case names."""
@@ -56,8 +79,10 @@ class DriftSafeSettings:
     #: Redis for locks, wake-up notifications and (optionally) the time authority.
     #: ``None``: no Redis; locks fall back to the database and beats poll for changes.
     redis_url: str | None = None
-    #: Prefix of every Redis key and channel this package uses.
-    key_prefix: str = "driftsafe"
+    #: Prefix of every Redis key and channel this package uses. :func:`get_settings` derives
+    #: the default from the default database (:func:`default_key_prefix`), so two projects
+    #: sharing one Redis database never see each other's locks or wake-ups.
+    key_prefix: str = DEFAULT_KEY_PREFIX
     #: Whose clock decides due-ness: ``database`` (the claim query's ``now()``), ``redis``
     #: (Redis ``TIME``) or ``local`` (this process's wall clock; single-machine tests only).
     time_authority: TimeAuthority = "database"
@@ -117,8 +142,20 @@ def raw_settings() -> dict[str, Any]:
     return value
 
 
-def build_settings(raw: dict[str, Any]) -> DriftSafeSettings:
-    """Build a settings object from a ``DRIFTSAFE`` dict; unknown keys raise."""
+def default_database() -> dict[str, Any]:
+    """``DATABASES['default']`` from Django settings (empty when there is none)."""
+    databases = getattr(django_settings, "DATABASES", None) or {}
+    default = databases.get("default") if isinstance(databases, dict) else None
+    return default if isinstance(default, dict) else {}
+
+
+def build_settings(
+    raw: dict[str, Any], *, database: Mapping[str, Any] | None = None
+) -> DriftSafeSettings:
+    """Build a settings object from a ``DRIFTSAFE`` dict; unknown keys raise.
+
+    Without ``KEY_PREFIX`` the prefix is derived from ``database`` (default: Django's
+    ``DATABASES['default']``), see :func:`default_key_prefix`."""
     names = DriftSafeSettings.setting_names()
     unknown = sorted(set(raw) - set(names))
     if unknown:
@@ -128,7 +165,12 @@ def build_settings(raw: dict[str, Any]) -> DriftSafeSettings:
             "unknown setting",
             "known settings: " + ", ".join(sorted(names)),
         )
-    return DriftSafeSettings(**{names[key]: value for key, value in raw.items()})
+    values = {names[key]: value for key, value in raw.items()}
+    if "key_prefix" not in values:
+        values["key_prefix"] = default_key_prefix(
+            default_database() if database is None else database
+        )
+    return DriftSafeSettings(**values)
 
 
 def get_settings() -> DriftSafeSettings:

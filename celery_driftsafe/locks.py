@@ -683,7 +683,7 @@ def lock_backend(
     database (``using``). ``clock`` overrides each backend's default clock."""
     settings = settings or get_settings()
     if settings.redis_url:
-        from celery_driftsafe.redis_client import get_redis
+        from celery_driftsafe.redis_client import get_redis, key_prefix
 
-        return RedisLockBackend(get_redis(settings), settings.key_prefix, clock=clock)
+        return RedisLockBackend(get_redis(settings), key_prefix(settings), clock=clock)
     return DatabaseLockBackend(clock=clock, using=using)

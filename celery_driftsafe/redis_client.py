@@ -197,6 +197,13 @@ def mask_url(url: str) -> str:
     return f"{scheme}://{netloc}{tail}"
 
 
+def key_prefix(settings: DriftSafeSettings) -> str:
+    """The prefix of every Redis key and channel of this package: ``KEY_PREFIX``, by default
+    derived from the default database (:func:`celery_driftsafe.conf.default_key_prefix`).
+    Everything that names a Redis key or channel goes through here or :func:`channel`."""
+    return settings.key_prefix
+
+
 def channel(settings: DriftSafeSettings, name: str) -> str:
-    """A namespaced key or channel name."""
-    return f"{settings.key_prefix}:{name}"
+    """A namespaced key or channel name: ``<key_prefix>:<name>``."""
+    return f"{key_prefix(settings)}:{name}"

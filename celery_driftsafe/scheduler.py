@@ -12,10 +12,14 @@ clock is read only to report its offset.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import random
+import select
 import signal
 import threading
+import weakref
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -24,8 +28,8 @@ from celery.beat import Scheduler
 from django.db import DatabaseError, InterfaceError, close_old_connections, connections
 from django.db.models import Min
 
-from celery_driftsafe import nodes
-from celery_driftsafe.beat_schedule import sync_beat_schedule
+from celery_driftsafe import checks, nodes
+from celery_driftsafe.beat_schedule import SyncReport, sync_beat_schedule
 from celery_driftsafe.claim import Claimer, ClaimResult, claimer_for, reclaim_stale
 from celery_driftsafe.clock import Authority, AuthorityClock, Clock, authority_from_settings
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
@@ -53,6 +57,56 @@ class Reading:
         return self.at + timedelta(seconds=monotonic - self.monotonic)
 
 
+class Wakeup:
+    """An event that a signal handler may set: a flag and a self-pipe, no lock.
+
+    ``threading.Event.set()`` takes a lock that the interrupted main thread may be holding
+    (inside its own ``Event.wait()``), so calling it from a signal handler can deadlock the
+    process; raising out of a handler inside ``Event.wait()`` can leave that lock released
+    twice. Here ``set()`` is a flag write and a one-byte ``os.write``, and ``wait()`` is a
+    ``poll()`` (``select()`` where there is none) that returns as soon as anything was written.
+    """
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+        # Closed when the object goes, never while a thread could still write to it.
+        weakref.finalize(self, _close_fds, self._read, self._write)
+
+    def set(self) -> None:
+        self._flag = True
+        with contextlib.suppress(BlockingIOError):  # a full pipe: a wake-up is pending anyway
+            os.write(self._write, b"\0")
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def wait(self, timeout: float) -> bool:
+        """Until set or ``timeout`` seconds passed; whether it is set."""
+        if self._flag:
+            return True
+        if hasattr(select, "poll"):  # any descriptor number, unlike select()
+            poller = select.poll()
+            poller.register(self._read, select.POLLIN)
+            poller.poll(max(timeout, 0.0) * 1000)
+        else:
+            select.select([self._read], [], [], max(timeout, 0.0))
+        return self._flag
+
+    def clear(self) -> None:
+        self._flag = False
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._read, 4096):
+                pass
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
 def _ensure_django() -> None:
     import django
     from django.apps import apps
@@ -73,9 +127,12 @@ class DriftSafeScheduler(Scheduler):
         self.using = using
         self._install_signals = install_signal_handlers
         self._shutdown = threading.Event()
-        self._wake = threading.Event()
+        self._wake = Wakeup()
+        #: Set by the signal handler (a plain attribute: a handler must take no lock).
+        self._terminating: int | None = None
         self._in_round = False
         self._ready = False
+        self._closed = False
         self._listener: threading.Thread | None = None
         self.node_id = nodes.new_node_id()
         self.rounds = 0
@@ -84,7 +141,11 @@ class DriftSafeScheduler(Scheduler):
     # -- set-up and shut-down -------------------------------------------------------------
 
     def setup_schedule(self) -> None:
+        # First, so a SIGTERM from here on is ours: it lets the set-up finish (and the node
+        # register), and the first tick then stops, recording the node stopped.
+        self._install_signal_handlers()
         _ensure_django()
+        self._refuse_bad_configuration()
         self.settings: DriftSafeSettings = get_settings()
         self.authority = self._authority_override or authority_from_settings(
             self.settings, using=self.using
@@ -101,9 +162,7 @@ class DriftSafeScheduler(Scheduler):
         self._backoff = 0.0
         self._next_heartbeat = 0.0
         self._next_recovery = 0.0
-        self._check_clock()
-        nodes.register(self.node_id, self.clock.now(), using=self.using)
-        report = sync_beat_schedule(self.app, now=self.authority.read(), using=self.using)
+        report = self._start_up()
         logger.info(
             "driftsafe node %s up (authority %s): beat_schedule %d created, %d updated, "
             "%d unchanged, %d rejected", self.node_id, self.authority.name, len(report.created),
@@ -111,17 +170,69 @@ class DriftSafeScheduler(Scheduler):
             extra={"action": "start", "node": self.node_id},
         )
         self._start_listener()
+        self._ready = True
+
+    def _start_up(self) -> SyncReport:
+        """Measure the clock, register the node, mirror ``beat_schedule`` (all idempotent).
+
+        Through an outage of the database or the time authority it retries with backoff, so
+        a beat started while they restart waits for them instead of crashing; a signal while
+        it waits stops it (exit 0), recording the node stopped if it was registered."""
+        backoff = 0.0
+        registered = False
+        while True:
+            try:
+                self._check_clock()
+                nodes.register(self.node_id, self.clock.now(), using=self.using)
+                registered = True
+                return sync_beat_schedule(self.app, now=self.authority.read(), using=self.using)
+            except _OUTAGE_ERRORS as exc:
+                if not backoff:
+                    logger.error("start-up waiting: the database or time authority is "
+                                 "unreachable: %s; retrying with backoff", exc,
+                                 extra={"action": "outage", "node": self.node_id})
+                connections[self.using].close()
+                backoff = min(max(backoff * 2, 0.5), 10.0)
+                self._wake.wait(backoff * random.uniform(0.5, 1.0))
+                self._wake.clear()
+            if self._terminating is not None:
+                if registered:
+                    self._mark_stopped(attempts=1)
+                raise SystemExit()
+
+    def _install_signal_handlers(self) -> None:
         if self._install_signals and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_terminate)
             signal.signal(signal.SIGINT, self._on_terminate)
-        self._ready = True
+
+    def _refuse_bad_configuration(self) -> None:
+        """``celery beat`` runs no system checks: refuse to start on any error they would
+        report, with their message and hint, and without a traceback."""
+        errors = checks.startup_errors()
+        if not errors:
+            return
+        for message in errors:
+            logger.critical("%s", checks.describe(message),
+                            extra={"action": "config-error", "node": self.node_id})
+        raise SystemExit("celery_driftsafe cannot start:\n" +
+                         "\n".join(checks.describe(message) for message in errors))
 
     def _on_terminate(self, signum: int, frame: Any) -> None:
-        """Finish the round in flight, then exit."""
-        self._shutdown.set()
+        """SIGTERM / SIGINT: stop after the set-up or round in flight; at once when waiting.
+
+        It may run between any two bytecodes of the main thread, so it only writes a flag and
+        wakes the wait (see :class:`Wakeup`): no lock, no database, no exception. ``tick``
+        raises ``SystemExit`` outside any round, celery's beat service then calls
+        :meth:`close`, which records the node stopped."""
+        self._terminating = signum
         self._wake.set()
-        if not self._in_round:
-            raise SystemExit()
+
+    def _stopping(self) -> bool:
+        if self._terminating is not None and not self._shutdown.is_set():
+            logger.info("driftsafe node %s stopping on signal %d", self.node_id,
+                        self._terminating, extra={"action": "stop", "node": self.node_id})
+            self._shutdown.set()
+        return self._shutdown.is_set()
 
     def request_shutdown(self) -> None:
         """Ask the scheduler (for example one run in a thread) to stop after this round."""
@@ -129,16 +240,31 @@ class DriftSafeScheduler(Scheduler):
         self._wake.set()
 
     def close(self) -> None:
+        """Record the node stopped (a few tries through a short outage) and let go of
+        connections. Idempotent; a signal during it changes nothing."""
         self._shutdown.set()
         self._wake.set()
+        if self._closed:
+            return
+        self._closed = True
         if self._ready:
-            try:
-                nodes.mark_stopped(self.node_id, self.clock.now(), using=self.using)
-            except _OUTAGE_ERRORS as exc:
-                logger.warning("could not mark node %s stopped: %s", self.node_id, exc)
+            self._mark_stopped()
         if self._listener is not None:
             self._listener.join(timeout=2)
         connections.close_all()
+
+    def _mark_stopped(self, attempts: int = 3) -> None:
+        for attempt in range(1, attempts + 1):
+            try:
+                nodes.mark_stopped(self.node_id, self.clock.now(), using=self.using)
+                return
+            except _OUTAGE_ERRORS as exc:
+                connections[self.using].close()
+                if attempt == attempts:
+                    logger.warning("could not mark node %s stopped: %s", self.node_id, exc,
+                                   extra={"action": "stop", "node": self.node_id})
+                    return
+                self.clock.sleep(0.5 * attempt)
 
     def sync(self) -> None:
         """Nothing to persist: every claim is committed when made."""
@@ -152,20 +278,23 @@ class DriftSafeScheduler(Scheduler):
     # -- the loop ---------------------------------------------------------------------------
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        """One round, then the wait until the next slot; always returns 0 (it waited)."""
-        if self._shutdown.is_set():
+        """One round, then the wait until the next slot; always returns 0 (it waited).
+
+        A stop (signal or :meth:`request_shutdown`) raises ``SystemExit`` here, never inside
+        a round: before it, after it, or out of the wait, which a signal cuts short."""
+        if self._stopping():
             raise SystemExit()
         self._in_round = True
         try:
             wait = self._guarded_round()
         finally:
             self._in_round = False
-        if self._shutdown.is_set():
+        if self._stopping():
             raise SystemExit()
         if wait > 0:
             self._wake.wait(wait)
             self._wake.clear()
-        if self._shutdown.is_set():
+        if self._stopping():
             raise SystemExit()
         return 0.0
 

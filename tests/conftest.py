@@ -1,5 +1,13 @@
 """Shared fixtures. Tests that use no database are marked ``pure`` automatically, so the
-PostgreSQL pass of ``tests/run.sh`` (``-m "not pure"``) runs only what depends on the database."""
+PostgreSQL pass of ``tests/run.sh`` (``-m "not pure"``) runs only what depends on the database.
+
+A guarantee test cannot skip silently: an end-to-end, chaos (marker ``e2e``) or clock-skew
+(marker ``skew``) test that skips because something it needs is missing (libfaketime,
+RabbitMQ, root, a browser) *fails*, with the skip's reason saying what to install, unless
+``DRIFTSAFE_ALLOW_SKIPS=1`` is set. Skips that are deliberate by configuration are declared as
+``skip``/``skipif`` markers (a PostgreSQL-only run in the SQLite pass, the soak tests behind
+``--run-slow``) and stay allowed; a missing dependency is a ``pytest.skip()`` at run time.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests import settings as test_settings
+from tests.skip_guard import pytest_runtest_makereport  # noqa: F401  (the hook)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -3,6 +3,11 @@
 #   fresh venv -> services -> ruff -> mypy -> docs -> pytest on SQLite -> pytest on PostgreSQL
 # Environment knobs: DRIFTSAFE_VENV (default .venv-test), PYTHON (default python3),
 # DRIFTSAFE_TEST_PG_HOST/PORT/USER, DRIFTSAFE_TEST_REDIS_URL; extra args go to both pytest runs.
+# It provisions what the end-to-end, clock-skew and chaos tests need (libfaketime, a C
+# compiler, Chromium, RabbitMQ, the Redis and PostgreSQL tools; installing needs root or sudo).
+# Such a test that still finds something missing FAILS the run, saying what to install
+# (tests/skip_guard.py), unless DRIFTSAFE_ALLOW_SKIPS=1 is set. Deliberate skips stay skips:
+# PostgreSQL-only tests in the SQLite pass, the soak tests without --run-slow.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -54,18 +59,36 @@ if ! port_open "$PG_HOST" "$PG_PORT"; then
 fi
 echo "postgresql: $PG_HOST:$PG_PORT up"
 # Debian packages some tests need: libfaketime and a C compiler for its shim (clock skew),
-# Chromium and its driver (the admin browser test). Installed once when missing; a test whose
-# tool is still missing skips and says what to install.
+# Chromium and its driver (the admin browser test), RabbitMQ and the Redis and PostgreSQL
+# tools (the chaos test restarts the services). Installed once when missing; a test whose tool
+# is still missing fails the run and says what to install (unless DRIFTSAFE_ALLOW_SKIPS=1).
 apt_missing=()
 ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || apt_missing+=(faketime)
 command -v cc >/dev/null || apt_missing+=(gcc libc6-dev)
 command -v chromium >/dev/null || apt_missing+=(chromium fonts-dejavu-core)
 command -v chromedriver >/dev/null || apt_missing+=(chromium-driver)
+command -v rabbitmq-server >/dev/null || [ -x /usr/sbin/rabbitmq-server ] || apt_missing+=(rabbitmq-server)
+command -v redis-cli >/dev/null || apt_missing+=(redis-tools)
+command -v redis-server >/dev/null || apt_missing+=(redis-server)
+command -v pg_ctlcluster >/dev/null || apt_missing+=(postgresql-common)
+command -v pgrep >/dev/null || apt_missing+=(procps)
 if [ ${#apt_missing[@]} -gt 0 ]; then
   echo "installing Debian packages: ${apt_missing[*]}"
   { as_root apt-get update -qq && as_root apt-get install -y -qq "${apt_missing[@]}" >/dev/null; } \
-    || echo "WARNING: could not install ${apt_missing[*]}; tests that need them will skip, saying why"
+    || echo "WARNING: could not install ${apt_missing[*]}; tests that need them will fail, saying what is missing"
 fi
+
+# RabbitMQ: the chaos test's broker (it survives the Redis restart the test makes).
+if ! port_open 127.0.0.1 5672; then
+  RABBITMQ=$(command -v rabbitmq-server || echo /usr/sbin/rabbitmq-server)
+  if [ -x "$RABBITMQ" ]; then
+    echo "starting RabbitMQ"
+    as_root "$RABBITMQ" -detached || echo "WARNING: could not start RabbitMQ"
+    for _ in $(seq 1 120); do port_open 127.0.0.1 5672 && break; sleep 0.5; done
+  fi
+fi
+if port_open 127.0.0.1 5672; then echo "rabbitmq: 127.0.0.1:5672 up"
+else echo "WARNING: RabbitMQ is not running on 127.0.0.1:5672; the chaos test will fail saying so"; fi
 
 # MySQL/MariaDB pass (integration tests, not end-to-end): when a server runs or can be started.
 MYSQL_PASS=0

@@ -139,10 +139,11 @@ def test_beat_an_hour_off_changes_nothing(tmp_path: Path) -> None:
         for offset in offsets:
             run.start_beat(offset)
         _sleep_until(end)
-        run.stop()
+        codes = run.stop()
         dump = run.tool("dump")
         reports = analyse(dump, run.received, start=start, until=end - timedelta(seconds=1.5))
         print(f"\nbeats at {offsets}\n{table(reports)}")
+        assert set(codes.values()) == {0}, f"exit codes {codes} (None: no exit)\n{run.logs()}"
         _assert_exactly_once(run, reports, dump)
         _assert_offsets(run, dump, [0, 1])
         assert "wall clock is -3600" in run.beats[1].log.read_text()

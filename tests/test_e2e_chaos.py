@@ -1,11 +1,15 @@
 """Chaos, end to end: three skewed beats and two workers for a minute while beats are
 SIGKILLed and restarted every few seconds, a worker is SIGSTOPped past its lock lease, Redis
 restarts once and PostgreSQL restarts once. Afterwards every slot in the window must have
-exactly one run row, have run at most once, and be either executed or recorded missed.
+exactly one run row, have run at most once, and be either executed or recorded missed; a slot
+may be recorded missed only if it lies in an outage (a service restart, widened by the misfire
+grace before it). Every beat still running at the end stops with exit code 0 on SIGTERM.
 
 The broker is RabbitMQ, so a Redis restart (Redis here keeps nothing on disk) takes locks,
 notifications and fencing counters away, not queued messages. PostgreSQL only: its restart is
-part of the test. Needs root (it restarts the machine's services) and skips otherwise.
+part of the test. Needs root (it restarts the machine's services), the Redis and PostgreSQL
+tools and a running RabbitMQ; ``tests/run.sh`` provides them, and without them the test fails
+the run saying what is missing (see ``tests/skip_guard.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import pytest
 
 from celery_driftsafe.slots import Interval
 from tests import settings as test_settings
-from tests.e2e.harness import E2ERun, real_now
+from tests.e2e.harness import E2ERun, real_now, wait_until_handles_sigterm
 
 pytestmark = [
     pytest.mark.e2e,
@@ -34,6 +38,10 @@ pytestmark = [
 ]
 
 PG_HOST, PG_PORT = "127.0.0.1", int(os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432"))
+#: MISFIRE_GRACE_SECONDS of the beats: a slot claimed later than this after it is missed.
+GRACE = timedelta(seconds=30)
+_TOOLS = {"redis-cli": "redis-tools", "redis-server": "redis-server",
+          "pg_ctlcluster": "postgresql-common"}
 
 
 def _port_open(port: int) -> bool:
@@ -78,19 +86,24 @@ def restart_postgresql() -> None:
 @pytest.fixture(autouse=True)
 def _needs_root_and_tools() -> None:
     if os.geteuid() != 0:
-        pytest.skip("restarts Redis and PostgreSQL: needs root")
-    for tool in ("redis-cli", "redis-server", "pg_ctlcluster"):
+        pytest.skip("restarts Redis and PostgreSQL: run the tests as root")
+    for tool, package in _TOOLS.items():
         if shutil.which(tool) is None:
-            pytest.skip(f"{tool} not on PATH")
+            pytest.skip(f"{tool} not on PATH: apt-get install {package}")
     if not _port_open(5672):
-        pytest.skip("RabbitMQ is not running on 127.0.0.1:5672")
+        pytest.skip("RabbitMQ is not running on 127.0.0.1:5672: apt-get install "
+                    "rabbitmq-server, then start it with rabbitmq-server -detached")
 
 
 def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
     offsets = [0.0, 2.5, -4.0]
     run = E2ERun("postgresql", tmp_path, lease=3.0, broker="amqp")
+    run.env["DRIFTSAFE_E2E_MISFIRE_GRACE"] = str(GRACE.total_seconds())
     rng = random.Random(20261129)
     log: list[str] = []
+    #: (what, first instant it was down, instant it was back), on the servers' clock
+    outages: list[tuple[str, datetime, datetime]] = []
+    codes: list[int | None] = []
     try:
         start = real_now() + timedelta(seconds=8)
         run.seed([{"name": f"chaos-{i:02d}", "task": "e2e.slot_work", "args": [0.3],
@@ -121,16 +134,26 @@ def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
                 for pid in [workers[0].process.pid, *_children(workers[0].process.pid)]:
                     os.kill(pid, signal.SIGCONT)
             elif action == "redis":
+                down = real_now()
                 restart_redis()
+                outages.append((action, down, real_now()))
             elif action == "postgresql":
+                down = real_now()
                 restart_postgresql()
+                outages.append((action, down, real_now()))
             log.append(f"{time.monotonic() - began:5.1f}s {action}")
         at(62)
         stopped_at = real_now()
         for beat in alive:
+            # A beat restarted a moment ago may still be starting Python: a SIGTERM before it
+            # has any handler ends it by the default action (see handles_sigterm).
+            wait_until_handles_sigterm(beat.process)
             beat.process.send_signal(signal.SIGTERM)
         for beat in alive:
-            beat.process.wait(timeout=30)
+            try:
+                codes.append(beat.process.wait(timeout=90))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
         time.sleep(12)  # workers drain what is queued, re-sent or redelivered
         dump = run.tool("dump")
     finally:
@@ -175,7 +198,18 @@ def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
     rows.append(f"{'all':<10}{totals['due']:>5}{totals['rows']:>6}{totals['succeeded']:>11}"
                 f"{totals['missed']:>8}{totals['other']:>7}{totals['executed']:>10}"
                 f"{totals['doubled']:>9}")
+    for row in dump["runs"]:
+        if row["status"] != "missed":
+            continue
+        slot = datetime.fromisoformat(row["slot"])
+        if not any(down - GRACE <= slot <= back for _, down, back in outages):
+            problems.append(f"task {row['task_id']} {row['slot']}: recorded missed outside "
+                            f"every outage {outages} ({row['error']})")
+    if any(code != 0 for code in codes):
+        problems.append(f"beats' exit codes after SIGTERM: {codes} (None: did not exit)")
     print("\nchaos timeline:\n  " + "\n  ".join(log))
+    print("outages: " + ", ".join(f"{what} {down:%H:%M:%S.%f}-{back:%H:%M:%S.%f}"
+                                   for what, down, back in outages))
     print("\n".join(rows))
     assert totals["due"] > 150
     assert not problems, "\n".join(problems[:40])

@@ -173,8 +173,26 @@ def test_terminate_during_a_round_finishes_the_round_then_exits(
 
 @pytest.mark.django_db(transaction=True)
 def test_terminate_while_waiting_exits_at_once(scheduler: DriftSafeScheduler) -> None:
+    # The handler may interrupt anything (a lock, a query), so it only sets a flag and wakes
+    # the wait: it never raises. The wait returns at once and the tick stops, claiming nothing.
+    scheduler._on_terminate(15, None)
+    assert scheduler._wake.wait(60)
     with pytest.raises(SystemExit):
-        scheduler._on_terminate(15, None)
+        scheduler.tick()
+    assert scheduler.rounds == 0
+
+
+def test_wakeup_set_from_another_thread_ends_a_wait() -> None:
+    import threading
+
+    from celery_driftsafe.scheduler import Wakeup
+
+    wakeup = Wakeup()
+    assert not wakeup.wait(0)
+    threading.Thread(target=wakeup.set).start()
+    assert wakeup.wait(60)
+    wakeup.clear()
+    assert not wakeup.is_set() and not wakeup.wait(0)
 
 
 @pytest.mark.django_db(transaction=True)

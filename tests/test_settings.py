@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import pytest
+from celery import Celery
+from django.conf import settings as django_settings
 from django.core.checks import Error, Warning
 from django.db import connection
 from django.test import override_settings
 
-from celery_driftsafe import checks, conf
+from celery_driftsafe import changes, checks, conf
 from celery_driftsafe.exceptions import ConfigurationError
+from celery_driftsafe.locks import RedisLockBackend, lock_backend
+from celery_driftsafe.redis_client import channel, key_prefix
+from celery_driftsafe.scheduler import DriftSafeScheduler
+from tests import settings as test_settings
+
+PROJECT_A = {"ENGINE": "django.db.backends.postgresql", "NAME": "shop", "HOST": "db1",
+             "PORT": "5432", "USER": "shop"}
+PROJECT_B = {**PROJECT_A, "NAME": "billing"}
 
 
 def test_defaults_without_driftsafe_setting() -> None:
     with override_settings(DRIFTSAFE={}):
         settings = conf.get_settings()
-    assert settings == conf.DriftSafeSettings()
+    derived = conf.default_key_prefix(django_settings.DATABASES["default"])
+    assert settings == conf.DriftSafeSettings(key_prefix=derived)
     assert settings.time_authority == "database"
     assert settings.misfire_policy == "fire_once"
 
@@ -94,3 +108,88 @@ def test_sqlite_with_database_authority_warns() -> None:
         assert "TIME_AUTHORITY" in messages[0].hint
     else:
         assert messages == []
+
+
+def test_use_tz_false_is_a_check_error_with_a_hint() -> None:
+    with override_settings(USE_TZ=False):
+        messages = checks.check_use_tz()
+    assert [m.id for m in messages] == ["celery_driftsafe.E010"]
+    assert isinstance(messages[0], Error)
+    assert "USE_TZ = False" in messages[0].msg
+    assert "set USE_TZ = True" in (messages[0].hint or "")
+    assert checks.check_use_tz() == []  # the test settings have USE_TZ = True
+
+
+def test_beat_refuses_to_start_with_the_check_message_when_checks_were_skipped() -> None:
+    app = Celery("refuse", broker="memory://", set_as_current=False)
+    with override_settings(USE_TZ=False), pytest.raises(SystemExit) as info:
+        DriftSafeScheduler(app=app, install_signal_handlers=False)
+    text = str(info.value.code)
+    assert "celery_driftsafe.E010" in text and "USE_TZ = False" in text
+    assert "HINT: set USE_TZ = True" in text
+
+
+def test_default_key_prefix_is_per_database_and_stable() -> None:
+    a = conf.build_settings({}, database=PROJECT_A)
+    b = conf.build_settings({}, database=PROJECT_B)
+    assert re.fullmatch(r"driftsafe:[0-9a-f]{8}", a.key_prefix)
+    assert a.key_prefix != b.key_prefix
+    # every beat and worker of one project computes the same prefix (USER does not count)
+    assert conf.build_settings({}, database={**PROJECT_A, "USER": "beat"}) == a
+    for part in conf.DATABASE_IDENTITY:
+        assert conf.build_settings({}, database={**PROJECT_A, part: "other"}) != a
+    # an explicit KEY_PREFIX still wins
+    explicit = conf.build_settings({"KEY_PREFIX": "shop:ds"}, database=PROJECT_A)
+    assert key_prefix(explicit) == "shop:ds"
+
+
+def test_two_databases_get_disjoint_lock_keys_and_channels() -> None:
+    raw = {"REDIS_URL": test_settings.REDIS_URL}
+    a = conf.build_settings(raw, database=PROJECT_A)
+    b = conf.build_settings(raw, database=PROJECT_B)
+    locks_a, locks_b = lock_backend(a), lock_backend(b)
+    assert isinstance(locks_a, RedisLockBackend) and isinstance(locks_b, RedisLockBackend)
+    keys_a = {locks_a.lock_key("run:1"), locks_a.fence_key("run:1"), channel(a, "changes")}
+    keys_b = {locks_b.lock_key("run:1"), locks_b.fence_key("run:1"), channel(b, "changes")}
+    assert len(keys_a) == len(keys_b) == 3
+    assert not keys_a & keys_b
+    assert all(key.startswith(key_prefix(a) + ":") for key in keys_a)
+    assert all(key.startswith(key_prefix(b) + ":") for key in keys_b)
+
+
+@pytest.mark.redis
+def test_projects_sharing_one_redis_database_do_not_see_each_others_locks_or_wakeups(
+    redis_client: Any,
+) -> None:
+    raw = {"REDIS_URL": test_settings.REDIS_URL}
+    a = conf.build_settings(raw, database=PROJECT_A)
+    b = conf.build_settings(raw, database=PROJECT_B)
+    held = lock_backend(a).lock("run:1", ttl=30)
+    assert held.acquire(blocking=False)
+    try:
+        # the same lock name in project A is taken; in project B it is free
+        assert not lock_backend(a).lock("run:1", ttl=30).acquire(blocking=False)
+        other = lock_backend(b).lock("run:1", ttl=30)
+        assert other.acquire(blocking=False)
+        other.release()
+    finally:
+        held.release()
+
+    # one subscriber per project, as each project's beats subscribe on their own
+    subscribers = {name: redis_client.pubsub() for name in ("a", "b")}
+    for name, project in (("a", a), ("b", b)):
+        subscribers[name].subscribe(channel(project, "changes"))
+        confirmation = subscribers[name].get_message(timeout=10.0)
+        assert confirmation is not None and confirmation["type"] == "subscribe"
+    # project A's schedule change, published the way the package does it
+    with override_settings(DRIFTSAFE={**raw, "KEY_PREFIX": a.key_prefix}):
+        assert changes.notify()
+    received: dict[str, list[str]] = {}
+    for name, pubsub in subscribers.items():
+        received[name] = []
+        while (message := pubsub.get_message(timeout=1.0)) is not None:
+            if message["type"] == "message":
+                received[name].append(message["channel"].decode())
+        pubsub.close()
+    # A's beats wake up; B's subscription got nothing
+    assert received == {"a": [channel(a, "changes")], "b": []}

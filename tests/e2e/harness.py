@@ -14,6 +14,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -34,6 +35,25 @@ BROKER_DB = test_settings.REDIS_DB + 2
 E2E_REDIS_DB = test_settings.REDIS_DB + 4
 RABBITMQ_URL = os.environ.get("DRIFTSAFE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 SCHEDULER = "celery_driftsafe.scheduler:DriftSafeScheduler"
+
+
+def handles_sigterm(pid: int) -> bool:
+    """Whether process ``pid`` has a SIGTERM handler installed (``SigCgt`` in /proc). Before
+    that, a SIGTERM ends a starting beat by the kernel's default action (exit -15), before it
+    has a node row; from then on the beat stops cleanly."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    return False
+
+
+def wait_until_handles_sigterm(process: subprocess.Popen[bytes], poll: float = 0.002) -> bool:
+    """Wait until ``process`` handles SIGTERM; False if it exited first."""
+    while not handles_sigterm(process.pid):
+        if process.poll() is not None:
+            return False
+        time.sleep(poll)
+    return True
 
 
 def real_now() -> datetime:
@@ -216,17 +236,21 @@ class E2ERun:
         beat.process.wait(timeout=10)
         cleanup_killed(beat.process.pid)  # libfaketime's shared memory outlives a SIGKILL
 
-    def stop(self) -> dict[str, int | None]:
-        """SIGTERM every beat, wait, stop the recorder. Returns each beat's exit code."""
+    def stop(self, timeout: float = 90.0) -> dict[str, int | None]:
+        """SIGTERM every beat, wait, stop the recorder. Returns each beat's exit code (None:
+        still running ``timeout`` seconds after the signal, then killed). The bound is only
+        against a hang: a clean stop takes a round and a second or two, but two shared cores
+        may run much else at the same time."""
         for beat in self.beats:
-            if beat.process.poll() is None:
+            if beat.process.poll() is None and wait_until_handles_sigterm(beat.process):
                 beat.process.send_signal(signal.SIGTERM)
         codes: dict[str, int | None] = {}
         for i, beat in enumerate(self.beats):
             try:
-                codes[f"beat-{i}"] = beat.process.wait(timeout=30)
+                codes[f"beat-{i}"] = beat.process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 beat.process.kill()
+                beat.process.wait()
                 codes[f"beat-{i}"] = None
         self._stop.set()
         if self._recorder is not None:

@@ -13,7 +13,7 @@ import os
 
 import django
 
-from tests.settings import INSTALLED_APPS, SECRET_KEY, TEMPLATES, USE_TZ  # noqa: F401
+from tests.settings import INSTALLED_APPS, SECRET_KEY, TEMPLATES  # noqa: F401
 
 _kind, _, _name = os.environ["DRIFTSAFE_E2E_DB"].partition(":")
 if _kind == "postgresql":
@@ -37,6 +37,8 @@ else:
     if django.VERSION >= (5, 1):
         DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
 TIME_ZONE = "UTC"
+# A run may turn time zone support off, to see a beat refuse to start (check E010).
+USE_TZ = os.environ.get("DRIFTSAFE_E2E_USE_TZ", "true") == "true"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 DRIFTSAFE = {
     "REDIS_URL": os.environ["DRIFTSAFE_E2E_REDIS"],
@@ -46,7 +48,7 @@ DRIFTSAFE = {
     "HEARTBEAT_INTERVAL_SECONDS": 1.0,
     "NODE_DEAD_AFTER_SECONDS": float(os.environ.get("DRIFTSAFE_E2E_DEAD_AFTER", "30.0")),
     "CELERY_APP": "tests.e2e.celery_app:app",
-    "MISFIRE_GRACE_SECONDS": 30.0,
+    "MISFIRE_GRACE_SECONDS": float(os.environ.get("DRIFTSAFE_E2E_MISFIRE_GRACE", "30.0")),
     "MAX_LOOP_INTERVAL_SECONDS": float(os.environ.get("DRIFTSAFE_E2E_MAX_LOOP", "1.0")),
 }
 CELERY_BROKER_URL = os.environ["DRIFTSAFE_E2E_BROKER"]
