@@ -120,6 +120,12 @@ class Dispatcher:
                             raise
                         result.refused[run.run_id] = _describe(exc)
                         continue
+                    except TypeError as exc:
+                        # Celery checks the arguments against the task's signature (a task
+                        # this beat registered): no later try can fix the captured ones.
+                        result.failed[run.run_id] = (
+                            f"the arguments do not fit the task's signature: {exc}")
+                        continue
                     except Exception as exc:
                         result.refused[run.run_id] = _describe(exc)
                         continue

@@ -180,7 +180,7 @@ def test_admin_add_crontab_task_see_next_slot_and_run_it_now(
     # run it now: one manual run in the ledger, one message on the broker (on a queue of this
     # test's own, so concurrent runs on the same Redis cannot mix theirs in)
     queue = f"driftsafe-browser-{uuid.uuid4().hex[:8]}"
-    PeriodicTask.objects.filter(pk=task.pk).update(queue=queue)
+    PeriodicTask.objects.filter(pk=task.pk).update(queue=queue, args=[1, 2])  # add(x, y)
     row.find_element(By.CSS_SELECTOR, "input.action-select").click()
     Select(browser.find_element(By.NAME, "action")).select_by_value("run_now")
     _click_and_wait(browser, browser.find_element(By.NAME, "index"))

@@ -411,3 +411,15 @@ def test_a_live_beats_claims_are_not_taken_over_by_lease_alone(clock: FakeClock)
     clock.advance(60 * S)
     taken = reclaim_stale(clock.now(), "peer", lease=lease, dead_after=dead_after)
     assert [r.run_id for r in taken] == [claimed[0].run_id]
+
+
+def test_arguments_that_do_not_fit_a_registered_task_fail_the_run_at_once(
+    scheduler: DriftSafeScheduler,
+) -> None:
+    # Celery checks a registered task's arguments when it publishes; retrying cannot help.
+    bad = interval_task("bad", 10, anchor=T0, next_slot_at=T0, args=[1, 2, 3])
+    interval_task("good", 10, anchor=T0, next_slot_at=T0)
+    scheduler.run_round()
+    assert len(drain()) == 1
+    run = Run.objects.get(periodic_task=bad)
+    assert run.status == RunStatus.FAILED and "signature" in run.error and run.retry_at is None
