@@ -299,7 +299,9 @@ def test_publish_inside_a_transaction_waits_for_the_commit(make_env: Any) -> Non
         plain = env.tasks["double"].apply_async([6])
         time.sleep(1.0)  # a worker would have run a message published now
         assert env.seen == []
-        assert redis.Redis.from_url(BROKER_URL).llen(env.queue) == 0
+        client = redis.Redis.from_url(BROKER_URL)
+        assert client.llen(env.queue) == 0
+        client.close()
     assert keyed.get(timeout=20) == 10 and plain.get(timeout=20) == 12
     run = finished(Run.objects.get(idempotency_key=KEY + "on-commit"))
     assert run.status == RunStatus.SUCCEEDED and run.celery_task_id == keyed.id
