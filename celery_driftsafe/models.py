@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import models
+from django.db import models, router, transaction
 
 from celery_driftsafe.exceptions import ScheduleError
 from celery_driftsafe.slots import Crontab, Interval, OneOff, Schedule
@@ -70,6 +70,17 @@ _UNIT_SECONDS = {"seconds": 1, "minutes": 60, "hours": 3600, "days": 86400}
 
 #: The columns the claim writes: never written back by a ``save()`` of a loaded instance.
 CLAIM_FIELDS = frozenset({"next_slot_at", "last_slot_at", "run_count"})
+
+
+class PeriodicTaskQuerySet(models.QuerySet["PeriodicTask"]):
+    def delete(self) -> tuple[int, dict[str, int]]:
+        """Lock the rows first: a beat claiming one of them finishes (its new run row is then
+        found and detached like the others) or skips it, instead of inserting a run for a task
+        deleted under it (a foreign key violation at commit)."""
+        with transaction.atomic(using=self.db):
+            list(self.model._default_manager.using(self.db).select_for_update()
+                 .filter(pk__in=list(self.values_list("pk", flat=True))).values_list("pk"))
+            return super().delete()
 
 
 class PeriodicTask(models.Model):
@@ -211,6 +222,16 @@ class PeriodicTask(models.Model):
             errors.setdefault(problem.field, []).append(problem.message)
         if errors:
             raise ValidationError(errors)
+
+    objects = PeriodicTaskQuerySet.as_manager()
+
+    def delete(self, using: Any = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
+        """Delete, with the row locked first (see :meth:`PeriodicTaskQuerySet.delete`)."""
+        using = using or router.db_for_write(PeriodicTask, instance=self)
+        with transaction.atomic(using=using):
+            list(PeriodicTask.objects.using(using).select_for_update().filter(pk=self.pk)
+                 .values_list("pk"))
+            return super().delete(using=using, keep_parents=keep_parents)
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         """Save what the user owns; never write the scheduler's claim state back.
