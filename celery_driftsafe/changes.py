@@ -21,7 +21,6 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from django.core.exceptions import ValidationError
 from django.db import router, transaction
 
 from celery_driftsafe.clock import authority_from_settings
@@ -84,13 +83,7 @@ def prepare_save(instance: PeriodicTask, options: dict[str, Any]) -> None:
       every slot that already has a run.
     """
     using = options.get("using") or router.db_for_write(PeriodicTask, instance=instance)
-    instance.coerce()
-    problems = instance.problems()
-    if problems:
-        errors: dict[str, list[str]] = {}
-        for problem in problems:
-            errors.setdefault(problem.field, []).append(problem.message)
-        raise ValidationError(errors)
+    instance.clean()  # decodes JSON strings; raises ValidationError on the field at fault
     adding = instance._state.adding or instance.pk is None or options.get("force_insert")
     previous = None
     if not adding:

@@ -36,13 +36,12 @@ from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.exceptions import ScheduleError
 from celery_driftsafe.misfire import ClaimPlan, plan_claim
 from celery_driftsafe.models import (
-    SCHEDULE_ERROR_FIELDS,
     PeriodicTask,
     Run,
     RunKind,
     RunStatus,
+    schedule_problem,
 )
-from celery_driftsafe.validation import Problem
 
 logger = logging.getLogger(__name__)
 
@@ -179,8 +178,7 @@ class _BaseClaimer:
                     continue
                 problem = "; ".join(map(str, problems))
             except ScheduleError as exc:
-                problem = str(Problem(SCHEDULE_ERROR_FIELDS.get(exc.field, "schedule_kind"),
-                                      str(exc)))
+                problem = str(schedule_problem(exc))
             except Exception as exc:
                 problem = f"{task.schedule_field()}: the schedule cannot be evaluated: {exc!r}"
             logger.error("task %s disabled: %s", task.name, problem,

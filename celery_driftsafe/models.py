@@ -202,8 +202,7 @@ class PeriodicTask(models.Model):
             built = self.build_schedule(anchor=STAND_IN_ANCHOR)
             built.next_after(self.interval_anchor or STAND_IN_ANCHOR)
         except ScheduleError as exc:
-            found.append(Problem(SCHEDULE_ERROR_FIELDS.get(exc.field, "schedule_kind"),
-                                 str(exc)))
+            found.append(schedule_problem(exc))
         except (ValueError, OverflowError, TypeError, KeyError) as exc:
             found.append(Problem(self.schedule_field(),
                                  f"the schedule cannot be evaluated: {exc!r}"))
@@ -247,6 +246,11 @@ class PeriodicTask(models.Model):
 
         prepare_save(self, kwargs)
         super().save(*args, **kwargs)
+
+
+def schedule_problem(exc: ScheduleError) -> Problem:
+    """A :class:`ScheduleError` as a problem of the model field that holds the schedule field."""
+    return Problem(SCHEDULE_ERROR_FIELDS.get(exc.field, "schedule_kind"), str(exc))
 
 
 #: Which model field holds each schedule field named by :class:`ScheduleError`.
