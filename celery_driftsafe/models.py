@@ -142,7 +142,11 @@ class PeriodicTask(models.Model):
 
     class Meta:
         ordering = ["name"]
-        indexes = [models.Index(fields=["enabled", "next_slot_at"], name="driftsafe_task_due")]
+        # The claim reads due tasks in (next_slot_at, id) order; with id in the index a burst
+        # (many tasks sharing one next_slot_at) is read in order, without a sort.
+        indexes = [
+            models.Index(fields=["enabled", "next_slot_at", "id"], name="driftsafe_task_due_id")
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -315,6 +319,15 @@ class Run(models.Model):
         default=0,
         help_text="Celery's retry count of the current (or last) attempt: 0 for the first. "
                   "Earlier attempts are kept as RunAttempt rows.",
+    )
+    missed_count = models.PositiveIntegerField(
+        default=1,
+        help_text="A missed row may stand for a span of missed slots: how many, from its slot "
+                  "to missed_until.",
+    )
+    missed_until = models.DateTimeField(
+        null=True, blank=True,
+        help_text="The last slot of the span a missed row stands for (empty for one slot).",
     )
 
     class Meta:
