@@ -88,6 +88,9 @@ class DriftSafeSettings:
     time_authority: TimeAuthority = "database"
     #: The most runs one claim round takes.
     claim_batch_size: int = 500
+    #: Messages written to the broker in one pipelined write (kombu's publish batch, on
+    #: transports that have one: Redis). 1: one write per message.
+    publish_batch_size: int = 100
     #: Seconds a claimed run may stay undispatched before another beat re-publishes it.
     lease_seconds: float = 30.0
     #: A node whose measured offset from the authority exceeds this logs a warning.

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
 from typing import Any
 
 from celery import Task
+from celery.utils.saferepr import saferepr
 from django.db.models import Case, F, Value, When
 
 from celery_driftsafe.claim import ClaimedRun
 from celery_driftsafe.clock import Clock
+from celery_driftsafe.conf import get_settings
 from celery_driftsafe.headers import (
     HEADER_FENCING_TOKEN,
     HEADER_PERIODIC_TASK_ID,
@@ -36,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 #: A run whose publish the broker refused this many times is recorded ``failed``.
 MAX_PUBLISH_ATTEMPTS = 8
+#: Tasks whose argument display forms a dispatcher keeps (then it starts afresh).
+REPR_CACHE_SIZE = 200_000
 #: Longest wait before another try of a refused publish.
 MAX_PUBLISH_BACKOFF = timedelta(minutes=5)
 
@@ -71,10 +76,14 @@ def message_headers(run: ClaimedRun) -> dict[str, Any]:
 class Dispatcher:
     """Publishes runs through a Celery app over one producer connection per batch."""
 
-    def __init__(self, app: Any, clock: Clock, *, using: str = "default") -> None:
+    def __init__(
+        self, app: Any, clock: Clock, *, using: str = "default", batch_size: int | None = None
+    ) -> None:
         self.app = app
         self.clock = clock
         self.using = using
+        self.batch_size = batch_size or get_settings().publish_batch_size
+        self._repr_cache: dict[int | str, tuple[list[Any], dict[str, Any], str, str]] = {}
 
     def dispatch(self, runs: Sequence[ClaimedRun]) -> DispatchResult:
         """Publish ``runs``, then mark what went out ``dispatched``.
@@ -108,38 +117,49 @@ class Dispatcher:
                 result.expired.append(run.run_id)
             else:
                 todo.append(run)
-        index = 0
         try:
             with self.app.producer_or_acquire() as producer:
-                unreachable = _connection_errors(producer)
-                for index, run in enumerate(todo):  # noqa: B007 - read after the loop
-                    try:
-                        self._publish(run, producer)
-                    except unreachable as exc:
-                        if not _refused(exc):
-                            raise
-                        result.refused[run.run_id] = _describe(exc)
-                        continue
-                    except TypeError as exc:
-                        # Celery checks the arguments against the task's signature (a task
-                        # this beat registered): no later try can fix the captured ones.
-                        result.failed[run.run_id] = (
-                            f"the arguments do not fit the task's signature: {exc}")
-                        continue
-                    except Exception as exc:
-                        result.refused[run.run_id] = _describe(exc)
-                        continue
-                    result.published.append(run.run_id)
+                for start in range(0, len(todo), self.batch_size):
+                    self._publish_batch(todo[start:start + self.batch_size], producer, result)
         except Exception as exc:  # broker unreachable: nothing more is known to be out
-            done = set(result.published) | set(result.refused)
+            done = set(result.published) | set(result.refused) | set(result.failed)
             result.deferred = [r.run_id for r in todo if r.run_id not in done]
             logger.error(
-                "publishing failed at run %d of %d; %d runs stay claimed for the outbox: %s",
-                index + 1, len(todo), len(result.deferred), exc,
+                "publishing failed after %d of %d runs; %d runs stay claimed for the outbox: "
+                "%s", len(result.published), len(todo), len(result.deferred), exc,
                 extra={"action": "publish-failed"},
             )
         self._record(result, {r.run_id: r for r in todo})
         return result
+
+    def _publish_batch(
+        self, runs: Sequence[ClaimedRun], producer: Any, result: DispatchResult
+    ) -> None:
+        """Publish ``runs`` in one pipelined broker write where the transport can (kombu's
+        publish batch); they count as published once the write returns. A message refused on
+        its own (a signature error, a negative confirm on a transport that publishes one by
+        one) is recorded and the others go on; a failed write raises, leaving the batch's
+        runs unknown, so they stay claimed for the outbox."""
+        unreachable = _connection_errors(producer)
+        sent: list[int] = []
+        with _pipelined(producer, len(runs)):
+            for run in runs:
+                try:
+                    self._publish(run, producer)
+                except unreachable as exc:
+                    if not _refused(exc):
+                        raise
+                    result.refused[run.run_id] = _describe(exc)
+                except TypeError as exc:
+                    # Celery checks the arguments against the task's signature (a task this
+                    # beat registered): no later try can fix the captured ones.
+                    result.failed[run.run_id] = (
+                        f"the arguments do not fit the task's signature: {exc}")
+                except Exception as exc:
+                    result.refused[run.run_id] = _describe(exc)
+                else:
+                    sent.append(run.run_id)
+        result.published.extend(sent)
 
     def _confirm(self, runs: Sequence[ClaimedRun]) -> set[int]:
         """The ids of ``runs`` whose claims their claimer still holds."""
@@ -165,6 +185,7 @@ class Dispatcher:
         options = {k: v for k, v in run.options.items() if k != "headers"}
         if run.expires_at is not None:
             options["expires"] = run.expires_at
+        options["argsrepr"], options["kwargsrepr"] = self._reprs(run)
         task = self.app.tasks.get(run.task_name)
         if task is None:
             send = partial(self.app.send_task, run.task_name)
@@ -181,6 +202,23 @@ class Dispatcher:
             producer=producer,
             **options,
         )
+
+    def _reprs(self, run: ClaimedRun) -> tuple[str, str]:
+        """The arguments' display forms (``argsrepr``/``kwargsrepr``, as Celery writes them),
+        built once per task and reused while its arguments stay the same: they cost more than
+        the rest of the message."""
+        key = run.periodic_task_id if run.periodic_task_id is not None else run.task_name
+        cached = self._repr_cache.get(key)
+        if cached is not None and cached[0] == run.args and cached[1] == run.kwargs:
+            return cached[2], cached[3]
+        if len(self._repr_cache) >= REPR_CACHE_SIZE:
+            self._repr_cache.clear()
+        levels = self.app.conf.get("task_repr_maxlevels", 3)
+        amqp = self.app.amqp
+        reprs = (saferepr(run.args, amqp.argsrepr_maxsize, maxlevels=levels),
+                 saferepr(run.kwargs, amqp.kwargsrepr_maxsize, maxlevels=levels))
+        self._repr_cache[key] = (run.args, run.kwargs, *reprs)
+        return reprs
 
     def _record(self, result: DispatchResult, runs: dict[int, ClaimedRun]) -> None:
         now = self.clock.now()
@@ -237,6 +275,17 @@ def _describe(exc: BaseException) -> str:
     if _refused(exc) and "Nack" not in text:
         text = f"the broker answered with a negative acknowledgement (Nack); {text}"
     return f"{type(exc).__name__}: {text}"
+
+
+def _pipelined(producer: Any, messages: int) -> Any:
+    """kombu's publish batch for ``messages`` messages (one pipelined write on Redis), or no
+    batching where the producer or transport has none (they publish one by one)."""
+    batch = getattr(producer, "batch", None)
+    if batch is None or messages < 2:
+        return nullcontext()
+    # kombu counts broker commands, not messages, and writes early when it reaches the bound:
+    # leave room (a message to a queue with priorities or an expiry is several commands).
+    return batch(max_size=messages * 16)
 
 
 def _connection_errors(producer: Any) -> tuple[type[BaseException], ...]:

@@ -1,0 +1,124 @@
+"""Where a slot's time goes in a burst: N interval tasks all due at one instant, worked through
+by the beat's own round (claim, publish, mark) in this process, on PostgreSQL and a Redis
+broker, with a per-stage breakdown.
+
+    python -m benchmarks.bench_burst [--tasks 20000] [--profile]
+
+The stages are timed around the scheduler's own calls, so the figures are those of a real
+round minus process start-up; ``--profile`` adds cProfile's top functions. Needs the test
+services (PostgreSQL, Redis) and the test dependencies installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+os.environ.setdefault("DRIFTSAFE_TEST_DB", "postgres")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=20_000)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--broker-db", type=int, default=60,
+                        help="Redis database of the broker (emptied before and after)")
+    args = parser.parse_args()
+
+    import django
+
+    django.setup()
+    import redis
+    from celery import Celery
+    from django.conf import settings
+    from django.test.utils import get_runner, setup_test_environment
+
+    setup_test_environment()
+    runner = get_runner(settings)(verbosity=0, interactive=False)
+    old = runner.setup_databases()
+    broker_url = f"{settings.DRIFTSAFE['REDIS_URL'].rsplit('/', 1)[0]}/{args.broker_db}"
+    broker = redis.Redis.from_url(broker_url)
+    broker.flushdb()
+    try:
+        from celery_driftsafe.claim import claimer_for
+        from celery_driftsafe.clock import SystemClock
+        from celery_driftsafe.dispatch import Dispatcher
+        from celery_driftsafe.models import PeriodicTask, Run
+
+        app = Celery("burst", broker=broker_url, set_as_current=False)
+        app.conf.task_default_queue = "burst"
+
+        @app.task(name="burst.tick", shared=False)
+        def tick(**kwargs: Any) -> None:
+            return None
+
+        due = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
+        PeriodicTask.objects.bulk_create(
+            (PeriodicTask(name=f"burst-{i}", task="burst.tick", schedule_kind="interval",
+                          interval_every=60, interval_anchor=due, next_slot_at=due,
+                          kwargs={"n": i})
+             for i in range(args.tasks)),
+            batch_size=5000,
+        )
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE")
+        claimer = claimer_for()
+        dispatcher = Dispatcher(app, SystemClock())
+        stages: dict[str, float] = defaultdict(float)
+        cpu_stages: dict[str, float] = defaultdict(float)
+        profile: Any = None
+        if args.profile:
+            import cProfile
+
+            profile = cProfile.Profile()
+            profile.enable()
+        started = time.perf_counter()
+        cpu_started = time.process_time()
+        rounds = 0
+        while True:
+            now = datetime.now(UTC)
+            t0, c0 = time.perf_counter(), time.process_time()
+            result = claimer.claim(now, "bench-node")
+            t1, c1 = time.perf_counter(), time.process_time()
+            outcome = dispatcher.dispatch(result.runs)
+            t2, c2 = time.perf_counter(), time.process_time()
+            stages["claim"] += t1 - t0
+            stages["publish + mark"] += t2 - t1
+            cpu_stages["claim"] += c1 - c0
+            cpu_stages["publish + mark"] += c2 - c1
+            rounds += 1
+            if not result.tasks_seen:
+                break
+            assert not outcome.refused and not outcome.deferred, outcome
+        elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu_started
+        if profile is not None:
+            import pstats
+
+            profile.disable()
+            pstats.Stats(profile).sort_stats("tottime").print_stats(30)
+        published = Run.objects.filter(status="dispatched").count()
+        queued = broker.llen("burst")
+        print(f"{args.tasks} tasks due at one instant: {published} dispatched, {queued} "
+              f"messages queued, {rounds} rounds, {elapsed:.2f} s, "
+              f"{published / elapsed:.0f} slots/s; this process used {cpu:.2f} s of CPU "
+              f"({100 * cpu / elapsed:.0f}% of one core)")
+        print(f"  {'stage':<16}{'wall s':>8}{'µs/slot':>9}{'CPU µs/slot':>13}")
+        for stage, seconds in stages.items():
+            print(f"  {stage:<16}{seconds:8.2f}{1e6 * seconds / max(published, 1):9.1f}"
+                  f"{1e6 * cpu_stages[stage] / max(published, 1):13.1f}")
+    finally:
+        broker.flushdb()
+        broker.close()
+        runner.teardown_databases(old)
+
+
+if __name__ == "__main__":
+    main()
