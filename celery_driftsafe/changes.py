@@ -61,13 +61,20 @@ def first_slot(
 
 
 def _latest_run_slot(task_id: int, using: str) -> datetime | None:
+    """The latest slot that has a run: the latest row's slot, or the end of the span of
+    missed slots it stands for."""
     from celery_driftsafe.models import Run
 
-    latest: datetime | None = (
+    latest = (
         Run.objects.using(using).filter(periodic_task_id=task_id, slot__isnull=False)
-        .order_by("-slot").values_list("slot", flat=True).first()
+        .order_by("-slot").values_list("slot", "missed_until").first()
     )
-    return latest
+    if latest is None:
+        return None
+    slot, until = latest
+    if slot is None or (until is not None and until > slot):
+        return until
+    return slot
 
 
 def prepare_save(instance: PeriodicTask, options: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -34,7 +34,7 @@ from django.db.models import F, Q
 
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.exceptions import ScheduleError
-from celery_driftsafe.misfire import ClaimPlan, plan_claim
+from celery_driftsafe.misfire import ClaimPlan, MissedSpan, plan_claim
 from celery_driftsafe.models import (
     PeriodicTask,
     Run,
@@ -78,12 +78,69 @@ class ClaimedRun:
 
 @dataclass
 class ClaimResult:
-    """What a claim round did: runs to publish, rows recorded missed, tasks disabled."""
+    """What a claim round did: runs to publish, slots recorded missed, tasks disabled."""
 
     runs: list[ClaimedRun] = field(default_factory=list)
     missed: int = 0
     disabled: list[str] = field(default_factory=list)
     tasks_seen: int = 0
+    #: Slots that fired past the misfire grace because the beats were busy (see misfire).
+    late_from_load: int = 0
+    #: The oldest slot this round fired: how far behind the beats are.
+    oldest_slot: datetime | None = None
+
+
+@dataclass(slots=True)
+class NewRun:
+    """A run row a claim round writes (lighter than a model instance: a burst writes many)."""
+
+    task: PeriodicTask
+    slot: datetime
+    status: str
+    celery_task_id: str = ""
+    message: dict[str, Any] = field(default_factory=dict)
+    message_text: str = "{}"
+    expires_at: datetime | None = None
+    error: str = ""
+    missed_count: int = 1
+    missed_until: datetime | None = None
+    pk: int | None = None
+
+    def model(self, now: datetime, node_id: str) -> Run:
+        return Run(
+            periodic_task=self.task, task_name=self.task.task, kind=RunKind.SCHEDULED,
+            slot=self.slot, status=self.status, claimed_by=node_id, claimed_at=now,
+            celery_task_id=self.celery_task_id, message=self.message,
+            expires_at=self.expires_at, error=self.error, missed_count=self.missed_count,
+            missed_until=self.missed_until,
+            dispatch_attempts=1 if self.status == RunStatus.CLAIMED else 0,
+        )
+
+    def claimed(self, node_id: str) -> ClaimedRun:
+        assert self.pk is not None
+        options = self.message.get("options")
+        return ClaimedRun(
+            run_id=self.pk, periodic_task_id=self.task.pk, task_name=self.task.task,
+            slot=self.slot, celery_task_id=self.celery_task_id, fencing_token=0,
+            args=list(self.message.get("args") or []),
+            kwargs=dict(self.message.get("kwargs") or {}),
+            options=dict(options) if isinstance(options, dict) else {},
+            claimed_by=node_id, expires_at=self.expires_at, dispatch_attempts=1,
+        )
+
+
+def _missed_row(task: PeriodicTask, slot: datetime, now: datetime) -> NewRun:
+    late = (now - slot).total_seconds()
+    return NewRun(task, slot, RunStatus.MISSED,
+                  error=f"missed: claimed {late:.1f} s after its slot, past the misfire grace")
+
+
+def _span_row(task: PeriodicTask, span: MissedSpan) -> NewRun:
+    error = (f"{span.count} slots from {span.first.isoformat()} to {span.last.isoformat()} "
+             "were missed (the beats were down or the task was disabled); this one row "
+             "stands for all of them")
+    return NewRun(task, span.first, RunStatus.MISSED, error=error, missed_count=span.count,
+                  missed_until=span.last)
 
 
 class Claimer(Protocol):
@@ -96,10 +153,14 @@ class Claimer(Protocol):
     the first slot after ``now`` — all in one transaction per round. A task whose row another
     beat holds or has already advanced is silently left out: losing a race is normal. A task
     whose stored schedule cannot be evaluated is disabled with the reason recorded. Returns the
-    claimed runs in slot order.
+    claimed runs in slot order. ``busy_since``: since when the beats have been claiming without
+    a break (a slot that fell due since then is late, not missed; see
+    :mod:`celery_driftsafe.misfire`).
     """
 
-    def claim(self, now: datetime, node_id: str) -> ClaimResult: ...
+    def claim(
+        self, now: datetime, node_id: str, busy_since: datetime | None = None
+    ) -> ClaimResult: ...
 
 
 class _BaseClaimer:
@@ -148,7 +209,9 @@ class _BaseClaimer:
         )
         return name
 
-    def _plan(self, task: PeriodicTask, now: datetime) -> ClaimPlan:
+    def _plan(
+        self, task: PeriodicTask, now: datetime, busy_since: datetime | None = None
+    ) -> ClaimPlan:
         assert task.next_slot_at is not None
         grace = task.misfire_grace_seconds
         if grace is None:
@@ -160,10 +223,12 @@ class _BaseClaimer:
             policy=task.misfire_policy or self.settings.misfire_policy,
             grace=timedelta(seconds=grace),
             fire_all_max=self.settings.fire_all_max,
+            busy_since=busy_since,
         )
 
     def _plans(
-        self, tasks: Sequence[PeriodicTask], now: datetime, result: ClaimResult
+        self, tasks: Sequence[PeriodicTask], now: datetime, result: ClaimResult,
+        busy_since: datetime | None = None,
     ) -> list[tuple[PeriodicTask, ClaimPlan]]:
         """Plan each task; a task whose row cannot be fired (bad JSON shape, bad option,
         broken schedule, anything its planning raises) is disabled with the reason, and the
@@ -174,7 +239,7 @@ class _BaseClaimer:
             problems = task.problems(schedule=False)  # planning evaluates the schedule
             try:
                 if not problems:
-                    planned.append((task, self._plan(task, now)))
+                    planned.append((task, self._plan(task, now, busy_since)))
                     continue
                 problem = "; ".join(map(str, problems))
             except ScheduleError as exc:
@@ -195,36 +260,36 @@ class _BaseClaimer:
     ) -> list[PeriodicTask]:
         """Insert the round's run rows; return the tasks whose rows the database refused
         (they are to be disabled). A slot that already has a run is skipped, not an error."""
-        rows: list[Run] = []
-        fired: list[tuple[PeriodicTask, Run]] = []
+        rows: list[NewRun] = []
         for task, plan in planned:
             for slot in plan.missed:
-                rows.append(self._missed_row(task, slot, now, node_id, plan))
-            if plan.unrecorded_missed:
-                first, count = plan.unrecorded_missed
-                rows.append(self._missed_row(task, first, now, node_id, plan, count))
-            message = run_message(task)
-            for slot in plan.fire:
-                run = Run(
-                    periodic_task=task, task_name=task.task, kind=RunKind.SCHEDULED, slot=slot,
-                    status=RunStatus.CLAIMED, claimed_by=node_id, claimed_at=now,
-                    celery_task_id=celery_task_id(task.pk, slot), dispatch_attempts=1,
-                    message=message, expires_at=self._expires_at(task, slot),
-                )
-                rows.append(run)
-                fired.append((task, run))
-            result.missed += len(plan.missed) + (1 if plan.unrecorded_missed else 0)
+                rows.append(_missed_row(task, slot, now))
+            if plan.missed_span is not None:
+                rows.append(_span_row(task, plan.missed_span))
+            if plan.fire:
+                message = run_message(task)
+                text = json.dumps(message)
+                for slot in plan.fire:
+                    rows.append(NewRun(
+                        task, slot, RunStatus.CLAIMED, celery_task_id(task.pk, slot),
+                        message, text, self._expires_at(task, slot),
+                    ))
+                result.oldest_slot = min(result.oldest_slot or plan.fire[0], plan.fire[0])
+            result.missed += plan.missed_count
+            result.late_from_load += plan.late_from_load
         if not rows:
             return []
         refused = self._insert(rows, now, node_id)
-        for task, run in fired:
-            if _inserted(run):
-                result.runs.append(claimed_run(run))
-            elif task not in refused:
+        for row in rows:
+            if row.status != RunStatus.CLAIMED:
+                continue
+            if row.pk is not None:
+                result.runs.append(row.claimed(node_id))
+            elif row.task not in refused:
                 logger.warning(
                     "slot %s of %s already has a run; skipped (the task was saved or "
-                    "rescheduled onto a slot that fired)", run.slot, task.name,
-                    extra={"action": "slot-taken", "task": task.name, "slot": run.slot,
+                    "rescheduled onto a slot that fired)", row.slot, row.task.name,
+                    extra={"action": "slot-taken", "task": row.task.name, "slot": row.slot,
                            "node": node_id},
                 )
         result.runs.sort(key=lambda r: (r.slot, r.run_id))
@@ -236,7 +301,7 @@ class _BaseClaimer:
             seconds = self.settings.run_expires_seconds
         return None if seconds is None else slot + timedelta(seconds=seconds)
 
-    def _insert(self, rows: list[Run], now: datetime, node_id: str) -> list[PeriodicTask]:
+    def _insert(self, rows: list[NewRun], now: datetime, node_id: str) -> list[PeriodicTask]:
         """Insert ``rows``, skipping those whose slot already has a run. Should the database
         refuse the batch for another reason, insert task by task and return the tasks whose
         rows it still refuses."""
@@ -246,18 +311,17 @@ class _BaseClaimer:
             return []
         except (IntegrityError, DataError) as exc:
             logger.warning("claim batch refused (%s); inserting task by task", exc)
-        by_task: dict[int | None, list[Run]] = {}
+        by_task: dict[int, list[NewRun]] = {}
         for row in rows:
             row.pk = None
-            by_task.setdefault(row.periodic_task_id, []).append(row)
+            by_task.setdefault(row.task.pk, []).append(row)
         refused = []
         for group in by_task.values():
             try:
                 with transaction.atomic(using=self.using):
                     self._insert_rows(group, now, node_id)
             except (IntegrityError, DataError) as exc:
-                task = group[0].periodic_task
-                assert task is not None
+                task = group[0].task
                 for row in group:
                     row.pk = None
                 task.disabled_reason = _reason(f"the database refused its run row: {exc}")
@@ -266,20 +330,26 @@ class _BaseClaimer:
                 refused.append(task)
         return refused
 
-    def _insert_rows(self, rows: list[Run], now: datetime, node_id: str) -> None:
+    def _insert_rows(self, rows: list[NewRun], now: datetime, node_id: str) -> None:
         connection = connections[self.using]
         if connection.vendor == "postgresql":
-            _insert_runs_postgresql(connection, rows)
+            for status in (RunStatus.CLAIMED, RunStatus.MISSED):
+                some = [row for row in rows if row.status == status]
+                if some:
+                    _insert_runs_postgresql(connection, some, now, node_id)
             return
-        Run.objects.using(self.using).bulk_create(rows, ignore_conflicts=True)
+        models = [row.model(now, node_id) for row in rows]
+        Run.objects.using(self.using).bulk_create(models, ignore_conflicts=True)
         # ignore_conflicts sets no ids: look up the rows this round inserted (an older run
         # of the same slot was claimed by another node or at another instant).
-        keys = {(row.periodic_task_id, row.slot): row for row in rows}
+        keys: dict[tuple[int, datetime | None], NewRun] = {
+            (row.task.pk, row.slot): row for row in rows
+        }
         for row in rows:
             row.pk = None
         for pk, task_id, slot in Run.objects.using(self.using).filter(
-            periodic_task_id__in={r.periodic_task_id for r in rows},
-            slot__in={r.slot for r in rows}, claimed_by=node_id, claimed_at=now,
+            periodic_task_id__in={row.task.pk for row in rows},
+            slot__in={row.slot for row in rows}, claimed_by=node_id, claimed_at=now,
         ).values_list("pk", "periodic_task_id", "slot"):
             found = keys.get((task_id, slot))
             if found is not None:
@@ -293,31 +363,11 @@ class _BaseClaimer:
             result.disabled.append(task.name)
 
     @staticmethod
-    def _missed_row(
-        task: PeriodicTask, slot: datetime, now: datetime, node_id: str, plan: ClaimPlan,
-        count: int = 1,
-    ) -> Run:
-        late = (now - slot).total_seconds()
-        if count > 1:
-            error = (f"{count} slots from {slot.isoformat()} on were missed (downtime or "
-                     "disabled); they are summarised in this one row")
-        else:
-            error = f"missed: claimed {late:.1f} s after its slot, past the misfire grace"
-        return Run(
-            periodic_task=task, task_name=task.task, kind=RunKind.SCHEDULED, slot=slot,
-            status=RunStatus.MISSED, claimed_by=node_id, claimed_at=now, error=error,
-        )
-
-    @staticmethod
     def _advance(task: PeriodicTask, plan: ClaimPlan) -> None:
         task.next_slot_at = plan.next_slot
         if plan.fire:
             task.last_slot_at = plan.fire[-1]
             task.run_count = (task.run_count or 0) + len(plan.fire)
-
-
-def _inserted(run: Run) -> bool:
-    return run.pk is not None  # type: ignore[redundant-expr,unused-ignore]
 
 
 def _reason(problem: str) -> str:
@@ -372,14 +422,16 @@ def publish_options(task: PeriodicTask) -> dict[str, Any]:
 class SkipLockedClaimer(_BaseClaimer):
     """``SELECT … FOR UPDATE SKIP LOCKED``: PostgreSQL, MySQL 8+, MariaDB 10.6+."""
 
-    def claim(self, now: datetime, node_id: str) -> ClaimResult:
+    def claim(
+        self, now: datetime, node_id: str, busy_since: datetime | None = None
+    ) -> ClaimResult:
         result = ClaimResult()
         with transaction.atomic(using=self.using):
             tasks = self._load(self._due(now).select_for_update(skip_locked=True), result)
             result.tasks_seen = len(tasks)
             if not tasks:
                 return result
-            planned = self._plans(tasks, now, result)
+            planned = self._plans(tasks, now, result, busy_since)
             for task, plan in planned:
                 self._advance(task, plan)
             refused = self._write_runs(planned, now, node_id, result)
@@ -393,14 +445,16 @@ class CompareAndSwapClaimer(_BaseClaimer):
     beat read, and ``RETURNING`` says which. Needs ``UPDATE … RETURNING`` (SQLite 3.35+,
     PostgreSQL)."""
 
-    def claim(self, now: datetime, node_id: str) -> ClaimResult:
+    def claim(
+        self, now: datetime, node_id: str, busy_since: datetime | None = None
+    ) -> ClaimResult:
         result = ClaimResult()
         tasks = self._load(self._due(now), result)
         result.tasks_seen = len(tasks)
         if not tasks:
             return result
         seen = {task.pk: task.next_slot_at for task in tasks}
-        planned = self._plans(tasks, now, result)
+        planned = self._plans(tasks, now, result, busy_since)
         disabled = [t for t in tasks if not t.enabled]
         for task, plan in planned:
             self._advance(task, plan)
@@ -420,39 +474,65 @@ class CompareAndSwapClaimer(_BaseClaimer):
         return result
 
 
-_RUN_COLUMNS = (
-    ("periodic_task_id", "bigint"), ("task_name", "text"), ("kind", "text"),
-    ("slot", "timestamptz"), ("status", "text"), ("claimed_by", "text"),
-    ("claimed_at", "timestamptz"), ("celery_task_id", "text"), ("fencing_token", "bigint"),
-    ("dispatch_attempts", "integer"), ("duplicate_deliveries", "integer"), ("worker", "text"),
-    ("error", "text"), ("message", "jsonb"), ("expires_at", "timestamptz"),
-)
+#: Per-row columns of the claim's insert, by status (the others are the same for every row).
+_ROW_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    RunStatus.CLAIMED: (
+        ("periodic_task_id", "bigint"), ("task_name", "text"), ("slot", "timestamptz"),
+        ("celery_task_id", "text"), ("message", "jsonb"), ("expires_at", "timestamptz"),
+    ),
+    RunStatus.MISSED: (
+        ("periodic_task_id", "bigint"), ("task_name", "text"), ("slot", "timestamptz"),
+        ("error", "text"), ("missed_count", "integer"), ("missed_until", "timestamptz"),
+    ),
+}
+_ROW_VALUES: dict[str, Callable[[NewRun], Any]] = {
+    "periodic_task_id": lambda row: row.task.pk,
+    "task_name": lambda row: row.task.task,
+    "slot": lambda row: row.slot,
+    "celery_task_id": lambda row: row.celery_task_id,
+    "message": lambda row: row.message_text,
+    "expires_at": lambda row: row.expires_at,
+    "error": lambda row: row.error,
+    "missed_count": lambda row: row.missed_count,
+    "missed_until": lambda row: row.missed_until,
+}
 
 
-def _insert_runs_postgresql(connection: Any, rows: Sequence[Run]) -> None:
-    """``INSERT … SELECT … FROM unnest(…) ON CONFLICT DO NOTHING RETURNING``: one statement,
-    no per-row ORM work; sets the new ids on ``rows``. A row whose slot already has a run is
-    skipped (its ``pk`` stays None)."""
+def _insert_runs_postgresql(
+    connection: Any, rows: Sequence[NewRun], now: datetime, node_id: str
+) -> None:
+    """``INSERT … SELECT … FROM unnest(…) ON CONFLICT DO NOTHING RETURNING``: one statement
+    for rows of one status, an array per column that varies and one value for each column that
+    does not; sets the new ids on ``rows``. A row whose slot already has a run is skipped (its
+    ``pk`` stays None)."""
+    status = rows[0].status
+    columns = _ROW_COLUMNS[status]
+    constants = {
+        "kind": RunKind.SCHEDULED, "status": status, "claimed_by": node_id, "claimed_at": now,
+        "fencing_token": 0, "dispatch_attempts": 1 if status == RunStatus.CLAIMED else 0,
+        "duplicate_deliveries": 0, "worker": "", "attempt": 0,
+        **({"error": "", "missed_count": 1} if status == RunStatus.CLAIMED
+           else {"celery_task_id": "", "message": "{}"}),
+    }
     table = connection.ops.quote_name(Run._meta.db_table)
-    names = ", ".join(name for name, _ in _RUN_COLUMNS)
+    names = ", ".join([*(name for name, _ in columns), *constants])
     # jsonb travels as text (one array of JSON documents) and is cast back per row.
-    arrays = ", ".join(f"%s::{'text' if kind == 'jsonb' else kind}[]" for _, kind in _RUN_COLUMNS)
-    selects = ", ".join(f"v.{name}::jsonb" if kind == "jsonb" else f"v.{name}"
-                        for name, kind in _RUN_COLUMNS)
-    values = [
-        [json.dumps(getattr(row, name)) if kind == "jsonb" else getattr(row, name)
-         for row in rows]
-        for name, kind in _RUN_COLUMNS
-    ]
+    arrays = ", ".join(f"%s::{'text' if kind == 'jsonb' else kind}[]" for _, kind in columns)
+    selects = ", ".join(
+        [*(f"v.{name}::jsonb" if kind == "jsonb" else f"v.{name}" for name, kind in columns),
+         *(("%s::jsonb" if name == "message" else "%s") for name in constants)]
+    )
+    values = [[_ROW_VALUES[name](row) for row in rows] for name, _ in columns]
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {table} ({names}) SELECT {selects} FROM unnest({arrays}) "
-            f"AS v({names}) ON CONFLICT DO NOTHING RETURNING id, periodic_task_id, slot",
-            values,
+            f"AS v({', '.join(name for name, _ in columns)}) "
+            "ON CONFLICT DO NOTHING RETURNING id, periodic_task_id, slot",
+            [*constants.values(), *values],
         )
         ids = {(task_id, slot): pk for pk, task_id, slot in cursor.fetchall()}
     for row in rows:
-        row.pk = ids.get((row.periodic_task_id, row.slot))
+        row.pk = ids.get((row.task.pk, row.slot))
 
 
 _FIELDS = ("next_slot_at", "last_slot_at", "run_count", "enabled", "disabled_reason")

@@ -14,17 +14,26 @@ the policy decides:
 ``skip``
     no missed slot fires; all are recorded as missed.
 
-Recording is bounded too: at most ``record_max`` missed slots get a row each (the latest
-ones); the older remainder is summarised by :attr:`ClaimPlan.unrecorded_missed` (a count and
-the first such slot), so a week-long outage of a one-second task is one summary, not 600,000
-rows.
+A task whose only due slot is older than the grace is *late*, not missed, when it fell due while
+the beats were working through a backlog without a break (``busy_since``): a burst that the
+cluster drains within a period fires every slot, however late. A task with two or more due
+slots has fallen a whole period behind (the cluster is over capacity, or was down): the
+policy applies.
+
+Recording is bounded too: up to ``record_max`` missed slots get a row each; more than that
+are recorded as one span (:attr:`ClaimPlan.missed_span`: first, last, count), counted without
+listing them, so a day-long outage of a once-a-minute task is one row, not 1,440, and
+recovering costs O(tasks), not O(tasks * missed slots).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import lru_cache
+from typing import cast
 
 from celery_driftsafe.slots import Interval, Schedule
 
@@ -32,15 +41,31 @@ _TICK = timedelta(microseconds=1)
 
 
 @dataclass(frozen=True)
+class MissedSpan:
+    """Missed slots recorded in one row: the first, the last and how many."""
+
+    first: datetime
+    last: datetime
+    count: int
+
+
+@dataclass(frozen=True)
 class ClaimPlan:
     """What one claim does for one task."""
 
     fire: list[datetime] = field(default_factory=list)
+    #: Missed slots with a row each (at most ``record_max``).
     missed: list[datetime] = field(default_factory=list)
-    #: Older missed slots with no row of their own: (first slot, how many), or None.
-    unrecorded_missed: tuple[datetime, int] | None = None
+    #: Every missed slot in one row, when there are more than ``record_max``.
+    missed_span: MissedSpan | None = None
     #: The task's next unclaimed slot (strictly after ``now``), or None when it has no more.
     next_slot: datetime | None = None
+    #: The slot fires past the grace because the beats were busy, not down (see above).
+    late_from_load: bool = False
+
+    @property
+    def missed_count(self) -> int:
+        return len(self.missed) + (self.missed_span.count if self.missed_span else 0)
 
 
 def plan_claim(
@@ -51,45 +76,48 @@ def plan_claim(
     policy: str = "fire_once",
     grace: timedelta = timedelta(seconds=60),
     fire_all_max: int = 100,
-    record_max: int = 1000,
+    record_max: int = 3,
     on_time_max: int = 10_000,
+    busy_since: datetime | None = None,
 ) -> ClaimPlan:
     """Plan the claim of a task whose first unclaimed slot is ``next_slot``, at ``now``.
 
     ``next_slot`` itself is trusted to be a slot of ``schedule`` (it was computed from it);
     if ``next_slot > now`` nothing is due and the plan only repeats ``next_slot``.
+    ``busy_since``: since when the beats have been claiming without a break (None: unknown).
     """
     if policy not in ("fire_once", "fire_all", "skip"):
         raise ValueError(f"unknown misfire policy {policy!r}")
     if next_slot > now:
         return ClaimPlan(next_slot=next_slot)
     recent_start = now - grace
-    keep = max(record_max, fire_all_max if policy == "fire_all" else 1)
-    missed_tail: deque[datetime] = deque(maxlen=keep)
+    if busy_since is not None and busy_since <= next_slot < recent_start:
+        following = schedule.next_after(next_slot)
+        if following is None or following > now:
+            return ClaimPlan(fire=[next_slot], next_slot=following, late_from_load=True)
+    fired_max = {"fire_all": fire_all_max, "fire_once": 1, "skip": 0}[policy]
+    keep = fired_max + max(record_max, 1)
+    tail: list[datetime] = []
     missed_total = 0
-    first_missed: datetime | None = None
     if next_slot < recent_start:
-        first_missed = next_slot
         missed_total, tail_start = _count_and_tail_start(schedule, next_slot, recent_start, keep)
-        missed_tail.extend(_slots(schedule, tail_start, recent_start))
-    on_time = list(_slots(schedule, max(next_slot, recent_start), now + _TICK, on_time_max))
+        tail = _slots(schedule, tail_start, recent_start)
+    on_time = _slots(schedule, max(next_slot, recent_start), now + _TICK, on_time_max)
 
-    missed = list(missed_tail)
-    fire = list(on_time)
-    if missed:
+    fire = on_time
+    if tail:
         if policy == "fire_all":
-            fire = missed[-fire_all_max:] + fire
-            missed = missed[: max(len(missed) - fire_all_max, 0)]
+            fire = tail[-fire_all_max:] + fire
+            tail = tail[: max(len(tail) - fire_all_max, 0)]
         elif policy == "fire_once" and not on_time:
-            fire = [missed.pop()]
-    unrecorded = missed_total - len(missed_tail)
-    summary = (first_missed, unrecorded) if unrecorded > 0 and first_missed else None
-    return ClaimPlan(
-        fire=fire,
-        missed=missed,
-        unrecorded_missed=summary,
-        next_slot=schedule.next_after(now),
-    )
+            fire = [tail.pop()]
+    remaining = missed_total - (len(fire) - len(on_time))
+    span = None
+    if remaining > record_max:
+        span = MissedSpan(first=next_slot, last=tail[-1], count=remaining)
+        tail = []
+    return ClaimPlan(fire=fire, missed=tail, missed_span=span,
+                     next_slot=schedule.next_after(now))
 
 
 def _slots(
@@ -108,17 +136,31 @@ def _count_and_tail_start(
 ) -> tuple[int, datetime]:
     """Count slots in ``[start, end)`` and find where the last ``keep`` of them begin.
 
-    Intervals are counted arithmetically; other schedules are walked once (a crontab fires at
-    most once a minute, so a year's outage is half a million steps, done once).
+    Intervals are counted arithmetically; other schedules are walked once, and remembered:
+    after an outage, tasks with the same crontab share their missed slots, so a thousand
+    tasks on one expression cost one walk.
     """
     if isinstance(schedule, Interval):
         every = schedule.every
         count = (end - _TICK - start) // every + 1
         tail = start + every * max(count - keep, 0)
         return count, tail
+    if isinstance(schedule, Hashable):
+        return _walk_remembered(schedule, start, end, keep)
+    return _walk(schedule, start, end, keep)
+
+
+def _walk(schedule: Schedule, start: datetime, end: datetime, keep: int) -> tuple[int, datetime]:
     recent: deque[datetime] = deque(maxlen=keep)
     count = 0
     for slot in schedule.slots_between(start, end):
         recent.append(slot)
         count += 1
     return count, (recent[0] if recent else end)
+
+
+@lru_cache(maxsize=4096)
+def _walk_remembered(
+    schedule: Hashable, start: datetime, end: datetime, keep: int
+) -> tuple[int, datetime]:
+    return _walk(cast(Schedule, schedule), start, end, keep)

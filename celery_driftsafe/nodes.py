@@ -8,6 +8,8 @@ import socket
 import uuid
 from datetime import datetime, timedelta
 
+from django.db.models import Min
+
 from celery_driftsafe import __version__
 from celery_driftsafe.clock import OffsetSample
 from celery_driftsafe.models import BeatNode
@@ -37,11 +39,15 @@ def register(node_id: str, now: datetime, *, using: str = "default") -> BeatNode
 
 def heartbeat(
     node_id: str, now: datetime, sample: OffsetSample | None = None, *,
-    paused_reason: str = "", using: str = "default",
+    paused_reason: str = "", claiming_since: datetime | None = None,
+    lag_seconds: float | None = None, using: str = "default",
 ) -> bool:
     """Record a heartbeat; False when the node is not registered as running (it was marked
     dead, or its row is gone): the caller must re-register."""
-    fields: dict[str, object] = {"last_heartbeat_at": now, "claiming_paused_reason": paused_reason}
+    fields: dict[str, object] = {
+        "last_heartbeat_at": now, "claiming_paused_reason": paused_reason,
+        "claiming_since": claiming_since, "lag_seconds": lag_seconds,
+    }
     if sample is not None:
         fields.update(
             clock_offset_seconds=sample.offset,
@@ -87,3 +93,18 @@ def alive(now: datetime, dead_after: timedelta, *, using: str = "default") -> li
             stopped_at__isnull=True, last_heartbeat_at__gte=now - dead_after
         )
     )
+
+
+def others_claiming_since(
+    node_id: str, now: datetime, dead_after: timedelta, *, using: str = "default"
+) -> datetime | None:
+    """The earliest ``claiming_since`` of the other live nodes: since when, as far as they
+    know, some beat has been claiming without a break."""
+    value: datetime | None = (
+        BeatNode.objects.using(using)
+        .filter(stopped_at__isnull=True, last_heartbeat_at__gte=now - dead_after,
+                claiming_paused_reason="")
+        .exclude(node_id=node_id)
+        .aggregate(since=Min("claiming_since"))["since"]
+    )
+    return value

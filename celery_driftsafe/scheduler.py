@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import random
 import select
@@ -43,6 +44,11 @@ logger = logging.getLogger(__name__)
 #: Shortest wait when something looks due but this beat could not claim it (another beat
 #: holds the row), so a beat never spins.
 MIN_WAIT = 0.01
+#: A beat whose rounds stop for longer than this (or three loop intervals) starts a new stretch
+#: of claiming: slots that fell due meanwhile were missed, not late (see misfire).
+CONTINUITY_GAP_SECONDS = 5.0
+#: The "beats are saturated" warning is repeated at most this often.
+SATURATION_LOG_SECONDS = 30.0
 _OUTAGE_ERRORS = (DatabaseError, InterfaceError, ClockError)
 
 
@@ -162,6 +168,13 @@ class DriftSafeScheduler(Scheduler):
         self._backoff = 0.0
         self._next_heartbeat = 0.0
         self._next_recovery = 0.0
+        #: Since when (authority time) this beat has been claiming without a break, and when
+        #: (monotonic) its last round ended; see :meth:`_note_continuity`.
+        self._claiming_since: datetime | None = None
+        self._last_round_end: float | None = None
+        self._others_since: datetime | None = None
+        self._lag: float | None = None
+        self._saturation_logged = -math.inf
         report = self._start_up()
         logger.info(
             "driftsafe node %s up (authority %s): beat_schedule %d created, %d updated, "
@@ -335,12 +348,16 @@ class DriftSafeScheduler(Scheduler):
         """Claim and publish what is due; return the seconds to wait before the next round."""
         self.rounds += 1
         mono = self.clock.monotonic()
+        if self._note_continuity(mono):
+            self._next_heartbeat = 0.0  # learn afresh what the other nodes did meanwhile
         if mono >= self._next_heartbeat:
             self._heartbeat()
             self._next_heartbeat = mono + self.settings.heartbeat_interval_seconds
         if self._paused_reason:
             return self.settings.max_loop_interval_seconds
         reading = Reading(self.authority.read(), self.clock.monotonic())
+        if self._claiming_since is None:
+            self._claiming_since = reading.at
         if mono >= self._next_recovery:
             nodes.mark_dead(
                 reading.at, timedelta(seconds=self.settings.node_dead_after_seconds),
@@ -354,12 +371,29 @@ class DriftSafeScheduler(Scheduler):
             )
             self.dispatcher.dispatch(stale)
             self._next_recovery = mono + min(self.settings.lease_seconds / 2, 5.0)
-        result = self.claimer.claim(reading.at, self.node_id)
+        busy_since = self._claiming_since
+        if self._others_since is not None and self._others_since < busy_since:
+            busy_since = self._others_since
+        result = self.claimer.claim(reading.at, self.node_id, busy_since=busy_since)
         self.dispatcher.dispatch(result.runs)
-        self._log_round(result)
+        self._log_round(result, reading.at)
+        self._last_round_end = self.clock.monotonic()
         if result.tasks_seen >= getattr(self.claimer, "batch_size", 0):
             return 0.0  # a full batch: more may be due right now
         return self._wait_after(reading, claimed=bool(result.tasks_seen))
+
+    def _note_continuity(self, mono: float) -> bool:
+        """Whether this beat's claiming was broken since its last round (it was paused, the
+        database was away, a round failed): then it starts a new stretch. Between two rounds of
+        a working beat lies at most ``MAX_LOOP_INTERVAL_SECONDS``."""
+        if self._last_round_end is None:
+            return self._claiming_since is None
+        gap = mono - self._last_round_end
+        if gap <= max(3 * self.settings.max_loop_interval_seconds, CONTINUITY_GAP_SECONDS):
+            return False
+        self._claiming_since = None
+        self._last_round_end = None
+        return True
 
     def _wait_after(self, reading: Reading, *, claimed: bool) -> float:
         next_due = self.next_due()
@@ -383,12 +417,28 @@ class DriftSafeScheduler(Scheduler):
         )
         return value
 
-    def _log_round(self, result: ClaimResult) -> None:
+    def _log_round(self, result: ClaimResult, now: datetime) -> None:
         if result.runs or result.missed or result.disabled:
             logger.info(
                 "claimed %d runs (%d missed, %d tasks disabled)", len(result.runs),
                 result.missed, len(result.disabled),
                 extra={"action": "claim", "node": self.node_id},
+            )
+        if result.oldest_slot is None:
+            if not result.tasks_seen:
+                self._lag = 0.0
+            return
+        lag = (now - result.oldest_slot).total_seconds()
+        self._lag = max(lag, self._lag or 0.0)
+        grace = self.settings.misfire_grace_seconds
+        mono = self.clock.monotonic()
+        if lag > grace and mono - self._saturation_logged >= SATURATION_LOG_SECONDS:
+            self._saturation_logged = mono
+            logger.warning(
+                "the beats are saturated: this round fired slots %.1f s after they fell due "
+                "(misfire grace %g s); %d fired late instead of missed, %d recorded missed. "
+                "Add beats or spread the schedule", lag, grace, result.late_from_load,
+                result.missed, extra={"action": "saturated", "node": self.node_id},
             )
 
     # -- clock and heartbeat ----------------------------------------------------------------
@@ -422,8 +472,15 @@ class DriftSafeScheduler(Scheduler):
     def _heartbeat(self) -> None:
         self._check_clock()
         sample = self.clock.last_sample if isinstance(self.clock, AuthorityClock) else None
+        now = self.clock.now()
         alive = nodes.heartbeat(
-            self.node_id, self.clock.now(), sample, paused_reason=self._paused_reason,
+            self.node_id, now, sample, paused_reason=self._paused_reason,
+            claiming_since=None if self._paused_reason else self._claiming_since,
+            lag_seconds=self._lag, using=self.using,
+        )
+        self._lag = None
+        self._others_since = nodes.others_claiming_since(
+            self.node_id, now, timedelta(seconds=self.settings.node_dead_after_seconds),
             using=self.using,
         )
         if not alive:

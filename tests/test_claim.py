@@ -103,6 +103,34 @@ class TestClaimContract:
         statuses = Counter(Run.objects.values_list("status", flat=True))
         assert statuses == {"claimed": 1, "missed": 3}
 
+    def test_a_day_of_missed_slots_is_one_span_row(self, make_claimer) -> None:  # type: ignore[no-untyped-def]
+        """Recovering from a day down writes two rows per task (the catch-up run and one span
+        of missed slots with its first, last and count), not one row per missed slot."""
+        tasks = [interval_task(f"m{i}", 60, anchor=T0, next_slot_at=T0) for i in range(3)]
+        now = T0 + timedelta(days=1, seconds=90)  # grace 60 s: the latest slot is still on time
+        result = make_claimer().claim(now, "n")
+        assert sorted(r.slot for r in result.runs) == [T0 + timedelta(days=1, minutes=1)] * 3
+        assert result.missed == 3 * 1441
+        for task in tasks:
+            rows = Run.objects.filter(periodic_task=task)
+            assert rows.count() == 2
+            span = rows.get(status="missed")
+            assert (span.slot, span.missed_until, span.missed_count) == (
+                T0, T0 + timedelta(days=1), 1441)
+            assert "1441 slots from" in span.error
+
+    def test_a_slot_late_because_the_beats_were_busy_fires(self, make_claimer) -> None:  # type: ignore[no-untyped-def]
+        interval_task("late", 60, anchor=T0, next_slot_at=T0, misfire_policy="skip",
+                      misfire_grace_seconds=5)
+        now = T0 + timedelta(seconds=50)
+        result = make_claimer().claim(now, "n", busy_since=T0 - timedelta(seconds=10))
+        assert [r.slot for r in result.runs] == [T0] and result.late_from_load == 1
+        assert result.missed == 0 and result.oldest_slot == T0
+        interval_task("down", 60, anchor=T0, next_slot_at=T0, misfire_policy="skip",
+                      misfire_grace_seconds=5)
+        result = make_claimer().claim(now, "n", busy_since=T0 + timedelta(seconds=20))
+        assert result.runs == [] and result.missed == 1
+
     def test_race_many_threads_one_winner_per_slot(self, make_claimer) -> None:  # type: ignore[no-untyped-def]
         tasks = [interval_task(f"t{i}", 5, anchor=T0, next_slot_at=T0) for i in range(30)]
         barrier = threading.Barrier(6)

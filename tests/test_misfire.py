@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from celery_driftsafe.misfire import plan_claim
+from celery_driftsafe.misfire import MissedSpan, plan_claim
 from celery_driftsafe.slots import Crontab, Interval
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
@@ -35,66 +35,109 @@ def test_late_slots_within_grace_all_fire() -> None:
 
 
 @pytest.mark.parametrize("policy", ["fire_once", "fire_all", "skip"])
-def test_one_day_outage_of_one_second_task(policy: str) -> None:
+def test_one_day_outage_of_one_second_task_is_one_span(policy: str) -> None:
     """After a day down, on-time slots (the last 60 s) fire under every policy; the policy
-    decides the 86,340 older ones, and rows are bounded by ``record_max``."""
+    decides the 86,340 older ones, and the ones that do not fire are one span row."""
     now = T0 + DAY
-    plan = plan_claim(
-        EVERY_SECOND, T0, now, policy=policy, grace=GRACE, fire_all_max=100, record_max=1000
-    )
+    plan = plan_claim(EVERY_SECOND, T0, now, policy=policy, grace=GRACE, fire_all_max=100)
     on_time = [now - timedelta(seconds=s) for s in range(60, -1, -1)]
     missed_total = 86_400 - 60  # slots in [T0, now - 60 s)
     assert plan.fire[-61:] == on_time
     assert plan.next_slot == now + timedelta(seconds=1)
+    fired_missed = 100 if policy == "fire_all" else 0  # fire_once: on-time slots fire anyway
+    assert len(plan.fire) == 61 + fired_missed
     if policy == "fire_all":
-        assert len(plan.fire) == 61 + 100
         assert plan.fire[:100] == [now - GRACE - timedelta(seconds=s) for s in range(100, 0, -1)]
-        recorded = 1000 - 100
-    else:
-        assert len(plan.fire) == 61  # fire_once: on-time slots already are the one firing
-        recorded = 1000
-    assert len(plan.missed) == recorded
-    assert plan.missed[-1] == plan.fire[0] - timedelta(seconds=1)  # no gap, no overlap
-    assert plan.unrecorded_missed == (T0, missed_total - 1000)
+    assert plan.missed == []
+    span = plan.missed_span
+    assert span is not None
+    assert span.first == T0 and span.last == plan.fire[0] - timedelta(seconds=1)  # no gap
     # every slot in the outage is accounted for exactly once
-    fired_missed = len([s for s in plan.fire if s < now - GRACE])
-    assert fired_missed + len(plan.missed) + plan.unrecorded_missed[1] == missed_total
+    assert span.count == missed_total - fired_missed == plan.missed_count
+
+
+def test_a_few_missed_slots_get_a_row_each() -> None:
+    hourly = Interval(timedelta(hours=1), T0)
+    now = T0 + timedelta(hours=3, minutes=30)
+    plan = plan_claim(hourly, T0, now, policy="fire_once", grace=GRACE, record_max=3)
+    assert plan.fire == [T0 + timedelta(hours=3)]
+    assert plan.missed == [T0 + timedelta(hours=h) for h in range(3)]
+    assert plan.missed_span is None
 
 
 def test_fire_once_fires_latest_missed_when_nothing_is_on_time() -> None:
     hourly = Interval(timedelta(hours=1), T0)
     now = T0 + timedelta(hours=5, minutes=30)
-    plan = plan_claim(hourly, T0, now, policy="fire_once", grace=GRACE)
+    plan = plan_claim(hourly, T0, now, policy="fire_once", grace=GRACE, record_max=10)
     assert plan.fire == [T0 + timedelta(hours=5)]
     assert plan.missed == [T0 + timedelta(hours=h) for h in range(5)]
-    assert plan.unrecorded_missed is None
+    assert plan.missed_span is None
     assert plan.next_slot == T0 + timedelta(hours=6)
+    spanned = plan_claim(hourly, T0, now, policy="fire_once", grace=GRACE, record_max=3)
+    assert spanned.fire == plan.fire and spanned.missed == []
+    assert spanned.missed_span == MissedSpan(T0, T0 + timedelta(hours=4), 5)
 
 
 def test_skip_fires_nothing_missed() -> None:
     hourly = Interval(timedelta(hours=1), T0)
     now = T0 + timedelta(hours=5, minutes=30)
-    plan = plan_claim(hourly, T0, now, policy="skip", grace=GRACE)
+    plan = plan_claim(hourly, T0, now, policy="skip", grace=GRACE, record_max=10)
     assert plan.fire == []
     assert len(plan.missed) == 6
     assert plan.next_slot == T0 + timedelta(hours=6)
+    spanned = plan_claim(hourly, T0, now, policy="skip", grace=GRACE)
+    assert spanned.missed_span == MissedSpan(T0, T0 + timedelta(hours=5), 6)
 
 
 def test_fire_all_is_bounded() -> None:
     hourly = Interval(timedelta(hours=1), T0)
     now = T0 + timedelta(hours=5, minutes=30)
-    plan = plan_claim(hourly, T0, now, policy="fire_all", grace=GRACE, fire_all_max=2)
+    plan = plan_claim(hourly, T0, now, policy="fire_all", grace=GRACE, fire_all_max=2,
+                      record_max=10)
     assert plan.fire == [T0 + timedelta(hours=4), T0 + timedelta(hours=5)]
     assert plan.missed == [T0 + timedelta(hours=h) for h in range(4)]
+    spanned = plan_claim(hourly, T0, now, policy="fire_all", grace=GRACE, fire_all_max=2)
+    assert spanned.fire == plan.fire
+    assert spanned.missed_span == MissedSpan(T0, T0 + timedelta(hours=3), 4)
 
 
-def test_crontab_outage_counts_by_walking() -> None:
+def test_crontab_outage_is_counted_into_one_span() -> None:
     every_minute = Crontab.from_expression("* * * * *", "Europe/Berlin")
     now = T0 + timedelta(hours=3)
-    plan = plan_claim(every_minute, T0, now, policy="fire_once", grace=GRACE, record_max=10)
+    plan = plan_claim(every_minute, T0, now, policy="fire_once", grace=GRACE)
     assert plan.fire == [now - timedelta(minutes=1), now]
-    assert len(plan.missed) == 10
-    assert plan.unrecorded_missed == (T0, 179 - 10)
+    assert plan.missed == []
+    assert plan.missed_span == MissedSpan(T0, now - timedelta(minutes=2), 179)
+
+
+@pytest.mark.parametrize("policy", ["fire_once", "fire_all", "skip"])
+def test_a_slot_late_from_load_fires_under_every_policy(policy: str) -> None:
+    """The beats have been claiming without a break since before the slot fell due: its only
+    due slot is late because of a backlog, not missed, however far past the grace."""
+    minutely = Interval(timedelta(minutes=1), T0)
+    now = T0 + timedelta(seconds=59)
+    plan = plan_claim(minutely, T0, now, policy=policy, grace=timedelta(seconds=10),
+                      busy_since=T0 - timedelta(seconds=1))
+    assert plan.fire == [T0] and plan.late_from_load
+    assert plan.missed == [] and plan.missed_span is None
+    assert plan.next_slot == T0 + timedelta(minutes=1)
+
+
+def test_a_task_a_whole_period_behind_gets_its_policy_even_when_busy() -> None:
+    minutely = Interval(timedelta(minutes=1), T0)
+    now = T0 + timedelta(seconds=61)
+    plan = plan_claim(minutely, T0, now, policy="skip", grace=timedelta(seconds=10),
+                      busy_since=T0 - timedelta(seconds=1))
+    assert not plan.late_from_load
+    assert plan.fire == [T0 + timedelta(minutes=1)] and plan.missed == [T0]
+
+
+def test_a_slot_that_fell_due_before_the_beats_were_busy_is_missed() -> None:
+    minutely = Interval(timedelta(minutes=1), T0)
+    now = T0 + timedelta(seconds=59)
+    plan = plan_claim(minutely, T0, now, policy="skip", grace=timedelta(seconds=10),
+                      busy_since=T0 + timedelta(seconds=30))
+    assert not plan.late_from_load and plan.fire == [] and plan.missed == [T0]
 
 
 def test_unknown_policy_is_rejected() -> None:

@@ -383,10 +383,10 @@ def test_an_unexpected_error_in_a_round_is_logged_once_and_the_beat_carries_on(
     real_claim = scheduler.claimer.claim
     failures = iter([True, True, False])
 
-    def sometimes_broken(now: datetime, node_id: str) -> Any:
+    def sometimes_broken(now: datetime, node_id: str, busy_since: datetime | None = None) -> Any:
         if next(failures):
             raise RuntimeError("a bug nobody foresaw")
-        return real_claim(now, node_id)
+        return real_claim(now, node_id, busy_since)
 
     monkeypatch.setattr(scheduler.claimer, "claim", sometimes_broken)
     waits = [scheduler._guarded_round() for _ in range(3)]  # what tick() does, minus the wait

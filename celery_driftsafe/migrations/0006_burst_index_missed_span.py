@@ -36,5 +36,15 @@ class Migration(migrations.Migration):
             model_name='periodictask',
             index=models.Index(fields=['enabled', 'next_slot_at', 'id'], name='driftsafe_task_due_id'),
         ),
+        migrations.AddField(
+            model_name='beatnode',
+            name='claiming_since',
+            field=models.DateTimeField(blank=True, help_text='Since when this node has been claiming without a break (authority time). A slot that fell due since then, while any node was claiming, is late rather than missed.', null=True),
+        ),
+        migrations.AddField(
+            model_name='beatnode',
+            name='lag_seconds',
+            field=models.FloatField(blank=True, help_text="How long after its slot the oldest run of this node's recent claim rounds fired: above the misfire grace, the beats are saturated.", null=True),
+        ),
         migrations.RunPython(missed_count_database_default, migrations.RunPython.noop),
     ]
