@@ -262,3 +262,66 @@ def test_lost_pool_process_without_reject_on_worker_lost_is_recorded_failed(
     finally:
         run.close()
 
+
+
+@pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
+def test_revoke_terminate_stops_a_running_body_in_a_prefork_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``revoke(terminate=True)`` while the body runs in a prefork pool process: the worker's
+    main process (free while the body runs, unlike a solo worker's) kills the body, records
+    the run ``revoked`` and stores ``REVOKED``. A copy delivered later to a worker that never
+    heard of the revoke (a worker keeps revoked ids in memory) is dropped by the ledger."""
+    import os
+
+    import redis
+
+    run = _results_run(tmp_path, monkeypatch, lease=2.0)
+    try:
+        first = run.start_worker("w1", pool="prefork")
+        made = run.tool("make_run", {"task": "e2e.phased"})
+        task_id = made["celery_task_id"]
+        app = _send(run, made, "e2e.phased", ["revoked", 20.0])
+        _wait(lambda: run.executions(), 20, "the body to begin", run)
+        started = _status(run, made)
+        assert started["status"] == "started"
+        body_pid = run.executions()[0]["pid"]
+        replies = app.control.revoke(task_id, terminate=True, reply=True, limit=1, timeout=10)
+        assert replies == [{"w1@e2e": {"ok": f"terminate: {task_id}"}}]
+        _wait(lambda: _status(run, made)["status"] == "revoked", 10, "the run revoked", run)
+        revoked = _status(run, made)
+        print(f"\nafter revoke(terminate=True): {revoked}")
+        assert revoked["error"] == "revoked: terminated by a revoke"
+        assert revoked["fencing_token"] == started["fencing_token"]
+        assert app.AsyncResult(task_id).state == "REVOKED"
+
+        def body_gone() -> bool:
+            try:
+                os.kill(body_pid, 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        _wait(body_gone, 10, "the body's pool process to end", run)
+        # The killed holder could not release the run's lock: it lapses with the lease (2 s).
+        # The run is finished, so whoever takes the lock next can only drop a copy.
+        lock = f"{run.env['DRIFTSAFE_E2E_PREFIX']}:lock:run:{made['id']}"
+        keys = redis.Redis.from_url(run.env["DRIFTSAFE_E2E_REDIS"])
+        _wait(lambda: not keys.exists(lock), 10, "the dead holder's lease to lapse", run)
+        keys.close()
+        # A copy of the message reaching a worker that missed the revoke: w1 is restarted
+        # (a worker's revoked ids live in its memory), and w2 knows nothing of it.
+        first.process.terminate()
+        first.process.wait(timeout=30)
+        second = run.start_worker("w2")
+        _wait(lambda: "ready." in second.log.read_text(), 20, "w2 to be ready", run)
+        _send(run, made, "e2e.phased", ["copy", 0.0]).close()
+        _wait(lambda: _status(run, made)["duplicates"] == 1, 20, "the copy dropped", run)
+        final = _status(run, made)
+        assert final == {**revoked, "duplicates": 1}
+        assert [(e["marker"], e["phase"]) for e in run.executions()] == [("revoked", "begin")]
+        assert app.AsyncResult(task_id).state == "REVOKED"
+        assert "Traceback" not in run.logs()
+        app.close()
+    finally:
+        run.close()
