@@ -125,39 +125,79 @@ def test_worker_killed_mid_run_is_retried_not_lost_not_doubled(tmp_path: Path) -
         run.close()
 
 
-def test_overlap_skip_with_a_task_slower_than_its_interval(tmp_path: Path) -> None:
-    """A beat fires a 1-second task whose body takes 2.5 s, to two workers: with overlap
-    policy 'skip' no two runs overlap, and the slots that came while one ran are recorded
-    skipped."""
+@pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
+def test_real_beat_overlap_skip_and_a_retrying_scheduled_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One real beat, two workers, two periodic tasks (one beat and its workers for both, to
+    keep the suite short):
+
+    * a 1-second task whose body takes 2.5 s, with overlap policy 'skip': no two runs
+      overlap, and the slots that came while one ran are recorded skipped;
+    * a 3-second task whose body calls ``self.retry(countdown=1)`` on its first attempt: per
+      slot the body runs twice (attempt 0, then 1), the run ends ``succeeded`` at attempt 1
+      with its first attempt recorded, and the result backend holds the body's return.
+    """
     from datetime import datetime, timedelta
 
     from tests.e2e.harness import real_now
 
-    run = E2ERun(BACKEND, tmp_path, lease=5.0)
+    run = _results_run(tmp_path, monkeypatch, lease=5.0)
     try:
         start = real_now() + timedelta(seconds=6)
         run.seed([{"name": "slow", "task": "e2e.work", "args": ["slow", 2.5],
                    "schedule_kind": "interval", "interval_every": 1,
-                   "interval_unit": "seconds", "overlap_policy": "skip"}], start)
+                   "interval_unit": "seconds", "overlap_policy": "skip"},
+                  {"name": "retry-once", "task": "e2e.retry_once", "args": ["retry"],
+                   "schedule_kind": "interval", "interval_every": 3,
+                   "interval_unit": "seconds"}], start)
         run.start_worker("w1")
         run.start_worker("w2")
         run.start_beat(0.0)
         time.sleep(6 + 10)
         run.stop()
-        time.sleep(4)  # the last run finishes
-        runs = run.tool("dump")["runs"]
+
+        def all_final() -> list[dict[str, Any]] | None:
+            runs: list[dict[str, Any]] = run.tool("dump")["runs"]
+            waiting = {"claimed", "dispatched", "started", "retrying"}
+            return runs if not any(r["status"] in waiting for r in runs) else None
+
+        runs = _wait(all_final, 30, "every run to end", run)  # the last slow run, retries
+        ids = {t["name"]: t["id"] for t in run.tool("dump")["tasks"]}
+        executions = run.executions()
+
+        slow = [r for r in runs if r["task_id"] == ids["slow"]]
         ran = sorted(
             (datetime.fromisoformat(r["started"]), datetime.fromisoformat(r["finished"]))
-            for r in runs if r["status"] == "succeeded"
+            for r in slow if r["status"] == "succeeded"
         )
-        skipped = [r for r in runs if r["status"] == "skipped"]
+        skipped = [r for r in slow if r["status"] == "skipped"]
         print(f"\n{len(ran)} runs executed, {len(skipped)} slots skipped")
         assert len(ran) >= 3
         assert len(skipped) >= 5
         assert all("still running" in r["error"] for r in skipped)
         for (_, finished), (started, _) in itertools.pairwise(ran):
             assert started >= finished, f"runs overlap: {started} < {finished}"
-        assert len(run.executions()) == len(ran)
+        assert len([e for e in executions if e["marker"] == "slow"]) == len(ran)
+
+        retried = [r for r in runs if r["task_id"] == ids["retry-once"]]
+        print(f"retrying task: {len(retried)} slots: "
+              f"{[(r['slot'], r['status'], r['attempt_rows']) for r in retried]}")
+        assert len(retried) >= 3
+        app = run.publisher()
+        app.conf.result_backend = run.env["DRIFTSAFE_E2E_RESULTS"]
+        for row in retried:
+            bodies = [e for e in executions if e["marker"] == "retry" and e["run"] == row["id"]]
+            assert [e["retries"] for e in bodies] == [0, 1], f"slot {row['slot']}: {bodies}"
+            assert {datetime.fromisoformat(e["slot"]) for e in bodies} == {
+                datetime.fromisoformat(row["slot"])}
+            assert row["status"] == "succeeded", row
+            assert row["attempt"] == 1
+            assert row["attempt_rows"] == [[0, "retrying"], [1, "succeeded"]]
+            assert app.AsyncResult(row["celery_task_id"]).get(timeout=5) == (
+                f"retry:{bodies[0]['slot']}:1")
+        assert len([e for e in executions if e["marker"] == "retry"]) == 2 * len(retried)
+        app.close()
     finally:
         run.close()
 
@@ -262,3 +302,66 @@ def test_lost_pool_process_without_reject_on_worker_lost_is_recorded_failed(
     finally:
         run.close()
 
+
+
+@pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
+def test_revoke_terminate_stops_a_running_body_in_a_prefork_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``revoke(terminate=True)`` while the body runs in a prefork pool process: the worker's
+    main process (free while the body runs, unlike a solo worker's) kills the body, records
+    the run ``revoked`` and stores ``REVOKED``. A copy delivered later to a worker that never
+    heard of the revoke (a worker keeps revoked ids in memory) is dropped by the ledger."""
+    import os
+
+    import redis
+
+    run = _results_run(tmp_path, monkeypatch, lease=2.0)
+    try:
+        first = run.start_worker("w1", pool="prefork")
+        made = run.tool("make_run", {"task": "e2e.phased"})
+        task_id = made["celery_task_id"]
+        app = _send(run, made, "e2e.phased", ["revoked", 20.0])
+        _wait(lambda: run.executions(), 20, "the body to begin", run)
+        started = _status(run, made)
+        assert started["status"] == "started"
+        body_pid = run.executions()[0]["pid"]
+        replies = app.control.revoke(task_id, terminate=True, reply=True, limit=1, timeout=10)
+        assert replies == [{"w1@e2e": {"ok": f"terminate: {task_id}"}}]
+        _wait(lambda: _status(run, made)["status"] == "revoked", 10, "the run revoked", run)
+        revoked = _status(run, made)
+        print(f"\nafter revoke(terminate=True): {revoked}")
+        assert revoked["error"] == "revoked: terminated by a revoke"
+        assert revoked["fencing_token"] == started["fencing_token"]
+        assert app.AsyncResult(task_id).state == "REVOKED"
+
+        def body_gone() -> bool:
+            try:
+                os.kill(body_pid, 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        _wait(body_gone, 10, "the body's pool process to end", run)
+        # The killed holder could not release the run's lock: it lapses with the lease (2 s).
+        # The run is finished, so whoever takes the lock next can only drop a copy.
+        lock = f"{run.env['DRIFTSAFE_E2E_PREFIX']}:lock:run:{made['id']}"
+        keys = redis.Redis.from_url(run.env["DRIFTSAFE_E2E_REDIS"])
+        _wait(lambda: not keys.exists(lock), 10, "the dead holder's lease to lapse", run)
+        keys.close()
+        # A copy of the message reaching a worker that missed the revoke: w1 is restarted
+        # (a worker's revoked ids live in its memory), and w2 knows nothing of it.
+        first.process.terminate()
+        first.process.wait(timeout=30)
+        second = run.start_worker("w2")
+        _wait(lambda: "ready." in second.log.read_text(), 20, "w2 to be ready", run)
+        _send(run, made, "e2e.phased", ["copy", 0.0]).close()
+        _wait(lambda: _status(run, made)["duplicates"] == 1, 20, "the copy dropped", run)
+        final = _status(run, made)
+        assert final == {**revoked, "duplicates": 1}
+        assert [(e["marker"], e["phase"]) for e in run.executions()] == [("revoked", "begin")]
+        assert app.AsyncResult(task_id).state == "REVOKED"
+        assert "Traceback" not in run.logs()
+        app.close()
+    finally:
+        run.close()

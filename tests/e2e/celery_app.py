@@ -70,6 +70,28 @@ def flaky(self: Any, marker: str, fail_times: int) -> str:
     return f"{marker}:{self.request.retries}"
 
 
+@app.task(name="e2e.phased", base=DriftSafeTask, acks_late=True, reject_on_worker_lost=True)
+def phased(marker: str, seconds: float) -> str:
+    """Records when its body begins and when it ends (a revoke can stop it in between)."""
+    _executed(marker, phase="begin")
+    time.sleep(seconds)
+    _executed(marker, phase="end")
+    return marker
+
+
+@app.task(name="e2e.retry_once", base=DriftSafeTask, bind=True, acks_late=True,
+          reject_on_worker_lost=True)
+def retry_once(self: Any, marker: str) -> str:
+    """A scheduled body that retries its first attempt (``countdown=1``); records every
+    attempt with its run, slot and retry count."""
+    slot = self.request.driftsafe_slot
+    _executed(marker, run=self.request.driftsafe_run_id, slot=slot,
+              retries=self.request.retries)
+    if self.request.retries == 0:
+        raise self.retry(countdown=1, max_retries=1)
+    return f"{marker}:{slot}:{self.request.retries}"
+
+
 @app.task(name="e2e.soft_limited", base=DriftSafeTask, acks_late=True,
           reject_on_worker_lost=True, soft_time_limit=1, time_limit=30)
 def soft_limited(marker: str, seconds: float) -> str:

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from datetime import datetime
+from typing import Any
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.e2e.settings")
 
@@ -22,7 +23,7 @@ def main(command: str) -> None:
     django.setup()
     from django.core.management import call_command
 
-    from celery_driftsafe.models import BeatNode, PeriodicTask, Run
+    from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunAttempt
 
     if command == "migrate":
         call_command("migrate", verbosity=0, interactive=False)
@@ -100,11 +101,16 @@ def main(command: str) -> None:
              "enabled": t.enabled, "disabled_reason": t.disabled_reason}
             for t in PeriodicTask.objects.all()
         ]
+        attempt_rows: dict[int, list[list[Any]]] = {}
+        for a in RunAttempt.objects.order_by("run_id", "number"):
+            attempt_rows.setdefault(a.run_id, []).append([a.number, a.outcome])
         runs = [
             {"task_id": r.periodic_task_id, "slot": iso(r.slot), "status": r.status,
              "celery_task_id": r.celery_task_id, "attempts": r.dispatch_attempts,
              "claimed_by": r.claimed_by, "started": iso(r.started_at),
-             "finished": iso(r.finished_at), "error": r.error}
+             "finished": iso(r.finished_at), "error": r.error, "id": r.pk,
+             "attempt": r.attempt,
+             "attempt_rows": attempt_rows.get(r.pk, [])}
             for r in Run.objects.all()
         ]
         nodes = [
