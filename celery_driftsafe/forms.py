@@ -9,7 +9,9 @@ Each problem is reported on the field at fault, all at once (not the first one o
 * ``crontab_*`` — each field parsed on its own, so two bad fields give two errors, then the
   combination (``0 0 31 2 *`` never fires) on ``crontab_day_of_month``;
 * ``timezone`` — an IANA zone name;
-* ``one_off_at`` — required for a one-off task.
+* ``one_off_at`` — required for a one-off task;
+* ``solar_event`` / ``solar_latitude`` / ``solar_longitude`` — an event, a latitude from -90 to
+  90 and a longitude from -180 to 180 (solar tasks).
 
 Saving goes through the model's ``save()``, so :mod:`celery_driftsafe.changes` recomputes the
 next slot once and wakes the beats.
@@ -29,7 +31,7 @@ from django.utils.safestring import SafeString
 from celery_driftsafe.exceptions import ScheduleError
 from celery_driftsafe.manual import get_celery_app, registered_task_names
 from celery_driftsafe.models import PeriodicTask, ScheduleKind
-from celery_driftsafe.slots import Crontab
+from celery_driftsafe.slots import Crontab, Solar
 
 #: Form field -> the :class:`Crontab` argument it holds.
 CRONTAB_FIELDS = {
@@ -89,7 +91,8 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             "name", "task", "args", "kwargs", "enabled", "disabled_reason",
             "schedule_kind", "interval_every", "interval_unit", "crontab_minute", "crontab_hour",
             "crontab_day_of_month", "crontab_month_of_year", "crontab_day_of_week", "timezone",
-            "one_off_at", "misfire_policy", "misfire_grace_seconds", "overlap_policy",
+            "one_off_at", "solar_event", "solar_latitude", "solar_longitude",
+            "misfire_policy", "misfire_grace_seconds", "overlap_policy",
             "queue", "exchange", "routing_key", "priority", "expires_seconds", "headers",
         ]
         widgets = {
@@ -181,7 +184,28 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         elif (kind == ScheduleKind.ONE_OFF and data.get("one_off_at") is None
               and "one_off_at" not in self.errors):
             self.add_error("one_off_at", "A one-off task needs the instant it runs at.")
+        elif kind == ScheduleKind.SOLAR:
+            self._clean_solar(data)
         return data
+
+    def _clean_solar(self, data: dict[str, Any]) -> None:
+        missing = {
+            "solar_event": "A solar task needs the event it runs at, such as sunset.",
+            "solar_latitude": "A solar task needs a latitude (degrees north, -90 to 90).",
+            "solar_longitude": "A solar task needs a longitude (degrees east, -180 to 180).",
+        }
+        for field, message in missing.items():
+            if field not in self.errors and data.get(field) in (None, ""):
+                self.add_error(field, message)
+        # Each coordinate on its own (the event is a choice: the form field checks it).
+        for field, place in (("solar_latitude", (data.get("solar_latitude"), 0)),
+                             ("solar_longitude", (0, data.get("solar_longitude")))):
+            if field in self.errors:
+                continue
+            try:
+                Solar("solar_noon", *place)
+            except ScheduleError as exc:
+                self.add_error(field, _message(exc))
 
     def _clean_crontab(self, data: dict[str, Any]) -> None:
         bad = False
