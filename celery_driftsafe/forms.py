@@ -6,8 +6,9 @@ Each problem is reported on the field at fault, all at once (not the first one o
   (:func:`celery_driftsafe.manual.get_celery_app`);
 * ``args`` / ``kwargs`` / ``headers`` — a JSON list, object and object;
 * ``interval_every`` — a positive whole number (interval tasks);
-* ``crontab_*`` — each field parsed on its own, so two bad fields give two errors, then the
-  combination (``0 0 31 2 *`` never fires) on ``crontab_day_of_month``;
+* ``crontab_*`` — each field parsed on its own (``crontab_second`` is optional: empty means
+  0), so two bad fields give two errors, then the combination (``0 0 31 2 *`` never fires)
+  on ``crontab_day_of_month``;
 * ``timezone`` — an IANA zone name;
 * ``one_off_at`` — required for a one-off task;
 * ``solar_event`` / ``solar_latitude`` / ``solar_longitude`` — an event, a latitude from -90 to
@@ -35,6 +36,7 @@ from celery_driftsafe.slots import Crontab, Solar
 
 #: Form field -> the :class:`Crontab` argument it holds.
 CRONTAB_FIELDS = {
+    "crontab_second": "second",
     "crontab_minute": "minute",
     "crontab_hour": "hour",
     "crontab_day_of_month": "day_of_month",
@@ -89,8 +91,9 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         model = PeriodicTask
         fields = [
             "name", "task", "args", "kwargs", "enabled", "disabled_reason",
-            "schedule_kind", "interval_every", "interval_unit", "crontab_minute", "crontab_hour",
-            "crontab_day_of_month", "crontab_month_of_year", "crontab_day_of_week", "timezone",
+            "schedule_kind", "interval_every", "interval_unit", "crontab_second", "crontab_minute",
+            "crontab_hour", "crontab_day_of_month", "crontab_month_of_year", "crontab_day_of_week",
+            "timezone",
             "one_off_at", "solar_event", "solar_latitude", "solar_longitude",
             "misfire_policy", "misfire_grace_seconds", "overlap_policy",
             "queue", "exchange", "routing_key", "priority", "expires_seconds", "headers",
@@ -211,6 +214,8 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         bad = False
         for field, argument in CRONTAB_FIELDS.items():
             value = str(data.get(field) or "").strip()
+            if field == "crontab_second" and not value:
+                value = "0"  # optional: a five-field crontab fires at second 0
             data[field] = value
             try:
                 Crontab(**{argument: value})

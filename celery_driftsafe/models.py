@@ -127,6 +127,10 @@ class PeriodicTask(models.Model):
     interval_anchor = models.DateTimeField(
         null=True, blank=True, help_text="Slots are anchor + k * every; set once, kept forever."
     )
+    crontab_second = models.CharField(
+        max_length=180, default="0", blank=True,
+        help_text="Seconds of the minute (0-59; cron syntax). Empty: 0.",
+    )
     crontab_minute = models.CharField(max_length=240, default="*", blank=True)
     crontab_hour = models.CharField(max_length=96, default="*", blank=True)
     crontab_day_of_month = models.CharField(max_length=124, default="*", blank=True)
@@ -203,6 +207,7 @@ class PeriodicTask(models.Model):
                 month_of_year=self.crontab_month_of_year,
                 day_of_week=self.crontab_day_of_week,
                 timezone=self.timezone,
+                second=self.crontab_second or "0",
             )
         if self.schedule_kind == ScheduleKind.ONE_OFF:
             if self.one_off_at is None:
@@ -296,6 +301,7 @@ def schedule_problem(exc: ScheduleError) -> Problem:
 SCHEDULE_ERROR_FIELDS = {
     "every": "interval_every",
     "anchor": "interval_anchor",
+    "second": "crontab_second",
     "minute": "crontab_minute",
     "hour": "crontab_hour",
     "day_of_month": "crontab_day_of_month",

@@ -135,6 +135,8 @@ def test_unknown_task_name_is_refused_on_the_task_field(admin_client: Any, app: 
         ("crontab_day_of_week", "funday", "'funday' is not a number or a name"),
         ("crontab_minute", "*/0", "step 0 is not allowed"),
         ("crontab_hour", "", "is empty"),
+        ("crontab_second", "60", "60 is out of range 0-59"),
+        ("crontab_second", "*/0", "step 0 is not allowed"),
     ],
 )
 def test_invalid_crontab_field_is_refused_on_that_field(
@@ -272,6 +274,24 @@ def test_solar_fields_are_checked_each_on_its_own(
     for field, message in errors_expected.items():
         assert message in errors[field][0], errors[field]
     assert not PeriodicTask.objects.exists()
+
+
+@pytest.mark.django_db
+def test_crontab_with_seconds_can_be_added_and_empty_seconds_mean_zero(
+    admin_client: Any, app: Any
+) -> None:
+    before = changes.authority_now()
+    assert admin_client.post(ADD, form_data(name="fast", crontab_second="*/10",
+                                            crontab_minute="*")).status_code == 302
+    assert admin_client.post(ADD, form_data(name="plain", crontab_second="")).status_code == 302
+    fast = PeriodicTask.objects.get(name="fast")
+    assert fast.crontab_second == "*/10"
+    expected = Crontab.from_expression("*/10 * * * * *", "Europe/Berlin").next_after(before)
+    assert fast.next_slot_at is not None and expected is not None
+    assert expected <= fast.next_slot_at <= expected + timedelta(seconds=10)
+    assert PeriodicTask.objects.get(name="plain").crontab_second == "0"
+    listing = admin_client.get(TASKS).content.decode()
+    assert "Every 10 seconds" in listing or "every 10 seconds" in listing
 
 
 @pytest.mark.django_db
