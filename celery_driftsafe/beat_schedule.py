@@ -45,7 +45,7 @@ def _cron_field(value: Any) -> str:
 def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> dict[str, Any]:
     """The :class:`PeriodicTask` fields of one ``beat_schedule`` entry; raises ``ValueError``
     (``ScheduleError`` for schedules) naming the entry and what is wrong."""
-    from celery.schedules import crontab, schedule
+    from celery.schedules import crontab, schedule, solar
 
     if not isinstance(entry, Mapping) or "task" not in entry or "schedule" not in entry:
         raise ValueError(f"beat_schedule[{name!r}] needs 'task' and 'schedule'")
@@ -61,6 +61,11 @@ def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> 
             crontab_day_of_week=_cron_field(sched._orig_day_of_week),
             timezone=timezone,
         )
+    elif isinstance(sched, solar):
+        fields.update(
+            schedule_kind=ScheduleKind.SOLAR, solar_event=sched.event,
+            solar_latitude=float(sched.lat), solar_longitude=float(sched.lon),
+        )
     else:
         if isinstance(sched, schedule) and type(sched) is schedule:
             every = sched.run_every
@@ -72,7 +77,7 @@ def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> 
             raise ScheduleError(
                 "schedule_kind",
                 f"beat_schedule[{name!r}]: {type(sched).__name__} schedules are not supported "
-                "(use a number of seconds, a timedelta, schedule() or crontab())",
+                "(use a number of seconds, a timedelta, schedule(), crontab() or solar())",
             )
         seconds = every.total_seconds()
         if seconds <= 0 or seconds != int(seconds):

@@ -32,9 +32,10 @@ from celery_driftsafe.redis_client import channel, get_redis
 logger = logging.getLogger(__name__)
 
 SCHEDULE_FIELDS = (
-    "schedule_kind", "interval_every", "interval_unit", "interval_anchor", "crontab_minute",
-    "crontab_hour", "crontab_day_of_month", "crontab_month_of_year", "crontab_day_of_week",
-    "timezone", "one_off_at",
+    "schedule_kind", "interval_every", "interval_unit", "interval_anchor", "crontab_second",
+    "crontab_minute", "crontab_hour", "crontab_day_of_month", "crontab_month_of_year",
+    "crontab_day_of_week", "timezone", "one_off_at", "solar_event", "solar_latitude",
+    "solar_longitude",
 )
 
 

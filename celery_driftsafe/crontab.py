@@ -1,7 +1,12 @@
-"""Crontab schedules: parse a classic five-field cron expression and find its slots.
+"""Crontab schedules: parse a cron expression (five fields, or six with seconds first) and find
+its slots.
 
 Pure like :mod:`celery_driftsafe.slots`, which re-exports :class:`Crontab`: no clock, no I/O,
 standard library only (``zoneinfo`` for zones).
+
+Fields: ``second`` (optional, 0-59, default ``0``; written first in a six-field expression,
+as Quartz and Hangfire do), ``minute``, ``hour``, ``day_of_month``, ``month_of_year``,
+``day_of_week``.
 
 Syntax, per field: ``*``, numbers, ranges ``a-b``, steps ``*/n``, ``a-b/n`` and ``a/n``
 (from ``a`` to the field's maximum), comma lists, month names ``jan``-``dec`` and weekday names
@@ -41,7 +46,6 @@ __all__ = ["Crontab"]
 _US = timedelta(microseconds=1)
 _EPOCH = datetime(1, 1, 1, tzinfo=UTC)
 _DAY_US = 86_400_000_000
-_MINUTE_US = 60_000_000
 _SECOND_US = 1_000_000
 _LAST_DAY_INDEX = date.max.toordinal() - 3  # leaves room to look at the following day
 
@@ -73,6 +77,7 @@ def from_us(value: int) -> datetime | None:
 _MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 _DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 _BOUNDS: dict[str, tuple[int, int, dict[str, int]]] = {
+    "second": (0, 59, {}),
     "minute": (0, 59, {}),
     "hour": (0, 23, {}),
     "day_of_month": (1, 31, {}),
@@ -236,6 +241,8 @@ class Crontab:
     month_of_year: str = "*"
     day_of_week: str = "*"
     timezone: str = "UTC"
+    second: str = "0"
+    _seconds: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _zone: ZoneInfo = field(init=False, repr=False, compare=False)
     _minutes: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _hours: tuple[int, ...] = field(init=False, repr=False, compare=False)
@@ -271,12 +278,9 @@ class Crontab:
             next(k for k in range(7) if weekday_mask >> ((weekday + k) % 7) & 1)
             for weekday in range(7)
         )
-        times = tuple(
-            (hour * 60 + minute) * _MINUTE_US
-            for hour in parsed["hour"]
-            for minute in parsed["minute"]
-        )
+        times = _times_of_day(parsed["hour"], parsed["minute"], parsed["second"])
         for name, value in (
+            ("_seconds", parsed["second"]),
             ("_zone", zone),
             ("_minutes", parsed["minute"]),
             ("_hours", parsed["hour"]),
@@ -292,7 +296,8 @@ class Crontab:
 
     @classmethod
     def from_expression(cls, expression: str, timezone: str = "UTC") -> Crontab:
-        """Build a Crontab from ``"minute hour day_of_month month_of_year day_of_week"``.
+        """Build a Crontab from ``"minute hour day_of_month month_of_year day_of_week"``, or
+        from six fields with the seconds first (``"*/15 * * * * *"``: every 15 seconds).
 
         The macros ``@yearly``, ``@annually``, ``@monthly``, ``@weekly``, ``@daily``,
         ``@midnight`` and ``@hourly`` are accepted too. Any other number of fields raises
@@ -302,19 +307,24 @@ class Crontab:
             raise ScheduleError("expression", f"must be text, got {type(expression).__name__}")
         text = _MACROS.get(expression.strip().lower(), expression)
         fields = text.split()
+        second = "0"
+        if len(fields) == 6:
+            second, *fields = fields
         if len(fields) != 5:
             raise ScheduleError(
                 "expression",
-                f"needs 5 fields (minute hour day-of-month month day-of-week), "
-                f"got {len(fields)} in {expression!r}",
+                f"needs 5 fields (minute hour day-of-month month day-of-week), or 6 with the "
+                f"seconds first, got {len(text.split())} in {expression!r}",
             )
         minute, hour, day_of_month, month_of_year, day_of_week = fields
-        return cls(minute, hour, day_of_month, month_of_year, day_of_week, timezone)
+        return cls(minute, hour, day_of_month, month_of_year, day_of_week, timezone, second)
 
     @property
     def expression(self) -> str:
-        """The five fields joined by spaces, as written (without the time zone)."""
-        return " ".join(getattr(self, name).strip() for name in _BOUNDS)
+        """The fields joined by spaces, as written (without the time zone): five, or six with
+        the seconds first when they are not ``0``."""
+        names = [name for name in _BOUNDS if name != "second" or self.second.strip() != "0"]
+        return " ".join(getattr(self, name).strip() for name in names)
 
     # ------------------------------------------------------------------ searching
 
@@ -441,10 +451,24 @@ class Crontab:
     # ------------------------------------------------------------------ describing
 
     def describe(self) -> str:
-        """Return e.g. ``"at 02:30 (Europe/Berlin)"`` or ``"every 15 minutes (UTC)"``."""
-        minute, hour = self.minute.strip(), self.hour.strip()
+        """Return e.g. ``"at 02:30 (Europe/Berlin)"``, ``"every 15 minutes (UTC)"`` or
+        ``"every 10 seconds (UTC)"``."""
+        minute, hour, second = self.minute.strip(), self.hour.strip(), self.second.strip()
+        seconds = ""
+        if second == "*":
+            seconds = "every second"
+        elif second.startswith("*/") and 60 % len(self._seconds) == 0:
+            seconds = f"every {60 // len(self._seconds)} seconds"
+        elif second != "0":
+            seconds = f"at second {second}"
         if self._fixed_time and len(self._hours) * len(self._minutes) <= 4:
-            text = "at " + ", ".join(f"{h:02}:{m:02}" for h in self._hours for m in self._minutes)
+            single = len(self._seconds) == 1 and second != "0"
+            at_second = f":{self._seconds[0]:02}" if single else ""
+            text = "at " + ", ".join(
+                f"{h:02}:{m:02}{at_second}" for h in self._hours for m in self._minutes)
+            seconds = "" if at_second else seconds
+        elif minute == "*" and not self._fixed_time and seconds:
+            text, seconds = seconds, ""
         elif self._fixed_time:
             text = f"at minute {minute} past hour {hour}"
         elif minute == "*":
@@ -467,6 +491,8 @@ class Crontab:
             text += f" on {weekdays}"
         if self.month_of_year.strip() != "*":
             text += f" in {_runs(self._months, _MONTH_NAMES, 1)}"
+        if seconds:
+            text = f"{seconds}, {text}"
         return f"{text} ({self.timezone})"
 
 
@@ -482,6 +508,18 @@ def _runs(values: tuple[int, ...], names: tuple[str, ...], first: int) -> str:
         parts.append(low if i == j else f"{low}-{high}" if j > i + 1 else f"{low}, {high}")
         i = j + 1
     return ", ".join(parts)
+
+
+@lru_cache(maxsize=256)
+def _times_of_day(
+    hours: tuple[int, ...], minutes: tuple[int, ...], seconds: tuple[int, ...]
+) -> tuple[int, ...]:
+    """The sorted wall times (microseconds after midnight) the three fields allow; shared
+    between Crontabs (every second of a day is 86,400 of them)."""
+    return tuple(
+        (hour * 3600 + minute * 60 + second) * _SECOND_US
+        for hour in hours for minute in minutes for second in seconds
+    )
 
 
 def _month_length(year: int, month: int) -> int:

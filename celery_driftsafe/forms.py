@@ -6,10 +6,13 @@ Each problem is reported on the field at fault, all at once (not the first one o
   (:func:`celery_driftsafe.manual.get_celery_app`);
 * ``args`` / ``kwargs`` / ``headers`` — a JSON list, object and object;
 * ``interval_every`` — a positive whole number (interval tasks);
-* ``crontab_*`` — each field parsed on its own, so two bad fields give two errors, then the
-  combination (``0 0 31 2 *`` never fires) on ``crontab_day_of_month``;
+* ``crontab_*`` — each field parsed on its own (``crontab_second`` is optional: empty means
+  0), so two bad fields give two errors, then the combination (``0 0 31 2 *`` never fires)
+  on ``crontab_day_of_month``;
 * ``timezone`` — an IANA zone name;
-* ``one_off_at`` — required for a one-off task.
+* ``one_off_at`` — required for a one-off task;
+* ``solar_event`` / ``solar_latitude`` / ``solar_longitude`` — an event, a latitude from -90 to
+  90 and a longitude from -180 to 180 (solar tasks).
 
 Saving goes through the model's ``save()``, so :mod:`celery_driftsafe.changes` recomputes the
 next slot once and wakes the beats.
@@ -29,10 +32,11 @@ from django.utils.safestring import SafeString
 from celery_driftsafe.exceptions import ScheduleError
 from celery_driftsafe.manual import get_celery_app, registered_task_names
 from celery_driftsafe.models import PeriodicTask, ScheduleKind
-from celery_driftsafe.slots import Crontab
+from celery_driftsafe.slots import Crontab, Solar
 
 #: Form field -> the :class:`Crontab` argument it holds.
 CRONTAB_FIELDS = {
+    "crontab_second": "second",
     "crontab_minute": "minute",
     "crontab_hour": "hour",
     "crontab_day_of_month": "day_of_month",
@@ -87,9 +91,11 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         model = PeriodicTask
         fields = [
             "name", "task", "args", "kwargs", "enabled", "disabled_reason",
-            "schedule_kind", "interval_every", "interval_unit", "crontab_minute", "crontab_hour",
-            "crontab_day_of_month", "crontab_month_of_year", "crontab_day_of_week", "timezone",
-            "one_off_at", "misfire_policy", "misfire_grace_seconds", "overlap_policy",
+            "schedule_kind", "interval_every", "interval_unit", "crontab_second", "crontab_minute",
+            "crontab_hour", "crontab_day_of_month", "crontab_month_of_year", "crontab_day_of_week",
+            "timezone",
+            "one_off_at", "solar_event", "solar_latitude", "solar_longitude",
+            "misfire_policy", "misfire_grace_seconds", "overlap_policy",
             "queue", "exchange", "routing_key", "priority", "expires_seconds", "headers",
         ]
         widgets = {
@@ -181,12 +187,35 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         elif (kind == ScheduleKind.ONE_OFF and data.get("one_off_at") is None
               and "one_off_at" not in self.errors):
             self.add_error("one_off_at", "A one-off task needs the instant it runs at.")
+        elif kind == ScheduleKind.SOLAR:
+            self._clean_solar(data)
         return data
+
+    def _clean_solar(self, data: dict[str, Any]) -> None:
+        missing = {
+            "solar_event": "A solar task needs the event it runs at, such as sunset.",
+            "solar_latitude": "A solar task needs a latitude (degrees north, -90 to 90).",
+            "solar_longitude": "A solar task needs a longitude (degrees east, -180 to 180).",
+        }
+        for field, message in missing.items():
+            if field not in self.errors and data.get(field) in (None, ""):
+                self.add_error(field, message)
+        # Each coordinate on its own (the event is a choice: the form field checks it).
+        for field, place in (("solar_latitude", (data.get("solar_latitude"), 0)),
+                             ("solar_longitude", (0, data.get("solar_longitude")))):
+            if field in self.errors:
+                continue
+            try:
+                Solar("solar_noon", *place)
+            except ScheduleError as exc:
+                self.add_error(field, _message(exc))
 
     def _clean_crontab(self, data: dict[str, Any]) -> None:
         bad = False
         for field, argument in CRONTAB_FIELDS.items():
             value = str(data.get(field) or "").strip()
+            if field == "crontab_second" and not value:
+                value = "0"  # optional: a five-field crontab fires at second 0
             data[field] = value
             try:
                 Crontab(**{argument: value})

@@ -9,7 +9,7 @@ from django.core.exceptions import ValidationError
 from django.db import models, router, transaction
 
 from celery_driftsafe.exceptions import ScheduleError
-from celery_driftsafe.slots import Crontab, Interval, OneOff, Schedule
+from celery_driftsafe.slots import Crontab, Interval, OneOff, Schedule, Solar
 from celery_driftsafe.validation import Problem, coerce_json, json_problems, option_problems
 
 
@@ -17,6 +17,21 @@ class ScheduleKind(models.TextChoices):
     INTERVAL = "interval", "Interval"
     CRONTAB = "crontab", "Crontab"
     ONE_OFF = "one_off", "One-off"
+    SOLAR = "solar", "Solar"
+
+
+class SolarEvent(models.TextChoices):
+    """The events of ``celery.schedules.solar`` (see :mod:`celery_driftsafe.solar`)."""
+
+    DAWN_ASTRONOMICAL = "dawn_astronomical", "Astronomical dawn (sun 18° below, rising)"
+    DAWN_NAUTICAL = "dawn_nautical", "Nautical dawn (sun 12° below, rising)"
+    DAWN_CIVIL = "dawn_civil", "Civil dawn (sun 6° below, rising)"
+    SUNRISE = "sunrise", "Sunrise"
+    SOLAR_NOON = "solar_noon", "Solar noon"
+    SUNSET = "sunset", "Sunset"
+    DUSK_CIVIL = "dusk_civil", "Civil dusk (sun 6° below, setting)"
+    DUSK_NAUTICAL = "dusk_nautical", "Nautical dusk (sun 12° below, setting)"
+    DUSK_ASTRONOMICAL = "dusk_astronomical", "Astronomical dusk (sun 18° below, setting)"
 
 
 class IntervalUnit(models.TextChoices):
@@ -112,6 +127,10 @@ class PeriodicTask(models.Model):
     interval_anchor = models.DateTimeField(
         null=True, blank=True, help_text="Slots are anchor + k * every; set once, kept forever."
     )
+    crontab_second = models.CharField(
+        max_length=180, default="0", blank=True,
+        help_text="Seconds of the minute (0-59; cron syntax). Empty: 0.",
+    )
     crontab_minute = models.CharField(max_length=240, default="*", blank=True)
     crontab_hour = models.CharField(max_length=96, default="*", blank=True)
     crontab_day_of_month = models.CharField(max_length=124, default="*", blank=True)
@@ -119,6 +138,18 @@ class PeriodicTask(models.Model):
     crontab_day_of_week = models.CharField(max_length=64, default="*", blank=True)
     timezone = models.CharField(max_length=63, default="UTC", help_text="IANA zone of the crontab.")
     one_off_at = models.DateTimeField(null=True, blank=True)
+    solar_event = models.CharField(
+        max_length=24, choices=SolarEvent.choices, blank=True,
+        help_text="The sun's event the task fires at (as celery.schedules.solar defines it).",
+    )
+    solar_latitude = models.FloatField(
+        null=True, blank=True,
+        help_text="Degrees north, -90 to 90 (south is negative).",
+    )
+    solar_longitude = models.FloatField(
+        null=True, blank=True,
+        help_text="Degrees east, -180 to 180 (west is negative).",
+    )
     # State and policies.
     enabled = models.BooleanField(default=True)
     disabled_reason = models.TextField(blank=True)
@@ -176,11 +207,20 @@ class PeriodicTask(models.Model):
                 month_of_year=self.crontab_month_of_year,
                 day_of_week=self.crontab_day_of_week,
                 timezone=self.timezone,
+                second=self.crontab_second or "0",
             )
         if self.schedule_kind == ScheduleKind.ONE_OFF:
             if self.one_off_at is None:
                 raise ScheduleError("at", "a one-off task needs an instant")
             return OneOff(self.one_off_at)
+        if self.schedule_kind == ScheduleKind.SOLAR:
+            if not self.solar_event:
+                raise ScheduleError("event", "a solar task needs an event, such as 'sunset'")
+            if self.solar_latitude is None:
+                raise ScheduleError("latitude", "a solar task needs a latitude")
+            if self.solar_longitude is None:
+                raise ScheduleError("longitude", "a solar task needs a longitude")
+            return Solar(self.solar_event, self.solar_latitude, self.solar_longitude)
         raise ScheduleError("schedule_kind", f"unknown schedule kind {self.schedule_kind!r}")
 
     def coerce(self) -> None:
@@ -214,8 +254,8 @@ class PeriodicTask(models.Model):
 
     def schedule_field(self) -> str:
         """The field to blame when the schedule as a whole cannot be evaluated."""
-        return {"interval": "interval_every", "crontab": "timezone",
-                "one_off": "one_off_at"}.get(str(self.schedule_kind), "schedule_kind")
+        return {"interval": "interval_every", "crontab": "timezone", "one_off": "one_off_at",
+                "solar": "solar_event"}.get(str(self.schedule_kind), "schedule_kind")
 
     def clean(self) -> None:
         """Model validation: every problem on the field at fault."""
@@ -261,6 +301,7 @@ def schedule_problem(exc: ScheduleError) -> Problem:
 SCHEDULE_ERROR_FIELDS = {
     "every": "interval_every",
     "anchor": "interval_anchor",
+    "second": "crontab_second",
     "minute": "crontab_minute",
     "hour": "crontab_hour",
     "day_of_month": "crontab_day_of_month",
@@ -269,6 +310,9 @@ SCHEDULE_ERROR_FIELDS = {
     "timezone": "timezone",
     "expression": "crontab_minute",
     "at": "one_off_at",
+    "event": "solar_event",
+    "latitude": "solar_latitude",
+    "longitude": "solar_longitude",
     "schedule_kind": "schedule_kind",
 }
 

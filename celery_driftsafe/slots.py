@@ -10,7 +10,9 @@ Three schedules implement :class:`Schedule`:
 * :class:`Interval` -- ``anchor + k * every`` for every integer ``k``;
 * :class:`Crontab` -- a classic five-field cron expression evaluated in an IANA time zone
   (parsing and evaluation live in :mod:`celery_driftsafe.crontab`);
-* :class:`OneOff` -- a single instant.
+* :class:`OneOff` -- a single instant;
+* :class:`Solar` -- sunrise, sunset, dawn, dusk or solar noon at a latitude and longitude
+  (astronomy and day-by-day search in :mod:`celery_driftsafe.solar`).
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from celery_driftsafe.crontab import (
     to_us,
 )
 from celery_driftsafe.exceptions import ScheduleError
+from celery_driftsafe.solar import Solar
 
-__all__ = ["Crontab", "Interval", "OneOff", "Schedule"]
+__all__ = ["Crontab", "Interval", "OneOff", "Schedule", "Solar"]
 
 
 @runtime_checkable

@@ -35,3 +35,9 @@ def crontab_task(name: str, expression: str, timezone: str = "UTC", **fields: An
                          "crontab_hour": hour, "crontab_day_of_month": dom,
                          "crontab_month_of_year": month, "crontab_day_of_week": dow,
                          "timezone": timezone, **fields})
+
+
+def solar_task(name: str, event: str, latitude: float, longitude: float,
+               **fields: Any) -> PeriodicTask:
+    return _saved(name, {"schedule_kind": ScheduleKind.SOLAR, "solar_event": event,
+                         "solar_latitude": latitude, "solar_longitude": longitude, **fields})

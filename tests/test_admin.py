@@ -19,7 +19,7 @@ from celery_driftsafe import changes, manual
 from celery_driftsafe.claim import celery_task_id
 from celery_driftsafe.dispatch import HEADER_RUN_ID, HEADER_SLOT
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunKind, RunStatus
-from celery_driftsafe.slots import Crontab
+from celery_driftsafe.slots import Crontab, Solar
 from celery_driftsafe.testing import FakeClock
 from tests.conftest import drain
 from tests.factories import crontab_task, interval_task
@@ -135,6 +135,8 @@ def test_unknown_task_name_is_refused_on_the_task_field(admin_client: Any, app: 
         ("crontab_day_of_week", "funday", "'funday' is not a number or a name"),
         ("crontab_minute", "*/0", "step 0 is not allowed"),
         ("crontab_hour", "", "is empty"),
+        ("crontab_second", "60", "60 is out of range 0-59"),
+        ("crontab_second", "*/0", "step 0 is not allowed"),
     ],
 )
 def test_invalid_crontab_field_is_refused_on_that_field(
@@ -229,6 +231,67 @@ def test_interval_and_one_off_tasks_can_be_added(admin_client: Any, app: Any) ->
     assert every.next_slot_at == every.interval_anchor + timedelta(minutes=30)
     once = PeriodicTask.objects.get(name="once")
     assert once.next_slot_at == once.one_off_at == datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+@pytest.mark.django_db
+def test_solar_task_can_be_added_and_shows_its_schedule(admin_client: Any, app: Any) -> None:
+    before = changes.authority_now()
+    assert admin_client.post(ADD, form_data(
+        name="dusk", schedule_kind="solar", solar_event="sunset", solar_latitude="52.52",
+        solar_longitude="13.405",
+    )).status_code == 302
+    task = PeriodicTask.objects.get(name="dusk")
+    assert (task.solar_event, task.solar_latitude, task.solar_longitude) == (
+        "sunset", 52.52, 13.405)
+    assert task.next_slot_at == Solar("sunset", 52.52, 13.405).next_after(before)
+    listing = admin_client.get(TASKS).content.decode()
+    assert "at sunset at 52.52°N 13.405°E" in listing
+    page = admin_client.get(reverse("admin:celery_driftsafe_periodictask_change",
+                                    args=[task.pk])).content.decode()
+    assert 'name="solar_latitude"' in page and '<option value="sunset" selected>' in page
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("overrides", "errors_expected"),
+    [
+        ({}, {"solar_event": "needs the event", "solar_latitude": "needs a latitude",
+              "solar_longitude": "needs a longitude"}),
+        ({"solar_event": "noon", "solar_latitude": "95", "solar_longitude": "-181"},
+         {"solar_event": "Select a valid choice", "solar_latitude": "between -90 and 90",
+          "solar_longitude": "between -180 and 180"}),
+        ({"solar_event": "sunrise", "solar_latitude": "north", "solar_longitude": "inf"},
+         {"solar_latitude": "Enter a number", "solar_longitude": "Enter a number"}),
+        ({"solar_event": "sunrise", "solar_latitude": "-90.5", "solar_longitude": "0"},
+         {"solar_latitude": "between -90 and 90"}),
+    ],
+)
+def test_solar_fields_are_checked_each_on_its_own(
+    admin_client: Any, app: Any, overrides: dict[str, str], errors_expected: dict[str, str]
+) -> None:
+    errors = form_errors(admin_client.post(ADD, form_data(schedule_kind="solar", **overrides)))
+    assert sorted(errors) == sorted(errors_expected)
+    for field, message in errors_expected.items():
+        assert message in errors[field][0], errors[field]
+    assert not PeriodicTask.objects.exists()
+
+
+@pytest.mark.django_db
+def test_crontab_with_seconds_can_be_added_and_empty_seconds_mean_zero(
+    admin_client: Any, app: Any
+) -> None:
+    before = changes.authority_now()
+    assert admin_client.post(ADD, form_data(name="fast", crontab_second="*/10",
+                                            crontab_minute="*")).status_code == 302
+    assert admin_client.post(ADD, form_data(name="plain", crontab_second="")).status_code == 302
+    fast = PeriodicTask.objects.get(name="fast")
+    assert fast.crontab_second == "*/10"
+    expected = Crontab.from_expression("*/10 * * * * *", "Europe/Berlin").next_after(before)
+    assert fast.next_slot_at is not None and expected is not None
+    assert expected <= fast.next_slot_at <= expected + timedelta(seconds=10)
+    assert PeriodicTask.objects.get(name="plain").crontab_second == "0"
+    listing = admin_client.get(TASKS).content.decode()
+    assert "Every 10 seconds" in listing or "every 10 seconds" in listing
 
 
 @pytest.mark.django_db

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 from django.db import connection, connections
@@ -22,7 +22,8 @@ from celery_driftsafe.claim import (
     reclaim_stale,
 )
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
-from tests.factories import crontab_task, interval_task
+from celery_driftsafe.slots import Solar
+from tests.factories import crontab_task, interval_task, solar_task
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 S = timedelta(seconds=1)
@@ -94,6 +95,23 @@ class TestClaimContract:
         bad.refresh_from_db()
         assert not bad.enabled and bad.next_slot_at is None
         assert "minute" in bad.disabled_reason and "99" in bad.disabled_reason
+
+    def test_solar_task_fires_at_its_slot_and_skips_the_polar_night(self, make_claimer) -> None:  # type: ignore[no-untyped-def]
+        sunrise = Solar("sunrise", 69.6492, 18.9553)  # Tromso
+        last = sunrise.next_after(datetime(2024, 11, 26, tzinfo=UTC))
+        assert last is not None
+        task = solar_task("tromso", "sunrise", 69.6492, 18.9553, next_slot_at=last)
+        bad = solar_task("bad", "sunset", 52.5, 13.4, next_slot_at=last)
+        PeriodicTask.objects.filter(pk=bad.pk).update(solar_latitude=95)  # edited in SQL
+        assert make_claimer().claim(last - timedelta(microseconds=1), "n").runs == []
+        result = make_claimer().claim(last + S, "n")
+        assert [(r.periodic_task_id, r.slot) for r in result.runs] == [(task.pk, last)]
+        assert result.disabled == ["bad"]
+        task.refresh_from_db()
+        assert task.next_slot_at == sunrise.next_after(last)
+        assert task.next_slot_at is not None and task.next_slot_at.date() == date(2025, 1, 15)
+        bad.refresh_from_db()
+        assert not bad.enabled and "solar_latitude" in bad.disabled_reason
 
     def test_misfire_records_missed_rows(self, make_claimer) -> None:  # type: ignore[no-untyped-def]
         interval_task("hourly", 3600, anchor=T0, next_slot_at=T0, misfire_policy="fire_once")

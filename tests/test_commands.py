@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery.schedules import crontab, schedule
+from celery.schedules import crontab, schedule, solar
 from django.conf import settings
 from django.core.management import CommandError, call_command, execute_from_command_line
 from django.test import override_settings
 
 from celery_driftsafe import changes, manual
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus, TaskSource
+from celery_driftsafe.slots import Solar
 from tests.factories import interval_task
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -124,23 +125,29 @@ def test_import_beat_schedule_dry_run_then_idempotent_import(app: Any) -> None:
                      "options": {"queue": "fast"}},
         "nightly": {"task": "tests.add", "schedule": crontab(minute=30, hour=2)},
         "unknown-task": {"task": "tests.unknown", "schedule": timedelta(minutes=5)},
+        "dusk": {"task": "tests.add", "schedule": solar("dusk_civil", -33.8688, 151.2093)},
     }
     text = run("driftsafe_import", "--source", "beat_schedule", "--dry-run")
     assert "would create every-30 (beat_schedule)" in text
     assert "warning: task 'tests.unknown' is not registered" in text
-    assert "dry run, nothing written: 3 create" in text
+    assert "dry run, nothing written: 4 create" in text
     assert not PeriodicTask.objects.exists()
 
-    assert "3 create" in run("driftsafe_import", "--source", "beat_schedule")
+    assert "4 create" in run("driftsafe_import", "--source", "beat_schedule")
     every = PeriodicTask.objects.get(name="every-30")
     assert (every.interval_every, every.args, every.queue) == (30, [1, 2], "fast")
     assert every.source == TaskSource.BEAT_SCHEDULE and every.next_slot_at is not None
     nightly = PeriodicTask.objects.get(name="nightly")
     assert (nightly.crontab_minute, nightly.crontab_hour, nightly.timezone) == (
         "30", "2", "Europe/Berlin")
+    dusk = PeriodicTask.objects.get(name="dusk")
+    assert (dusk.schedule_kind, dusk.solar_event, dusk.solar_latitude, dusk.solar_longitude) == (
+        "solar", "dusk_civil", -33.8688, 151.2093)
+    assert dusk.next_slot_at is not None
+    assert dusk.schedule.first_at_or_after(dusk.next_slot_at) == dusk.next_slot_at
     state = list(PeriodicTask.objects.values_list("name", "interval_anchor", "next_slot_at"))
 
-    assert "3 unchanged" in run("driftsafe_import", "--source", "beat_schedule")
+    assert "4 unchanged" in run("driftsafe_import", "--source", "beat_schedule")
     assert list(PeriodicTask.objects.values_list("name", "interval_anchor", "next_slot_at")) == (
         state)
 
@@ -233,13 +240,13 @@ def test_import_django_celery_beat_tasks_idempotently(app: Any, celery_beat: Any
                                   one_off=True)
 
     out = io.StringIO()
-    with pytest.raises(CommandError, match="3 task"):
+    with pytest.raises(CommandError, match="2 task"):
         call_command("driftsafe_import", "--source", "django_celery_beat", "--dry-run",
                      stdout=out, no_color=True)
     text = out.getvalue()
     assert "would create poll (django_celery_beat)" in text
-    assert "solar schedules are not supported" in text and "args is not valid JSON" in text
-    assert "one_off with an interval or crontab schedule is not supported" in text
+    assert "would create dusk (django_celery_beat)" in text and "args is not valid JSON" in text
+    assert "one_off with an interval, crontab or solar schedule is not supported" in text
     assert not PeriodicTask.objects.exists()
 
     with pytest.raises(CommandError):
@@ -257,11 +264,15 @@ def test_import_django_celery_beat_tasks_idempotently(app: Any, celery_beat: Any
             morning.timezone, morning.enabled) == ("30", "7", "1-5", "Europe/Berlin", False)
     launch = PeriodicTask.objects.get(name="launch")
     assert launch.schedule_kind == "one_off" and launch.next_slot_at == when.clocked_time
-    assert PeriodicTask.objects.count() == 3
+    dusk = PeriodicTask.objects.get(name="dusk")
+    assert (dusk.schedule_kind, dusk.solar_event, dusk.solar_latitude, dusk.solar_longitude) == (
+        "solar", "sunset", 52.5, 13.4)
+    assert dusk.next_slot_at == Solar("sunset", 52.5, 13.4).first_at_or_after(dusk.next_slot_at)
+    assert PeriodicTask.objects.count() == 4
 
     # again: nothing changes; an edited source row is kept unless --update is given
-    m.PeriodicTask.objects.filter(name__in=["dusk", "bad-json", "once-interval"]).delete()
-    assert "3 unchanged" in run("driftsafe_import", "--source", "django_celery_beat")
+    m.PeriodicTask.objects.filter(name__in=["bad-json", "once-interval"]).delete()
+    assert "4 unchanged" in run("driftsafe_import", "--source", "django_celery_beat")
     m.PeriodicTask.objects.filter(name="poll").update(queue="slow")
     text = run("driftsafe_import", "--source", "django_celery_beat")
     assert "kept         poll (django_celery_beat): differs in queue; use --update" in text

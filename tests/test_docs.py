@@ -67,3 +67,19 @@ def test_locks_reference_sample_runs(redis_client: Any) -> None:
     (sample,) = samples("reference/locks.md")
     exec(sample, {"write_export": lambda fencing_token: written.append(fencing_token)})
     assert written == [1]
+
+
+@pytest.mark.django_db
+def test_solar_howto_samples_run() -> None:
+    import doctest
+
+    from celery_driftsafe.models import PeriodicTask
+
+    create, shell = samples("howto/solar-schedules.md")
+    exec(create, {"PeriodicTask": PeriodicTask})
+    task = PeriodicTask.objects.get(name="lights-on")
+    assert task.next_slot_at is not None and task.schedule.describe().startswith("at sunset")
+    test = doctest.DocTestParser().get_doctest(shell, {}, "solar-schedules", None, 0)
+    runner = doctest.DocTestRunner()
+    runner.run(test)
+    assert runner.summarize(verbose=False).failed == 0

@@ -190,9 +190,12 @@ def describe_schedule(task: PeriodicTask) -> str:
     schedule's own ``describe()``. Raises :class:`ScheduleError` for a broken schedule."""
     schedule = task.build_schedule(anchor=STAND_IN_ANCHOR)
     if task.schedule_kind == ScheduleKind.CRONTAB:
+        # cron-descriptor reads six fields with the seconds first, like us.
         expression = " ".join(
             str(getattr(task, f"crontab_{name}")).strip()
-            for name in ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
+            for name in ("second", "minute", "hour", "day_of_month", "month_of_year",
+                         "day_of_week")
+            if name != "second" or str(task.crontab_second or "0").strip() != "0"
         )
         text = _cron_description(expression)
         if text:

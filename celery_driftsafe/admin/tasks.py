@@ -100,12 +100,14 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
         ("Schedule", {
             "fields": (
                 "schedule_kind", ("interval_every", "interval_unit"),
-                ("crontab_minute", "crontab_hour", "crontab_day_of_month",
-                 "crontab_month_of_year", "crontab_day_of_week"),
-                "timezone", "one_off_at",
+                ("crontab_second", "crontab_minute", "crontab_hour",
+                 "crontab_day_of_month", "crontab_month_of_year", "crontab_day_of_week"),
+                "timezone", "one_off_at", ("solar_event", "solar_latitude", "solar_longitude"),
             ),
             "description": "Fill in the fields of the chosen kind: interval (every N units), "
-                           "crontab (five cron fields evaluated in the time zone) or one-off.",
+                           "crontab (cron fields evaluated in the time zone; seconds are "
+                           "optional), one-off, "
+                           "or solar (an event of the sun at a latitude and longitude).",
         }),
         ("Policies", {"fields": ("misfire_policy", "misfire_grace_seconds", "overlap_policy")}),
         ("Publishing", {

@@ -10,7 +10,8 @@ entry, by its unique name:
 * present and different: a ``beat_schedule`` row (source ``beat_schedule``) is **updated**, as a
   beat does at start; any other row is **kept** as it is, unless ``--update`` is given (rows
   edited in the admin are never overwritten by accident);
-* not importable (solar schedules, sub-second intervals, bad JSON, invalid crontab): **error**,
+* not importable (``one_off`` with an interval, crontab or solar schedule, sub-second
+  intervals, bad JSON, invalid crontab): **error**,
   with the reason; the command then exits with status 1 after importing the rest.
 
 Imported django-celery-beat tasks become database-managed tasks (edit them in this admin);
@@ -93,13 +94,15 @@ def _json(text: str | None, default: Any, what: str) -> Any:
 
 
 def _dcb_schedule(row: Any, entry: Entry) -> dict[str, Any]:
-    if row.solar_id is not None:
-        raise ValueError("solar schedules are not supported")
     if row.clocked_id is not None:
         return {"schedule_kind": ScheduleKind.ONE_OFF, "one_off_at": row.clocked.clocked_time}
     if row.one_off:
-        raise ValueError("one_off with an interval or crontab schedule is not supported; "
-                         "use a clocked schedule (a one-off task) instead")
+        raise ValueError("one_off with an interval, crontab or solar schedule is not "
+                         "supported; use a clocked schedule (a one-off task) instead")
+    if row.solar_id is not None:
+        sun = row.solar
+        return {"schedule_kind": ScheduleKind.SOLAR, "solar_event": sun.event,
+                "solar_latitude": float(sun.latitude), "solar_longitude": float(sun.longitude)}
     if row.interval_id is not None:
         every, period = row.interval.every, row.interval.period
         if period == "microseconds":
@@ -130,7 +133,8 @@ def from_django_celery_beat() -> list[Entry]:
     """django-celery-beat's periodic tasks (not its internal ``celery.backend_cleanup``)."""
     from django_celery_beat.models import PeriodicTask as BeatTask
 
-    rows = BeatTask.objects.select_related("interval", "crontab", "clocked").order_by("name")
+    rows = (BeatTask.objects.select_related("interval", "crontab", "clocked", "solar")
+            .order_by("name"))
     entries = []
     for row in rows:
         entry = Entry(name=row.name, origin=DJANGO_CELERY_BEAT)
