@@ -26,7 +26,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--broker-db", type=int, default=60,
+    parser.add_argument("--broker-db", type=int, default=15,
                         help="Redis database of the broker (emptied before and after)")
     args = parser.parse_args()
 

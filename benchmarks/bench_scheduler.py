@@ -14,13 +14,17 @@ Needs the test services (PostgreSQL, Redis) and the test dependencies installed.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
-from datetime import timedelta
+from collections import Counter
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -77,37 +81,160 @@ def _first_ready(db: str) -> object:
         return conn.execute("SELECT min(started_at) FROM celery_driftsafe_beatnode").fetchone()[0]
 
 
-def burst(tasks: int, beats: int) -> tuple[float, float]:
-    """Capacity: every task due at the same instant; how long until all are dispatched?"""
+class Drain:
+    """Pops every message off the run's queue as it arrives (1,000 at a time) and stamps each
+    pop with this process's clock (the servers' clock on this machine); parsing waits until
+    the end, so the recorder takes little CPU from the beats."""
+
+    def __init__(self, run: E2ERun) -> None:
+        self.run = run
+        self.batches: list[tuple[float, list[bytes]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        client = self.run.broker
+        while not self._stop.is_set():
+            got = client.lpop(self.run.queue, 1000)
+            if got:
+                self.batches.append((time.time(), got))
+            else:
+                time.sleep(0.005)
+
+    def stop(self) -> list[tuple[float, str, str]]:
+        """(stamp, task id, slot) of every message."""
+        self._stop.set()
+        self._thread.join()
+        while got := self.run.broker.lpop(self.run.queue, 1000):
+            self.batches.append((time.time(), got))
+        out = []
+        for stamp, raws in self.batches:
+            for raw in raws:
+                headers = json.loads(raw)["headers"]
+                out.append((stamp, headers["id"], headers["driftsafe_slot"]))
+        return out
+
+
+def _outcome(db: str) -> dict[str, int]:
+    with psycopg.connect(host="127.0.0.1", user="postgres", dbname=db) as conn:
+        rows = conn.execute(
+            "SELECT status, count(*), sum(missed_count) FROM celery_driftsafe_run GROUP BY status"
+        ).fetchall()
+    return {status: int(count) for status, count, _ in rows} | {
+        "missed_slots": sum(int(total or 0) for status, _, total in rows if status == "missed")}
+
+
+def burst(tasks: int, beats: int) -> dict[str, Any]:
+    """Capacity: ``tasks`` interval tasks (every 60 s) due at one instant; ``beats`` beats.
+    Every message is recorded as it lands: when the wave was out, how late, duplicates, early
+    ones, missed slots."""
     with tempfile.TemporaryDirectory() as tmp:
         run = E2ERun("postgresql", Path(tmp))
         try:
             parked = real_now() + timedelta(hours=1)
-            run.tool("bulk_seed", {"count": tasks, "every": 3600, "start": parked.isoformat(),
+            run.tool("bulk_seed", {"count": tasks, "every": 60, "start": parked.isoformat(),
                                    "spread": False})
-            start = real_now() + timedelta(seconds=3)
-            _shift(run.db_name, start - parked)
             for _ in range(beats):
                 run.start_beat(0.0)
-            done = None
-            while done is None and real_now() < start + timedelta(seconds=600):
+            _wait_ready(run.db_name, beats)
+            due = real_now() + timedelta(seconds=2)
+            _shift(run.db_name, due - parked)
+            drain = Drain(run)
+            pids = [b.process.pid for b in run.beats]
+            cpu0 = sum(_proc_stats(pid)[1] for pid in pids)
+            peak_rss = 0
+            deadline = due + timedelta(seconds=55)  # the wave, before its next slots are due
+            while real_now() < deadline:
                 time.sleep(0.5)
-                with run.broker.pipeline(transaction=True) as pipe:
-                    pipe.delete(run.queue)
-                    pipe.execute()
-                with psycopg.connect(host="127.0.0.1", user="postgres", dbname=run.db_name) as c:
-                    left, last = c.execute(
-                        "SELECT count(*) FILTER (WHERE status <> 'dispatched'), "
-                        "max(dispatched_at) FROM celery_driftsafe_run"
-                    ).fetchone()
-                    count = c.execute("SELECT count(*) FROM celery_driftsafe_run").fetchone()[0]
-                if count == tasks and left == 0:
-                    done = last
+                peak_rss = max(peak_rss, *(_proc_stats(pid)[0] for pid in pids))
+                if sum(len(raws) for _, raws in drain.batches) >= tasks:
+                    break
+            cpu = sum(_proc_stats(pid)[1] for pid in pids) - cpu0
+            messages = drain.stop()
+            outcome = _outcome(run.db_name)
             run.stop()
         finally:
             run.close()
-    elapsed = (done - start).total_seconds() if done else float("nan")
-    return elapsed, tasks / elapsed
+    ids = Counter(task_id for _, task_id, _ in messages)
+    late = sorted(stamp - datetime.fromisoformat(slot).timestamp()
+                  for stamp, _, slot in messages)
+    return {
+        "tasks": tasks, "beats": beats, "messages": len(messages),
+        "distinct": len(ids), "duplicates": sum(n - 1 for n in ids.values()),
+        "early": sum(1 for x in late if x < 0),
+        "last_s": late[-1] if late else float("nan"),
+        "p50_s": late[len(late) // 2] if late else float("nan"),
+        "p99_s": late[int(len(late) * 0.99) - 1] if late else float("nan"),
+        "missed_slots": outcome.get("missed_slots", 0),
+        "rate": len(ids) / late[-1] if late and late[-1] > 0 else float("nan"),
+        "cpu_s": cpu, "rss_mb": peak_rss / 1024,
+    }
+
+
+def _wait_ready(db: str, beats: int, timeout: float = 60.0) -> None:
+    """Until ``beats`` nodes have registered (their start-up is not part of the figure)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with psycopg.connect(host="127.0.0.1", user="postgres", dbname=db) as conn:
+            ready = conn.execute("SELECT count(*) FROM celery_driftsafe_beatnode "
+                                 "WHERE stopped_at IS NULL").fetchone()[0]
+        if ready >= beats:
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"only {ready} of {beats} beats registered within {timeout:g} s")
+
+
+def recovery(tasks: int, outage: timedelta) -> dict[str, Any]:
+    """``tasks`` tasks every 60 s come back after ``outage`` with no beat running: one beat
+    starts; how long until every task's catch-up is decided and its catch-up run published,
+    ledger rows written for the outage, the beat's memory."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run = E2ERun("postgresql", Path(tmp))
+        try:
+            parked = real_now() + timedelta(hours=1)
+            run.tool("bulk_seed", {"count": tasks, "every": 60, "start": parked.isoformat(),
+                                   "spread": True})
+            # the first slots lie ``outage`` back: nothing ran since
+            _shift(run.db_name, real_now() - outage - parked)
+            drain = Drain(run)
+            started = real_now()
+            beat = run.start_beat(0.0)
+            pid = beat.process.pid
+            peak_rss, decided_at, first_wave_at = 0, None, None
+            while real_now() < started + timedelta(seconds=180):
+                time.sleep(0.5)
+                peak_rss = max(peak_rss, _proc_stats(pid)[0])
+                with psycopg.connect(host="127.0.0.1", user="postgres", dbname=run.db_name) as c:
+                    behind = c.execute(
+                        "SELECT count(*) FROM celery_driftsafe_periodictask "
+                        "WHERE next_slot_at < %s", (started,)).fetchone()[0]
+                    waiting = c.execute(
+                        "SELECT count(*) FROM celery_driftsafe_run WHERE status = 'claimed'"
+                    ).fetchone()[0]
+                if behind == 0 and decided_at is None:
+                    decided_at = real_now()
+                if decided_at is not None and waiting == 0:
+                    first_wave_at = real_now()
+                    break
+            messages = drain.stop()
+            with psycopg.connect(host="127.0.0.1", user="postgres", dbname=run.db_name) as c:
+                rows = c.execute("SELECT count(*) FROM celery_driftsafe_run "
+                                 "WHERE slot < %s", (started,)).fetchone()[0]
+            outcome = _outcome(run.db_name)
+            run.stop()
+        finally:
+            run.close()
+    first = min((stamp for stamp, _, _ in messages), default=None)
+    return {
+        "tasks": tasks, "outage_h": outage.total_seconds() / 3600,
+        "first_message_s": first - started.timestamp() if first else float("nan"),
+        "decided_s": (decided_at - started).total_seconds() if decided_at else float("nan"),
+        "first_wave_s": (first_wave_at - started).total_seconds() if first_wave_at
+        else float("nan"),
+        "outage_rows_per_task": rows / tasks, "missed_slots": outcome.get("missed_slots", 0),
+        "rss_mb": peak_rss / 1024,
+    }
 
 
 def bench(tasks: int, beats: int, seconds: float) -> dict[str, object]:
@@ -195,13 +322,18 @@ def main() -> None:
     parser.add_argument("--beats", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--burst", action="store_true",
-                        help="also measure capacity: all tasks due at one instant")
+                        help="measure capacity: all tasks due at one instant")
+    parser.add_argument("--recovery", type=float, metavar="HOURS",
+                        help="measure recovery after HOURS with no beat running")
+    parser.add_argument("--steady", action=argparse.BooleanOptionalAction, default=True,
+                        help="the spread-over-the-minute run (default on)")
     args = parser.parse_args()
     print(f"statements per 500-task claim round: {queries_per_round()}")
     header = (f"{'tasks':>7} {'beats':>5} {'start s':>7} {'due':>7} {'sent':>7} {'sent/s':>7} "
               f"{'p50 s':>6} {'p99 s':>6} {'max s':>6} {'behind':>6} {'RSS MB':>6} {'CPU s':>6}")
-    print(header)
-    for tasks in args.tasks:
+    if args.steady:
+        print(header)
+    for tasks in args.tasks if args.steady else ():
         for beats in args.beats:
             r = bench(tasks, beats, args.seconds)
             print(f"{r['tasks']:>7} {r['beats']:>5} {r['startup_s']:>7.2f} {r['due']:>7} "
@@ -209,12 +341,25 @@ def main() -> None:
                   f"{r['max']:>6.3f} {r['behind']:>6} {r['rss_mb']:>6.0f} {r['cpu_s']:>6.1f}",
                   flush=True)
     if args.burst:
-        print("\ncapacity: every task due at one instant")
-        print(f"{'tasks':>7} {'beats':>5} {'drained in s':>12} {'dispatches/s':>12}")
+        print("\ncapacity: every task due at one instant (lateness: message landed - slot)")
+        print(f"{'tasks':>7} {'beats':>5} {'last s':>7} {'slots/s':>8} {'p50 s':>6} "
+              f"{'p99 s':>6} {'dup':>4} {'early':>5} {'missed':>6} {'CPU s':>6} {'RSS MB':>6}")
         for tasks in args.tasks:
             for beats in args.beats:
-                elapsed, rate = burst(tasks, beats)
-                print(f"{tasks:>7} {beats:>5} {elapsed:>12.1f} {rate:>12.0f}", flush=True)
+                r = burst(tasks, beats)
+                print(f"{tasks:>7} {beats:>5} {r['last_s']:>7.1f} {r['rate']:>8.0f} "
+                      f"{r['p50_s']:>6.1f} {r['p99_s']:>6.1f} {r['duplicates']:>4} "
+                      f"{r['early']:>5} {r['missed_slots']:>6} {r['cpu_s']:>6.1f} "
+                      f"{r['rss_mb']:>6.0f}  ({r['distinct']}/{tasks} published)", flush=True)
+    if args.recovery:
+        print(f"\nrecovery: back after {args.recovery} h with no beat, one beat")
+        print(f"{'tasks':>7} {'first msg s':>11} {'decided s':>9} {'wave out s':>10} "
+              f"{'rows/task':>9} {'missed slots':>12} {'RSS MB':>6}")
+        for tasks in args.tasks:
+            r = recovery(tasks, timedelta(hours=args.recovery))
+            print(f"{tasks:>7} {r['first_message_s']:>11.1f} {r['decided_s']:>9.1f} "
+                  f"{r['first_wave_s']:>10.1f} {r['outage_rows_per_task']:>9.2f} "
+                  f"{r['missed_slots']:>12} {r['rss_mb']:>6.0f}", flush=True)
 
 
 if __name__ == "__main__":

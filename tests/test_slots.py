@@ -313,7 +313,7 @@ def _error(build: object) -> ScheduleError:
         ("0 0 31 4,jun,9,11 *", "day_of_month", None),
         ("0 0 31 2 */2", "day_of_month", None),
         ("* * * *", "expression", None),
-        ("* * * * * *", "expression", None),
+        ("* * * * * * *", "expression", None),  # 5 fields, or 6 with seconds first
         ("", "expression", None),
         ("@reboot", "expression", None),
     ],

@@ -109,7 +109,8 @@ def main(command: str) -> None:
              "celery_task_id": r.celery_task_id, "attempts": r.dispatch_attempts,
              "claimed_by": r.claimed_by, "started": iso(r.started_at),
              "finished": iso(r.finished_at), "error": r.error, "id": r.pk,
-             "attempt": r.attempt,
+             "attempt": r.attempt, "missed_count": r.missed_count,
+             "missed_until": iso(r.missed_until),
              "attempt_rows": attempt_rows.get(r.pk, [])}
             for r in Run.objects.all()
         ]
