@@ -425,8 +425,8 @@ class DriftSafeScheduler(Scheduler):
                 extra={"action": "claim", "node": self.node_id},
             )
         if result.oldest_slot is None:
-            if not result.tasks_seen:
-                self._lag = 0.0
+            if not result.tasks_seen and self._lag is None:
+                self._lag = 0.0  # nothing was due: not behind
             return
         lag = (now - result.oldest_slot).total_seconds()
         self._lag = max(lag, self._lag or 0.0)
@@ -475,7 +475,8 @@ class DriftSafeScheduler(Scheduler):
         now = self.clock.now()
         alive = nodes.heartbeat(
             self.node_id, now, sample, paused_reason=self._paused_reason,
-            claiming_since=None if self._paused_reason else self._claiming_since,
+            # a stretch that starts with this round starts now
+            claiming_since=None if self._paused_reason else (self._claiming_since or now),
             lag_seconds=self._lag, using=self.using,
         )
         self._lag = None

@@ -70,6 +70,7 @@ command -v chromedriver >/dev/null || apt_missing+=(chromium-driver)
 command -v rabbitmq-server >/dev/null || [ -x /usr/sbin/rabbitmq-server ] || apt_missing+=(rabbitmq-server)
 command -v redis-cli >/dev/null || apt_missing+=(redis-tools)
 command -v redis-server >/dev/null || apt_missing+=(redis-server)
+command -v redis-sentinel >/dev/null || apt_missing+=(redis-sentinel)
 command -v pg_ctlcluster >/dev/null || apt_missing+=(postgresql-common)
 command -v pgrep >/dev/null || apt_missing+=(procps)
 if [ ${#apt_missing[@]} -gt 0 ]; then

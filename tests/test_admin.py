@@ -570,10 +570,12 @@ def test_node_list_shows_liveness_and_highlights_offsets_beyond_the_bound(
     BeatNode.objects.create(
         node_id="good:1:a", hostname="good", pid=1, started_at=now, last_heartbeat_at=now,
         clock_offset_seconds=0.004, clock_rtt_seconds=0.0008, clock_measured_at=now,
+        lag_seconds=0.25,
     )
     BeatNode.objects.create(
         node_id="skewed:2:b", hostname="skewed", pid=2, started_at=now, last_heartbeat_at=now,
         clock_offset_seconds=-1.3, clock_rtt_seconds=0.002, clock_measured_at=now,
+        lag_seconds=95.0,  # past the misfire grace (60 s): the beats are saturated
     )
     BeatNode.objects.create(
         node_id="gone:3:c", hostname="gone", pid=3, started_at=now - timedelta(hours=1),
@@ -588,6 +590,8 @@ def test_node_list_shows_liveness_and_highlights_offsets_beyond_the_bound(
     assert page.count("driftsafe-node-dead") == 1 and page.count("driftsafe-node-stopped") == 1
     assert page.count("driftsafe-offset-exceeded") == 1
     assert "⚠ -1.300 s" in page and "+0.004 s" in page and "0.8 ms (±0.4 ms)" in page
+    assert page.count("driftsafe-saturated") == 1 and "saturated: 1 min 35 s behind" in page
+    assert "0.250 s" in page
 
     def names(query: str) -> set[str]:
         return {n.hostname for n in admin_client.get(NODES + query).context["cl"].result_list}

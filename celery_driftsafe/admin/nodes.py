@@ -56,7 +56,7 @@ class NodeStateFilter(admin.SimpleListFilter):
 class BeatNodeAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = (
         "node_id", "hostname", "pid", "version", "state", "heartbeat", "offset", "rtt",
-        "clock_measured", "claiming",
+        "clock_measured", "claiming", "lag",
     )
     list_filter = (NodeStateFilter, "hostname")
     show_full_result_count = False
@@ -64,7 +64,7 @@ class BeatNodeAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-a
     list_per_page = 100
     readonly_fields = (
         "node_id", "hostname", "pid", "version", "state", "started", "heartbeat", "offset",
-        "rtt", "clock_measured", "stopped", "claiming",
+        "rtt", "clock_measured", "stopped", "claiming", "lag", "claiming_since",
     )
     fields = readonly_fields
 
@@ -123,6 +123,22 @@ class BeatNodeAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-a
     @admin.display(description="measured", ordering="clock_measured_at")
     def clock_measured(self, node: BeatNode) -> SafeString | str:
         return instant(node.clock_measured_at)
+
+    @admin.display(description="lag", ordering="lag_seconds")
+    def lag(self, node: BeatNode) -> SafeString | str:
+        """How far behind its slots the node's recent rounds fired; past the misfire grace the
+        beats are saturated (they cannot keep up), and by how much is shown."""
+        value = node.lag_seconds
+        if value is None:
+            return "—"
+        grace = get_settings().misfire_grace_seconds
+        if value > grace:
+            return format_html(
+                '<strong class="driftsafe-saturated" style="color:#ba2121" '
+                'title="past MISFIRE_GRACE_SECONDS = {} s: add beats or spread the schedule">'
+                "⚠ saturated: {} behind</strong>", grace, seconds_text(value),
+            )
+        return seconds_text(value)
 
     @admin.display(description="claiming")
     def claiming(self, node: BeatNode) -> SafeString | str:
