@@ -2,10 +2,13 @@
 by the beat's own round (claim, publish, mark) in this process, on PostgreSQL and a Redis
 broker, with a per-stage breakdown.
 
-    python -m benchmarks.bench_burst [--tasks 20000] [--profile]
+    python -m benchmarks.bench_burst [--tasks 20000] [--profile] [--ledger 0] [--explain]
 
 The stages are timed around the scheduler's own calls, so the figures are those of a real
-round minus process start-up; ``--profile`` adds cProfile's top functions. Needs the test
+round minus process start-up; ``--profile`` adds cProfile's top functions. ``--ledger N``
+first fills the run ledger with N finished runs of the same tasks (the cost of a big ledger);
+``--explain`` prints PostgreSQL's plan of every statement of the first round and of the
+scheduler's other statements (next due instant, outbox, reconciliation). Needs the test
 services (PostgreSQL, Redis) and the test dependencies installed.
 """
 
@@ -26,6 +29,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--ledger", type=int, default=0,
+                        help="finished runs put in the ledger first")
+    parser.add_argument("--explain", action="store_true")
     parser.add_argument("--broker-db", type=int, default=15,
                         help="Redis database of the broker (emptied before and after)")
     args = parser.parse_args()
@@ -67,9 +73,16 @@ def main() -> None:
         )
         from django.db import connection
 
+        if args.ledger:
+            filled = time.perf_counter()
+            _fill_ledger(connection, args.ledger, due)
+            print(f"ledger: {args.ledger:,} runs written in {time.perf_counter() - filled:.0f} s")
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE")
         claimer = claimer_for()
+        plans: list[tuple[str, list[str]]] = []
+        if args.explain:
+            connection.execute_wrappers.append(_Explain(plans))
         dispatcher = Dispatcher(app, SystemClock())
         stages: dict[str, float] = defaultdict(float)
         cpu_stages: dict[str, float] = defaultdict(float)
@@ -83,12 +96,18 @@ def main() -> None:
         cpu_started = time.process_time()
         rounds = 0
         while True:
-            now = datetime.now(UTC)
+            # The authority's now stays at the wave's instant: one wave is measured, not the
+            # waves after it (a slow run would otherwise never end).
+            now = due
             t0, c0 = time.perf_counter(), time.process_time()
             result = claimer.claim(now, "bench-node")
             t1, c1 = time.perf_counter(), time.process_time()
             outcome = dispatcher.dispatch(result.runs)
             t2, c2 = time.perf_counter(), time.process_time()
+            if args.explain and rounds == 0:
+                _explain_others(connection, app, plans)
+                for wrapper in list(connection.execute_wrappers):
+                    connection.execute_wrappers.remove(wrapper)
             stages["claim"] += t1 - t0
             stages["publish + mark"] += t2 - t1
             cpu_stages["claim"] += c1 - c0
@@ -104,7 +123,9 @@ def main() -> None:
 
             profile.disable()
             pstats.Stats(profile).sort_stats("tottime").print_stats(30)
-        published = Run.objects.filter(status="dispatched").count()
+        for sql, plan in plans:
+            print(f"\n{sql}\n  " + "\n  ".join(plan))
+        published = Run.objects.filter(status="dispatched", claimed_by="bench-node").count()
         queued = broker.llen("burst")
         print(f"{args.tasks} tasks due at one instant: {published} dispatched, {queued} "
               f"messages queued, {rounds} rounds, {elapsed:.2f} s, "
@@ -118,6 +139,62 @@ def main() -> None:
         broker.flushdb()
         broker.close()
         runner.teardown_databases(old)
+
+
+def _fill_ledger(connection: Any, runs: int, before: datetime) -> None:
+    """``runs`` succeeded runs of the tasks, one a minute each, going back from ``before``,
+    written by PostgreSQL itself in chunks of a million."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT min(id), count(*) FROM celery_driftsafe_periodictask")
+        first, tasks = cursor.fetchone()
+        for start in range(0, runs, 1_000_000):
+            cursor.execute(
+                """INSERT INTO celery_driftsafe_run (periodic_task_id, task_name, kind, slot,
+                   status, claimed_by, claimed_at, dispatched_at, started_at, finished_at,
+                   celery_task_id, fencing_token, dispatch_attempts, duplicate_deliveries,
+                   worker, error, message, attempt, missed_count)
+                SELECT %(first)s + i %% %(tasks)s, 'burst.tick', 'scheduled', s, 'succeeded',
+                   'old-node', s, s, s, s, md5(i::text), 1, 1, 0, 'w', '', '{}', 0, 1
+                FROM generate_series(%(start)s, %(end)s) AS i,
+                     LATERAL (SELECT %(before)s::timestamptz
+                              - make_interval(mins => 1 + i / %(tasks)s)) AS t(s)""",
+                {"first": first, "tasks": tasks, "start": start,
+                 "end": min(start + 1_000_000, runs) - 1, "before": before},
+            )
+
+
+class _Explain:
+    """An execute wrapper that records PostgreSQL's plan of each statement before running it."""
+
+    def __init__(self, plans: list[tuple[str, list[str]]]) -> None:
+        self.plans = plans
+
+    def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if not many and sql.lstrip().split(None, 1)[0].upper() in (
+                "SELECT", "INSERT", "UPDATE", "DELETE"):
+            raw = context["cursor"].cursor
+            raw.execute("EXPLAIN " + sql, params)
+            self.plans.append((_short(sql), [_short(row[0]) for row in raw.fetchall()]))
+        return execute(sql, params, many, context)
+
+
+def _short(sql: str) -> str:
+    text = " ".join(sql.split())
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _explain_others(connection: Any, app: Any, plans: list[tuple[str, list[str]]]) -> None:
+    """The scheduler's statements outside the claim: next due instant, outbox, reconcile."""
+    from datetime import timedelta as td
+
+    from celery_driftsafe.claim import reclaim_stale
+    from celery_driftsafe.reconcile import reconcile
+    from celery_driftsafe.scheduler import DriftSafeScheduler
+
+    now = datetime.now(UTC)
+    DriftSafeScheduler.next_due(type("S", (), {"using": "default"})())  # type: ignore[arg-type]
+    reclaim_stale(now, "bench-node", lease=td(seconds=30), dead_after=td(seconds=30))
+    reconcile(now, lease=td(seconds=30), app=app)
 
 
 if __name__ == "__main__":

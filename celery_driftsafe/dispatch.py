@@ -175,7 +175,7 @@ class Dispatcher:
             if dead.filter(node_id=claimer).exists():
                 continue
             owned.update(table.filter(pk__in=ids, status=RunStatus.CLAIMED, claimed_by=claimer)
-                         .values_list("pk", flat=True))
+                         .order_by().values_list("pk", flat=True))
         return owned
 
     def _publish(self, run: ClaimedRun, producer: Any) -> None:
