@@ -21,6 +21,7 @@ import select
 import signal
 import threading
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -175,6 +176,13 @@ class DriftSafeScheduler(Scheduler):
         self._others_since: datetime | None = None
         self._lag: float | None = None
         self._saturation_logged = -math.inf
+        #: While a wave is worked through, the next batch is claimed in this thread while the
+        #: current one is published (databases with SKIP LOCKED: two writers never wait on
+        #: each other there).
+        self._prefetcher: ThreadPoolExecutor | None = None
+        if connections[self.using].features.has_select_for_update_skip_locked:
+            self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="driftsafe-claim")
+        self._prefetch: Future[ClaimResult] | None = None
         report = self._start_up()
         logger.info(
             "driftsafe node %s up (authority %s): beat_schedule %d created, %d updated, "
@@ -261,6 +269,7 @@ class DriftSafeScheduler(Scheduler):
             return
         self._closed = True
         if self._ready:
+            self._finish_prefetch()
             self._mark_stopped()
         if self._listener is not None:
             self._listener.join(timeout=2)
@@ -354,6 +363,9 @@ class DriftSafeScheduler(Scheduler):
             self._heartbeat()
             self._next_heartbeat = mono + self.settings.heartbeat_interval_seconds
         if self._paused_reason:
+            prefetched = self._take_prefetched()  # claimed before the pause: publish it
+            if prefetched is not None:
+                self.dispatcher.dispatch(prefetched.runs)
             return self.settings.max_loop_interval_seconds
         reading = Reading(self.authority.read(), self.clock.monotonic())
         if self._claiming_since is None:
@@ -374,13 +386,49 @@ class DriftSafeScheduler(Scheduler):
         busy_since = self._claiming_since
         if self._others_since is not None and self._others_since < busy_since:
             busy_since = self._others_since
-        result = self.claimer.claim(reading.at, self.node_id, busy_since=busy_since)
+        result = self._take_prefetched()
+        if result is None:
+            result = self.claimer.claim(reading.at, self.node_id, busy_since=busy_since)
+        full = result.tasks_seen >= getattr(self.claimer, "batch_size", 0)
+        if full and self._prefetcher is not None and not self._shutdown.is_set():
+            # More is due: claim the next batch while this one is published.
+            self._prefetch = self._prefetcher.submit(self._claim_ahead, reading.at, busy_since)
         self.dispatcher.dispatch(result.runs)
         self._log_round(result, reading.at)
         self._last_round_end = self.clock.monotonic()
-        if result.tasks_seen >= getattr(self.claimer, "batch_size", 0):
+        if full:
             return 0.0  # a full batch: more may be due right now
         return self._wait_after(reading, claimed=bool(result.tasks_seen))
+
+    def _claim_ahead(self, now: datetime, busy_since: datetime | None) -> ClaimResult:
+        """A claim in the prefetch thread (its own database connection)."""
+        close_old_connections()
+        try:
+            return self.claimer.claim(now, self.node_id, busy_since=busy_since)
+        except BaseException:
+            connections[self.using].close()
+            raise
+
+    def _take_prefetched(self) -> ClaimResult | None:
+        """The batch claimed ahead, if any (its error, if it failed: handled as the round's)."""
+        prefetch, self._prefetch = self._prefetch, None
+        return None if prefetch is None else prefetch.result()
+
+    def _finish_prefetch(self) -> None:
+        """Publish a batch claimed ahead (the beat is stopping: it is committed as this node's
+        claims, so it goes out now rather than waiting for another beat's outbox), then let the
+        prefetch thread go, closing its database connection."""
+        try:
+            result = self._take_prefetched()
+            if result is not None:
+                self.dispatcher.dispatch(result.runs)
+        except Exception as exc:
+            logger.warning("could not publish the batch claimed ahead (%s); the outbox will",
+                           exc, extra={"action": "stop", "node": self.node_id})
+        if self._prefetcher is not None:
+            self._prefetcher.submit(connections.close_all).result()
+            self._prefetcher.shutdown(wait=True)
+            self._prefetcher = None
 
     def _note_continuity(self, mono: float) -> bool:
         """Whether this beat's claiming was broken since its last round (it was paused, the

@@ -197,3 +197,24 @@ def test_a_failed_pipelined_write_leaves_its_runs_to_the_outbox(
     finally:
         client.close()
         app.close()
+
+
+def test_a_beat_claims_the_next_batch_while_publishing_and_publishes_it_when_stopping(
+    small_rounds: DriftSafeScheduler,
+) -> None:
+    """With a full batch, the next one is claimed ahead (in a thread, while the current one is
+    published); a beat that stops then publishes what it claimed ahead before it records itself
+    stopped, so nothing it committed waits for another beat's outbox."""
+    from django.db import connection
+
+    if not connection.features.has_select_for_update_skip_locked:
+        pytest.skip("claiming ahead is for databases with SKIP LOCKED (not SQLite)")
+    for i in range(25):
+        interval_task(f"a{i:02d}", 60, anchor=T0, next_slot_at=T0)
+    assert small_rounds.run_round() == 0.0  # a full batch: 10 published, 10 claimed ahead
+    assert len(drain()) == 10
+    small_rounds.close()
+    assert len(drain()) == 10
+    assert Run.objects.filter(status=RunStatus.DISPATCHED).count() == 20
+    assert not Run.objects.filter(status=RunStatus.CLAIMED).exists()
+    assert BeatNode.objects.get(node_id=small_rounds.node_id).stopped_at is not None
