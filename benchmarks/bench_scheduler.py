@@ -22,6 +22,8 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -125,16 +127,24 @@ def _outcome(db: str) -> dict[str, int]:
         "missed_slots": sum(int(total or 0) for status, _, total in rows if status == "missed")}
 
 
+@contextmanager
+def _seeded(tasks: int, *, spread: bool) -> Iterator[tuple[E2ERun, datetime]]:
+    """An end-to-end run with ``tasks`` interval tasks (every 60 s) parked an hour ahead
+    (seeding takes a while); the caller moves them with :func:`_shift`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run = E2ERun("postgresql", Path(tmp))
+        parked = real_now() + timedelta(hours=1)
+        run.tool("bulk_seed", {"count": tasks, "every": 60, "start": parked.isoformat(),
+                               "spread": spread})
+        yield run, parked
+
+
 def burst(tasks: int, beats: int) -> dict[str, Any]:
     """Capacity: ``tasks`` interval tasks (every 60 s) due at one instant; ``beats`` beats.
     Every message is recorded as it lands: when the wave was out, how late, duplicates, early
     ones, missed slots."""
-    with tempfile.TemporaryDirectory() as tmp:
-        run = E2ERun("postgresql", Path(tmp))
+    with _seeded(tasks, spread=False) as (run, parked):
         try:
-            parked = real_now() + timedelta(hours=1)
-            run.tool("bulk_seed", {"count": tasks, "every": 60, "start": parked.isoformat(),
-                                   "spread": False})
             for _ in range(beats):
                 run.start_beat(0.0)
             _wait_ready(run.db_name, beats)
@@ -189,12 +199,8 @@ def recovery(tasks: int, outage: timedelta) -> dict[str, Any]:
     """``tasks`` tasks every 60 s come back after ``outage`` with no beat running: one beat
     starts; how long until every task's catch-up is decided and its catch-up run published,
     ledger rows written for the outage, the beat's memory."""
-    with tempfile.TemporaryDirectory() as tmp:
-        run = E2ERun("postgresql", Path(tmp))
+    with _seeded(tasks, spread=True) as (run, parked):
         try:
-            parked = real_now() + timedelta(hours=1)
-            run.tool("bulk_seed", {"count": tasks, "every": 60, "start": parked.isoformat(),
-                                   "spread": True})
             # the first slots lie ``outage`` back: nothing ran since
             _shift(run.db_name, real_now() - outage - parked)
             drain = Drain(run)
