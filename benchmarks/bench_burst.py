@@ -174,7 +174,7 @@ class _Explain:
                 "SELECT", "INSERT", "UPDATE", "DELETE"):
             raw = context["cursor"].cursor
             raw.execute("EXPLAIN " + sql, params)
-            self.plans.append((_short(sql), [_short(row[0]) for row in raw.fetchall()]))
+            self.plans.append((_short(sql), [row[0][:200] for row in raw.fetchall()]))
         return execute(sql, params, many, context)
 
 
