@@ -34,6 +34,7 @@ from tests.e2e.harness import E2ERun, real_now, wait_until_handles_sigterm
 
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.chaos,
     pytest.mark.skipif(test_settings.TEST_DB != "postgres", reason="restarts PostgreSQL"),
 ]
 
@@ -81,6 +82,16 @@ def restart_postgresql() -> None:
     subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
                    check=True, timeout=120, capture_output=True)
     _wait_port(PG_PORT)
+
+
+@pytest.fixture(autouse=True)
+def _runs_alone() -> None:
+    """Its restarts would break whatever else runs at the time: never next to other workers."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or "1")
+    if workers > 1:
+        pytest.fail(f"the chaos test restarts PostgreSQL and Redis under the other {workers - 1} "
+                    "test workers: run it on its own (pytest -m chaos, as tests/run.sh does "
+                    "after the parallel pass), and the rest with -m 'not chaos'")
 
 
 @pytest.fixture(autouse=True)
