@@ -27,6 +27,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="run soak and chaos tests too")
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Stop at once, saying why, when this process's Redis databases are past the server's
+    ``databases`` (a fresh server has 16): every Redis test would fail on its own otherwise."""
+    import redis
+
+    top = test_settings.REDIS_DB + test_settings.REDIS_DBS_PER_PROCESS - 1
+    try:
+        with redis.Redis.from_url(test_settings.REDIS_SERVER, socket_timeout=2) as client:
+            databases = int(client.config_get("databases")["databases"])
+    except (redis.RedisError, KeyError, ValueError):
+        return  # unreachable, or CONFIG disabled: the Redis tests say so themselves
+    if top >= databases:
+        raise pytest.UsageError(
+            f"the test Redis has {databases} databases, but this test process needs "
+            f"{test_settings.REDIS_DB}..{top} (DRIFTSAFE_TEST_REDIS_DB, five per pytest-xdist "
+            "worker, see tests/settings.py): set a lower DRIFTSAFE_TEST_REDIS_DB or run fewer "
+            "workers (DRIFTSAFE_TEST_WORKERS / -n)"
+        )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     run_slow = config.getoption("--run-slow")
     for item in items:

@@ -32,6 +32,13 @@ _WORKER = int((os.environ.get("PYTEST_XDIST_WORKER") or "gw0").removeprefix("gw"
 FIRST_REDIS_DB = int(
     os.environ.get("DRIFTSAFE_TEST_REDIS_DB") or 16 - REDIS_DBS_PER_PROCESS * _WORKERS
 )
+if _WORKER >= _WORKERS:
+    # pytest-xdist names a worker that replaces a crashed one gw<N>, gw<N+1>...: which range
+    # it may take over is unknown (tests/run.sh runs with --max-worker-restart 0).
+    raise RuntimeError(
+        f"test worker gw{_WORKER} of {_WORKERS} replaces a crashed one, and its Redis databases "
+        "are unknown: run with --max-worker-restart 0 and see why the worker crashed"
+    )
 if FIRST_REDIS_DB < 0:
     raise RuntimeError(
         f"{_WORKERS} test workers need {REDIS_DBS_PER_PROCESS * _WORKERS} Redis databases, more "
