@@ -54,6 +54,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.pure)
         if item.get_closest_marker("slow") is not None and not run_slow:
             item.add_marker(pytest.mark.skip(reason="slow: run with --run-slow"))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # In parallel (tests/run.sh: ``--maxschedchunk 1``, a test at a time to whichever worker
+        # is free), the end-to-end runs go first: they take 10-60 s each, mostly waiting for
+        # slots, and one started last would finish alone. Only those without a test database
+        # move: pytest-django's order of the database tests (transactional ones last, as they
+        # empty the tables) is kept, and the sort is stable.
+        def runs_first(item: pytest.Item) -> bool:
+            return bool(item.get_closest_marker("e2e")) and not item.get_closest_marker("django_db")
+
+        items.sort(key=lambda item: not runs_first(item))
 
 
 @pytest.fixture
