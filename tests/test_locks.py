@@ -234,9 +234,12 @@ class TestLockContract:
         assert not waiter.acquire(timeout=0), "timeout 0 tries once"
 
     def test_watchdog_keeps_a_short_lease_alive(self, harness: Harness) -> None:
+        # Held for 3.5 leases, renewed every 1/3 of one. The lease is 1 s, not 0.3 s: on a
+        # busy machine (parallel test workers on two cores) a renewal's commit can be 0.2 s
+        # late, which ran a 0.3 s lease out between two renewals.
         locks = harness.backend()
-        with locks.lock("job", ttl=0.3).hold(watchdog=True) as held:
-            time.sleep(1.2)
+        with locks.lock("job", ttl=1.0).hold(watchdog=True) as held:
+            time.sleep(3.5)
             assert not held.lost.is_set()
             held.check()
             assert not locks.lock("job", ttl=10).acquire(blocking=False)
