@@ -64,13 +64,17 @@ def _redis_cli(*args: str) -> str:
 
 
 def restart_redis() -> None:
-    """Shut the machine's Redis down and start it again with the same settings."""
+    """Shut the machine's Redis down and start it again with the same settings (its number of
+    databases too: a server with more than the default 16 came back with 16, and every test
+    run using a database past 15 failed from then on)."""
     directory = _redis_cli("CONFIG", "GET", "dir").splitlines()[-1]
     logfile = _redis_cli("CONFIG", "GET", "logfile").splitlines()[-1]
+    databases = _redis_cli("CONFIG", "GET", "databases").splitlines()[-1]
     _redis_cli("SHUTDOWN", "NOSAVE")
     _wait_port(6379, up=False)
     command = ["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "--port", "6379",
-               "--save", "", "--appendonly", "no", "--dir", directory]
+               "--save", "", "--appendonly", "no", "--dir", directory,
+               "--databases", databases]
     if logfile:
         command += ["--logfile", logfile]
     subprocess.run(command, check=True, timeout=30)
