@@ -19,7 +19,7 @@ from typing import Any
 
 from celery import Task
 from celery.utils.saferepr import saferepr
-from django.db.models import Case, F, Value, When
+from django.db.models import Case, F, Q, TextField, Value, When
 
 from celery_driftsafe.claim import ClaimedRun
 from celery_driftsafe.clock import Clock
@@ -224,13 +224,14 @@ class Dispatcher:
         now = self.clock.now()
         table = Run.objects.using(self.using)
         if result.published:
-            # A fast worker may have started the run already: keep its status, stamp the time.
+            # A fast worker may have started or even ended the run already (skipped, say):
+            # keep its status and what it recorded, stamp the time.
+            claimed = Q(status=RunStatus.CLAIMED)
             table.filter(pk__in=result.published, dispatched_at__isnull=True).update(
-                dispatched_at=now, retry_at=None, error="",
-                status=Case(
-                    When(status=RunStatus.CLAIMED, then=Value(RunStatus.DISPATCHED)),
-                    default=F("status"),
-                ),
+                dispatched_at=now, retry_at=None,
+                error=Case(When(claimed, then=Value("")), default=F("error"),
+                           output_field=TextField()),
+                status=Case(When(claimed, then=Value(RunStatus.DISPATCHED)), default=F("status")),
             )
         for run_id, reason in result.refused.items():
             attempts = runs[run_id].dispatch_attempts

@@ -27,6 +27,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="run soak and chaos tests too")
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Stop at once, saying why, when this process's Redis databases are past the server's
+    ``databases`` (a fresh server has 16): every Redis test would fail on its own otherwise."""
+    import redis
+
+    top = test_settings.REDIS_DB + test_settings.REDIS_DBS_PER_PROCESS - 1
+    try:
+        with redis.Redis.from_url(test_settings.REDIS_SERVER, socket_timeout=2) as client:
+            databases = int(client.config_get("databases")["databases"])
+    except (redis.RedisError, KeyError, ValueError):
+        return  # unreachable, or CONFIG disabled: the Redis tests say so themselves
+    if top >= databases:
+        raise pytest.UsageError(
+            f"the test Redis has {databases} databases, but this test process needs "
+            f"{test_settings.REDIS_DB}..{top} (DRIFTSAFE_TEST_REDIS_DB, five per pytest-xdist "
+            "worker, see tests/settings.py): set a lower DRIFTSAFE_TEST_REDIS_DB or run fewer "
+            "workers (DRIFTSAFE_TEST_WORKERS / -n)"
+        )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     run_slow = config.getoption("--run-slow")
     for item in items:
@@ -34,6 +54,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.pure)
         if item.get_closest_marker("slow") is not None and not run_slow:
             item.add_marker(pytest.mark.skip(reason="slow: run with --run-slow"))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # In parallel (tests/run.sh: ``--maxschedchunk 1``, a test at a time to whichever worker
+        # is free), the end-to-end runs go first: they take 10-60 s each, mostly waiting for
+        # slots, and one started last would finish alone. Only those without a test database
+        # move: pytest-django's order of the database tests (transactional ones last, as they
+        # empty the tables) is kept, and the sort is stable.
+        def runs_first(item: pytest.Item) -> bool:
+            return bool(item.get_closest_marker("e2e")) and not item.get_closest_marker("django_db")
+
+        items.sort(key=lambda item: not runs_first(item))
 
 
 @pytest.fixture

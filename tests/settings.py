@@ -5,6 +5,12 @@
 runner creates and drops its own database). Redis tests use db ``DRIFTSAFE_TEST_REDIS_DB``
 (default 11) of ``DRIFTSAFE_TEST_REDIS_URL``'s server and the key prefix ``driftsafe-test``;
 the suite also uses the next four databases (broker, e2e broker, locks, e2e runs).
+
+Under pytest-xdist each worker gets five databases of its own: worker ``gw<i>`` starts at
+``DRIFTSAFE_TEST_REDIS_DB + 5 * i``. Without the variable the workers take the top of a
+16-database Redis (a fresh server's count), ``16 - 5 * workers`` .. 15: 11..15 for one
+process, as before; 6..15 for two workers; 1..15 for three. Test databases are named per
+process, so workers never share one.
 """
 
 from __future__ import annotations
@@ -18,7 +24,28 @@ import django
 BASE_DIR = Path(__file__).resolve().parent
 TEST_DB = os.environ.get("DRIFTSAFE_TEST_DB", "sqlite")
 REDIS_SERVER = os.environ.get("DRIFTSAFE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
-REDIS_DB = int(os.environ.get("DRIFTSAFE_TEST_REDIS_DB", "11"))
+#: Redis databases one test process uses: REDIS_DB .. REDIS_DB + 4; the run's workers use
+#: FIRST_REDIS_DB .. FIRST_REDIS_DB + 5 * workers - 1.
+REDIS_DBS_PER_PROCESS = 5
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or "1")
+_WORKER = int((os.environ.get("PYTEST_XDIST_WORKER") or "gw0").removeprefix("gw"))
+FIRST_REDIS_DB = int(
+    os.environ.get("DRIFTSAFE_TEST_REDIS_DB") or 16 - REDIS_DBS_PER_PROCESS * _WORKERS
+)
+if _WORKER >= _WORKERS:
+    # pytest-xdist names a worker that replaces a crashed one gw<N>, gw<N+1>...: which range
+    # it may take over is unknown (tests/run.sh runs with --max-worker-restart 0).
+    raise RuntimeError(
+        f"test worker gw{_WORKER} of {_WORKERS} replaces a crashed one, and its Redis databases "
+        "are unknown: run with --max-worker-restart 0 and see why the worker crashed"
+    )
+if FIRST_REDIS_DB < 0:
+    raise RuntimeError(
+        f"{_WORKERS} test workers need {REDIS_DBS_PER_PROCESS * _WORKERS} Redis databases, more "
+        "than a default server's 16 hold: set DRIFTSAFE_TEST_REDIS_DB to the first of a free range "
+        "(and raise the server's `databases`), or run fewer workers"
+    )
+REDIS_DB = FIRST_REDIS_DB + REDIS_DBS_PER_PROCESS * _WORKER
 REDIS_URL = f"{REDIS_SERVER}/{REDIS_DB}"
 
 SECRET_KEY = "tests-only-not-secret"

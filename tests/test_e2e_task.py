@@ -108,7 +108,9 @@ def test_worker_killed_mid_run_is_retried_not_lost_not_doubled(tmp_path: Path) -
         worker = run.start_worker("w1", pool="prefork")
         made = run.tool("make_run", {"task": "e2e.work"})
         time.sleep(4)
-        _publish(run, made, "killed", 3.0)
+        # The body runs 8 s: time for the test to see it started (each look is a Django
+        # process, slow on a busy machine) and kill it mid-run, not after it ended.
+        _publish(run, made, "killed", 8.0)
         _wait(lambda: _status(run, made)["status"] == "started", 20, "the run to start", run)
         children = subprocess.run(["pgrep", "-P", str(worker.process.pid)], capture_output=True,
                                   text=True, check=False).stdout.split()

@@ -52,8 +52,9 @@ from celery_driftsafe.testing import FakeClock
 from tests import settings as test_settings
 
 PREFIX = test_settings.DRIFTSAFE["KEY_PREFIX"]
-# A Redis database of its own: other suites flush db 11 (``redis_client``) while they run.
-LOCK_REDIS_URL = f"{test_settings.REDIS_SERVER}/14"
+# A Redis database of its own (the locks database of tests/settings.py, ``REDIS_DB + 3``):
+# ``redis_client`` flushes ``REDIS_DB`` while other tests run.
+LOCK_REDIS_URL = f"{test_settings.REDIS_SERVER}/{test_settings.REDIS_DB + 3}"
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 BACKENDS = [
@@ -103,7 +104,7 @@ class Harness:
 
 @pytest.fixture
 def lock_redis() -> Iterator[Any]:
-    """A client on Redis db 14, emptied before and after."""
+    """A client on the locks database (``REDIS_DB + 3``), emptied before and after."""
     client = redis.Redis.from_url(LOCK_REDIS_URL)
     client.flushdb()
     yield client
@@ -233,9 +234,12 @@ class TestLockContract:
         assert not waiter.acquire(timeout=0), "timeout 0 tries once"
 
     def test_watchdog_keeps_a_short_lease_alive(self, harness: Harness) -> None:
+        # Held for 3.5 leases, renewed every 1/3 of one. The lease is 1 s, not 0.3 s: on a
+        # busy machine (parallel test workers on two cores) a renewal's commit can be 0.2 s
+        # late, which ran a 0.3 s lease out between two renewals.
         locks = harness.backend()
-        with locks.lock("job", ttl=0.3).hold(watchdog=True) as held:
-            time.sleep(1.2)
+        with locks.lock("job", ttl=1.0).hold(watchdog=True) as held:
+            time.sleep(3.5)
             assert not held.lost.is_set()
             held.check()
             assert not locks.lock("job", ttl=10).acquire(blocking=False)

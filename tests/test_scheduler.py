@@ -334,3 +334,23 @@ def test_run_started_before_it_was_marked_keeps_status_and_gets_dispatch_time(
     run = Run.objects.get()
     assert run.status == RunStatus.STARTED
     assert run.dispatched_at == T0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_a_worker_ended_before_it_was_marked_keeps_its_outcome_and_why(
+    scheduler: DriftSafeScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    interval_task("add", 10, anchor=T0, next_slot_at=T0)
+    real_record = scheduler.dispatcher._record
+    why = "skipped: the previous run of this task is still running (overlap policy 'skip')"
+
+    def worker_was_faster(result: Any, runs: Any) -> None:
+        # a worker received it and skipped it (overlap) before the beat marked it dispatched
+        Run.objects.update(status=RunStatus.SKIPPED, finished_at=T0, error=why)
+        real_record(result, runs)
+
+    monkeypatch.setattr(scheduler.dispatcher, "_record", worker_was_faster)
+    scheduler.run_round()
+    run = Run.objects.get()
+    assert (run.status, run.error) == (RunStatus.SKIPPED, why)
+    assert run.dispatched_at == T0

@@ -162,6 +162,8 @@ print(json.dumps(waits), flush=True)
 _PROBE_ROUNDS = 3
 _PROBE_TIMEOUT = 20.0
 WAIT_SECONDS, WAIT_TOLERANCE = 0.2, 0.1
+#: Probes of a child whose timed waits only came back late (see verify_skew).
+LATE_WAIT_PROBES = 3
 
 
 @dataclass(frozen=True)
@@ -255,27 +257,35 @@ def verify_skew(
     Its wall clock must be ``expected`` ± ``tolerance`` seconds off ours, its
     monotonic clock not off at all (± ``tolerance``), and ``time.sleep(0.2)``
     and ``threading.Event().wait(0.2)`` must take 0.2 ± 0.1 s of real time.
+    A wait that only came back late is measured again, up to twice, in a new child: a
+    busy machine delays a wait now and then, while libfaketime's faults (a wait that
+    returns at once, or is off by the skew) come back every time.
     Returns the measured wall-clock offset; raises AssertionError otherwise.
     """
-    try:
-        probe = _probe(env, python, check_waits=True)
-    except RuntimeError as exc:
-        raise AssertionError(str(exc)) from exc
-    problems = []
-    if abs(probe.wall_offset - expected) > tolerance:
-        problems.append(
-            f"wall clock is {probe.wall_offset:+.3f} s off,"
-            f" expected {expected:+.3f} ± {tolerance} s"
-        )
-    if abs(probe.monotonic_offset) > tolerance:
-        problems.append(f"monotonic clock is {probe.monotonic_offset:+.3f} s off, expected 0")
-    for name, took in probe.waits.items():
-        if isinstance(took, str):
-            problems.append(f"{name}: {took}")
-        elif abs(took - WAIT_SECONDS) > WAIT_TOLERANCE:
+    for _ in range(LATE_WAIT_PROBES):
+        try:
+            probe = _probe(env, python, check_waits=True)
+        except RuntimeError as exc:
+            raise AssertionError(str(exc)) from exc
+        problems: list[str] = []
+        late: list[str] = []
+        if abs(probe.wall_offset - expected) > tolerance:
             problems.append(
-                f"{name} took {took:.3f} s, expected {WAIT_SECONDS} ± {WAIT_TOLERANCE} s"
+                f"wall clock is {probe.wall_offset:+.3f} s off,"
+                f" expected {expected:+.3f} ± {tolerance} s"
             )
+        if abs(probe.monotonic_offset) > tolerance:
+            problems.append(f"monotonic clock is {probe.monotonic_offset:+.3f} s off, expected 0")
+        for name, took in probe.waits.items():
+            if isinstance(took, str):
+                problems.append(f"{name}: {took}")
+            elif abs(took - WAIT_SECONDS) > WAIT_TOLERANCE:
+                (late if took > WAIT_SECONDS else problems).append(
+                    f"{name} took {took:.3f} s, expected {WAIT_SECONDS} ± {WAIT_TOLERANCE} s"
+                )
+        problems += late
+        if not late or len(problems) > len(late):
+            break  # fine, or wrong in a way a busy machine does not explain
     if problems:
         raise AssertionError(f"child with {_describe(env)}: " + "; ".join(problems))
     return probe.wall_offset
