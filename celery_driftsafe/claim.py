@@ -118,14 +118,11 @@ class NewRun:
 
     def claimed(self, node_id: str) -> ClaimedRun:
         assert self.pk is not None
-        options = self.message.get("options")
         return ClaimedRun(
             run_id=self.pk, periodic_task_id=self.task.pk, task_name=self.task.task,
             slot=self.slot, celery_task_id=self.celery_task_id, fencing_token=0,
-            args=list(self.message.get("args") or []),
-            kwargs=dict(self.message.get("kwargs") or {}),
-            options=dict(options) if isinstance(options, dict) else {},
             claimed_by=node_id, expires_at=self.expires_at, dispatch_attempts=1,
+            **_message_parts(self.message),
         )
 
 
@@ -387,8 +384,6 @@ def claimed_run(run: Run, task: PeriodicTask | None = None) -> ClaimedRun:
     message = run.message if isinstance(run.message, dict) and run.message else None
     if message is None:
         message = run_message(task) if task is not None else {}
-    args, kwargs = message.get("args"), message.get("kwargs")
-    options = message.get("options")
     return ClaimedRun(
         run_id=run.pk,
         periodic_task_id=run.periodic_task_id,
@@ -396,13 +391,22 @@ def claimed_run(run: Run, task: PeriodicTask | None = None) -> ClaimedRun:
         slot=run.slot,
         celery_task_id=run.celery_task_id,
         fencing_token=run.fencing_token,
-        args=list(args) if isinstance(args, list) else [],
-        kwargs=dict(kwargs) if isinstance(kwargs, dict) else {},
-        options=dict(options) if isinstance(options, dict) else {},
         claimed_by=run.claimed_by,
         expires_at=run.expires_at,
         dispatch_attempts=run.dispatch_attempts,
+        **_message_parts(message),
     )
+
+
+def _message_parts(message: dict[str, Any]) -> dict[str, Any]:
+    """A captured message's ``args``, ``kwargs`` and ``options``, each of its own type (a
+    stored value of another shape counts as empty)."""
+    args, kwargs, options = message.get("args"), message.get("kwargs"), message.get("options")
+    return {
+        "args": list(args) if isinstance(args, list) else [],
+        "kwargs": dict(kwargs) if isinstance(kwargs, dict) else {},
+        "options": dict(options) if isinstance(options, dict) else {},
+    }
 
 
 def publish_options(task: PeriodicTask) -> dict[str, Any]:

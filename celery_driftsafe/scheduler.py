@@ -363,9 +363,7 @@ class DriftSafeScheduler(Scheduler):
             self._heartbeat()
             self._next_heartbeat = mono + self.settings.heartbeat_interval_seconds
         if self._paused_reason:
-            prefetched = self._take_prefetched()  # claimed before the pause: publish it
-            if prefetched is not None:
-                self.dispatcher.dispatch(prefetched.runs)
+            self._publish_prefetched()  # claimed before the pause: publish it
             return self.settings.max_loop_interval_seconds
         reading = Reading(self.authority.read(), self.clock.monotonic())
         if self._claiming_since is None:
@@ -414,14 +412,18 @@ class DriftSafeScheduler(Scheduler):
         prefetch, self._prefetch = self._prefetch, None
         return None if prefetch is None else prefetch.result()
 
+    def _publish_prefetched(self) -> None:
+        """Publish the batch claimed ahead, if any: it is committed as this node's claims."""
+        result = self._take_prefetched()
+        if result is not None:
+            self.dispatcher.dispatch(result.runs)
+
     def _finish_prefetch(self) -> None:
-        """Publish a batch claimed ahead (the beat is stopping: it is committed as this node's
-        claims, so it goes out now rather than waiting for another beat's outbox), then let the
-        prefetch thread go, closing its database connection."""
+        """Publish a batch claimed ahead (the beat is stopping: it goes out now rather than
+        waiting for another beat's outbox), then let the prefetch thread go, closing its
+        database connection."""
         try:
-            result = self._take_prefetched()
-            if result is not None:
-                self.dispatcher.dispatch(result.runs)
+            self._publish_prefetched()
         except Exception as exc:
             logger.warning("could not publish the batch claimed ahead (%s); the outbox will",
                            exc, extra={"action": "stop", "node": self.node_id})
