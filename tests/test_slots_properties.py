@@ -14,6 +14,7 @@ parser under test), so the reference is independent of the implementation.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache
@@ -219,28 +220,35 @@ def instants(draw: st.DrawFn, zone: str, near_transition: int = 75) -> datetime:
     )
 
 
-def reference_slots(spec: Spec, zone: str, start: datetime, end: datetime) -> list[datetime]:
-    """The DESIGN.md rules applied to every UTC minute in ``[start, end)``."""
+def reference_slots(
+    spec: Spec, zone: str, start: datetime, end: datetime, *, step: timedelta = MINUTE,
+    matches: Callable[[datetime], bool] | None = None,
+) -> list[datetime]:
+    """The DESIGN.md rules applied to every UTC ``step`` (a minute, or a second for crontabs
+    with seconds) in ``[start, end)``; ``matches`` tells whether a wall time matches (default:
+    ``spec.matches``)."""
     tz = ZoneInfo(zone)
-    minute = start.astimezone(UTC).replace(second=0, microsecond=0)
-    if minute < start:
-        minute += MINUTE
+    match = matches or spec.matches
+    instant = start.astimezone(UTC).replace(microsecond=0)
+    instant -= timedelta(seconds=instant.second % (step // timedelta(seconds=1)))
+    if instant < start:
+        instant += step
     slots: list[datetime] = []
-    while minute < end:
-        local = minute.astimezone(tz)
+    while instant < end:
+        local = instant.astimezone(tz)
         if not spec.fixed_time:
-            fires = spec.matches(local)
+            fires = match(local)
         else:
             # First occurrence of an existing wall time (fold 1 marks the repeat)...
-            fires = local.fold == 0 and spec.matches(local)
+            fires = local.fold == 0 and match(local)
             # ...or the first instant after a gap that swallowed a matching wall time.
-            missing = (minute - MINUTE).astimezone(tz).replace(tzinfo=None) + MINUTE
+            missing = (instant - step).astimezone(tz).replace(tzinfo=None) + step
             while not fires and missing < local.replace(tzinfo=None):
-                fires = spec.matches(missing)
-                missing += MINUTE
+                fires = match(missing)
+                missing += step
         if fires:
-            slots.append(minute)
-        minute += MINUTE
+            slots.append(instant)
+        instant += step
     return slots
 
 

@@ -21,6 +21,7 @@ from tests.test_slots_properties import (
     Spec,
     instants,
     offset_constant,
+    reference_slots,
     specs,
     transitions,
 )
@@ -149,33 +150,6 @@ def test_agrees_with_croniter_away_from_transitions(
     assert ours == theirs
 
 
-def reference_slots(
-    spec: Spec, seconds: frozenset[int], zone: str, start: datetime, end: datetime
-) -> list[datetime]:
-    """The DESIGN.md rules applied to every UTC second in ``[start, end)`` (whole seconds)."""
-    tz = ZoneInfo(zone)
-
-    def matches(wall: datetime) -> bool:
-        return wall.second in seconds and spec.matches(wall)
-
-    slots: list[datetime] = []
-    instant = start
-    while instant < end:
-        local = instant.astimezone(tz)
-        if not spec.fixed_time:
-            fires = matches(local)
-        else:
-            fires = local.fold == 0 and matches(local)
-            missing = (instant - SECOND).astimezone(tz).replace(tzinfo=None) + SECOND
-            while not fires and missing < local.replace(tzinfo=None):
-                fires = matches(missing)
-                missing += SECOND
-        if fires:
-            slots.append(instant)
-        instant += SECOND
-    return slots
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data(), second_fields(), specs(), st.sampled_from(sorted(DST_YEARS)))
 def test_matches_per_second_reference_around_transitions(
@@ -184,6 +158,9 @@ def test_matches_per_second_reference_around_transitions(
     centre = data.draw(st.sampled_from(transitions(zone))).replace(microsecond=0)
     start = centre - timedelta(seconds=data.draw(st.integers(0, 2 * 3600)))
     end = start + timedelta(hours=3)
-    expected = reference_slots(spec, seconds[1], zone, start, end)
+    expected = reference_slots(
+        spec, zone, start, end, step=SECOND,
+        matches=lambda wall: wall.second in seconds[1] and spec.matches(wall),
+    )
     schedule = Crontab.from_expression(f"{seconds[0]} {spec.expression}", zone)
     assert list(schedule.slots_between(start, end)) == expected
