@@ -33,10 +33,15 @@ from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
-from celery_driftsafe.claim import celery_task_id, claimed_run, run_message
 from celery_driftsafe.clock import AuthorityClock, Clock, authority_from_settings
 from celery_driftsafe.conf import ConfigurationError, get_settings
-from celery_driftsafe.dispatch import Dispatcher, DispatchResult
+from celery_driftsafe.dispatch import (
+    Dispatcher,
+    DispatchResult,
+    celery_task_id,
+    claimed_run,
+    run_message,
+)
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 
 logger = logging.getLogger(__name__)

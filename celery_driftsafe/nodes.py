@@ -69,7 +69,7 @@ def mark_dead(
 ) -> list[str]:
     """Mark nodes whose last heartbeat is older than ``dead_after`` as stopped; return their
     ids. Their claimed-but-unpublished runs are then taken over at once (see
-    :func:`celery_driftsafe.claim.reclaim_stale`), without waiting for the lease."""
+    :func:`celery_driftsafe.dispatch.reclaim_stale`), without waiting for the lease."""
     stale = BeatNode.objects.using(using).filter(
         stopped_at__isnull=True, last_heartbeat_at__lt=now - dead_after
     )

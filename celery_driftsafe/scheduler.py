@@ -32,10 +32,10 @@ from django.db.models import Min
 
 from celery_driftsafe import checks, nodes
 from celery_driftsafe.beat_schedule import SyncReport, sync_beat_schedule
-from celery_driftsafe.claim import Claimer, ClaimResult, claimer_for, reclaim_stale
+from celery_driftsafe.claim import Claimer, ClaimResult, claimer_for
 from celery_driftsafe.clock import Authority, AuthorityClock, Clock, authority_from_settings
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
-from celery_driftsafe.dispatch import Dispatcher
+from celery_driftsafe.dispatch import Dispatcher, reclaim_stale
 from celery_driftsafe.exceptions import ClockError
 from celery_driftsafe.reconcile import reconcile
 from celery_driftsafe.redis_client import channel, get_redis

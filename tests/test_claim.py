@@ -13,14 +13,8 @@ from datetime import UTC, date, datetime, timedelta
 import pytest
 from django.db import connection, connections
 
-from celery_driftsafe.claim import (
-    Claimer,
-    CompareAndSwapClaimer,
-    SkipLockedClaimer,
-    celery_task_id,
-    claimer_for,
-    reclaim_stale,
-)
+from celery_driftsafe.claim import Claimer, CompareAndSwapClaimer, SkipLockedClaimer, claimer_for
+from celery_driftsafe.dispatch import celery_task_id, reclaim_stale
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
 from celery_driftsafe.slots import Solar
 from tests.factories import crontab_task, interval_task, solar_task

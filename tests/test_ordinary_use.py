@@ -16,8 +16,8 @@ from django.core.exceptions import ValidationError
 from django.db import connection
 
 from celery_driftsafe import nodes
-from celery_driftsafe.claim import claimer_for, reclaim_stale
-from celery_driftsafe.dispatch import Dispatcher
+from celery_driftsafe.claim import claimer_for
+from celery_driftsafe.dispatch import Dispatcher, reclaim_stale
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
 from celery_driftsafe.reconcile import reconcile
 from celery_driftsafe.scheduler import DriftSafeScheduler
