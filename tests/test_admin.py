@@ -16,7 +16,8 @@ from django.test import override_settings
 from django.urls import reverse
 
 from celery_driftsafe import changes, manual
-from celery_driftsafe.dispatch import HEADER_RUN_ID, HEADER_SLOT, celery_task_id
+from celery_driftsafe.dispatch import celery_task_id
+from celery_driftsafe.headers import HEADER_RUN_ID, HEADER_SLOT
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunKind, RunStatus
 from celery_driftsafe.slots import Crontab, Solar
 from celery_driftsafe.testing import FakeClock

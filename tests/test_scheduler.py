@@ -9,12 +9,8 @@ from typing import Any
 import pytest
 from celery.schedules import crontab
 
-from celery_driftsafe.dispatch import (
-    HEADER_FENCING_TOKEN,
-    HEADER_RUN_ID,
-    HEADER_SLOT,
-    celery_task_id,
-)
+from celery_driftsafe.dispatch import celery_task_id
+from celery_driftsafe.headers import HEADER_FENCING_TOKEN, HEADER_RUN_ID, HEADER_SLOT
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus
 from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.testing import FakeClock
