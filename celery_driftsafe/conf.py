@@ -24,24 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from django.conf import settings as django_settings
-from django.core.exceptions import ImproperlyConfigured
 
-from celery_driftsafe.exceptions import DriftSafeError
-
-
-class ConfigurationError(DriftSafeError, ImproperlyConfigured):
-    """A setting has a value that cannot work. The message names the setting and the fix."""
-
-    def __init__(self, setting: str, value: object, problem: str, hint: str = "") -> None:
-        self.setting = setting
-        self.value = value
-        self.problem = problem
-        self.hint = hint
-        message = f"DRIFTSAFE[{setting!r}] = {value!r}: {problem}"
-        if hint:
-            message += f" ({hint})"
-        super().__init__(message)
-
+from celery_driftsafe.exceptions import ConfigurationError
 
 TimeAuthority = Literal["database", "redis", "local"]
 MisfirePolicy = Literal["fire_once", "fire_all", "skip"]

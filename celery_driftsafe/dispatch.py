@@ -24,9 +24,7 @@ from django.db.models import Case, F, Q, TextField, Value, When
 
 from celery_driftsafe.clock import Clock
 from celery_driftsafe.conf import get_settings
-from celery_driftsafe.headers import (
-    message_headers,
-)
+from celery_driftsafe.headers import message_headers
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 from celery_driftsafe.task import DriftSafeTask
 

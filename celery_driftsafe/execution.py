@@ -21,9 +21,9 @@ from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 
 from celery_driftsafe.conf import get_settings
-from celery_driftsafe.exceptions import LockError, LockLost
+from celery_driftsafe.exceptions import LedgerUnavailable, LockError, LockLost
 from celery_driftsafe.headers import RunHeaders
-from celery_driftsafe.ledger import FINISHED, Ledger, LedgerUnavailable, RunRow
+from celery_driftsafe.ledger import FINISHED, Ledger, RunRow
 from celery_driftsafe.locks import lock_backend
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 Each problem is reported on the field at fault, all at once (not the first one only):
 
 * ``task`` — must be registered with the project's Celery app
-  (:func:`celery_driftsafe.manual.get_celery_app`);
+  (:func:`celery_driftsafe.celery_app.get_celery_app`);
 * ``args`` / ``kwargs`` / ``headers`` — a JSON list, object and object;
 * ``interval_every`` — a positive whole number (interval tasks);
 * ``crontab_*`` — each field parsed on its own (``crontab_second`` is optional: empty means
@@ -29,8 +29,8 @@ from django.core.validators import MinValueValidator
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from celery_driftsafe.celery_app import get_celery_app, registered_task_names
 from celery_driftsafe.exceptions import ScheduleError
-from celery_driftsafe.manual import get_celery_app, registered_task_names
 from celery_driftsafe.models import PeriodicTask, ScheduleKind
 from celery_driftsafe.slots import Crontab, Solar
 

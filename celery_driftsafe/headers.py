@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from celery_driftsafe.exceptions import DriftSafeError
+from celery_driftsafe.exceptions import BadRunHeaders
 
 if TYPE_CHECKING:
     from celery_driftsafe.dispatch import ClaimedRun
@@ -43,10 +43,6 @@ def message_headers(run: ClaimedRun) -> dict[str, Any]:
 
 
 # -- Reading them back in the worker -------------------------------------------------------------
-
-
-class BadRunHeaders(DriftSafeError):
-    """A message's driftsafe headers are malformed or do not match its run."""
 
 
 @dataclass(frozen=True)

@@ -35,9 +35,9 @@ from celery.exceptions import Ignore
 
 from celery_driftsafe.clock import AuthorityClock, authority_from_settings
 from celery_driftsafe.conf import get_settings
+from celery_driftsafe.exceptions import BadRunHeaders, LedgerUnavailable
 from celery_driftsafe.execution import Execution, current_execution
-from celery_driftsafe.headers import BadRunHeaders, RunHeaders, read_headers
-from celery_driftsafe.ledger import LedgerUnavailable
+from celery_driftsafe.headers import RunHeaders, read_headers
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ from billiard.einfo import ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
 from celery.worker.request import Request
 
-from celery_driftsafe.headers import BadRunHeaders, RunHeaders, read_headers
+from celery_driftsafe.exceptions import BadRunHeaders
+from celery_driftsafe.headers import RunHeaders, read_headers
 
 logger = logging.getLogger("celery_driftsafe.task")
 
@@ -34,7 +35,8 @@ def record_from_worker(request: Any, status: str, error: str, *, started_too: bo
     still waiting, or (``started_too``) started by this worker in this attempt."""
     from django.db import close_old_connections
 
-    from celery_driftsafe.ledger import Ledger, LedgerUnavailable
+    from celery_driftsafe.exceptions import LedgerUnavailable
+    from celery_driftsafe.ledger import Ledger
     from celery_driftsafe.task import authority_clock
 
     headers = _run_headers(request)

@@ -29,8 +29,8 @@ from django.test import override_settings
 
 from celery_driftsafe import redis_client
 from celery_driftsafe.clock import AuthorityClock, SystemClock
-from celery_driftsafe.conf import ConfigurationError, DriftSafeSettings
-from celery_driftsafe.exceptions import LockError, LockLost
+from celery_driftsafe.conf import DriftSafeSettings
+from celery_driftsafe.exceptions import ConfigurationError, LockError, LockLost
 from celery_driftsafe.locks import (
     POLL_MIN_SECONDS,
     DatabaseLockBackend,

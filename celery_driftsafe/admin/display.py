@@ -19,8 +19,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from celery_driftsafe.clock import authority_from_settings
-from celery_driftsafe.conf import ConfigurationError
-from celery_driftsafe.exceptions import ClockError, ScheduleError
+from celery_driftsafe.exceptions import ClockError, ConfigurationError, ScheduleError
 from celery_driftsafe.models import STAND_IN_ANCHOR, PeriodicTask, RunStatus, ScheduleKind
 
 logger = logging.getLogger(__name__)

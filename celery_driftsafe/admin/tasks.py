@@ -30,12 +30,12 @@ from celery_driftsafe.admin.display import (
     schedule_cell,
     status_badge,
 )
+from celery_driftsafe.celery_app import get_celery_app
 from celery_driftsafe.clock import AuthorityClock, authority_from_settings
-from celery_driftsafe.conf import ConfigurationError
-from celery_driftsafe.exceptions import ClockError
+from celery_driftsafe.exceptions import ClockError, ConfigurationError
 from celery_driftsafe.forms import PeriodicTaskForm
-from celery_driftsafe.manual import admin_actor, get_celery_app, run_now
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
+from celery_driftsafe.run_now import admin_actor, run_now
 
 logger = logging.getLogger(__name__)
 

@@ -33,9 +33,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import IntegrityError, transaction
 
 from celery_driftsafe.beat_schedule import entry_fields
+from celery_driftsafe.celery_app import get_celery_app, load_celery_app
 from celery_driftsafe.changes import authority_now
 from celery_driftsafe.exceptions import ScheduleError
-from celery_driftsafe.manual import get_celery_app, load_celery_app
 from celery_driftsafe.models import IntervalUnit, PeriodicTask, ScheduleKind, TaskSource
 
 logger = logging.getLogger(__name__)
