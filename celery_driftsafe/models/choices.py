@@ -1,0 +1,70 @@
+"""Names a run, a task or a schedule takes in the database, with their labels for forms and the
+admin."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class ScheduleKind(models.TextChoices):
+    INTERVAL = "interval", "Interval"
+    CRONTAB = "crontab", "Crontab"
+    ONE_OFF = "one_off", "One-off"
+    SOLAR = "solar", "Solar"
+
+
+class SolarEvent(models.TextChoices):
+    """The events of ``celery.schedules.solar`` (see :mod:`celery_driftsafe.solar`)."""
+
+    DAWN_ASTRONOMICAL = "dawn_astronomical", "Astronomical dawn (sun 18° below, rising)"
+    DAWN_NAUTICAL = "dawn_nautical", "Nautical dawn (sun 12° below, rising)"
+    DAWN_CIVIL = "dawn_civil", "Civil dawn (sun 6° below, rising)"
+    SUNRISE = "sunrise", "Sunrise"
+    SOLAR_NOON = "solar_noon", "Solar noon"
+    SUNSET = "sunset", "Sunset"
+    DUSK_CIVIL = "dusk_civil", "Civil dusk (sun 6° below, setting)"
+    DUSK_NAUTICAL = "dusk_nautical", "Nautical dusk (sun 12° below, setting)"
+    DUSK_ASTRONOMICAL = "dusk_astronomical", "Astronomical dusk (sun 18° below, setting)"
+
+
+class IntervalUnit(models.TextChoices):
+    SECONDS = "seconds", "seconds"
+    MINUTES = "minutes", "minutes"
+    HOURS = "hours", "hours"
+    DAYS = "days", "days"
+
+
+class MisfirePolicy(models.TextChoices):
+    DEFAULT = "", "Project default"
+    FIRE_ONCE = "fire_once", "Fire once for all missed slots"
+    FIRE_ALL = "fire_all", "Fire every missed slot (bounded)"
+    SKIP = "skip", "Skip to the next future slot"
+
+
+class OverlapPolicy(models.TextChoices):
+    ALLOW = "allow", "Allow overlapping runs"
+    SKIP = "skip", "Skip a slot while the previous run is running"
+
+
+class RunStatus(models.TextChoices):
+    CLAIMED = "claimed", "Claimed"
+    DISPATCHED = "dispatched", "Dispatched"
+    STARTED = "started", "Started"
+    RETRYING = "retrying", "Retry scheduled"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    SKIPPED = "skipped", "Skipped"
+    MISSED = "missed", "Missed"
+    EXPIRED = "expired", "Expired"
+    REVOKED = "revoked", "Revoked"
+
+
+class RunKind(models.TextChoices):
+    SCHEDULED = "scheduled", "Scheduled"
+    MANUAL = "manual", "Run now"
+    ADHOC = "adhoc", "Ad-hoc call"
+
+
+class TaskSource(models.TextChoices):
+    DATABASE = "database", "Database / admin"
+    BEAT_SCHEDULE = "beat_schedule", "Celery beat_schedule"
