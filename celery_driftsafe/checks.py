@@ -20,6 +20,7 @@ Stable ids (documented in the settings reference):
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,6 +31,9 @@ from django.db import connections
 
 from celery_driftsafe import conf
 from celery_driftsafe.exceptions import ConfigurationError
+
+#: Start-up refusals speak for the beat.
+_beat_logger = logging.getLogger("celery_driftsafe.scheduler")
 
 _CHOICES: dict[str, Sequence[str]] = {
     "TIME_AUTHORITY": conf.TIME_AUTHORITIES,
@@ -192,3 +196,16 @@ def check_database(
             id="celery_driftsafe.W001",
         )
     ]
+
+
+def refuse_bad_configuration(node_id: str) -> None:
+    """``celery beat`` runs no system checks: refuse to start on any error they would
+    report, with their message and hint, and without a traceback."""
+    errors = startup_errors()
+    if not errors:
+        return
+    for message in errors:
+        _beat_logger.critical("%s", describe(message),
+                              extra={"action": "config-error", "node": node_id})
+    raise SystemExit("celery_driftsafe cannot start:\n" +
+                     "\n".join(describe(message) for message in errors))

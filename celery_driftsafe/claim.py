@@ -29,6 +29,7 @@ from django.db import (
     connections,
     transaction,
 )
+from django.db.models import Min
 
 from celery_driftsafe.claim_sql import (
     NewRun,
@@ -362,3 +363,11 @@ def claimer_for(using: str = "default", settings: DriftSafeSettings | None = Non
     return CompareAndSwapClaimer(using=using, settings=settings)
 
 
+def next_due(using: str = "default") -> datetime | None:
+    """The earliest unclaimed slot of any enabled task."""
+    value: datetime | None = (
+        PeriodicTask.objects.using(using)
+        .filter(enabled=True)
+        .aggregate(next_due=Min("next_slot_at"))["next_due"]
+    )
+    return value

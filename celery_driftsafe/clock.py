@@ -270,3 +270,14 @@ def authority_from_settings(settings: Any = None, *, using: str = "default") -> 
         "TIME_AUTHORITY", settings.time_authority, "unknown time authority",
         "use 'database', 'redis' or 'local'",
     )
+
+
+@dataclass(frozen=True)
+class Reading:
+    """An authority reading and the local monotonic time it was taken at."""
+
+    at: datetime
+    monotonic: float
+
+    def now(self, monotonic: float) -> datetime:
+        return self.at + timedelta(seconds=monotonic - self.monotonic)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -22,6 +21,7 @@ from celery import Task
 from celery.utils.saferepr import saferepr
 from django.db.models import Case, F, Q, TextField, Value, When
 
+from celery_driftsafe.broker import connection_errors, describe_error, pipelined, refused
 from celery_driftsafe.clock import Clock
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.headers import message_headers
@@ -264,23 +264,23 @@ class Dispatcher:
         its own (a signature error, a negative confirm on a transport that publishes one by
         one) is recorded and the others go on; a failed write raises, leaving the batch's
         runs unknown, so they stay claimed for the outbox."""
-        unreachable = _connection_errors(producer)
+        unreachable = connection_errors(producer)
         sent: list[int] = []
-        with _pipelined(producer, len(runs)):
+        with pipelined(producer, len(runs)):
             for run in runs:
                 try:
                     self._publish(run, producer)
                 except unreachable as exc:
-                    if not _refused(exc):
+                    if not refused(exc):
                         raise
-                    result.refused[run.run_id] = _describe(exc)
+                    result.refused[run.run_id] = describe_error(exc)
                 except TypeError as exc:
                     # Celery checks the arguments against the task's signature (a task this
                     # beat registered): no later try can fix the captured ones.
                     result.failed[run.run_id] = (
                         f"the arguments do not fit the task's signature: {exc}")
                 except Exception as exc:
-                    result.refused[run.run_id] = _describe(exc)
+                    result.refused[run.run_id] = describe_error(exc)
                 else:
                     sent.append(run.run_id)
         result.published.extend(sent)
@@ -383,40 +383,3 @@ class Dispatcher:
             )
 
 
-def _refused(exc: BaseException) -> bool:
-    """Whether the broker answered this one message with a refusal (a negative publisher
-    confirm: the queue is full, a policy rejects it), which kombu reports as a recoverable
-    connection error although the connection is fine."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if type(seen).__name__ == "MessageNacked":
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc) or "no detail given"
-    if _refused(exc) and "Nack" not in text:
-        text = f"the broker answered with a negative acknowledgement (Nack); {text}"
-    return f"{type(exc).__name__}: {text}"
-
-
-def _pipelined(producer: Any, messages: int) -> Any:
-    """kombu's publish batch for ``messages`` messages (one pipelined write on Redis), or no
-    batching where the producer or transport has none (they publish one by one)."""
-    batch = getattr(producer, "batch", None)
-    if batch is None or messages < 2:
-        return nullcontext()
-    # kombu counts broker commands, not messages, and writes early when it reaches the bound:
-    # leave room (a message to a queue with priorities or an expiry is several commands).
-    return batch(max_size=messages * 16)
-
-
-def _connection_errors(producer: Any) -> tuple[type[BaseException], ...]:
-    """The exceptions that mean "the broker cannot be reached" (not "it refused this one")."""
-    from kombu.exceptions import OperationalError
-
-    connection = getattr(producer, "connection", None)
-    errors = tuple(getattr(connection, "connection_errors", ()) or ())
-    return (*errors, OperationalError, ConnectionError)

@@ -187,7 +187,7 @@ def test_terminate_while_waiting_exits_at_once(scheduler: DriftSafeScheduler) ->
 def test_wakeup_set_from_another_thread_ends_a_wait() -> None:
     import threading
 
-    from celery_driftsafe.scheduler import Wakeup
+    from celery_driftsafe.wakeup import Wakeup
 
     wakeup = Wakeup()
     assert not wakeup.wait(0)
