@@ -19,6 +19,7 @@ from celery.worker.request import Request
 
 from celery_driftsafe.exceptions import BadRunHeaders
 from celery_driftsafe.headers import RunHeaders, read_headers
+from celery_driftsafe.names import RunStatus
 
 logger = logging.getLogger("celery_driftsafe.task")
 
@@ -75,7 +76,7 @@ class DriftSafeRequest(Request):
         super().on_timeout(soft, timeout)
         if not soft:
             record_from_worker(
-                self._context, "failed",
+                self._context, RunStatus.FAILED,
                 f"hard time limit ({timeout} s) exceeded: the worker killed the body",
                 started_too=True,
             )
@@ -88,7 +89,8 @@ class DriftSafeRequest(Request):
             exc = exc.exc
         redelivered = self.task.acks_late and self.task.reject_on_worker_lost
         if isinstance(exc, WorkerLostError) and not redelivered:
-            record_from_worker(self._context, "failed", f"worker lost: {exc}", started_too=True)
+            record_from_worker(self._context, RunStatus.FAILED, f"worker lost: {exc}",
+                               started_too=True)
 
 
 def on_task_revoked(sender: Any = None, request: Any = None, terminated: bool = False,
@@ -97,6 +99,6 @@ def on_task_revoked(sender: Any = None, request: Any = None, terminated: bool = 
     of a run ends the run as ``revoked`` (``expired``) instead of leaving it waiting."""
     if request is None:
         return
-    status = "expired" if expired else "revoked"
+    status = RunStatus.EXPIRED if expired else RunStatus.REVOKED
     why = "terminated by a revoke" if terminated else f"the worker discarded its message ({status})"
     record_from_worker(request, status, f"{status}: {why}", started_too=terminated)

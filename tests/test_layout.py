@@ -142,3 +142,15 @@ def test_every_module_imports_in_a_fresh_interpreter() -> None:
         cwd=PACKAGE.parent,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_models_store_the_names_defined_once() -> None:
+    from celery_driftsafe import models, names
+
+    assert set(models.RunStatus.values) == set(names.RunStatus)
+    assert set(models.RunKind.values) == set(names.RunKind)
+    assert set(models.MisfirePolicy.values) == {"", *names.MisfirePolicy}
+    assert set(models.OverlapPolicy.values) == set(names.OverlapPolicy)
+    assert set(names.PRE_START) | set(names.FINISHED) | {names.RunStatus.STARTED} == set(
+        names.RunStatus
+    )

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from celery_driftsafe import names
+
 
 class ScheduleKind(models.TextChoices):
     INTERVAL = "interval", "Interval"
@@ -36,33 +38,33 @@ class IntervalUnit(models.TextChoices):
 
 class MisfirePolicy(models.TextChoices):
     DEFAULT = "", "Project default"
-    FIRE_ONCE = "fire_once", "Fire once for all missed slots"
-    FIRE_ALL = "fire_all", "Fire every missed slot (bounded)"
-    SKIP = "skip", "Skip to the next future slot"
+    FIRE_ONCE = names.MisfirePolicy.FIRE_ONCE.value, "Fire once for all missed slots"
+    FIRE_ALL = names.MisfirePolicy.FIRE_ALL.value, "Fire every missed slot (bounded)"
+    SKIP = names.MisfirePolicy.SKIP.value, "Skip to the next future slot"
 
 
 class OverlapPolicy(models.TextChoices):
-    ALLOW = "allow", "Allow overlapping runs"
-    SKIP = "skip", "Skip a slot while the previous run is running"
+    ALLOW = names.OverlapPolicy.ALLOW.value, "Allow overlapping runs"
+    SKIP = names.OverlapPolicy.SKIP.value, "Skip a slot while the previous run is running"
 
 
 class RunStatus(models.TextChoices):
-    CLAIMED = "claimed", "Claimed"
-    DISPATCHED = "dispatched", "Dispatched"
-    STARTED = "started", "Started"
-    RETRYING = "retrying", "Retry scheduled"
-    SUCCEEDED = "succeeded", "Succeeded"
-    FAILED = "failed", "Failed"
-    SKIPPED = "skipped", "Skipped"
-    MISSED = "missed", "Missed"
-    EXPIRED = "expired", "Expired"
-    REVOKED = "revoked", "Revoked"
+    CLAIMED = names.RunStatus.CLAIMED.value, "Claimed"
+    DISPATCHED = names.RunStatus.DISPATCHED.value, "Dispatched"
+    STARTED = names.RunStatus.STARTED.value, "Started"
+    RETRYING = names.RunStatus.RETRYING.value, "Retry scheduled"
+    SUCCEEDED = names.RunStatus.SUCCEEDED.value, "Succeeded"
+    FAILED = names.RunStatus.FAILED.value, "Failed"
+    SKIPPED = names.RunStatus.SKIPPED.value, "Skipped"
+    MISSED = names.RunStatus.MISSED.value, "Missed"
+    EXPIRED = names.RunStatus.EXPIRED.value, "Expired"
+    REVOKED = names.RunStatus.REVOKED.value, "Revoked"
 
 
 class RunKind(models.TextChoices):
-    SCHEDULED = "scheduled", "Scheduled"
-    MANUAL = "manual", "Run now"
-    ADHOC = "adhoc", "Ad-hoc call"
+    SCHEDULED = names.RunKind.SCHEDULED.value, "Scheduled"
+    MANUAL = names.RunKind.MANUAL.value, "Run now"
+    ADHOC = names.RunKind.ADHOC.value, "Ad-hoc call"
 
 
 class TaskSource(models.TextChoices):
