@@ -28,15 +28,10 @@ from celery_driftsafe.conf import get_settings
 from celery_driftsafe.exceptions import ClockError
 from celery_driftsafe.models import CLAIM_FIELDS, PeriodicTask, ScheduleKind
 from celery_driftsafe.redis_client import channel, get_redis
+from celery_driftsafe.schedule_fields import SCHEDULE_FIELDS
 
 logger = logging.getLogger(__name__)
 
-SCHEDULE_FIELDS = (
-    "schedule_kind", "interval_every", "interval_unit", "interval_anchor", "crontab_second",
-    "crontab_minute", "crontab_hour", "crontab_day_of_month", "crontab_month_of_year",
-    "crontab_day_of_week", "timezone", "one_off_at", "solar_event", "solar_latitude",
-    "solar_longitude",
-)
 
 
 def authority_now(using: str = "default") -> datetime:

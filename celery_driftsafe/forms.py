@@ -32,17 +32,8 @@ from django.utils.safestring import SafeString
 from celery_driftsafe.celery_app import get_celery_app, registered_task_names
 from celery_driftsafe.exceptions import ScheduleError
 from celery_driftsafe.models import PeriodicTask, ScheduleKind
+from celery_driftsafe.schedule_fields import CRONTAB_FIELDS, EDITABLE_SCHEDULE_FIELDS
 from celery_driftsafe.slots import Crontab, Solar
-
-#: Form field -> the :class:`Crontab` argument it holds.
-CRONTAB_FIELDS = {
-    "crontab_second": "second",
-    "crontab_minute": "minute",
-    "crontab_hour": "hour",
-    "crontab_day_of_month": "day_of_month",
-    "crontab_month_of_year": "month_of_year",
-    "crontab_day_of_week": "day_of_week",
-}
 
 
 @lru_cache(maxsize=1)
@@ -91,10 +82,7 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         model = PeriodicTask
         fields = [
             "name", "task", "args", "kwargs", "enabled", "disabled_reason",
-            "schedule_kind", "interval_every", "interval_unit", "crontab_second", "crontab_minute",
-            "crontab_hour", "crontab_day_of_month", "crontab_month_of_year", "crontab_day_of_week",
-            "timezone",
-            "one_off_at", "solar_event", "solar_latitude", "solar_longitude",
+            *EDITABLE_SCHEDULE_FIELDS,
             "misfire_policy", "misfire_grace_seconds", "overlap_policy",
             "queue", "exchange", "routing_key", "priority", "expires_seconds", "headers",
         ]

@@ -17,6 +17,7 @@ from celery_driftsafe.models.choices import (
     SolarEvent,
     TaskSource,
 )
+from celery_driftsafe.schedule_fields import CRONTAB_FIELDS, ERROR_FIELDS, KIND_FIELD
 from celery_driftsafe.slots import Crontab, Interval, OneOff, Schedule, Solar
 from celery_driftsafe.validation import Problem, coerce_json, json_problems, option_problems
 
@@ -143,15 +144,9 @@ class PeriodicTask(models.Model):
                 raise ScheduleError("anchor", "an interval task needs an anchor")
             return Interval(timedelta(seconds=self.interval_every * unit), anchor)
         if self.schedule_kind == ScheduleKind.CRONTAB:
-            return Crontab(
-                minute=self.crontab_minute,
-                hour=self.crontab_hour,
-                day_of_month=self.crontab_day_of_month,
-                month_of_year=self.crontab_month_of_year,
-                day_of_week=self.crontab_day_of_week,
-                timezone=self.timezone,
-                second=self.crontab_second or "0",
-            )
+            fields = {argument: getattr(self, name) for name, argument in CRONTAB_FIELDS.items()}
+            fields["second"] = fields["second"] or "0"
+            return Crontab(**fields, timezone=self.timezone)
         if self.schedule_kind == ScheduleKind.ONE_OFF:
             if self.one_off_at is None:
                 raise ScheduleError("at", "a one-off task needs an instant")
@@ -197,8 +192,7 @@ class PeriodicTask(models.Model):
 
     def schedule_field(self) -> str:
         """The field to blame when the schedule as a whole cannot be evaluated."""
-        return {"interval": "interval_every", "crontab": "timezone", "one_off": "one_off_at",
-                "solar": "solar_event"}.get(str(self.schedule_kind), "schedule_kind")
+        return KIND_FIELD.get(str(self.schedule_kind), "schedule_kind")
 
     def clean(self) -> None:
         """Model validation: every problem on the field at fault."""
@@ -241,22 +235,4 @@ def schedule_problem(exc: ScheduleError) -> Problem:
 
 
 #: Which model field holds each schedule field named by :class:`ScheduleError`.
-SCHEDULE_ERROR_FIELDS = {
-    "every": "interval_every",
-    "anchor": "interval_anchor",
-    "second": "crontab_second",
-    "minute": "crontab_minute",
-    "hour": "crontab_hour",
-    "day_of_month": "crontab_day_of_month",
-    "month_of_year": "crontab_month_of_year",
-    "day_of_week": "crontab_day_of_week",
-    "timezone": "timezone",
-    "expression": "crontab_minute",
-    "at": "one_off_at",
-    "event": "solar_event",
-    "latitude": "solar_latitude",
-    "longitude": "solar_longitude",
-    "schedule_kind": "schedule_kind",
-}
-
-
+SCHEDULE_ERROR_FIELDS = ERROR_FIELDS
