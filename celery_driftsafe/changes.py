@@ -23,7 +23,7 @@ from typing import Any
 
 from django.db import router, transaction
 
-from celery_driftsafe.clock import authority_from_settings
+from celery_driftsafe.clock import authority_clock
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.exceptions import ClockError
 from celery_driftsafe.models import CLAIM_FIELDS, PeriodicTask, ScheduleKind
@@ -35,8 +35,8 @@ logger = logging.getLogger(__name__)
 
 
 def authority_now(using: str = "default") -> datetime:
-    """One reading of the configured authority (for edits made outside a beat)."""
-    return authority_from_settings(using=using).read()
+    """The configured authority's now (for edits made outside a beat)."""
+    return authority_clock(using).now()
 
 
 def first_slot(

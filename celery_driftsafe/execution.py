@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 
+from celery_driftsafe.clock import authority_clock
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.exceptions import LedgerUnavailable, LockError, LockLost
 from celery_driftsafe.headers import RunHeaders
@@ -28,7 +29,7 @@ from celery_driftsafe.locks import lock_backend
 from celery_driftsafe.names import FINISHED, RunStatus
 
 if TYPE_CHECKING:
-    from celery_driftsafe.clock import AuthorityClock
+    pass
 
 logger = logging.getLogger("celery_driftsafe.task")
 
@@ -50,12 +51,6 @@ def current_execution() -> Execution | None:
 
 def _log(level: int, message: str, *args: Any, run_id: int, action: str, **extra: Any) -> None:
     logger.log(level, message, *args, extra={"action": action, "run": run_id, **extra})
-
-
-def authority_clock() -> AuthorityClock:
-    from celery_driftsafe.task import authority_clock as clock
-
-    return clock()
 
 
 class Execution:

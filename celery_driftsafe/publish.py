@@ -61,8 +61,8 @@ def publish_idempotent(
     """
     from django.db import IntegrityError, transaction
 
+    from celery_driftsafe.clock import authority_clock
     from celery_driftsafe.models import Run
-    from celery_driftsafe.task import authority_clock
 
     if not isinstance(key, str) or not key or len(key) > 255:
         raise ValueError(f"idempotency_key must be a non-empty string of at most 255 "

@@ -31,7 +31,7 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 
 from celery_driftsafe.celery_app import get_celery_app
-from celery_driftsafe.clock import AuthorityClock, Clock, authority_from_settings
+from celery_driftsafe.clock import Clock, authority_clock
 from celery_driftsafe.dispatch import (
     Dispatcher,
     DispatchResult,
@@ -78,13 +78,13 @@ def run_now(
 ) -> ManualRun:
     """Start ``task`` now, through the ledger (see the module docstring).
 
-    ``clock`` supplies the slot (default: one reading of the configured time authority);
+    ``clock`` supplies the slot (default: :func:`~celery_driftsafe.clock.authority_clock`);
     ``actor`` is recorded as ``claimed_by``. Inside a caller's transaction the publish waits
     for its commit, so a worker never receives a run it cannot see yet.
     """
     app = app if app is not None else get_celery_app()
     if clock is None:
-        clock = AuthorityClock(authority_from_settings(using=using), samples=1)
+        clock = authority_clock(using)
     slot = clock.now()
     task_id = celery_task_id(task.pk, slot)
     actor = actor or _default_actor()

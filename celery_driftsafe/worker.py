@@ -36,9 +36,9 @@ def record_from_worker(request: Any, status: str, error: str, *, started_too: bo
     still waiting, or (``started_too``) started by this worker in this attempt."""
     from django.db import close_old_connections
 
+    from celery_driftsafe.clock import authority_clock
     from celery_driftsafe.exceptions import LedgerUnavailable
     from celery_driftsafe.ledger import Ledger
-    from celery_driftsafe.task import authority_clock
 
     headers = _run_headers(request)
     if headers is None:

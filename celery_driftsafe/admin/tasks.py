@@ -31,7 +31,7 @@ from celery_driftsafe.admin.display import (
     status_badge,
 )
 from celery_driftsafe.celery_app import get_celery_app
-from celery_driftsafe.clock import AuthorityClock, authority_from_settings
+from celery_driftsafe.clock import authority_clock
 from celery_driftsafe.exceptions import ClockError, ConfigurationError
 from celery_driftsafe.forms import PeriodicTaskForm
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
@@ -208,7 +208,7 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
     def run_now(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
         try:
             app = get_celery_app()
-            clock = AuthorityClock(authority_from_settings(), samples=1)
+            clock = authority_clock()
             actor = admin_actor(request.user.get_username())
             for task in queryset:
                 result = run_now(task, app=app, clock=clock, actor=actor)

@@ -9,6 +9,12 @@ boundary cases (a slot exactly at ``now``) are exact rather than hoped for::
     clock = FakeClock(datetime(2026, 3, 29, 0, 59, tzinfo=UTC))
     clock.advance(60)
     assert clock.now() == datetime(2026, 3, 29, 1, 0, tzinfo=UTC)
+
+:func:`inject_authority_clock` puts such a clock in place of the authority for everything
+outside a beat (the task base class, run now, the admin, schedule edits)::
+
+    with inject_authority_clock(FakeClock(start)):
+        task.save()   # its first slot is computed from ``start``
 """
 
 from __future__ import annotations
@@ -16,7 +22,10 @@ from __future__ import annotations
 import threading
 from datetime import UTC, datetime, timedelta
 
+from celery_driftsafe.clock import inject_authority_clock
 from celery_driftsafe.exceptions import ClockError
+
+__all__ = ["FakeClock", "UnreachableAuthority", "inject_authority_clock"]
 
 
 class FakeClock:
