@@ -175,7 +175,7 @@ class TestLockContract:
             assert not stranger.extend(60)
             assert not stranger.release()
         actions = [getattr(r, "action", None) for r in caplog.records]
-        assert actions == ["lock_extend_lost", "lock_release_lost"]
+        assert actions == ["lock-extend-lost", "lock-release-lost"]
         assert not locks.lock("job", ttl=10).acquire(blocking=False), "still held"
         assert holder.extend() and holder.release()
         assert not holder.release(), "a second release is refused"

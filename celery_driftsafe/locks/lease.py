@@ -102,7 +102,7 @@ class _LeaseLock:
             "acquired lock %s, fencing token %s",
             self.name,
             fencing_token,
-            extra=_log_extra("lock_acquired", self),
+            extra=_log_extra("lock-acquired", self),
         )
         return True
 
@@ -113,7 +113,7 @@ class _LeaseLock:
             logger.warning(
                 "extend of lock %s, which this object does not hold",
                 self.name,
-                extra=_log_extra("lock_extend_not_held", self),
+                extra=_log_extra("lock-extend-not-held", self),
             )
             return False
         sent = self.clock.monotonic()
@@ -125,7 +125,7 @@ class _LeaseLock:
                 "could not extend lock %s (fencing token %s): lease expired or taken over",
                 self.name,
                 self.fencing_token,
-                extra=_log_extra("lock_extend_lost", self),
+                extra=_log_extra("lock-extend-lost", self),
             )
         return extended
 
@@ -134,7 +134,7 @@ class _LeaseLock:
             logger.warning(
                 "release of lock %s, which this object does not hold",
                 self.name,
-                extra=_log_extra("lock_release_not_held", self),
+                extra=_log_extra("lock-release-not-held", self),
             )
             return False
         released = self._release_token(self.token)  # on LockError, keep the token: retryable
@@ -144,7 +144,7 @@ class _LeaseLock:
                 "taken over; the current holder's lease was left alone",
                 self.name,
                 self.fencing_token,
-                extra=_log_extra("lock_release_lost", self),
+                extra=_log_extra("lock-release-lost", self),
             )
         self.token = self.fencing_token = None
         self._lease_ends = 0.0
@@ -202,7 +202,7 @@ class _LeaseLock:
                     "could not release lock %s: %s; its lease will run out",
                     self.name,
                     exc,
-                    extra=_log_extra("lock_release_failed", self),
+                    extra=_log_extra("lock-release-failed", self),
                 )
                 released = False
             if not released:
@@ -315,7 +315,7 @@ class _Watchdog:
                     self.lock.name,
                     exc,
                     remaining,
-                    extra=_log_extra("lock_renew_failed", self.lock),
+                    extra=_log_extra("lock-renew-failed", self.lock),
                 )
                 wait = min(interval, max(remaining, POLL_MIN_SECONDS))
                 continue
@@ -332,7 +332,7 @@ class _Watchdog:
             self.lock.name,
             self.held.fencing_token,
             reason,
-            extra=_log_extra("lock_lost", self.lock),
+            extra=_log_extra("lock-lost", self.lock),
         )
         self.held._mark_lost(reason)
         if self.on_lost is not None:
@@ -342,5 +342,5 @@ class _Watchdog:
                 logger.exception(
                     "on_lost callback of lock %s failed",
                     self.lock.name,
-                    extra=_log_extra("lock_lost_callback_failed", self.lock),
+                    extra=_log_extra("lock-lost-callback-failed", self.lock),
                 )
