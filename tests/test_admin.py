@@ -21,14 +21,13 @@ from celery_driftsafe.headers import HEADER_RUN_ID, HEADER_SLOT
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunKind, RunStatus
 from celery_driftsafe.slots import Crontab, Solar
 from celery_driftsafe.testing import FakeClock
-from tests.conftest import drain
+from tests.conftest import T0, drain
 from tests.factories import crontab_task, interval_task
 
 TASKS = reverse("admin:celery_driftsafe_periodictask_changelist")
 ADD = reverse("admin:celery_driftsafe_periodictask_add")
 RUNS = reverse("admin:celery_driftsafe_run_changelist")
 NODES = reverse("admin:celery_driftsafe_beatnode_changelist")
-T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 S = timedelta(seconds=1)
 #: An app to load by dotted path (not made the current app).
 DOTTED_APP = Celery("admin-tests-dotted", set_as_current=False)

@@ -15,8 +15,7 @@ from celery_driftsafe.clock import (
 )
 from celery_driftsafe.exceptions import ClockError
 from celery_driftsafe.testing import FakeClock, UnreachableAuthority
-
-T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+from tests.conftest import T0
 
 
 class ScriptedAuthority:

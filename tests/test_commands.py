@@ -18,9 +18,9 @@ from django.test import override_settings
 from celery_driftsafe import celery_app, changes
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus, TaskSource
 from celery_driftsafe.slots import Solar
+from tests.conftest import T0
 from tests.factories import interval_task
 
-T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 #: A second Celery app, for ``driftsafe_import --app`` (not made the current app).
 OTHER_APP = Celery("commands-tests-other", set_as_current=False)
 OTHER_APP.conf.beat_schedule = {"other-app-task": {"task": "other.task", "schedule": 60.0}}

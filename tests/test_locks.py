@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +50,12 @@ from celery_driftsafe.redis_client import (
 )
 from celery_driftsafe.testing import FakeClock
 from tests import settings as test_settings
+from tests.conftest import T0
 
 PREFIX = test_settings.DRIFTSAFE["KEY_PREFIX"]
 # A Redis database of its own (the locks database of tests/settings.py, ``REDIS_DB + 3``):
 # ``redis_client`` flushes ``REDIS_DB`` while other tests run.
 LOCK_REDIS_URL = f"{test_settings.REDIS_SERVER}/{test_settings.REDIS_DB + 3}"
-T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 BACKENDS = [
     pytest.param("redis", id="redis"),

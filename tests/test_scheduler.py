@@ -3,7 +3,7 @@ clock as the authority so every instant is exact."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -14,10 +14,9 @@ from celery_driftsafe.headers import HEADER_FENCING_TOKEN, HEADER_RUN_ID, HEADER
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus
 from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.testing import FakeClock
-from tests.conftest import QUEUE, drain
+from tests.conftest import QUEUE, T0, drain
 from tests.factories import interval_task
 
-T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 S = timedelta(seconds=1)
 
 
