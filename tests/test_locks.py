@@ -397,6 +397,36 @@ class TestDatabaseLock:
         assert waiter.fencing_token == 2
         assert all(0 < s <= 0.05 for s in clock.sleeps)
 
+    def test_the_watchdog_renews_on_the_fake_clock(self) -> None:
+        """No real sleep: the watchdog waits on the lock's clock, and the test moves it."""
+        clock = FakeClock(T0)
+        locks = DatabaseLockBackend(clock=clock)
+        with locks.lock("job", ttl=30).hold(watchdog=True) as held:
+            for _ in range(6):  # two leases' worth, a renewal every ttl/3
+                _until(lambda: clock.waiters == 2, "the renewer and the timekeeper waiting")
+                clock.advance(10)
+                _until(lambda: LockRow.objects.get(name="job").expires_at
+                       == clock.now() + timedelta(seconds=30), "renewed at the fake now")
+            assert not held.lost.is_set()
+            held.check()
+            assert not locks.lock("job", ttl=10).acquire(blocking=False)
+        assert not held.lost.is_set(), "released cleanly"
+        assert LockRow.objects.get(name="job").token == ""
+
+    def test_the_watchdog_declares_a_lock_taken_behind_its_back_lost(self) -> None:
+        clock = FakeClock(T0)
+        locks = DatabaseLockBackend(clock=clock)
+        calls: list[HeldLock] = []
+        with locks.lock("job", ttl=30).hold(watchdog=True, on_lost=calls.append) as held:
+            LockRow.objects.filter(name="job").update(token="intruder")
+            assert not held.lost.is_set()
+            _until(lambda: clock.waiters == 2, "the renewer and the timekeeper waiting")
+            clock.advance(10)  # the next renewal is refused
+            _until(held.lost.is_set, "the lock declared lost")
+            assert held.lost_reason is not None and "renewal refused" in held.lost_reason
+            assert calls == [held]
+        assert LockRow.objects.get(name="job").token == "intruder", "not released"
+
     def test_refuses_to_run_inside_a_transaction(self) -> None:
         lock = DatabaseLockBackend(clock=FakeClock(T0)).lock("job")
         with transaction.atomic(), pytest.raises(LockError, match="outside a transaction"):
@@ -664,3 +694,11 @@ def connected(url: str, **options: Any) -> Iterator[Any]:
         yield client
     finally:
         client.close()
+
+
+def _until(condition: Callable[[], bool], what: str, seconds: float = 10.0) -> None:
+    """Wait (really, briefly) until a watchdog thread has reacted to the fake clock."""
+    give_up = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < give_up, f"timed out waiting for {what}"
+        time.sleep(0.005)

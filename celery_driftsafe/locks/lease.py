@@ -189,7 +189,9 @@ class _LeaseLock:
         held = HeldLock(self, self.token, self.fencing_token)
         dog = _Watchdog(self, held, on_lost) if watchdog else None
         try:
-            if dog is not None:
+            if dog is not None and _waits_on(self.clock):
+                dog.start()  # a clock of its own (a fake one): its time, not the starter's
+            elif dog is not None:
                 _starter.schedule(dog, self.ttl * WATCHDOG_START_FRACTION)
             yield held
         finally:
@@ -207,6 +209,11 @@ class _LeaseLock:
                 released = False
             if not released:
                 held._mark_lost("no longer held at release")
+
+
+def _waits_on(clock: Clock) -> bool:
+    """Whether ``clock`` measures waits itself (``wait(event, seconds)``), as a fake clock does."""
+    return callable(getattr(clock, "wait", None))
 
 
 class _DeferredStarter:
@@ -280,6 +287,15 @@ class _Watchdog:
             if thread.is_alive() and thread is not threading.current_thread():
                 thread.join()
 
+    def _wait(self, seconds: float) -> bool:
+        """Until stopped or ``seconds`` passed on the lock's clock; whether it was stopped.
+        A clock with a ``wait(event, seconds)`` of its own (the fake clock of
+        :mod:`celery_driftsafe.testing`) measures the wait; any other waits in real time."""
+        if _waits_on(self.lock.clock):
+            stopped: bool = self.lock.clock.wait(self._stopping, seconds)  # type: ignore[attr-defined]
+            return stopped
+        return self._stopping.wait(seconds)
+
     def _renew(self) -> None:
         try:
             reason = self._renew_until_stopped()
@@ -291,7 +307,7 @@ class _Watchdog:
     def _keep_time(self) -> None:
         # Renewals only ever move the end of the lease later, so re-checking after each wait
         # is enough; no notification needed.
-        while not self._stopping.wait(max(self.lock.lease_remaining(), POLL_MIN_SECONDS)):
+        while not self._wait(max(self.lock.lease_remaining(), POLL_MIN_SECONDS)):
             if self.lock.lease_remaining() <= 0:
                 self._lose("the lease ran out before it could be renewed")
                 return
@@ -300,7 +316,7 @@ class _Watchdog:
         """None when stopped; otherwise why the lock was lost."""
         interval = self.lock.ttl / 3
         wait = max(0.0, interval - (self.lock.clock.monotonic() - self.made_at))
-        while not self._stopping.wait(wait):
+        while not self._wait(wait):
             if self.lock.lease_remaining() <= 0:
                 return "the lease ran out before it could be renewed"
             try:
