@@ -248,8 +248,26 @@ class AuthorityClock:
             self._sleep(seconds)
 
 
+class StandInClock(Clock, Authority, Protocol):
+    """A clock that is also an authority (``celery_driftsafe.testing.FakeClock``)."""
+
+
+#: Tests only: the clock that stands in for the configured time authority in this process,
+#: installed by :func:`celery_driftsafe.testing.fake_authority`. Empty in production.
+_stand_ins: list[StandInClock] = []
+
+
+def stand_in_clock() -> StandInClock | None:
+    """The clock a test installed in place of the time authority, if any."""
+    return _stand_ins[-1] if _stand_ins else None
+
+
 def authority_from_settings(settings: Any = None, *, using: str = "default") -> Authority:
-    """The authority ``DRIFTSAFE['TIME_AUTHORITY']`` names."""
+    """The authority ``DRIFTSAFE['TIME_AUTHORITY']`` names (in a test that installed a fake
+    authority, that one)."""
+    stand_in = stand_in_clock()
+    if stand_in is not None:
+        return stand_in
     from celery_driftsafe.conf import get_settings
     from celery_driftsafe.exceptions import ConfigurationError
     from celery_driftsafe.redis_client import get_redis

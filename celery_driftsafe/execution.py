@@ -27,7 +27,7 @@ from celery_driftsafe.ledger import FINISHED, Ledger, LedgerUnavailable, RunRow
 from celery_driftsafe.locks import lock_backend
 
 if TYPE_CHECKING:
-    from celery_driftsafe.clock import AuthorityClock
+    from celery_driftsafe.clock import Clock
 
 logger = logging.getLogger("celery_driftsafe.task")
 
@@ -51,7 +51,7 @@ def _log(level: int, message: str, *args: Any, run_id: int, action: str, **extra
     logger.log(level, message, *args, extra={"action": action, "run": run_id, **extra})
 
 
-def authority_clock() -> AuthorityClock:
+def authority_clock() -> Clock:
     from celery_driftsafe.task import authority_clock as clock
 
     return clock()

@@ -33,7 +33,7 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Ignore
 
-from celery_driftsafe.clock import AuthorityClock, authority_from_settings
+from celery_driftsafe.clock import AuthorityClock, Clock, authority_from_settings, stand_in_clock
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.execution import Execution, current_execution
 from celery_driftsafe.headers import BadRunHeaders, RunHeaders, read_headers
@@ -46,8 +46,12 @@ _clocks: dict[int, AuthorityClock] = {}
 _clocks_lock = threading.Lock()
 
 
-def authority_clock() -> AuthorityClock:
-    """This process's clock on the configured authority (re-measured every minute)."""
+def authority_clock() -> Clock:
+    """This process's clock on the configured authority (re-measured every minute), or the
+    fake one a test installed (:func:`celery_driftsafe.testing.fake_authority`)."""
+    stand_in = stand_in_clock()
+    if stand_in is not None:
+        return stand_in
     pid = os.getpid()
     with _clocks_lock:
         clock = _clocks.get(pid)

@@ -9,13 +9,20 @@ boundary cases (a slot exactly at ``now``) are exact rather than hoped for::
     clock = FakeClock(datetime(2026, 3, 29, 0, 59, tzinfo=UTC))
     clock.advance(60)
     assert clock.now() == datetime(2026, 3, 29, 1, 0, tzinfo=UTC)
+
+:func:`fake_authority` installs such a clock in place of the configured time authority, and
+:class:`~celery_driftsafe.testing.beat.SteppedBeat` (the ``driftsafe`` pytest fixture) runs
+the real scheduler's rounds on it (see :doc:`/howto/test-your-schedules`).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
+from celery_driftsafe import clock as _clock
 from celery_driftsafe.exceptions import ClockError
 
 
@@ -79,3 +86,16 @@ class UnreachableAuthority:
 
     def read(self) -> datetime:
         raise ClockError("authority unreachable (test double)")
+
+
+@contextmanager
+def fake_authority(clock: FakeClock) -> Iterator[FakeClock]:
+    """Within the block, ``clock`` stands in for ``DRIFTSAFE['TIME_AUTHORITY']`` in this
+    process: new and edited :class:`~celery_driftsafe.models.PeriodicTask` rows take their
+    first slot from it, and so do beats built from settings, "run now" and ``DriftSafeTask``
+    executed here. Other processes (a real worker or beat) still read the real authority."""
+    _clock._stand_ins.append(clock)
+    try:
+        yield clock
+    finally:
+        _clock._stand_ins.remove(clock)
