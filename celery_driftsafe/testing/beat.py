@@ -254,7 +254,7 @@ class SteppedBeat:
             task=str(headers.get("task", "")), task_id=str(headers.get("id", "")),
             args=list(args), kwargs=dict(kwargs), run_id=int(headers[HEADER_RUN_ID]),
             periodic_task_id=None if periodic is None else int(periodic),
-            slot=None if slot is None else datetime.fromisoformat(slot),
+            slot=None if slot is None else datetime.fromisoformat(slot).astimezone(UTC),
             published_at=at, routing_key=routing_key or "", exchange=exchange or "",
             headers=dict(headers),
         ))
@@ -322,7 +322,9 @@ def _show(instant: datetime, zone: ZoneInfo) -> str:
 
 
 def _require_aware(instant: datetime, where: str) -> datetime:
+    """``instant`` in UTC. (Aware datetimes in different zones compare by instant, except
+    that one in a repeated hour never equals anything: PEP 495. In UTC they all do.)"""
     if not isinstance(instant, datetime) or instant.tzinfo is None:
         raise ValueError(f"{where} needs aware datetimes (e.g. tzinfo=UTC or "
                          f"ZoneInfo('Europe/Berlin')), not {instant!r}")
-    return instant
+    return instant.astimezone(UTC)
