@@ -8,10 +8,11 @@ The inner runs use this suite's Django settings, so they run on the database of 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+
+from tests.test_docs import DOCS, samples
 
 pytest_plugins = ["pytester"]
 
@@ -26,21 +27,21 @@ filterwarnings =
     ignore:unclosed <socket.socket:ResourceWarning
 """
 
-#: The user's Celery app, with the schedule the inner tests check.
-PROJ_CELERY = """
-from celery import Celery
-from celery.schedules import crontab
-
-app = Celery("proj", set_as_current=False)
-app.conf.timezone = "Europe/Berlin"
+ROUTES = """
 app.conf.task_routes = {"reports.*": {"queue": "reports"}}
-app.conf.beat_schedule = {
-    "nightly-report": {
-        "task": "reports.nightly",
-        "schedule": crontab(minute=30, hour=2),
-        "kwargs": {"format": "pdf"},
-    },
-}
+"""
+
+#: Runs under the how-to's conftest overrides.
+OVERRIDDEN = """
+from datetime import UTC, datetime
+
+import pytest
+
+
+def test_the_overrides_apply(driftsafe):
+    assert driftsafe.now() == datetime(2026, 3, 28, 12, 0, tzinfo=UTC)
+    with pytest.raises(LookupError, match="the database has: none"):
+        driftsafe.fired("nightly-report")  # not in the overriding app's schedule
 """
 
 CONFTEST = """
@@ -59,8 +60,6 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from celery_driftsafe.models import PeriodicTask, Run
-
 BERLIN = ZoneInfo("Europe/Berlin")
 
 
@@ -68,30 +67,6 @@ def day(year, month, date):
     """One local day in Berlin, as (start, end)."""
     start = datetime(year, month, date, tzinfo=BERLIN)
     return start, datetime.combine(start.date() + timedelta(days=1), start.timetz())
-
-
-def test_nightly_report_fires_once_on_spring_forward(driftsafe):
-    driftsafe.clock.set(datetime(2026, 3, 28, 12, 0, tzinfo=UTC))
-    # 02:30 does not exist in Berlin on 2026-03-29: it fires once, at the end of the gap.
-    driftsafe.assert_fires(
-        "nightly-report", [datetime(2026, 3, 29, 3, 0, tzinfo=BERLIN)],
-        between=day(2026, 3, 29),
-    )
-    [message] = driftsafe.messages("nightly-report")
-    assert message.task == "reports.nightly"
-    assert message.kwargs == {"format": "pdf"}
-    assert message.routing_key == "reports"
-    assert message.slot == datetime(2026, 3, 29, 1, 0, tzinfo=UTC)
-
-
-def test_nightly_report_fires_once_on_fall_back(driftsafe):
-    driftsafe.clock.set(datetime(2026, 10, 24, 12, 0, tzinfo=UTC))
-    # 02:30 happens twice in Berlin on 2026-10-25: it fires once, at the first (fold=0, CEST).
-    driftsafe.assert_fires(
-        "nightly-report", [datetime(2026, 10, 25, 2, 30, tzinfo=BERLIN)],
-        between=day(2026, 10, 25),
-    )
-    assert driftsafe.fired("nightly-report") == [datetime(2026, 10, 25, 0, 30, tzinfo=UTC)]
 
 
 def test_a_whole_week_around_the_change(driftsafe):
@@ -107,29 +82,17 @@ def test_a_whole_week_around_the_change(driftsafe):
     assert driftsafe.runs("nightly-report").count() == 5
 
 
-def test_a_task_created_in_the_test_fires_every_quarter_through_the_repeated_hour(driftsafe):
-    driftsafe.clock.set(datetime(2026, 10, 25, 0, 0, tzinfo=UTC))  # 02:00 CEST
-    PeriodicTask.objects.create(
-        name="poll feeds", task="feeds.poll", schedule_kind="crontab",
-        crontab_minute="*/15", crontab_hour="*", timezone="Europe/Berlin",
-    )
-    driftsafe.advance_to(datetime(2026, 10, 25, 2, 0, tzinfo=UTC))  # 03:00 CET
-    # 02:00-03:00 happens twice: a quarter-hourly task fires every 15 real minutes.
-    start = datetime(2026, 10, 25, 0, 15, tzinfo=UTC)
-    assert driftsafe.fired("poll feeds") == [start + timedelta(minutes=15 * k) for k in range(8)]
-    assert driftsafe.now() == datetime(2026, 10, 25, 2, 0, tzinfo=UTC)
-
-
-def test_a_stopped_beat_catches_up_once(driftsafe):
-    driftsafe.clock.set(datetime(2026, 5, 4, 8, 0, tzinfo=UTC))
-    PeriodicTask.objects.create(name="sync", task="crm.sync", schedule_kind="interval",
-                                interval_every=10, interval_unit="minutes")
-    driftsafe.advance(timedelta(minutes=30))
-    assert len(driftsafe.fired("sync")) == 3
-    driftsafe.clock.advance(timedelta(hours=2))  # no rounds: the beats were down
-    driftsafe.run_round()
-    assert len(driftsafe.fired("sync")) == 4  # one catch-up firing, not twelve
-    assert Run.objects.filter(status="missed").exists()
+def test_the_message_is_what_a_beat_sends(driftsafe):
+    driftsafe.clock.set(datetime(2026, 3, 28, 12, 0, tzinfo=UTC))
+    driftsafe.advance_to(datetime(2026, 3, 30, 0, 0, tzinfo=UTC))
+    [message] = driftsafe.messages("nightly-report")
+    assert message.task == "reports.nightly"
+    assert message.kwargs == {"format": "pdf"}
+    assert message.routing_key == "reports"  # the app's task_routes
+    assert message.slot == datetime(2026, 3, 29, 1, 0, tzinfo=UTC)
+    [run] = driftsafe.runs("nightly-report")
+    assert (run.pk, run.status, run.celery_task_id) == (message.run_id, "dispatched",
+                                                        message.task_id)
 
 
 def test_with_transactional_db(transactional_db, driftsafe):
@@ -148,6 +111,12 @@ def test_naive_instants_are_refused(driftsafe):
         driftsafe.advance_to(datetime(2026, 3, 29, 2, 30))
 
 
+def test_no_fake_authority_outside_the_fixture():
+    from celery_driftsafe.clock import stand_in_clock
+
+    assert stand_in_clock() is None
+
+
 def test_wrong_expectation_fails_clearly(driftsafe):
     driftsafe.clock.set(datetime(2026, 3, 28, 12, 0, tzinfo=UTC))
     driftsafe.assert_fires(
@@ -158,10 +127,18 @@ def test_wrong_expectation_fails_clearly(driftsafe):
 
 
 def _user_project(pytester: pytest.Pytester) -> None:
+    """The how-to's samples as written (its Celery app, its two test modules, its conftest
+    overrides in a folder of their own), plus :data:`USER_TESTS`."""
+    app, dst_tests, task_tests, overrides = samples("howto/test-your-schedules.md")
     pytester.makeini(INI)
-    pytester.makepyfile(proj_celery=PROJ_CELERY)
+    # The app the how-to's tests expect, routing its reports to a queue of their own.
+    pytester.makepyfile(proj_celery=app + ROUTES)
     pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_user_schedules=USER_TESTS)
+    pytester.makepyfile(test_howto_dst=dst_tests, test_howto_tasks=task_tests,
+                        test_user_schedules=USER_TESTS)
+    folder = pytester.mkpydir("overrides")
+    (folder / "conftest.py").write_text(overrides)
+    (folder / "test_overrides.py").write_text(OVERRIDDEN)
 
 
 def _environment(monkeypatch: pytest.MonkeyPatch, *, django: bool) -> None:
@@ -182,7 +159,7 @@ def test_user_tests_of_schedules_pass_and_a_wrong_expectation_fails_clearly(
     _environment(monkeypatch, django=True)
     _user_project(pytester)
     result = pytester.runpytest_subprocess("-v", "-p", "no:xdist", "--no-migrations")
-    result.assert_outcomes(passed=8, failed=1)
+    result.assert_outcomes(passed=11, failed=1)
     result.stdout.fnmatch_lines([
         "*test_wrong_expectation_fails_clearly FAILED*",
         "E*AssertionError: periodic task 'nightly-report' fired 1 time(s) between "
@@ -193,6 +170,10 @@ def test_user_tests_of_schedules_pass_and_a_wrong_expectation_fails_clearly(
         "E*missing:  2026-03-29 01:30:00 UTC (2026-03-29 03:30:00 CEST Europe/Berlin)",
         "E*extra:    2026-03-29 01:00:00 UTC (2026-03-29 03:00:00 CEST Europe/Berlin)",
     ])
+    # The how-to shows this failure: word for word.
+    howto = (DOCS / "howto/test-your-schedules.md").read_text()
+    message = next(line for line in result.stdout.lines if "AssertionError: periodic" in line)
+    assert message.split("AssertionError: ", 1)[1] in howto
 
 
 def test_the_plugin_loads_without_django_configured(
@@ -212,4 +193,3 @@ def test_the_plugin_loads_without_django_configured(
     result.stdout.fnmatch_lines(["*fixtures defined from celery_driftsafe.testing.pytest_plugin*"])
     result = pytester.runpytest_subprocess("-p", "no:xdist")
     result.assert_outcomes(passed=1)
-    assert "DJANGO_SETTINGS_MODULE" not in os.environ
