@@ -8,6 +8,10 @@ Fixtures (see :doc:`/howto/test-your-schedules`):
 ``driftsafe_celery_app``
     The application's Celery app (``DRIFTSAFE['CELERY_APP']``, else ``celery.current_app``):
     the beat copies its ``beat_schedule``, time zone and routing. Override it to use another.
+``driftsafe_publish_app``
+    ``None``: the beat publishes to an in-memory broker of its own and records the messages.
+    Override it to return a Celery app (pytest-celery's ``celery_app`` with an in-process
+    worker, say) and the beat publishes through that app, taking its ``beat_schedule`` too.
 ``driftsafe``
     A :class:`~celery_driftsafe.testing.beat.SteppedBeat` on the test database (it requests
     pytest-django's ``db``; ``transactional_db`` wins when the test asks for it), with the fake
@@ -46,10 +50,18 @@ def driftsafe_celery_app() -> Any:
 
 
 @pytest.fixture
-def driftsafe(db: None, driftsafe_clock: FakeClock, driftsafe_celery_app: Any) -> Iterator[Any]:
+def driftsafe_publish_app() -> Any:
+    """The Celery app the beat publishes through; ``None``: an in-memory one of its own."""
+    return None
+
+
+@pytest.fixture
+def driftsafe(db: None, driftsafe_clock: FakeClock, driftsafe_celery_app: Any,
+              driftsafe_publish_app: Any) -> Iterator[Any]:
     """A beat stepped by the test on the fake clock (see the module docstring). ``db`` is
     pytest-django's: the plugin needs pytest-django for this fixture."""
     from celery_driftsafe.testing.beat import SteppedBeat
 
     with fake_authority(driftsafe_clock):
-        yield SteppedBeat(driftsafe_clock, driftsafe_celery_app)
+        yield SteppedBeat(driftsafe_clock, driftsafe_celery_app,
+                          publish_app=driftsafe_publish_app)
