@@ -193,3 +193,20 @@ def test_the_plugin_loads_without_django_configured(
     result.stdout.fnmatch_lines(["*fixtures defined from celery_driftsafe.testing.pytest_plugin*"])
     result = pytester.runpytest_subprocess("-p", "no:xdist")
     result.assert_outcomes(passed=1)
+
+
+def test_fake_authority_stands_in_for_the_configured_one_inside_the_block_only() -> None:
+    from celery_driftsafe.clock import authority_from_settings, stand_in_clock
+    from celery_driftsafe.task import authority_clock
+    from celery_driftsafe.testing import FakeClock, fake_authority
+
+    outer, inner = FakeClock(), FakeClock()
+    assert stand_in_clock() is None
+    with fake_authority(outer):
+        assert authority_from_settings() is outer
+        assert authority_clock() is outer
+        with fake_authority(inner):
+            assert authority_from_settings() is inner
+        assert authority_from_settings() is outer
+    assert stand_in_clock() is None
+    assert authority_from_settings() is not outer

@@ -195,6 +195,12 @@ class SteppedBeat:
         delta = seconds if isinstance(seconds, timedelta) else timedelta(seconds=seconds)
         return self.advance_to(self.clock.now() + delta)
 
+    def close(self) -> None:
+        """Let go of the in-memory app's connections (the fixture calls this). The node stays
+        registered: the test database goes with the test."""
+        if self._scheduler is not None and self.publish_app is None:
+            self._scheduler.app.close()
+
     # -- what happened ------------------------------------------------------------------------
 
     def fired(self, name: str) -> list[datetime]:

@@ -62,6 +62,9 @@ def driftsafe(db: None, driftsafe_clock: FakeClock, driftsafe_celery_app: Any,
     pytest-django's: the plugin needs pytest-django for this fixture."""
     from celery_driftsafe.testing.beat import SteppedBeat
 
+    beat = SteppedBeat(driftsafe_clock, driftsafe_celery_app, publish_app=driftsafe_publish_app)
     with fake_authority(driftsafe_clock):
-        yield SteppedBeat(driftsafe_clock, driftsafe_celery_app,
-                          publish_app=driftsafe_publish_app)
+        try:
+            yield beat
+        finally:
+            beat.close()
