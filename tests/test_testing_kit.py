@@ -106,9 +106,12 @@ def test_an_unknown_name_says_which_exist(driftsafe):
         driftsafe.fired("nightly")
 
 
-def test_naive_instants_are_refused(driftsafe):
+def test_naive_instants_and_going_back_are_refused(driftsafe):
     with pytest.raises(ValueError, match="aware datetimes"):
         driftsafe.advance_to(datetime(2026, 3, 29, 2, 30))
+    driftsafe.clock.set(datetime(2026, 3, 29, 12, 0, tzinfo=UTC))
+    with pytest.raises(ValueError, match="does not go back"):
+        driftsafe.advance_to(datetime(2026, 3, 29, 11, 0, tzinfo=UTC))
 
 
 def test_no_fake_authority_outside_the_fixture():
