@@ -115,9 +115,10 @@ def test_naive_instants_and_going_back_are_refused(driftsafe):
 
 
 def test_no_fake_authority_outside_the_fixture():
-    from celery_driftsafe.clock import stand_in_clock
+    from celery_driftsafe.clock import authority_clock
+    from celery_driftsafe.testing import FakeClock
 
-    assert stand_in_clock() is None
+    assert not isinstance(authority_clock(), FakeClock)
 
 
 def test_wrong_expectation_fails_clearly(driftsafe):
@@ -197,19 +198,3 @@ def test_the_plugin_loads_without_django_configured(
     result = pytester.runpytest_subprocess("-p", "no:xdist")
     result.assert_outcomes(passed=1)
 
-
-def test_fake_authority_stands_in_for_the_configured_one_inside_the_block_only() -> None:
-    from celery_driftsafe.clock import authority_from_settings, stand_in_clock
-    from celery_driftsafe.task import authority_clock
-    from celery_driftsafe.testing import FakeClock, fake_authority
-
-    outer, inner = FakeClock(), FakeClock()
-    assert stand_in_clock() is None
-    with fake_authority(outer):
-        assert authority_from_settings() is outer
-        assert authority_clock() is outer
-        with fake_authority(inner):
-            assert authority_from_settings() is inner
-        assert authority_from_settings() is outer
-    assert stand_in_clock() is None
-    assert authority_from_settings() is not outer

@@ -10,20 +10,26 @@ boundary cases (a slot exactly at ``now``) are exact rather than hoped for::
     clock.advance(60)
     assert clock.now() == datetime(2026, 3, 29, 1, 0, tzinfo=UTC)
 
-:func:`fake_authority` installs such a clock in place of the configured time authority, and
-:class:`~celery_driftsafe.testing.beat.SteppedBeat` (the ``driftsafe`` pytest fixture) runs
-the real scheduler's rounds on it (see :doc:`/howto/test-your-schedules`).
+:func:`inject_authority_clock` puts such a clock in place of the authority for everything
+outside a beat (the task base class, run now, the admin, schedule edits)::
+
+    with inject_authority_clock(FakeClock(start)):
+        task.save()   # its first slot is computed from ``start``
+
+The pytest plugin (:mod:`celery_driftsafe.testing.pytest_plugin`) does that for a whole test,
+and its ``driftsafe`` fixture (:class:`~celery_driftsafe.testing.beat.SteppedBeat`) runs the
+real scheduler's rounds on the fake clock (see :doc:`/howto/test-your-schedules`).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
-from celery_driftsafe import clock as _clock
+from celery_driftsafe.clock import inject_authority_clock
 from celery_driftsafe.exceptions import ClockError
+
+__all__ = ["FakeClock", "UnreachableAuthority", "inject_authority_clock"]
 
 
 class FakeClock:
@@ -40,6 +46,9 @@ class FakeClock:
         self._now = start.astimezone(UTC)
         self._monotonic = monotonic_start
         self._lock = threading.Lock()
+        self._advanced = threading.Condition(self._lock)
+        #: Threads inside :meth:`wait` now (a test advances once they all wait).
+        self.waiters = 0
         self.sleeps: list[float] = []
 
     def now(self) -> datetime:
@@ -65,6 +74,7 @@ class FakeClock:
         with self._lock:
             self._now += delta
             self._monotonic += delta.total_seconds()
+            self._advanced.notify_all()
             return self._now
 
     def set(self, instant: datetime) -> None:
@@ -73,6 +83,24 @@ class FakeClock:
             raise ValueError("FakeClock.set needs an aware datetime")
         with self._lock:
             self._now = instant.astimezone(UTC)
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        """Until ``event`` is set or this clock has been advanced by ``seconds`` (by another
+        thread); whether the event is set. What a lock's watchdog waits with, so a test moves
+        a lease along with :meth:`advance` instead of sleeping."""
+        with self._lock:
+            deadline = self._monotonic + max(seconds, 0.0)
+            self.waiters += 1
+        try:
+            while not event.is_set():
+                with self._advanced:
+                    if self._monotonic >= deadline:
+                        return False
+                    self._advanced.wait(0.005)  # also notices the event, which does not notify
+            return True
+        finally:
+            with self._lock:
+                self.waiters -= 1
 
     # The Authority protocol, so a FakeClock can also stand in for the shared clock.
     def read(self) -> datetime:
@@ -86,16 +114,3 @@ class UnreachableAuthority:
 
     def read(self) -> datetime:
         raise ClockError("authority unreachable (test double)")
-
-
-@contextmanager
-def fake_authority(clock: FakeClock) -> Iterator[FakeClock]:
-    """Within the block, ``clock`` stands in for ``DRIFTSAFE['TIME_AUTHORITY']`` in this
-    process: new and edited :class:`~celery_driftsafe.models.PeriodicTask` rows take their
-    first slot from it, and so do beats built from settings, "run now" and ``DriftSafeTask``
-    executed here. Other processes (a real worker or beat) still read the real authority."""
-    _clock._stand_ins.append(clock)
-    try:
-        yield clock
-    finally:
-        _clock._stand_ins.remove(clock)

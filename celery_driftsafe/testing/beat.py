@@ -77,9 +77,8 @@ class _SteppedScheduler(DriftSafeScheduler):
 
     def setup_schedule(self) -> None:
         super().setup_schedule()
-        if self._prefetcher is not None:
-            self._prefetcher.shutdown(wait=True)
-            self._prefetcher = None
+        # Nothing is claimed ahead yet: this publishes nothing and lets the thread go.
+        self._prefetcher.finish(self.dispatcher.dispatch, self.node_id)
 
     def _start_listener(self) -> None:
         return None
@@ -101,7 +100,7 @@ class SteppedBeat:
     """One beat node, stepped by the test (see the module docstring).
 
     ``clock`` is its time authority (install it with
-    :func:`~celery_driftsafe.testing.fake_authority` so that tasks saved in the test take
+    :func:`~celery_driftsafe.testing.inject_authority_clock` so that tasks saved in the test take
     their first slot from it too); ``app`` the application's Celery app, whose
     ``beat_schedule``, time zone and routing are copied when the beat starts (its first round);
     ``publish_app``, if given, publishes instead of the in-memory app (for a test that runs a

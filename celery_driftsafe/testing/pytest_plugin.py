@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from celery_driftsafe.testing import FakeClock, fake_authority
+from celery_driftsafe.testing import FakeClock, inject_authority_clock
 
 #: Where :func:`driftsafe_clock` starts.
 DEFAULT_START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -44,7 +44,7 @@ def driftsafe_clock() -> FakeClock:
 @pytest.fixture
 def driftsafe_celery_app() -> Any:
     """The Celery app whose ``beat_schedule`` and routing the ``driftsafe`` beat uses."""
-    from celery_driftsafe.manual import get_celery_app
+    from celery_driftsafe.celery_app import get_celery_app
 
     return get_celery_app()
 
@@ -63,7 +63,7 @@ def driftsafe(db: None, driftsafe_clock: FakeClock, driftsafe_celery_app: Any,
     from celery_driftsafe.testing.beat import SteppedBeat
 
     beat = SteppedBeat(driftsafe_clock, driftsafe_celery_app, publish_app=driftsafe_publish_app)
-    with fake_authority(driftsafe_clock):
+    with inject_authority_clock(driftsafe_clock):
         try:
             yield beat
         finally:
