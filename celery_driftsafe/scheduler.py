@@ -121,8 +121,7 @@ class DriftSafeScheduler(Scheduler):
         self._listener = self._start_listener()
         self._ready = True
 
-    def _start_listener(self) -> threading.Thread | None:
-        """The thread that wakes this beat on schedule changes (None without Redis)."""
+    def _start_listener(self) -> threading.Thread | None:  # a test's stepped beat has none
         return start_change_listener(self.settings, self._wake, self._shutdown)
 
     def _start_up(self) -> SyncReport:
