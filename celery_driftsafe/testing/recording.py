@@ -101,6 +101,9 @@ class QueueRecorder(Generic[T]):
         item = self.client.brpop([self.queue], timeout=0.2)
         if item is None:
             return
+        popped = item[1]
+        if isinstance(popped, str):  # a client made with decode_responses=True
+            popped = popped.encode()
         first = self._clock()
         with self.client.pipeline(transaction=True) as pipe:
             pipe.lrange(self.queue, 0, -1)
@@ -108,5 +111,5 @@ class QueueRecorder(Generic[T]):
             rest = pipe.execute()[0]
         later = self._clock()
         # LPUSH puts the newest at the head: the rest in arrival order is the list reversed
-        self._raw.append((item[1], first))
+        self._raw.append((popped, first))
         self._raw.extend((raw, later) for raw in reversed(rest))
