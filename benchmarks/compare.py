@@ -327,7 +327,8 @@ def _merge(saved: dict[str, Any], fresh: dict[str, Any], rerun: list[str]) -> di
     merged["errors"] = [e for e in saved.get("errors", []) if e["scenario"] not in rerun] \
         + fresh.get("errors", [])
     meta["rerun"] = [*meta.get("rerun", []), {
-        "scenarios": rerun, "started": fresh["meta"]["started"],
+        "scenarios": rerun, "added": not any(saved.get(s) for s in rerun),
+        "started": fresh["meta"]["started"],
         "finished": fresh["meta"]["finished"], "command": fresh["meta"]["command"]}]
     meta["slot_mismatches"] = sum(r.get("slot_mismatches", 0)
                                   for s in ("skew", "scale", "burst") for r in merged.get(s, []))
