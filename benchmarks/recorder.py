@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from celery_driftsafe.testing.recording import QueueRecorder, percentile
+from celery_driftsafe.testing.recording import QueueRecorder, nearest_rank, percentile
 
 __all__ = ["Message", "Recorder", "Schedule", "Tally", "match_in_order", "match_nearest",
            "origin_pid", "percentile", "percentile_bounded"]
@@ -175,6 +175,6 @@ def percentile_bounded(exact: Sequence[float], at_least: Sequence[float],
     pairs = sorted([(v, False) for v in exact] + [(v, True) for v in at_least])
     if not pairs:
         return float("nan"), False
-    rank = min(len(pairs), max(1, math.ceil(q / 100.0 * len(pairs))))
+    rank = nearest_rank(len(pairs), q)  # the rank of percentile(), so both agree
     value = pairs[rank - 1][0]
     return value, any(bound for v, bound in pairs[:rank])

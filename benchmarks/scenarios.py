@@ -7,7 +7,6 @@ All times are true time (this process's clock, epoch seconds) unless named other
 from __future__ import annotations
 
 import itertools
-import statistics
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -285,9 +284,9 @@ def edits(services: Services, peer: Peer, count: int, spacing: float, log: Log) 
         ok = [f for f in firsts if f is not None]
         result = {
             "peer": peer.key, "count": count,
-            "edit_to_first_p50": statistics.median(raw) if raw else None,
+            "edit_to_first_p50": percentile(raw, 50) if raw else None,
             "edit_to_first_max": max(raw, default=None),
-            "first_late_p50": statistics.median(ok) if ok else None,
+            "first_late_p50": percentile(ok, 50) if ok else None,
             "first_late_max": max(ok, default=None),
             "all_beats_max": max(all_beats, default=None),
             "beats_firing": max(beats_firing, default=0),

@@ -24,14 +24,18 @@ import redis
 T = TypeVar("T")
 
 
+def nearest_rank(count: int, q: float) -> int:
+    """The 1-based rank of the ``q``-th percentile (0..100) among ``count`` sorted values."""
+    return min(count, max(1, math.ceil(q / 100.0 * count)))
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (``q`` in 0..100; 50 is the median's lower value for an even
     count, 100 the maximum); NaN for no values."""
     if not values:
         return float("nan")
     ordered = sorted(values)
-    rank = min(len(ordered), max(1, math.ceil(q / 100.0 * len(ordered))))
-    return ordered[rank - 1]
+    return ordered[nearest_rank(len(ordered), q) - 1]
 
 
 class QueueRecorder(Generic[T]):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import uuid
@@ -32,7 +31,7 @@ from celery_driftsafe.testing.processes import (
     postgres_exec,
     wait_until_handles_sigterm,
 )
-from celery_driftsafe.testing.recording import QueueRecorder
+from celery_driftsafe.testing.recording import QueueRecorder, percentile
 from tests import settings as test_settings
 
 __all__ = ["E2ERun", "Received", "TaskReport", "analyse", "handles_sigterm", "real_now",
@@ -273,6 +272,6 @@ def table(reports: dict[int, TaskReport]) -> str:
         lines.append(
             f"{report.name:<22}{report.expected:>5}{report.fired:>7}{report.duplicates:>5}"
             f"{len(report.missed):>8}{len(report.early):>7}"
-            f"{statistics.median(late):>10.3f}{late[-1]:>10.3f}"
+            f"{percentile(late, 50):>10.3f}{late[-1]:>10.3f}"
         )
     return "\n".join(lines)
