@@ -130,7 +130,9 @@ def scale_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             sent = f"**did not finish**: {sent} in {r['seconds']:.0f} s"
         startup = _num(r["startup"], 2, " s") if r["startup"] is not None \
             else f"> {r['seconds']:.0f} s (bound)"
-        rows.append([_label(r["peer"]), f"{r['tasks']:,} ({r['due_rate']:,.0f})", startup, sent,
+        beats = f", {r['beats']} beats" if r.get("beats", 1) > 1 else ""
+        rows.append([_label(r["peer"]), f"{r['tasks']:,} ({r['due_rate']:,.0f}){beats}", startup,
+                     sent,
                      _num(r["sustained"], 0), _num(r.get("longest_pause"), 2, " s"),
                      _late(r, "late_p50"), _late(r, "late_p99"),
                      _num(r["cpu_percent"], 0, "%"),
