@@ -11,8 +11,11 @@ the settings::
 
 * :class:`RedisLockBackend`: ``SET <prefix>:lock:<name> token NX PX ttl`` and ``INCR
   <prefix>:fence:<name>`` in one Lua script; release and extend are compare-token scripts. The
-  lease is timed by Redis. The fencing counter never expires; it would go back only if Redis
-  lost data (a flush, or a failover to a replica that missed the last writes).
+  lease is timed by Redis. The fencing counter expires ``fence_ttl`` seconds after its last
+  acquisition (:func:`celery_driftsafe.retention.fence_ttl_seconds`; None: never); like a
+  counter lost with Redis data (a flush, a failover to a replica that missed the last
+  writes), an expired one starts again above the ``fencing_floor`` its next taker passes
+  (see ``docs/reference/locks.md``).
 * :class:`DatabaseLockBackend`: one row per name in :class:`celery_driftsafe.models.Lock`,
   taken over by a conditional ``UPDATE`` (free, or ``expires_at <= now``) that also increments
   the fencing token. Time comes from the backend's clock (by default the database server's,
@@ -465,7 +468,8 @@ class _Watchdog:
 # -- Redis --------------------------------------------------------------------------------------
 
 # KEYS[1] the lock, KEYS[2] its fencing counter; ARGV[1] the token, ARGV[2] the lease in ms,
-# ARGV[3] the fencing floor (the token handed out is above it).
+# ARGV[3] the fencing floor (the token handed out is above it), ARGV[4] the counter's time to
+# live in ms (0: none).
 _ACQUIRE_SCRIPT = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     local token = redis.call('INCR', KEYS[2])
@@ -473,6 +477,9 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     if token <= floor then
         token = floor + 1
         redis.call('SET', KEYS[2], token)
+    end
+    if tonumber(ARGV[4]) > 0 then
+        redis.call('PEXPIRE', KEYS[2], ARGV[4])
     end
     return token
 end
@@ -502,10 +509,13 @@ class RedisLockBackend:
     """
 
     def __init__(
-        self, client: Any, key_prefix: str = "driftsafe", *, clock: Clock | None = None
+        self, client: Any, key_prefix: str = "driftsafe", *, clock: Clock | None = None,
+        fence_ttl: float | None = None,
     ) -> None:
         self.client = client
         self.key_prefix = key_prefix
+        #: Seconds a fencing counter lives after its last acquisition (None: forever).
+        self.fence_ttl = fence_ttl
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.acquire_script = client.register_script(_ACQUIRE_SCRIPT)
         self.extend_script = client.register_script(_EXTEND_SCRIPT)
@@ -547,8 +557,10 @@ class RedisLock(_LeaseLock):
 
     def _acquire_token(self, token: str, ttl: float) -> int | None:
         keys = (self.key, self.backend.fence_key(self.name))
+        fence_ttl = self.backend.fence_ttl
         fencing_token = self._call(
-            self.backend.acquire_script, keys, (token, _ms(ttl), self.fencing_floor)
+            self.backend.acquire_script, keys,
+            (token, _ms(ttl), self.fencing_floor, _ms(fence_ttl) if fence_ttl else 0),
         )
         return fencing_token or None
 
@@ -684,6 +696,8 @@ def lock_backend(
     settings = settings or get_settings()
     if settings.redis_url:
         from celery_driftsafe.redis_client import get_redis, key_prefix
+        from celery_driftsafe.retention import fence_ttl_seconds
 
-        return RedisLockBackend(get_redis(settings), key_prefix(settings), clock=clock)
+        return RedisLockBackend(get_redis(settings), key_prefix(settings), clock=clock,
+                                fence_ttl=fence_ttl_seconds(settings))
     return DatabaseLockBackend(clock=clock, using=using)

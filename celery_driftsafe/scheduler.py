@@ -39,6 +39,7 @@ from celery_driftsafe.dispatch import Dispatcher
 from celery_driftsafe.exceptions import ClockError
 from celery_driftsafe.reconcile import reconcile
 from celery_driftsafe.redis_client import channel, get_redis
+from celery_driftsafe.retention import BackgroundPruner
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +165,7 @@ class DriftSafeScheduler(Scheduler):
         )
         self.claimer: Claimer = claimer_for(self.using, self.settings)
         self.dispatcher = Dispatcher(self.app, self.clock, using=self.using)
+        self.pruner = BackgroundPruner(using=self.using, monotonic=self.clock.monotonic)
         self._paused_reason = ""
         self._outage: str | None = None
         self._backoff = 0.0
@@ -270,6 +272,7 @@ class DriftSafeScheduler(Scheduler):
         self._closed = True
         if self._ready:
             self._finish_prefetch()
+            self.pruner.close()
             self._mark_stopped()
         if self._listener is not None:
             self._listener.join(timeout=2)
@@ -396,6 +399,7 @@ class DriftSafeScheduler(Scheduler):
         self._last_round_end = self.clock.monotonic()
         if full:
             return 0.0  # a full batch: more may be due right now
+        self.pruner.maybe_start(reading.at)  # low priority: in its own thread, when due
         return self._wait_after(reading, claimed=bool(result.tasks_seen))
 
     def _claim_ahead(self, now: datetime, busy_since: datetime | None) -> ClaimResult:
