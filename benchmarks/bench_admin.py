@@ -5,7 +5,7 @@ change page timed through Django's test client (the whole request: queries and r
 
 Self-contained: it creates and drops its own test database on the test PostgreSQL
 (``DRIFTSAFE_TEST_*`` variables, see tests/settings.py); the ledger is written by PostgreSQL
-itself (``generate_series``) with the real indexes in place, then analysed (as autovacuum
+itself (``generate_series``), its indexes built after the fill, then analysed (as autovacuum
 would). Prints one row a page: median and slowest of ``--repeat`` requests after one warm-up,
 the queries it made, and its slowest query.
 """
@@ -71,7 +71,7 @@ def _run(args: argparse.Namespace) -> None:
                  last_heartbeat_at=now) for i, node in enumerate(NODES)
     )
     started = time.perf_counter()
-    _fill(connection, args.runs, args.tasks, now)
+    _fill_fast(connection, lambda: _fill(connection, args.runs, args.tasks, now))
     fill = time.perf_counter() - started
     started = time.perf_counter()
     with connection.cursor() as cursor:
@@ -178,6 +178,24 @@ def _fill(connection: Any, runs: int, tasks: int, now: datetime) -> None:
                 {"first": first, "tasks": tasks, "start": start, "nodes": list(NODES),
                  "end": min(start + 1_000_000, runs) - 1, "now": now},
             )
+
+
+def _fill_fast(connection: Any, fill: Any) -> None:
+    """Run ``fill()`` with the run table's secondary indexes dropped, then build them again
+    (sorted builds: much faster than a random insert into each; the indexes come out compact,
+    as after a ``REINDEX``)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'celery_driftsafe_run' "
+            "AND indexname NOT IN (SELECT conname FROM pg_constraint "
+            "WHERE conrelid = 'celery_driftsafe_run'::regclass)")
+        saved = cursor.fetchall()
+        for name, _ in saved:
+            cursor.execute(f'DROP INDEX "{name}"')
+        fill()
+        cursor.execute("SET maintenance_work_mem = '512MB'")
+        for _, definition in saved:
+            cursor.execute(definition)
 
 
 if __name__ == "__main__":
