@@ -37,15 +37,17 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
+from celery_driftsafe.names import FINISHED, RunStatus
 
 logger = logging.getLogger(__name__)
 
 #: Finished runs kept ``RUN_RETENTION_SECONDS``.
-DONE = ("succeeded", "skipped", "revoked")
+DONE = (RunStatus.SUCCEEDED, RunStatus.SKIPPED, RunStatus.REVOKED)
 #: Finished runs that did not succeed, kept ``FAILED_RUN_RETENTION_SECONDS``.
-NOT_SUCCEEDED = ("failed", "missed", "expired")
+NOT_SUCCEEDED = (RunStatus.FAILED, RunStatus.MISSED, RunStatus.EXPIRED)
 #: A fencing counter's time to live when runs are kept forever.
 FENCE_TTL_WHEN_KEPT_FOREVER = 7 * 86400.0
+assert set(DONE) | set(NOT_SUCCEEDED) == set(FINISHED), "every finished status has a retention"
 #: The name of the lock one pruning beat holds.
 PRUNE_LOCK = "prune"
 

@@ -12,7 +12,7 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import connection
 from django.urls import reverse
 
-from celery_driftsafe import manual
+from celery_driftsafe import celery_app
 from celery_driftsafe.admin.paginator import EstimatedCountPaginator, estimated_rows
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 from tests.conftest import QUEUE, drain
@@ -25,9 +25,9 @@ T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 @pytest.fixture
 def app(broker_app: Any) -> Iterator[Any]:
-    manual.set_celery_app(broker_app)
+    celery_app.set_celery_app(broker_app)
     yield broker_app
-    manual.set_celery_app(None)
+    celery_app.set_celery_app(None)
 
 
 def change_url(task: PeriodicTask) -> str:

@@ -14,8 +14,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from celery_driftsafe.conf import ConfigurationError, get_settings
-from celery_driftsafe.exceptions import ClockError
+from celery_driftsafe.conf import get_settings
+from celery_driftsafe.exceptions import ClockError, ConfigurationError
 from celery_driftsafe.retention import Pruner
 
 
