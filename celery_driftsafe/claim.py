@@ -34,7 +34,9 @@ from django.db.models import F, Q
 
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.exceptions import ScheduleError
-from celery_driftsafe.misfire import ClaimPlan, MissedSpan, plan_claim
+from celery_driftsafe.bounds import limit_plan, run_budget
+from celery_driftsafe.jitter import offset, spread_us
+from celery_driftsafe.misfire import ClaimPlan, Jitter, MissedSpan, plan_claim
 from celery_driftsafe.models import (
     PeriodicTask,
     Run,
@@ -88,6 +90,9 @@ class ClaimResult:
     late_from_load: int = 0
     #: The oldest slot this round fired: how far behind the beats are.
     oldest_slot: datetime | None = None
+    #: Tasks this round disabled because they reached a bound or limit (valid until, run
+    #: once, max runs), after firing what they still could.
+    finished: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -168,12 +173,15 @@ class _BaseClaimer:
         self.using = using
         self.settings = settings or get_settings()
         self.batch_size = batch_size or self.settings.claim_batch_size
+        #: Tasks of the current round that reach a bound or limit: id -> why.
+        self._finished: dict[int, str] = {}
 
     def _due(self, now: datetime) -> Any:
+        # due_at is the next slot plus its jitter (the slot itself without jitter).
         return (
             PeriodicTask.objects.using(self.using)
-            .filter(enabled=True, next_slot_at__lte=now)
-            .order_by("next_slot_at", "id")
+            .filter(enabled=True, due_at__lte=now)
+            .order_by("due_at", "id")
         )
 
     def _load(self, due: Any, result: ClaimResult) -> list[PeriodicTask]:
@@ -209,19 +217,44 @@ class _BaseClaimer:
     def _plan(
         self, task: PeriodicTask, now: datetime, busy_since: datetime | None = None
     ) -> ClaimPlan:
+        """Plan one task: its misfire policy and grace, its jitter (due-ness and grace are
+        judged against the jittered instant), its bounds (a slot outside them is none) and
+        its run budget (a task that uses it up is finished: see :meth:`_advance`)."""
         assert task.next_slot_at is not None
         grace = task.misfire_grace_seconds
         if grace is None:
             grace = self.settings.misfire_grace_seconds
-        return plan_claim(
-            task.schedule,
-            task.next_slot_at,
+        schedule = task.schedule
+        start: datetime | None = task.next_slot_at
+        if task.valid_from is not None or task.valid_until is not None:
+            start = schedule.first_at_or_after(task.next_slot_at)  # a slot within the bounds
+        if start is None:
+            self._finished[task.pk] = (f"valid until {task.valid_until}: no slot is left "
+                                       "before it")
+            return ClaimPlan()
+        spread = spread_us(task.jitter_seconds)
+        plan = plan_claim(
+            schedule,
+            start,
             now,
             policy=task.misfire_policy or self.settings.misfire_policy,
             grace=timedelta(seconds=grace),
             fire_all_max=self.settings.fire_all_max,
             busy_since=busy_since,
+            jitter=Jitter(task.name, timedelta(microseconds=spread)) if spread else None,
         )
+        budget = run_budget(run_once=task.run_once, max_runs=task.max_runs,
+                            run_count=task.run_count or 0)
+        plan, used_up = limit_plan(plan, budget)
+        if used_up:
+            self._finished[task.pk] = (
+                "run once: it fired its run" if task.run_once and budget == 1
+                else f"max runs: it reached {task.max_runs} runs"
+            )
+        elif plan.next_slot is None and task.valid_until is not None:
+            self._finished[task.pk] = (f"valid until {task.valid_until}: no slot is left "
+                                       "before it")
+        return plan
 
     def _plans(
         self, tasks: Sequence[PeriodicTask], now: datetime, result: ClaimResult,
@@ -230,6 +263,7 @@ class _BaseClaimer:
         """Plan each task; a task whose row cannot be fired (bad JSON shape, bad option,
         broken schedule, anything its planning raises) is disabled with the reason, and the
         others go on."""
+        self._finished = {}
         planned = []
         for task in tasks:
             task.coerce()
@@ -247,7 +281,7 @@ class _BaseClaimer:
                          extra={"action": "disable", "task": task.name})
             task.enabled = False
             task.disabled_reason = _reason(problem)
-            task.next_slot_at = None
+            task.next_slot_at = task.due_at = None
             result.disabled.append(task.name)
         return planned
 
@@ -293,10 +327,18 @@ class _BaseClaimer:
         return refused
 
     def _expires_at(self, task: PeriodicTask, slot: datetime) -> datetime | None:
+        """When the run's message expires: ``expires_seconds`` after the slot's (jittered)
+        instant, and at the latest at the task's ``valid_until``."""
         seconds = task.expires_seconds
         if seconds is None:
             seconds = self.settings.run_expires_seconds
-        return None if seconds is None else slot + timedelta(seconds=seconds)
+        expires = None
+        if seconds is not None:
+            expires = slot + offset(task.name, slot, task.jitter_seconds) + timedelta(
+                seconds=seconds)
+        if task.valid_until is not None and (expires is None or expires > task.valid_until):
+            expires = task.valid_until
+        return expires
 
     def _insert(self, rows: list[NewRun], now: datetime, node_id: str) -> list[PeriodicTask]:
         """Insert ``rows``, skipping those whose slot already has a run. Should the database
@@ -359,12 +401,22 @@ class _BaseClaimer:
             )
             result.disabled.append(task.name)
 
-    @staticmethod
-    def _advance(task: PeriodicTask, plan: ClaimPlan) -> None:
+    def _advance(self, task: PeriodicTask, plan: ClaimPlan, result: ClaimResult) -> None:
         task.next_slot_at = plan.next_slot
+        task.due_at = None
+        if plan.next_slot is not None:
+            task.due_at = plan.next_slot + offset(task.name, plan.next_slot, task.jitter_seconds)
         if plan.fire:
             task.last_slot_at = plan.fire[-1]
             task.run_count = (task.run_count or 0) + len(plan.fire)
+        finished = self._finished.get(task.pk)
+        if finished is not None:
+            task.enabled = False
+            task.next_slot_at = task.due_at = None
+            task.disabled_reason = f"finished: {finished}"
+            logger.info("task %s finished: %s", task.name, finished,
+                        extra={"action": "finish", "task": task.name})
+            result.finished.append(task.name)
 
 
 def _reason(problem: str) -> str:
@@ -437,7 +489,7 @@ class SkipLockedClaimer(_BaseClaimer):
                 return result
             planned = self._plans(tasks, now, result, busy_since)
             for task, plan in planned:
-                self._advance(task, plan)
+                self._advance(task, plan, result)
             refused = self._write_runs(planned, now, node_id, result)
             advance_tasks(self.using, tasks)
             self._disable_refused(refused, result)
@@ -461,12 +513,13 @@ class CompareAndSwapClaimer(_BaseClaimer):
         planned = self._plans(tasks, now, result, busy_since)
         disabled = [t for t in tasks if not t.enabled]
         for task, plan in planned:
-            self._advance(task, plan)
+            self._advance(task, plan, result)
         try:
             with transaction.atomic(using=self.using):
                 won = advance_tasks(self.using, [t for t, _ in planned] + disabled, seen)
                 planned = [(t, p) for t, p in planned if t.pk in won]
                 result.disabled = [t.name for t in disabled if t.pk in won]
+                result.finished = [t.name for t, _ in planned if t.name in result.finished]
                 refused = self._write_runs(planned, now, node_id, result)
                 self._disable_refused(refused, result)
         except OperationalError as exc:
@@ -539,8 +592,8 @@ def _insert_runs_postgresql(
         row.pk = ids.get((row.task.pk, row.slot))
 
 
-_FIELDS = ("next_slot_at", "last_slot_at", "run_count", "enabled", "disabled_reason")
-_PG_TYPES = ("timestamptz", "timestamptz", "bigint", "boolean", "text")
+_FIELDS = ("next_slot_at", "due_at", "last_slot_at", "run_count", "enabled", "disabled_reason")
+_PG_TYPES = ("timestamptz", "timestamptz", "timestamptz", "bigint", "boolean", "text")
 
 
 def advance_tasks(

@@ -457,13 +457,13 @@ class DriftSafeScheduler(Scheduler):
         return min(wait, cap)
 
     def next_due(self) -> datetime | None:
-        """The earliest unclaimed slot of any enabled task."""
+        """When the earliest unclaimed slot of any enabled task is due (its jittered instant)."""
         from celery_driftsafe.models import PeriodicTask
 
         value: datetime | None = (
             PeriodicTask.objects.using(self.using)
             .filter(enabled=True)
-            .aggregate(next_due=Min("next_slot_at"))["next_due"]
+            .aggregate(next_due=Min("due_at"))["next_due"]
         )
         return value
 
