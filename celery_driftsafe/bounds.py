@@ -116,8 +116,11 @@ def bound_problems(
         or not math.isfinite(jitter_seconds) or jitter_seconds < 0
         or jitter_seconds > MAX_JITTER_SECONDS
     ):
-        problems.append(Problem("jitter_seconds", f"must be a number of seconds from 0 to "
-                                                  f"{MAX_JITTER_SECONDS:g}, not {jitter_seconds!r}"))
+        problems.append(Problem(
+            "jitter_seconds",
+            f"must be a number of seconds from 0 to {MAX_JITTER_SECONDS:g}, not "
+            f"{jitter_seconds!r}",
+        ))
     return problems
 
 

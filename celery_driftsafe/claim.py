@@ -32,9 +32,9 @@ from django.db import (
 )
 from django.db.models import F, Q
 
+from celery_driftsafe.bounds import limit_plan, run_budget
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.exceptions import ScheduleError
-from celery_driftsafe.bounds import limit_plan, run_budget
 from celery_driftsafe.jitter import offset, spread_us
 from celery_driftsafe.misfire import ClaimPlan, Jitter, MissedSpan, plan_claim
 from celery_driftsafe.models import (

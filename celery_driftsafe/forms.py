@@ -12,7 +12,9 @@ Each problem is reported on the field at fault, all at once (not the first one o
 * ``timezone`` — an IANA zone name;
 * ``one_off_at`` — required for a one-off task;
 * ``solar_event`` / ``solar_latitude`` / ``solar_longitude`` — an event, a latitude from -90 to
-  90 and a longitude from -180 to 180 (solar tasks).
+  90 and a longitude from -180 to 180 (solar tasks);
+* ``valid_until`` — after ``valid_from`` when both are set; ``max_runs`` — 1 or more;
+  ``jitter_seconds`` — 0 to 86,400 (see :mod:`celery_driftsafe.bounds`).
 
 Saving goes through the model's ``save()``, so :mod:`celery_driftsafe.changes` recomputes the
 next slot once and wakes the beats.
@@ -29,6 +31,7 @@ from django.core.validators import MinValueValidator
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from celery_driftsafe.bounds import bound_problems
 from celery_driftsafe.exceptions import ScheduleError
 from celery_driftsafe.manual import get_celery_app, registered_task_names
 from celery_driftsafe.models import PeriodicTask, ScheduleKind
@@ -90,11 +93,12 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
     class Meta:
         model = PeriodicTask
         fields = [
-            "name", "task", "args", "kwargs", "enabled", "disabled_reason",
+            "name", "description", "task", "args", "kwargs", "enabled", "disabled_reason",
             "schedule_kind", "interval_every", "interval_unit", "crontab_second", "crontab_minute",
             "crontab_hour", "crontab_day_of_month", "crontab_month_of_year", "crontab_day_of_week",
             "timezone",
             "one_off_at", "solar_event", "solar_latitude", "solar_longitude",
+            "valid_from", "valid_until", "run_once", "max_runs", "jitter_seconds",
             "misfire_policy", "misfire_grace_seconds", "overlap_policy",
             "queue", "exchange", "routing_key", "priority", "expires_seconds", "headers",
         ]
@@ -105,6 +109,7 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             "kwargs": forms.Textarea(attrs={"rows": 2, "cols": 60}),
             "headers": forms.Textarea(attrs={"rows": 2, "cols": 60}),
             "disabled_reason": forms.Textarea(attrs={"rows": 2, "cols": 60}),
+            "description": forms.Textarea(attrs={"rows": 2, "cols": 60}),
         }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -115,6 +120,14 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         every.min_value = None
         every.validators = [v for v in every.validators if not isinstance(v, MinValueValidator)]
         every.widget.attrs.pop("min", None)
+        # Our own messages for max runs below 1 and a negative jitter (in clean()).
+        for name in ("max_runs", "jitter_seconds"):
+            number = self.fields[name]
+            assert isinstance(number, forms.IntegerField | forms.FloatField)
+            number.min_value = None
+            number.validators = [v for v in number.validators
+                                 if not isinstance(v, MinValueValidator)]
+            number.widget.attrs.pop("min", None)
         self.fields["schedule_kind"].initial = ScheduleKind.CRONTAB
 
     # -- single fields ----------------------------------------------------------------------
@@ -189,7 +202,18 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             self.add_error("one_off_at", "A one-off task needs the instant it runs at.")
         elif kind == ScheduleKind.SOLAR:
             self._clean_solar(data)
+        self._clean_bounds(data)
         return data
+
+    def _clean_bounds(self, data: dict[str, Any]) -> None:
+        """Valid until after valid from, max runs of 1 or more, a jitter of 0 to a day."""
+        for problem in bound_problems(
+            valid_from=data.get("valid_from"), valid_until=data.get("valid_until"),
+            max_runs=data.get("max_runs"), jitter_seconds=data.get("jitter_seconds"),
+        ):
+            if problem.field not in self.errors:
+                self.add_error(problem.field, problem.message[:1].upper() + problem.message[1:]
+                               + ".")
 
     def _clean_solar(self, data: dict[str, Any]) -> None:
         missing = {

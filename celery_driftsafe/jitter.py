@@ -31,7 +31,7 @@ def spread_us(jitter_seconds: float | None) -> int:
     if (not isinstance(jitter_seconds, int | float) or isinstance(jitter_seconds, bool)
             or not math.isfinite(jitter_seconds) or jitter_seconds <= 0):
         return 0
-    return int(round(jitter_seconds * 1_000_000))
+    return round(jitter_seconds * 1_000_000)
 
 
 def offset(identity: str, slot: datetime, jitter_seconds: float | None) -> timedelta:

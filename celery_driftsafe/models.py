@@ -90,7 +90,8 @@ CLAIM_FIELDS = frozenset({"next_slot_at", "due_at", "last_slot_at", "run_count"}
 def _mirror_due_at(values: dict[str, Any]) -> None:
     """A bulk write that sets ``next_slot_at`` but not ``due_at`` makes the task due at its
     slot: never later than its jittered instant, and the claim, which recomputes the jittered
-    instant itself, moves ``due_at`` to it without firing early (see :mod:`celery_driftsafe.jitter`)."""
+    instant itself, moves ``due_at`` to it without firing early (see
+    :mod:`celery_driftsafe.jitter`)."""
     if "next_slot_at" in values and "due_at" not in values:
         values["due_at"] = values["next_slot_at"]
 
@@ -110,7 +111,7 @@ class PeriodicTaskQuerySet(models.QuerySet["PeriodicTask"]):
         _mirror_due_at(kwargs)
         return super().update(**kwargs)
 
-    def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list["PeriodicTask"]:
+    def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list[PeriodicTask]:
         """Rows created in bulk with a ``next_slot_at`` and no ``due_at`` get their due
         instant (the slot plus the task's jitter)."""
         from celery_driftsafe.jitter import due_instant

@@ -240,13 +240,13 @@ def test_import_django_celery_beat_tasks_idempotently(app: Any, celery_beat: Any
                                   one_off=True)
 
     out = io.StringIO()
-    with pytest.raises(CommandError, match="2 task"):
+    with pytest.raises(CommandError, match="1 task"):
         call_command("driftsafe_import", "--source", "django_celery_beat", "--dry-run",
                      stdout=out, no_color=True)
     text = out.getvalue()
     assert "would create poll (django_celery_beat)" in text
     assert "would create dusk (django_celery_beat)" in text and "args is not valid JSON" in text
-    assert "one_off with an interval, crontab or solar schedule is not supported" in text
+    assert "would create once-interval (django_celery_beat)" in text
     assert not PeriodicTask.objects.exists()
 
     with pytest.raises(CommandError):
@@ -268,11 +268,13 @@ def test_import_django_celery_beat_tasks_idempotently(app: Any, celery_beat: Any
     assert (dusk.schedule_kind, dusk.solar_event, dusk.solar_latitude, dusk.solar_longitude) == (
         "solar", "sunset", 52.5, 13.4)
     assert dusk.next_slot_at == Solar("sunset", 52.5, 13.4).first_at_or_after(dusk.next_slot_at)
-    assert PeriodicTask.objects.count() == 4
+    once = PeriodicTask.objects.get(name="once-interval")
+    assert (once.schedule_kind, once.run_once) == ("interval", True)
+    assert PeriodicTask.objects.count() == 5
 
     # again: nothing changes; an edited source row is kept unless --update is given
-    m.PeriodicTask.objects.filter(name__in=["bad-json", "once-interval"]).delete()
-    assert "4 unchanged" in run("driftsafe_import", "--source", "django_celery_beat")
+    m.PeriodicTask.objects.filter(name="bad-json").delete()
+    assert "5 unchanged" in run("driftsafe_import", "--source", "django_celery_beat")
     m.PeriodicTask.objects.filter(name="poll").update(queue="slow")
     text = run("driftsafe_import", "--source", "django_celery_beat")
     assert "kept         poll (django_celery_beat): differs in queue; use --update" in text
