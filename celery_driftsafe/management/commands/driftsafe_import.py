@@ -163,6 +163,7 @@ def _dcb_row(row: Any, entry: Entry) -> dict[str, Any]:
         enabled=row.enabled, source=TaskSource.DATABASE, description=row.description or "",
         valid_from=row.start_time, valid_until=row.expires, run_once=bool(row.one_off),
     )
+    carried[:0] = [("name", "name")]
     carried.append(("task", "task"))
     for name, value in (("args", fields["args"]), ("kwargs", fields["kwargs"]),
                         ("headers", fields["headers"])):
@@ -171,7 +172,8 @@ def _dcb_row(row: Any, entry: Entry) -> dict[str, Any]:
     for name in ("queue", "exchange", "routing_key", "priority", "description"):
         value = fields[name]
         if value not in ("", None):
-            carried.append((name, f"{name} {str(value)[:40]!r}"))
+            shown = repr(value[:40]) if isinstance(value, str) else value
+            carried.append((name, f"{name} {shown}"))
     if row.expire_seconds is not None:
         carried.append(("expire_seconds", f"expires_seconds {fields['expires_seconds']:g}"))
     if row.start_time is not None:
