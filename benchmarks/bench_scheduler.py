@@ -72,8 +72,8 @@ def _shift(db: str, delta: timedelta) -> None:
     with psycopg.connect(host="127.0.0.1", user="postgres", dbname=db) as conn:
         conn.execute(
             "UPDATE celery_driftsafe_periodictask SET interval_anchor = interval_anchor + %s, "
-            "next_slot_at = next_slot_at + %s",
-            (delta, delta),
+            "next_slot_at = next_slot_at + %s, due_at = due_at + %s",
+            (delta, delta, delta),
         )
 
 
