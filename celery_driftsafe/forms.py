@@ -8,7 +8,8 @@ Each problem is reported on the field at fault, all at once (not the first one o
 * ``interval_every`` — a positive whole number (interval tasks);
 * ``crontab_*`` — each field parsed on its own (``crontab_second`` is optional: empty means
   0), so two bad fields give two errors, then the combination (``0 0 31 2 *`` never fires)
-  on ``crontab_day_of_month``;
+  on ``crontab_day_of_month``; a whole expression typed into ``crontab_minute`` (an alias
+  such as ``@daily``, five fields, or six with the seconds first) fills every field;
 * ``timezone`` — an IANA zone name;
 * ``one_off_at`` — required for a one-off task;
 * ``solar_event`` / ``solar_latitude`` / ``solar_longitude`` — an event, a latitude from -90 to
@@ -235,6 +236,8 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
                 self.add_error(field, _message(exc))
 
     def _clean_crontab(self, data: dict[str, Any]) -> None:
+        if not self._expand_expression(data):
+            return
         bad = False
         for field, argument in CRONTAB_FIELDS.items():
             value = str(data.get(field) or "").strip()
@@ -255,6 +258,29 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             field = next((f for f, a in CRONTAB_FIELDS.items() if a == exc.field),
                          "crontab_day_of_month")
             self.add_error(field, _message(exc))
+
+    def _expand_expression(self, data: dict[str, Any]) -> bool:
+        """A whole expression typed into the minute field (``@daily``, ``0 3 * * *``, six
+        fields with the seconds first) fills every crontab field, when the others are left at
+        their defaults. False when it cannot be read (the error is on ``crontab_minute``)."""
+        text = str(data.get("crontab_minute") or "").strip()
+        if not (text.startswith("@") or len(text.split()) > 1):
+            return True
+        others = [str(data.get(f) or "").strip() for f in CRONTAB_FIELDS
+                  if f not in ("crontab_minute", "crontab_second")]
+        second = str(data.get("crontab_second") or "").strip()
+        if any(value not in ("", "*") for value in others) or second not in ("", "0"):
+            self.add_error("crontab_minute", "A whole expression goes in the minute field only "
+                                             "when the other crontab fields are left at *.")
+            return False
+        try:
+            parsed = Crontab.from_expression(text)
+        except ScheduleError as exc:
+            self.add_error("crontab_minute", _message(exc))
+            return False
+        for field, argument in CRONTAB_FIELDS.items():
+            data[field] = getattr(parsed, argument).strip()
+        return True
 
     def full_clean(self) -> None:
         super().full_clean()

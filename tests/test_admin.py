@@ -688,3 +688,36 @@ def test_bounds_limits_and_jitter_are_saved_and_listed(admin_client: Any, app: A
     change = admin_client.get(reverse("admin:celery_driftsafe_periodictask_change",
                                       args=[task.pk])).content.decode()
     assert "Due at" in change or "due at" in change.lower()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("typed", "fields"),
+    [
+        ("@daily", ("0", "0", "0", "*", "*", "*")),
+        ("@hourly", ("0", "0", "*", "*", "*", "*")),
+        ("@weekly", ("0", "0", "0", "*", "*", "0")),
+        ("30 2 * * mon-fri", ("0", "30", "2", "*", "*", "mon-fri")),
+        ("*/15 * * * * *", ("*/15", "*", "*", "*", "*", "*")),
+    ],
+)
+def test_a_whole_expression_or_alias_in_the_minute_field_fills_every_crontab_field(
+    admin_client: Any, app: Any, typed: str, fields: tuple[str, ...]
+) -> None:
+    assert admin_client.post(ADD, form_data(crontab_minute=typed)).status_code == 302
+    task = PeriodicTask.objects.get(name="nightly")
+    assert (task.crontab_second, task.crontab_minute, task.crontab_hour,
+            task.crontab_day_of_month, task.crontab_month_of_year,
+            task.crontab_day_of_week) == fields
+
+
+@pytest.mark.django_db
+def test_an_expression_in_the_minute_field_is_refused_on_it_when_unreadable_or_ambiguous(
+    admin_client: Any, app: Any
+) -> None:
+    errors = form_errors(admin_client.post(ADD, form_data(crontab_minute="@fortnightly")))
+    assert list(errors) == ["crontab_minute"]
+    errors = form_errors(admin_client.post(ADD, form_data(crontab_minute="@daily",
+                                                          crontab_hour="5")))
+    assert list(errors) == ["crontab_minute"] and "left at *" in errors["crontab_minute"][0]
+    assert not PeriodicTask.objects.exists()
