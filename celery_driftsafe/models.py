@@ -8,6 +8,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import models, router, transaction
 
+from celery_driftsafe.bounds import bound_problems, bounded
 from celery_driftsafe.exceptions import ScheduleError
 from celery_driftsafe.slots import Crontab, Interval, OneOff, Schedule, Solar
 from celery_driftsafe.validation import Problem, coerce_json, json_problems, option_problems
@@ -241,8 +242,6 @@ class PeriodicTask(models.Model):
     def schedule(self) -> Schedule:
         """The slot arithmetic object for this row, within its bounds (``valid_from``,
         ``valid_until``); raises :class:`ScheduleError`."""
-        from celery_driftsafe.bounds import bounded
-
         return bounded(self.build_schedule(), self.valid_from, self.valid_until)
 
     def build_schedule(self, *, anchor: datetime | None = None) -> Schedule:
@@ -297,8 +296,6 @@ class PeriodicTask(models.Model):
             misfire_grace_seconds=self.misfire_grace_seconds,
             misfire_policy=self.misfire_policy, overlap_policy=self.overlap_policy,
         )
-        from celery_driftsafe.bounds import bound_problems
-
         found += bound_problems(
             valid_from=self.valid_from, valid_until=self.valid_until, max_runs=self.max_runs,
             jitter_seconds=self.jitter_seconds,
