@@ -88,7 +88,8 @@ class ClaimResult:
     tasks_seen: int = 0
     #: Slots that fired past the misfire grace because the beats were busy (see misfire).
     late_from_load: int = 0
-    #: The oldest slot this round fired: how far behind the beats are.
+    #: The due instant (slot plus jitter) of the oldest slot this round fired: how far behind
+    #: the beats are.
     oldest_slot: datetime | None = None
     #: Tasks this round disabled because they reached a bound or limit (valid until, run
     #: once, max runs), after firing what they still could.
@@ -305,7 +306,9 @@ class _BaseClaimer:
                         task, slot, RunStatus.CLAIMED, celery_task_id(task.pk, slot),
                         message, text, self._expires_at(task, slot),
                     ))
-                result.oldest_slot = min(result.oldest_slot or plan.fire[0], plan.fire[0])
+                # how far behind: from the slot's due instant (its jittered instant)
+                first_due = plan.fire[0] + offset(task.name, plan.fire[0], task.jitter_seconds)
+                result.oldest_slot = min(result.oldest_slot or first_due, first_due)
             result.missed += plan.missed_count
             result.late_from_load += plan.late_from_load
         if not rows:

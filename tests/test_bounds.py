@@ -310,8 +310,10 @@ class TestJitterInTheClaim:
         assert claimer.claim(due - US, "n").runs == []
         task.refresh_from_db()
         assert task.next_slot_at == T0 and task.due_at == due  # the claim set the due instant
-        runs = claimer.claim(due, "n").runs
-        assert [(r.slot, r.celery_task_id) for r in runs] == [(T0, celery_task_id(task.pk, T0))]
+        result = claimer.claim(due, "n")
+        assert [(r.slot, r.celery_task_id) for r in result.runs] == [
+            (T0, celery_task_id(task.pk, T0))]
+        assert result.oldest_slot == due  # the beats' lag counts from the jittered instant
         task.refresh_from_db()
         following = T0 + 60 * S
         assert task.next_slot_at == following
