@@ -80,15 +80,18 @@ def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> 
                 f"beat_schedule[{name!r}]: {type(sched).__name__} schedules are not supported "
                 "(use a number of seconds, a timedelta, schedule(), crontab() or solar())",
             )
-        seconds = every.total_seconds()
-        if seconds <= 0 or seconds != int(seconds):
+        micro = every // timedelta(microseconds=1)
+        if micro <= 0:
             raise ScheduleError(
-                "every", f"beat_schedule[{name!r}]: interval {seconds} s must be a positive "
-                "whole number of seconds",
+                "every", f"beat_schedule[{name!r}]: interval {every.total_seconds()} s must be "
+                "longer than zero",
             )
+        # Whole seconds in seconds; a fraction of a second in microseconds.
+        whole = micro % 1_000_000 == 0
         fields.update(
-            schedule_kind=ScheduleKind.INTERVAL, interval_every=int(seconds),
-            interval_unit=IntervalUnit.SECONDS,
+            schedule_kind=ScheduleKind.INTERVAL,
+            interval_every=micro // 1_000_000 if whole else micro,
+            interval_unit=IntervalUnit.SECONDS if whole else IntervalUnit.MICROSECONDS,
         )
     args = list(entry.get("args") or [])
     kwargs = dict(entry.get("kwargs") or {})

@@ -36,6 +36,7 @@ class SolarEvent(models.TextChoices):
 
 
 class IntervalUnit(models.TextChoices):
+    MICROSECONDS = "microseconds", "microseconds"
     SECONDS = "seconds", "seconds"
     MINUTES = "minutes", "minutes"
     HOURS = "hours", "hours"
@@ -82,7 +83,8 @@ class TaskSource(models.TextChoices):
 #: (validation, descriptions); never used to compute a real slot.
 STAND_IN_ANCHOR = datetime(2000, 1, 1, tzinfo=UTC)
 
-_UNIT_SECONDS = {"seconds": 1, "minutes": 60, "hours": 3600, "days": 86400}
+_UNIT_MICROSECONDS = {"microseconds": 1, "seconds": 10**6, "minutes": 60 * 10**6,
+                      "hours": 3600 * 10**6, "days": 86400 * 10**6}
 
 #: The columns the claim writes: never written back by a ``save()`` of a loaded instance.
 CLAIM_FIELDS = frozenset({"next_slot_at", "due_at", "last_slot_at", "run_count"})
@@ -249,13 +251,13 @@ class PeriodicTask(models.Model):
         if self.schedule_kind == ScheduleKind.INTERVAL:
             if not self.interval_every:
                 raise ScheduleError("every", "an interval task needs a positive 'every'")
-            unit = _UNIT_SECONDS.get(self.interval_unit or "seconds")
+            unit = _UNIT_MICROSECONDS.get(self.interval_unit or "seconds")
             if unit is None:
                 raise ScheduleError("every", f"unknown unit {self.interval_unit!r}")
             anchor = self.interval_anchor or anchor
             if anchor is None:
                 raise ScheduleError("anchor", "an interval task needs an anchor")
-            return Interval(timedelta(seconds=self.interval_every * unit), anchor)
+            return Interval(timedelta(microseconds=self.interval_every * unit), anchor)
         if self.schedule_kind == ScheduleKind.CRONTAB:
             return Crontab(
                 minute=self.crontab_minute,

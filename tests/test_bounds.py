@@ -393,3 +393,17 @@ class TestJitterInTheClaim:
 def test_one_off_schedule_within_bounds() -> None:
     assert Bounded(OneOff(T0), T0 + S, None).first_at_or_after(T0 - S) is None
     assert Bounded(OneOff(T0), None, T0 + S).first_at_or_after(T0 - S) == T0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sub_second_interval_fires_each_of_its_slots(claimer: Claimer) -> None:
+    """django-celery-beat and Celery can hold intervals of a fraction of a second: stored in
+    microseconds, they fire like any interval."""
+    task = PeriodicTask(name="half", task="tests.add", schedule_kind="interval",
+                        interval_every=500_000, interval_unit="microseconds", interval_anchor=T0)
+    task.save()
+    PeriodicTask.objects.filter(pk=task.pk).update(next_slot_at=T0)
+    slots = [r.slot for r in claimer.claim(T0 + timedelta(milliseconds=1200), "n").runs]
+    assert slots == [T0, T0 + timedelta(milliseconds=500), T0 + timedelta(milliseconds=1000)]
+    task.refresh_from_db()
+    assert task.next_slot_at == task.due_at == T0 + timedelta(milliseconds=1500)

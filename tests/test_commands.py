@@ -173,7 +173,7 @@ def test_import_updates_beat_schedule_rows_but_keeps_admin_rows(app: Any) -> Non
 def test_import_reports_entries_it_cannot_import_and_exits_1(app: Any) -> None:
     app.conf.beat_schedule = {
         "fine": {"task": "tests.add", "schedule": 10.0},
-        "half-second": {"task": "tests.add", "schedule": 0.5},
+        "never": {"task": "tests.add", "schedule": -5},
         "custom": {"task": "tests.add", "schedule": EveryOther(timedelta(seconds=10))},
         "opaque-args": {"task": "tests.add", "schedule": 10.0, "args": (object(),)},
     }
@@ -181,7 +181,7 @@ def test_import_reports_entries_it_cannot_import_and_exits_1(app: Any) -> None:
     with pytest.raises(CommandError, match="3 task"):
         call_command("driftsafe_import", "--source", "beat_schedule", stdout=out, no_color=True)
     text = out.getvalue()
-    assert "error        half-second" in text and "positive whole number of seconds" in text
+    assert "error        never" in text and "must be longer than zero" in text
     assert "error        custom" in text and "EveryOther schedules are not supported" in text
     assert "error        opaque-args" in text and "args/kwargs must be JSON" in text
     assert list(PeriodicTask.objects.values_list("name", flat=True)) == ["fine"]
@@ -308,6 +308,7 @@ def test_import_every_kind_and_option_django_celery_beat_stores(
     last_run = datetime(2026, 2, 1, 8, 0, 7, tzinfo=UTC)
     ninety = m.IntervalSchedule.objects.create(every=90, period="seconds")
     micro = m.IntervalSchedule.objects.create(every=5_000_000, period="microseconds")
+    half = m.IntervalSchedule.objects.create(every=500_000, period="microseconds")
     daily = m.IntervalSchedule.objects.create(every=2, period="days")
     nyc = m.CrontabSchedule.objects.create(minute="15", hour="9", day_of_week="mon-fri",
                                            day_of_month="*", month_of_year="*",
@@ -322,6 +323,7 @@ def test_import_every_kind_and_option_django_celery_beat_stores(
         last_run_at=last_run, total_run_count=41, description="all the options",
     )
     m.PeriodicTask.objects.create(name="micro", task="tests.add", interval=micro)
+    m.PeriodicTask.objects.create(name="half-second", task="tests.add", interval=half)
     m.PeriodicTask.objects.create(name="every-two-days", task="tests.add", interval=daily,
                                   enabled=False)
     m.PeriodicTask.objects.create(name="weekday-nyc", task="tests.add", crontab=nyc,
@@ -332,8 +334,8 @@ def test_import_every_kind_and_option_django_celery_beat_stores(
                                   expires=datetime(2031, 5, 2, tzinfo=UTC))
 
     text = run("driftsafe_import", "--source", "django_celery_beat")
-    assert "6 create" in text
-    assert text.count("everything was brought over") == 6, text
+    assert "7 create" in text
+    assert text.count("everything was brought over") == 7, text
     assert "NOT" not in text
     for line in ("| start_time", "| expires", "| one_off", "| total_run_count", "| last_run_at",
                  "| description", "| headers", "| priority", "| expire_seconds"):
@@ -347,7 +349,11 @@ def test_import_every_kind_and_option_django_celery_beat_stores(
         [1, 2], {"z": 3}, "q", "ex", "rk", 7, {"x-team": "ops"}, 60.0, "all the options")
     assert (task.valid_from, task.interval_anchor, task.next_slot_at) == (start, start, start)
     assert (task.last_slot_at, task.run_count, task.enabled) == (last_run, 41, True)
-    assert PeriodicTask.objects.get(name="micro").interval_every == 5
+    micro_task = PeriodicTask.objects.get(name="micro")
+    assert (micro_task.interval_every, micro_task.interval_unit) == (5, "seconds")
+    half_task = PeriodicTask.objects.get(name="half-second")
+    assert (half_task.interval_every, half_task.interval_unit) == (500_000, "microseconds")
+    assert half_task.schedule.describe() == "every 0.5 seconds"
     two_days = PeriodicTask.objects.get(name="every-two-days")
     assert (two_days.interval_every, two_days.interval_unit, two_days.enabled) == (
         2, "days", False)
@@ -365,7 +371,7 @@ def test_import_every_kind_and_option_django_celery_beat_stores(
     assert (launch.schedule_kind, launch.one_off_at, launch.run_once, launch.valid_until) == (
         "one_off", when.clocked_time, True, datetime(2031, 5, 2, tzinfo=UTC))
     assert launch.next_slot_at == when.clocked_time
-    assert "6 unchanged" in run("driftsafe_import", "--source", "django_celery_beat")
+    assert "7 unchanged" in run("driftsafe_import", "--source", "django_celery_beat")
 
 
 @pytest.mark.django_db
@@ -378,13 +384,16 @@ def test_import_beat_schedule_reports_options_it_does_not_bring_over(app: Any) -
             "relative": True,
         },
         "plain": {"task": "tests.add", "schedule": 30.0, "options": {"expires": 20}},
+        "quick": {"task": "tests.add", "schedule": timedelta(milliseconds=250)},
     }
     text = run("driftsafe_import", "--source", "beat_schedule")
-    assert "2 create" in text
+    assert "3 create" in text
     assert "| options.expires" in text and "valid_until" in text
     assert "| options.countdown" in text and "not a publish option this package sends" in text
     assert "| relative" in text
-    assert text.count("everything was brought over") == 1
+    assert text.count("everything was brought over") == 2
+    quick = PeriodicTask.objects.get(name="quick")
+    assert (quick.interval_every, quick.interval_unit) == (250_000, "microseconds")
     task = PeriodicTask.objects.get(name="until-new-year")
     # naive datetimes are read in the app's time zone (Europe/Berlin), as Celery does
     assert task.valid_until == datetime(2030, 12, 31, 23, 0, tzinfo=UTC)

@@ -56,6 +56,11 @@ class Migration(migrations.Migration):
             name='valid_until',
             field=models.DateTimeField(blank=True, help_text='No slot at or after this instant fires, and no message is delivered after it; the task is then disabled. Empty: no upper bound.', null=True),
         ),
+        migrations.AlterField(
+            model_name='periodictask',
+            name='interval_unit',
+            field=models.CharField(blank=True, choices=[('microseconds', 'microseconds'), ('seconds', 'seconds'), ('minutes', 'minutes'), ('hours', 'hours'), ('days', 'days')], default='seconds', max_length=16),
+        ),
         migrations.RunPython(due_at_from_next_slot, migrations.RunPython.noop),
         migrations.AddIndex(
             model_name='periodictask',

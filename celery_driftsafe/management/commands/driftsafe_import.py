@@ -10,9 +10,8 @@ entry, by its unique name:
 * present and different: a ``beat_schedule`` row (source ``beat_schedule``) is **updated**, as a
   beat does at start; any other row is **kept** as it is, unless ``--update`` is given (rows
   edited in the admin are never overwritten by accident);
-* not importable (sub-second intervals, bad JSON, invalid crontab, a schedule class of its
-  own): **error**, with the reason; the command then exits with status 1 after importing the
-  rest.
+* not importable (bad JSON, invalid crontab, a schedule class of its own): **error**, with
+  the reason; the command then exits with status 1 after importing the rest.
 
 For every task the command prints a table of what it brought over (each option of the source
 and the field that now holds it) and what it did not (with why). From django-celery-beat every
@@ -96,7 +95,8 @@ def from_beat_schedule(app: Any) -> list[Entry]:
 
 
 _DCB_UNITS = {"days": IntervalUnit.DAYS, "hours": IntervalUnit.HOURS,
-              "minutes": IntervalUnit.MINUTES, "seconds": IntervalUnit.SECONDS}
+              "minutes": IntervalUnit.MINUTES, "seconds": IntervalUnit.SECONDS,
+              "microseconds": IntervalUnit.MICROSECONDS}
 
 
 def _json(text: str | None, default: Any, what: str) -> Any:
@@ -122,9 +122,7 @@ def _dcb_schedule(row: Any, entry: Entry) -> dict[str, Any]:
         every, period = row.interval.every, row.interval.period
         carried.append((f"interval every {every} {period}",
                         "schedule_kind interval, interval_every, interval_unit"))
-        if period == "microseconds":
-            if every % 1_000_000:
-                raise ValueError(f"an interval of {every} microseconds is not whole seconds")
+        if period == "microseconds" and every % 1_000_000 == 0:
             every, period = every // 1_000_000, "seconds"
         if every <= 0 or period not in _DCB_UNITS:
             raise ValueError(f"interval every {every} {period} is not supported")
