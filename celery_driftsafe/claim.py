@@ -149,11 +149,15 @@ def _span_row(task: PeriodicTask, span: MissedSpan) -> NewRun:
 class Claimer(Protocol):
     """Claims due slots.
 
-    ``claim(now, node_id)`` takes at most ``batch_size`` enabled tasks whose ``next_slot_at``
-    is at or before ``now`` (an authority reading taken just before the call), oldest slot
-    first. For each task it applies the misfire policy, inserts one run row per slot that
-    fires (status ``claimed``) or is missed (status ``missed``), and moves ``next_slot_at`` to
-    the first slot after ``now`` — all in one transaction per round. A task whose row another
+    ``claim(now, node_id)`` takes at most ``batch_size`` enabled tasks whose ``due_at`` (the
+    next slot plus the task's jitter) is at or before ``now`` (an authority reading taken just
+    before the call), earliest first. For each task it applies the misfire policy, inserts one
+    run row per slot that fires (status ``claimed``) or is missed (status ``missed``), and
+    moves ``next_slot_at`` to the first slot not yet due at ``now`` (and ``due_at`` with it) —
+    all in one transaction per round. A slot fires only once ``now`` has reached its jittered
+    instant, only within the task's ``valid_from``/``valid_until``, and only while the task has
+    runs left (``run_once``, ``max_runs``); a task that reaches its last run or its last slot
+    is disabled in the same transaction with the reason (``finished: …``). A task whose row another
     beat holds or has already advanced is silently left out: losing a race is normal. A task
     whose stored schedule cannot be evaluated is disabled with the reason recorded. Returns the
     claimed runs in slot order. ``busy_since``: since when the beats have been claiming without
