@@ -116,7 +116,7 @@ def test_beat_schedule_synced_once_by_several_beats(broker_app: Any, clock: Fake
     broker_app.conf.beat_schedule = {
         "every-5": {"task": "tests.add", "schedule": 5.0, "args": (1, 2)},
         "nightly": {"task": "tests.add", "schedule": crontab(minute=30, hour=2)},
-        "broken": {"task": "tests.add", "schedule": 0.5},
+        "broken": {"task": "tests.add", "schedule": 0},
     }
     broker_app.conf.timezone = "Europe/Berlin"
     beats = [
