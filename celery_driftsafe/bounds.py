@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from celery_driftsafe.crontab import require_aware
+from celery_driftsafe._instants import require_aware
 from celery_driftsafe.misfire import ClaimPlan
 from celery_driftsafe.slots import Schedule
 from celery_driftsafe.validation import Problem

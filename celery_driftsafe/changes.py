@@ -23,26 +23,21 @@ from typing import Any
 
 from django.db import router, transaction
 
-from celery_driftsafe.clock import authority_from_settings
+from celery_driftsafe.clock import authority_clock
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.exceptions import ClockError
 from celery_driftsafe.jitter import due_instant
 from celery_driftsafe.models import CLAIM_FIELDS, PeriodicTask, ScheduleKind
 from celery_driftsafe.redis_client import channel, get_redis
+from celery_driftsafe.schedule_fields import RESCHEDULE_FIELDS
 
 logger = logging.getLogger(__name__)
 
-SCHEDULE_FIELDS = (
-    "schedule_kind", "interval_every", "interval_unit", "interval_anchor", "crontab_second",
-    "crontab_minute", "crontab_hour", "crontab_day_of_month", "crontab_month_of_year",
-    "crontab_day_of_week", "timezone", "one_off_at", "solar_event", "solar_latitude",
-    "solar_longitude", "valid_from", "valid_until", "jitter_seconds",
-)
 
 
 def authority_now(using: str = "default") -> datetime:
-    """One reading of the configured authority (for edits made outside a beat)."""
-    return authority_from_settings(using=using).read()
+    """The configured authority's now (for edits made outside a beat)."""
+    return authority_clock(using).now()
 
 
 def first_slot(
@@ -109,7 +104,7 @@ def prepare_save(instance: PeriodicTask, options: dict[str, Any]) -> None:
     if not adding:
         previous = (
             PeriodicTask.objects.using(using).filter(pk=instance.pk)
-            .values(*SCHEDULE_FIELDS, "enabled", "name").first()
+            .values(*RESCHEDULE_FIELDS, "enabled", "name").first()
         )
         if previous is not None and options.get("update_fields") is None:
             options["update_fields"] = [
@@ -117,7 +112,7 @@ def prepare_save(instance: PeriodicTask, options: dict[str, Any]) -> None:
                 if not f.primary_key and f.name not in CLAIM_FIELDS
             ]
     changed = previous is None or any(
-        previous[name] != getattr(instance, name) for name in SCHEDULE_FIELDS
+        previous[name] != getattr(instance, name) for name in RESCHEDULE_FIELDS
     )
     # The jitter hashes the name: renaming a jittered task moves its due instants.
     changed = changed or (previous is not None and previous["name"] != instance.name

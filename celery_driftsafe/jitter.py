@@ -20,7 +20,7 @@ import hashlib
 import math
 from datetime import datetime, timedelta
 
-from celery_driftsafe.crontab import to_us
+from celery_driftsafe._instants import to_us
 
 _US = timedelta(microseconds=1)
 

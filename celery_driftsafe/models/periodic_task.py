@@ -1,4 +1,4 @@
-"""The tables: periodic task definitions, the run ledger, and the beat nodes."""
+"""Periodic task definitions: the schedule, its options, and the claim state the beats own."""
 
 from __future__ import annotations
 
@@ -10,74 +10,18 @@ from django.db import models, router, transaction
 
 from celery_driftsafe.bounds import bound_problems, bounded
 from celery_driftsafe.exceptions import ScheduleError
+from celery_driftsafe.jitter import due_instant
+from celery_driftsafe.models.choices import (
+    IntervalUnit,
+    MisfirePolicy,
+    OverlapPolicy,
+    ScheduleKind,
+    SolarEvent,
+    TaskSource,
+)
+from celery_driftsafe.schedule_fields import CRONTAB_FIELDS, ERROR_FIELDS, KIND_FIELD
 from celery_driftsafe.slots import Crontab, Interval, OneOff, Schedule, Solar
 from celery_driftsafe.validation import Problem, coerce_json, json_problems, option_problems
-
-
-class ScheduleKind(models.TextChoices):
-    INTERVAL = "interval", "Interval"
-    CRONTAB = "crontab", "Crontab"
-    ONE_OFF = "one_off", "One-off"
-    SOLAR = "solar", "Solar"
-
-
-class SolarEvent(models.TextChoices):
-    """The events of ``celery.schedules.solar`` (see :mod:`celery_driftsafe.solar`)."""
-
-    DAWN_ASTRONOMICAL = "dawn_astronomical", "Astronomical dawn (sun 18° below, rising)"
-    DAWN_NAUTICAL = "dawn_nautical", "Nautical dawn (sun 12° below, rising)"
-    DAWN_CIVIL = "dawn_civil", "Civil dawn (sun 6° below, rising)"
-    SUNRISE = "sunrise", "Sunrise"
-    SOLAR_NOON = "solar_noon", "Solar noon"
-    SUNSET = "sunset", "Sunset"
-    DUSK_CIVIL = "dusk_civil", "Civil dusk (sun 6° below, setting)"
-    DUSK_NAUTICAL = "dusk_nautical", "Nautical dusk (sun 12° below, setting)"
-    DUSK_ASTRONOMICAL = "dusk_astronomical", "Astronomical dusk (sun 18° below, setting)"
-
-
-class IntervalUnit(models.TextChoices):
-    MICROSECONDS = "microseconds", "microseconds"
-    SECONDS = "seconds", "seconds"
-    MINUTES = "minutes", "minutes"
-    HOURS = "hours", "hours"
-    DAYS = "days", "days"
-
-
-class MisfirePolicy(models.TextChoices):
-    DEFAULT = "", "Project default"
-    FIRE_ONCE = "fire_once", "Fire once for all missed slots"
-    FIRE_ALL = "fire_all", "Fire every missed slot (bounded)"
-    SKIP = "skip", "Skip to the next future slot"
-
-
-class OverlapPolicy(models.TextChoices):
-    ALLOW = "allow", "Allow overlapping runs"
-    SKIP = "skip", "Skip a slot while the previous run is running"
-
-
-class RunStatus(models.TextChoices):
-    CLAIMED = "claimed", "Claimed"
-    DISPATCHED = "dispatched", "Dispatched"
-    STARTED = "started", "Started"
-    RETRYING = "retrying", "Retry scheduled"
-    SUCCEEDED = "succeeded", "Succeeded"
-    FAILED = "failed", "Failed"
-    SKIPPED = "skipped", "Skipped"
-    MISSED = "missed", "Missed"
-    EXPIRED = "expired", "Expired"
-    REVOKED = "revoked", "Revoked"
-
-
-class RunKind(models.TextChoices):
-    SCHEDULED = "scheduled", "Scheduled"
-    MANUAL = "manual", "Run now"
-    ADHOC = "adhoc", "Ad-hoc call"
-
-
-class TaskSource(models.TextChoices):
-    DATABASE = "database", "Database / admin"
-    BEAT_SCHEDULE = "beat_schedule", "Celery beat_schedule"
-
 
 #: Stands in for an interval anchor not stored yet, where only the schedule's shape matters
 #: (validation, descriptions); never used to compute a real slot.
@@ -117,8 +61,6 @@ class PeriodicTaskQuerySet(models.QuerySet["PeriodicTask"]):
     def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list[PeriodicTask]:
         """Rows created in bulk with a ``next_slot_at`` and no ``due_at`` get their due
         instant (the slot plus the task's jitter)."""
-        from celery_driftsafe.jitter import due_instant
-
         objs = list(objs)
         for obj in objs:
             if obj.due_at is None and obj.next_slot_at is not None:
@@ -259,15 +201,9 @@ class PeriodicTask(models.Model):
                 raise ScheduleError("anchor", "an interval task needs an anchor")
             return Interval(timedelta(microseconds=self.interval_every * unit), anchor)
         if self.schedule_kind == ScheduleKind.CRONTAB:
-            return Crontab(
-                minute=self.crontab_minute,
-                hour=self.crontab_hour,
-                day_of_month=self.crontab_day_of_month,
-                month_of_year=self.crontab_month_of_year,
-                day_of_week=self.crontab_day_of_week,
-                timezone=self.timezone,
-                second=self.crontab_second or "0",
-            )
+            fields = {argument: getattr(self, name) for name, argument in CRONTAB_FIELDS.items()}
+            fields["second"] = fields["second"] or "0"
+            return Crontab(**fields, timezone=self.timezone)
         if self.schedule_kind == ScheduleKind.ONE_OFF:
             if self.one_off_at is None:
                 raise ScheduleError("at", "a one-off task needs an instant")
@@ -317,8 +253,7 @@ class PeriodicTask(models.Model):
 
     def schedule_field(self) -> str:
         """The field to blame when the schedule as a whole cannot be evaluated."""
-        return {"interval": "interval_every", "crontab": "timezone", "one_off": "one_off_at",
-                "solar": "solar_event"}.get(str(self.schedule_kind), "schedule_kind")
+        return KIND_FIELD.get(str(self.schedule_kind), "schedule_kind")
 
     def clean(self) -> None:
         """Model validation: every problem on the field at fault."""
@@ -361,212 +296,4 @@ def schedule_problem(exc: ScheduleError) -> Problem:
 
 
 #: Which model field holds each schedule field named by :class:`ScheduleError`.
-SCHEDULE_ERROR_FIELDS = {
-    "every": "interval_every",
-    "anchor": "interval_anchor",
-    "second": "crontab_second",
-    "minute": "crontab_minute",
-    "hour": "crontab_hour",
-    "day_of_month": "crontab_day_of_month",
-    "month_of_year": "crontab_month_of_year",
-    "day_of_week": "crontab_day_of_week",
-    "timezone": "timezone",
-    "expression": "crontab_minute",
-    "at": "one_off_at",
-    "event": "solar_event",
-    "latitude": "solar_latitude",
-    "longitude": "solar_longitude",
-    "schedule_kind": "schedule_kind",
-}
-
-
-class Run(models.Model):
-    """The run ledger: one row per fired, skipped or missed slot (and per manual/ad-hoc run).
-
-    ``(periodic_task, slot)`` is unique: the idempotency key of a firing. Instants are the
-    authority's time. ``fencing_token`` is the token of the last writer; a write carrying an
-    older token is refused.
-    """
-
-    periodic_task = models.ForeignKey(
-        PeriodicTask, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
-    )
-    task_name = models.CharField(max_length=200, help_text="Celery task name at claim time.")
-    kind = models.CharField(max_length=16, choices=RunKind.choices, default=RunKind.SCHEDULED)
-    slot = models.DateTimeField(null=True, blank=True)
-    idempotency_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
-    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.CLAIMED)
-    claimed_by = models.CharField(max_length=255, blank=True, help_text="Node id of the claimer.")
-    claimed_at = models.DateTimeField(null=True, blank=True)
-    dispatched_at = models.DateTimeField(null=True, blank=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-    celery_task_id = models.CharField(max_length=255, blank=True, db_index=True)
-    fencing_token = models.BigIntegerField(default=0)
-    dispatch_attempts = models.PositiveIntegerField(default=0)
-    duplicate_deliveries = models.PositiveIntegerField(
-        default=0, help_text="Deliveries of this run that were skipped as duplicates."
-    )
-    worker = models.CharField(max_length=255, blank=True)
-    error = models.TextField(blank=True)
-    message = models.JSONField(
-        default=dict, blank=True,
-        help_text="What the run is published with, captured at claim time: args, kwargs and "
-                  "publish options. The outbox re-publishes exactly this.",
-    )
-    expires_at = models.DateTimeField(
-        null=True, blank=True,
-        help_text="The run's message expires at this instant of the time authority.",
-    )
-    retry_at = models.DateTimeField(
-        null=True, blank=True,
-        help_text="A refused publish is tried again at this instant (backoff).",
-    )
-    attempt = models.PositiveIntegerField(
-        default=0,
-        help_text="Celery's retry count of the current (or last) attempt: 0 for the first. "
-                  "Earlier attempts are kept as RunAttempt rows.",
-    )
-    missed_count = models.PositiveIntegerField(
-        default=1,
-        help_text="A missed row may stand for a span of missed slots: how many, from its slot "
-                  "to missed_until.",
-    )
-    missed_until = models.DateTimeField(
-        null=True, blank=True,
-        help_text="The last slot of the span a missed row stands for (empty for one slot).",
-    )
-
-    class Meta:
-        ordering = ["-slot", "-id"]
-        constraints = [
-            models.UniqueConstraint(
-                fields=["periodic_task", "slot"], name="driftsafe_run_slot_once"
-            ),
-        ]
-        indexes = [
-            models.Index(fields=["status", "claimed_at"], name="driftsafe_run_outbox"),
-            models.Index(fields=["periodic_task", "-slot"], name="driftsafe_run_task_recent"),
-        ]
-
-    def __str__(self) -> str:
-        when = self.slot.isoformat() if self.slot else "ad hoc"
-        return f"{self.task_name} @ {when} ({self.status})"
-
-    @property
-    def lateness(self) -> timedelta | None:
-        """How long after its slot the run was claimed."""
-        if self.slot is None or self.claimed_at is None:
-            return None
-        return self.claimed_at - self.slot
-
-    @property
-    def duration(self) -> timedelta | None:
-        if self.started_at is None or self.finished_at is None:
-            return None
-        return self.finished_at - self.started_at
-
-    @property
-    def task_result(self) -> Any | None:
-        """The django-celery-results ``TaskResult`` of this run's Celery task id, when that app
-        is installed and the result was stored (it is looked up, never copied)."""
-        from django.apps import apps
-
-        if not self.celery_task_id or not apps.is_installed("django_celery_results"):
-            return None
-        task_result = apps.get_model("django_celery_results", "TaskResult")
-        return task_result.objects.filter(task_id=self.celery_task_id).first()
-
-
-class RunAttempt(models.Model):
-    """An attempt of a run that ended in a retry (``self.retry()``, ``autoretry_for``); the
-    run row itself holds the current or last attempt. A run without retries has none."""
-
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts")
-    number = models.PositiveIntegerField(help_text="Celery's retry count: 0 for the first.")
-    outcome = models.CharField(max_length=16, choices=RunStatus.choices)
-    worker = models.CharField(max_length=255, blank=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-    fencing_token = models.BigIntegerField(default=0)
-    error = models.TextField(blank=True)
-
-    class Meta:
-        ordering = ["run", "number"]
-        constraints = [
-            models.UniqueConstraint(fields=["run", "number"], name="driftsafe_attempt_once"),
-        ]
-
-    def __str__(self) -> str:
-        return f"run {self.run_id} attempt {self.number} ({self.outcome})"
-
-
-class BeatNode(models.Model):
-    """One running (or once running) beat: its heartbeat and its measured clock offset."""
-
-    node_id = models.CharField(max_length=255, unique=True)
-    hostname = models.CharField(max_length=255)
-    pid = models.PositiveIntegerField()
-    version = models.CharField(max_length=32, blank=True)
-    started_at = models.DateTimeField()
-    last_heartbeat_at = models.DateTimeField()
-    stopped_at = models.DateTimeField(null=True, blank=True)
-    clock_offset_seconds = models.FloatField(
-        null=True, blank=True, help_text="Authority minus this node's wall clock."
-    )
-    clock_rtt_seconds = models.FloatField(null=True, blank=True)
-    clock_measured_at = models.DateTimeField(null=True, blank=True)
-    claiming_paused_reason = models.TextField(blank=True)
-    claiming_since = models.DateTimeField(
-        null=True, blank=True,
-        help_text="Since when this node has been claiming without a break (authority time). "
-                  "A slot that fell due since then, while any node was claiming, is late "
-                  "rather than missed.",
-    )
-    lag_seconds = models.FloatField(
-        null=True, blank=True,
-        help_text="How long after its slot the oldest run of this node's recent claim rounds "
-                  "fired: above the misfire grace, the beats are saturated.",
-    )
-
-    class Meta:
-        ordering = ["hostname", "pid"]
-
-    def __str__(self) -> str:
-        return self.node_id
-
-    def state_at(self, now: datetime, dead_after: timedelta) -> str:
-        """``"stopped"`` (shut down cleanly), ``"dead"`` (no heartbeat for ``dead_after`` at
-        the authority's ``now``) or ``"alive"``."""
-        if self.stopped_at is not None:
-            return "stopped"
-        if self.last_heartbeat_at < now - dead_after:
-            return "dead"
-        return "alive"
-
-    def offset_exceeds(self, bound_seconds: float) -> bool:
-        """Whether the measured clock offset is beyond ``bound_seconds`` (either way)."""
-        offset = self.clock_offset_seconds
-        return offset is not None and abs(offset) > bound_seconds
-
-
-class Lock(models.Model):
-    """A lease for :mod:`celery_driftsafe.locks` when no Redis is configured.
-
-    One row per lock name, kept after release so ``fencing_token`` only ever grows: each
-    acquisition increments it. ``token`` is the holder's random token (empty: free);
-    the lease is over at ``expires_at`` (an instant of the lock's clock, not a local one).
-    """
-
-    name = models.CharField(max_length=200, unique=True)
-    token = models.CharField(max_length=64, blank=True, help_text="Holder's token; empty: free.")
-    fencing_token = models.BigIntegerField(
-        default=0, help_text="Incremented by every acquisition; never decreases."
-    )
-    expires_at = models.DateTimeField(help_text="The lease is over at this instant.")
-
-    class Meta:
-        ordering = ["name"]
-
-    def __str__(self) -> str:
-        return self.name
+SCHEDULE_ERROR_FIELDS = ERROR_FIELDS
