@@ -16,11 +16,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery_driftsafe._instants import require_aware
-from celery_driftsafe.misfire import ClaimPlan
+from celery_driftsafe.jitter import offset, spread_us
+from celery_driftsafe.misfire import ClaimPlan, Jitter, plan_claim
 from celery_driftsafe.slots import Schedule
 from celery_driftsafe.validation import Problem
 
@@ -95,6 +96,63 @@ def limit_plan(plan: ClaimPlan, budget: int | None) -> tuple[ClaimPlan, bool]:
         return plan, False
     return replace(plan, fire=plan.fire[:budget], next_slot=None, late_from_load=(
         plan.late_from_load and budget > 0)), True
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What bounds a task's claim beyond its schedule: its name (the jitter's identity), the
+    jitter, the bounds and the run limits."""
+
+    identity: str
+    jitter_seconds: float | None = None
+    valid_from: datetime | None = None
+    valid_until: datetime | None = None
+    run_once: bool = False
+    max_runs: int | None = None
+    run_count: int = 0
+
+
+def plan_limited(
+    schedule: Schedule, next_slot: datetime, now: datetime, limits: Limits, **options: Any
+) -> tuple[ClaimPlan, str | None]:
+    """:func:`~celery_driftsafe.misfire.plan_claim` for a task with ``limits``: ``schedule``
+    is already bounded (:func:`bounded`); a stored ``next_slot`` outside the bounds moves to the
+    first slot within them; slots are due at their jittered instants; the plan fires at most
+    the runs left. Returns the plan and, when the task is used up (no slot left before valid
+    until, or no run left), why — the claim then disables it. ``options`` go to
+    ``plan_claim`` (policy, grace, ...)."""
+    start: datetime | None = next_slot
+    if limits.valid_from is not None or limits.valid_until is not None:
+        start = schedule.first_at_or_after(next_slot)
+    ended = f"valid until {limits.valid_until}: no slot is left before it"
+    if start is None:
+        return ClaimPlan(), ended
+    spread = spread_us(limits.jitter_seconds)
+    jitter = Jitter(limits.identity, timedelta(microseconds=spread)) if spread else None
+    plan = plan_claim(schedule, start, now, jitter=jitter, **options)
+    budget = run_budget(run_once=limits.run_once, max_runs=limits.max_runs,
+                        run_count=limits.run_count)
+    plan, used_up = limit_plan(plan, budget)
+    if used_up:
+        return plan, ("run once: it fired its run" if limits.run_once and budget == 1
+                      else f"max runs: it reached {limits.max_runs} runs")
+    if plan.next_slot is None and limits.valid_until is not None:
+        return plan, ended
+    return plan, None
+
+
+def message_expiry(
+    slot: datetime, limits: Limits, expires_seconds: float | None
+) -> datetime | None:
+    """When a run's message expires: ``expires_seconds`` after the slot's jittered instant,
+    and at the latest at ``valid_until``."""
+    expires = None
+    if expires_seconds is not None:
+        expires = (slot + offset(limits.identity, slot, limits.jitter_seconds)
+                   + timedelta(seconds=expires_seconds))
+    if limits.valid_until is not None and (expires is None or expires > limits.valid_until):
+        expires = limits.valid_until
+    return expires
 
 
 def bound_problems(

@@ -31,7 +31,7 @@ from django.db import (
 )
 from django.db.models import Min
 
-from celery_driftsafe.bounds import limit_plan, run_budget
+from celery_driftsafe.bounds import Limits, message_expiry, plan_limited
 from celery_driftsafe.claim_sql import (
     NewRun,
     advance_tasks,
@@ -42,8 +42,8 @@ from celery_driftsafe.claim_sql import (
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.dispatch import ClaimedRun, celery_task_id, run_message
 from celery_driftsafe.exceptions import ScheduleError
-from celery_driftsafe.jitter import offset, spread_us
-from celery_driftsafe.misfire import ClaimPlan, Jitter, plan_claim
+from celery_driftsafe.jitter import due_instant, offset
+from celery_driftsafe.misfire import ClaimPlan
 from celery_driftsafe.models import (
     PeriodicTask,
     Run,
@@ -70,8 +70,7 @@ class ClaimResult:
     #: The due instant (slot plus jitter) of the oldest slot this round fired: how far behind
     #: the beats are.
     oldest_slot: datetime | None = None
-    #: Tasks this round disabled because they reached a bound or limit (valid until, run
-    #: once, max runs), after firing what they still could.
+    #: Tasks disabled after their last allowed run (valid until, run once, max runs).
     finished: list[str] = field(default_factory=list)
 
 
@@ -82,14 +81,12 @@ class Claimer(Protocol):
     next slot plus the task's jitter) is at or before ``now`` (an authority reading taken just
     before the call), earliest first. For each task it applies the misfire policy, inserts one
     run row per slot that fires (status ``claimed``) or is missed (status ``missed``), and
-    moves ``next_slot_at`` to the first slot not yet due at ``now`` (and ``due_at`` with it) —
-    all in one transaction per round. A slot fires only once ``now`` has reached its jittered
-    instant, only within the task's ``valid_from``/``valid_until``, and only while the task has
-    runs left (``run_once``, ``max_runs``); a task that reaches its last run or its last slot
-    is disabled in the same transaction with the reason (``finished: …``). A task whose row another
-    beat holds or has already advanced is silently left out: losing a race is normal. A task
-    whose stored schedule cannot be evaluated is disabled with the reason recorded. Returns the
-    claimed runs in slot order. ``busy_since``: since when the beats have been claiming without
+    moves ``next_slot_at`` (and ``due_at``) to the first slot not yet due — all in one
+    transaction per round. A slot fires only once ``now`` reaches its jittered instant, within
+    the task's bounds, while it has runs left; a task used up is disabled (``finished: …``).
+    A task another beat holds or has advanced is left out: losing a race is normal. A task
+    whose stored schedule cannot be evaluated is disabled with the reason recorded. Returns
+    the claimed runs in slot order. ``busy_since``: since when the beats have been claiming without
     a break (a slot that fell due since then is late, not missed; see
     :mod:`celery_driftsafe.misfire`).
     """
@@ -151,43 +148,19 @@ class _BaseClaimer:
     def _plan(
         self, task: PeriodicTask, now: datetime, busy_since: datetime | None = None
     ) -> ClaimPlan:
-        """Plan one task: its misfire policy and grace, its jitter (due-ness and grace are
-        judged against the jittered instant), its bounds (a slot outside them is none) and
-        its run budget (a task that uses it up is finished: see :meth:`_advance`)."""
+        """Plan one task under its policies, jitter, bounds and run limits (bounds.py)."""
         assert task.next_slot_at is not None
         grace = task.misfire_grace_seconds
         if grace is None:
             grace = self.settings.misfire_grace_seconds
-        schedule = task.schedule
-        start: datetime | None = task.next_slot_at
-        if task.valid_from is not None or task.valid_until is not None:
-            start = schedule.first_at_or_after(task.next_slot_at)  # a slot within the bounds
-        if start is None:
-            self._finished[task.pk] = (f"valid until {task.valid_until}: no slot is left "
-                                       "before it")
-            return ClaimPlan()
-        spread = spread_us(task.jitter_seconds)
-        plan = plan_claim(
-            schedule,
-            start,
-            now,
+        plan, finished = plan_limited(
+            task.schedule, task.next_slot_at, now, _limits(task),
             policy=task.misfire_policy or self.settings.misfire_policy,
-            grace=timedelta(seconds=grace),
-            fire_all_max=self.settings.fire_all_max,
+            grace=timedelta(seconds=grace), fire_all_max=self.settings.fire_all_max,
             busy_since=busy_since,
-            jitter=Jitter(task.name, timedelta(microseconds=spread)) if spread else None,
         )
-        budget = run_budget(run_once=task.run_once, max_runs=task.max_runs,
-                            run_count=task.run_count or 0)
-        plan, used_up = limit_plan(plan, budget)
-        if used_up:
-            self._finished[task.pk] = (
-                "run once: it fired its run" if task.run_once and budget == 1
-                else f"max runs: it reached {task.max_runs} runs"
-            )
-        elif plan.next_slot is None and task.valid_until is not None:
-            self._finished[task.pk] = (f"valid until {task.valid_until}: no slot is left "
-                                       "before it")
+        if finished is not None:
+            self._finished[task.pk] = finished
         return plan
 
     def _plans(
@@ -239,7 +212,6 @@ class _BaseClaimer:
                         task, slot, RunStatus.CLAIMED, celery_task_id(task.pk, slot),
                         message, text, self._expires_at(task, slot),
                     ))
-                # how far behind: from the slot's due instant (its jittered instant)
                 first_due = plan.fire[0] + offset(task.name, plan.fire[0], task.jitter_seconds)
                 result.oldest_slot = min(result.oldest_slot or first_due, first_due)
             result.missed += plan.missed_count
@@ -263,18 +235,10 @@ class _BaseClaimer:
         return refused
 
     def _expires_at(self, task: PeriodicTask, slot: datetime) -> datetime | None:
-        """When the run's message expires: ``expires_seconds`` after the slot's (jittered)
-        instant, and at the latest at the task's ``valid_until``."""
         seconds = task.expires_seconds
         if seconds is None:
             seconds = self.settings.run_expires_seconds
-        expires = None
-        if seconds is not None:
-            expires = slot + offset(task.name, slot, task.jitter_seconds) + timedelta(
-                seconds=seconds)
-        if task.valid_until is not None and (expires is None or expires > task.valid_until):
-            expires = task.valid_until
-        return expires
+        return message_expiry(slot, _limits(task), seconds)
 
     def _insert(self, rows: list[NewRun], now: datetime, node_id: str) -> list[PeriodicTask]:
         """Insert ``rows``, skipping those whose slot already has a run. Should the database
@@ -339,9 +303,7 @@ class _BaseClaimer:
 
     def _advance(self, task: PeriodicTask, plan: ClaimPlan, result: ClaimResult) -> None:
         task.next_slot_at = plan.next_slot
-        task.due_at = None
-        if plan.next_slot is not None:
-            task.due_at = plan.next_slot + offset(task.name, plan.next_slot, task.jitter_seconds)
+        task.due_at = due_instant(task.name, plan.next_slot, task.jitter_seconds)
         if plan.fire:
             task.last_slot_at = plan.fire[-1]
             task.run_count = (task.run_count or 0) + len(plan.fire)
@@ -353,6 +315,11 @@ class _BaseClaimer:
             logger.info("task %s finished: %s", task.name, finished,
                         extra={"action": "finish", "task": task.name})
             result.finished.append(task.name)
+
+
+def _limits(task: PeriodicTask) -> Limits:
+    return Limits(task.name, task.jitter_seconds, task.valid_from, task.valid_until,
+                  task.run_once, task.max_runs, task.run_count or 0)
 
 
 def _reason(problem: str) -> str:
