@@ -293,15 +293,39 @@ except OSError as exc:
     assert run_python(script, libfaketime_only(2.5)) == "22"  # EINVAL
 
 
-def test_upstream_bug_without_shim_gil_thrashes() -> None:
-    """pthread_cond_timedwait on a CLOCK_MONOTONIC condvar times out at once."""
-    switches = json.loads(run_python(GIL_SCRIPT, libfaketime_only(-4)))
+# A timed wait on a condition variable that runs on CLOCK_MONOTONIC, as CPython's GIL waits
+# for its switch interval, through the process' global namespace (where LD_PRELOAD puts
+# libfaketime's wrapper first).
+CONDVAR_SCRIPT = """
+import ctypes, json, time
+libc = ctypes.CDLL(None, use_errno=True)  # the global namespace: preloaded symbols first
+class timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+attr, cond, mutex = (ctypes.create_string_buffer(128) for _ in range(3))
+libc.pthread_condattr_init(attr)
+libc.pthread_condattr_setclock(attr, 1)  # CLOCK_MONOTONIC, as CPython's GIL condvar
+libc.pthread_cond_init(cond, attr)
+libc.pthread_mutex_init(mutex, None)
+now = timespec()
+libc.clock_gettime(1, ctypes.byref(now))
+deadline = timespec(*divmod(now.tv_sec * 10**9 + now.tv_nsec + 200_000_000, 10**9))
+libc.pthread_mutex_lock(mutex)
+start = time.monotonic()
+rc = libc.pthread_cond_timedwait(cond, mutex, ctypes.byref(deadline))
+print(json.dumps({"rc": rc, "took": time.monotonic() - start}))
+"""
 
-    # A kept 50 ms switch interval allows at most about 20 hand-overs in the second (the shim's
-    # test above allows < 60). The bug hands the GIL over thousands of times on an idle machine
-    # and still about a hundred times when other processes leave the spinners little CPU, so
-    # the line between the two is drawn at three times the ceiling, not at an idle machine's count.
-    assert switches > 60, f"GIL changed hands only {switches} times in 1 s"
+
+def test_upstream_bug_without_shim_gil_thrashes() -> None:
+    """pthread_cond_timedwait on a CLOCK_MONOTONIC condvar times out at once, so the GIL's
+    switch interval collapses and two spinning threads hand it over thousands of times a
+    second. Shown on the condvar itself: counting hand-overs depends on how much CPU the
+    machine leaves the spinners (46 in a second at load 12), a wait's length does not."""
+    without_shim = json.loads(run_python(CONDVAR_SCRIPT, libfaketime_only(-4)))
+    with_shim = json.loads(run_python(CONDVAR_SCRIPT, skewed_env(-4)))
+
+    assert without_shim["took"] < 0.05, f"a 0.2 s timed wait took {without_shim}"
+    assert with_shim["took"] == pytest.approx(0.2, abs=0.1), with_shim
 
 
 # --- the helpers themselves ------------------------------------------------------------
