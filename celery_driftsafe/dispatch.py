@@ -21,6 +21,7 @@ from celery import Task
 from celery.utils.saferepr import saferepr
 from django.db.models import Case, F, Q, TextField, Value, When
 
+from celery_driftsafe import metrics
 from celery_driftsafe.claim import ClaimedRun
 from celery_driftsafe.clock import Clock
 from celery_driftsafe.conf import get_settings
@@ -257,6 +258,7 @@ class Dispatcher:
             table.filter(pk=run_id, status=RunStatus.CLAIMED).update(
                 status=RunStatus.FAILED, finished_at=now, error=reason
             )
+        metrics.dispatched(result, runs, now)
 
 
 def _refused(exc: BaseException) -> bool:

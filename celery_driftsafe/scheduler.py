@@ -30,7 +30,7 @@ from celery.beat import Scheduler
 from django.db import DatabaseError, InterfaceError, close_old_connections, connections
 from django.db.models import Min
 
-from celery_driftsafe import checks, nodes
+from celery_driftsafe import checks, metrics, nodes
 from celery_driftsafe.beat_schedule import SyncReport, sync_beat_schedule
 from celery_driftsafe.claim import Claimer, ClaimResult, claimer_for, reclaim_stale
 from celery_driftsafe.clock import Authority, AuthorityClock, Clock, authority_from_settings
@@ -141,6 +141,7 @@ class DriftSafeScheduler(Scheduler):
         self._ready = False
         self._closed = False
         self._listener: threading.Thread | None = None
+        self._metrics_server: metrics.Server | None = None
         self.node_id = nodes.new_node_id()
         self.rounds = 0
         super().__init__(app, *args, **kwargs)
@@ -164,6 +165,7 @@ class DriftSafeScheduler(Scheduler):
         )
         self.claimer: Claimer = claimer_for(self.using, self.settings)
         self.dispatcher = Dispatcher(self.app, self.clock, using=self.using)
+        self._metrics_server = metrics.serve_beat(self.settings)  # METRICS_PORT, if set
         self._paused_reason = ""
         self._outage: str | None = None
         self._backoff = 0.0
@@ -273,6 +275,8 @@ class DriftSafeScheduler(Scheduler):
             self._mark_stopped()
         if self._listener is not None:
             self._listener.join(timeout=2)
+        if self._metrics_server is not None:
+            self._metrics_server.stop()
         connections.close_all()
 
     def _mark_stopped(self, attempts: int = 3) -> None:
@@ -392,6 +396,7 @@ class DriftSafeScheduler(Scheduler):
             # More is due: claim the next batch while this one is published.
             self._prefetch = self._prefetcher.submit(self._claim_ahead, reading.at, busy_since)
         self.dispatcher.dispatch(result.runs)
+        metrics.round_done(result, self.clock.monotonic() - mono, reading.at)
         self._log_round(result, reading.at)
         self._last_round_end = self.clock.monotonic()
         if full:
@@ -529,6 +534,8 @@ class DriftSafeScheduler(Scheduler):
             claiming_since=None if self._paused_reason else (self._claiming_since or now),
             lag_seconds=self._lag, using=self.using,
         )
+        metrics.heartbeat(sample, now, paused=bool(self._paused_reason), using=self.using,
+                          dead_after_seconds=self.settings.node_dead_after_seconds)
         self._lag = None
         self._others_since = nodes.others_claiming_since(
             self.node_id, now, timedelta(seconds=self.settings.node_dead_after_seconds),
