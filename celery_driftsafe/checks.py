@@ -156,9 +156,10 @@ def _check_metrics(raw: dict[str, Any]) -> Iterable[CheckMessage]:
         if port is None:
             continue
         switched_on.append(key)
-        if not (isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536):
-            yield _error(key, port, "must be a TCP port number (1-65535), or None",
-                         "for example 9808; None serves no metrics", "celery_driftsafe.E020")
+        if not (isinstance(port, int) and not isinstance(port, bool) and 0 <= port < 65536):
+            yield _error(key, port, "must be a TCP port number (0-65535), or None",
+                         "for example 9808; 0 takes any free port (logged); None serves no "
+                         "metrics", "celery_driftsafe.E020")
     address = raw.get("METRICS_ADDRESS", "0.0.0.0")
     if not (isinstance(address, str) and address.strip()):
         yield _error("METRICS_ADDRESS", address, "must be a host name or IP address",

@@ -112,7 +112,9 @@ def _gauge(pc: Any, name: str, text: str) -> Any:
 def beat_metrics() -> BeatMetrics | None:
     """The beat's metrics (created on first use), or None when metrics are off."""
     global _beat
-    if _beat is not None or not enabled():
+    if not enabled():
+        return None
+    if _beat is not None:
         return _beat
     with _lock:
         if _beat is None:
@@ -158,7 +160,9 @@ def beat_metrics() -> BeatMetrics | None:
 def worker_metrics() -> WorkerMetrics | None:
     """The worker's metrics (created on first use), or None when metrics are off."""
     global _worker
-    if _worker is not None or not enabled():
+    if not enabled():
+        return None
+    if _worker is not None:
         return _worker
     with _lock:
         if _worker is None:
@@ -279,9 +283,10 @@ def _serve(setting: str, port: int, address: str, registry: Any) -> Server:
             setting, port, f"cannot serve metrics on {address}:{port}: {exc}",
             "pick a free port (each beat or worker on one host needs its own)",
         ) from exc
-    logger.info("serving Prometheus metrics on %s:%d (%s)", address, port, setting,
+    server = Server(httpd, thread, int(httpd.server_port))
+    logger.info("serving Prometheus metrics on %s:%d (%s)", address, server.port, setting,
                 extra={"action": "metrics-serve"})
-    return Server(httpd, thread, int(httpd.server_port))
+    return server
 
 
 def serve_beat(settings: DriftSafeSettings) -> Server | None:
