@@ -138,7 +138,8 @@ def last_slots(*, limit: int = 1000, using: str = "default") -> list[tuple[str, 
 
 @dataclass(frozen=True)
 class Bucket:
-    """One bar of a histogram: values in ``[low, high)`` (``high`` None: no upper bound)."""
+    """One bar of a histogram: values in ``[low, high)`` (``high`` None: no upper bound),
+    labelled by its upper bound (``<25ms``; the open last one ``≥30s``)."""
 
     low: float
     high: float | None
@@ -147,11 +148,11 @@ class Bucket:
     @property
     def label(self) -> str:
         def text(value: float) -> str:
-            return f"{value * 1000:g} ms" if value < 1 else f"{value:g} s"
+            return f"{value * 1000:g}ms" if value < 1 else f"{value:g}s"
 
         if self.high is None:
-            return f"≥ {text(self.low)}"
-        return f"{text(self.low)} to {text(self.high)}"
+            return f"≥{text(self.low)}"
+        return f"<{text(self.high)}"
 
 
 #: Edges of the dashboard's lateness histogram, in seconds.

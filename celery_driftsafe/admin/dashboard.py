@@ -154,6 +154,10 @@ class Bar:
     def count_y(self) -> float:
         return round(self.y - 4, 1)
 
+    @property
+    def centre(self) -> float:
+        return round(self.x + self.width / 2, 1)
+
 
 def _short(node_id: str) -> str:
     """``host:pid`` of a node id ``host:pid:random``."""
