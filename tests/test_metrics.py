@@ -378,3 +378,60 @@ def test_worker_figures_move_as_runs_execute(worker_env: tuple[Celery, str]) -> 
         _wait(lambda: moved("driftsafe_worker_lock_errors_total", task="metrics.ok") == 1,
               "the lock error")
         assert moved(executions, task="metrics.ok", outcome="succeeded") == 2
+
+
+# -- the docs' alert rules and Grafana dashboard ----------------------------------------------
+
+
+DOCS = test_settings.BASE_DIR.parent / "docs"
+
+
+def _exported_names() -> set[str]:
+    """Every sample name the beats, workers and the view can export."""
+    from prometheus_client import REGISTRY
+
+    from celery_driftsafe.views import DatabaseCollector
+
+    with metrics_on(WORKER_METRICS_PORT=9808):  # defines the metrics; serves nothing here
+        assert metrics.beat_metrics() is not None and metrics.worker_metrics() is not None
+    names: set[str] = set()
+    families = [*REGISTRY.collect(), *DatabaseCollector(changes.authority_now()).collect()]
+    for family in families:
+        if not family.name.startswith("driftsafe_"):
+            continue
+        if family.type == "counter":
+            names.add(f"{family.name}_total")
+        elif family.type == "histogram":
+            names.update(f"{family.name}{suffix}" for suffix in ("_bucket", "_count", "_sum"))
+        else:
+            names.add(family.name)
+    return names
+
+
+@pytest.mark.django_db
+def test_alert_rules_and_grafana_dashboard_use_only_exported_metrics() -> None:
+    import json
+    import re
+
+    import yaml
+
+    known = _exported_names()
+    page = (DOCS / "howto" / "monitoring.md").read_text()
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", page, re.S) if "groups:" in b]
+    rules = yaml.safe_load(block)["groups"][0]["rules"]
+    alerts = {rule["alert"] for rule in rules}
+    assert {"DriftsafeNoLiveBeat", "DriftsafeDispatchLate", "DriftsafeClockOffset",
+            "DriftsafeBacklog"} <= alerts
+    expressions = [rule["expr"] for rule in rules]
+    for rule in rules:
+        assert rule["labels"]["severity"] in ("critical", "warning")
+        assert rule["annotations"]["summary"]
+    dashboard = json.loads((DOCS / "_static" / "grafana-dashboard.json").read_text())
+    targets = [t for panel in dashboard["panels"] for t in panel["targets"]]
+    assert len(targets) >= 20
+    expressions += [target["expr"] for target in targets]
+    used = {name for expr in expressions for name in re.findall(r"driftsafe_[a-z_]+", expr)}
+    assert used - known == set(), f"not exported: {used - known}"
+    # and the dashboard shows every beat and worker counter
+    counters = {n for n in known if n.startswith(("driftsafe_beat_slots", "driftsafe_worker"))}
+    assert counters <= used, f"not on the dashboard: {counters - used}"
