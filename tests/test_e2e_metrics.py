@@ -1,7 +1,8 @@
 """End-to-end: a real ``celery beat`` with ``METRICS_PORT`` set, its wall clock skewed with
 libfaketime, scraped over HTTP while it fires: the counters move with the slots it fires, the
 lateness histogram fills, the clock offset gauge shows the skew, and the port closes when the
-beat stops."""
+beat stops. And a real prefork worker in prometheus-client's multiprocess mode: its main
+process serves the executions its two pool processes counted."""
 
 from __future__ import annotations
 
@@ -83,5 +84,42 @@ def test_a_real_beat_serves_figures_that_move_as_its_slots_fire(tmp_path: Path) 
         assert len(run.received) >= published
         with pytest.raises(urllib.error.URLError):
             scrape(port)  # the stopped beat no longer serves
+    finally:
+        run.close()
+
+
+def test_a_prefork_worker_serves_what_its_pool_processes_counted(tmp_path: Path) -> None:
+    beat_port, worker_port = _free_port(), _free_port()
+    multiproc = tmp_path / "prometheus"
+    multiproc.mkdir()
+    run = E2ERun(BACKEND, tmp_path)
+    try:
+        start = real_now() + timedelta(seconds=2)
+        run.seed([{"name": "slot-work", "schedule_kind": "interval", "interval_every": 1,
+                   "interval_unit": "seconds", "task": "e2e.slot_work",
+                   "kwargs": {"seconds": 1.3}}], start)
+        run.start_worker("pf", pool="prefork", concurrency=2, env={
+            "DRIFTSAFE_E2E_WORKER_METRICS_PORT": str(worker_port),
+            "PROMETHEUS_MULTIPROC_DIR": str(multiproc)})
+        run.start_beat(0.0, env={"DRIFTSAFE_E2E_METRICS_PORT": str(beat_port)})
+        executions = "driftsafe_worker_executions_total"
+
+        def succeeded(samples: dict[Any, float]) -> float:
+            return value(samples, executions, task="e2e.slot_work", outcome="succeeded")
+
+        _scrape_until(worker_port, lambda s: succeeded(s) >= 6)
+        run.stop()  # the beat; the worker finishes what was published
+        log_path = Path(run.env["DRIFTSAFE_E2E_EXEC_LOG"])
+
+        def all_counted(samples: dict[Any, float]) -> bool:
+            return succeeded(samples) == len(log_path.read_text().splitlines())
+
+        got = _scrape_until(worker_port, all_counted)  # every body run, counted once
+        log = log_path.read_text().splitlines()
+        pids = {line.split()[2] for line in log}
+        # bodies take longer than the interval, so both pool processes ran some
+        assert len(pids) == 2, f"both pool processes should have run bodies: {log}"
+        assert len(list(multiproc.glob("counter_*.db"))) >= 2  # one file per process
+        assert value(got, "driftsafe_worker_fenced_out_total", task="e2e.slot_work") == 0
     finally:
         run.close()

@@ -181,16 +181,18 @@ class E2ERun:
         self.beats.append(beat)
         return beat
 
-    def start_worker(self, name: str, *, pool: str = "solo") -> Beat:
-        """Start one ``celery worker`` (concurrency 1) on this run's queue."""
+    def start_worker(self, name: str, *, pool: str = "solo", concurrency: int = 1,
+                     env: dict[str, str] | None = None) -> Beat:
+        """Start one ``celery worker`` on this run's queue."""
         log = self.workdir / f"worker-{name}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "tests.e2e.celery_app", "worker",
-                 "-P", pool, "-c", "1", "-n", f"{name}@e2e", "-Q", self.queue,
+                 "-P", pool, "-c", str(concurrency), "-n", f"{name}@e2e", "-Q", self.queue,
                  "--loglevel", "INFO", "--without-gossip", "--without-mingle",
                  "--without-heartbeat"],
-                cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                cwd=ROOT, env={**self.env, **(env or {})}, stdout=out,
+                stderr=subprocess.STDOUT,
             )
         worker = Beat(0.0, process, log, 0.0)
         self.workers.append(worker)
