@@ -222,9 +222,9 @@ def test_metrics_view_serves_backlog_nodes_last_slots_and_runs_by_status(client:
     interval_task("later", 60, anchor=now, next_slot_at=now + timedelta(minutes=5))
     fired = now - timedelta(minutes=2)
     PeriodicTask.objects.filter(pk=due.pk).update(last_slot_at=fired)
-    for status, minutes in ((RunStatus.SUCCEEDED, 5), (RunStatus.SUCCEEDED, 10),
-                            (RunStatus.FAILED, 20), (RunStatus.DISPATCHED, 1),
-                            (RunStatus.SUCCEEDED, 120)):  # the last: older than an hour
+    for status, minutes in ((RunStatus.SUCCEEDED, 2), (RunStatus.SUCCEEDED, 3),
+                            (RunStatus.FAILED, 4), (RunStatus.DISPATCHED, 1),
+                            (RunStatus.SUCCEEDED, 30)):  # the last: older than 5 minutes
         slot = now - timedelta(minutes=minutes)
         Run.objects.create(periodic_task=due, task_name=due.task, kind=RunKind.SCHEDULED,
                            slot=slot, status=status, claimed_by="beat-a:1:x",

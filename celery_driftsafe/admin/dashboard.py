@@ -23,6 +23,8 @@ from typing import Any
 
 from django.template.response import TemplateResponse
 from django.utils import timezone
+from django.utils.html import escape
+from django.utils.safestring import SafeString, mark_safe
 
 from celery_driftsafe import cluster
 from celery_driftsafe.admin.display import local_text, read_authority, relative, seconds_text
@@ -123,6 +125,21 @@ class Timeline:
     @property
     def label_y(self) -> int:
         return self.height - 6
+
+    def marks_svg(self) -> SafeString:
+        """Every mark as SVG (built here, not in a template loop: there may be thousands)."""
+        circle = '<circle class="ds-mark {}" cx="{}" cy="{}" r="4"><title>{}</title></circle>'
+        square = ('<rect class="ds-mark missed" x="{}" y="{}" width="8" height="8">'
+                  "<title>{}</title></rect>")
+        parts = []
+        for lane in self.lanes:
+            for mark in lane.marks:
+                if mark.css == "missed":
+                    parts.append(square.format(*mark.corner, escape(mark.title)))
+                else:
+                    parts.append(circle.format(mark.css, mark.x, mark.y, escape(mark.title)))
+        # safe: numbers, fixed class names, escaped titles
+        return mark_safe("\n".join(parts))
 
 
 @dataclass
@@ -290,6 +307,8 @@ def context(now: datetime) -> dict[str, Any]:
         "missed": sum(1 for r in runs if r.status == RunStatus.MISSED),
         "runs_shown": len(runs),
         "runs_capped": len(runs) >= MAX_RUNS,
+        "oldest_shown": local_text(runs[-1].claimed_at, same_day_as=now)
+        if runs and runs[-1].claimed_at else "",
         "max_runs": MAX_RUNS,
         "p50": _q(late, 0.5), "p99": _q(late, 0.99),
         "worst": f"+{seconds_text(max(late))}" if late else "—",
