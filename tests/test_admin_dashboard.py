@@ -106,8 +106,8 @@ def test_dashboard_queries_stay_bounded_with_thousands_of_runs(
         for i in range(1, 3001)
     )
     monkeypatch.setattr(dashboard, "MAX_RUNS", 500)
-    # session and user, the authority, nodes, runs (one per status), counts, next fires
-    with django_assert_max_num_queries(25):
+    # session and user, the authority, nodes, runs (two per status), counts, next fires
+    with django_assert_max_num_queries(32):
         response = admin_client.get(DASHBOARD)
     html = response.content.decode()
     assert _count(_timeline(html), r'class="ds-mark ') == 500  # the newest 500 of the hour
@@ -148,3 +148,23 @@ def test_histogram_and_quantiles() -> None:
     assert cluster.quantile([3.0, 1.0, 2.0, 4.0], 0.5) == 2.0
     assert cluster.quantile([3.0, 1.0, 2.0, 4.0], 0.99) == 4.0
     assert cluster.quantile([], 0.5) is None
+
+
+@pytest.mark.django_db
+def test_recent_runs_are_the_newest_across_statuses() -> None:
+    now = changes.authority_now()
+    statuses = [RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.MISSED, RunStatus.SUCCEEDED,
+                RunStatus.DISPATCHED, RunStatus.SUCCEEDED, RunStatus.FAILED]
+    Run.objects.bulk_create(
+        Run(task_name="tests.add", status=statuses[i % len(statuses)],
+            slot=now - timedelta(seconds=i), claimed_at=now - timedelta(seconds=i),
+            claimed_by="beat-a:1:x", celery_task_id=str(uuid.uuid4()))
+        for i in range(200)
+    )
+    Run.objects.create(task_name="tests.add", status=RunStatus.FAILED, claimed_by="x",
+                       slot=now - timedelta(hours=2), claimed_at=now - timedelta(hours=2))
+    newest = list(Run.objects.filter(claimed_at__gte=now - timedelta(hours=1))
+                  .order_by("-claimed_at").values_list("pk", flat=True))
+    for limit in (1, 5, 17, 150, 500):
+        got = cluster.recent_runs(now - timedelta(hours=1), limit=limit)
+        assert [r.pk for r in got] == newest[:limit]
