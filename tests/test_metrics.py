@@ -159,6 +159,30 @@ def test_with_metrics_off_the_hooks_record_nothing(scheduler: DriftSafeScheduler
     assert REGISTRY.get_sample_value("driftsafe_beat_slots_claimed_total") == before
 
 
+def test_with_metrics_off_prometheus_client_is_never_imported() -> None:
+    import subprocess
+
+    script = (
+        "import sys, django; django.setup()\n"
+        "from datetime import datetime, UTC\n"
+        "from celery_driftsafe import metrics\n"
+        "from celery_driftsafe.claim import ClaimResult\n"
+        "from celery_driftsafe.dispatch import DispatchResult\n"
+        "now = datetime.now(UTC)\n"
+        "metrics.round_done(ClaimResult(), 0.1, now)\n"
+        "metrics.dispatched(DispatchResult(published=[1]), {}, now)\n"
+        "metrics.heartbeat(None, now, paused=False, dead_after_seconds=30)\n"
+        "for hook in (metrics.duplicate, metrics.fenced_out, metrics.lock_error):\n"
+        "    hook('t')\n"
+        "metrics.execution('t', 'succeeded')\n"
+        "print('prometheus_client' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=test_settings.BASE_DIR.parent, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
 def test_serving_on_a_port_in_use_names_the_setting() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
