@@ -193,6 +193,30 @@ def test_serving_on_a_port_in_use_names_the_setting() -> None:
     assert "METRICS_PORT" in str(info.value) and str(port) in str(info.value)
 
 
+def test_a_prefork_worker_without_multiprocess_dir_is_warned(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from types import SimpleNamespace
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    with metrics_on(WORKER_METRICS_PORT=0):
+        metrics.on_worker_init(sender=SimpleNamespace(pool_cls="prefork"))
+        try:
+            server = metrics._worker_server
+            assert server is not None
+            assert "driftsafe_worker_executions" in urllib.request.urlopen(
+                f"http://127.0.0.1:{server.port}/metrics", timeout=10).read().decode()
+        finally:
+            metrics.on_worker_shutdown()
+    assert metrics._worker_server is None
+    assert any("PROMETHEUS_MULTIPROC_DIR" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with metrics_on(WORKER_METRICS_PORT=0):
+        metrics.on_worker_init(sender=SimpleNamespace(pool_cls="threads"))
+        metrics.on_worker_shutdown()
+    assert not any("PROMETHEUS_MULTIPROC_DIR" in r.getMessage() for r in caplog.records)
+
+
 # -- settings and the missing extra ------------------------------------------------------------
 
 
