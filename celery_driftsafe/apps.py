@@ -33,3 +33,12 @@ class DriftSafeConfig(AppConfig):
         # Worker side: serve metrics on WORKER_METRICS_PORT (a no-op when it is not set).
         worker_init.connect(metrics.on_worker_init, dispatch_uid="driftsafe-metrics-init")
         worker_shutdown.connect(metrics.on_worker_shutdown, dispatch_uid="driftsafe-metrics-stop")
+
+
+def ensure_django() -> None:
+    """Set Django up if nobody has yet (a ``celery beat`` started without it)."""
+    import django
+    from django.apps import apps
+
+    if not apps.ready:
+        django.setup()

@@ -26,12 +26,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from celery_driftsafe.conf import ConfigurationError, DriftSafeSettings, get_settings
+from celery_driftsafe.conf import DriftSafeSettings, get_settings
+from celery_driftsafe.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
-    from celery_driftsafe.claim import ClaimedRun, ClaimResult
+    from celery_driftsafe.claim import ClaimResult
     from celery_driftsafe.clock import OffsetSample
-    from celery_driftsafe.dispatch import DispatchResult
+    from celery_driftsafe.dispatch import ClaimedRun, DispatchResult
 
 logger = logging.getLogger(__name__)
 

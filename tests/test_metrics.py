@@ -32,7 +32,8 @@ from django.db.models import F, Sum
 from django.test import override_settings
 
 from celery_driftsafe import changes, checks, metrics
-from celery_driftsafe.conf import ConfigurationError, get_settings
+from celery_driftsafe.conf import get_settings
+from celery_driftsafe.exceptions import ConfigurationError
 from celery_driftsafe.headers import read_headers
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunKind, RunStatus
 from celery_driftsafe.scheduler import DriftSafeScheduler
