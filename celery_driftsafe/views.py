@@ -19,7 +19,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 
 from celery_driftsafe import cluster
-from celery_driftsafe.clock import authority_from_settings
+from celery_driftsafe.clock import authority_clock
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.exceptions import ClockError
 from celery_driftsafe.metrics import EXTRA_HINT, unix
@@ -116,7 +116,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
             f"the celery_driftsafe metrics view needs prometheus-client ({exc}): {EXTRA_HINT}"
         ) from exc
     try:
-        now = authority_from_settings().read()
+        now = authority_clock().now()
     except ClockError as exc:
         return HttpResponse(f"time authority unreachable: {exc}\n", status=503,
                             content_type="text/plain")

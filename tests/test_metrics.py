@@ -417,9 +417,10 @@ def test_worker_figures_move_as_runs_execute(worker_env: tuple[Celery, str]) -> 
     assert moved("driftsafe_worker_lock_errors_total", task="metrics.ok") == 0
 
     # the lock backend unreachable (fail_open: the database alone decides): a lock error
+    # (the database as the time authority: the Redis one is unreachable too)
     unreachable = {**settings.DRIFTSAFE, "METRICS_ADDRESS": "127.0.0.1",
                    "WORKER_METRICS_PORT": 0, "REDIS_URL": "redis://127.0.0.1:1/0",
-                   "REDIS_UNAVAILABLE": "fail_open"}
+                   "REDIS_UNAVAILABLE": "fail_open", "TIME_AUTHORITY": "database"}
     with override_settings(DRIFTSAFE=unreachable):
         lonely = _new_run("metrics.ok")
         _publish(app, queue, lonely, [2])
