@@ -215,9 +215,9 @@ def dispatched(result: DispatchResult, runs: Mapping[int, ClaimedRun], now: date
 
 
 def heartbeat(sample: OffsetSample | None, now: datetime, *, paused: bool,
-              dead_after_seconds: float, using: str = "default") -> None:
-    """At a heartbeat: offset, claiming paused, and (two indexed counts) the backlog and the
-    nodes alive."""
+              using: str = "default") -> None:
+    """At a beat's heartbeat: offset, claiming paused, and (two indexed counts) the backlog
+    and the nodes alive."""
     m = beat_metrics()
     if m is None:
         return
@@ -228,7 +228,8 @@ def heartbeat(sample: OffsetSample | None, now: datetime, *, paused: bool,
         m.clock_error.set(sample.error_bound)
     m.paused.set(1 if paused else 0)
     m.backlog.set(cluster.backlog(now, using=using))
-    m.nodes_alive.set(cluster.nodes_alive(now, dead_after_seconds, using=using))
+    m.nodes_alive.set(cluster.nodes_alive(now, get_settings().node_dead_after_seconds,
+                                          using=using))
 
 
 # -- worker hooks --------------------------------------------------------------------------------
@@ -273,6 +274,12 @@ class Server:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(timeout=5)
+
+
+def stop(server: Server | None) -> None:
+    """Stop ``server`` if there is one."""
+    if server is not None:
+        server.stop()
 
 
 def _serve(setting: str, port: int, address: str, registry: Any) -> Server:

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 from django.db.models import Min
 
-from celery_driftsafe import __version__
+from celery_driftsafe import __version__, metrics
 from celery_driftsafe.clock import OffsetSample
 from celery_driftsafe.conf import DriftSafeSettings
 from celery_driftsafe.models import BeatNode
@@ -57,10 +57,12 @@ def heartbeat(
             clock_rtt_seconds=sample.rtt,
             clock_measured_at=sample.authority_at,
         )
-    return bool(
+    alive = bool(
         BeatNode.objects.using(using).filter(node_id=node_id, stopped_at__isnull=True)
         .update(**fields)
     )
+    metrics.heartbeat(sample, now, paused=bool(paused_reason), using=using)
+    return alive
 
 
 def mark_stopped(node_id: str, now: datetime, *, using: str = "default") -> None:

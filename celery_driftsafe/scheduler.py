@@ -74,7 +74,6 @@ class DriftSafeScheduler(Scheduler):
         self._ready = False
         self._closed = False
         self._listener: threading.Thread | None = None
-        self._metrics_server: metrics.Server | None = None
         self.node_id = nodes.new_node_id()
         self.rounds = 0
         super().__init__(app, *args, **kwargs)
@@ -191,8 +190,7 @@ class DriftSafeScheduler(Scheduler):
             self._mark_stopped()
         if self._listener is not None:
             self._listener.join(timeout=2)
-        if self._metrics_server is not None:
-            self._metrics_server.stop()
+        metrics.stop(getattr(self, "_metrics_server", None))  # set up by setup_schedule
         connections.close_all()
 
     def _mark_stopped(self, attempts: int = 3) -> None:
@@ -385,8 +383,6 @@ class DriftSafeScheduler(Scheduler):
             claiming_since=None if self._paused_reason else (self._claiming_since or now),
             lag_seconds=self._lag, using=self.using,
         )
-        metrics.heartbeat(sample, now, paused=bool(self._paused_reason), using=self.using,
-                          dead_after_seconds=self.settings.node_dead_after_seconds)
         self._lag = None
         self._others_since = nodes.others_claiming_since(
             self.node_id, now, timedelta(seconds=self.settings.node_dead_after_seconds),

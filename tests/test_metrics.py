@@ -172,7 +172,7 @@ def test_with_metrics_off_prometheus_client_is_never_imported() -> None:
         "now = datetime.now(UTC)\n"
         "metrics.round_done(ClaimResult(), 0.1, now)\n"
         "metrics.dispatched(DispatchResult(published=[1]), {}, now)\n"
-        "metrics.heartbeat(None, now, paused=False, dead_after_seconds=30)\n"
+        "metrics.heartbeat(None, now, paused=False)\n"
         "for hook in (metrics.duplicate, metrics.fenced_out, metrics.lock_error):\n"
         "    hook('t')\n"
         "metrics.execution('t', 'succeeded')\n"
