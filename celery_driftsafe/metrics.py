@@ -189,15 +189,17 @@ def worker_metrics() -> WorkerMetrics | None:
 # -- beat hooks (each a no-op with metrics off) -------------------------------------------------
 
 
-def round_done(result: ClaimResult, seconds: float, now: datetime) -> None:
-    """A claim round ended: what it claimed and missed, how long it took."""
+def round_done(result: ClaimResult, now: datetime, began: float, ended: float) -> float:
+    """A claim round read the authority at ``now`` and ran from ``began`` to ``ended`` (local
+    monotonic seconds): what it claimed and missed, how long it took. Returns ``ended``."""
     m = beat_metrics()
     if m is None:
-        return
+        return ended
     m.claimed.inc(len(result.runs))
     m.missed.inc(result.missed)
-    m.round_duration.observe(max(seconds, 0.0))
+    m.round_duration.observe(max(ended - began, 0.0))
     m.last_round.set(now.timestamp())
+    return ended
 
 
 def dispatched(result: DispatchResult, runs: Mapping[int, ClaimedRun], now: datetime) -> None:
@@ -276,12 +278,6 @@ class Server:
         self.thread.join(timeout=5)
 
 
-def stop(server: Server | None) -> None:
-    """Stop ``server`` if there is one."""
-    if server is not None:
-        server.stop()
-
-
 def _serve(setting: str, port: int, address: str, registry: Any) -> Server:
     pc = _import()
     try:
@@ -304,6 +300,33 @@ def serve_beat(settings: DriftSafeSettings) -> Server | None:
     beat_metrics()  # defined before the first scrape, so every series is there from the start
     pc = _import()
     return _serve("METRICS_PORT", settings.metrics_port, settings.metrics_address, pc.REGISTRY)
+
+
+_node_servers: dict[str, Server] = {}
+_servers_lock = threading.Lock()
+
+
+def serve_node(node_id: str) -> Server | None:
+    """A beat node registered: serve its metrics on ``METRICS_PORT``, once per node (a node
+    registered again after being marked dead keeps its server)."""
+    with _servers_lock:
+        server = _node_servers.get(node_id)
+        if server is None and (server := serve_beat(get_settings())) is not None:
+            _node_servers[node_id] = server
+        return server
+
+
+def node_server(node_id: str) -> Server | None:
+    """The metrics server of a beat node, if it serves one."""
+    return _node_servers.get(node_id)
+
+
+def stop_node(node_id: str) -> None:
+    """A beat node stopped: stop serving its metrics."""
+    with _servers_lock:
+        server = _node_servers.pop(node_id, None)
+    if server is not None:
+        server.stop()
 
 
 _worker_server: Server | None = None

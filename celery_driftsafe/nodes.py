@@ -26,6 +26,8 @@ def new_node_id() -> str:
 
 
 def register(node_id: str, now: datetime, *, using: str = "default") -> BeatNode:
+    """Record the node running; it serves its metrics from now on (``METRICS_PORT``)."""
+    metrics.serve_node(node_id)
     node, _ = BeatNode.objects.using(using).update_or_create(
         node_id=node_id,
         defaults={
@@ -66,6 +68,7 @@ def heartbeat(
 
 
 def mark_stopped(node_id: str, now: datetime, *, using: str = "default") -> None:
+    metrics.stop_node(node_id)
     BeatNode.objects.using(using).filter(node_id=node_id).update(stopped_at=now)
 
 

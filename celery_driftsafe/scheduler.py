@@ -97,7 +97,6 @@ class DriftSafeScheduler(Scheduler):
         )
         self.claimer: Claimer = claimer_for(self.using, self.settings)
         self.dispatcher = Dispatcher(self.app, self.clock, using=self.using)
-        self._metrics_server = metrics.serve_beat(self.settings)  # METRICS_PORT, if set
         self._paused_reason = ""
         self._outage: str | None = None
         self._backoff = 0.0
@@ -119,8 +118,11 @@ class DriftSafeScheduler(Scheduler):
             len(report.updated), len(report.unchanged), len(report.errors),
             extra={"action": "start", "node": self.node_id},
         )
-        self._listener = start_change_listener(self.settings, self._wake, self._shutdown)
+        self._listener = self._start_listener()
         self._ready = True
+
+    def _start_listener(self) -> threading.Thread | None:  # a test's stepped beat has none
+        return start_change_listener(self.settings, self._wake, self._shutdown)
 
     def _start_up(self) -> SyncReport:
         """Measure the clock, register the node, mirror ``beat_schedule`` (all idempotent).
@@ -190,7 +192,6 @@ class DriftSafeScheduler(Scheduler):
             self._mark_stopped()
         if self._listener is not None:
             self._listener.join(timeout=2)
-        metrics.stop(getattr(self, "_metrics_server", None))  # set up by setup_schedule
         connections.close_all()
 
     def _mark_stopped(self, attempts: int = 3) -> None:
@@ -303,9 +304,8 @@ class DriftSafeScheduler(Scheduler):
                 partial(self.claimer.claim, reading.at, self.node_id, busy_since=busy_since)
             )
         self.dispatcher.dispatch(result.runs)
-        metrics.round_done(result, self.clock.monotonic() - mono, reading.at)
         self._log_round(result, reading.at)
-        self._last_round_end = self.clock.monotonic()
+        self._last_round_end = metrics.round_done(result, reading.at, mono, self.clock.monotonic())
         if full:
             return 0.0  # a full batch: more may be due right now
         return self._wait_after(reading, claimed=bool(result.tasks_seen))

@@ -83,7 +83,7 @@ def test_claim_rounds_move_the_beat_figures_served_on_the_metrics_port(
         sched = DriftSafeScheduler(app=broker_app, clock=clock, authority=clock,
                                    install_signal_handlers=False)
         try:
-            server = sched._metrics_server
+            server = metrics.node_server(sched.node_id)  # serving since it registered
             assert server is not None and server.port > 0
             before = scrape(server.port)
             # one task due now, one a quarter of an hour behind with a 5 s grace: it fires
@@ -141,7 +141,8 @@ def test_claim_rounds_move_the_beat_figures_served_on_the_metrics_port(
             port = server.port
         finally:
             sched.close()
-        with pytest.raises(OSError, match="refused"):  # close() stops serving
+        assert metrics.node_server(sched.node_id) is None
+        with pytest.raises(OSError, match="refused"):  # a stopped node stops serving
             scrape(port)
 
 
@@ -151,7 +152,7 @@ def test_with_metrics_off_the_hooks_record_nothing(scheduler: DriftSafeScheduler
 
     assert not metrics.enabled()
     assert metrics.beat_metrics() is None and metrics.worker_metrics() is None
-    assert scheduler._metrics_server is None
+    assert metrics.node_server(scheduler.node_id) is None
     before = REGISTRY.get_sample_value("driftsafe_beat_slots_claimed_total")
     interval_task("quiet", 10, anchor=T0, next_slot_at=T0)
     scheduler.run_round()
@@ -170,7 +171,7 @@ def test_with_metrics_off_prometheus_client_is_never_imported() -> None:
         "from celery_driftsafe.claim import ClaimResult\n"
         "from celery_driftsafe.dispatch import DispatchResult\n"
         "now = datetime.now(UTC)\n"
-        "metrics.round_done(ClaimResult(), 0.1, now)\n"
+        "metrics.round_done(ClaimResult(), now, 0.0, 0.1)\n"
         "metrics.dispatched(DispatchResult(published=[1]), {}, now)\n"
         "metrics.heartbeat(None, now, paused=False)\n"
         "for hook in (metrics.duplicate, metrics.fenced_out, metrics.lock_error):\n"
