@@ -1,7 +1,7 @@
 """The admin's cluster dashboard and the metrics view on a big ledger, and what a metrics hook
 costs with metrics off and on.
 
-    DRIFTSAFE_TEST_REDIS_DB=96 python benchmarks/bench_dashboard.py [--tasks 10000]
+    DRIFTSAFE_TEST_REDIS_DB=96 python -m benchmarks dashboard [--tasks 10000]
         [--minutes 200] [--repeat 5]
 
 A test database on PostgreSQL gets ``--tasks`` interval tasks that each fired every minute

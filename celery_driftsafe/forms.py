@@ -97,6 +97,8 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if "interval_every" not in self.fields:  # a view-only user: every field is read-only
+            return
         every = self.fields["interval_every"]
         assert isinstance(every, forms.IntegerField)
         # Our own message for 0 and below (in clean()), not "greater than or equal to 0".

@@ -39,7 +39,7 @@ def test_tutorial_settings_sample_is_valid_configuration() -> None:
 def test_fake_clock_samples_run(broker_app: Any) -> None:
     from celery_driftsafe.scheduler import DriftSafeScheduler
 
-    first, second, third = samples("howto/test-with-fake-clock.md")
+    first, second, third, processes = samples("howto/test-with-fake-clock.md")
     namespace: dict[str, Any] = {}
     exec(first, namespace)
     namespace.update(app=broker_app, DriftSafeScheduler=DriftSafeScheduler)
@@ -48,6 +48,10 @@ def test_fake_clock_samples_run(broker_app: Any) -> None:
     finally:
         namespace["scheduler"].close()
     assert "skewed_env" in third  # the faketime sample starts a real process: not run here
+    # the end-to-end sample starts real processes too: it compiles, and its imports exist
+    compile(processes, "test-with-fake-clock.md", "exec")
+    exec("\n".join(line for line in processes.splitlines()
+                   if line.startswith(("import ", "from "))), {})
 
 
 @pytest.mark.django_db(transaction=True)
