@@ -32,6 +32,8 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "statements": ("benchmarks.statements:main", "statements one claim round issues"),
     "task": ("benchmarks.bench_task:main", "DriftSafeTask overhead over a plain task"),
     "slots": ("benchmarks.bench_slots:main", "slot arithmetic: microseconds per call"),
+    "jitter": ("benchmarks.bench_jitter:main", "a wave of tasks due at one instant, claimed "
+               "with and without a deterministic jitter: due per second, claim time"),
     "retention": ("benchmarks.bench_retention:main", "a day of runs in the ledger pruned "
                   "while the claim loop claims: claim latency before/during/after, sizing"),
     "admin": ("benchmarks.bench_admin:main", "the admin's run and task lists and filters "

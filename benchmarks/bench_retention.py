@@ -121,7 +121,8 @@ def _run(args: argparse.Namespace, broker_url: str, fences: Any) -> None:
 
     with connection.cursor() as cursor:  # every task's next slot: the next minute, spread
         cursor.execute("""UPDATE celery_driftsafe_periodictask SET next_slot_at =
-                          CASE WHEN g > now() THEN g ELSE g + interval '1 minute' END
+                          CASE WHEN g > now() THEN g ELSE g + interval '1 minute' END,
+                          due_at = CASE WHEN g > now() THEN g ELSE g + interval '1 minute' END
                           FROM (SELECT id AS task, date_trunc('minute', now())
                                 + ((id - min(id) OVER ()) % 60) * interval '1 second' AS g
                                 FROM celery_driftsafe_periodictask) AS grid

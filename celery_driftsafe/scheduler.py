@@ -335,7 +335,7 @@ class DriftSafeScheduler(Scheduler):
         return min(wait, cap)
 
     def next_due(self) -> datetime | None:
-        """The earliest unclaimed slot of any enabled task."""
+        """When the earliest unclaimed slot of any enabled task is due (its jittered instant)."""
         return next_due(self.using)
 
     def _log_round(self, result: ClaimResult, now: datetime) -> None:

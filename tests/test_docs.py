@@ -89,6 +89,48 @@ def test_solar_howto_samples_run() -> None:
     assert runner.summarize(verbose=False).failed == 0
 
 
+def _doctest(text: str, name: str) -> None:
+    import doctest
+
+    test = doctest.DocTestParser().get_doctest(text, {}, name, None, 0)
+    runner = doctest.DocTestRunner()
+    runner.run(test)
+    assert runner.summarize(verbose=False).failed == 0
+
+
+@pytest.mark.django_db
+def test_bounds_howto_sample_runs() -> None:
+    from celery_driftsafe.models import PeriodicTask
+
+    (create,) = samples("howto/bounds-and-limits.md")
+    exec(create, {"PeriodicTask": PeriodicTask})
+    task = PeriodicTask.objects.get(name="campaign-reminder")
+    assert task.max_runs == 20 and task.valid_from is not None and task.valid_until is not None
+    assert task.next_slot_at is not None and task.valid_from <= task.next_slot_at
+
+
+@pytest.mark.django_db
+def test_jitter_howto_samples_run() -> None:
+    import celery_driftsafe.changes
+    from celery_driftsafe.jitter import offset
+    from celery_driftsafe.models import PeriodicTask
+
+    update, shell = samples("howto/jitter.md")
+    task = PeriodicTask(name="nightly-1", task="reports.nightly", schedule_kind="crontab",
+                        crontab_minute="0", crontab_hour="0")
+    task.save()
+    exec(update, {"PeriodicTask": PeriodicTask, "celery_driftsafe": celery_driftsafe})
+    task.refresh_from_db()
+    assert task.next_slot_at is not None and task.jitter_seconds == 30
+    assert task.due_at == task.next_slot_at + offset("nightly-1", task.next_slot_at, 30)
+    _doctest(shell, "jitter")
+
+
+def test_crontab_seconds_howto_sample_runs() -> None:
+    (shell,) = samples("howto/crontab-seconds-and-aliases.md")
+    _doctest(shell, "crontab-seconds-and-aliases")
+
+
 def test_every_log_action_is_listed_in_the_docs() -> None:
     """Each ``extra={"action": ...}`` name the package uses appears in the log-actions page."""
     package = Path(__file__).resolve().parent.parent / "celery_driftsafe"

@@ -3,7 +3,7 @@
 The list is paginated and costs a fixed number of queries whatever the size of the ledger
 (no per-row lookups: the task name and node are stored on the run). The filters' choices come
 from the small tables (tasks, nodes), never from a ``DISTINCT`` over the ledger; each filter
-reads a page of its own index (migration 0011), newest first, and the count is an estimate
+reads a page of its own index (migration 0010), newest first, and the count is an estimate
 (:class:`~celery_driftsafe.admin.paginator.EstimatedCountPaginator`), never a ``COUNT(*)`` of
 the ledger.
 """

@@ -90,8 +90,8 @@ def _schedulable(tasks: list[PeriodicTask]) -> tuple[list[PeriodicTask], list[st
 class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     form = PeriodicTaskForm
     list_display = (
-        "name", "task", "schedule_text", "timezone", "enabled", "next_slot", "last_run",
-        "last_lateness",
+        "name", "task", "schedule_text", "timezone", "enabled", "limits", "next_slot",
+        "last_run", "last_lateness",
     )
     list_display_links = ("name",)
     list_filter = ("enabled", "schedule_kind", LastRunStatusFilter, "source", "timezone")
@@ -100,11 +100,12 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
     show_full_result_count = False
     actions = ("enable_tasks", "disable_tasks", "run_now", "reset_schedule")
     readonly_fields = (
-        "schedule_text", "next_slot", "last_slot_at", "run_count", "interval_anchor", "source",
-        "created_at", "changed_at",
+        "schedule_text", "next_slot", "due_at", "last_slot_at", "run_count", "interval_anchor",
+        "source", "created_at", "changed_at",
     )
     fieldsets = (
-        (None, {"fields": ("name", "task", "args", "kwargs", "enabled", "disabled_reason")}),
+        (None, {"fields": ("name", "description", "task", "args", "kwargs", "enabled",
+                           "disabled_reason")}),
         ("Schedule", {
             "fields": (
                 "schedule_kind", ("interval_every", "interval_unit"), tuple(CRONTAB_FIELDS),
@@ -114,6 +115,14 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
                            "crontab (cron fields evaluated in the time zone; seconds are "
                            "optional), one-off, "
                            "or solar (an event of the sun at a latitude and longitude).",
+        }),
+        ("Bounds and limits", {
+            "fields": (("valid_from", "valid_until"), ("run_once", "max_runs"), "jitter_seconds"),
+            "description": "Optional. Slots outside [valid from, valid until) never fire; a "
+                           "task that fired its one run (run once) or reached max runs, or "
+                           "whose valid until has passed, is disabled by the scheduler with "
+                           "the reason. Jitter spreads each run over the first seconds of its "
+                           "slot, at an instant every beat computes alike.",
         }),
         ("Policies", {"fields": ("misfire_policy", "misfire_grace_seconds", "overlap_policy")}),
         ("Publishing", {
@@ -143,6 +152,22 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
     @admin.display(description="schedule")
     def schedule_text(self, task: PeriodicTask) -> SafeString | str:
         return schedule_cell(task)
+
+    @admin.display(description="bounds and limits")
+    def limits(self, task: PeriodicTask) -> str:
+        """E.g. ``from 2026-05-01 00:00 · until 2026-06-01 00:00 · 3 of 10 runs · once``."""
+        parts = []
+        if task.valid_from is not None:
+            parts.append(f"from {task.valid_from:%Y-%m-%d %H:%M}")
+        if task.valid_until is not None:
+            parts.append(f"until {task.valid_until:%Y-%m-%d %H:%M}")
+        if task.max_runs is not None:
+            parts.append(f"{task.run_count} of {task.max_runs} runs")
+        if task.run_once:
+            parts.append("once")
+        if task.jitter_seconds:
+            parts.append(f"jitter {task.jitter_seconds:g} s")
+        return " · ".join(parts) or "—"
 
     @admin.display(description="next slot", ordering="next_slot_at")
     def next_slot(self, task: PeriodicTask) -> SafeString | str:

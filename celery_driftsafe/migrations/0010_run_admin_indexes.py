@@ -34,7 +34,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ('celery_driftsafe', '0008_crontab_second'),
+        ('celery_driftsafe', '0009_bounds_jitter_description'),
     ]
 
     operations = [
