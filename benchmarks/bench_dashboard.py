@@ -90,6 +90,7 @@ def main() -> None:
             cursor.execute(SEED_RUNS, {"minutes": args.minutes})
             cursor.execute("UPDATE celery_driftsafe_periodictask SET "
                            "next_slot_at = date_trunc('minute', now()) + interval '1 minute', "
+                           "due_at = date_trunc('minute', now()) + interval '1 minute', "
                            "last_slot_at = date_trunc('minute', now()) - interval '1 minute'")
             cursor.execute("ANALYZE")
         total = Run.objects.count()

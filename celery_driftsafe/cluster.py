@@ -4,8 +4,8 @@ cluster dashboard (:mod:`celery_driftsafe.admin.dashboard`) and a beat's heartbe
 
 Every query is bounded so it stays fast on a ledger of many millions of runs: recent runs are
 read per status on the ``(status, claimed_at)`` index, newest first, with a LIMIT; due tasks on
-the ``(enabled, next_slot_at)`` index. Time is a parameter (the authority's ``now``), never
-read here.
+the ``(enabled, due_at)`` index (``due_at``: a slot's jittered instant, when it is due).
+Time is a parameter (the authority's ``now``), never read here.
 """
 
 from __future__ import annotations
@@ -30,16 +30,18 @@ MAX_NODES = 100
 
 
 def backlog(now: datetime, *, using: str = "default") -> int:
-    """Enabled tasks whose next slot is due at ``now`` and not claimed yet."""
+    """Enabled tasks whose next slot is due at ``now`` (its jittered instant has come) and not
+    claimed yet."""
     return int(PeriodicTask.objects.using(using)
-               .filter(enabled=True, next_slot_at__lte=now).count())
+               .filter(enabled=True, due_at__lte=now).count())
 
 
 def oldest_due(now: datetime, *, using: str = "default") -> datetime | None:
-    """The oldest due, unclaimed slot at ``now`` (None: nothing is due)."""
+    """Since when the longest-waiting due, unclaimed slot has been due at ``now`` (its
+    jittered instant; None: nothing is due)."""
     value: datetime | None = (
-        PeriodicTask.objects.using(using).filter(enabled=True, next_slot_at__lte=now)
-        .aggregate(oldest=Min("next_slot_at"))["oldest"]
+        PeriodicTask.objects.using(using).filter(enabled=True, due_at__lte=now)
+        .aggregate(oldest=Min("due_at"))["oldest"]
     )
     return value
 
@@ -130,12 +132,14 @@ def open_runs(*, using: str = "default") -> dict[str, int]:
 
 
 def next_fires(*, limit: int = 15, using: str = "default") -> list[PeriodicTask]:
-    """The enabled tasks with the nearest next slots (on the due index)."""
+    """The enabled tasks that fire next, by when their next slot is due (its jittered
+    instant; on the due index)."""
     return list(
         PeriodicTask.objects.using(using)
-        .filter(enabled=True, next_slot_at__isnull=False)
-        .order_by("next_slot_at", "id")
-        .only("id", "name", "task", "next_slot_at", "last_slot_at", "schedule_kind")[:limit]
+        .filter(enabled=True, due_at__isnull=False)
+        .order_by("due_at", "id")
+        .only("id", "name", "task", "next_slot_at", "due_at", "last_slot_at",
+              "schedule_kind")[:limit]
     )
 
 

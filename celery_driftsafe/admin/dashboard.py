@@ -291,10 +291,11 @@ def context(now: datetime) -> dict[str, Any]:
     buckets = cluster.histogram(late)
     upcoming = []
     for task in cluster.next_fires(limit=NEXT_FIRES):
-        assert task.next_slot_at is not None
+        due = task.due_at or task.next_slot_at
+        assert due is not None and task.next_slot_at is not None
         upcoming.append({"task": task, "at": local_text(task.next_slot_at, same_day_as=now),
-                         "relative": relative(task.next_slot_at, now),
-                         "overdue": task.next_slot_at <= now})
+                         "relative": relative(due, now), "overdue": due <= now,
+                         "jitter": (due - task.next_slot_at).total_seconds()})
     settings = get_settings()
     return {
         "now_text": local_text(now, milliseconds=True),
