@@ -168,3 +168,19 @@ def test_recent_runs_are_the_newest_across_statuses() -> None:
     for limit in (1, 5, 17, 150, 500):
         got = cluster.recent_runs(now - timedelta(hours=1), limit=limit)
         assert [r.pk for r in got] == newest[:limit]
+
+
+@pytest.mark.django_db
+def test_a_jittered_slot_is_not_backlog_before_its_jittered_instant() -> None:
+    from celery_driftsafe.models import PeriodicTask
+    from tests.factories import interval_task
+
+    now = changes.authority_now()
+    task = interval_task("jittered", 60, anchor=now - timedelta(hours=1))
+    PeriodicTask.objects.filter(pk=task.pk).update(next_slot_at=now - timedelta(seconds=10),
+                                                   due_at=now + timedelta(seconds=20))
+    assert cluster.backlog(now) == 0 and cluster.oldest_due(now) is None
+    PeriodicTask.objects.filter(pk=task.pk).update(due_at=now - timedelta(seconds=5))
+    assert cluster.backlog(now) == 1
+    assert cluster.oldest_due(now) == now - timedelta(seconds=5)
+    assert [t.name for t in cluster.next_fires()] == ["jittered"]
