@@ -38,4 +38,6 @@ REGISTRY: dict[str, tuple[str, str]] = {
                   "while the claim loop claims: claim latency before/during/after, sizing"),
     "admin": ("benchmarks.bench_admin:main", "the admin's run and task lists and filters "
               "with millions of runs on PostgreSQL"),
+    "dashboard": ("benchmarks.bench_dashboard:main", "the admin's cluster dashboard and the "
+                  "metrics view on a big ledger; what a metrics hook costs off and on"),
 }

@@ -13,6 +13,9 @@ Stable ids (documented in the settings reference):
 ``celery_driftsafe.E008``  ``MISFIRE_GRACE_SECONDS`` is negative
 ``celery_driftsafe.E009``  ``CELERY_APP`` is not a dotted path
 ``celery_driftsafe.E010``  ``USE_TZ`` is not ``True`` (slots are aware UTC instants)
+``celery_driftsafe.E020``  ``METRICS_PORT`` / ``WORKER_METRICS_PORT`` is not a port number
+``celery_driftsafe.E021``  metrics are switched on but prometheus-client is not installed
+``celery_driftsafe.E022``  ``METRICS_ADDRESS`` is not a non-empty string
 ``celery_driftsafe.W001``  ``TIME_AUTHORITY`` is ``database`` on SQLite (no shared clock)
 ``celery_driftsafe.W002``  ``MAX_CLOCK_OFFSET_SECONDS`` is not below the hard bound
 ========================  ==============================================================
@@ -155,6 +158,7 @@ def _check_raw(raw: dict[str, Any]) -> Iterable[CheckMessage]:
             "MISFIRE_GRACE_SECONDS", grace, "must be a number of seconds >= 0",
             "for example 60", "celery_driftsafe.E008",
         )
+    yield from _check_metrics(raw)
     warn = raw.get("MAX_CLOCK_OFFSET_SECONDS", defaults.max_clock_offset_seconds)
     hard = raw.get("HARD_CLOCK_OFFSET_SECONDS", defaults.hard_clock_offset_seconds)
     if _is_number(warn) and _is_number(hard) and warn >= hard:
@@ -164,6 +168,31 @@ def _check_raw(raw: dict[str, Any]) -> Iterable[CheckMessage]:
             hint="the warning bound should be smaller than the bound that stops claiming",
             id="celery_driftsafe.W002",
         )
+
+
+def _check_metrics(raw: dict[str, Any]) -> Iterable[CheckMessage]:
+    from celery_driftsafe.metrics import EXTRA_HINT, prometheus_missing
+
+    switched_on = []
+    for key in ("METRICS_PORT", "WORKER_METRICS_PORT"):
+        port = raw.get(key)
+        if port is None:
+            continue
+        switched_on.append(key)
+        if not (isinstance(port, int) and not isinstance(port, bool) and 0 <= port < 65536):
+            yield _error(key, port, "must be a TCP port number (0-65535), or None",
+                         "for example 9808; 0 takes any free port (logged); None serves no "
+                         "metrics", "celery_driftsafe.E020")
+    address = raw.get("METRICS_ADDRESS", "0.0.0.0")
+    if not (isinstance(address, str) and address.strip()):
+        yield _error("METRICS_ADDRESS", address, "must be a host name or IP address",
+                     "for example '0.0.0.0' (every interface) or '127.0.0.1'",
+                     "celery_driftsafe.E022")
+    missing = prometheus_missing() if switched_on else None
+    if missing:
+        yield _error(switched_on[0], raw[switched_on[0]],
+                     "metrics are switched on but prometheus-client is not installed",
+                     f"{EXTRA_HINT}, or set it to None", "celery_driftsafe.E021")
 
 
 def check_use_tz(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:

@@ -112,6 +112,14 @@ class DriftSafeSettings:
     #: Dotted path of the project's Celery app (``"proj.celery:app"``), for the admin's task
     #: name checks and "run now". ``None``: Celery's current app.
     celery_app: str | None = None
+    #: A beat serves its Prometheus metrics on this TCP port (needs the ``metrics`` extra).
+    #: ``None``: no metrics. Each beat on one host needs its own port.
+    metrics_port: int | None = None
+    #: A worker's main process serves its Prometheus metrics on this TCP port (a prefork pool
+    #: also needs ``PROMETHEUS_MULTIPROC_DIR``; see the monitoring how-to). ``None``: none.
+    worker_metrics_port: int | None = None
+    #: The address the metrics ports listen on.
+    metrics_address: str = "0.0.0.0"
 
     @classmethod
     def setting_names(cls) -> dict[str, str]:

@@ -21,6 +21,7 @@ from celery import Task
 from celery.utils.saferepr import saferepr
 from django.db.models import Case, F, Q, TextField, Value, When
 
+from celery_driftsafe import metrics
 from celery_driftsafe.broker import connection_errors, describe_error, pipelined, refused
 from celery_driftsafe.clock import Clock
 from celery_driftsafe.conf import get_settings
@@ -381,5 +382,6 @@ class Dispatcher:
             table.filter(pk=run_id, status=RunStatus.CLAIMED).update(
                 status=RunStatus.FAILED, finished_at=now, error=reason
             )
+        metrics.dispatched(result, runs, now)
 
 

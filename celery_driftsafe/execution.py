@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 
+from celery_driftsafe import metrics
 from celery_driftsafe.clock import authority_clock
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.exceptions import LedgerUnavailable, LockError, LockLost
@@ -115,6 +116,7 @@ class Execution:
             )
             acquired = lock.acquire(blocking=False)
         except LockError as exc:
+            metrics.lock_error(self.task.name)
             row = row or self._checked(now)  # a duplicate or an expired run ends here
             if self.settings.redis_unavailable != "fail_open":
                 self.resend(f"lock backend unreachable ({exc}); REDIS_UNAVAILABLE=fail_closed",
@@ -162,12 +164,14 @@ class Execution:
         try:
             acquired = task_lock.acquire(blocking=False)
         except LockError as exc:
+            metrics.lock_error(self.task.name)
             self.ledger.requeue(self.run_id, token, f"waiting: {exc}")
             self.locks.close()
             self.resend(f"lock backend unreachable taking the overlap lock ({exc})",
                         UNREACHABLE_RESEND_SECONDS, args, kwargs)
         if not acquired:
             self.ledger.finish(self.run_id, token, RunStatus.SKIPPED, self._now(), SKIPPED_WHY)
+            metrics.execution(self.task.name, "skipped")
             _log(logging.INFO, "run %s skipped: the previous run is still running",
                  self.run_id, run_id=self.run_id, action="overlap-skip")
             raise Ignore()
@@ -229,6 +233,7 @@ class Execution:
         try:
             acquired = task_lock.acquire(blocking=False)
         except LockError as exc:
+            metrics.lock_error(self.task.name)
             self.locks.close()  # give the run lock back before the delivery comes again
             self.resend(f"lock backend unreachable taking the overlap lock ({exc})",
                         UNREACHABLE_RESEND_SECONDS, args, kwargs)
@@ -239,6 +244,7 @@ class Execution:
     # -- outcomes without the body --------------------------------------------------------------
 
     def _suppress(self, why: str) -> NoReturn:
+        metrics.duplicate(self.task.name)
         with suppress(LedgerUnavailable):  # only a counter
             self.ledger.count_duplicate(self.run_id)
         _log(logging.WARNING, "duplicate delivery of run %s (%s[%s]) skipped: %s", self.run_id,
@@ -248,6 +254,7 @@ class Execution:
     def _skip(self, token: int | None) -> NoReturn:
         self.ledger.end_waiting(self.run_id, RunStatus.SKIPPED, self._now(), SKIPPED_WHY,
                                 token=token)
+        metrics.execution(self.task.name, "skipped")
         _log(logging.INFO, "run %s skipped: the previous run is still running", self.run_id,
              run_id=self.run_id, action="overlap-skip")
         raise Ignore()
@@ -256,6 +263,7 @@ class Execution:
         why = (f"expired: the run expired at {expires_at.isoformat()}, the time authority "
                f"said {now.isoformat()} when it was delivered")
         if self.ledger.end_waiting(self.run_id, RunStatus.EXPIRED, now, why):
+            metrics.execution(self.task.name, "expired")
             _log(logging.WARNING, "run %s (%s[%s]) %s; not executed", self.run_id,
                  self.task.name, self.request.id, why, run_id=self.run_id, action="expired")
             self._store_revoked(RunStatus.EXPIRED.value)
@@ -323,11 +331,13 @@ class Execution:
         now = self._now()
         reason = reason or self.retry_reason
         if not self.ledger.hand_over(self.run_id, self.token, next_attempt, f"retry: {reason}"):
+            metrics.fenced_out(self.task.name)
             _log(logging.ERROR, "run %s: retry not sent, a newer holder (fencing token above "
                  "%s) took the run over", self.run_id, self.token, run_id=self.run_id,
                  action="fenced-out")
             raise LockLost(f"run {self.run_id} was taken over; its retry is not sent")
         self.handed_over = True
+        metrics.execution(self.task.name, "retrying")
         self.ledger.record_attempt(self.run_id, self.attempt, RunStatus.RETRYING, self.worker,
                                    self.started_at, now, self.token, reason)
         self.locks.close()
@@ -357,10 +367,13 @@ class Execution:
                 authority_clock().sleep(delay)
                 waited, delay = waited + delay, min(delay * 2, 5.0)
         if not written:
+            metrics.fenced_out(self.task.name)
             _log(logging.ERROR, "run %s: outcome %s discarded, a newer holder (fencing token "
                  "above %s) took the run over while this worker was paused past its lease",
                  self.run_id, status, self.token, run_id=self.run_id, action="fenced-out")
-        elif self.attempt > 0:
+            return False
+        metrics.execution(self.task.name, status)
+        if self.attempt > 0:
             self.ledger.record_attempt(self.run_id, self.attempt, status, self.worker,
                                        self.started_at, now, self.token, error)
-        return bool(written)
+        return True

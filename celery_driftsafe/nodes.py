@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 from django.db.models import Min
 
-from celery_driftsafe import __version__
+from celery_driftsafe import __version__, metrics
 from celery_driftsafe.clock import OffsetSample
 from celery_driftsafe.conf import DriftSafeSettings
 from celery_driftsafe.models import BeatNode
@@ -26,6 +26,8 @@ def new_node_id() -> str:
 
 
 def register(node_id: str, now: datetime, *, using: str = "default") -> BeatNode:
+    """Record the node running; it serves its metrics from now on (``METRICS_PORT``)."""
+    metrics.serve_node(node_id)
     node, _ = BeatNode.objects.using(using).update_or_create(
         node_id=node_id,
         defaults={
@@ -57,13 +59,16 @@ def heartbeat(
             clock_rtt_seconds=sample.rtt,
             clock_measured_at=sample.authority_at,
         )
-    return bool(
+    alive = bool(
         BeatNode.objects.using(using).filter(node_id=node_id, stopped_at__isnull=True)
         .update(**fields)
     )
+    metrics.heartbeat(sample, now, paused=bool(paused_reason), using=using)
+    return alive
 
 
 def mark_stopped(node_id: str, now: datetime, *, using: str = "default") -> None:
+    metrics.stop_node(node_id)
     BeatNode.objects.using(using).filter(node_id=node_id).update(stopped_at=now)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 from celery.beat import Scheduler
 from django.db import DatabaseError, InterfaceError, close_old_connections, connections
 
-from celery_driftsafe import checks, nodes, retention
+from celery_driftsafe import checks, metrics, nodes, retention
 from celery_driftsafe.apps import ensure_django
 from celery_driftsafe.beat_schedule import SyncReport, sync_beat_schedule
 from celery_driftsafe.claim import Claimer, ClaimResult, claimer_for, next_due
@@ -304,7 +304,7 @@ class DriftSafeScheduler(Scheduler):
             )
         self.dispatcher.dispatch(result.runs)
         self._log_round(result, reading.at)
-        self._last_round_end = self.clock.monotonic()
+        self._last_round_end = metrics.round_done(result, reading.at, mono, self.clock.monotonic())
         if full:
             return 0.0  # a full batch: more may be due right now
         self.pruner.maybe_start(reading.at)  # low priority: in its own thread, when due

@@ -92,8 +92,11 @@ def _click_and_wait(driver: Any, element: Any) -> None:
 
 def _shoot(driver: Any, name: str, tmp_path: Path) -> None:
     """Save a full-page screenshot (to docs/screenshots with DRIFTSAFE_SCREENSHOTS=1)."""
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(1700, max(600, min(int(height) + 40, 2400)))
+    height, chrome = driver.execute_script(
+        "return [document.documentElement.scrollHeight, "
+        "window.outerHeight - window.innerHeight]")
+    # the window's size includes the browser's own bars: add them to the page's height
+    driver.set_window_size(1700, max(600, min(int(height) + int(chrome) + 40, 2400)))
     target = SCREENSHOTS if os.environ.get("DRIFTSAFE_SCREENSHOTS") else tmp_path
     target.mkdir(parents=True, exist_ok=True)
     assert driver.save_screenshot(str(target / f"{name}.png"))
@@ -207,3 +210,47 @@ def test_admin_add_crontab_task_see_next_slot_and_run_it_now(
     assert len(browser.find_elements(By.CSS_SELECTOR, ".driftsafe-offset-exceeded")) == 1
     assert len(browser.find_elements(By.CSS_SELECTOR, ".driftsafe-node-dead")) == 1
     _shoot(browser, "node-list", tmp_path)
+
+
+@override_settings(TIME_ZONE="Europe/Berlin")
+def test_cluster_dashboard_in_a_real_browser(
+    browser: Any, live_server: Any, admin_user: Any, tmp_path: Path
+) -> None:
+    """An hour of three beats (and one that died): the dashboard is reached from the app
+    index, draws every run of the hour in the timeline, and is screenshotted for the docs."""
+    from selenium.webdriver.common.by import By
+
+    from tests.cluster_data import seed_cluster
+
+    seeded = seed_cluster(changes.authority_now())
+    base = live_server.url
+    browser.get(f"{base}/admin/login/?next=/admin/celery_driftsafe/")
+    browser.find_element(By.NAME, "username").send_keys("admin")
+    browser.find_element(By.NAME, "password").send_keys("password")
+    _click_and_wait(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    _click_and_wait(browser, browser.find_element(By.LINK_TEXT, "Cluster dashboard"))
+    assert "Cluster dashboard" in browser.title
+    browser.find_element(By.ID, "toggle-nav-sidebar").click()  # more room for the charts
+    browser.refresh()  # laid out at the full width from the start (the screenshot's height)
+    nodes = browser.find_elements(By.CSS_SELECTOR, "#ds-nodes tr.ds-node")
+    assert [row.find_element(By.TAG_NAME, "a").text for row in nodes] == [
+        "beat-a:4101", "beat-b:4102", "beat-c:4103", "beat-d:3999"]
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".ds-offset.ds-exceeded")) == 1
+    marks = browser.find_elements(By.CSS_SELECTOR, "#ds-timeline .ds-mark")
+    assert len(marks) == len(seeded.runs)
+    # every mark is drawn inside the timeline's box, and the chart is actually laid out
+    box = browser.find_element(By.ID, "ds-timeline").rect
+    assert box["width"] > 800 and box["height"] > 100
+    for mark in marks[:: max(len(marks) // 20, 1)]:
+        rect = mark.rect
+        assert box["x"] <= rect["x"] <= box["x"] + box["width"]
+        assert box["y"] <= rect["y"] <= box["y"] + box["height"]
+    bars = browser.find_elements(By.CSS_SELECTOR, "#ds-histogram rect.ds-hbar")
+    assert len(bars) == 11 and max(bar.rect["height"] for bar in bars) > 50
+    upcoming = browser.find_element(By.ID, "ds-next").text
+    assert "refresh-cache" in upcoming and "nightly-report" in upcoming
+    _shoot(browser, "cluster-dashboard", tmp_path)
+    # the node list links here too
+    browser.get(f"{base}/admin/celery_driftsafe/beatnode/")
+    _click_and_wait(browser, browser.find_element(By.ID, "driftsafe-dashboard-link"))
+    assert "Cluster dashboard" in browser.title

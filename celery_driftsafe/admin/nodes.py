@@ -68,6 +68,24 @@ class BeatNodeAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-a
     )
     fields = readonly_fields
 
+    def get_urls(self) -> list[Any]:
+        """The cluster dashboard (``<node list>/dashboard/``), before the change view's
+        catch-all."""
+        from django.urls import path
+
+        from celery_driftsafe.admin.dashboard import dashboard_view
+
+        def view(request: HttpRequest) -> Any:
+            if not self.has_view_permission(request):
+                from django.core.exceptions import PermissionDenied
+
+                raise PermissionDenied
+            return dashboard_view(self, request)
+
+        dashboard = path("dashboard/", self.admin_site.admin_view(view),
+                         name="celery_driftsafe_dashboard")
+        return [dashboard, *super().get_urls()]
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 

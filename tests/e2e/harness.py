@@ -163,13 +163,15 @@ class E2ERun:
         self.beats.append(beat)
         return beat
 
-    def start_worker(self, name: str, *, pool: str = "solo") -> Beat:
-        """Start one ``celery worker`` (concurrency 1) on this run's queue."""
+    def start_worker(self, name: str, *, pool: str = "solo", concurrency: int = 1,
+                     env: dict[str, str] | None = None) -> Beat:
+        """Start one ``celery worker`` on this run's queue (``env``: more environment)."""
         worker = self.children.start(
-            f"worker-{name}", ["-A", "tests.e2e.celery_app", "worker", "-P", pool, "-c", "1",
-                               "-n", f"{name}@e2e", "-Q", self.queue, "--loglevel", "INFO",
-                               "--without-gossip", "--without-mingle", "--without-heartbeat"],
-            self.env)
+            f"worker-{name}", ["-A", "tests.e2e.celery_app", "worker", "-P", pool, "-c",
+                               str(concurrency), "-n", f"{name}@e2e", "-Q", self.queue,
+                               "--loglevel", "INFO", "--without-gossip", "--without-mingle",
+                               "--without-heartbeat"],
+            {**self.env, **(env or {})})
         self.workers.append(worker)
         return worker
 

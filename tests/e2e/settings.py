@@ -51,6 +51,12 @@ DRIFTSAFE = {
     "MISFIRE_GRACE_SECONDS": float(os.environ.get("DRIFTSAFE_E2E_MISFIRE_GRACE", "30.0")),
     "MAX_LOOP_INTERVAL_SECONDS": float(os.environ.get("DRIFTSAFE_E2E_MAX_LOOP", "1.0")),
 }
+if os.environ.get("DRIFTSAFE_E2E_METRICS_PORT"):  # tests/test_e2e_metrics.py
+    DRIFTSAFE["METRICS_PORT"] = int(os.environ["DRIFTSAFE_E2E_METRICS_PORT"])
+    DRIFTSAFE["METRICS_ADDRESS"] = "127.0.0.1"
+if os.environ.get("DRIFTSAFE_E2E_WORKER_METRICS_PORT"):
+    DRIFTSAFE["WORKER_METRICS_PORT"] = int(os.environ["DRIFTSAFE_E2E_WORKER_METRICS_PORT"])
+    DRIFTSAFE["METRICS_ADDRESS"] = "127.0.0.1"
 CELERY_BROKER_URL = os.environ["DRIFTSAFE_E2E_BROKER"]
 # One queue per run, so concurrent runs on one Redis never read each other's messages.
 CELERY_TASK_DEFAULT_QUEUE = os.environ["DRIFTSAFE_E2E_QUEUE"]

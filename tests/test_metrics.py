@@ -1,0 +1,488 @@
+"""Prometheus metrics: the figures move when slots fire.
+
+Beats: real claim rounds (in-process scheduler, fake clock as the authority, real database and
+Redis broker) scraped over the beat's own metrics port. Workers: a real in-process Celery
+worker executing runs, scraped over ``WORKER_METRICS_PORT``. The database-derived figures:
+the Django view over seeded nodes, tasks and runs. Plus the settings checks and the clear
+error when metrics are switched on without prometheus-client.
+
+The metrics live in prometheus-client's process-wide registry, so every assertion is on the
+change a test causes (before and after), never on an absolute count.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db.models import F, Sum
+from django.test import override_settings
+
+from celery_driftsafe import changes, checks, metrics
+from celery_driftsafe.conf import get_settings
+from celery_driftsafe.exceptions import ConfigurationError
+from celery_driftsafe.headers import read_headers
+from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunKind, RunStatus
+from celery_driftsafe.scheduler import DriftSafeScheduler
+from celery_driftsafe.task import DriftSafeTask
+from celery_driftsafe.testing import FakeClock
+from tests import settings as test_settings
+from tests.conftest import drain
+from tests.factories import interval_task
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+S = timedelta(seconds=1)
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample served on ``port``: (name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return parse(text)
+
+
+def parse(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text) for sample in family.samples
+    }
+
+
+def value(samples: dict[Any, float], name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def metrics_on(**extra: Any) -> Any:
+    return override_settings(DRIFTSAFE={**settings.DRIFTSAFE, "METRICS_ADDRESS": "127.0.0.1",
+                                        **extra})
+
+
+# -- beats -------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claim_rounds_move_the_beat_figures_served_on_the_metrics_port(
+    broker_app: Any, clock: FakeClock
+) -> None:
+    with metrics_on(METRICS_PORT=0, HEARTBEAT_INTERVAL_SECONDS=5.0):
+        sched = DriftSafeScheduler(app=broker_app, clock=clock, authority=clock,
+                                   install_signal_handlers=False)
+        try:
+            server = metrics.node_server(sched.node_id)  # serving since it registered
+            assert server is not None and server.port > 0
+            before = scrape(server.port)
+            # one task due now, one a quarter of an hour behind with a 5 s grace: it fires
+            # its latest slot (now as well) and records the slots it missed (fire_once)
+            interval_task("m-now", 10, anchor=T0, next_slot_at=T0)
+            interval_task("m-behind", 60, anchor=T0 - 15 * 60 * S,
+                          next_slot_at=T0 - 15 * 60 * S, misfire_grace_seconds=5.0)
+            clock.advance(0.25)
+            sched.run_round()  # the heartbeat comes first: both tasks due, one node alive
+            first = scrape(server.port)
+            fired = list(Run.objects.filter(status=RunStatus.DISPATCHED))
+            missed = Run.objects.filter(status=RunStatus.MISSED).aggregate(
+                n=Sum("missed_count"))["n"]
+            assert len(fired) == 2 and missed and missed > 0
+            assert len(drain()) == 2
+
+            def delta(name: str, **labels: str) -> float:
+                return value(first, name, **labels) - value(before, name, **labels)
+
+            assert delta("driftsafe_beat_slots_claimed_total") == 2
+            assert delta("driftsafe_beat_slots_published_total") == 2
+            assert delta("driftsafe_beat_slots_missed_total") == missed
+            assert delta("driftsafe_beat_slots_failed_total") == 0
+            assert delta("driftsafe_beat_round_duration_seconds_count") == 1
+            assert delta("driftsafe_beat_dispatch_lateness_seconds_count") == 2
+            lateness = sorted((r.dispatched_at - r.slot).total_seconds() for r in fired
+                              if r.dispatched_at and r.slot)
+            assert lateness == pytest.approx([0.25, 0.25])
+            assert delta("driftsafe_beat_dispatch_lateness_seconds_sum") == pytest.approx(0.5)
+            # both fired 0.25 s late: in the 0.25 bucket (le is inclusive), not the 0.1 one
+            assert delta("driftsafe_beat_dispatch_lateness_seconds_bucket", le="0.1") == 0
+            assert delta("driftsafe_beat_dispatch_lateness_seconds_bucket", le="0.25") == 2
+            assert value(first, "driftsafe_beat_backlog_slots") == 2
+            assert value(first, "driftsafe_beat_nodes_alive") == 1
+            assert value(first, "driftsafe_beat_claiming_paused") == 0
+            assert value(first, "driftsafe_beat_last_round_timestamp_seconds") == (
+                (T0 + S / 4).timestamp())
+
+            # five seconds on: nothing is due, the heartbeat sees no backlog, nothing fires
+            clock.advance(5)
+            sched.run_round()
+            second = scrape(server.port)
+            assert value(second, "driftsafe_beat_backlog_slots") == 0
+            assert value(second, "driftsafe_beat_slots_claimed_total") == value(
+                first, "driftsafe_beat_slots_claimed_total")
+            assert value(second, "driftsafe_beat_round_duration_seconds_count") - value(
+                first, "driftsafe_beat_round_duration_seconds_count") == 1
+            # five more: m-now's next slot fires
+            clock.advance(5)
+            sched.run_round()
+            third = scrape(server.port)
+            assert value(third, "driftsafe_beat_slots_claimed_total") - value(
+                second, "driftsafe_beat_slots_claimed_total") == 1
+            assert len(drain()) == 1
+            port = server.port
+        finally:
+            sched.close()
+        assert metrics.node_server(sched.node_id) is None
+        with pytest.raises(OSError, match="refused"):  # a stopped node stops serving
+            scrape(port)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_metrics_off_the_hooks_record_nothing(scheduler: DriftSafeScheduler) -> None:
+    from prometheus_client import REGISTRY
+
+    assert not metrics.enabled()
+    assert metrics.beat_metrics() is None and metrics.worker_metrics() is None
+    assert metrics.node_server(scheduler.node_id) is None
+    before = REGISTRY.get_sample_value("driftsafe_beat_slots_claimed_total")
+    interval_task("quiet", 10, anchor=T0, next_slot_at=T0)
+    scheduler.run_round()
+    assert Run.objects.filter(status=RunStatus.DISPATCHED).count() == 1
+    drain()
+    assert REGISTRY.get_sample_value("driftsafe_beat_slots_claimed_total") == before
+
+
+def test_with_metrics_off_prometheus_client_is_never_imported() -> None:
+    import subprocess
+
+    script = (
+        "import sys, django; django.setup()\n"
+        "from datetime import datetime, UTC\n"
+        "from celery_driftsafe import metrics\n"
+        "from celery_driftsafe.claim import ClaimResult\n"
+        "from celery_driftsafe.dispatch import DispatchResult\n"
+        "now = datetime.now(UTC)\n"
+        "metrics.round_done(ClaimResult(), now, 0.0, 0.1)\n"
+        "metrics.dispatched(DispatchResult(published=[1]), {}, now)\n"
+        "metrics.heartbeat(None, now, paused=False)\n"
+        "for hook in (metrics.duplicate, metrics.fenced_out, metrics.lock_error):\n"
+        "    hook('t')\n"
+        "metrics.execution('t', 'succeeded')\n"
+        "print('prometheus_client' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=test_settings.BASE_DIR.parent, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
+def test_serving_on_a_port_in_use_names_the_setting() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with metrics_on(METRICS_PORT=port), pytest.raises(ConfigurationError) as info:
+            metrics.serve_beat(get_settings())
+    assert "METRICS_PORT" in str(info.value) and str(port) in str(info.value)
+
+
+def test_a_prefork_worker_without_multiprocess_dir_is_warned(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from types import SimpleNamespace
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    with metrics_on(WORKER_METRICS_PORT=0):
+        metrics.on_worker_init(sender=SimpleNamespace(pool_cls="prefork"))
+        try:
+            server = metrics._worker_server
+            assert server is not None
+            assert "driftsafe_worker_executions" in urllib.request.urlopen(
+                f"http://127.0.0.1:{server.port}/metrics", timeout=10).read().decode()
+        finally:
+            metrics.on_worker_shutdown()
+    assert metrics._worker_server is None
+    assert any("PROMETHEUS_MULTIPROC_DIR" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with metrics_on(WORKER_METRICS_PORT=0):
+        metrics.on_worker_init(sender=SimpleNamespace(pool_cls="threads"))
+        metrics.on_worker_shutdown()
+    assert not any("PROMETHEUS_MULTIPROC_DIR" in r.getMessage() for r in caplog.records)
+
+
+# -- settings and the missing extra ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("key", "bad", "check_id"), [
+    ("METRICS_PORT", "9808", "celery_driftsafe.E020"),
+    ("METRICS_PORT", 70000, "celery_driftsafe.E020"),
+    ("WORKER_METRICS_PORT", True, "celery_driftsafe.E020"),
+    ("METRICS_ADDRESS", "", "celery_driftsafe.E022"),
+])
+def test_bad_metrics_settings_get_stable_ids(key: str, bad: Any, check_id: str) -> None:
+    with override_settings(DRIFTSAFE={key: bad}):
+        found = [m for m in checks.check_settings() if m.id == check_id]
+    assert found and key in found[0].msg
+
+
+def test_metrics_switched_on_without_prometheus_client_name_the_extra(
+    monkeypatch: pytest.MonkeyPatch, rf: Any
+) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import fails
+    assert metrics.prometheus_missing() is not None
+    with override_settings(DRIFTSAFE={"WORKER_METRICS_PORT": 9808}):
+        (error,) = [m for m in checks.startup_errors() if m.id == "celery_driftsafe.E021"]
+        assert "WORKER_METRICS_PORT" in error.msg
+        assert "celery-driftsafe[metrics]" in error.hint
+    with override_settings(DRIFTSAFE={}):
+        assert [m for m in checks.check_settings() if m.id == "celery_driftsafe.E021"] == []
+    from celery_driftsafe import views
+
+    with pytest.raises(ImproperlyConfigured, match=r"celery-driftsafe\[metrics\]"):
+        views.metrics(rf.get("/driftsafe/metrics"))
+
+
+# -- the metrics view --------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_metrics_view_serves_backlog_nodes_last_slots_and_runs_by_status(client: Any) -> None:
+    now = changes.authority_now()
+    for host, age, offset in (("beat-a", 1.0, 0.004), ("beat-b", 2.0, -0.71),
+                              ("beat-c", 600.0, 0.002)):
+        BeatNode.objects.create(
+            node_id=f"{host}:1:x", hostname=host, pid=1, started_at=now - timedelta(hours=1),
+            last_heartbeat_at=now - timedelta(seconds=age), clock_offset_seconds=offset,
+        )
+    BeatNode.objects.create(node_id="old:1:x", hostname="old", pid=1,
+                            started_at=now - timedelta(days=2),
+                            last_heartbeat_at=now - timedelta(days=1),
+                            stopped_at=now - timedelta(days=1))
+    due = interval_task("due", 60, anchor=now - timedelta(hours=1),
+                        next_slot_at=now - timedelta(seconds=90))
+    interval_task("later", 60, anchor=now, next_slot_at=now + timedelta(minutes=5))
+    fired = now - timedelta(minutes=2)
+    PeriodicTask.objects.filter(pk=due.pk).update(last_slot_at=fired)
+    for status, minutes in ((RunStatus.SUCCEEDED, 2), (RunStatus.SUCCEEDED, 3),
+                            (RunStatus.FAILED, 4), (RunStatus.DISPATCHED, 1),
+                            (RunStatus.SUCCEEDED, 30)):  # the last: older than 5 minutes
+        slot = now - timedelta(minutes=minutes)
+        Run.objects.create(periodic_task=due, task_name=due.task, kind=RunKind.SCHEDULED,
+                           slot=slot, status=status, claimed_by="beat-a:1:x",
+                           claimed_at=slot, celery_task_id=str(uuid.uuid4()))
+
+    response = client.get("/driftsafe/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    got = parse(response.content.decode())
+    assert value(got, "driftsafe_backlog_slots") == 1
+    assert value(got, "driftsafe_oldest_due_age_seconds") == pytest.approx(90, abs=30)
+    assert value(got, "driftsafe_nodes_alive") == 2
+    assert value(got, "driftsafe_node_up", node="beat-a:1:x", hostname="beat-a") == 1
+    assert value(got, "driftsafe_node_up", node="beat-c:1:x", hostname="beat-c") == 0
+    assert ("driftsafe_node_up", (("hostname", "old"), ("node", "old:1:x"))) not in got
+    assert value(got, "driftsafe_node_clock_offset_seconds", node="beat-b:1:x",
+                 hostname="beat-b") == pytest.approx(-0.71)
+    assert value(got, "driftsafe_node_heartbeat_age_seconds", node="beat-c:1:x",
+                 hostname="beat-c") == pytest.approx(600, abs=30)
+    assert value(got, "driftsafe_task_last_slot_timestamp_seconds", task="due") == (
+        fired.timestamp())
+    assert value(got, "driftsafe_runs_recent", status="succeeded") == 2
+    assert value(got, "driftsafe_runs_recent", status="failed") == 1
+    assert value(got, "driftsafe_runs_recent", status="missed") == 0
+    assert value(got, "driftsafe_runs_open", status="dispatched") == 1
+
+
+# -- workers -----------------------------------------------------------------------------------
+
+
+BROKER_URL = f"{test_settings.REDIS_SERVER}/{test_settings.REDIS_DB + 1}"
+
+
+def _wait(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (result := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return result
+
+
+@pytest.fixture
+def worker_env(redis_client: Any) -> Iterator[tuple[Celery, str]]:
+    """An in-process worker (threads pool) on a queue of its own, serving its metrics on a
+    free port; its threads' database connections are closed after each task."""
+    from celery.signals import task_postrun, worker_shutdown
+    from django.db import connections
+
+    def close_connections(**kwargs: Any) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            connections.close_all()
+
+    task_postrun.connect(close_connections, weak=False, dispatch_uid="metrics-close")
+    queue = f"metrics-{uuid.uuid4().hex[:8]}"
+    app = Celery("driftsafe-metrics", broker=BROKER_URL, set_as_current=False)
+    app.conf.update(task_default_queue=queue, broker_connection_retry_on_startup=False,
+                    worker_hijack_root_logger=False, task_ignore_result=True)
+
+    @app.task(name="metrics.ok", base=DriftSafeTask, shared=False)
+    def ok(x: int) -> int:
+        return x
+
+    @app.task(name="metrics.boom", base=DriftSafeTask, shared=False)
+    def boom() -> None:
+        raise ValueError("boom")
+
+    @app.task(name="metrics.taken_over", base=DriftSafeTask, bind=True, shared=False)
+    def taken_over(self: Any) -> None:
+        # a newer holder takes the run over while the body runs: its outcome is fenced out
+        headers = read_headers(self.request)
+        assert headers is not None
+        Run.objects.filter(pk=headers.run_id).update(fencing_token=F("fencing_token") + 1000)
+
+    with metrics_on(WORKER_METRICS_PORT=0), start_worker(
+        app, pool="threads", concurrency=2, perform_ping_check=False, loglevel="WARNING",
+        shutdown_timeout=30,
+    ):
+        yield app, queue
+    # The test worker's thread ends without WorkController.stop(), which sends worker_shutdown
+    # in a real worker: send it here.
+    worker_shutdown.send(sender=None)
+    assert metrics._worker_server is None
+    task_postrun.disconnect(dispatch_uid="metrics-close")
+    app.close()
+    client = redis.Redis.from_url(BROKER_URL)
+    client.delete(queue)
+    client.close()
+
+
+def _publish(app: Celery, queue: str, run: Run, args: list[Any]) -> None:
+    headers = {"driftsafe_run_id": run.pk, "driftsafe_fencing_token": 0,
+               "driftsafe_periodic_task_id": run.periodic_task_id}
+    app.send_task(run.task_name, args=args, task_id=run.celery_task_id, headers=headers,
+                  queue=queue)
+
+
+def _new_run(name: str) -> Run:
+    return Run.objects.create(task_name=name, kind=RunKind.MANUAL, status=RunStatus.DISPATCHED,
+                              claimed_by="admin:tester", celery_task_id=str(uuid.uuid4()))
+
+
+def _ended(run: Run) -> Run:
+    return _wait(lambda: Run.objects.filter(
+        pk=run.pk, status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED]).first(), f"run {run.pk}")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(120)
+@pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning")
+def test_worker_figures_move_as_runs_execute(worker_env: tuple[Celery, str]) -> None:
+    app, queue = worker_env
+    server = metrics._worker_server
+    assert server is not None
+    before = scrape(server.port)
+
+    def moved(name: str, **labels: str) -> float:
+        return value(scrape(server.port), name, **labels) - value(before, name, **labels)
+
+    good, bad = _new_run("metrics.ok"), _new_run("metrics.boom")
+    _publish(app, queue, good, [1])
+    _publish(app, queue, bad, [])
+    assert _ended(good).status == RunStatus.SUCCEEDED
+    assert _ended(bad).status == RunStatus.FAILED
+    executions = "driftsafe_worker_executions_total"
+    _wait(lambda: moved(executions, task="metrics.boom", outcome="failed") == 1, "failed")
+    assert moved(executions, task="metrics.ok", outcome="succeeded") == 1
+
+    # the same message again: a duplicate of a finished run, dropped and counted
+    _publish(app, queue, good, [1])
+    _wait(lambda: moved("driftsafe_worker_duplicates_suppressed_total",
+                        task="metrics.ok") == 1, "the duplicate")
+    assert moved(executions, task="metrics.ok", outcome="succeeded") == 1
+
+    # taken over mid-body: the outcome is refused by the fencing token, and counted
+    fenced = _new_run("metrics.taken_over")
+    _publish(app, queue, fenced, [])
+    _wait(lambda: moved("driftsafe_worker_fenced_out_total", task="metrics.taken_over") == 1,
+          "the fenced-out outcome")
+    assert Run.objects.get(pk=fenced.pk).status == RunStatus.STARTED  # not overwritten
+    assert moved("driftsafe_worker_lock_errors_total", task="metrics.ok") == 0
+
+    # the lock backend unreachable (fail_open: the database alone decides): a lock error
+    # (the database as the time authority: the Redis one is unreachable too)
+    unreachable = {**settings.DRIFTSAFE, "METRICS_ADDRESS": "127.0.0.1",
+                   "WORKER_METRICS_PORT": 0, "REDIS_URL": "redis://127.0.0.1:1/0",
+                   "REDIS_UNAVAILABLE": "fail_open", "TIME_AUTHORITY": "database"}
+    with override_settings(DRIFTSAFE=unreachable):
+        lonely = _new_run("metrics.ok")
+        _publish(app, queue, lonely, [2])
+        assert _ended(lonely).status == RunStatus.SUCCEEDED
+        _wait(lambda: moved("driftsafe_worker_lock_errors_total", task="metrics.ok") == 1,
+              "the lock error")
+        assert moved(executions, task="metrics.ok", outcome="succeeded") == 2
+
+
+# -- the docs' alert rules and Grafana dashboard ----------------------------------------------
+
+
+DOCS = test_settings.BASE_DIR.parent / "docs"
+
+
+def _exported_names() -> set[str]:
+    """Every sample name the beats, workers and the view can export."""
+    from prometheus_client import REGISTRY
+
+    from celery_driftsafe.views import DatabaseCollector
+
+    with metrics_on(WORKER_METRICS_PORT=9808):  # defines the metrics; serves nothing here
+        assert metrics.beat_metrics() is not None and metrics.worker_metrics() is not None
+    names: set[str] = set()
+    families = [*REGISTRY.collect(), *DatabaseCollector(changes.authority_now()).collect()]
+    for family in families:
+        if not family.name.startswith("driftsafe_"):
+            continue
+        if family.type == "counter":
+            names.add(f"{family.name}_total")
+        elif family.type == "histogram":
+            names.update(f"{family.name}{suffix}" for suffix in ("_bucket", "_count", "_sum"))
+        else:
+            names.add(family.name)
+    return names
+
+
+@pytest.mark.django_db
+def test_alert_rules_and_grafana_dashboard_use_only_exported_metrics() -> None:
+    import json
+    import re
+
+    import yaml
+
+    known = _exported_names()
+    page = (DOCS / "howto" / "monitoring.md").read_text()
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", page, re.S) if "groups:" in b]
+    rules = yaml.safe_load(block)["groups"][0]["rules"]
+    alerts = {rule["alert"] for rule in rules}
+    assert {"DriftsafeNoLiveBeat", "DriftsafeDispatchLate", "DriftsafeClockOffset",
+            "DriftsafeBacklog"} <= alerts
+    expressions = [rule["expr"] for rule in rules]
+    for rule in rules:
+        assert rule["labels"]["severity"] in ("critical", "warning")
+        assert rule["annotations"]["summary"]
+    dashboard = json.loads((DOCS / "_static" / "grafana-dashboard.json").read_text())
+    targets = [t for panel in dashboard["panels"] for t in panel["targets"]]
+    assert len(targets) >= 20
+    expressions += [target["expr"] for target in targets]
+    used = {name for expr in expressions for name in re.findall(r"driftsafe_[a-z_]+", expr)}
+    assert used - known == set(), f"not exported: {used - known}"
+    # and the dashboard shows every beat and worker counter
+    counters = {n for n in known if n.startswith(("driftsafe_beat_slots", "driftsafe_worker"))}
+    assert counters <= used, f"not on the dashboard: {counters - used}"
