@@ -13,6 +13,7 @@ Stable ids (documented in the settings reference):
 ``celery_driftsafe.E008``  ``MISFIRE_GRACE_SECONDS`` is negative
 ``celery_driftsafe.E009``  ``CELERY_APP`` is not a dotted path
 ``celery_driftsafe.E010``  ``USE_TZ`` is not ``True`` (slots are aware UTC instants)
+``celery_driftsafe.E011``  a switch setting (``FAST_PUBLISH``) is not ``True`` or ``False``
 ``celery_driftsafe.W001``  ``TIME_AUTHORITY`` is ``database`` on SQLite (no shared clock)
 ``celery_driftsafe.W002``  ``MAX_CLOCK_OFFSET_SECONDS`` is not below the hard bound
 ========================  ==============================================================
@@ -49,6 +50,7 @@ _POSITIVE_NUMBERS = (
     "NODE_DEAD_AFTER_SECONDS",
     "MAX_LOOP_INTERVAL_SECONDS",
 )
+_SWITCHES = ("FAST_PUBLISH",)
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
 
 
@@ -93,6 +95,11 @@ def _check_raw(raw: dict[str, Any]) -> Iterable[CheckMessage]:
         if not (_is_number(value) and value > 0):
             yield _error(key, value, "must be a positive number of seconds", "for example "
                          f"{getattr(defaults, known[key])}", "celery_driftsafe.E004")
+    for key in _SWITCHES:
+        value = raw.get(key, True)
+        if not isinstance(value, bool):
+            yield _error(key, value, "must be True or False", "for example "
+                         f"{getattr(defaults, known[key])}", "celery_driftsafe.E011")
     redis_url = raw.get("REDIS_URL")
     if redis_url is not None and (
         not isinstance(redis_url, str) or urlsplit(redis_url).scheme not in REDIS_SCHEMES

@@ -24,6 +24,7 @@ from django.db.models import Case, F, Q, TextField, Value, When
 from celery_driftsafe.claim import ClaimedRun
 from celery_driftsafe.clock import Clock
 from celery_driftsafe.conf import get_settings
+from celery_driftsafe.fastpublish import FastPublisher
 from celery_driftsafe.headers import (
     HEADER_FENCING_TOKEN,
     HEADER_PERIODIC_TASK_ID,
@@ -84,6 +85,10 @@ class Dispatcher:
         self.using = using
         self.batch_size = batch_size or get_settings().publish_batch_size
         self._repr_cache: dict[int | str, tuple[list[Any], dict[str, Any], str, str]] = {}
+        self._fast = FastPublisher(app)
+        #: Messages published by the fast path and by Celery's ``apply_async`` (for figures).
+        self.fast_published = 0
+        self.slow_published = 0
 
     def dispatch(self, runs: Sequence[ClaimedRun]) -> DispatchResult:
         """Publish ``runs``, then mark what went out ``dispatched``.
@@ -117,10 +122,12 @@ class Dispatcher:
                 result.expired.append(run.run_id)
             else:
                 todo.append(run)
+        fast = self._fast_publisher()
         try:
             with self.app.producer_or_acquire() as producer:
                 for start in range(0, len(todo), self.batch_size):
-                    self._publish_batch(todo[start:start + self.batch_size], producer, result)
+                    self._publish_batch(todo[start:start + self.batch_size], producer, result,
+                                        fast)
         except Exception as exc:  # broker unreachable: nothing more is known to be out
             done = set(result.published) | set(result.refused) | set(result.failed)
             result.deferred = [r.run_id for r in todo if r.run_id not in done]
@@ -132,8 +139,21 @@ class Dispatcher:
         self._record(result, {r.run_id: r for r in todo})
         return result
 
+    def _fast_publisher(self) -> FastPublisher | None:
+        """The fast publish path, when it is on (``FAST_PUBLISH``) and nothing about the app
+        rules it out (see :mod:`celery_driftsafe.fastpublish`)."""
+        if not get_settings().fast_publish:
+            return None
+        reason = self._fast.declines()
+        if reason is not None:
+            logger.debug("publishing through Celery's apply_async: %s", reason,
+                         extra={"action": "fast-publish-off"})
+            return None
+        return self._fast
+
     def _publish_batch(
-        self, runs: Sequence[ClaimedRun], producer: Any, result: DispatchResult
+        self, runs: Sequence[ClaimedRun], producer: Any, result: DispatchResult,
+        fast: FastPublisher | None = None,
     ) -> None:
         """Publish ``runs`` in one pipelined broker write where the transport can (kombu's
         publish batch); they count as published once the write returns. A message refused on
@@ -145,7 +165,7 @@ class Dispatcher:
         with _pipelined(producer, len(runs)):
             for run in runs:
                 try:
-                    self._publish(run, producer)
+                    self._publish(run, producer, fast)
                 except unreachable as exc:
                     if not _refused(exc):
                         raise
@@ -178,10 +198,22 @@ class Dispatcher:
                          .order_by().values_list("pk", flat=True))
         return owned
 
-    def _publish(self, run: ClaimedRun, producer: Any) -> None:
+    def _publish(self, run: ClaimedRun, producer: Any, fast: FastPublisher | None = None) -> None:
         """Publish by name, as Celery beat does: a task this process has registered gets its
         own options (``apply_async``), any other goes out with ``send_task``; either way the
-        app's routing (``task_routes``) applies."""
+        app's routing (``task_routes``) applies. With ``fast``, the same message is built
+        from the task's prebuilt one where it can be."""
+        if fast is not None and fast.publish(
+            producer,
+            cache_key=run.periodic_task_id if run.periodic_task_id is not None
+            else run.task_name,
+            name=run.task_name, args=run.args, kwargs=run.kwargs,
+            options=run.options, task_id=run.celery_task_id, headers=message_headers(run),
+            expires=run.expires_at, reprs=partial(self._reprs, run),
+        ):
+            self.fast_published += 1
+            return
+        self.slow_published += 1
         options = {k: v for k, v in run.options.items() if k != "headers"}
         if run.expires_at is not None:
             options["expires"] = run.expires_at
