@@ -29,6 +29,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--profile-file", help="with --profile: write cProfile's data here")
     parser.add_argument("--ledger", type=int, default=0,
                         help="finished runs put in the ledger first")
     parser.add_argument("--explain", action="store_true")
@@ -159,6 +160,8 @@ def _wave(args: Any, claimer: Any, dispatcher: Any, connection: Any, app: Any,
 
         profiler.disable()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+        if args.profile_file:
+            profiler.dump_stats(args.profile_file)
     for sql, plan in plans:
         print(f"\n{sql}\n  " + "\n  ".join(plan))
     plans.clear()

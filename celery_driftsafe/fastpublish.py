@@ -39,6 +39,7 @@ from datetime import datetime
 from typing import Any
 
 from celery import Task, signals
+from celery.app.routes import MapRoute
 from celery.backends.base import Backend
 from celery.utils.nodenames import anon_nodename
 from celery.utils.time import subtract_datetimes
@@ -72,7 +73,28 @@ class MessageTemplate:
     #: The entities kombu declares before publishing (a new list each message: kombu may
     #: append to it).
     declare: tuple[Any, ...] | None
+    #: kombu's cache keys of ``declare`` when each may be cached (None: declare each time).
+    declare_idents: tuple[int, ...] | None
     #: Whether the result backend is told of each message (``ignore_result`` false).
+    notify_backend: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Skeleton:
+    """What the messages of every task with one name and publish options share, whatever
+    their arguments (routing, the task's own options, headers but the argument reprs)."""
+
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    #: The body's third part (callbacks, errbacks, chain, chord: none for a beat).
+    embed: dict[str, Any]
+    serializer: str
+    compression: str | None
+    publish_kwargs: dict[str, Any]
+    declare: tuple[Any, ...] | None
+    declare_idents: tuple[int, ...] | None
+    #: The task's signature check (Celery's ``typing``), run on each task's arguments.
+    check_arguments: Callable[..., Any] | None
     notify_backend: bool
 
 
@@ -83,6 +105,7 @@ class FastPublisher:
         self.app = app
         self._templates: dict[
             int | str, tuple[tuple[Any, ...], MessageTemplate | None]] = {}
+        self._skeletons: dict[tuple[Any, ...], Skeleton | None] = {}
         self._origin = anon_nodename()
 
     def declines(self) -> str | None:
@@ -134,8 +157,7 @@ class FastPublisher:
         producer.publish(
             template.body, content_type=template.content_type,
             content_encoding=template.content_encoding, headers=message_headers,
-            declare=list(template.declare) if template.declare is not None else None,
-            **template.publish_kwargs, **properties,
+            declare=_to_declare(producer, template), **template.publish_kwargs, **properties,
         )
         return True
 
@@ -165,16 +187,72 @@ class FastPublisher:
     ) -> MessageTemplate | None:
         """The message ``apply_async``/``send_task`` would build for this task, arguments and
         options (the per-message parts filled with placeholders), or None when the fast
-        path cannot reproduce it. Follows Celery 5's ``Task.apply_async``, ``send_task``,
-        ``AMQP.as_task_v2`` and ``send_task_message`` step by step."""
+        path cannot reproduce it: the task's :class:`Skeleton` with its arguments' parts."""
+        skeleton = self._skeleton(name, args, kwargs, options, expires)
+        if skeleton is None:
+            return None
+        if skeleton.check_arguments is not None:
+            try:
+                skeleton.check_arguments(*args, **kwargs)
+            except TypeError:
+                return None  # the slow path records Celery's own error
+        argsrepr, kwargsrepr = reprs()
+        headers = skeleton.headers.copy()
+        headers["argsrepr"], headers["kwargsrepr"] = argsrepr, kwargsrepr
+        properties = skeleton.properties.copy()
+        properties["argsrepr"], properties["kwargsrepr"] = argsrepr, kwargsrepr
+        # as AMQP.as_task_v2 has it: no arguments are an empty tuple
+        body = (args or (), kwargs or {}, skeleton.embed)
+        content_type, content_encoding, payload = serialization.dumps(
+            body, serializer=skeleton.serializer)
+        compressed: str | None = None
+        if skeleton.compression:
+            raw = payload.encode(content_encoding) if isinstance(payload, str) else payload
+            payload, compressed = compress(raw, skeleton.compression)
+        elif isinstance(payload, str):
+            # What kombu's Producer does with a str body that has a content type.
+            payload = payload.encode(content_encoding or "utf-8")
+        return MessageTemplate(
+            headers=headers, properties=properties, body=payload, content_type=content_type,
+            content_encoding=content_encoding, compression=compressed,
+            publish_kwargs=skeleton.publish_kwargs, declare=skeleton.declare,
+            declare_idents=skeleton.declare_idents, notify_backend=skeleton.notify_backend,
+        )
+
+    def _skeleton(
+        self, name: str, args: list[Any], kwargs: dict[str, Any], options: dict[str, Any],
+        expires: datetime | None,
+    ) -> Skeleton | None:
+        """What the messages of every task of this name and options share, whatever their
+        arguments; shared by those tasks when the routing does not depend on arguments
+        (no router functions in ``task_routes``)."""
         if not FAST_OPTIONS.issuperset(options):
             return None
+        opts: dict[str, Any] = {k: v for k, v in options.items() if k != "headers"}
+        router = self.app.amqp.router
+        shared = all(isinstance(route, MapRoute) for route in router.routes)
+        key = (name, frozenset(opts.items()), expires is not None) if shared else None
+        if key is not None and key in self._skeletons:
+            return self._skeletons[key]
+        skeleton = self._new_skeleton(name, args, kwargs, opts, expires)
+        if key is not None:
+            if len(self._skeletons) >= TEMPLATE_CACHE_SIZE:
+                self._skeletons.clear()
+            self._skeletons[key] = skeleton
+        return skeleton
+
+    def _new_skeleton(
+        self, name: str, args: list[Any], kwargs: dict[str, Any], opts: dict[str, Any],
+        expires: datetime | None,
+    ) -> Skeleton | None:
+        """Follows Celery 5's ``Task.apply_async``, ``send_task``, ``AMQP.as_task_v2`` and
+        ``send_task_message`` step by step."""
         app = self.app
         amqp = app.amqp
         task = app.tasks.get(name)
-        opts: dict[str, Any] = {k: v for k, v in options.items() if k != "headers"}
         if expires is not None:
             opts["expires"] = expires
+        check_arguments = None
         if task is not None:
             # Task.apply_async (the dispatcher calls Task.apply_async for a DriftSafeTask)
             if not _plain_apply_async(task) or type(task).shadow_name is not Task.shadow_name:
@@ -182,12 +260,7 @@ class FastPublisher:
             if getattr(task, "_dump_pydantic_arguments", None) is not None:
                 return None
             if task.typing:
-                check = getattr(task, "__header__", None)
-                if check is not None:
-                    try:
-                        check(*args, **kwargs)
-                    except TypeError:
-                        return None  # the slow path records Celery's own error
+                check_arguments = getattr(task, "__header__", None)
             opts = dict(task._get_exec_options(), **opts)
             opts.setdefault("ignore_result", task.ignore_result)
         # send_task
@@ -202,9 +275,8 @@ class FastPublisher:
             return None
         if expires is not None:
             opts["expiration"] = 0.0  # replaced per message
-        argsrepr, kwargsrepr = reprs()
-        opts["argsrepr"], opts["kwargsrepr"] = argsrepr, kwargsrepr
-        message = amqp.as_task_v2(
+        opts["argsrepr"], opts["kwargsrepr"] = "", ""  # replaced per task
+        headers, properties, body, _sent_event = amqp.as_task_v2(
             _PLACEHOLDER_ID, name, args, kwargs, None, None, None, None,
             expires, 0, None, None, None, app.thread_oid, time_limit, soft_time_limit,
             False, None, None, None, None, ignore_result=ignore_result,
@@ -212,31 +284,20 @@ class FastPublisher:
         )
         for stamp in opts.pop("stamped_headers", None) or ():
             opts.pop(stamp, None)
-        headers2, properties, body, _sent_event = message
         publish = self._publish_arguments(name, opts, properties)
         if publish is None:
             return None
         publish_kwargs, declare, serializer, compression = publish
-        content_type, content_encoding, payload = serialization.dumps(body, serializer=serializer)
-        compressed: str | None = None
-        if compression:
-            raw = payload.encode(content_encoding) if isinstance(payload, str) else payload
-            payload, compressed = compress(raw, compression)
-        elif isinstance(payload, str):
-            # What kombu's Producer does with a str body that has a content type.
-            payload = payload.encode(content_encoding or "utf-8")
         backend = app.backend
-        notify = not ignore_result and type(backend).on_task_call is not Backend.on_task_call
-        properties = {k: v for k, v in properties.items()
-                      if k not in ("correlation_id", "reply_to")}
-        if "expiration" in properties:
-            del properties["expiration"]
-        return MessageTemplate(
-            headers=headers2, properties=properties,
-            body=payload, content_type=content_type, content_encoding=content_encoding,
-            compression=compressed, publish_kwargs=publish_kwargs,
+        for per_message in ("correlation_id", "reply_to", "expiration"):
+            properties.pop(per_message, None)
+        return Skeleton(
+            headers=headers, properties=properties, embed=body[2], serializer=serializer,
+            compression=compression, publish_kwargs=publish_kwargs,
             declare=tuple(declare) if declare is not None else None,
-            notify_backend=notify,
+            declare_idents=_declare_idents(declare), check_arguments=check_arguments,
+            notify_backend=(not ignore_result
+                            and type(backend).on_task_call is not Backend.on_task_call),
         )
 
     def _publish_arguments(
@@ -308,3 +369,22 @@ def _plain_apply_async(task: Any) -> bool:
     from celery_driftsafe.task import DriftSafeTask
 
     return isinstance(task, DriftSafeTask) or type(task).apply_async is Task.apply_async
+
+
+def _declare_idents(declare: list[Any] | None) -> tuple[int, ...] | None:
+    if not declare or not all(getattr(e, "can_cache_declaration", False) for e in declare):
+        return None
+    return tuple(hash(entity) for entity in declare)
+
+
+def _to_declare(producer: Any, template: MessageTemplate) -> list[Any] | None:
+    """The entities kombu must declare before this message: none when the connection has
+    declared them all already (what kombu's ``maybe_declare`` finds out itself, after
+    binding a copy of each entity to the channel: a third of a publish's time)."""
+    if template.declare is None:
+        return None
+    if template.declare_idents is not None:
+        declared = getattr(producer.connection, "declared_entities", None)
+        if declared is not None and all(i in declared for i in template.declare_idents):
+            return None
+    return list(template.declare)

@@ -121,11 +121,19 @@ def both_ways(app: Celery, settings: Any, runs: list[ClaimedRun], queue: str,
     return celery_sent, fast_sent, fast
 
 
+def route_by_first_argument(name: str, args: Any, kwargs: Any, options: Any, task: Any = None,
+                            **kw: Any) -> dict[str, Any] | None:
+    """A router that looks at the arguments: each task's message is routed on its own."""
+    if args and args[0] == 40:
+        return {"priority": 4}
+    return None
+
+
 def claim(**task_fields: Any) -> list[ClaimedRun]:
     nodes.register("n1", T0)
     interval_task("t1", 60, anchor=T0, next_slot_at=T0, **task_fields)
     interval_task("t2", 60, anchor=T0, next_slot_at=T0,
-                  **{**task_fields, "args": [40, 2]})
+                  **{**task_fields, "args": [40, 2] if task_fields.get("args") != [] else []})
     runs = claimer_for().claim(T0, "n1").runs
     assert len(runs) == 2
     return runs
@@ -143,7 +151,11 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
                                                   "priority": 2}}}, {"task": "fast.add"}),
     "pickle": ({"task_serializer": "pickle", "accept_content": ["pickle", "json"]},
                {"task": "fast.add"}),
+    "pickle, no arguments": ({"task_serializer": "pickle", "accept_content": ["pickle"]},
+                             {"task": "elsewhere.task", "args": [], "kwargs": {}}),
     "gzip": ({"task_compression": "gzip"}, {"task": "fast.add"}),
+    "a router function": ({"task_routes": [
+        "tests.test_fastpublish.route_by_first_argument"]}, {"task": "fast.add"}),
     "no expiry": ({}, {"task": "fast.add", "expires_seconds": None, "__no_expiry": True}),
 }
 
@@ -177,8 +189,12 @@ def test_the_fast_message_is_celerys_message(
     if case == "pickle":
         assert fast_sent[0][1]["content-type"] == "application/x-python-serialize"
         assert pickle.loads(base64.b64decode(fast_sent[0][1]["body"]))[0] == [1, 2]
+    if case == "pickle, no arguments":
+        assert pickle.loads(base64.b64decode(fast_sent[0][1]["body"]))[0] == ()
     if case == "gzip":
         assert headers["compression"] == "application/x-gzip"
+    if case == "a router function":
+        assert [m["properties"]["priority"] for _, m in fast_sent] == [0, 4]
 
 
 def test_a_named_exchange_and_routing_key(
