@@ -18,13 +18,12 @@ from functools import partial
 from typing import Any
 
 from celery import Task
-from celery.utils.saferepr import saferepr
 from django.db.models import Case, F, Q, TextField, Value, When
 
 from celery_driftsafe.claim import ClaimedRun
 from celery_driftsafe.clock import Clock
 from celery_driftsafe.conf import get_settings
-from celery_driftsafe.fastpublish import FastPublisher
+from celery_driftsafe.fastpublish import FastPublisher, display_form
 from celery_driftsafe.headers import (
     HEADER_FENCING_TOKEN,
     HEADER_PERIODIC_TASK_ID,
@@ -247,8 +246,8 @@ class Dispatcher:
             self._repr_cache.clear()
         levels = self.app.conf.get("task_repr_maxlevels", 3)
         amqp = self.app.amqp
-        reprs = (saferepr(run.args, amqp.argsrepr_maxsize, maxlevels=levels),
-                 saferepr(run.kwargs, amqp.kwargsrepr_maxsize, maxlevels=levels))
+        reprs = (display_form(run.args, amqp.argsrepr_maxsize, levels),
+                 display_form(run.kwargs, amqp.kwargsrepr_maxsize, levels))
         self._repr_cache[key] = (run.args, run.kwargs, *reprs)
         return reprs
 

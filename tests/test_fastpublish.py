@@ -19,11 +19,16 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery, signals
+from celery.utils.saferepr import saferepr
+from hypothesis import given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
 from kombu import Exchange, Queue
 
 from celery_driftsafe import nodes
 from celery_driftsafe.claim import ClaimedRun, claimer_for
 from celery_driftsafe.dispatch import Dispatcher
+from celery_driftsafe.fastpublish import display_form
 from celery_driftsafe.models import Run, RunStatus
 from celery_driftsafe.task import DriftSafeTask
 from celery_driftsafe.testing import FakeClock
@@ -94,13 +99,22 @@ def raw_messages(queue: str) -> list[tuple[str, dict[str, Any]]]:
 def comparable(key: str, envelope: dict[str, Any]) -> dict[str, Any]:
     """An envelope without what differs by design between any two publishes of one message:
     kombu's random delivery tag, and the expiry's milliseconds (counted from the moment of
-    publishing), kept to the second."""
+    publishing: see :func:`same_expiry`)."""
     properties = dict(envelope["properties"])
     properties.pop("delivery_tag")
     if "expiration" in properties:
-        properties["expiration"] = round(int(properties["expiration"]) / 1000)
+        properties["expiration"] = "set"
     return {**envelope, "properties": properties, "body": base64.b64decode(envelope["body"]),
             "list": key}
+
+
+def same_expiry(fast: dict[str, Any], celery: dict[str, Any]) -> bool:
+    """Both messages expire at the same instant: their TTLs (milliseconds from the moment
+    each was published, one after the other) differ by less than two seconds."""
+    ttls = [m["properties"].get("expiration") for m in (fast, celery)]
+    if ttls[0] is None or ttls[1] is None:
+        return ttls[0] is ttls[1]
+    return abs(int(ttls[0]) - int(ttls[1])) < 2000
 
 
 def both_ways(app: Celery, settings: Any, runs: list[ClaimedRun], queue: str,
@@ -177,6 +191,7 @@ def test_the_fast_message_is_celerys_message(
     assert len(celery_sent) == len(fast_sent) == 2
     for (key, celery_msg), (fast_key, fast_msg) in zip(celery_sent, fast_sent, strict=True):
         assert comparable(fast_key, fast_msg) == comparable(key, celery_msg)
+        assert same_expiry(fast_msg, celery_msg)
     headers = fast_sent[0][1]["headers"]
     assert headers["id"] == runs[0].celery_task_id
     assert headers["driftsafe_run_id"] == runs[0].run_id
@@ -212,6 +227,7 @@ def test_a_named_exchange_and_routing_key(
                                                    FakeClock(T0))
     assert dispatcher.fast_published == 2
     assert [comparable(*m) for m in fast_sent] == [comparable(*m) for m in celery_sent]
+    assert all(same_expiry(f[1], c[1]) for f, c in zip(fast_sent, celery_sent, strict=True))
     assert fast_sent[0][1]["properties"]["delivery_info"] == {
         "exchange": f"{queue}-ex", "routing_key": f"{queue}-rk"}
 
@@ -337,3 +353,33 @@ def test_a_worker_executes_fast_path_messages(
             assert time.monotonic() < deadline, list(Run.objects.values("task_name", "status"))
             time.sleep(0.05)
     assert sorted(done) == [("record", 3), ("safe", 23)]
+
+
+# -- the arguments' display forms --------------------------------------------------------------
+
+_scalars = (st.integers() | st.floats(allow_nan=False) | st.booleans() | st.none()
+            | st.text(max_size=40))
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.text(max_size=8) | st.integers(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(value=st.lists(_values, max_size=4) | st.dictionaries(st.text(max_size=8), _values,
+                                                               max_size=4),
+       maxsize=st.sampled_from([1024, 60, 8]), maxlevels=st.sampled_from([3, 2, 5]))
+@examples(max_examples=400, deadline=None)
+def test_display_forms_are_celerys(value: Any, maxsize: int, maxlevels: int) -> None:
+    """``argsrepr``/``kwargsrepr`` as Celery's ``saferepr`` writes them, for any arguments
+    (the shortcut through ``repr`` applies to plain ones only)."""
+    assert display_form(value, maxsize, maxlevels) == saferepr(value, maxsize,
+                                                                maxlevels=maxlevels)
+
+
+def test_display_forms_of_plain_and_other_arguments() -> None:
+    plain = {"n": 1, "name": "report é", "when": [1.5, None, True], "deep": {"a": [1, 2]}}
+    assert display_form(plain, 1024, 3) == repr(plain) == saferepr(plain, 1024, maxlevels=3)
+    quoted = ["it's", "tab\there", b"bytes"]
+    assert display_form(quoted, 1024, 3) == saferepr(quoted, 1024, maxlevels=3) != repr(quoted)
