@@ -51,6 +51,26 @@ def _proc_stats(pid: int) -> tuple[int, float]:
     return rss, (int(fields[11]) + int(fields[12])) / ticks
 
 
+def _server_cpu(db: str) -> tuple[float, float]:
+    """(CPU seconds so far of this run's PostgreSQL backends, of the Redis server): a
+    backend's process title names its database; Redis is one process for every user."""
+    import psutil
+
+    pg = rd = 0.0
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        try:
+            title = " ".join(proc.info["cmdline"] or ())
+            if f" {db} " in title and "postgres" in title:
+                times = proc.cpu_times()
+                pg += times.user + times.system
+            elif (proc.info["name"] or "").startswith("redis-server"):
+                times = proc.cpu_times()
+                rd += times.user + times.system
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return pg, rd
+
+
 def _lateness(db: str, since: object, until: object) -> tuple[list[float], int, int]:
     with psycopg.connect(host="127.0.0.1", user="postgres", dbname=db) as conn:
         rows = conn.execute(
@@ -134,9 +154,49 @@ def _seeded(tasks: int, *, spread: bool) -> Iterator[tuple[E2ERun, datetime]]:
     with tempfile.TemporaryDirectory() as tmp:
         run = E2ERun("postgresql", Path(tmp))
         parked = real_now() + timedelta(hours=1)
-        run.tool("bulk_seed", {"count": tasks, "every": 60, "start": parked.isoformat(),
-                               "spread": spread})
+        if SQL_SEED:
+            _sql_seed(run, tasks, parked, spread=spread)
+        else:
+            run.tool("bulk_seed", {"count": tasks, "every": 60, "start": parked.isoformat(),
+                                   "spread": spread})
         yield run, parked
+
+
+#: ``--sql-seed``: seed with one ``INSERT … SELECT generate_series`` (a million tasks in
+#: about a minute) instead of the ORM.
+SQL_SEED = False
+
+
+def _sql_seed(run: E2ERun, tasks: int, start: datetime, *, spread: bool) -> None:
+    """The rows ``bulk_seed`` writes (``e2e.tick`` every 60 s, ``args`` ``[i]``), written by
+    PostgreSQL: one row through the ORM, then copies of it."""
+    seeded = time.monotonic()
+    run.tool("bulk_seed", {"count": 1, "every": 60, "start": start.isoformat()})
+    with psycopg.connect(host="127.0.0.1", user="postgres", dbname=run.db_name,
+                         autocommit=True) as conn:
+        columns = [r[0] for r in conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = "
+            "'celery_driftsafe_periodictask' AND column_name <> 'id' ORDER BY ordinal_position"
+        ).fetchall()]
+        step = "60.0 * i / %(tasks)s" if spread else "0"
+        values = {
+            "name": "'bench-' || lpad(i::text, 7, '0')",
+            "task": "'e2e.tick'", "schedule_kind": "'interval'", "interval_every": "60",
+            "interval_unit": "'seconds'",
+            "interval_anchor": f"%(start)s::timestamptz + make_interval(secs => {step})",
+            "next_slot_at": f"%(start)s::timestamptz + make_interval(secs => {step})",
+            "args": "jsonb_build_array(i)",
+        }
+        conn.execute(
+            "INSERT INTO celery_driftsafe_periodictask (" + ", ".join(columns) + ") "
+            "SELECT " + ", ".join(values.get(c, f"t.{c}") for c in columns)
+            + " FROM (SELECT * FROM celery_driftsafe_periodictask LIMIT 1) AS t, "
+            "generate_series(0, %(tasks)s - 1) AS i",
+            {"tasks": tasks, "start": start},
+        )
+        conn.execute("DELETE FROM celery_driftsafe_periodictask WHERE name = 'bench-000000'")
+        conn.execute("ANALYZE celery_driftsafe_periodictask")
+    print(f"seeded {tasks:,} tasks with SQL in {time.monotonic() - seeded:.0f} s", flush=True)
 
 
 def burst(tasks: int, beats: int) -> dict[str, Any]:
@@ -153,6 +213,8 @@ def burst(tasks: int, beats: int) -> dict[str, Any]:
             drain = Drain(run)
             pids = [b.process.pid for b in run.beats]
             cpu0 = sum(_proc_stats(pid)[1] for pid in pids)
+            servers0 = _server_cpu(run.db_name)
+            load0 = os.getloadavg()[0]
             peak_rss = 0
             deadline = due + timedelta(seconds=55)  # the wave, before its next slots are due
             while real_now() < deadline:
@@ -161,6 +223,7 @@ def burst(tasks: int, beats: int) -> dict[str, Any]:
                 if sum(len(raws) for _, raws in drain.batches) >= tasks:
                     break
             cpu = sum(_proc_stats(pid)[1] for pid in pids) - cpu0
+            servers = [b - a for a, b in zip(servers0, _server_cpu(run.db_name), strict=True)]
             messages = drain.stop()
             outcome = _outcome(run.db_name)
             run.stop()
@@ -178,7 +241,8 @@ def burst(tasks: int, beats: int) -> dict[str, Any]:
         "p99_s": late[int(len(late) * 0.99) - 1] if late else float("nan"),
         "missed_slots": outcome.get("missed_slots", 0),
         "rate": len(ids) / late[-1] if late and late[-1] > 0 else float("nan"),
-        "cpu_s": cpu, "rss_mb": peak_rss / 1024,
+        "cpu_s": cpu, "rss_mb": peak_rss / 1024, "pg_cpu_s": servers[0],
+        "redis_cpu_s": servers[1], "load": (load0, os.getloadavg()[0]),
     }
 
 
@@ -259,6 +323,8 @@ def bench(tasks: int, beats: int, seconds: float) -> dict[str, object]:
             window_end = start + timedelta(seconds=seconds)
             peak_rss = 0
             cpu = [0.0] * beats
+            servers0 = _server_cpu(run.db_name)
+            load0 = os.getloadavg()[0]
             trimmed = 0
             while real_now() < window_end:
                 time.sleep(0.5)
@@ -270,6 +336,7 @@ def bench(tasks: int, beats: int, seconds: float) -> dict[str, object]:
                     if beat.process.poll() is None:
                         rss, used = _proc_stats(beat.process.pid)
                         peak_rss, cpu[i] = max(peak_rss, rss), used
+            servers = [b - a for a, b in zip(servers0, _server_cpu(run.db_name), strict=True)]
             first = _first_ready(run.db_name)
             late, stuck, behind = _lateness(run.db_name, start, window_end - timedelta(seconds=2))
             run.stop()
@@ -285,7 +352,8 @@ def bench(tasks: int, beats: int, seconds: float) -> dict[str, object]:
                 "max": late[-1] if late else float("nan"),
                 "behind": behind, "stuck": stuck,
                 "rss_mb": peak_rss / 1024, "cpu_s": sum(cpu),
-                "published": trimmed,
+                "published": trimmed, "pg_cpu_s": servers[0], "redis_cpu_s": servers[1],
+                "load": (load0, os.getloadavg()[0]),
             }
         finally:
             run.close()
@@ -333,7 +401,11 @@ def main() -> None:
                         help="measure recovery after HOURS with no beat running")
     parser.add_argument("--steady", action=argparse.BooleanOptionalAction, default=True,
                         help="the spread-over-the-minute run (default on)")
+    parser.add_argument("--sql-seed", action="store_true",
+                        help="seed the tasks with one SQL statement (for a million)")
     args = parser.parse_args()
+    global SQL_SEED
+    SQL_SEED = args.sql_seed
     print(f"statements per 500-task claim round: {queries_per_round()}")
     header = (f"{'tasks':>7} {'beats':>5} {'start s':>7} {'due':>7} {'sent':>7} {'sent/s':>7} "
               f"{'p50 s':>6} {'p99 s':>6} {'max s':>6} {'behind':>6} {'RSS MB':>6} {'CPU s':>6}")
@@ -346,6 +418,10 @@ def main() -> None:
                   f"{r['dispatched']:>7} {r['per_s']:>7.0f} {r['p50']:>6.3f} {r['p99']:>6.3f} "
                   f"{r['max']:>6.3f} {r['behind']:>6} {r['rss_mb']:>6.0f} {r['cpu_s']:>6.1f}",
                   flush=True)
+            print(f"    CPU s in the window: beats {r['cpu_s']:.1f}, this run's PostgreSQL "
+                  f"backends {r['pg_cpu_s']:.1f}, Redis server (all users) "
+                  f"{r['redis_cpu_s']:.1f}; load average {r['load'][0]:.1f} -> "
+                  f"{r['load'][1]:.1f}", flush=True)
     if args.burst:
         print("\ncapacity: every task due at one instant (lateness: message landed - slot)")
         print(f"{'tasks':>7} {'beats':>5} {'last s':>7} {'slots/s':>8} {'p50 s':>6} "
@@ -357,6 +433,9 @@ def main() -> None:
                       f"{r['p50_s']:>6.1f} {r['p99_s']:>6.1f} {r['duplicates']:>4} "
                       f"{r['early']:>5} {r['missed_slots']:>6} {r['cpu_s']:>6.1f} "
                       f"{r['rss_mb']:>6.0f}  ({r['distinct']}/{tasks} published)", flush=True)
+                print(f"    CPU s: beats {r['cpu_s']:.1f}, this run's PostgreSQL backends "
+                      f"{r['pg_cpu_s']:.1f}, Redis server (all users) {r['redis_cpu_s']:.1f}; "
+                      f"load average {r['load'][0]:.1f} -> {r['load'][1]:.1f}", flush=True)
     if args.recovery:
         print(f"\nrecovery: back after {args.recovery} h with no beat, one beat")
         print(f"{'tasks':>7} {'first msg s':>11} {'decided s':>9} {'wave out s':>10} "

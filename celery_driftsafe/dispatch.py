@@ -208,7 +208,7 @@ class Dispatcher:
             else run.task_name,
             name=run.task_name, args=run.args, kwargs=run.kwargs,
             options=run.options, task_id=run.celery_task_id, headers=message_headers(run),
-            expires=run.expires_at, reprs=partial(self._reprs, run),
+            expires=run.expires_at, reprs=partial(self._reprs, run, cache=False),
         ):
             self.fast_published += 1
             return
@@ -234,21 +234,23 @@ class Dispatcher:
             **options,
         )
 
-    def _reprs(self, run: ClaimedRun) -> tuple[str, str]:
+    def _reprs(self, run: ClaimedRun, *, cache: bool = True) -> tuple[str, str]:
         """The arguments' display forms (``argsrepr``/``kwargsrepr``, as Celery writes them),
         built once per task and reused while its arguments stay the same: they cost more than
-        the rest of the message."""
+        the rest of the message. (The fast path keeps them with the task's message: no
+        ``cache`` then.)"""
         key = run.periodic_task_id if run.periodic_task_id is not None else run.task_name
         cached = self._repr_cache.get(key)
         if cached is not None and cached[0] == run.args and cached[1] == run.kwargs:
             return cached[2], cached[3]
-        if len(self._repr_cache) >= REPR_CACHE_SIZE:
-            self._repr_cache.clear()
         levels = self.app.conf.get("task_repr_maxlevels", 3)
         amqp = self.app.amqp
         reprs = (display_form(run.args, amqp.argsrepr_maxsize, levels),
                  display_form(run.kwargs, amqp.kwargsrepr_maxsize, levels))
-        self._repr_cache[key] = (run.args, run.kwargs, *reprs)
+        if cache:
+            if len(self._repr_cache) >= REPR_CACHE_SIZE:
+                self._repr_cache.clear()
+            self._repr_cache[key] = (run.args, run.kwargs, *reprs)
         return reprs
 
     def _record(self, result: DispatchResult, runs: dict[int, ClaimedRun]) -> None:

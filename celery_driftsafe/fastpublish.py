@@ -57,27 +57,28 @@ _PLACEHOLDER_ID = "00000000-0000-0000-0000-000000000000"
 
 @dataclass(frozen=True, slots=True)
 class MessageTemplate:
-    """What every message of one task (with these arguments and options) shares."""
+    """One task's message parts (the rest is its :class:`Skeleton`'s), and what they were
+    built from: kept per task, so small (a few hundred bytes)."""
 
-    #: The protocol-2 headers without the per-message ids and the run's own headers.
-    headers: dict[str, Any]
-    #: Message properties (``correlation_id`` and ``reply_to`` are set per message).
-    properties: dict[str, Any]
-    body: bytes | str
-    content_type: str
-    content_encoding: str
+    name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    options: dict[str, Any]
+    has_expiry: bool
+    #: None: this task's messages cannot take the fast path.
+    skeleton: Skeleton | None
+    body: bytes = b""
+    content_type: str = ""
+    content_encoding: str = ""
     #: kombu's ``compression`` header value when the body is compressed, else None.
-    compression: str | None
-    #: The rest of ``Producer.publish``'s arguments (exchange, routing key, delivery mode,
-    #: retry policy, timeouts).
-    publish_kwargs: dict[str, Any]
-    #: The entities kombu declares before publishing (a new list each message: kombu may
-    #: append to it).
-    declare: tuple[Any, ...] | None
-    #: kombu's cache keys of ``declare`` when each may be cached (None: declare each time).
-    declare_idents: tuple[int, ...] | None
-    #: Whether the result backend is told of each message (``ignore_result`` false).
-    notify_backend: bool
+    compression: str | None = None
+    argsrepr: str = ""
+    kwargsrepr: str = ""
+
+    def matches(self, name: str, args: list[Any], kwargs: dict[str, Any],
+                options: dict[str, Any], has_expiry: bool) -> bool:
+        return (self.name == name and self.args == args and self.kwargs == kwargs
+                and self.options == options and self.has_expiry == has_expiry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +105,7 @@ class FastPublisher:
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        self._templates: dict[
-            int | str, tuple[tuple[Any, ...], MessageTemplate | None]] = {}
+        self._templates: dict[int | str, MessageTemplate] = {}
         self._skeletons: dict[tuple[Any, ...], Skeleton | None] = {}
         self._origin = anon_nodename()
 
@@ -137,15 +137,19 @@ class FastPublisher:
         (their ``headers`` are ignored: ``headers`` are the custom headers the message
         carries)."""
         template = self._template(cache_key, name, args, kwargs, options, expires, reprs)
-        if template is None:
+        skeleton = template.skeleton
+        if skeleton is None:
             return False
         app = self.app
-        message_headers = template.headers.copy()
-        message_headers["id"] = task_id
-        message_headers["root_id"] = task_id
-        properties = template.properties.copy()
+        message_headers = skeleton.headers.copy()
+        message_headers["id"] = message_headers["root_id"] = task_id
+        message_headers["argsrepr"] = template.argsrepr
+        message_headers["kwargsrepr"] = template.kwargsrepr
+        properties = skeleton.properties.copy()
         properties["correlation_id"] = task_id
         properties["reply_to"] = app.thread_oid
+        properties["argsrepr"] = template.argsrepr
+        properties["kwargsrepr"] = template.kwargsrepr
         if expires is not None:
             message_headers["expires"] = expires.isoformat()
             seconds = subtract_datetimes(expires, app.now()).total_seconds()
@@ -153,12 +157,12 @@ class FastPublisher:
         message_headers.update(headers)
         if template.compression is not None:
             message_headers["compression"] = template.compression
-        if template.notify_backend:
+        if skeleton.notify_backend:
             app.backend.on_task_call(producer, task_id)
         producer.publish(
             template.body, content_type=template.content_type,
             content_encoding=template.content_encoding, headers=message_headers,
-            declare=_to_declare(producer, template), **template.publish_kwargs, **properties,
+            declare=_to_declare(producer, skeleton), **skeleton.publish_kwargs, **properties,
         )
         return True
 
@@ -166,42 +170,37 @@ class FastPublisher:
         self, cache_key: int | str, name: str, args: list[Any], kwargs: dict[str, Any],
         options: dict[str, Any], expires: datetime | None,
         reprs: Callable[[], tuple[str, str]],
-    ) -> MessageTemplate | None:
+    ) -> MessageTemplate:
         """The task's template, built on first use and again when its name, arguments or
-        options change (None, also cached: the task's messages take the slow path)."""
+        options change (one without a skeleton, also kept: the task's messages take the
+        slow path). It refers to the run's own argument objects: no copies."""
         cached = self._templates.get(cache_key)
-        if cached is not None:
-            key, template = cached
-            if (key[0] == name and key[1] == args and key[2] == kwargs and key[3] == options
-                    and key[4] == (expires is not None)):
-                return template
+        if cached is not None and cached.matches(name, args, kwargs, options,
+                                                 expires is not None):
+            return cached
         if len(self._templates) >= TEMPLATE_CACHE_SIZE:
             self._templates.clear()
         template = self._build(name, args, kwargs, options, expires, reprs)
-        self._templates[cache_key] = (
-            (name, list(args), dict(kwargs), dict(options), expires is not None), template)
+        self._templates[cache_key] = template
         return template
 
     def _build(
         self, name: str, args: list[Any], kwargs: dict[str, Any], options: dict[str, Any],
         expires: datetime | None, reprs: Callable[[], tuple[str, str]],
-    ) -> MessageTemplate | None:
-        """The message ``apply_async``/``send_task`` would build for this task, arguments and
-        options (the per-message parts filled with placeholders), or None when the fast
-        path cannot reproduce it: the task's :class:`Skeleton` with its arguments' parts."""
+    ) -> MessageTemplate:
+        """The parts of the message ``apply_async``/``send_task`` would build for this task,
+        arguments and options that its :class:`Skeleton` does not hold; without a skeleton
+        when the fast path cannot reproduce the message."""
+        declined = MessageTemplate(name, args, kwargs, options, expires is not None, None)
         skeleton = self._skeleton(name, args, kwargs, options, expires)
         if skeleton is None:
-            return None
+            return declined
         if skeleton.check_arguments is not None:
             try:
                 skeleton.check_arguments(*args, **kwargs)
             except TypeError:
-                return None  # the slow path records Celery's own error
+                return declined  # the slow path records Celery's own error
         argsrepr, kwargsrepr = reprs()
-        headers = skeleton.headers.copy()
-        headers["argsrepr"], headers["kwargsrepr"] = argsrepr, kwargsrepr
-        properties = skeleton.properties.copy()
-        properties["argsrepr"], properties["kwargsrepr"] = argsrepr, kwargsrepr
         # as AMQP.as_task_v2 has it: no arguments are an empty tuple
         body = (args or (), kwargs or {}, skeleton.embed)
         content_type, content_encoding, payload = serialization.dumps(
@@ -214,10 +213,8 @@ class FastPublisher:
             # What kombu's Producer does with a str body that has a content type.
             payload = payload.encode(content_encoding or "utf-8")
         return MessageTemplate(
-            headers=headers, properties=properties, body=payload, content_type=content_type,
-            content_encoding=content_encoding, compression=compressed,
-            publish_kwargs=skeleton.publish_kwargs, declare=skeleton.declare,
-            declare_idents=skeleton.declare_idents, notify_backend=skeleton.notify_backend,
+            name, args, kwargs, options, expires is not None, skeleton, payload, content_type,
+            content_encoding, compressed, argsrepr, kwargsrepr,
         )
 
     def _skeleton(
@@ -411,7 +408,7 @@ def _declare_idents(declare: list[Any] | None) -> tuple[int, ...] | None:
     return tuple(hash(entity) for entity in declare)
 
 
-def _to_declare(producer: Any, template: MessageTemplate) -> list[Any] | None:
+def _to_declare(producer: Any, template: Skeleton) -> list[Any] | None:
     """The entities kombu must declare before this message: none when the connection has
     declared them all already (what kombu's ``maybe_declare`` finds out itself, after
     binding a copy of each entity to the channel: a third of a publish's time)."""
