@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import time
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
@@ -91,7 +92,9 @@ def main() -> None:
         if args.explain:
             connection.execute_wrappers.append(_Explain(plans))
         if args.slow_publish:
-            settings.DRIFTSAFE = {**settings.DRIFTSAFE, "FAST_PUBLISH": False}
+            from django.test.utils import override_settings
+
+            override_settings(DRIFTSAFE={**settings.DRIFTSAFE, "FAST_PUBLISH": False}).enable()
         dispatcher = Dispatcher(app, SystemClock())
         for wave in range(args.waves):
             published, elapsed, cpu, rounds, stages, cpu_stages = _wave(
@@ -102,7 +105,8 @@ def main() -> None:
                   f"{elapsed:.2f} s, {published / elapsed:.0f} slots/s; this process used "
                   f"{cpu:.2f} s of CPU ({100 * cpu / elapsed:.0f}% of one core); "
                   f"fast path {dispatcher.fast_published}, apply_async "
-                  f"{dispatcher.slow_published} messages so far")
+                  f"{dispatcher.slow_published} messages so far; peak RSS "
+                  f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
             print(f"  {'stage':<16}{'wall s':>8}{'µs/slot':>9}{'CPU µs/slot':>13}")
             for stage, seconds in stages.items():
                 print(f"  {stage:<16}{seconds:8.2f}{1e6 * seconds / max(published, 1):9.1f}"

@@ -383,3 +383,25 @@ def test_display_forms_of_plain_and_other_arguments() -> None:
     assert display_form(plain, 1024, 3) == repr(plain) == saferepr(plain, 1024, maxlevels=3)
     quoted = ["it's", "tab\there", b"bytes"]
     assert display_form(quoted, 1024, 3) == saferepr(quoted, 1024, maxlevels=3) != repr(quoted)
+
+
+def test_more_tasks_than_the_template_bound_still_get_their_own_messages(
+    make_app: Callable[..., Celery], queue: str, settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from celery_driftsafe import fastpublish
+
+    monkeypatch.setattr(fastpublish, "TEMPLATE_CACHE_SIZE", 2)
+    app = make_app()
+    nodes.register("n1", T0)
+    for i in range(5):
+        interval_task(f"t{i}", 60, anchor=T0, next_slot_at=T0, task="fast.add", args=[i, i])
+    dispatcher = Dispatcher(app, FakeClock(T0))
+    for wave in range(3):
+        dispatcher.dispatch(claimer_for().claim(T0 + timedelta(seconds=60 * wave), "n1").runs)
+    sent = [m for _, m in raw_messages(queue)]
+    assert dispatcher.fast_published == 15 and len(dispatcher._fast._templates) <= 2
+    assert sorted(json.loads(base64.b64decode(m["body"]))[0][0] for m in sent) == sorted(
+        list(range(5)) * 3)
+    assert all(m["headers"]["argsrepr"] == repr(json.loads(base64.b64decode(m["body"]))[0])
+               for m in sent)
