@@ -51,24 +51,53 @@ def _proc_stats(pid: int) -> tuple[int, float]:
     return rss, (int(fields[11]) + int(fields[12])) / ticks
 
 
-def _server_cpu(db: str) -> tuple[float, float]:
-    """(CPU seconds so far of this run's PostgreSQL backends, of the Redis server): a
-    backend's process title names its database; Redis is one process for every user."""
-    import psutil
+class ServerCPU:
+    """CPU seconds used meanwhile by this run's PostgreSQL backends (a backend's process title
+    names its database; the beats open and close connections, so every process is sampled
+    each 0.2 s and a new one counts from zero) and by the Redis server (one process for every
+    user of this machine: an upper bound)."""
 
-    pg = rd = 0.0
-    for proc in psutil.process_iter(["name", "cmdline"]):
-        try:
-            title = " ".join(proc.info["cmdline"] or ())
-            if f" {db} " in title and "postgres" in title:
+    def __init__(self, db: str) -> None:
+        self.db = db
+        self.first: dict[int, float] = {}
+        self.last: dict[int, tuple[str, float]] = {}
+        self._stop = threading.Event()
+        self._sample(initial=True)
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _sample(self, initial: bool = False) -> None:
+        import psutil
+
+        for proc in psutil.process_iter(["name", "cmdline"]):
+            try:
+                title = " ".join(proc.info["cmdline"] or ())
+                if f" {self.db} " in title and "postgres" in title:
+                    kind = "pg"
+                elif (proc.info["name"] or "").startswith("redis-server"):
+                    kind = "redis"
+                else:
+                    continue
                 times = proc.cpu_times()
-                pg += times.user + times.system
-            elif (proc.info["name"] or "").startswith("redis-server"):
-                times = proc.cpu_times()
-                rd += times.user + times.system
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return pg, rd
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            used = times.user + times.system
+            self.first.setdefault(proc.pid, used if initial else 0.0)
+            self.last[proc.pid] = (kind, used)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.2):
+            self._sample()
+
+    def stop(self) -> tuple[float, float]:
+        """(PostgreSQL backends, Redis server) CPU seconds since the start."""
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        totals = {"pg": 0.0, "redis": 0.0}
+        for pid, (kind, used) in self.last.items():
+            totals[kind] += used - self.first.get(pid, 0.0)
+        return totals["pg"], totals["redis"]
 
 
 def _lateness(db: str, since: object, until: object) -> tuple[list[float], int, int]:
@@ -213,7 +242,7 @@ def burst(tasks: int, beats: int) -> dict[str, Any]:
             drain = Drain(run)
             pids = [b.process.pid for b in run.beats]
             cpu0 = sum(_proc_stats(pid)[1] for pid in pids)
-            servers0 = _server_cpu(run.db_name)
+            servers0 = ServerCPU(run.db_name)
             load0 = os.getloadavg()[0]
             peak_rss = 0
             deadline = due + timedelta(seconds=55)  # the wave, before its next slots are due
@@ -223,7 +252,7 @@ def burst(tasks: int, beats: int) -> dict[str, Any]:
                 if sum(len(raws) for _, raws in drain.batches) >= tasks:
                     break
             cpu = sum(_proc_stats(pid)[1] for pid in pids) - cpu0
-            servers = [b - a for a, b in zip(servers0, _server_cpu(run.db_name), strict=True)]
+            servers = servers0.stop()
             messages = drain.stop()
             outcome = _outcome(run.db_name)
             run.stop()
@@ -323,7 +352,7 @@ def bench(tasks: int, beats: int, seconds: float) -> dict[str, object]:
             window_end = start + timedelta(seconds=seconds)
             peak_rss = 0
             cpu = [0.0] * beats
-            servers0 = _server_cpu(run.db_name)
+            servers0 = ServerCPU(run.db_name)
             load0 = os.getloadavg()[0]
             trimmed = 0
             while real_now() < window_end:
@@ -336,7 +365,7 @@ def bench(tasks: int, beats: int, seconds: float) -> dict[str, object]:
                     if beat.process.poll() is None:
                         rss, used = _proc_stats(beat.process.pid)
                         peak_rss, cpu[i] = max(peak_rss, rss), used
-            servers = [b - a for a, b in zip(servers0, _server_cpu(run.db_name), strict=True)]
+            servers = servers0.stop()
             first = _first_ready(run.db_name)
             late, stuck, behind = _lateness(run.db_name, start, window_end - timedelta(seconds=2))
             run.stop()
