@@ -112,6 +112,16 @@ def main() -> None:
                 print(f"  {stage:<16}{seconds:8.2f}{1e6 * seconds / max(published, 1):9.1f}"
                       f"{1e6 * cpu_stages[stage] / max(published, 1):13.1f}")
             broker.delete("burst")
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE")
+            cursor.execute(
+                "SELECT (SELECT count(*) FROM celery_driftsafe_run), "
+                "pg_total_relation_size('celery_driftsafe_run'), "
+                "(SELECT count(*) FROM celery_driftsafe_periodictask), "
+                "pg_total_relation_size('celery_driftsafe_periodictask')")
+            runs, run_bytes, tasks, task_bytes = cursor.fetchone()
+        print(f"on disk, with indexes: {task_bytes / max(tasks, 1):.0f} bytes a task, "
+              f"{run_bytes / max(runs, 1):.0f} bytes a run ({runs:,} runs)")
     finally:
         broker.flushdb()
         broker.close()

@@ -343,9 +343,16 @@ def bench(tasks: int, beats: int, seconds: float) -> dict[str, object]:
             # Seed an hour ahead (seeding 100k rows takes a while), then move every slot so the
             # first ones fall due 3 s after the beats start: no backlog from the set-up.
             parked = real_now() + timedelta(hours=1)
-            run.tool("bulk_seed", {"count": tasks, "every": 60, "start": parked.isoformat()})
-            start = real_now() + timedelta(seconds=3)
+            if SQL_SEED:
+                _sql_seed(run, tasks, parked, spread=True)
+            else:
+                run.tool("bulk_seed", {"count": tasks, "every": 60,
+                                       "start": parked.isoformat()})
+            # Moving a million rows takes a while: leave it time, so that no slot falls due
+            # before the beats start.
+            start = real_now() + timedelta(seconds=3 + tasks / 10_000)
             _shift(run.db_name, start - parked)
+            time.sleep(max(0.0, (start - real_now()).total_seconds() - 3))
             launched = real_now()
             for _ in range(beats):
                 run.start_beat(0.0)
