@@ -104,8 +104,8 @@ def main() -> None:
                   f"dispatched, {broker.llen('burst')} messages queued, {rounds} rounds, "
                   f"{elapsed:.2f} s, {published / elapsed:.0f} slots/s; this process used "
                   f"{cpu:.2f} s of CPU ({100 * cpu / elapsed:.0f}% of one core); "
-                  f"fast path {dispatcher.fast_published}, apply_async "
-                  f"{dispatcher.slow_published} messages so far; peak RSS "
+                  f"fast path {dispatcher.fast.published}, apply_async "
+                  f"{dispatcher.fast.declined} messages so far; peak RSS "
                   f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
             print(f"  {'stage':<16}{'wall s':>8}{'µs/slot':>9}{'CPU µs/slot':>13}")
             for stage, seconds in stages.items():

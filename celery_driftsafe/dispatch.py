@@ -23,7 +23,7 @@ from django.db.models import Case, F, Q, TextField, Value, When
 from celery_driftsafe.claim import ClaimedRun
 from celery_driftsafe.clock import Clock
 from celery_driftsafe.conf import get_settings
-from celery_driftsafe.fastpublish import FastPublisher, display_form
+from celery_driftsafe.fastpublish import FastPublisher
 from celery_driftsafe.headers import (
     HEADER_FENCING_TOKEN,
     HEADER_PERIODIC_TASK_ID,
@@ -31,6 +31,7 @@ from celery_driftsafe.headers import (
     HEADER_SLOT,
 )
 from celery_driftsafe.models import Run, RunStatus
+from celery_driftsafe.reprs import argument_reprs
 from celery_driftsafe.task import DriftSafeTask
 
 logger = logging.getLogger(__name__)
@@ -84,10 +85,7 @@ class Dispatcher:
         self.using = using
         self.batch_size = batch_size or get_settings().publish_batch_size
         self._repr_cache: dict[int | str, tuple[list[Any], dict[str, Any], str, str]] = {}
-        self._fast = FastPublisher(app)
-        #: Messages published by the fast path and by Celery's ``apply_async`` (for figures).
-        self.fast_published = 0
-        self.slow_published = 0
+        self.fast = FastPublisher(app)
 
     def dispatch(self, runs: Sequence[ClaimedRun]) -> DispatchResult:
         """Publish ``runs``, then mark what went out ``dispatched``.
@@ -121,7 +119,7 @@ class Dispatcher:
                 result.expired.append(run.run_id)
             else:
                 todo.append(run)
-        fast = self._fast_publisher()
+        fast = self.fast if self.fast.active() else None
         try:
             with self.app.producer_or_acquire() as producer:
                 for start in range(0, len(todo), self.batch_size):
@@ -137,18 +135,6 @@ class Dispatcher:
             )
         self._record(result, {r.run_id: r for r in todo})
         return result
-
-    def _fast_publisher(self) -> FastPublisher | None:
-        """The fast publish path, when it is on (``FAST_PUBLISH``) and nothing about the app
-        rules it out (see :mod:`celery_driftsafe.fastpublish`)."""
-        if not get_settings().fast_publish:
-            return None
-        reason = self._fast.declines()
-        if reason is not None:
-            logger.debug("publishing through Celery's apply_async: %s", reason,
-                         extra={"action": "fast-publish-off"})
-            return None
-        return self._fast
 
     def _publish_batch(
         self, runs: Sequence[ClaimedRun], producer: Any, result: DispatchResult,
@@ -202,17 +188,9 @@ class Dispatcher:
         own options (``apply_async``), any other goes out with ``send_task``; either way the
         app's routing (``task_routes``) applies. With ``fast``, the same message is built
         from the task's prebuilt one where it can be."""
-        if fast is not None and fast.publish(
-            producer,
-            cache_key=run.periodic_task_id if run.periodic_task_id is not None
-            else run.task_name,
-            name=run.task_name, args=run.args, kwargs=run.kwargs,
-            options=run.options, task_id=run.celery_task_id, headers=message_headers(run),
-            expires=run.expires_at, reprs=partial(self._reprs, run, cache=False),
-        ):
-            self.fast_published += 1
+        if fast is not None and fast.publish_run(run, producer, message_headers(run)):
             return
-        self.slow_published += 1
+        self.fast.declined += 1
         options = {k: v for k, v in run.options.items() if k != "headers"}
         if run.expires_at is not None:
             options["expires"] = run.expires_at
@@ -234,23 +212,18 @@ class Dispatcher:
             **options,
         )
 
-    def _reprs(self, run: ClaimedRun, *, cache: bool = True) -> tuple[str, str]:
+    def _reprs(self, run: ClaimedRun) -> tuple[str, str]:
         """The arguments' display forms (``argsrepr``/``kwargsrepr``, as Celery writes them),
         built once per task and reused while its arguments stay the same: they cost more than
-        the rest of the message. (The fast path keeps them with the task's message: no
-        ``cache`` then.)"""
+        the rest of the message."""
         key = run.periodic_task_id if run.periodic_task_id is not None else run.task_name
         cached = self._repr_cache.get(key)
         if cached is not None and cached[0] == run.args and cached[1] == run.kwargs:
             return cached[2], cached[3]
-        levels = self.app.conf.get("task_repr_maxlevels", 3)
-        amqp = self.app.amqp
-        reprs = (display_form(run.args, amqp.argsrepr_maxsize, levels),
-                 display_form(run.kwargs, amqp.kwargsrepr_maxsize, levels))
-        if cache:
-            if len(self._repr_cache) >= REPR_CACHE_SIZE:
-                self._repr_cache.clear()
-            self._repr_cache[key] = (run.args, run.kwargs, *reprs)
+        if len(self._repr_cache) >= REPR_CACHE_SIZE:
+            self._repr_cache.clear()
+        reprs = argument_reprs(self.app, run.args, run.kwargs)
+        self._repr_cache[key] = (run.args, run.kwargs, *reprs)
         return reprs
 
     def _record(self, result: DispatchResult, runs: dict[int, ClaimedRun]) -> None:

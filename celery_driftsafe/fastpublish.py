@@ -32,28 +32,33 @@ a router whose answer for the same task and arguments changes from call to call 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from celery import Task, signals
+from celery import signals
 from celery.app.routes import MapRoute
-from celery.backends.base import Backend
 from celery.utils.nodenames import anon_nodename
-from celery.utils.saferepr import saferepr
 from celery.utils.time import subtract_datetimes
 from kombu import serialization
 from kombu.compression import compress
+
+from celery_driftsafe.conf import get_settings
+from celery_driftsafe.reprs import argument_reprs
+from celery_driftsafe.skeleton import Skeleton, build_skeleton
+
+if TYPE_CHECKING:
+    from celery_driftsafe.claim import ClaimedRun
+
+logger = logging.getLogger(__name__)
 
 #: The publish options of a run that the fast path knows how to handle.
 FAST_OPTIONS = frozenset({"queue", "exchange", "routing_key", "priority", "headers"})
 #: Tasks whose message parts a publisher keeps (about 0.8 kB each with the argument objects
 #: they refer to); a beat with more tasks builds the others' parts each time.
 TEMPLATE_CACHE_SIZE = 200_000
-#: A placeholder task id, replaced in every message built from a template.
-_PLACEHOLDER_ID = "00000000-0000-0000-0000-000000000000"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,25 +87,6 @@ class MessageTemplate:
                 and self.options == options and self.has_expiry == has_expiry)
 
 
-@dataclass(frozen=True, slots=True)
-class Skeleton:
-    """What the messages of every task with one name and publish options share, whatever
-    their arguments (routing, the task's own options, headers but the argument reprs)."""
-
-    headers: dict[str, Any]
-    properties: dict[str, Any]
-    #: The body's third part (callbacks, errbacks, chain, chord: none for a beat).
-    embed: dict[str, Any]
-    serializer: str
-    compression: str | None
-    publish_kwargs: dict[str, Any]
-    declare: tuple[Any, ...] | None
-    declare_idents: tuple[int, ...] | None
-    #: The task's signature check (Celery's ``typing``), run on each task's arguments.
-    check_arguments: Callable[..., Any] | None
-    notify_backend: bool
-
-
 class FastPublisher:
     """Publishes runs with per-task prebuilt Celery messages (see the module's docstring)."""
 
@@ -108,8 +94,35 @@ class FastPublisher:
         self.app = app
         self._templates: dict[int | str, MessageTemplate] = {}
         self._misses_when_full = 0
+        #: Messages this path published, and messages left to ``apply_async`` (for figures).
+        self.published = 0
+        self.declined = 0
         self._skeletons: dict[tuple[Any, ...], Skeleton | None] = {}
         self._origin = anon_nodename()
+
+    def active(self) -> bool:
+        """Whether this batch may take the fast path: ``FAST_PUBLISH`` is on and nothing
+        about the app or process rules it out (see :meth:`declines`)."""
+        if not get_settings().fast_publish:
+            return False
+        reason = self.declines()
+        if reason is not None:
+            logger.debug("publishing through Celery's apply_async: %s", reason,
+                         extra={"action": "fast-publish-off"})
+        return reason is None
+
+    def publish_run(self, run: ClaimedRun, producer: Any, headers: dict[str, Any]) -> bool:
+        """Publish a claimed run's message (with these custom ``headers``); False, nothing
+        published, when it cannot take the fast path."""
+        key = run.periodic_task_id if run.periodic_task_id is not None else run.task_name
+        done = self.publish(
+            producer, cache_key=key, name=run.task_name, args=run.args, kwargs=run.kwargs,
+            options=run.options, task_id=run.celery_task_id, headers=headers,
+            expires=run.expires_at,
+            reprs=lambda: argument_reprs(self.app, run.args, run.kwargs),
+        )
+        self.published += done
+        return done
 
     def declines(self) -> str | None:
         """Why no message can take the fast path now (None: the fast path may be used).
@@ -241,181 +254,12 @@ class FastPublisher:
         key = (name, frozenset(opts.items()), expires is not None) if shared else None
         if key is not None and key in self._skeletons:
             return self._skeletons[key]
-        skeleton = self._new_skeleton(name, args, kwargs, opts, expires)
+        skeleton = build_skeleton(self.app, self._origin, name, args, kwargs, opts, expires)
         if key is not None:
             if len(self._skeletons) >= TEMPLATE_CACHE_SIZE:
                 self._skeletons.clear()
             self._skeletons[key] = skeleton
         return skeleton
-
-    def _new_skeleton(
-        self, name: str, args: list[Any], kwargs: dict[str, Any], opts: dict[str, Any],
-        expires: datetime | None,
-    ) -> Skeleton | None:
-        """Follows Celery 5's ``Task.apply_async``, ``send_task``, ``AMQP.as_task_v2`` and
-        ``send_task_message`` step by step."""
-        app = self.app
-        amqp = app.amqp
-        task = app.tasks.get(name)
-        if expires is not None:
-            opts["expires"] = expires
-        check_arguments = None
-        if task is not None:
-            # Task.apply_async (the dispatcher calls Task.apply_async for a DriftSafeTask)
-            if not _plain_apply_async(task) or type(task).shadow_name is not Task.shadow_name:
-                return None
-            if getattr(task, "_dump_pydantic_arguments", None) is not None:
-                return None
-            if task.typing:
-                check_arguments = getattr(task, "__header__", None)
-            opts = dict(task._get_exec_options(), **opts)
-            opts.setdefault("ignore_result", task.ignore_result)
-        # send_task
-        time_limit = opts.pop("time_limit", None)
-        soft_time_limit = opts.pop("soft_time_limit", None)
-        task_expires = opts.pop("expires", None)
-        if task_expires is not None and task_expires is not expires:
-            return None  # an expiry relative to the moment of publishing: per message
-        ignore_result = opts.pop("ignore_result", None)
-        opts = amqp.router.route(opts, name, args, kwargs, task)
-        if not isinstance(opts, dict) or opts.get("eta") or opts.get("countdown"):
-            return None
-        if expires is not None:
-            opts["expiration"] = 0.0  # replaced per message
-        opts["argsrepr"], opts["kwargsrepr"] = "", ""  # replaced per task
-        headers, properties, body, _sent_event = amqp.as_task_v2(
-            _PLACEHOLDER_ID, name, args, kwargs, None, None, None, None,
-            expires, 0, None, None, None, app.thread_oid, time_limit, soft_time_limit,
-            False, None, None, None, None, ignore_result=ignore_result,
-            replaced_task_nesting=0, origin=self._origin, **opts,
-        )
-        for stamp in opts.pop("stamped_headers", None) or ():
-            opts.pop(stamp, None)
-        publish = self._publish_arguments(name, opts, properties)
-        if publish is None:
-            return None
-        publish_kwargs, declare, serializer, compression = publish
-        backend = app.backend
-        for per_message in ("correlation_id", "reply_to", "expiration"):
-            properties.pop(per_message, None)
-        return Skeleton(
-            headers=headers, properties=properties, embed=body[2], serializer=serializer,
-            compression=compression, publish_kwargs=publish_kwargs,
-            declare=tuple(declare) if declare is not None else None,
-            declare_idents=_declare_idents(declare), check_arguments=check_arguments,
-            notify_backend=(not ignore_result
-                            and type(backend).on_task_call is not Backend.on_task_call),
-        )
-
-    def _publish_arguments(
-        self, name: str, options: dict[str, Any], properties: dict[str, Any]
-    ) -> tuple[dict[str, Any], list[Any] | None, str, str | None] | None:
-        """``Producer.publish``'s arguments as Celery's ``send_task_message`` computes them
-        from the routed options (``properties`` takes the options it does not know)."""
-        from kombu.common import Broadcast
-
-        amqp = self.app.amqp
-        conf = self.app.conf
-        opts = dict(options)
-        exchange = opts.pop("exchange", None)
-        routing_key = opts.pop("routing_key", None)
-        queue = opts.pop("queue", None)
-        opts.pop("event_dispatcher", None)
-        retry = opts.pop("retry", None)
-        retry_policy = opts.pop("retry_policy", None)
-        serializer = opts.pop("serializer", None)
-        delivery_mode = opts.pop("delivery_mode", None)
-        compression = opts.pop("compression", None)
-        declare = opts.pop("declare", None)
-        if opts.pop("headers", None):
-            return None  # the run's headers are added per message
-        exchange_type = opts.pop("exchange_type", None)
-        timeout = opts.pop("timeout", None)
-        confirm_timeout = opts.pop("confirm_timeout", None)
-        properties.update(opts)
-
-        qname = queue
-        if queue is None and exchange is None:
-            queue = amqp.default_queue
-        if queue is not None:
-            if isinstance(queue, str):
-                qname, queue = queue, amqp.queues[queue]
-            else:
-                qname = queue.name
-        if delivery_mode is None:
-            with suppress(AttributeError):
-                delivery_mode = queue.exchange.delivery_mode
-            delivery_mode = delivery_mode or conf.task_default_delivery_mode
-        if exchange_type is None:
-            try:
-                exchange_type = queue.exchange.type
-            except AttributeError:
-                exchange_type = "direct"
-        if (not exchange or not routing_key) and exchange_type == "direct":
-            exchange, routing_key = "", qname
-        elif exchange is None:
-            exchange = queue.exchange.name or amqp.default_exchange
-            routing_key = routing_key or queue.routing_key or conf.task_default_routing_key
-        if declare is None and queue and not isinstance(queue, Broadcast):
-            declare = [queue]
-        default_policy = conf.task_publish_retry_policy
-        retry = conf.task_publish_retry if retry is None else retry
-        policy = dict(default_policy, **retry_policy) if retry_policy else dict(default_policy)
-        publish_kwargs = {
-            "exchange": exchange, "routing_key": routing_key, "retry": retry,
-            "retry_policy": policy, "delivery_mode": delivery_mode,
-            "timeout": timeout, "confirm_timeout": confirm_timeout,
-        }
-        return (publish_kwargs, declare, serializer or conf.task_serializer,
-                compression or conf.task_compression)
-
-
-def _plain_apply_async(task: Any) -> bool:
-    """Whether publishing ``task`` goes through Celery's own ``Task.apply_async`` (a task
-    class of the project's may override it to do more)."""
-    from celery_driftsafe.task import DriftSafeTask
-
-    return isinstance(task, DriftSafeTask) or type(task).apply_async is Task.apply_async
-
-
-def display_form(value: Any, maxsize: int, maxlevels: int) -> str:
-    """Celery's display form of task arguments (``saferepr``, for ``argsrepr`` and
-    ``kwargsrepr``), with a shortcut: for plain values (numbers, booleans, None, strings of
-    printable characters without quotes or backslashes, in lists and string-keyed dicts at
-    most two deep) whose ``repr`` fits, the two are the same string, and ``repr`` costs a
-    tenth."""
-    if maxlevels >= 3 and _plain(value, 0):
-        text = repr(value)
-        if len(text) < maxsize:
-            return text
-    return str(saferepr(value, maxsize, maxlevels=maxlevels))
-
-
-_PLAIN_SCALARS = (int, float, bool, type(None))
-
-
-def _plain(value: Any, depth: int) -> bool:
-    kind = type(value)
-    if kind is str:
-        return (value.isprintable() and "'" not in value and '"' not in value
-                and "\\" not in value)
-    if kind in _PLAIN_SCALARS:
-        return True
-    if depth >= 2:
-        return False
-    if kind is list:
-        return all(_plain(item, depth + 1) for item in value)
-    if kind is dict:
-        return all(type(key) is str and _plain(key, depth + 1) and _plain(item, depth + 1)
-                   for key, item in value.items())
-    return False
-
-
-def _declare_idents(declare: list[Any] | None) -> tuple[int, ...] | None:
-    if not declare or not all(getattr(e, "can_cache_declaration", False) for e in declare):
-        return None
-    return tuple(hash(entity) for entity in declare)
-
 
 def _to_declare(producer: Any, template: Skeleton) -> list[Any] | None:
     """The entities kombu must declare before this message: none when the connection has

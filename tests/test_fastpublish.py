@@ -28,8 +28,8 @@ from kombu import Exchange, Queue
 from celery_driftsafe import nodes
 from celery_driftsafe.claim import ClaimedRun, claimer_for
 from celery_driftsafe.dispatch import Dispatcher
-from celery_driftsafe.fastpublish import display_form
 from celery_driftsafe.models import Run, RunStatus
+from celery_driftsafe.reprs import display_form
 from celery_driftsafe.task import DriftSafeTask
 from celery_driftsafe.testing import FakeClock
 from tests import settings as test_settings
@@ -124,7 +124,7 @@ def both_ways(app: Celery, settings: Any, runs: list[ClaimedRun], queue: str,
     settings.DRIFTSAFE = {**settings.DRIFTSAFE, "FAST_PUBLISH": False}
     slow = Dispatcher(app, clock)
     assert len(slow.dispatch(runs).published) == len(runs)
-    assert slow.slow_published == len(runs)
+    assert slow.fast.declined == len(runs)
     celery_sent = raw_messages(queue)
     Run.objects.filter(pk__in=[r.run_id for r in runs]).update(
         status=RunStatus.CLAIMED, dispatched_at=None)
@@ -187,7 +187,7 @@ def test_the_fast_message_is_celerys_message(
     clock = FakeClock(T0)
     runs = claim(**fields)
     celery_sent, fast_sent, dispatcher = both_ways(app, settings, runs, queue, clock)
-    assert dispatcher.fast_published == 2 and dispatcher.slow_published == 0
+    assert dispatcher.fast.published == 2 and dispatcher.fast.declined == 0
     assert len(celery_sent) == len(fast_sent) == 2
     for (key, celery_msg), (fast_key, fast_msg) in zip(celery_sent, fast_sent, strict=True):
         assert comparable(fast_key, fast_msg) == comparable(key, celery_msg)
@@ -225,7 +225,7 @@ def test_a_named_exchange_and_routing_key(
     runs = claim(task="fast.add", exchange=f"{queue}-ex", routing_key=f"{queue}-rk")
     celery_sent, fast_sent, dispatcher = both_ways(app, settings, runs, f"{queue}-bound",
                                                    FakeClock(T0))
-    assert dispatcher.fast_published == 2
+    assert dispatcher.fast.published == 2
     assert [comparable(*m) for m in fast_sent] == [comparable(*m) for m in celery_sent]
     assert all(same_expiry(f[1], c[1]) for f, c in zip(fast_sent, celery_sent, strict=True))
     assert fast_sent[0][1]["properties"]["delivery_info"] == {
@@ -244,7 +244,7 @@ def test_each_slot_gets_its_own_ids_and_an_edited_task_a_new_message(
     task.save()
     dispatcher.dispatch(claimer_for().claim(T0 + timedelta(seconds=60), "n1").runs)
     sent = [m for _, m in raw_messages(queue)]
-    assert dispatcher.fast_published == 2
+    assert dispatcher.fast.published == 2
     runs = list(Run.objects.order_by("slot"))
     assert [m["headers"]["id"] for m in sent] == [r.celery_task_id for r in runs]
     assert [m["properties"]["correlation_id"] for m in sent] == [r.celery_task_id for r in runs]
@@ -274,7 +274,7 @@ def test_receivers_of_the_publish_signals_get_celerys_path(
         dispatcher.dispatch(runs)
     finally:
         signals.before_task_publish.disconnect(receiver)
-    assert dispatcher.slow_published == 2 and dispatcher.fast_published == 0
+    assert dispatcher.fast.declined == 2 and dispatcher.fast.published == 0
     assert seen == [r.celery_task_id for r in runs]
     assert [m["headers"]["stamped"] for _, m in raw_messages(queue)] == ["yes", "yes"]
 
@@ -292,7 +292,7 @@ def test_where_the_fast_path_cannot_be_exact_it_falls_back(
     dispatcher = Dispatcher(app, FakeClock(T0))
     assert len(dispatcher.dispatch(runs).published) == 2
     expected = {"setting off": (0, 2), "protocol 1": (0, 2), "other options": (1, 1)}[what]
-    assert (dispatcher.fast_published, dispatcher.slow_published) == expected
+    assert (dispatcher.fast.published, dispatcher.fast.declined) == expected
     assert len(raw_messages(queue)) == 2
 
 
@@ -343,7 +343,7 @@ def test_a_worker_executes_fast_path_messages(
                   args=[20, 3])
     dispatcher = Dispatcher(app, FakeClock(T0))
     dispatcher.dispatch(claimer_for().claim(T0, "n1").runs)
-    assert dispatcher.fast_published == 2
+    assert dispatcher.fast.published == 2
     with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
                       loglevel="WARNING", shutdown_timeout=30):
         assert finished.wait(60), done
@@ -400,7 +400,7 @@ def test_more_tasks_than_the_template_bound_still_get_their_own_messages(
     for wave in range(3):
         dispatcher.dispatch(claimer_for().claim(T0 + timedelta(seconds=60 * wave), "n1").runs)
     sent = [m for _, m in raw_messages(queue)]
-    assert dispatcher.fast_published == 15 and len(dispatcher._fast._templates) <= 2
+    assert dispatcher.fast.published == 15 and len(dispatcher.fast._templates) <= 2
     assert sorted(json.loads(base64.b64decode(m["body"]))[0][0] for m in sent) == sorted(
         list(range(5)) * 3)
     assert all(m["headers"]["argsrepr"] == repr(json.loads(base64.b64decode(m["body"]))[0])
