@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import pickle
 import threading
 import time
@@ -405,3 +406,54 @@ def test_more_tasks_than_the_template_bound_still_get_their_own_messages(
         list(range(5)) * 3)
     assert all(m["headers"]["argsrepr"] == repr(json.loads(base64.b64decode(m["body"]))[0])
                for m in sent)
+
+
+AMQP_URL = os.environ.get("DRIFTSAFE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+def test_on_rabbitmq_with_publisher_confirms_the_message_is_celerys_too(
+    settings: Any,
+) -> None:
+    """The same comparison on RabbitMQ (publisher confirms on): what a consumer gets, fields
+    and body, both ways."""
+    app = Celery("driftsafe-fast-amqp", broker=AMQP_URL, set_as_current=False)
+    name = f"fast-amqp-{uuid.uuid4().hex[:8]}"
+    app.conf.update(broker_transport_options={"confirm_publish": True},
+                    broker_connection_retry_on_startup=False, task_default_queue=name,
+                    task_queues=[Queue(name, queue_arguments={"x-max-priority": 9})])
+    runs = claim(task="elsewhere.task", priority=5, headers={"tenant": "b"})
+
+    def received() -> list[dict[str, Any]]:
+        out = []
+        with app.connection_for_write() as connection:
+            queue = Queue(name, queue_arguments={"x-max-priority": 9})(connection.default_channel)
+            while (message := queue.get(no_ack=True)) is not None:
+                properties = dict(message.properties)
+                ttl = properties.pop("expiration", None)
+                out.append({"headers": message.headers, "properties": properties,
+                            "body": message.body, "content_type": message.content_type,
+                            "delivery_info": {k: message.delivery_info.get(k) for k in
+                                              ("exchange", "routing_key")},
+                            "ttl_ms": int(ttl) if ttl else None})
+        return out
+
+    try:
+        settings.DRIFTSAFE = {**settings.DRIFTSAFE, "FAST_PUBLISH": False}
+        assert len(Dispatcher(app, FakeClock(T0)).dispatch(runs).published) == 2
+        celery_sent = received()
+        Run.objects.update(status=RunStatus.CLAIMED, dispatched_at=None)
+        settings.DRIFTSAFE = {**settings.DRIFTSAFE, "FAST_PUBLISH": True}
+        dispatcher = Dispatcher(app, FakeClock(T0))
+        assert len(dispatcher.dispatch(runs).published) == 2
+        fast_sent = received()
+    finally:
+        with app.connection_for_write() as connection:
+            connection.default_channel.queue_delete(name)
+        app.close()
+    assert dispatcher.fast.published == 2 and len(fast_sent) == 2
+    for fast, celery in zip(fast_sent, celery_sent, strict=True):
+        fast_ttl, celery_ttl = fast.pop("ttl_ms"), celery.pop("ttl_ms")
+        assert fast == celery
+        assert fast_ttl > 80_000_000 and abs(fast_ttl - celery_ttl) < 2000
+    assert fast_sent[0]["properties"]["priority"] == 5
+    assert fast_sent[0]["headers"]["tenant"] == "b"
