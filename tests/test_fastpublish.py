@@ -360,12 +360,14 @@ def test_a_worker_executes_fast_path_messages(
 
 _scalars = (st.integers() | st.floats(allow_nan=False) | st.booleans() | st.none()
             | st.text(max_size=40))
-_values = st.recursive(
-    _scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
-        st.text(max_size=8) | st.integers(), inner, max_size=4),
-    max_leaves=12,
-)
+
+
+def _nested(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return _scalars | st.lists(inner, max_size=4) | st.dictionaries(
+        st.text(max_size=8) | st.integers(), inner, max_size=4)
+
+
+_values = _nested(_nested(_scalars))  # containers two deep inside the arguments' own
 
 
 @given(value=st.lists(_values, max_size=4) | st.dictionaries(st.text(max_size=8), _values,
