@@ -230,7 +230,7 @@ def _explain_others(connection: Any, app: Any, plans: list[tuple[str, list[str]]
     """The scheduler's statements outside the claim: next due instant, outbox, reconcile."""
     from datetime import timedelta as td
 
-    from celery_driftsafe.claim import reclaim_stale
+    from celery_driftsafe.dispatch import reclaim_stale
     from celery_driftsafe.reconcile import reconcile
     from celery_driftsafe.scheduler import DriftSafeScheduler
 

@@ -30,3 +30,12 @@ class DriftSafeConfig(AppConfig):
         )
         # Worker side: a revoked or expired run message is recorded (runs' messages only).
         task_revoked.connect(worker.on_task_revoked, dispatch_uid="driftsafe-revoked")
+
+
+def ensure_django() -> None:
+    """Set Django up if nobody has yet (a ``celery beat`` started without it)."""
+    import django
+    from django.apps import apps
+
+    if not apps.ready:
+        django.setup()

@@ -18,10 +18,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
 
 from celery_driftsafe.exceptions import ScheduleError
-from celery_driftsafe.models import IntervalUnit, PeriodicTask, ScheduleKind, TaskSource
+from celery_driftsafe.models import IntervalUnit, ScheduleKind, TaskSource
+from celery_driftsafe.upsert import Upserted, upsert_by_name
 
 logger = logging.getLogger(__name__)
 
@@ -126,40 +126,21 @@ def sync_beat_schedule(
     return report
 
 
-_UNCHECKED = ["interval_anchor", "next_slot_at"]
-
-
 def _sync_one(
     name: str, fields: dict[str, Any], report: SyncReport, using: str, now: datetime | None
 ) -> None:
-    with transaction.atomic(using=using):
-        task = PeriodicTask.objects.using(using).select_for_update().filter(name=name).first()
-        if task is None:
-            task = PeriodicTask(name=name, source=TaskSource.BEAT_SCHEDULE, **fields)
-            task.driftsafe_now = now  # type: ignore[attr-defined]
-            task.full_clean(exclude=_UNCHECKED, validate_unique=False)
-            try:
-                with transaction.atomic(using=using):
-                    task.save(using=using)
-            except IntegrityError:
-                report.unchanged.append(name)  # another beat created it a moment ago
-                return
-            report.created.append(name)
-            return
-        if task.source != TaskSource.BEAT_SCHEDULE:
+    outcome = upsert_by_name(
+        name, fields, now=now, using=using, on_create={"source": TaskSource.BEAT_SCHEDULE},
+        may_update=lambda task: task.source == TaskSource.BEAT_SCHEDULE, validate=True,
+    )
+    if outcome == Upserted.CREATED:
+        report.created.append(name)
+    elif outcome == Upserted.UPDATED:
+        report.updated.append(name)
+    else:
+        if outcome == Upserted.REFUSED:
             logger.warning(
                 "beat_schedule entry %r ignored: a task of that name is managed in the database",
                 name, extra={"action": "sync", "task": name},
             )
-            report.unchanged.append(name)
-            return
-        changed = {k: v for k, v in fields.items() if getattr(task, k) != v}
-        if not changed:
-            report.unchanged.append(name)
-            return
-        for key, value in changed.items():
-            setattr(task, key, value)
-        task.driftsafe_now = now  # type: ignore[attr-defined]
-        task.full_clean(exclude=_UNCHECKED, validate_unique=False)
-        task.save(using=using)
-        report.updated.append(name)
+        report.unchanged.append(name)

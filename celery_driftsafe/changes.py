@@ -23,25 +23,20 @@ from typing import Any
 
 from django.db import router, transaction
 
-from celery_driftsafe.clock import authority_from_settings
+from celery_driftsafe.clock import authority_clock
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.exceptions import ClockError
 from celery_driftsafe.models import CLAIM_FIELDS, PeriodicTask, ScheduleKind
 from celery_driftsafe.redis_client import channel, get_redis
+from celery_driftsafe.schedule_fields import SCHEDULE_FIELDS
 
 logger = logging.getLogger(__name__)
 
-SCHEDULE_FIELDS = (
-    "schedule_kind", "interval_every", "interval_unit", "interval_anchor", "crontab_second",
-    "crontab_minute", "crontab_hour", "crontab_day_of_month", "crontab_month_of_year",
-    "crontab_day_of_week", "timezone", "one_off_at", "solar_event", "solar_latitude",
-    "solar_longitude",
-)
 
 
 def authority_now(using: str = "default") -> datetime:
-    """One reading of the configured authority (for edits made outside a beat)."""
-    return authority_from_settings(using=using).read()
+    """The configured authority's now (for edits made outside a beat)."""
+    return authority_clock(using).now()
 
 
 def first_slot(

@@ -21,6 +21,9 @@ Stable ids (documented in the settings reference):
 
 from __future__ import annotations
 
+import enum
+import logging
+import typing
 from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,25 +35,42 @@ from django.db import connections
 from celery_driftsafe import conf
 from celery_driftsafe.exceptions import ConfigurationError
 
-_CHOICES: dict[str, Sequence[str]] = {
-    "TIME_AUTHORITY": conf.TIME_AUTHORITIES,
-    "MISFIRE_POLICY": conf.MISFIRE_POLICIES,
-    "REDIS_UNAVAILABLE": conf.REDIS_UNAVAILABLE_POLICIES,
-}
-_POSITIVE_INTS = (
-    "CLAIM_BATCH_SIZE", "PUBLISH_BATCH_SIZE", "CLOCK_SYNC_SAMPLES", "FIRE_ALL_MAX"
-)
-_POSITIVE_NUMBERS = (
-    "LEASE_SECONDS",
-    "STUCK_RUN_SECONDS",
-    "MAX_CLOCK_OFFSET_SECONDS",
-    "HARD_CLOCK_OFFSET_SECONDS",
-    "CLOCK_SYNC_INTERVAL_SECONDS",
-    "HEARTBEAT_INTERVAL_SECONDS",
-    "NODE_DEAD_AFTER_SECONDS",
-    "MAX_LOOP_INTERVAL_SECONDS",
-)
-_SWITCHES = ("FAST_PUBLISH",)
+#: Start-up refusals speak for the beat.
+_beat_logger = logging.getLogger("celery_driftsafe.scheduler")
+
+
+
+def _declared() -> dict[str, Any]:
+    """Each setting's declared type (``DRIFTSAFE`` key -> type) in :mod:`~celery_driftsafe.conf`."""
+    hints = typing.get_type_hints(conf.DriftSafeSettings)
+    return {name.upper(): hints[name] for name in conf.DriftSafeSettings.setting_names().values()}
+
+
+def _choices() -> dict[str, tuple[str, ...]]:
+    """Settings whose type is a string enum: the values they accept."""
+    return {
+        key: tuple(kind)
+        for key, kind in _declared().items()
+        if isinstance(kind, type) and issubclass(kind, enum.StrEnum)
+    }
+
+
+def _of_type(kind: type) -> tuple[str, ...]:
+    """Settings declared exactly ``kind`` (not optional) that must be positive; a setting
+    with a check of its own (``ZERO_ALLOWED``) is left out."""
+    return tuple(
+        key for key, declared in _declared().items()
+        if declared is kind and key not in ZERO_ALLOWED
+    )
+
+
+def _switches() -> tuple[str, ...]:
+    """Settings declared ``bool``: True or False, nothing else."""
+    return tuple(key for key, declared in _declared().items() if declared is bool)
+
+
+#: Number settings that accept 0 (checked on their own).
+ZERO_ALLOWED = ("MISFIRE_GRACE_SECONDS",)
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
 
 
@@ -79,23 +99,23 @@ def _check_raw(raw: dict[str, Any]) -> Iterable[CheckMessage]:
             key, raw[key], "unknown setting", "known: " + ", ".join(sorted(known)),
             "celery_driftsafe.E002",
         )
-    for key, choices in _CHOICES.items():
+    for key, choices in _choices().items():
         if key in raw and raw[key] not in choices:
             yield _error(
                 key, raw[key], "not a valid choice", "one of: " + ", ".join(choices),
                 "celery_driftsafe.E003",
             )
-    for key in _POSITIVE_INTS:
+    for key in _of_type(int):
         value = raw.get(key, 1)
         if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
             yield _error(key, value, "must be a positive whole number", "for example "
                          f"{getattr(defaults, known[key])}", "celery_driftsafe.E004")
-    for key in _POSITIVE_NUMBERS:
+    for key in _of_type(float):
         value = raw.get(key, 1.0)
         if not (_is_number(value) and value > 0):
             yield _error(key, value, "must be a positive number of seconds", "for example "
                          f"{getattr(defaults, known[key])}", "celery_driftsafe.E004")
-    for key in _SWITCHES:
+    for key in _switches():
         value = raw.get(key, True)
         if not isinstance(value, bool):
             yield _error(key, value, "must be True or False", "for example "
@@ -199,3 +219,16 @@ def check_database(
             id="celery_driftsafe.W001",
         )
     ]
+
+
+def refuse_bad_configuration(node_id: str) -> None:
+    """``celery beat`` runs no system checks: refuse to start on any error they would
+    report, with their message and hint, and without a traceback."""
+    errors = startup_errors()
+    if not errors:
+        return
+    for message in errors:
+        _beat_logger.critical("%s", describe(message),
+                              extra={"action": "config-error", "node": node_id})
+    raise SystemExit("celery_driftsafe cannot start:\n" +
+                     "\n".join(describe(message) for message in errors))

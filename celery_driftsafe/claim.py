@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -30,15 +29,22 @@ from django.db import (
     connections,
     transaction,
 )
-from django.db.models import F, Q
+from django.db.models import Min
 
+from celery_driftsafe.claim_sql import (
+    NewRun,
+    advance_tasks,
+    insert_runs_postgresql,
+    missed_row,
+    span_row,
+)
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
+from celery_driftsafe.dispatch import ClaimedRun, celery_task_id, run_message
 from celery_driftsafe.exceptions import ScheduleError
-from celery_driftsafe.misfire import ClaimPlan, MissedSpan, plan_claim
+from celery_driftsafe.misfire import ClaimPlan, plan_claim
 from celery_driftsafe.models import (
     PeriodicTask,
     Run,
-    RunKind,
     RunStatus,
     schedule_problem,
 )
@@ -47,33 +53,6 @@ logger = logging.getLogger(__name__)
 
 #: Errors that mean "the database is away", not "this row is bad": they end the round.
 _OUTAGE = (OperationalError, InterfaceError)
-
-_TASK_ID_NAMESPACE = uuid.UUID("6f1c2b0e-5d0a-4c55-9a43-3f2f0c1d7e11")
-
-
-def celery_task_id(periodic_task_id: int, slot: datetime) -> str:
-    """The deterministic Celery task id of a slot: the same on every beat, every time."""
-    return str(uuid.uuid5(_TASK_ID_NAMESPACE, f"{periodic_task_id}:{slot.isoformat()}"))
-
-
-@dataclass(frozen=True)
-class ClaimedRun:
-    """A committed run that must now be published."""
-
-    run_id: int
-    periodic_task_id: int | None
-    task_name: str
-    slot: datetime | None
-    celery_task_id: str
-    fencing_token: int
-    args: list[Any] = field(default_factory=list)
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    options: dict[str, Any] = field(default_factory=dict)
-    #: The node (or actor) that holds the claim: publishing re-checks it still does.
-    claimed_by: str = ""
-    #: The message's expiry, an instant of the time authority.
-    expires_at: datetime | None = None
-    dispatch_attempts: int = 1
 
 
 @dataclass
@@ -88,56 +67,6 @@ class ClaimResult:
     late_from_load: int = 0
     #: The oldest slot this round fired: how far behind the beats are.
     oldest_slot: datetime | None = None
-
-
-@dataclass(slots=True)
-class NewRun:
-    """A run row a claim round writes (lighter than a model instance: a burst writes many)."""
-
-    task: PeriodicTask
-    slot: datetime
-    status: str
-    celery_task_id: str = ""
-    message: dict[str, Any] = field(default_factory=dict)
-    message_text: str = "{}"
-    expires_at: datetime | None = None
-    error: str = ""
-    missed_count: int = 1
-    missed_until: datetime | None = None
-    pk: int | None = None
-
-    def model(self, now: datetime, node_id: str) -> Run:
-        return Run(
-            periodic_task=self.task, task_name=self.task.task, kind=RunKind.SCHEDULED,
-            slot=self.slot, status=self.status, claimed_by=node_id, claimed_at=now,
-            celery_task_id=self.celery_task_id, message=self.message,
-            expires_at=self.expires_at, error=self.error, missed_count=self.missed_count,
-            missed_until=self.missed_until,
-            dispatch_attempts=1 if self.status == RunStatus.CLAIMED else 0,
-        )
-
-    def claimed(self, node_id: str) -> ClaimedRun:
-        assert self.pk is not None
-        return ClaimedRun(
-            run_id=self.pk, periodic_task_id=self.task.pk, task_name=self.task.task,
-            slot=self.slot, celery_task_id=self.celery_task_id, fencing_token=0,
-            claimed_by=node_id, expires_at=self.expires_at, dispatch_attempts=1,
-            **_message_parts(self.message),
-        )
-
-
-def _missed_row(task: PeriodicTask, slot: datetime, now: datetime) -> NewRun:
-    late = (now - slot).total_seconds()
-    return NewRun(task, slot, RunStatus.MISSED,
-                  error=f"missed: claimed {late:.1f} s after its slot, past the misfire grace")
-
-
-def _span_row(task: PeriodicTask, span: MissedSpan) -> NewRun:
-    error = (f"{span.count} slots from {span.first.isoformat()} to {span.last.isoformat()} "
-             "were missed (the beats were down or the task was disabled); this one row "
-             "stands for all of them")
-    return NewRun(task, span.first, RunStatus.MISSED, error=error, missed_count=span.count,
-                  missed_until=span.last)
 
 
 class Claimer(Protocol):
@@ -260,9 +189,9 @@ class _BaseClaimer:
         rows: list[NewRun] = []
         for task, plan in planned:
             for slot in plan.missed:
-                rows.append(_missed_row(task, slot, now))
+                rows.append(missed_row(task, slot, now))
             if plan.missed_span is not None:
-                rows.append(_span_row(task, plan.missed_span))
+                rows.append(span_row(task, plan.missed_span))
             if plan.fire:
                 message = run_message(task)
                 text = json.dumps(message)
@@ -333,7 +262,7 @@ class _BaseClaimer:
             for status in (RunStatus.CLAIMED, RunStatus.MISSED):
                 some = [row for row in rows if row.status == status]
                 if some:
-                    _insert_runs_postgresql(connection, some, now, node_id)
+                    insert_runs_postgresql(connection, some, now, node_id)
             return
         models = [row.model(now, node_id) for row in rows]
         Run.objects.using(self.using).bulk_create(models, ignore_conflicts=True)
@@ -369,58 +298,6 @@ class _BaseClaimer:
 
 def _reason(problem: str) -> str:
     return f"disabled by the scheduler: {problem}"
-
-
-def run_message(task: PeriodicTask) -> dict[str, Any]:
-    """What a run of ``task`` is published with, captured when it is claimed."""
-    return {"args": list(task.args), "kwargs": dict(task.kwargs),
-            "options": publish_options(task)}
-
-
-def claimed_run(run: Run, task: PeriodicTask | None = None) -> ClaimedRun:
-    """What publishing ``run`` needs: its identity and the message captured at claim time
-    (for a row claimed before messages were captured: its task's current arguments and
-    options, none when the task was deleted)."""
-    message = run.message if isinstance(run.message, dict) and run.message else None
-    if message is None:
-        message = run_message(task) if task is not None else {}
-    return ClaimedRun(
-        run_id=run.pk,
-        periodic_task_id=run.periodic_task_id,
-        task_name=run.task_name,
-        slot=run.slot,
-        celery_task_id=run.celery_task_id,
-        fencing_token=run.fencing_token,
-        claimed_by=run.claimed_by,
-        expires_at=run.expires_at,
-        dispatch_attempts=run.dispatch_attempts,
-        **_message_parts(message),
-    )
-
-
-def _message_parts(message: dict[str, Any]) -> dict[str, Any]:
-    """A captured message's ``args``, ``kwargs`` and ``options``, each of its own type (a
-    stored value of another shape counts as empty)."""
-    args, kwargs, options = message.get("args"), message.get("kwargs"), message.get("options")
-    return {
-        "args": list(args) if isinstance(args, list) else [],
-        "kwargs": dict(kwargs) if isinstance(kwargs, dict) else {},
-        "options": dict(options) if isinstance(options, dict) else {},
-    }
-
-
-def publish_options(task: PeriodicTask) -> dict[str, Any]:
-    """The task's own Celery publish options (only those it sets)."""
-    options: dict[str, Any] = {}
-    for name in ("queue", "exchange", "routing_key"):
-        value = getattr(task, name)
-        if value:
-            options[name] = value
-    if task.priority is not None:
-        options["priority"] = task.priority
-    if task.headers:
-        options["headers"] = dict(task.headers)
-    return options
 
 
 class SkipLockedClaimer(_BaseClaimer):
@@ -478,136 +355,6 @@ class CompareAndSwapClaimer(_BaseClaimer):
         return result
 
 
-#: Per-row columns of the claim's insert, by status (the others are the same for every row).
-_ROW_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
-    RunStatus.CLAIMED: (
-        ("periodic_task_id", "bigint"), ("task_name", "text"), ("slot", "timestamptz"),
-        ("celery_task_id", "text"), ("message", "jsonb"), ("expires_at", "timestamptz"),
-    ),
-    RunStatus.MISSED: (
-        ("periodic_task_id", "bigint"), ("task_name", "text"), ("slot", "timestamptz"),
-        ("error", "text"), ("missed_count", "integer"), ("missed_until", "timestamptz"),
-    ),
-}
-_ROW_VALUES: dict[str, Callable[[NewRun], Any]] = {
-    "periodic_task_id": lambda row: row.task.pk,
-    "task_name": lambda row: row.task.task,
-    "slot": lambda row: row.slot,
-    "celery_task_id": lambda row: row.celery_task_id,
-    "message": lambda row: row.message_text,
-    "expires_at": lambda row: row.expires_at,
-    "error": lambda row: row.error,
-    "missed_count": lambda row: row.missed_count,
-    "missed_until": lambda row: row.missed_until,
-}
-
-
-def _insert_runs_postgresql(
-    connection: Any, rows: Sequence[NewRun], now: datetime, node_id: str
-) -> None:
-    """``INSERT … SELECT … FROM unnest(…) ON CONFLICT DO NOTHING RETURNING``: one statement
-    for rows of one status, an array per column that varies and one value for each column that
-    does not; sets the new ids on ``rows``. A row whose slot already has a run is skipped (its
-    ``pk`` stays None)."""
-    status = rows[0].status
-    columns = _ROW_COLUMNS[status]
-    constants = {
-        "kind": RunKind.SCHEDULED, "status": status, "claimed_by": node_id, "claimed_at": now,
-        "fencing_token": 0, "dispatch_attempts": 1 if status == RunStatus.CLAIMED else 0,
-        "duplicate_deliveries": 0, "worker": "", "attempt": 0,
-        **({"error": "", "missed_count": 1} if status == RunStatus.CLAIMED
-           else {"celery_task_id": "", "message": "{}"}),
-    }
-    table = connection.ops.quote_name(Run._meta.db_table)
-    names = ", ".join([*(name for name, _ in columns), *constants])
-    # jsonb travels as text (one array of JSON documents) and is cast back per row.
-    arrays = ", ".join(f"%s::{'text' if kind == 'jsonb' else kind}[]" for _, kind in columns)
-    selects = ", ".join(
-        [*(f"v.{name}::jsonb" if kind == "jsonb" else f"v.{name}" for name, kind in columns),
-         *(("%s::jsonb" if name == "message" else "%s") for name in constants)]
-    )
-    values = [[_ROW_VALUES[name](row) for row in rows] for name, _ in columns]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} ({names}) SELECT {selects} FROM unnest({arrays}) "
-            f"AS v({', '.join(name for name, _ in columns)}) "
-            "ON CONFLICT DO NOTHING RETURNING id, periodic_task_id, slot",
-            [*constants.values(), *values],
-        )
-        ids = {(task_id, slot): pk for pk, task_id, slot in cursor.fetchall()}
-    for row in rows:
-        row.pk = ids.get((row.task.pk, row.slot))
-
-
-_FIELDS = ("next_slot_at", "last_slot_at", "run_count", "enabled", "disabled_reason")
-_PG_TYPES = ("timestamptz", "timestamptz", "bigint", "boolean", "text")
-
-
-def advance_tasks(
-    using: str, tasks: Sequence[PeriodicTask], seen: dict[int, Any] | None = None
-) -> set[int]:
-    """Write the claim state of ``tasks`` in one statement; return the ids written.
-
-    With ``seen`` (task id -> the ``next_slot_at`` read before planning) the statement is a
-    compare-and-swap: a task is written only while enabled and still at that slot, and the
-    ids returned are the tasks this caller won. PostgreSQL gets ``UPDATE ... FROM unnest(...)``;
-    other databases a ``CASE`` per column (with ``RETURNING`` for the swap: SQLite 3.35+).
-    """
-    if not tasks:
-        return set()
-    connection = connections[using]
-    table = connection.ops.quote_name(PeriodicTask._meta.db_table)
-    if connection.vendor == "postgresql":
-        return _advance_postgresql(connection, table, tasks, seen)
-    adapt = connection.ops.adapt_datetimefield_value
-    assignments: list[str] = []
-    params: list[Any] = []
-    for name in _FIELDS:
-        whens = []
-        for task in tasks:
-            value = getattr(task, name)
-            whens.append("WHEN %s THEN %s")
-            params.extend([task.pk, adapt(value) if name.endswith("_at") else value])
-        assignments.append(f"{connection.ops.quote_name(name)} = CASE id {' '.join(whens)} END")
-    if seen is None:
-        where = f"id IN ({', '.join(['%s'] * len(tasks))})"
-        params.extend(task.pk for task in tasks)
-    else:
-        pairs = " OR ".join(["(id = %s AND next_slot_at = %s)"] * len(tasks))
-        where = f"enabled AND ({pairs})"
-        for task in tasks:
-            params.extend([task.pk, adapt(seen[task.pk])])
-    sql = f"UPDATE {table} SET {', '.join(assignments)} WHERE {where}"
-    with connection.cursor() as cursor:
-        if seen is None:
-            cursor.execute(sql, params)
-            return {task.pk for task in tasks}
-        cursor.execute(sql + " RETURNING id", params)
-        return {row[0] for row in cursor.fetchall()}
-
-
-def _advance_postgresql(
-    connection: Any, table: str, tasks: Sequence[PeriodicTask], seen: dict[int, Any] | None
-) -> set[int]:
-    columns = ["id", *_FIELDS]
-    types = ["bigint", *_PG_TYPES]
-    arrays: list[list[Any]] = [[task.pk for task in tasks]]
-    arrays += [[getattr(task, name) for task in tasks] for name in _FIELDS]
-    where = f"{table}.id = v.id"
-    if seen is not None:
-        columns.append("seen")
-        types.append("timestamptz")
-        arrays.append([seen[task.pk] for task in tasks])
-        where += f" AND {table}.enabled AND {table}.next_slot_at = v.seen"
-    sets = ", ".join(f"{name} = v.{name}" for name in _FIELDS)
-    unnest = ", ".join(f"%s::{t}[]" for t in types)
-    sql = (f"UPDATE {table} SET {sets} FROM unnest({unnest}) AS v({', '.join(columns)}) "
-           f"WHERE {where} RETURNING {table}.id")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, arrays)
-        return {row[0] for row in cursor.fetchall()}
-
-
 def claimer_for(using: str = "default", settings: DriftSafeSettings | None = None) -> Claimer:
     """The best claimer the database supports."""
     features = connections[using].features
@@ -616,58 +363,11 @@ def claimer_for(using: str = "default", settings: DriftSafeSettings | None = Non
     return CompareAndSwapClaimer(using=using, settings=settings)
 
 
-def reclaim_stale(
-    now: datetime, node_id: str, *, lease: timedelta, limit: int = 500, using: str = "default",
-    dead_after: timedelta | None = None,
-) -> list[ClaimedRun]:
-    """The outbox: ``claimed`` runs that were never marked dispatched are taken over by this
-    node, one compare-and-swap each on ``claimed_at``, and returned for re-publishing under the
-    same Celery task id, with the message captured when they were claimed. Eligible are runs
-
-    * claimed longer than ``lease`` ago (their beat died between commit and publish, or the
-      broker was unreachable) by this node, by something that is not a beat (a manual run),
-      or by a beat with no heartbeat within ``dead_after`` (when given): a live beat's claims
-      are its own to publish,
-    * claimed by a node known to be stopped or dead (its publisher lost them), or
-    * whose refused publish is due for another try (``retry_at`` reached).
-
-    A run waiting for its ``retry_at`` is left alone until then. The previous publisher
-    re-checks ownership before it publishes (:meth:`Dispatcher.dispatch`), so a paused beat
-    that comes back does not publish a run taken over here.
-    """
-    from celery_driftsafe.models import BeatNode
-
-    nodes = BeatNode.objects.using(using)
-    gone = nodes.filter(stopped_at__isnull=False).values("node_id")
-    expired_lease = Q(retry_at__isnull=True, claimed_at__lt=now - lease)
-    if dead_after is not None:
-        alive = nodes.filter(stopped_at__isnull=True, last_heartbeat_at__gte=now - dead_after)
-        expired_lease &= ~Q(claimed_by__in=alive.exclude(node_id=node_id).values("node_id"))
-    stale = list(
-        Run.objects.using(using)
-        .filter(expired_lease
-                | Q(retry_at__isnull=True, claimed_by__in=gone)
-                | Q(retry_at__lte=now),
-                status=RunStatus.CLAIMED, kind__in=(RunKind.SCHEDULED, RunKind.MANUAL))
-        .exclude(expires_at__lte=now)
-        .select_related("periodic_task")
-        .order_by("claimed_at")[:limit]
+def next_due(using: str = "default") -> datetime | None:
+    """The earliest unclaimed slot of any enabled task."""
+    value: datetime | None = (
+        PeriodicTask.objects.using(using)
+        .filter(enabled=True)
+        .aggregate(next_due=Min("next_slot_at"))["next_due"]
     )
-    taken: list[ClaimedRun] = []
-    for run in stale:
-        updated = Run.objects.using(using).filter(
-            pk=run.pk, status=RunStatus.CLAIMED, claimed_at=run.claimed_at,
-            claimed_by=run.claimed_by,
-        ).update(claimed_at=now, claimed_by=node_id, retry_at=None,
-                 dispatch_attempts=F("dispatch_attempts") + 1)
-        if not updated:
-            continue
-        logger.warning(
-            "re-publishing run %s of %s (slot %s): claimed by %s but never dispatched",
-            run.pk, run.task_name, run.slot, run.claimed_by,
-            extra={"action": "reclaim", "task": run.task_name, "slot": run.slot, "node": node_id},
-        )
-        run.claimed_at, run.claimed_by = now, node_id
-        run.dispatch_attempts += 1
-        taken.append(claimed_run(run, run.periodic_task))
-    return taken
+    return value

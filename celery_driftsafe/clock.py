@@ -16,9 +16,11 @@ trip wins.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
@@ -270,3 +272,58 @@ def authority_from_settings(settings: Any = None, *, using: str = "default") -> 
         "TIME_AUTHORITY", settings.time_authority, "unknown time authority",
         "use 'database', 'redis' or 'local'",
     )
+
+
+# -- The authority outside a beat --------------------------------------------------------------
+
+_cache_lock = threading.Lock()
+#: (pid, settings object, database) -> the clock; a settings change makes a new settings
+#: object, so the next reading follows it.
+_cached: dict[tuple[int, int, str], tuple[Any, AuthorityClock]] = {}
+_injected: Clock | None = None
+
+
+def authority_clock(using: str = "default") -> Clock:
+    """The authority's clock for code outside a beat (the task, run now, the admin, schedule
+    edits): one per process and database, measured once and then read on the local monotonic
+    clock, re-measured every ``CLOCK_SYNC_INTERVAL_SECONDS``. A beat keeps its own.
+
+    Tests (and users' tests) put a clock in its place with :func:`inject_authority_clock`."""
+    if _injected is not None:
+        return _injected
+    from celery_driftsafe.conf import get_settings
+
+    settings = get_settings()
+    key = (os.getpid(), id(settings), using)
+    with _cache_lock:
+        held = _cached.get(key)
+        if held is None or held[0] is not settings:
+            clock = AuthorityClock(
+                authority_from_settings(settings, using=using),
+                samples=1, resync_seconds=settings.clock_sync_interval_seconds,
+            )
+            _cached[key] = held = (settings, clock)
+        return held[1]
+
+
+@contextmanager
+def inject_authority_clock(clock: Clock) -> Iterator[Clock]:
+    """Within the block, :func:`authority_clock` is ``clock`` (for example a
+    :class:`~celery_driftsafe.testing.FakeClock`)."""
+    global _injected
+    previous, _injected = _injected, clock
+    try:
+        yield clock
+    finally:
+        _injected = previous
+
+
+@dataclass(frozen=True)
+class Reading:
+    """An authority reading and the local monotonic time it was taken at."""
+
+    at: datetime
+    monotonic: float
+
+    def now(self, monotonic: float) -> datetime:
+        return self.at + timedelta(seconds=monotonic - self.monotonic)

@@ -21,36 +21,12 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from django.conf import settings as django_settings
-from django.core.exceptions import ImproperlyConfigured
 
-from celery_driftsafe.exceptions import DriftSafeError
-
-
-class ConfigurationError(DriftSafeError, ImproperlyConfigured):
-    """A setting has a value that cannot work. The message names the setting and the fix."""
-
-    def __init__(self, setting: str, value: object, problem: str, hint: str = "") -> None:
-        self.setting = setting
-        self.value = value
-        self.problem = problem
-        self.hint = hint
-        message = f"DRIFTSAFE[{setting!r}] = {value!r}: {problem}"
-        if hint:
-            message += f" ({hint})"
-        super().__init__(message)
-
-
-TimeAuthority = Literal["database", "redis", "local"]
-MisfirePolicy = Literal["fire_once", "fire_all", "skip"]
-RedisUnavailablePolicy = Literal["fail_closed", "fail_open"]
-
-TIME_AUTHORITIES: tuple[TimeAuthority, ...] = ("database", "redis", "local")
-MISFIRE_POLICIES: tuple[MisfirePolicy, ...] = ("fire_once", "fire_all", "skip")
-REDIS_UNAVAILABLE_POLICIES: tuple[RedisUnavailablePolicy, ...] = ("fail_closed", "fail_open")
-
+from celery_driftsafe.exceptions import ConfigurationError
+from celery_driftsafe.names import MisfirePolicy, RedisUnavailablePolicy, TimeAuthority
 
 #: The fixed part of the default key prefix (and the prefix of a settings object built by hand).
 DEFAULT_KEY_PREFIX = "driftsafe"
@@ -85,7 +61,7 @@ class DriftSafeSettings:
     key_prefix: str = DEFAULT_KEY_PREFIX
     #: Whose clock decides due-ness: ``database`` (the claim query's ``now()``), ``redis``
     #: (Redis ``TIME``) or ``local`` (this process's wall clock; single-machine tests only).
-    time_authority: TimeAuthority = "database"
+    time_authority: TimeAuthority = TimeAuthority.DATABASE
     #: The most runs one claim round takes.
     claim_batch_size: int = 500
     #: Messages written to the broker in one pipelined write (kombu's publish batch, on
@@ -106,7 +82,7 @@ class DriftSafeSettings:
     #: Round trips per offset measurement; the one with the lowest round trip wins.
     clock_sync_samples: int = 5
     #: Default misfire policy of a task that does not set its own.
-    misfire_policy: MisfirePolicy = "fire_once"
+    misfire_policy: MisfirePolicy = MisfirePolicy.FIRE_ONCE
     #: Seconds past its slot after which a slot counts as missed (default for tasks).
     misfire_grace_seconds: float = 60.0
     #: Upper bound on catch-up runs one ``fire_all`` task gets after downtime.
@@ -125,7 +101,7 @@ class DriftSafeSettings:
     #: backend's state) and listed under "needs attention" in the admin.
     stuck_run_seconds: float = 3600.0
     #: What ``DriftSafeTask`` does when Redis cannot be reached.
-    redis_unavailable: RedisUnavailablePolicy = "fail_closed"
+    redis_unavailable: RedisUnavailablePolicy = RedisUnavailablePolicy.FAIL_CLOSED
     #: Dotted path of the project's Celery app (``"proj.celery:app"``), for the admin's task
     #: name checks and "run now". ``None``: Celery's current app.
     celery_app: str | None = None

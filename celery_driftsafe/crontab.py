@@ -35,145 +35,28 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, datetime, timedelta
 from functools import lru_cache
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
+from celery_driftsafe._instants import DAY_US, EPOCH, SECOND_US, US, from_us, require_aware, to_us
+from celery_driftsafe.crontab_fields import (
+    BOUNDS,
+    DAY_NAMES,
+    LONGEST_MONTH,
+    MACROS,
+    MONTH_NAMES,
+    bit_mask,
+    field_runs,
+    load_zone,
+    parse_field,
+    times_of_day,
+)
 from celery_driftsafe.exceptions import ScheduleError
 
 __all__ = ["Crontab"]
 
-_US = timedelta(microseconds=1)
-_EPOCH = datetime(1, 1, 1, tzinfo=UTC)
-_DAY_US = 86_400_000_000
-_SECOND_US = 1_000_000
 _LAST_DAY_INDEX = date.max.toordinal() - 3  # leaves room to look at the following day
-
-
-def require_aware(name: str, value: object) -> datetime:
-    """Return ``value`` if it is an aware datetime, else raise ``ScheduleError(name, ...)``."""
-    if not isinstance(value, datetime):
-        raise ScheduleError(name, f"must be a datetime, got {type(value).__name__}")
-    if value.utcoffset() is None:
-        raise ScheduleError(name, f"must be time-zone aware, got naive {value.isoformat()}")
-    return value
-
-
-def to_us(instant: datetime) -> int:
-    """Microseconds from 0001-01-01T00:00Z to the aware ``instant``."""
-    return (instant - _EPOCH) // _US
-
-
-def from_us(value: int) -> datetime | None:
-    """The aware UTC datetime ``value`` microseconds after 0001-01-01T00:00Z, or ``None``."""
-    try:
-        return _EPOCH + timedelta(microseconds=value)
-    except OverflowError:
-        return None
-
-
-# --------------------------------------------------------------------------- parsing
-
-_MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
-_DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
-_BOUNDS: dict[str, tuple[int, int, dict[str, int]]] = {
-    "second": (0, 59, {}),
-    "minute": (0, 59, {}),
-    "hour": (0, 23, {}),
-    "day_of_month": (1, 31, {}),
-    "month_of_year": (1, 12, {name: i for i, name in enumerate(_MONTH_NAMES, 1)}),
-    "day_of_week": (0, 7, {name: i for i, name in enumerate(_DAY_NAMES)}),
-}
-_MACROS = {
-    "@yearly": "0 0 1 1 *",
-    "@annually": "0 0 1 1 *",
-    "@monthly": "0 0 1 * *",
-    "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *",
-    "@midnight": "0 0 * * *",
-    "@hourly": "0 * * * *",
-}
-_LONGEST_MONTH = (0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
-
-
-def _parse_value(name: str, text: str, source: str) -> int:
-    low, high, names = _BOUNDS[name]
-    if text.isascii() and text.isdigit():
-        value = int(text)
-    elif text.lower() in names:
-        return names[text.lower()]
-    elif not text:
-        raise ScheduleError(name, f"a number is missing in {source!r}")
-    else:
-        kind = "a number" if not names else f"a number or a name like {next(iter(names))!r}"
-        raise ScheduleError(name, f"{text!r} is not {kind} in {source!r}")
-    if not low <= value <= high:
-        raise ScheduleError(name, f"{value} is out of range {low}-{high} in {source!r}")
-    return value
-
-
-def _parse_item(name: str, item: str, source: str) -> range:
-    low, high, _ = _BOUNDS[name]
-    base, slash, step_text = item.partition("/")
-    step = 1
-    if slash:
-        if not (step_text.isascii() and step_text.isdigit()):
-            raise ScheduleError(name, f"step {step_text!r} is not a number in {source!r}")
-        step = int(step_text)
-        if step == 0:
-            raise ScheduleError(name, f"step 0 is not allowed in {source!r}")
-    # Open-ended forms stop at Saturday: 7 is Sunday only when written out.
-    top = 6 if name == "day_of_week" else high
-    if base == "*":
-        return range(low, top + 1, step)
-    first_text, dash, last_text = base.partition("-")
-    first = _parse_value(name, first_text, source)
-    if not dash:
-        return range(first, (top if slash else first) + 1, step)
-    last = _parse_value(name, last_text, source)
-    if first > last:
-        hint = " (Sunday is also 7: write 'fri-7')" if name == "day_of_week" else ""
-        raise ScheduleError(
-            name, f"range {first_text}-{last_text} runs backwards in {source!r}{hint}"
-        )
-    return range(first, last + 1, step)
-
-
-def _parse_field(name: str, source: object) -> tuple[int, ...]:
-    """Parse one cron field into the sorted tuple of values it allows."""
-    if not isinstance(source, str):
-        raise ScheduleError(name, f"must be text, got {type(source).__name__}")
-    text = source.strip()
-    if not text:
-        raise ScheduleError(name, "is empty; write '*' to allow every value")
-    if any(char.isspace() for char in text):
-        raise ScheduleError(name, f"must not contain spaces: {source!r}")
-    values: set[int] = set()
-    for item in text.split(","):
-        if not item:
-            raise ScheduleError(name, f"has an empty list item in {source!r}")
-        values.update(_parse_item(name, item, text))
-    if name == "day_of_week" and 7 in values:
-        values.discard(7)
-        values.add(0)
-    return tuple(sorted(values))
-
-
-def _load_zone(key: object) -> ZoneInfo:
-    if not isinstance(key, str):
-        raise ScheduleError("timezone", f"must be text, got {type(key).__name__}")
-    if not key:
-        raise ScheduleError("timezone", "is empty; write an IANA name such as 'UTC'")
-    try:
-        return ZoneInfo(key)
-    except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise ScheduleError(
-            "timezone", f"unknown time zone {key!r}; use an IANA name such as 'Europe/Berlin'"
-        ) from None
-
-
-def _mask(values: tuple[int, ...]) -> int:
-    return sum(1 << value for value in values)
 
 
 # --------------------------------------------------------------------------- zone days
@@ -182,11 +65,11 @@ def _mask(values: tuple[int, ...]) -> int:
 def _offset(aware: datetime) -> int:
     offset = aware.utcoffset()
     assert offset is not None  # every datetime reaching here has a ZoneInfo or UTC tzinfo
-    return offset // _US
+    return offset // US
 
 
 def _offset_at(zone: ZoneInfo, instant_us: int) -> int:
-    return _offset((_EPOCH + timedelta(microseconds=instant_us)).astimezone(zone))
+    return _offset((EPOCH + timedelta(microseconds=instant_us)).astimezone(zone))
 
 
 # A segment: (wall_start, wall_end, offset, utc_start). Wall times are microseconds after the
@@ -201,25 +84,25 @@ def _day_segments(zone: ZoneInfo, day: int) -> tuple[_Segment, ...]:
     today, tomorrow = date.fromordinal(day + 1), date.fromordinal(day + 2)
     start = datetime(today.year, today.month, today.day, tzinfo=zone)
     end = datetime(tomorrow.year, tomorrow.month, tomorrow.day, tzinfo=zone)
-    midnight = day * _DAY_US
+    midnight = day * DAY_US
     # The earliest instant that can read as local midnight, the latest that can read as the
     # next midnight: between them lies every instant whose local date is `day`.
     utc_low = midnight - max(_offset(start), _offset(start.replace(fold=1)))
-    utc_high = midnight + _DAY_US - min(_offset(end), _offset(end.replace(fold=1)))
+    utc_high = midnight + DAY_US - min(_offset(end), _offset(end.replace(fold=1)))
     before, after = _offset_at(zone, utc_low), _offset_at(zone, utc_high)
     if before == after:
-        return ((0, _DAY_US, before, utc_low),)
-    low, high = utc_low // _SECOND_US, utc_high // _SECOND_US  # transitions fall on seconds
+        return ((0, DAY_US, before, utc_low),)
+    low, high = utc_low // SECOND_US, utc_high // SECOND_US  # transitions fall on seconds
     while high - low > 1:
         middle = (low + high) // 2
-        if _offset_at(zone, middle * _SECOND_US) == before:
+        if _offset_at(zone, middle * SECOND_US) == before:
             low = middle
         else:
             high = middle
-    change = high * _SECOND_US
-    wall_before_end = min(max(change + before - midnight, 0), _DAY_US)
-    wall_after_start = min(max(change + after - midnight, 0), _DAY_US)
-    return ((0, wall_before_end, before, utc_low), (wall_after_start, _DAY_US, after, change))
+    change = high * SECOND_US
+    wall_before_end = min(max(change + before - midnight, 0), DAY_US)
+    wall_after_start = min(max(change + after - midnight, 0), DAY_US)
+    return ((0, wall_before_end, before, utc_low), (wall_after_start, DAY_US, after, change))
 
 
 # --------------------------------------------------------------------------- the schedule
@@ -255,8 +138,8 @@ class Crontab:
     _weekday_step: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        parsed = {name: _parse_field(name, getattr(self, name)) for name in _BOUNDS}
-        zone = _load_zone(self.timezone)
+        parsed = {name: parse_field(name, getattr(self, name)) for name in BOUNDS}
+        zone = load_zone(self.timezone)
         days, months, weekdays = (
             parsed["day_of_month"],
             parsed["month_of_year"],
@@ -267,18 +150,18 @@ class Crontab:
         )
         # Every (month, day) that exists falls on each weekday within 400 years, so only the
         # AND rule with no day that exists in any allowed month can never fire.
-        if not day_or and not any(days[0] <= _LONGEST_MONTH[month] for month in months):
+        if not day_or and not any(days[0] <= LONGEST_MONTH[month] for month in months):
             raise ScheduleError(
                 "day_of_month",
                 f"{self.day_of_month.strip()!r} never occurs in month "
                 f"{self.month_of_year.strip()!r}, so this schedule would never fire",
             )
-        weekday_mask = _mask(weekdays)
+        weekday_mask = bit_mask(weekdays)
         step = tuple(
             next(k for k in range(7) if weekday_mask >> ((weekday + k) % 7) & 1)
             for weekday in range(7)
         )
-        times = _times_of_day(parsed["hour"], parsed["minute"], parsed["second"])
+        times = times_of_day(parsed["hour"], parsed["minute"], parsed["second"])
         for name, value in (
             ("_seconds", parsed["second"]),
             ("_zone", zone),
@@ -305,7 +188,7 @@ class Crontab:
         """
         if not isinstance(expression, str):
             raise ScheduleError("expression", f"must be text, got {type(expression).__name__}")
-        text = _MACROS.get(expression.strip().lower(), expression)
+        text = MACROS.get(expression.strip().lower(), expression)
         fields = text.split()
         second = "0"
         if len(fields) == 6:
@@ -323,7 +206,7 @@ class Crontab:
     def expression(self) -> str:
         """The fields joined by spaces, as written (without the time zone): five, or six with
         the seconds first when they are not ``0``."""
-        names = [name for name in _BOUNDS if name != "second" or self.second.strip() != "0"]
+        names = [name for name in BOUNDS if name != "second" or self.second.strip() != "0"]
         return " ".join(getattr(self, name).strip() for name in names)
 
     # ------------------------------------------------------------------ searching
@@ -388,7 +271,7 @@ class Crontab:
     def _first_in_day(self, day: int, after_us: int) -> int | None:
         """The earliest slot ``>= after_us`` among the wall times of local ``day``."""
         times = self._times
-        midnight = day * _DAY_US
+        midnight = day * DAY_US
         covered = 0  # wall times below this were already seen earlier in UTC
         for wall_start, wall_end, offset, utc_start in _day_segments(self._zone, day):
             if self._fixed_time:
@@ -481,7 +364,7 @@ class Crontab:
         else:
             text = f"every hour at minute {minute}"
         days = self.day_of_month.strip()
-        weekdays = _runs(self._weekdays, _DAY_NAMES, 0)
+        weekdays = field_runs(self._weekdays, DAY_NAMES, 0)
         if days != "*" and self.day_of_week.strip() != "*":
             joint = "or" if self._day_or else "if it is a"
             text += f" on day {days} of the month {joint} {weekdays}"
@@ -490,40 +373,14 @@ class Crontab:
         elif self.day_of_week.strip() != "*":
             text += f" on {weekdays}"
         if self.month_of_year.strip() != "*":
-            text += f" in {_runs(self._months, _MONTH_NAMES, 1)}"
+            text += f" in {field_runs(self._months, MONTH_NAMES, 1)}"
         if seconds:
             text = f"{seconds}, {text}"
         return f"{text} ({self.timezone})"
-
-
-def _runs(values: tuple[int, ...], names: tuple[str, ...], first: int) -> str:
-    """Render ``(1, 2, 3, 5)`` as ``"Mon-Wed, Fri"`` using ``names`` (index ``value - first``)."""
-    parts: list[str] = []
-    i = 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        low, high = names[values[i] - first].title(), names[values[j] - first].title()
-        parts.append(low if i == j else f"{low}-{high}" if j > i + 1 else f"{low}, {high}")
-        i = j + 1
-    return ", ".join(parts)
-
-
-@lru_cache(maxsize=256)
-def _times_of_day(
-    hours: tuple[int, ...], minutes: tuple[int, ...], seconds: tuple[int, ...]
-) -> tuple[int, ...]:
-    """The sorted wall times (microseconds after midnight) the three fields allow; shared
-    between Crontabs (every second of a day is 86,400 of them)."""
-    return tuple(
-        (hour * 3600 + minute * 60 + second) * _SECOND_US
-        for hour in hours for minute in minutes for second in seconds
-    )
 
 
 def _month_length(year: int, month: int) -> int:
     if month == 2:
         leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
         return 29 if leap else 28
-    return _LONGEST_MONTH[month]
+    return LONGEST_MONTH[month]

@@ -10,32 +10,26 @@ and it is published only by the node that still holds its claim.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
 from celery import Task
 from django.db.models import Case, F, Q, TextField, Value, When
 
-from celery_driftsafe.claim import ClaimedRun
+from celery_driftsafe.broker import connection_errors, describe_error, pipelined, refused
 from celery_driftsafe.clock import Clock
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.fastpublish import FastPublisher
-from celery_driftsafe.headers import (
-    HEADER_FENCING_TOKEN,
-    HEADER_PERIODIC_TASK_ID,
-    HEADER_RUN_ID,
-    HEADER_SLOT,
-)
-from celery_driftsafe.models import Run, RunStatus
+from celery_driftsafe.headers import message_headers
+from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 from celery_driftsafe.reprs import argument_reprs
 from celery_driftsafe.task import DriftSafeTask
 
 logger = logging.getLogger(__name__)
-
 
 
 #: A run whose publish the broker refused this many times is recorded ``failed``.
@@ -44,6 +38,148 @@ MAX_PUBLISH_ATTEMPTS = 8
 REPR_CACHE_SIZE = 200_000
 #: Longest wait before another try of a refused publish.
 MAX_PUBLISH_BACKOFF = timedelta(minutes=5)
+
+
+# -- The outbox: what a claimed run is published with, and who re-publishes it ----------------
+
+_TASK_ID_NAMESPACE = uuid.UUID("6f1c2b0e-5d0a-4c55-9a43-3f2f0c1d7e11")
+
+
+def celery_task_id(periodic_task_id: int, slot: datetime) -> str:
+    """The deterministic Celery task id of a slot: the same on every beat, every time."""
+    return str(uuid.uuid5(_TASK_ID_NAMESPACE, f"{periodic_task_id}:{slot.isoformat()}"))
+
+
+@dataclass(frozen=True)
+class ClaimedRun:
+    """A committed run that must now be published."""
+
+    run_id: int
+    periodic_task_id: int | None
+    task_name: str
+    slot: datetime | None
+    celery_task_id: str
+    fencing_token: int
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    #: The node (or actor) that holds the claim: publishing re-checks it still does.
+    claimed_by: str = ""
+    #: The message's expiry, an instant of the time authority.
+    expires_at: datetime | None = None
+    dispatch_attempts: int = 1
+
+
+def run_message(task: PeriodicTask) -> dict[str, Any]:
+    """What a run of ``task`` is published with, captured when it is claimed."""
+    return {"args": list(task.args), "kwargs": dict(task.kwargs),
+            "options": publish_options(task)}
+
+
+def claimed_run(run: Run, task: PeriodicTask | None = None) -> ClaimedRun:
+    """What publishing ``run`` needs: its identity and the message captured at claim time
+    (for a row claimed before messages were captured: its task's current arguments and
+    options, none when the task was deleted)."""
+    message = run.message if isinstance(run.message, dict) and run.message else None
+    if message is None:
+        message = run_message(task) if task is not None else {}
+    return ClaimedRun(
+        run_id=run.pk,
+        periodic_task_id=run.periodic_task_id,
+        task_name=run.task_name,
+        slot=run.slot,
+        celery_task_id=run.celery_task_id,
+        fencing_token=run.fencing_token,
+        claimed_by=run.claimed_by,
+        expires_at=run.expires_at,
+        dispatch_attempts=run.dispatch_attempts,
+        **message_parts(message),
+    )
+
+
+def message_parts(message: dict[str, Any]) -> dict[str, Any]:
+    """A captured message's ``args``, ``kwargs`` and ``options``, each of its own type (a
+    stored value of another shape counts as empty)."""
+    args, kwargs, options = message.get("args"), message.get("kwargs"), message.get("options")
+    return {
+        "args": list(args) if isinstance(args, list) else [],
+        "kwargs": dict(kwargs) if isinstance(kwargs, dict) else {},
+        "options": dict(options) if isinstance(options, dict) else {},
+    }
+
+
+def publish_options(task: PeriodicTask) -> dict[str, Any]:
+    """The task's own Celery publish options (only those it sets)."""
+    options: dict[str, Any] = {}
+    for name in ("queue", "exchange", "routing_key"):
+        value = getattr(task, name)
+        if value:
+            options[name] = value
+    if task.priority is not None:
+        options["priority"] = task.priority
+    if task.headers:
+        options["headers"] = dict(task.headers)
+    return options
+
+
+def reclaim_stale(
+    now: datetime, node_id: str, *, lease: timedelta, limit: int = 500, using: str = "default",
+    dead_after: timedelta | None = None,
+) -> list[ClaimedRun]:
+    """The outbox: ``claimed`` runs that were never marked dispatched are taken over by this
+    node, one compare-and-swap each on ``claimed_at``, and returned for re-publishing under the
+    same Celery task id, with the message captured when they were claimed. Eligible are runs
+
+    * claimed longer than ``lease`` ago (their beat died between commit and publish, or the
+      broker was unreachable) by this node, by something that is not a beat (a manual run),
+      or by a beat with no heartbeat within ``dead_after`` (when given): a live beat's claims
+      are its own to publish,
+    * claimed by a node known to be stopped or dead (its publisher lost them), or
+    * whose refused publish is due for another try (``retry_at`` reached).
+
+    A run waiting for its ``retry_at`` is left alone until then. The previous publisher
+    re-checks ownership before it publishes (:meth:`Dispatcher.dispatch`), so a paused beat
+    that comes back does not publish a run taken over here.
+    """
+    from celery_driftsafe.models import BeatNode
+
+    nodes = BeatNode.objects.using(using)
+    gone = nodes.filter(stopped_at__isnull=False).values("node_id")
+    expired_lease = Q(retry_at__isnull=True, claimed_at__lt=now - lease)
+    if dead_after is not None:
+        alive = nodes.filter(stopped_at__isnull=True, last_heartbeat_at__gte=now - dead_after)
+        expired_lease &= ~Q(claimed_by__in=alive.exclude(node_id=node_id).values("node_id"))
+    stale = list(
+        Run.objects.using(using)
+        .filter(expired_lease
+                | Q(retry_at__isnull=True, claimed_by__in=gone)
+                | Q(retry_at__lte=now),
+                status=RunStatus.CLAIMED, kind__in=(RunKind.SCHEDULED, RunKind.MANUAL))
+        .exclude(expires_at__lte=now)
+        .select_related("periodic_task")
+        .order_by("claimed_at")[:limit]
+    )
+    taken: list[ClaimedRun] = []
+    for run in stale:
+        updated = Run.objects.using(using).filter(
+            pk=run.pk, status=RunStatus.CLAIMED, claimed_at=run.claimed_at,
+            claimed_by=run.claimed_by,
+        ).update(claimed_at=now, claimed_by=node_id, retry_at=None,
+                 dispatch_attempts=F("dispatch_attempts") + 1)
+        if not updated:
+            continue
+        logger.warning(
+            "re-publishing run %s of %s (slot %s): claimed by %s but never dispatched",
+            run.pk, run.task_name, run.slot, run.claimed_by,
+            extra={"action": "reclaim", "task": run.task_name, "slot": run.slot, "node": node_id},
+        )
+        run.claimed_at, run.claimed_by = now, node_id
+        run.dispatch_attempts += 1
+        taken.append(claimed_run(run, run.periodic_task))
+    return taken
+
+
+# -- Publishing ---------------------------------------------------------------------------------
 
 
 @dataclass
@@ -60,18 +196,6 @@ class DispatchResult:
     lost: list[int] = field(default_factory=list)
     #: Runs not published because their message had expired already (a long outage).
     expired: list[int] = field(default_factory=list)
-
-
-def message_headers(run: ClaimedRun) -> dict[str, Any]:
-    """The run's own headers (after the task's custom headers, which cannot override them)."""
-    headers = dict(run.options.get("headers") or {})
-    headers.update({
-        HEADER_RUN_ID: run.run_id,
-        HEADER_SLOT: run.slot.isoformat() if run.slot else None,
-        HEADER_FENCING_TOKEN: run.fencing_token,
-        HEADER_PERIODIC_TASK_ID: run.periodic_task_id,
-    })
-    return headers
 
 
 class Dispatcher:
@@ -145,23 +269,23 @@ class Dispatcher:
         its own (a signature error, a negative confirm on a transport that publishes one by
         one) is recorded and the others go on; a failed write raises, leaving the batch's
         runs unknown, so they stay claimed for the outbox."""
-        unreachable = _connection_errors(producer)
+        unreachable = connection_errors(producer)
         sent: list[int] = []
-        with _pipelined(producer, len(runs)):
+        with pipelined(producer, len(runs)):
             for run in runs:
                 try:
                     self._publish(run, producer, fast)
                 except unreachable as exc:
-                    if not _refused(exc):
+                    if not refused(exc):
                         raise
-                    result.refused[run.run_id] = _describe(exc)
+                    result.refused[run.run_id] = describe_error(exc)
                 except TypeError as exc:
                     # Celery checks the arguments against the task's signature (a task this
                     # beat registered): no later try can fix the captured ones.
                     result.failed[run.run_id] = (
                         f"the arguments do not fit the task's signature: {exc}")
                 except Exception as exc:
-                    result.refused[run.run_id] = _describe(exc)
+                    result.refused[run.run_id] = describe_error(exc)
                 else:
                     sent.append(run.run_id)
         result.published.extend(sent)
@@ -265,40 +389,3 @@ class Dispatcher:
             )
 
 
-def _refused(exc: BaseException) -> bool:
-    """Whether the broker answered this one message with a refusal (a negative publisher
-    confirm: the queue is full, a policy rejects it), which kombu reports as a recoverable
-    connection error although the connection is fine."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if type(seen).__name__ == "MessageNacked":
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc) or "no detail given"
-    if _refused(exc) and "Nack" not in text:
-        text = f"the broker answered with a negative acknowledgement (Nack); {text}"
-    return f"{type(exc).__name__}: {text}"
-
-
-def _pipelined(producer: Any, messages: int) -> Any:
-    """kombu's publish batch for ``messages`` messages (one pipelined write on Redis), or no
-    batching where the producer or transport has none (they publish one by one)."""
-    batch = getattr(producer, "batch", None)
-    if batch is None or messages < 2:
-        return nullcontext()
-    # kombu counts broker commands, not messages, and writes early when it reaches the bound:
-    # leave room (a message to a queue with priorities or an expiry is several commands).
-    return batch(max_size=messages * 16)
-
-
-def _connection_errors(producer: Any) -> tuple[type[BaseException], ...]:
-    """The exceptions that mean "the broker cannot be reached" (not "it refused this one")."""
-    from kombu.exceptions import OperationalError
-
-    connection = getattr(producer, "connection", None)
-    errors = tuple(getattr(connection, "connection_errors", ()) or ())
-    return (*errors, OperationalError, ConnectionError)

@@ -2,13 +2,14 @@
 :class:`DriftSafeError`.
 
 This module imports nothing from Django, so the pure core (slot arithmetic, misfire policies)
-stays free of it. :class:`ConfigurationError` is also Django's ``ImproperlyConfigured``; it is
-defined in :mod:`celery_driftsafe.conf` and importable from here too.
+stays free of it. :class:`ConfigurationError` is also Django's ``ImproperlyConfigured``, so it
+is made on first use (importing ``django.core.exceptions`` then), still here.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import TYPE_CHECKING, Any
 
 
 class DriftSafeError(Exception):
@@ -41,9 +42,62 @@ class LockLost(LockError):
     Work done under it must not be committed without checking its fencing token."""
 
 
-def __getattr__(name: str) -> Any:
-    if name == "ConfigurationError":
-        from celery_driftsafe.conf import ConfigurationError
+class BadRunHeaders(DriftSafeError):
+    """A message's driftsafe headers are malformed or do not match its run."""
 
-        return ConfigurationError
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+class LedgerUnavailable(DriftSafeError):
+    """The database could not be reached before the body ran: the delivery is re-sent."""
+
+
+_CONFIGURATION_ERROR_DOC = (
+    "A setting has a value that cannot work. The message names the setting and the fix."
+)
+
+
+def _configuration_error_init(
+    self: Any, setting: str, value: object, problem: str, hint: str = ""
+) -> None:
+    self.setting = setting
+    self.value = value
+    self.problem = problem
+    self.hint = hint
+    message = f"DRIFTSAFE[{setting!r}] = {value!r}: {problem}"
+    if hint:
+        message += f" ({hint})"
+    Exception.__init__(self, message)
+
+
+if TYPE_CHECKING:
+    from django.core.exceptions import ImproperlyConfigured
+
+    class ConfigurationError(DriftSafeError, ImproperlyConfigured):
+        """A setting has a value that cannot work. The message names the setting and the fix."""
+
+        setting: str
+        value: object
+        problem: str
+        hint: str
+
+        def __init__(self, setting: str, value: object, problem: str, hint: str = "") -> None:
+            ...
+
+else:
+
+    @functools.cache
+    def _configuration_error() -> type:
+        from django.core.exceptions import ImproperlyConfigured
+
+        made = type(
+            "ConfigurationError",
+            (DriftSafeError, ImproperlyConfigured),
+            {"__init__": _configuration_error_init, "__doc__": _CONFIGURATION_ERROR_DOC,
+             "__module__": __name__},
+        )
+        globals()["ConfigurationError"] = made
+        return made
+
+    def __getattr__(name: str) -> Any:
+        if name == "ConfigurationError":
+            return _configuration_error()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,14 +20,16 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 
+from celery_driftsafe.clock import authority_clock
 from celery_driftsafe.conf import get_settings
-from celery_driftsafe.exceptions import LockError, LockLost
+from celery_driftsafe.exceptions import LedgerUnavailable, LockError, LockLost
 from celery_driftsafe.headers import RunHeaders
-from celery_driftsafe.ledger import FINISHED, Ledger, LedgerUnavailable, RunRow
+from celery_driftsafe.ledger import Ledger, RunRow
 from celery_driftsafe.locks import lock_backend
+from celery_driftsafe.names import FINISHED, RunStatus
 
 if TYPE_CHECKING:
-    from celery_driftsafe.clock import AuthorityClock
+    pass
 
 logger = logging.getLogger("celery_driftsafe.task")
 
@@ -49,12 +51,6 @@ def current_execution() -> Execution | None:
 
 def _log(level: int, message: str, *args: Any, run_id: int, action: str, **extra: Any) -> None:
     logger.log(level, message, *args, extra={"action": action, "run": run_id, **extra})
-
-
-def authority_clock() -> AuthorityClock:
-    from celery_driftsafe.task import authority_clock as clock
-
-    return clock()
 
 
 class Execution:
@@ -105,7 +101,7 @@ class Execution:
             self._suppress(f"a copy of attempt {self.attempt}; the run is at attempt "
                            f"{row.attempt}")
         expires_at = row.expires_at or self._message_expiry()
-        if expires_at is not None and now >= expires_at and row.status != "started":
+        if expires_at is not None and now >= expires_at and row.status != RunStatus.STARTED:
             self._expire(now, expires_at)  # a started run is taken over, not expired
         return row
 
@@ -171,7 +167,7 @@ class Execution:
             self.resend(f"lock backend unreachable taking the overlap lock ({exc})",
                         UNREACHABLE_RESEND_SECONDS, args, kwargs)
         if not acquired:
-            self.ledger.finish(self.run_id, token, "skipped", self._now(), SKIPPED_WHY)
+            self.ledger.finish(self.run_id, token, RunStatus.SKIPPED, self._now(), SKIPPED_WHY)
             _log(logging.INFO, "run %s skipped: the previous run is still running",
                  self.run_id, run_id=self.run_id, action="overlap-skip")
             raise Ignore()
@@ -250,7 +246,8 @@ class Execution:
         raise Ignore()
 
     def _skip(self, token: int | None) -> NoReturn:
-        self.ledger.end_waiting(self.run_id, "skipped", self._now(), SKIPPED_WHY, token=token)
+        self.ledger.end_waiting(self.run_id, RunStatus.SKIPPED, self._now(), SKIPPED_WHY,
+                                token=token)
         _log(logging.INFO, "run %s skipped: the previous run is still running", self.run_id,
              run_id=self.run_id, action="overlap-skip")
         raise Ignore()
@@ -258,10 +255,10 @@ class Execution:
     def _expire(self, now: datetime, expires_at: datetime) -> NoReturn:
         why = (f"expired: the run expired at {expires_at.isoformat()}, the time authority "
                f"said {now.isoformat()} when it was delivered")
-        if self.ledger.end_waiting(self.run_id, "expired", now, why):
+        if self.ledger.end_waiting(self.run_id, RunStatus.EXPIRED, now, why):
             _log(logging.WARNING, "run %s (%s[%s]) %s; not executed", self.run_id,
                  self.task.name, self.request.id, why, run_id=self.run_id, action="expired")
-            self._store_revoked("expired")
+            self._store_revoked(RunStatus.EXPIRED.value)
         else:
             self._suppress("it expired, and another delivery is handling it")
         raise Ignore()
@@ -303,14 +300,14 @@ class Execution:
             if exc.requeue and self.token is not None:
                 self.ledger.requeue(self.run_id, self.token, f"requeued: {exc.reason!r}")
             else:
-                self._finish("failed", traceback.format_exc(limit=20))
+                self._finish(RunStatus.FAILED, traceback.format_exc(limit=20))
             raise
         except Exception:
-            self._finish("failed", traceback.format_exc(limit=20))
+            self._finish(RunStatus.FAILED, traceback.format_exc(limit=20))
             raise
         finally:
             stack.pop()
-        self._finish("succeeded")
+        self._finish(RunStatus.SUCCEEDED)
         return result
 
     def is_retry(self, task: Task, task_id: str | None, options: dict[str, Any]) -> bool:
@@ -331,7 +328,7 @@ class Execution:
                  action="fenced-out")
             raise LockLost(f"run {self.run_id} was taken over; its retry is not sent")
         self.handed_over = True
-        self.ledger.record_attempt(self.run_id, self.attempt, "retrying", self.worker,
+        self.ledger.record_attempt(self.run_id, self.attempt, RunStatus.RETRYING, self.worker,
                                    self.started_at, now, self.token, reason)
         self.locks.close()
         _log(logging.INFO, "run %s attempt %s ends in a retry (%s); attempt %s is next",

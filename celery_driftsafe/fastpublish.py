@@ -50,7 +50,7 @@ from celery_driftsafe.reprs import argument_reprs
 from celery_driftsafe.skeleton import Skeleton, build_skeleton
 
 if TYPE_CHECKING:
-    from celery_driftsafe.claim import ClaimedRun
+    from celery_driftsafe.dispatch import ClaimedRun
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Each problem is reported on the field at fault, all at once (not the first one only):
 
 * ``task`` — must be registered with the project's Celery app
-  (:func:`celery_driftsafe.manual.get_celery_app`);
+  (:func:`celery_driftsafe.celery_app.get_celery_app`);
 * ``args`` / ``kwargs`` / ``headers`` — a JSON list, object and object;
 * ``interval_every`` — a positive whole number (interval tasks);
 * ``crontab_*`` — each field parsed on its own (``crontab_second`` is optional: empty means
@@ -29,20 +29,11 @@ from django.core.validators import MinValueValidator
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from celery_driftsafe.celery_app import get_celery_app, registered_task_names
 from celery_driftsafe.exceptions import ScheduleError
-from celery_driftsafe.manual import get_celery_app, registered_task_names
 from celery_driftsafe.models import PeriodicTask, ScheduleKind
+from celery_driftsafe.schedule_fields import CRONTAB_FIELDS, EDITABLE_SCHEDULE_FIELDS
 from celery_driftsafe.slots import Crontab, Solar
-
-#: Form field -> the :class:`Crontab` argument it holds.
-CRONTAB_FIELDS = {
-    "crontab_second": "second",
-    "crontab_minute": "minute",
-    "crontab_hour": "hour",
-    "crontab_day_of_month": "day_of_month",
-    "crontab_month_of_year": "month_of_year",
-    "crontab_day_of_week": "day_of_week",
-}
 
 
 @lru_cache(maxsize=1)
@@ -91,10 +82,7 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         model = PeriodicTask
         fields = [
             "name", "task", "args", "kwargs", "enabled", "disabled_reason",
-            "schedule_kind", "interval_every", "interval_unit", "crontab_second", "crontab_minute",
-            "crontab_hour", "crontab_day_of_month", "crontab_month_of_year", "crontab_day_of_week",
-            "timezone",
-            "one_off_at", "solar_event", "solar_latitude", "solar_longitude",
+            *EDITABLE_SCHEDULE_FIELDS,
             "misfire_policy", "misfire_grace_seconds", "overlap_policy",
             "queue", "exchange", "routing_key", "priority", "expires_seconds", "headers",
         ]

@@ -8,9 +8,12 @@ A worker's request has every custom header as an attribute; an eager request
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from celery_driftsafe.exceptions import DriftSafeError
+from celery_driftsafe.exceptions import BadRunHeaders
+
+if TYPE_CHECKING:
+    from celery_driftsafe.dispatch import ClaimedRun
 
 #: Id of the run's row in the ledger.
 HEADER_RUN_ID = "driftsafe_run_id"
@@ -24,8 +27,22 @@ HEADER_PERIODIC_TASK_ID = "driftsafe_periodic_task_id"
 ALL = (HEADER_RUN_ID, HEADER_SLOT, HEADER_FENCING_TOKEN, HEADER_PERIODIC_TASK_ID)
 
 
-class BadRunHeaders(DriftSafeError):
-    """A message's driftsafe headers are malformed or do not match its run."""
+# -- Building them at dispatch -------------------------------------------------------------------
+
+
+def message_headers(run: ClaimedRun) -> dict[str, Any]:
+    """The run's own headers (after the task's custom headers, which cannot override them)."""
+    headers = dict(run.options.get("headers") or {})
+    headers.update({
+        HEADER_RUN_ID: run.run_id,
+        HEADER_SLOT: run.slot.isoformat() if run.slot else None,
+        HEADER_FENCING_TOKEN: run.fencing_token,
+        HEADER_PERIODIC_TASK_ID: run.periodic_task_id,
+    })
+    return headers
+
+
+# -- Reading them back in the worker -------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -16,18 +16,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from celery_driftsafe.exceptions import DriftSafeError
+from celery_driftsafe.exceptions import LedgerUnavailable
+from celery_driftsafe.names import PRE_START
 
-#: Waiting for a worker: the first delivery, or the next attempt after a retry.
-PRE_START = ("claimed", "dispatched", "retrying")
-FINISHED = ("succeeded", "failed", "skipped", "missed", "expired", "revoked")
 #: Appended to ``worker`` when a run was started without a lock (eager mode, ``fail_open``):
 #: such a start is never taken over by a lock holder, who cannot know whether it still runs.
 UNLOCKED = " (no lock)"
-
-
-class LedgerUnavailable(DriftSafeError):
-    """The database could not be reached before the body ran: the delivery is re-sent."""
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import cast
 
+from celery_driftsafe.names import MisfirePolicy
 from celery_driftsafe.slots import Interval, Schedule
 
 _TICK = timedelta(microseconds=1)
@@ -73,7 +74,7 @@ def plan_claim(
     next_slot: datetime,
     now: datetime,
     *,
-    policy: str = "fire_once",
+    policy: str = MisfirePolicy.FIRE_ONCE,
     grace: timedelta = timedelta(seconds=60),
     fire_all_max: int = 100,
     record_max: int = 3,
@@ -86,7 +87,7 @@ def plan_claim(
     if ``next_slot > now`` nothing is due and the plan only repeats ``next_slot``.
     ``busy_since``: since when the beats have been claiming without a break (None: unknown).
     """
-    if policy not in ("fire_once", "fire_all", "skip"):
+    if policy not in tuple(MisfirePolicy):
         raise ValueError(f"unknown misfire policy {policy!r}")
     if next_slot > now:
         return ClaimPlan(next_slot=next_slot)
@@ -95,7 +96,8 @@ def plan_claim(
         following = schedule.next_after(next_slot)
         if following is None or following > now:
             return ClaimPlan(fire=[next_slot], next_slot=following, late_from_load=True)
-    fired_max = {"fire_all": fire_all_max, "fire_once": 1, "skip": 0}[policy]
+    fired_max = {MisfirePolicy.FIRE_ALL: fire_all_max, MisfirePolicy.FIRE_ONCE: 1,
+                 MisfirePolicy.SKIP: 0}[MisfirePolicy(policy)]
     keep = fired_max + max(record_max, 1)
     tail: list[datetime] = []
     missed_total = 0
@@ -106,10 +108,10 @@ def plan_claim(
 
     fire = on_time
     if tail:
-        if policy == "fire_all":
+        if policy == MisfirePolicy.FIRE_ALL:
             fire = tail[-fire_all_max:] + fire
             tail = tail[: max(len(tail) - fire_all_max, 0)]
-        elif policy == "fire_once" and not on_time:
+        elif policy == MisfirePolicy.FIRE_ONCE and not on_time:
             fire = [tail.pop()]
     remaining = missed_total - (len(fire) - len(on_time))
     span = None

@@ -12,9 +12,12 @@ from django.db.models import Min
 
 from celery_driftsafe import __version__
 from celery_driftsafe.clock import OffsetSample
+from celery_driftsafe.conf import DriftSafeSettings
 from celery_driftsafe.models import BeatNode
 
 logger = logging.getLogger(__name__)
+#: The clock check speaks for the beat.
+_beat_logger = logging.getLogger("celery_driftsafe.scheduler")
 
 
 def new_node_id() -> str:
@@ -69,7 +72,7 @@ def mark_dead(
 ) -> list[str]:
     """Mark nodes whose last heartbeat is older than ``dead_after`` as stopped; return their
     ids. Their claimed-but-unpublished runs are then taken over at once (see
-    :func:`celery_driftsafe.claim.reclaim_stale`), without waiting for the lease."""
+    :func:`celery_driftsafe.dispatch.reclaim_stale`), without waiting for the lease."""
     stale = BeatNode.objects.using(using).filter(
         stopped_at__isnull=True, last_heartbeat_at__lt=now - dead_after
     )
@@ -108,3 +111,32 @@ def others_claiming_since(
         .aggregate(since=Min("claiming_since"))["since"]
     )
     return value
+
+
+def check_offset(
+    sample: OffsetSample, authority: str, settings: DriftSafeSettings, paused_reason: str,
+    node_id: str,
+) -> str:
+    """Judge a fresh offset measurement of node ``node_id``: past
+    ``HARD_CLOCK_OFFSET_SECONDS`` claiming pauses (returns why), past
+    ``MAX_CLOCK_OFFSET_SECONDS`` it warns; returns ``""`` when claiming may go on.
+    ``paused_reason`` is the reason the node is paused for so far (``""``: not paused)."""
+    offset = abs(sample.offset)
+    if offset > settings.hard_clock_offset_seconds:
+        reason = (f"clock offset {sample.offset:+.3f} s from the {authority} "
+                  f"authority exceeds HARD_CLOCK_OFFSET_SECONDS="
+                  f"{settings.hard_clock_offset_seconds}; claiming paused")
+        if reason != paused_reason:
+            _beat_logger.error(reason, extra={"action": "pause", "node": node_id})
+        return reason
+    if paused_reason:
+        _beat_logger.warning("clock offset back within bounds; claiming resumed",
+                             extra={"action": "resume", "node": node_id})
+    if offset > settings.max_clock_offset_seconds:
+        _beat_logger.warning(
+            "node %s wall clock is %+.3f s off the %s authority (±%.3f s); due-ness does "
+            "not depend on it, but check NTP", node_id, sample.offset,
+            authority, sample.error_bound,
+            extra={"action": "clock-offset", "node": node_id},
+        )
+    return ""

@@ -19,6 +19,7 @@ from typing import Any
 from celery import Task
 
 from celery_driftsafe.headers import HEADER_FENCING_TOKEN, HEADER_RUN_ID
+from celery_driftsafe.names import RunKind, RunStatus
 
 _ADHOC_NAMESPACE = uuid.UUID("0b8c7f4e-2a55-4d1e-9d8e-7a61c3f0b2a4")
 
@@ -60,8 +61,8 @@ def publish_idempotent(
     """
     from django.db import IntegrityError, transaction
 
+    from celery_driftsafe.clock import authority_clock
     from celery_driftsafe.models import Run
-    from celery_driftsafe.task import authority_clock
 
     if not isinstance(key, str) or not key or len(key) > 255:
         raise ValueError(f"idempotency_key must be a non-empty string of at most 255 "
@@ -73,7 +74,8 @@ def publish_idempotent(
         with transaction.atomic():
             run, created = Run.objects.get_or_create(
                 idempotency_key=key,
-                defaults={"kind": "adhoc", "task_name": task.name, "status": "claimed",
+                defaults={"kind": RunKind.ADHOC, "task_name": task.name,
+                          "status": RunStatus.CLAIMED,
                           "claimed_at": now, "claimed_by": f"producer:{socket.gethostname()}",
                           "celery_task_id": task_id, "expires_at": expires_at},
             )
@@ -81,7 +83,7 @@ def publish_idempotent(
         run, created = Run.objects.get(idempotency_key=key), False
     if run.task_name != task.name:
         raise ValueError(f"idempotency_key {key!r} was already used for task {run.task_name!r}")
-    if not (created or run.status == "claimed"):
+    if not (created or run.status == RunStatus.CLAIMED):
         return task.AsyncResult(run.celery_task_id)
     headers = dict(options.pop("headers", None) or {})
     headers.update({HEADER_RUN_ID: run.pk, HEADER_FENCING_TOKEN: 0})
@@ -89,8 +91,8 @@ def publish_idempotent(
     def send(run_task_id: str) -> Any:
         result = Task.apply_async(task, args, kwargs, task_id=run_task_id, headers=headers,
                                   **options)
-        Run.objects.filter(pk=run.pk, status="claimed").update(
-            status="dispatched", dispatched_at=authority_clock().now()
+        Run.objects.filter(pk=run.pk, status=RunStatus.CLAIMED).update(
+            status=RunStatus.DISPATCHED, dispatched_at=authority_clock().now()
         )
         return result
 

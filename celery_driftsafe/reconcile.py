@@ -23,13 +23,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import Q
 
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.exceptions import LockError
 from celery_driftsafe.models import Run, RunStatus
+
+if TYPE_CHECKING:
+    from celery_driftsafe.dispatch import Dispatcher
 
 logger = logging.getLogger(__name__)
 
@@ -128,3 +131,20 @@ def _from_result_backend(
             status=status, finished_at=now, error=f"outcome taken from the result backend: {state}"
         ):
             done.from_results.append(pk)
+
+
+def recover(
+    now: datetime, node_id: str, settings: DriftSafeSettings, app: Any, dispatcher: Dispatcher,
+    *, using: str = "default",
+) -> None:
+    """A beat's recovery pass: mark silent nodes dead, reconcile runs that will never hear
+    from a worker, and re-publish stale claims (the outbox) through ``dispatcher``."""
+    from celery_driftsafe import nodes
+    from celery_driftsafe.dispatch import reclaim_stale
+
+    dead_after = timedelta(seconds=settings.node_dead_after_seconds)
+    nodes.mark_dead(now, dead_after, node_id, using=using)
+    lease = timedelta(seconds=settings.lease_seconds)
+    reconcile(now, lease=lease, app=app, using=using)
+    stale = reclaim_stale(now, node_id, lease=lease, using=using, dead_after=dead_after)
+    dispatcher.dispatch(stale)

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from celery_driftsafe.conf import ConfigurationError, DriftSafeSettings, get_settings
+from celery_driftsafe.conf import DriftSafeSettings, get_settings
+from celery_driftsafe.exceptions import ConfigurationError
 
 _clients: dict[tuple[int, str], Any] = {}
 _lock = threading.Lock()

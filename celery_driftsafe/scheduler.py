@@ -12,33 +12,35 @@ clock is read only to report its offset.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import os
 import random
-import select
 import signal
 import threading
-import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from celery.beat import Scheduler
 from django.db import DatabaseError, InterfaceError, close_old_connections, connections
-from django.db.models import Min
 
 from celery_driftsafe import checks, nodes
+from celery_driftsafe.apps import ensure_django
 from celery_driftsafe.beat_schedule import SyncReport, sync_beat_schedule
-from celery_driftsafe.claim import Claimer, ClaimResult, claimer_for, reclaim_stale
-from celery_driftsafe.clock import Authority, AuthorityClock, Clock, authority_from_settings
+from celery_driftsafe.claim import Claimer, ClaimResult, claimer_for, next_due
+from celery_driftsafe.clock import (
+    Authority,
+    AuthorityClock,
+    Clock,
+    Reading,
+    authority_from_settings,
+)
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.dispatch import Dispatcher
 from celery_driftsafe.exceptions import ClockError
-from celery_driftsafe.reconcile import reconcile
-from celery_driftsafe.redis_client import channel, get_redis
+from celery_driftsafe.prefetch import Prefetcher
+from celery_driftsafe.reconcile import recover
+from celery_driftsafe.wakeup import Wakeup, start_change_listener
 
 logger = logging.getLogger(__name__)
 
@@ -51,75 +53,6 @@ CONTINUITY_GAP_SECONDS = 5.0
 #: The "beats are saturated" warning is repeated at most this often.
 SATURATION_LOG_SECONDS = 30.0
 _OUTAGE_ERRORS = (DatabaseError, InterfaceError, ClockError)
-
-
-@dataclass(frozen=True)
-class Reading:
-    """An authority reading and the local monotonic time it was taken at."""
-
-    at: datetime
-    monotonic: float
-
-    def now(self, monotonic: float) -> datetime:
-        return self.at + timedelta(seconds=monotonic - self.monotonic)
-
-
-class Wakeup:
-    """An event that a signal handler may set: a flag and a self-pipe, no lock.
-
-    ``threading.Event.set()`` takes a lock that the interrupted main thread may be holding
-    (inside its own ``Event.wait()``), so calling it from a signal handler can deadlock the
-    process; raising out of a handler inside ``Event.wait()`` can leave that lock released
-    twice. Here ``set()`` is a flag write and a one-byte ``os.write``, and ``wait()`` is a
-    ``poll()`` (``select()`` where there is none) that returns as soon as anything was written.
-    """
-
-    def __init__(self) -> None:
-        self._flag = False
-        self._read, self._write = os.pipe()
-        os.set_blocking(self._read, False)
-        os.set_blocking(self._write, False)
-        # Closed when the object goes, never while a thread could still write to it.
-        weakref.finalize(self, _close_fds, self._read, self._write)
-
-    def set(self) -> None:
-        self._flag = True
-        with contextlib.suppress(BlockingIOError):  # a full pipe: a wake-up is pending anyway
-            os.write(self._write, b"\0")
-
-    def is_set(self) -> bool:
-        return self._flag
-
-    def wait(self, timeout: float) -> bool:
-        """Until set or ``timeout`` seconds passed; whether it is set."""
-        if self._flag:
-            return True
-        if hasattr(select, "poll"):  # any descriptor number, unlike select()
-            poller = select.poll()
-            poller.register(self._read, select.POLLIN)
-            poller.poll(max(timeout, 0.0) * 1000)
-        else:
-            select.select([self._read], [], [], max(timeout, 0.0))
-        return self._flag
-
-    def clear(self) -> None:
-        self._flag = False
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self._read, 4096):
-                pass
-
-
-def _close_fds(*fds: int) -> None:
-    for fd in fds:
-        os.close(fd)
-
-
-def _ensure_django() -> None:
-    import django
-    from django.apps import apps
-
-    if not apps.ready:
-        django.setup()
 
 
 class DriftSafeScheduler(Scheduler):
@@ -151,8 +84,8 @@ class DriftSafeScheduler(Scheduler):
         # First, so a SIGTERM from here on is ours: it lets the set-up finish (and the node
         # register), and the first tick then stops, recording the node stopped.
         self._install_signal_handlers()
-        _ensure_django()
-        self._refuse_bad_configuration()
+        ensure_django()
+        checks.refuse_bad_configuration(self.node_id)
         self.settings: DriftSafeSettings = get_settings()
         self.authority = self._authority_override or authority_from_settings(
             self.settings, using=self.using
@@ -176,13 +109,8 @@ class DriftSafeScheduler(Scheduler):
         self._others_since: datetime | None = None
         self._lag: float | None = None
         self._saturation_logged = -math.inf
-        #: While a wave is worked through, the next batch is claimed in this thread while the
-        #: current one is published (databases with SKIP LOCKED: two writers never wait on
-        #: each other there).
-        self._prefetcher: ThreadPoolExecutor | None = None
-        if connections[self.using].features.has_select_for_update_skip_locked:
-            self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="driftsafe-claim")
-        self._prefetch: Future[ClaimResult] | None = None
+        #: While a wave is worked through, the next batch is claimed ahead.
+        self._prefetcher = Prefetcher(self.using)
         report = self._start_up()
         logger.info(
             "driftsafe node %s up (authority %s): beat_schedule %d created, %d updated, "
@@ -190,7 +118,7 @@ class DriftSafeScheduler(Scheduler):
             len(report.updated), len(report.unchanged), len(report.errors),
             extra={"action": "start", "node": self.node_id},
         )
-        self._start_listener()
+        self._listener = start_change_listener(self.settings, self._wake, self._shutdown)
         self._ready = True
 
     def _start_up(self) -> SyncReport:
@@ -226,18 +154,6 @@ class DriftSafeScheduler(Scheduler):
             signal.signal(signal.SIGTERM, self._on_terminate)
             signal.signal(signal.SIGINT, self._on_terminate)
 
-    def _refuse_bad_configuration(self) -> None:
-        """``celery beat`` runs no system checks: refuse to start on any error they would
-        report, with their message and hint, and without a traceback."""
-        errors = checks.startup_errors()
-        if not errors:
-            return
-        for message in errors:
-            logger.critical("%s", checks.describe(message),
-                            extra={"action": "config-error", "node": self.node_id})
-        raise SystemExit("celery_driftsafe cannot start:\n" +
-                         "\n".join(checks.describe(message) for message in errors))
-
     def _on_terminate(self, signum: int, frame: Any) -> None:
         """SIGTERM / SIGINT: stop after the set-up or round in flight; at once when waiting.
 
@@ -269,7 +185,7 @@ class DriftSafeScheduler(Scheduler):
             return
         self._closed = True
         if self._ready:
-            self._finish_prefetch()
+            self._prefetcher.finish(self.dispatcher.dispatch, self.node_id)
             self._mark_stopped()
         if self._listener is not None:
             self._listener.join(timeout=2)
@@ -363,74 +279,33 @@ class DriftSafeScheduler(Scheduler):
             self._heartbeat()
             self._next_heartbeat = mono + self.settings.heartbeat_interval_seconds
         if self._paused_reason:
-            self._publish_prefetched()  # claimed before the pause: publish it
+            self._prefetcher.publish(self.dispatcher.dispatch)  # claimed before the pause
             return self.settings.max_loop_interval_seconds
         reading = Reading(self.authority.read(), self.clock.monotonic())
         if self._claiming_since is None:
             self._claiming_since = reading.at
         if mono >= self._next_recovery:
-            nodes.mark_dead(
-                reading.at, timedelta(seconds=self.settings.node_dead_after_seconds),
-                self.node_id, using=self.using,
-            )
-            lease = timedelta(seconds=self.settings.lease_seconds)
-            reconcile(reading.at, lease=lease, app=self.app, using=self.using)
-            stale = reclaim_stale(
-                reading.at, self.node_id, lease=lease, using=self.using,
-                dead_after=timedelta(seconds=self.settings.node_dead_after_seconds),
-            )
-            self.dispatcher.dispatch(stale)
+            recover(reading.at, self.node_id, self.settings, self.app, self.dispatcher,
+                    using=self.using)
             self._next_recovery = mono + min(self.settings.lease_seconds / 2, 5.0)
         busy_since = self._claiming_since
         if self._others_since is not None and self._others_since < busy_since:
             busy_since = self._others_since
-        result = self._take_prefetched()
+        result = self._prefetcher.take()
         if result is None:
             result = self.claimer.claim(reading.at, self.node_id, busy_since=busy_since)
         full = result.tasks_seen >= getattr(self.claimer, "batch_size", 0)
-        if full and self._prefetcher is not None and not self._shutdown.is_set():
+        if full and self._prefetcher.available and not self._shutdown.is_set():
             # More is due: claim the next batch while this one is published.
-            self._prefetch = self._prefetcher.submit(self._claim_ahead, reading.at, busy_since)
+            self._prefetcher.claim_ahead(
+                partial(self.claimer.claim, reading.at, self.node_id, busy_since=busy_since)
+            )
         self.dispatcher.dispatch(result.runs)
         self._log_round(result, reading.at)
         self._last_round_end = self.clock.monotonic()
         if full:
             return 0.0  # a full batch: more may be due right now
         return self._wait_after(reading, claimed=bool(result.tasks_seen))
-
-    def _claim_ahead(self, now: datetime, busy_since: datetime | None) -> ClaimResult:
-        """A claim in the prefetch thread (its own database connection)."""
-        close_old_connections()
-        try:
-            return self.claimer.claim(now, self.node_id, busy_since=busy_since)
-        except BaseException:
-            connections[self.using].close()
-            raise
-
-    def _take_prefetched(self) -> ClaimResult | None:
-        """The batch claimed ahead, if any (its error, if it failed: handled as the round's)."""
-        prefetch, self._prefetch = self._prefetch, None
-        return None if prefetch is None else prefetch.result()
-
-    def _publish_prefetched(self) -> None:
-        """Publish the batch claimed ahead, if any: it is committed as this node's claims."""
-        result = self._take_prefetched()
-        if result is not None:
-            self.dispatcher.dispatch(result.runs)
-
-    def _finish_prefetch(self) -> None:
-        """Publish a batch claimed ahead (the beat is stopping: it goes out now rather than
-        waiting for another beat's outbox), then let the prefetch thread go, closing its
-        database connection."""
-        try:
-            self._publish_prefetched()
-        except Exception as exc:
-            logger.warning("could not publish the batch claimed ahead (%s); the outbox will",
-                           exc, extra={"action": "stop", "node": self.node_id})
-        if self._prefetcher is not None:
-            self._prefetcher.submit(connections.close_all).result()
-            self._prefetcher.shutdown(wait=True)
-            self._prefetcher = None
 
     def _note_continuity(self, mono: float) -> bool:
         """Whether this beat's claiming was broken since its last round (it was paused, the
@@ -458,14 +333,7 @@ class DriftSafeScheduler(Scheduler):
 
     def next_due(self) -> datetime | None:
         """The earliest unclaimed slot of any enabled task."""
-        from celery_driftsafe.models import PeriodicTask
-
-        value: datetime | None = (
-            PeriodicTask.objects.using(self.using)
-            .filter(enabled=True)
-            .aggregate(next_due=Min("next_slot_at"))["next_due"]
-        )
-        return value
+        return next_due(self.using)
 
     def _log_round(self, result: ClaimResult, now: datetime) -> None:
         if result.runs or result.missed or result.disabled:
@@ -497,27 +365,10 @@ class DriftSafeScheduler(Scheduler):
         """Re-measure the offset when due; warn past the soft bound, pause past the hard one."""
         if not isinstance(self.clock, AuthorityClock) or not self.clock.needs_sync():
             return
-        sample = self.clock.sync()
-        offset = abs(sample.offset)
-        if offset > self.settings.hard_clock_offset_seconds:
-            reason = (f"clock offset {sample.offset:+.3f} s from the {self.authority.name} "
-                      f"authority exceeds HARD_CLOCK_OFFSET_SECONDS="
-                      f"{self.settings.hard_clock_offset_seconds}; claiming paused")
-            if reason != self._paused_reason:
-                logger.error(reason, extra={"action": "pause", "node": self.node_id})
-            self._paused_reason = reason
-            return
-        if self._paused_reason:
-            logger.warning("clock offset back within bounds; claiming resumed",
-                           extra={"action": "resume", "node": self.node_id})
-        self._paused_reason = ""
-        if offset > self.settings.max_clock_offset_seconds:
-            logger.warning(
-                "node %s wall clock is %+.3f s off the %s authority (±%.3f s); due-ness does "
-                "not depend on it, but check NTP", self.node_id, sample.offset,
-                self.authority.name, sample.error_bound,
-                extra={"action": "clock-offset", "node": self.node_id},
-            )
+        self._paused_reason = nodes.check_offset(
+            self.clock.sync(), self.authority.name, self.settings, self._paused_reason,
+            self.node_id,
+        )
 
     def _heartbeat(self) -> None:
         self._check_clock()
@@ -544,39 +395,3 @@ class DriftSafeScheduler(Scheduler):
                 extra={"action": "re-register", "node": self.node_id},
             )
             nodes.register(self.node_id, self.clock.now(), using=self.using)
-
-    # -- wake-ups ---------------------------------------------------------------------------
-
-    def _start_listener(self) -> None:
-        client = get_redis(self.settings)
-        if client is None:
-            return
-        self._listener = threading.Thread(
-            target=self._listen, args=(client,), name="driftsafe-wakeups", daemon=True
-        )
-        self._listener.start()
-
-    def _listen(self, client: Any) -> None:
-        """Set the wake event on every schedule-change message; reconnect with backoff."""
-        from redis.exceptions import RedisError
-
-        name = channel(self.settings, "changes")
-        failing = False
-        delay = 0.5
-        while not self._shutdown.is_set():
-            try:
-                pubsub = client.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(name)
-                if failing:
-                    logger.warning("schedule-change notifications restored")
-                    failing, delay = False, 0.5
-                while not self._shutdown.is_set():
-                    if pubsub.get_message(timeout=1.0) is not None:
-                        self._wake.set()
-            except (RedisError, OSError) as exc:
-                if not failing:
-                    logger.warning("schedule-change notifications unavailable (%s); polling "
-                                   "every %.1f s", exc, self.settings.max_loop_interval_seconds)
-                failing = True
-                self._shutdown.wait(delay)
-                delay = min(delay * 2, 10.0)

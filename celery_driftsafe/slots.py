@@ -22,12 +22,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
-from celery_driftsafe.crontab import (
-    Crontab,
-    from_us,
-    require_aware,
-    to_us,
-)
+from celery_driftsafe._instants import from_us, require_aware, to_us
+from celery_driftsafe.crontab import Crontab
 from celery_driftsafe.exceptions import ScheduleError
 from celery_driftsafe.solar import Solar
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from functools import lru_cache
 
-from celery_driftsafe.crontab import from_us, require_aware, to_us
+from celery_driftsafe._instants import from_us, require_aware, to_us
 from celery_driftsafe.exceptions import ScheduleError
 
 __all__ = ["EVENTS", "Solar"]

@@ -26,39 +26,17 @@ across producers.
 from __future__ import annotations
 
 import logging
-import os
-import threading
 from typing import Any
 
 from celery import Task
 from celery.exceptions import Ignore
 
-from celery_driftsafe.clock import AuthorityClock, authority_from_settings
-from celery_driftsafe.conf import get_settings
+from celery_driftsafe.clock import authority_clock
+from celery_driftsafe.exceptions import BadRunHeaders, LedgerUnavailable
 from celery_driftsafe.execution import Execution, current_execution
-from celery_driftsafe.headers import BadRunHeaders, RunHeaders, read_headers
-from celery_driftsafe.ledger import LedgerUnavailable
+from celery_driftsafe.headers import RunHeaders, read_headers
 
 logger = logging.getLogger(__name__)
-
-
-_clocks: dict[int, AuthorityClock] = {}
-_clocks_lock = threading.Lock()
-
-
-def authority_clock() -> AuthorityClock:
-    """This process's clock on the configured authority (re-measured every minute)."""
-    pid = os.getpid()
-    with _clocks_lock:
-        clock = _clocks.get(pid)
-        if clock is None:
-            settings = get_settings()
-            clock = AuthorityClock(
-                authority_from_settings(settings),
-                samples=1, resync_seconds=settings.clock_sync_interval_seconds,
-            )
-            _clocks[pid] = clock
-        return clock
 
 
 class DriftSafeTask(Task):

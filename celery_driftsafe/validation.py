@@ -23,6 +23,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from celery_driftsafe import headers
+from celery_driftsafe.names import MisfirePolicy, OverlapPolicy
+
 #: Header names Celery's task protocol (version 2) sets itself, plus those of this package.
 #: A task's own ``headers`` must not override them: ``id`` or ``task`` would make the worker
 #: run something else than the run that was claimed.
@@ -31,12 +34,11 @@ RESERVED_HEADERS = frozenset({
     "timelimit", "root_id", "parent_id", "argsrepr", "kwargsrepr", "origin", "ignore_result",
     "replaced_task_nesting", "stamped_headers", "stamps", "chord", "callbacks", "errbacks",
     "chain", "reply_to", "correlation_id", "delivery_info",
-    "driftsafe_run_id", "driftsafe_slot", "driftsafe_fencing_token",
-    "driftsafe_periodic_task_id",
+    *headers.ALL,
 })
 
-MISFIRE_POLICIES = ("", "fire_once", "fire_all", "skip")
-OVERLAP_POLICIES = ("allow", "skip")
+MISFIRE_POLICIES = ("", *MisfirePolicy)
+OVERLAP_POLICIES = tuple(OverlapPolicy)
 #: AMQP priorities are 0-255 (Redis transport: 0-9, higher values are clamped by kombu).
 MAX_PRIORITY = 255
 

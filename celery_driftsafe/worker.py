@@ -17,7 +17,9 @@ from billiard.einfo import ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
 from celery.worker.request import Request
 
-from celery_driftsafe.headers import BadRunHeaders, RunHeaders, read_headers
+from celery_driftsafe.exceptions import BadRunHeaders
+from celery_driftsafe.headers import RunHeaders, read_headers
+from celery_driftsafe.names import RunStatus
 
 logger = logging.getLogger("celery_driftsafe.task")
 
@@ -34,8 +36,9 @@ def record_from_worker(request: Any, status: str, error: str, *, started_too: bo
     still waiting, or (``started_too``) started by this worker in this attempt."""
     from django.db import close_old_connections
 
-    from celery_driftsafe.ledger import Ledger, LedgerUnavailable
-    from celery_driftsafe.task import authority_clock
+    from celery_driftsafe.clock import authority_clock
+    from celery_driftsafe.exceptions import LedgerUnavailable
+    from celery_driftsafe.ledger import Ledger
 
     headers = _run_headers(request)
     if headers is None:
@@ -73,7 +76,7 @@ class DriftSafeRequest(Request):
         super().on_timeout(soft, timeout)
         if not soft:
             record_from_worker(
-                self._context, "failed",
+                self._context, RunStatus.FAILED,
                 f"hard time limit ({timeout} s) exceeded: the worker killed the body",
                 started_too=True,
             )
@@ -86,7 +89,8 @@ class DriftSafeRequest(Request):
             exc = exc.exc
         redelivered = self.task.acks_late and self.task.reject_on_worker_lost
         if isinstance(exc, WorkerLostError) and not redelivered:
-            record_from_worker(self._context, "failed", f"worker lost: {exc}", started_too=True)
+            record_from_worker(self._context, RunStatus.FAILED, f"worker lost: {exc}",
+                               started_too=True)
 
 
 def on_task_revoked(sender: Any = None, request: Any = None, terminated: bool = False,
@@ -95,6 +99,6 @@ def on_task_revoked(sender: Any = None, request: Any = None, terminated: bool = 
     of a run ends the run as ``revoked`` (``expired``) instead of leaving it waiting."""
     if request is None:
         return
-    status = "expired" if expired else "revoked"
+    status = RunStatus.EXPIRED if expired else RunStatus.REVOKED
     why = "terminated by a revoke" if terminated else f"the worker discarded its message ({status})"
     record_from_worker(request, status, f"{status}: {why}", started_too=terminated)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from celery_driftsafe.testing import FakeClock
 from tests import settings as test_settings
 from tests.skip_guard import pytest_runtest_makereport  # noqa: F401  (the hook)
 
@@ -66,11 +67,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items.sort(key=lambda item: not runs_first(item))
 
 
-@pytest.fixture
-def fake_clock() -> Any:
-    from celery_driftsafe.testing import FakeClock
+#: The reference instant of the tests (and of :func:`fake_clock` and :func:`clock`).
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
-    return FakeClock(datetime(2026, 3, 1, 12, 0, tzinfo=UTC))
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    return FakeClock(T0)
 
 
 @pytest.fixture
@@ -134,12 +137,10 @@ def drain(queue: str = QUEUE) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def clock() -> Any:
-    """A fake clock at 2026-03-01 12:00 UTC (the same instant as :func:`fake_clock`), for the
-    tests that drive a scheduler by hand."""
-    from celery_driftsafe.testing import FakeClock
-
-    return FakeClock(datetime(2026, 3, 1, 12, 0, tzinfo=UTC))
+def clock() -> FakeClock:
+    """A fake clock at :data:`T0` (the same instant as :func:`fake_clock`), for the tests that
+    drive a scheduler by hand."""
+    return FakeClock(T0)
 
 
 @pytest.fixture

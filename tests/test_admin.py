@@ -15,20 +15,19 @@ from django.conf import settings
 from django.test import override_settings
 from django.urls import reverse
 
-from celery_driftsafe import changes, manual
-from celery_driftsafe.claim import celery_task_id
-from celery_driftsafe.dispatch import HEADER_RUN_ID, HEADER_SLOT
+from celery_driftsafe import celery_app, changes, run_now
+from celery_driftsafe.dispatch import celery_task_id
+from celery_driftsafe.headers import HEADER_RUN_ID, HEADER_SLOT
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunKind, RunStatus
 from celery_driftsafe.slots import Crontab, Solar
 from celery_driftsafe.testing import FakeClock
-from tests.conftest import drain
+from tests.conftest import T0, drain
 from tests.factories import crontab_task, interval_task
 
 TASKS = reverse("admin:celery_driftsafe_periodictask_changelist")
 ADD = reverse("admin:celery_driftsafe_periodictask_add")
 RUNS = reverse("admin:celery_driftsafe_run_changelist")
 NODES = reverse("admin:celery_driftsafe_beatnode_changelist")
-T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 S = timedelta(seconds=1)
 #: An app to load by dotted path (not made the current app).
 DOTTED_APP = Celery("admin-tests-dotted", set_as_current=False)
@@ -40,9 +39,9 @@ QUEUE = f"driftsafe-admin-tests-{uuid.uuid4().hex[:8]}"
 @pytest.fixture
 def app(broker_app: Any) -> Iterator[Any]:
     """The Celery app the admin validates against and publishes through (``tests.add``)."""
-    manual.set_celery_app(broker_app)
+    celery_app.set_celery_app(broker_app)
     yield broker_app
-    manual.set_celery_app(None)
+    celery_app.set_celery_app(None)
 
 
 @pytest.fixture
@@ -433,8 +432,8 @@ def test_run_now_of_a_task_this_process_has_not_imported_is_published_by_name(
 def test_run_now_is_deduplicated_by_task_and_instant(app: Any) -> None:
     task = interval_task("dup", 60, anchor=T0, queue=QUEUE)
     clock = FakeClock(T0 + 5 * S)
-    first = manual.run_now(task, clock=clock, actor="test")
-    second = manual.run_now(task, clock=clock, actor="test")
+    first = run_now.run_now(task, clock=clock, actor="test")
+    second = run_now.run_now(task, clock=clock, actor="test")
     assert first.created and first.status == RunStatus.DISPATCHED
     assert not second.created and second.run_id == first.run_id
     assert second.celery_task_id == first.celery_task_id
@@ -447,21 +446,21 @@ def test_run_now_inside_a_transaction_publishes_after_commit(app: Any) -> None:
 
     task = interval_task("atomic", 60, anchor=T0, queue=QUEUE)
     with transaction.atomic():
-        result = manual.run_now(task, clock=FakeClock(T0), actor="test")
+        result = run_now.run_now(task, clock=FakeClock(T0), actor="test")
         assert result.deferred and drain(QUEUE) == []
     assert [m["id"] for m in drain(QUEUE)] == [result.celery_task_id]
     assert Run.objects.get().status == RunStatus.DISPATCHED
 
 
 def test_celery_app_from_a_dotted_path() -> None:
-    from celery_driftsafe.conf import ConfigurationError
+    from celery_driftsafe.exceptions import ConfigurationError
 
-    loaded = manual.load_celery_app("tests.test_admin:DOTTED_APP")
-    assert loaded is DOTTED_APP is manual.load_celery_app("tests.test_admin.DOTTED_APP")
+    loaded = celery_app.load_celery_app("tests.test_admin:DOTTED_APP")
+    assert loaded is DOTTED_APP is celery_app.load_celery_app("tests.test_admin.DOTTED_APP")
     with pytest.raises(ConfigurationError, match="cannot be imported"):
-        manual.load_celery_app("tests.nowhere:app")
+        celery_app.load_celery_app("tests.nowhere:app")
     with pytest.raises(ConfigurationError, match="is not a Celery app"):
-        manual.load_celery_app("tests.settings:TIME_ZONE")
+        celery_app.load_celery_app("tests.settings:TIME_ZONE")
 
 
 # -- list pages ------------------------------------------------------------------------------

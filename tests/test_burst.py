@@ -11,23 +11,22 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from celery_driftsafe import nodes
-from celery_driftsafe.claim import claimer_for, reclaim_stale
-from celery_driftsafe.dispatch import Dispatcher
+from celery_driftsafe.claim import claimer_for
+from celery_driftsafe.dispatch import Dispatcher, reclaim_stale
 from celery_driftsafe.models import BeatNode, Run, RunStatus
 from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.testing import FakeClock
-from tests.conftest import drain
+from tests.conftest import T0, drain
 from tests.factories import interval_task
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 S = timedelta(seconds=1)
 
 

@@ -8,24 +8,20 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 import pytest
 from django.db import connection, connections
 
-from celery_driftsafe.claim import (
-    Claimer,
-    CompareAndSwapClaimer,
-    SkipLockedClaimer,
-    celery_task_id,
-    claimer_for,
-    reclaim_stale,
-)
+from celery_driftsafe.claim import Claimer, CompareAndSwapClaimer, SkipLockedClaimer, claimer_for
+from celery_driftsafe.dispatch import celery_task_id, reclaim_stale
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
 from celery_driftsafe.slots import Solar
+from tests.conftest import T0
 from tests.factories import crontab_task, interval_task, solar_task
 
-T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 S = timedelta(seconds=1)
 
 
@@ -37,21 +33,24 @@ def _claimers() -> list[str]:
     return names
 
 
+MakeClaimer = Callable[..., Claimer]
+
+
 @pytest.fixture(params=["cas", "skip_locked"])
-def make_claimer(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+def make_claimer(request: pytest.FixtureRequest) -> MakeClaimer:
     if request.param not in _claimers():
         pytest.skip(f"{connection.vendor} does not support the {request.param} claimer")
     cls = CompareAndSwapClaimer if request.param == "cas" else SkipLockedClaimer
 
-    def make(**kwargs: object) -> Claimer:
-        return cls(**kwargs)  # type: ignore[arg-type]
+    def make(**kwargs: Any) -> Claimer:
+        return cls(**kwargs)
 
     return make
 
 
 @pytest.mark.django_db(transaction=True)
 class TestClaimContract:
-    def test_claims_due_task_once_and_advances(self, make_claimer) -> None:  # type: ignore[no-untyped-def]
+    def test_claims_due_task_once_and_advances(self, make_claimer: MakeClaimer) -> None:
         task = interval_task("t", 10, anchor=T0, next_slot_at=T0)
         result = make_claimer().claim(T0, "node-a")
         assert [(r.periodic_task_id, r.slot) for r in result.runs] == [(task.pk, T0)]
@@ -65,19 +64,19 @@ class TestClaimContract:
         assert make_claimer().claim(T0, "node-b").runs == []
 
     def test_boundary_slot_equal_to_now_is_due_one_microsecond_before_is_not(
-        self, make_claimer  # type: ignore[no-untyped-def]
+        self, make_claimer: MakeClaimer
     ) -> None:
         interval_task("t", 10, anchor=T0, next_slot_at=T0)
         assert make_claimer().claim(T0 - timedelta(microseconds=1), "n").runs == []
         assert len(make_claimer().claim(T0, "n").runs) == 1
 
-    def test_disabled_and_future_tasks_are_not_loaded(self, make_claimer) -> None:  # type: ignore[no-untyped-def]
+    def test_disabled_and_future_tasks_are_not_loaded(self, make_claimer: MakeClaimer) -> None:
         interval_task("off", 10, anchor=T0, next_slot_at=T0, enabled=False)
         interval_task("later", 10, anchor=T0, next_slot_at=T0 + 5 * S)
         result = make_claimer().claim(T0, "n")
         assert result.runs == [] and result.tasks_seen == 0
 
-    def test_batch_size_bounds_a_round_oldest_first(self, make_claimer) -> None:  # type: ignore[no-untyped-def]
+    def test_batch_size_bounds_a_round_oldest_first(self, make_claimer: MakeClaimer) -> None:
         for i in range(5):
             interval_task(f"t{i}", 60, anchor=T0 - i * S, next_slot_at=T0 - i * S)
         first = make_claimer(batch_size=3).claim(T0, "n")
@@ -85,7 +84,9 @@ class TestClaimContract:
         second = make_claimer(batch_size=3).claim(T0, "n")
         assert len(second.runs) == 2
 
-    def test_invalid_stored_schedule_disables_task_with_reason(self, make_claimer) -> None:  # type: ignore[no-untyped-def]
+    def test_invalid_stored_schedule_disables_task_with_reason(
+        self, make_claimer: MakeClaimer
+    ) -> None:
         good = interval_task("good", 10, anchor=T0, next_slot_at=T0)
         bad = crontab_task("bad", "*/5 * * * *", next_slot_at=T0)
         PeriodicTask.objects.filter(pk=bad.pk).update(crontab_minute="99")  # edited in SQL
@@ -96,7 +97,9 @@ class TestClaimContract:
         assert not bad.enabled and bad.next_slot_at is None
         assert "minute" in bad.disabled_reason and "99" in bad.disabled_reason
 
-    def test_solar_task_fires_at_its_slot_and_skips_the_polar_night(self, make_claimer) -> None:  # type: ignore[no-untyped-def]
+    def test_solar_task_fires_at_its_slot_and_skips_the_polar_night(
+        self, make_claimer: MakeClaimer
+    ) -> None:
         sunrise = Solar("sunrise", 69.6492, 18.9553)  # Tromso
         last = sunrise.next_after(datetime(2024, 11, 26, tzinfo=UTC))
         assert last is not None
@@ -113,7 +116,7 @@ class TestClaimContract:
         bad.refresh_from_db()
         assert not bad.enabled and "solar_latitude" in bad.disabled_reason
 
-    def test_misfire_records_missed_rows(self, make_claimer) -> None:  # type: ignore[no-untyped-def]
+    def test_misfire_records_missed_rows(self, make_claimer: MakeClaimer) -> None:
         interval_task("hourly", 3600, anchor=T0, next_slot_at=T0, misfire_policy="fire_once")
         now = T0 + timedelta(hours=3, minutes=10)
         result = make_claimer().claim(now, "n")
@@ -121,7 +124,7 @@ class TestClaimContract:
         statuses = Counter(Run.objects.values_list("status", flat=True))
         assert statuses == {"claimed": 1, "missed": 3}
 
-    def test_a_day_of_missed_slots_is_one_span_row(self, make_claimer) -> None:  # type: ignore[no-untyped-def]
+    def test_a_day_of_missed_slots_is_one_span_row(self, make_claimer: MakeClaimer) -> None:
         """Recovering from a day down writes two rows per task (the catch-up run and one span
         of missed slots with its first, last and count), not one row per missed slot."""
         tasks = [interval_task(f"m{i}", 60, anchor=T0, next_slot_at=T0) for i in range(3)]
@@ -137,7 +140,7 @@ class TestClaimContract:
                 T0, T0 + timedelta(days=1), 1441)
             assert "1441 slots from" in span.error
 
-    def test_a_slot_late_because_the_beats_were_busy_fires(self, make_claimer) -> None:  # type: ignore[no-untyped-def]
+    def test_a_slot_late_because_the_beats_were_busy_fires(self, make_claimer: MakeClaimer) -> None:
         interval_task("late", 60, anchor=T0, next_slot_at=T0, misfire_policy="skip",
                       misfire_grace_seconds=5)
         now = T0 + timedelta(seconds=50)
@@ -149,7 +152,7 @@ class TestClaimContract:
         result = make_claimer().claim(now, "n", busy_since=T0 + timedelta(seconds=20))
         assert result.runs == [] and result.missed == 1
 
-    def test_race_many_threads_one_winner_per_slot(self, make_claimer) -> None:  # type: ignore[no-untyped-def]
+    def test_race_many_threads_one_winner_per_slot(self, make_claimer: MakeClaimer) -> None:
         tasks = [interval_task(f"t{i}", 5, anchor=T0, next_slot_at=T0) for i in range(30)]
         barrier = threading.Barrier(6)
         claimed: list[tuple[int | None, datetime | None]] = []
@@ -196,7 +199,7 @@ def test_claimer_for_picks_skip_locked_where_available() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_claim_round_query_count_does_not_grow_with_due_tasks(
-    django_assert_max_num_queries,  # type: ignore[no-untyped-def]
+    django_assert_max_num_queries: Any,
 ) -> None:
     for i in range(200):
         interval_task(f"t{i}", 60, anchor=T0, next_slot_at=T0)

@@ -15,8 +15,7 @@ from celery_driftsafe.clock import (
 )
 from celery_driftsafe.exceptions import ClockError
 from celery_driftsafe.testing import FakeClock, UnreachableAuthority
-
-T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+from tests.conftest import T0
 
 
 class ScriptedAuthority:
@@ -120,3 +119,22 @@ def test_fake_clock_rejects_naive_and_backwards() -> None:
     clock.sleep(2.5)
     assert clock.sleeps == [2.5]
     assert clock.now() == T0 + timedelta(seconds=2.5)
+
+
+def test_the_authority_outside_a_beat_is_one_cached_clock_and_can_be_injected() -> None:
+    from django.test import override_settings
+
+    from celery_driftsafe.changes import authority_now
+    from celery_driftsafe.clock import authority_clock
+    from celery_driftsafe.testing import inject_authority_clock
+
+    with override_settings(DRIFTSAFE={"TIME_AUTHORITY": "local"}):
+        first = authority_clock()
+        assert authority_clock() is first  # cached
+        with override_settings(DRIFTSAFE={"TIME_AUTHORITY": "local", "LEASE_SECONDS": 7}):
+            assert authority_clock() is not first  # a settings change follows
+        fake = FakeClock(datetime(2030, 1, 1, tzinfo=UTC))
+        with inject_authority_clock(fake):
+            assert authority_clock() is fake
+            assert authority_now() == datetime(2030, 1, 1, tzinfo=UTC)
+        assert authority_clock() is not fake

@@ -15,12 +15,12 @@ from django.conf import settings
 from django.core.management import CommandError, call_command, execute_from_command_line
 from django.test import override_settings
 
-from celery_driftsafe import changes, manual
+from celery_driftsafe import celery_app, changes
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus, TaskSource
 from celery_driftsafe.slots import Solar
+from tests.conftest import T0
 from tests.factories import interval_task
 
-T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 #: A second Celery app, for ``driftsafe_import --app`` (not made the current app).
 OTHER_APP = Celery("commands-tests-other", set_as_current=False)
 OTHER_APP.conf.beat_schedule = {"other-app-task": {"task": "other.task", "schedule": 60.0}}
@@ -28,10 +28,10 @@ OTHER_APP.conf.beat_schedule = {"other-app-task": {"task": "other.task", "schedu
 
 @pytest.fixture
 def app(broker_app: Any) -> Iterator[Any]:
-    manual.set_celery_app(broker_app)
+    celery_app.set_celery_app(broker_app)
     broker_app.conf.timezone = "Europe/Berlin"
     yield broker_app
-    manual.set_celery_app(None)
+    celery_app.set_celery_app(None)
 
 
 def run(*args: str) -> str:

@@ -83,3 +83,21 @@ def test_solar_howto_samples_run() -> None:
     runner = doctest.DocTestRunner()
     runner.run(test)
     assert runner.summarize(verbose=False).failed == 0
+
+
+def test_every_log_action_is_listed_in_the_docs() -> None:
+    """Each ``extra={"action": ...}`` name the package uses appears in the log-actions page."""
+    package = Path(__file__).resolve().parent.parent / "celery_driftsafe"
+    page = (package.parent / "docs" / "reference" / "log-actions.md").read_text()
+    listed = set(re.findall(r"`([a-z][a-z-]*)`", page))
+    pattern = re.compile(
+        r"\"action\": \"([a-z_-]+)\"|\baction=\"([a-z_-]+)\"|_log_extra\(\"([a-z_-]+)\""
+    )
+    used = set()
+    for path in package.rglob("*.py"):
+        for match in pattern.finditer(path.read_text()):
+            used.add(next(group for group in match.groups() if group))
+    used -= {"store_true", "append"}  # argparse, not log actions
+    assert len(used) > 40  # the scan finds them
+    assert sorted(used - listed) == []
+    assert all("_" not in action for action in used), "one style: words joined by hyphens"

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,8 @@ from django.test import override_settings
 
 from celery_driftsafe import redis_client
 from celery_driftsafe.clock import AuthorityClock, SystemClock
-from celery_driftsafe.conf import ConfigurationError, DriftSafeSettings
-from celery_driftsafe.exceptions import LockError, LockLost
+from celery_driftsafe.conf import DriftSafeSettings
+from celery_driftsafe.exceptions import ConfigurationError, LockError, LockLost
 from celery_driftsafe.locks import (
     POLL_MIN_SECONDS,
     DatabaseLockBackend,
@@ -50,12 +50,12 @@ from celery_driftsafe.redis_client import (
 )
 from celery_driftsafe.testing import FakeClock
 from tests import settings as test_settings
+from tests.conftest import T0
 
 PREFIX = test_settings.DRIFTSAFE["KEY_PREFIX"]
 # A Redis database of its own (the locks database of tests/settings.py, ``REDIS_DB + 3``):
 # ``redis_client`` flushes ``REDIS_DB`` while other tests run.
 LOCK_REDIS_URL = f"{test_settings.REDIS_SERVER}/{test_settings.REDIS_DB + 3}"
-T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 BACKENDS = [
     pytest.param("redis", id="redis"),
@@ -175,7 +175,7 @@ class TestLockContract:
             assert not stranger.extend(60)
             assert not stranger.release()
         actions = [getattr(r, "action", None) for r in caplog.records]
-        assert actions == ["lock_extend_lost", "lock_release_lost"]
+        assert actions == ["lock-extend-lost", "lock-release-lost"]
         assert not locks.lock("job", ttl=10).acquire(blocking=False), "still held"
         assert holder.extend() and holder.release()
         assert not holder.release(), "a second release is refused"
@@ -396,6 +396,36 @@ class TestDatabaseLock:
         assert clock.now() >= T0 + timedelta(seconds=2)
         assert waiter.fencing_token == 2
         assert all(0 < s <= 0.05 for s in clock.sleeps)
+
+    def test_the_watchdog_renews_on_the_fake_clock(self) -> None:
+        """No real sleep: the watchdog waits on the lock's clock, and the test moves it."""
+        clock = FakeClock(T0)
+        locks = DatabaseLockBackend(clock=clock)
+        with locks.lock("job", ttl=30).hold(watchdog=True) as held:
+            for _ in range(6):  # two leases' worth, a renewal every ttl/3
+                _until(lambda: clock.waiters == 2, "the renewer and the timekeeper waiting")
+                clock.advance(10)
+                _until(lambda: LockRow.objects.get(name="job").expires_at
+                       == clock.now() + timedelta(seconds=30), "renewed at the fake now")
+            assert not held.lost.is_set()
+            held.check()
+            assert not locks.lock("job", ttl=10).acquire(blocking=False)
+        assert not held.lost.is_set(), "released cleanly"
+        assert LockRow.objects.get(name="job").token == ""
+
+    def test_the_watchdog_declares_a_lock_taken_behind_its_back_lost(self) -> None:
+        clock = FakeClock(T0)
+        locks = DatabaseLockBackend(clock=clock)
+        calls: list[HeldLock] = []
+        with locks.lock("job", ttl=30).hold(watchdog=True, on_lost=calls.append) as held:
+            LockRow.objects.filter(name="job").update(token="intruder")
+            assert not held.lost.is_set()
+            _until(lambda: clock.waiters == 2, "the renewer and the timekeeper waiting")
+            clock.advance(10)  # the next renewal is refused
+            _until(held.lost.is_set, "the lock declared lost")
+            assert held.lost_reason is not None and "renewal refused" in held.lost_reason
+            assert calls == [held]
+        assert LockRow.objects.get(name="job").token == "intruder", "not released"
 
     def test_refuses_to_run_inside_a_transaction(self) -> None:
         lock = DatabaseLockBackend(clock=FakeClock(T0)).lock("job")
@@ -664,3 +694,11 @@ def connected(url: str, **options: Any) -> Iterator[Any]:
         yield client
     finally:
         client.close()
+
+
+def _until(condition: Callable[[], bool], what: str, seconds: float = 10.0) -> None:
+    """Wait (really, briefly) until a watchdog thread has reacted to the fake clock."""
+    give_up = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < give_up, f"timed out waiting for {what}"
+        time.sleep(0.005)

@@ -8,7 +8,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -16,17 +16,16 @@ from django.core.exceptions import ValidationError
 from django.db import connection
 
 from celery_driftsafe import nodes
-from celery_driftsafe.claim import claimer_for, reclaim_stale
-from celery_driftsafe.dispatch import Dispatcher
+from celery_driftsafe.claim import claimer_for
+from celery_driftsafe.dispatch import Dispatcher, reclaim_stale
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
 from celery_driftsafe.reconcile import reconcile
 from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.testing import FakeClock
 from tests import settings as test_settings
-from tests.conftest import drain
+from tests.conftest import T0, drain
 from tests.factories import interval_task
 
-T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 S = timedelta(seconds=1)
 pytestmark = pytest.mark.django_db(transaction=True)
 

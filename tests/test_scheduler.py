@@ -3,21 +3,20 @@ clock as the authority so every instant is exact."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from celery.schedules import crontab
 
-from celery_driftsafe.claim import celery_task_id
-from celery_driftsafe.dispatch import HEADER_FENCING_TOKEN, HEADER_RUN_ID, HEADER_SLOT
+from celery_driftsafe.dispatch import celery_task_id
+from celery_driftsafe.headers import HEADER_FENCING_TOKEN, HEADER_RUN_ID, HEADER_SLOT
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus
 from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.testing import FakeClock
-from tests.conftest import QUEUE, drain
+from tests.conftest import QUEUE, T0, drain
 from tests.factories import interval_task
 
-T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 S = timedelta(seconds=1)
 
 
@@ -187,7 +186,7 @@ def test_terminate_while_waiting_exits_at_once(scheduler: DriftSafeScheduler) ->
 def test_wakeup_set_from_another_thread_ends_a_wait() -> None:
     import threading
 
-    from celery_driftsafe.scheduler import Wakeup
+    from celery_driftsafe.wakeup import Wakeup
 
     wakeup = Wakeup()
     assert not wakeup.wait(0)

@@ -56,8 +56,28 @@ def test_next_slot_agrees_with_celery_solar_below_the_polar_circles(
     ours = Solar(event, latitude, longitude).next_after(after)
     assert ours is not None
     theirs = celery_next(event, latitude, longitude, after)
+    if abs((ours - theirs).total_seconds()) > 60:
+        # A day whose event one sun model finds and the other does not: allowed only where the
+        # sun barely reaches the event's altitude that day (e.g. astronomical dawn at 63°S near
+        # midsummer, when the sun dips to about -18° and no further).
+        assert _grazes(event, latitude, longitude, min(ours, theirs)), (ours, theirs)
     # Meeus' low-precision sun: a few seconds; a minute where the sun barely grazes -18°.
-    assert abs((ours - theirs).total_seconds()) <= 60, (ours, theirs)
+
+
+def _grazes(event: str, latitude: float, longitude: float, around: datetime) -> bool:
+    """Whether the sun's lowest or highest altitude within 12 hours of ``around`` (ephem's sun,
+    no refraction) comes within 0.3° of ``event``'s altitude."""
+    target = EVENTS[event][1]
+    target = -34 / 60 if target is None else target  # the upper limb: near enough for 0.3°
+    observer = ephem.Observer()
+    observer.lat, observer.lon, observer.pressure = str(latitude), str(longitude), 0
+    sun = ephem.Sun()
+    altitudes = []
+    for minutes in range(-12 * 60, 12 * 60 + 1, 5):
+        observer.date = ephem.Date((around + timedelta(minutes=minutes)).replace(tzinfo=None))
+        sun.compute(observer)
+        altitudes.append(float(sun.alt) * 180 / 3.141592653589793)
+    return min(abs(min(altitudes) - target), abs(max(altitudes) - target)) <= 0.3
 
 
 @pytest.mark.parametrize("place", [TROMSO, LONGYEARBYEN, (-77.85, 166.67)])

@@ -14,8 +14,9 @@ import pytest
 from celery.exceptions import Ignore
 from django.test import override_settings
 
+from celery_driftsafe.headers import read_headers
 from celery_driftsafe.models import Run, RunKind, RunStatus
-from celery_driftsafe.task import DriftSafeTask, read_headers
+from celery_driftsafe.task import DriftSafeTask
 from tests import settings as test_settings
 from tests.conftest import drain
 from tests.factories import interval_task

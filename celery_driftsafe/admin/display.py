@@ -18,9 +18,8 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from celery_driftsafe.clock import authority_from_settings
-from celery_driftsafe.conf import ConfigurationError
-from celery_driftsafe.exceptions import ClockError, ScheduleError
+from celery_driftsafe.clock import authority_clock
+from celery_driftsafe.exceptions import ClockError, ConfigurationError, ScheduleError
 from celery_driftsafe.models import STAND_IN_ANCHOR, PeriodicTask, RunStatus, ScheduleKind
 
 logger = logging.getLogger(__name__)
@@ -42,7 +41,7 @@ STATUS_COLOURS: dict[str, str] = {
 def read_authority() -> datetime | None:
     """One reading of the time authority, or None (logged) when it cannot be read."""
     try:
-        return authority_from_settings().read()
+        return authority_clock().now()
     except (ClockError, ConfigurationError) as exc:
         logger.warning("admin page without the authority's time: %s", exc,
                        extra={"action": "admin-clock"})

@@ -30,12 +30,13 @@ from celery_driftsafe.admin.display import (
     schedule_cell,
     status_badge,
 )
-from celery_driftsafe.clock import AuthorityClock, authority_from_settings
-from celery_driftsafe.conf import ConfigurationError
-from celery_driftsafe.exceptions import ClockError
+from celery_driftsafe.celery_app import get_celery_app
+from celery_driftsafe.clock import authority_clock
+from celery_driftsafe.exceptions import ClockError, ConfigurationError
 from celery_driftsafe.forms import PeriodicTaskForm
-from celery_driftsafe.manual import admin_actor, get_celery_app, run_now
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
+from celery_driftsafe.run_now import admin_actor, run_now
+from celery_driftsafe.schedule_fields import CRONTAB_FIELDS, ONE_OFF_FIELDS, SOLAR_FIELDS
 
 logger = logging.getLogger(__name__)
 
@@ -99,10 +100,8 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
         (None, {"fields": ("name", "task", "args", "kwargs", "enabled", "disabled_reason")}),
         ("Schedule", {
             "fields": (
-                "schedule_kind", ("interval_every", "interval_unit"),
-                ("crontab_second", "crontab_minute", "crontab_hour",
-                 "crontab_day_of_month", "crontab_month_of_year", "crontab_day_of_week"),
-                "timezone", "one_off_at", ("solar_event", "solar_latitude", "solar_longitude"),
+                "schedule_kind", ("interval_every", "interval_unit"), tuple(CRONTAB_FIELDS),
+                "timezone", *ONE_OFF_FIELDS, SOLAR_FIELDS,
             ),
             "description": "Fill in the fields of the chosen kind: interval (every N units), "
                            "crontab (cron fields evaluated in the time zone; seconds are "
@@ -209,7 +208,7 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
     def run_now(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
         try:
             app = get_celery_app()
-            clock = AuthorityClock(authority_from_settings(), samples=1)
+            clock = authority_clock()
             actor = admin_actor(request.user.get_username())
             for task in queryset:
                 result = run_now(task, app=app, clock=clock, actor=actor)

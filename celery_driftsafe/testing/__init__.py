@@ -9,6 +9,12 @@ boundary cases (a slot exactly at ``now``) are exact rather than hoped for::
     clock = FakeClock(datetime(2026, 3, 29, 0, 59, tzinfo=UTC))
     clock.advance(60)
     assert clock.now() == datetime(2026, 3, 29, 1, 0, tzinfo=UTC)
+
+:func:`inject_authority_clock` puts such a clock in place of the authority for everything
+outside a beat (the task base class, run now, the admin, schedule edits)::
+
+    with inject_authority_clock(FakeClock(start)):
+        task.save()   # its first slot is computed from ``start``
 """
 
 from __future__ import annotations
@@ -16,7 +22,10 @@ from __future__ import annotations
 import threading
 from datetime import UTC, datetime, timedelta
 
+from celery_driftsafe.clock import inject_authority_clock
 from celery_driftsafe.exceptions import ClockError
+
+__all__ = ["FakeClock", "UnreachableAuthority", "inject_authority_clock"]
 
 
 class FakeClock:
@@ -33,6 +42,9 @@ class FakeClock:
         self._now = start.astimezone(UTC)
         self._monotonic = monotonic_start
         self._lock = threading.Lock()
+        self._advanced = threading.Condition(self._lock)
+        #: Threads inside :meth:`wait` now (a test advances once they all wait).
+        self.waiters = 0
         self.sleeps: list[float] = []
 
     def now(self) -> datetime:
@@ -58,6 +70,7 @@ class FakeClock:
         with self._lock:
             self._now += delta
             self._monotonic += delta.total_seconds()
+            self._advanced.notify_all()
             return self._now
 
     def set(self, instant: datetime) -> None:
@@ -66,6 +79,24 @@ class FakeClock:
             raise ValueError("FakeClock.set needs an aware datetime")
         with self._lock:
             self._now = instant.astimezone(UTC)
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        """Until ``event`` is set or this clock has been advanced by ``seconds`` (by another
+        thread); whether the event is set. What a lock's watchdog waits with, so a test moves
+        a lease along with :meth:`advance` instead of sleeping."""
+        with self._lock:
+            deadline = self._monotonic + max(seconds, 0.0)
+            self.waiters += 1
+        try:
+            while not event.is_set():
+                with self._advanced:
+                    if self._monotonic >= deadline:
+                        return False
+                    self._advanced.wait(0.005)  # also notices the event, which does not notify
+            return True
+        finally:
+            with self._lock:
+                self.waiters -= 1
 
     # The Authority protocol, so a FakeClock can also stand in for the shared clock.
     def read(self) -> datetime:

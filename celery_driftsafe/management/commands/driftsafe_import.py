@@ -30,13 +30,13 @@ from typing import Any
 from django.apps import apps
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import IntegrityError, transaction
 
 from celery_driftsafe.beat_schedule import entry_fields
+from celery_driftsafe.celery_app import get_celery_app, load_celery_app
 from celery_driftsafe.changes import authority_now
 from celery_driftsafe.exceptions import ScheduleError
-from celery_driftsafe.manual import get_celery_app, load_celery_app
 from celery_driftsafe.models import IntervalUnit, PeriodicTask, ScheduleKind, TaskSource
+from celery_driftsafe.upsert import UNCHECKED, Upserted, upsert_by_name
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ def from_django_celery_beat() -> list[Entry]:
 def _validate(entry: Entry) -> None:
     task = PeriodicTask(name=entry.name, **entry.fields, **entry.on_create)
     try:
-        task.full_clean(exclude=["interval_anchor", "next_slot_at"], validate_unique=False)
+        task.full_clean(exclude=UNCHECKED, validate_unique=False)
     except ValidationError as exc:
         entry.error = "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
 
@@ -205,26 +205,17 @@ def apply(outcomes: list[Outcome], now: datetime) -> None:
         entry = outcome.entry
         if outcome.action not in ("create", "update"):
             continue
-        with transaction.atomic():
-            task = PeriodicTask.objects.select_for_update().filter(name=entry.name).first()
-            if task is None:
-                if outcome.action == "update":
-                    outcome.action, outcome.detail = "error", "deleted meanwhile"
-                    continue
-                task = PeriodicTask(name=entry.name, **entry.fields, **entry.on_create)
-            else:
-                if outcome.action == "create":
-                    outcome.action, outcome.detail = "unchanged", "created meanwhile"
-                    continue
-                for key, value in entry.fields.items():
-                    if key != "source":
-                        setattr(task, key, value)
-            task.driftsafe_now = now  # type: ignore[attr-defined]
-            try:
-                with transaction.atomic():
-                    task.save()
-            except IntegrityError:
-                outcome.action, outcome.detail = "unchanged", "created meanwhile"
+        written = upsert_by_name(
+            entry.name, entry.fields, now=now, on_create=entry.on_create,
+            create=outcome.action == "create", update=outcome.action == "update",
+        )
+        if written == Upserted.MISSING:
+            outcome.action, outcome.detail = "error", "deleted meanwhile"
+            continue
+        if written == Upserted.EXISTS:
+            outcome.action, outcome.detail = "unchanged", "created meanwhile"
+        elif written == Upserted.UNCHANGED:
+            outcome.action, outcome.detail = "unchanged", "changed to the same meanwhile"
         logger.info("imported %s from %s: %s", entry.name, entry.origin, outcome.action,
                     extra={"action": "import", "task": entry.name})
 

@@ -15,8 +15,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Count, Min, Q
 
-from celery_driftsafe.conf import ConfigurationError, get_settings
-from celery_driftsafe.exceptions import ClockError
+from celery_driftsafe.conf import get_settings
+from celery_driftsafe.exceptions import ClockError, ConfigurationError
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus
 
 #: Exit status when no beat node is alive.

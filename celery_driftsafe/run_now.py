@@ -16,9 +16,7 @@ exactly like a scheduled one:
 A manual run changes nothing about the schedule: ``next_slot_at``, ``last_slot_at`` and
 ``run_count`` stay as they are, and the overlap policy does not apply (an operator asked).
 
-The Celery app comes from :func:`get_celery_app`: the app installed with
-:func:`set_celery_app` (tests, or a project that wants to be explicit), else
-``DRIFTSAFE['CELERY_APP']`` (a dotted path), else ``celery.current_app``.
+The Celery app comes from :func:`celery_driftsafe.celery_app.get_celery_app`.
 """
 
 from __future__ import annotations
@@ -28,65 +26,22 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from importlib import import_module
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
-from celery_driftsafe.claim import celery_task_id, claimed_run, run_message
-from celery_driftsafe.clock import AuthorityClock, Clock, authority_from_settings
-from celery_driftsafe.conf import ConfigurationError, get_settings
-from celery_driftsafe.dispatch import Dispatcher, DispatchResult
+from celery_driftsafe.celery_app import get_celery_app
+from celery_driftsafe.clock import Clock, authority_clock
+from celery_driftsafe.dispatch import (
+    Dispatcher,
+    DispatchResult,
+    celery_task_id,
+    claimed_run,
+    run_message,
+)
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 
 logger = logging.getLogger(__name__)
-
-_app_override: Any = None
-
-
-def set_celery_app(app: Any) -> None:
-    """Use ``app`` for task-name validation and manual runs (``None``: back to the default)."""
-    global _app_override
-    _app_override = app
-
-
-def load_celery_app(path: str) -> Any:
-    """Import the Celery app ``path`` names: ``"proj.celery:app"`` or ``"proj.celery.app"``."""
-    module_name, colon, attribute = path.partition(":")
-    if not colon:
-        module_name, _, attribute = path.rpartition(".")
-    if not module_name or not attribute:
-        raise ConfigurationError(
-            "CELERY_APP", path, "is not a dotted path", "write e.g. 'proj.celery:app'"
-        )
-    try:
-        app = getattr(import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(
-            "CELERY_APP", path, f"cannot be imported: {exc}", "check the module and name"
-        ) from exc
-    if not hasattr(app, "tasks") or not hasattr(app, "send_task"):
-        raise ConfigurationError("CELERY_APP", path, "is not a Celery app")
-    return app
-
-
-def get_celery_app() -> Any:
-    """The Celery app whose task registry the admin checks and that publishes manual runs."""
-    if _app_override is not None:
-        return _app_override
-    path = get_settings().celery_app
-    if path:
-        return load_celery_app(path)
-    from celery import current_app
-
-    return current_app._get_current_object()
-
-
-def registered_task_names(app: Any | None = None) -> list[str]:
-    """Names of the tasks registered with ``app`` (default :func:`get_celery_app`), sorted,
-    without Celery's own ``celery.*`` tasks."""
-    app = app if app is not None else get_celery_app()
-    return sorted(name for name in app.tasks if not name.startswith("celery."))
 
 
 def admin_actor(username: str) -> str:
@@ -123,13 +78,13 @@ def run_now(
 ) -> ManualRun:
     """Start ``task`` now, through the ledger (see the module docstring).
 
-    ``clock`` supplies the slot (default: one reading of the configured time authority);
+    ``clock`` supplies the slot (default: :func:`~celery_driftsafe.clock.authority_clock`);
     ``actor`` is recorded as ``claimed_by``. Inside a caller's transaction the publish waits
     for its commit, so a worker never receives a run it cannot see yet.
     """
     app = app if app is not None else get_celery_app()
     if clock is None:
-        clock = AuthorityClock(authority_from_settings(using=using), samples=1)
+        clock = authority_clock(using)
     slot = clock.now()
     task_id = celery_task_id(task.pk, slot)
     actor = actor or _default_actor()

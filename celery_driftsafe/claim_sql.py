@@ -1,0 +1,211 @@
+"""The claim's bulk SQL: the run rows a round inserts and the task rows it advances, each in
+one statement whatever the number of tasks (``unnest`` arrays on PostgreSQL, ``CASE`` columns
+elsewhere). The claim's contract and its two implementations are in
+:mod:`celery_driftsafe.claim`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import (
+    connections,
+)
+
+from celery_driftsafe.dispatch import ClaimedRun, message_parts
+from celery_driftsafe.misfire import MissedSpan
+from celery_driftsafe.models import (
+    PeriodicTask,
+    Run,
+    RunKind,
+    RunStatus,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class NewRun:
+    """A run row a claim round writes (lighter than a model instance: a burst writes many)."""
+
+    task: PeriodicTask
+    slot: datetime
+    status: str
+    celery_task_id: str = ""
+    message: dict[str, Any] = field(default_factory=dict)
+    message_text: str = "{}"
+    expires_at: datetime | None = None
+    error: str = ""
+    missed_count: int = 1
+    missed_until: datetime | None = None
+    pk: int | None = None
+
+    def model(self, now: datetime, node_id: str) -> Run:
+        return Run(
+            periodic_task=self.task, task_name=self.task.task, kind=RunKind.SCHEDULED,
+            slot=self.slot, status=self.status, claimed_by=node_id, claimed_at=now,
+            celery_task_id=self.celery_task_id, message=self.message,
+            expires_at=self.expires_at, error=self.error, missed_count=self.missed_count,
+            missed_until=self.missed_until,
+            dispatch_attempts=1 if self.status == RunStatus.CLAIMED else 0,
+        )
+
+    def claimed(self, node_id: str) -> ClaimedRun:
+        assert self.pk is not None
+        return ClaimedRun(
+            run_id=self.pk, periodic_task_id=self.task.pk, task_name=self.task.task,
+            slot=self.slot, celery_task_id=self.celery_task_id, fencing_token=0,
+            claimed_by=node_id, expires_at=self.expires_at, dispatch_attempts=1,
+            **message_parts(self.message),
+        )
+
+
+def missed_row(task: PeriodicTask, slot: datetime, now: datetime) -> NewRun:
+    late = (now - slot).total_seconds()
+    return NewRun(task, slot, RunStatus.MISSED,
+                  error=f"missed: claimed {late:.1f} s after its slot, past the misfire grace")
+
+
+def span_row(task: PeriodicTask, span: MissedSpan) -> NewRun:
+    error = (f"{span.count} slots from {span.first.isoformat()} to {span.last.isoformat()} "
+             "were missed (the beats were down or the task was disabled); this one row "
+             "stands for all of them")
+    return NewRun(task, span.first, RunStatus.MISSED, error=error, missed_count=span.count,
+                  missed_until=span.last)
+
+
+#: Per-row columns of the claim's insert, by status (the others are the same for every row).
+_ROW_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    RunStatus.CLAIMED: (
+        ("periodic_task_id", "bigint"), ("task_name", "text"), ("slot", "timestamptz"),
+        ("celery_task_id", "text"), ("message", "jsonb"), ("expires_at", "timestamptz"),
+    ),
+    RunStatus.MISSED: (
+        ("periodic_task_id", "bigint"), ("task_name", "text"), ("slot", "timestamptz"),
+        ("error", "text"), ("missed_count", "integer"), ("missed_until", "timestamptz"),
+    ),
+}
+
+
+_ROW_VALUES: dict[str, Callable[[NewRun], Any]] = {
+    "periodic_task_id": lambda row: row.task.pk,
+    "task_name": lambda row: row.task.task,
+    "slot": lambda row: row.slot,
+    "celery_task_id": lambda row: row.celery_task_id,
+    "message": lambda row: row.message_text,
+    "expires_at": lambda row: row.expires_at,
+    "error": lambda row: row.error,
+    "missed_count": lambda row: row.missed_count,
+    "missed_until": lambda row: row.missed_until,
+}
+
+
+def insert_runs_postgresql(
+    connection: Any, rows: Sequence[NewRun], now: datetime, node_id: str
+) -> None:
+    """``INSERT … SELECT … FROM unnest(…) ON CONFLICT DO NOTHING RETURNING``: one statement
+    for rows of one status, an array per column that varies and one value for each column that
+    does not; sets the new ids on ``rows``. A row whose slot already has a run is skipped (its
+    ``pk`` stays None)."""
+    status = rows[0].status
+    columns = _ROW_COLUMNS[status]
+    constants = {
+        "kind": RunKind.SCHEDULED, "status": status, "claimed_by": node_id, "claimed_at": now,
+        "fencing_token": 0, "dispatch_attempts": 1 if status == RunStatus.CLAIMED else 0,
+        "duplicate_deliveries": 0, "worker": "", "attempt": 0,
+        **({"error": "", "missed_count": 1} if status == RunStatus.CLAIMED
+           else {"celery_task_id": "", "message": "{}"}),
+    }
+    table = connection.ops.quote_name(Run._meta.db_table)
+    names = ", ".join([*(name for name, _ in columns), *constants])
+    # jsonb travels as text (one array of JSON documents) and is cast back per row.
+    arrays = ", ".join(f"%s::{'text' if kind == 'jsonb' else kind}[]" for _, kind in columns)
+    selects = ", ".join(
+        [*(f"v.{name}::jsonb" if kind == "jsonb" else f"v.{name}" for name, kind in columns),
+         *(("%s::jsonb" if name == "message" else "%s") for name in constants)]
+    )
+    values = [[_ROW_VALUES[name](row) for row in rows] for name, _ in columns]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} ({names}) SELECT {selects} FROM unnest({arrays}) "
+            f"AS v({', '.join(name for name, _ in columns)}) "
+            "ON CONFLICT DO NOTHING RETURNING id, periodic_task_id, slot",
+            [*constants.values(), *values],
+        )
+        ids = {(task_id, slot): pk for pk, task_id, slot in cursor.fetchall()}
+    for row in rows:
+        row.pk = ids.get((row.task.pk, row.slot))
+
+
+_FIELDS = ("next_slot_at", "last_slot_at", "run_count", "enabled", "disabled_reason")
+
+
+_PG_TYPES = ("timestamptz", "timestamptz", "bigint", "boolean", "text")
+
+
+def advance_tasks(
+    using: str, tasks: Sequence[PeriodicTask], seen: dict[int, Any] | None = None
+) -> set[int]:
+    """Write the claim state of ``tasks`` in one statement; return the ids written.
+
+    With ``seen`` (task id -> the ``next_slot_at`` read before planning) the statement is a
+    compare-and-swap: a task is written only while enabled and still at that slot, and the
+    ids returned are the tasks this caller won. PostgreSQL gets ``UPDATE ... FROM unnest(...)``;
+    other databases a ``CASE`` per column (with ``RETURNING`` for the swap: SQLite 3.35+).
+    """
+    if not tasks:
+        return set()
+    connection = connections[using]
+    table = connection.ops.quote_name(PeriodicTask._meta.db_table)
+    if connection.vendor == "postgresql":
+        return _advance_postgresql(connection, table, tasks, seen)
+    adapt = connection.ops.adapt_datetimefield_value
+    assignments: list[str] = []
+    params: list[Any] = []
+    for name in _FIELDS:
+        whens = []
+        for task in tasks:
+            value = getattr(task, name)
+            whens.append("WHEN %s THEN %s")
+            params.extend([task.pk, adapt(value) if name.endswith("_at") else value])
+        assignments.append(f"{connection.ops.quote_name(name)} = CASE id {' '.join(whens)} END")
+    if seen is None:
+        where = f"id IN ({', '.join(['%s'] * len(tasks))})"
+        params.extend(task.pk for task in tasks)
+    else:
+        pairs = " OR ".join(["(id = %s AND next_slot_at = %s)"] * len(tasks))
+        where = f"enabled AND ({pairs})"
+        for task in tasks:
+            params.extend([task.pk, adapt(seen[task.pk])])
+    sql = f"UPDATE {table} SET {', '.join(assignments)} WHERE {where}"
+    with connection.cursor() as cursor:
+        if seen is None:
+            cursor.execute(sql, params)
+            return {task.pk for task in tasks}
+        cursor.execute(sql + " RETURNING id", params)
+        return {row[0] for row in cursor.fetchall()}
+
+
+def _advance_postgresql(
+    connection: Any, table: str, tasks: Sequence[PeriodicTask], seen: dict[int, Any] | None
+) -> set[int]:
+    columns = ["id", *_FIELDS]
+    types = ["bigint", *_PG_TYPES]
+    arrays: list[list[Any]] = [[task.pk for task in tasks]]
+    arrays += [[getattr(task, name) for task in tasks] for name in _FIELDS]
+    where = f"{table}.id = v.id"
+    if seen is not None:
+        columns.append("seen")
+        types.append("timestamptz")
+        arrays.append([seen[task.pk] for task in tasks])
+        where += f" AND {table}.enabled AND {table}.next_slot_at = v.seen"
+    sets = ", ".join(f"{name} = v.{name}" for name in _FIELDS)
+    unnest = ", ".join(f"%s::{t}[]" for t in types)
+    sql = (f"UPDATE {table} SET {sets} FROM unnest({unnest}) AS v({', '.join(columns)}) "
+           f"WHERE {where} RETURNING {table}.id")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, arrays)
+        return {row[0] for row in cursor.fetchall()}

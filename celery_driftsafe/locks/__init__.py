@@ -1,0 +1,68 @@
+"""Locks: mutual exclusion with a lease, a holder token and a fencing token.
+
+Two backends keep one contract (:class:`DistributedLock`); :func:`lock_backend` picks one from
+the settings::
+
+    locks = lock_backend()                  # Redis if REDIS_URL is set, else the database
+    lock = locks.lock("run:42", ttl=30)
+    with lock.hold(watchdog=True, on_lost=alert) as held:
+        do_work(fencing_token=held.fencing_token)   # storage refuses older tokens
+        held.check()                                # raises LockLost if the lease is gone
+
+* :class:`RedisLockBackend`: ``SET <prefix>:lock:<name> token NX PX ttl`` and ``INCR
+  <prefix>:fence:<name>`` in one Lua script; release and extend are compare-token scripts. The
+  lease is timed by Redis. The fencing counter never expires; it would go back only if Redis
+  lost data (a flush, or a failover to a replica that missed the last writes).
+* :class:`DatabaseLockBackend`: one row per name in :class:`celery_driftsafe.models.Lock`,
+  taken over by a conditional ``UPDATE`` (free, or ``expires_at <= now``) that also increments
+  the fencing token. Time comes from the backend's clock (by default the database server's,
+  see :class:`~celery_driftsafe.clock.AuthorityClock`), never from this machine's wall clock.
+
+A lease is a promise about time, so a holder paused for longer than its lease (GC, swap, a
+stopped VM) can wake up still believing it holds the lock. Locks give liveness and cheap
+exclusion; safety comes from the database refusing writes that carry an older fencing token.
+"""
+
+from __future__ import annotations
+
+from celery_driftsafe.clock import Clock
+from celery_driftsafe.conf import DriftSafeSettings, get_settings
+from celery_driftsafe.locks.contract import DEFAULT_TTL, DistributedLock, HeldLock, LockBackend
+from celery_driftsafe.locks.database import DatabaseLock, DatabaseLockBackend
+from celery_driftsafe.locks.lease import (
+    POLL_MAX_SECONDS,
+    POLL_MIN_SECONDS,
+    WATCHDOG_START_FRACTION,
+)
+from celery_driftsafe.locks.redis import RedisLock, RedisLockBackend
+
+__all__ = [
+    "DEFAULT_TTL",
+    "POLL_MAX_SECONDS",
+    "POLL_MIN_SECONDS",
+    "WATCHDOG_START_FRACTION",
+    "DatabaseLock",
+    "DatabaseLockBackend",
+    "DistributedLock",
+    "HeldLock",
+    "LockBackend",
+    "RedisLock",
+    "RedisLockBackend",
+    "lock_backend",
+]
+
+
+def lock_backend(
+    settings: DriftSafeSettings | None = None,
+    *,
+    clock: Clock | None = None,
+    using: str = "default",
+) -> LockBackend:
+    """The lock backend the settings call for: Redis when ``REDIS_URL`` is set, else the
+    database (``using``). ``clock`` overrides each backend's default clock."""
+    settings = settings or get_settings()
+    if settings.redis_url:
+        from celery_driftsafe.redis_client import get_redis, key_prefix
+
+        return RedisLockBackend(get_redis(settings), key_prefix(settings), clock=clock)
+    return DatabaseLockBackend(clock=clock, using=using)

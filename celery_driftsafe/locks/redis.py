@@ -1,0 +1,109 @@
+"""The Redis lock backend: a lease timed by Redis, a fencing counter that never expires."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from celery_driftsafe.clock import Clock, SystemClock
+from celery_driftsafe.exceptions import LockError
+from celery_driftsafe.locks.contract import DEFAULT_TTL
+from celery_driftsafe.locks.lease import _LeaseLock
+
+logger = logging.getLogger("celery_driftsafe.locks")
+
+# KEYS[1] the lock, KEYS[2] its fencing counter; ARGV[1] the token, ARGV[2] the lease in ms,
+# ARGV[3] the fencing floor (the token handed out is above it).
+_ACQUIRE_SCRIPT = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    local token = redis.call('INCR', KEYS[2])
+    local floor = tonumber(ARGV[3])
+    if token <= floor then
+        token = floor + 1
+        redis.call('SET', KEYS[2], token)
+    end
+    return token
+end
+return 0
+"""
+_EXTEND_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_RELEASE_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class RedisLockBackend:
+    """Locks in Redis under ``<key_prefix>:lock:<name>``, fencing counters under
+    ``<key_prefix>:fence:<name>``. ``clock`` only measures waits (Redis times the lease).
+
+    One server or a Sentinel-managed master; not Redis Cluster (the two keys of a lock would
+    need to share a hash slot). The client's socket timeouts and retries bound how long one
+    call can hang; the watchdog declares a lease lost on time regardless.
+    """
+
+    def __init__(
+        self, client: Any, key_prefix: str = "driftsafe", *, clock: Clock | None = None
+    ) -> None:
+        self.client = client
+        self.key_prefix = key_prefix
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.acquire_script = client.register_script(_ACQUIRE_SCRIPT)
+        self.extend_script = client.register_script(_EXTEND_SCRIPT)
+        self.release_script = client.register_script(_RELEASE_SCRIPT)
+
+    def lock(self, name: str, ttl: float = DEFAULT_TTL, *, fencing_floor: int = 0) -> RedisLock:
+        return RedisLock(self, name, ttl, fencing_floor=fencing_floor)
+
+    def lock_key(self, name: str) -> str:
+        return f"{self.key_prefix}:lock:{name}"
+
+    def fence_key(self, name: str) -> str:
+        return f"{self.key_prefix}:fence:{name}"
+
+
+def _ms(ttl: float) -> int:
+    # Round up: Redis' lease never ends before the local view of it.
+    return math.ceil(ttl * 1000)
+
+
+class RedisLock(_LeaseLock):
+    """A :class:`DistributedLock` in Redis; see :class:`RedisLockBackend`."""
+
+    def __init__(
+        self, backend: RedisLockBackend, name: str, ttl: float = DEFAULT_TTL,
+        *, fencing_floor: int = 0,
+    ) -> None:
+        super().__init__(name, ttl, backend.clock, fencing_floor)
+        self.backend = backend
+        self.key = backend.lock_key(name)
+
+    def _call(self, script: Any, keys: Sequence[str], args: Sequence[str | int]) -> int:
+        from redis.exceptions import RedisError
+
+        try:
+            return int(script(keys=list(keys), args=list(args)))
+        except RedisError as exc:
+            raise LockError(f"lock {self.name!r}: Redis error: {exc}") from exc
+
+    def _acquire_token(self, token: str, ttl: float) -> int | None:
+        keys = (self.key, self.backend.fence_key(self.name))
+        fencing_token = self._call(
+            self.backend.acquire_script, keys, (token, _ms(ttl), self.fencing_floor)
+        )
+        return fencing_token or None
+
+    def _extend_token(self, token: str, ttl: float) -> bool:
+        return self._call(self.backend.extend_script, (self.key,), (token, _ms(ttl))) == 1
+
+    def _release_token(self, token: str) -> bool:
+        return self._call(self.backend.release_script, (self.key,), (token,)) == 1
