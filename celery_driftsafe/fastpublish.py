@@ -20,10 +20,10 @@ Where that cannot be exact the fast path declines and the dispatcher uses ``appl
   a receiver may change the message; with receivers, every message takes Celery's path;
 - a publish from inside a running worker task (Celery takes the parent's ids then);
 - publish options other than ``queue``, ``exchange``, ``routing_key``, ``priority`` and
-  ``headers`` (a run's captured options), a task class that overrides ``shadow_name``, a task
-  with an ``expires`` of its own that is not an instant, a task whose arguments Celery turns
-  into something else (pydantic), a task whose arguments do not fit its signature (Celery's
-  error is recorded by the slow path).
+  ``headers`` (a run's captured options), a task class that overrides ``apply_async`` or
+  ``shadow_name``, a task with an ``expires`` of its own that is not an instant, a task whose
+  arguments Celery turns into something else (pydantic), a task whose arguments do not fit
+  its signature (Celery's error is recorded by the slow path).
 
 Routers (``task_routes``) are asked once per task and arguments, when the message is built:
 a router whose answer for the same task and arguments changes from call to call needs
