@@ -118,8 +118,11 @@ class DriftSafeScheduler(Scheduler):
             len(report.updated), len(report.unchanged), len(report.errors),
             extra={"action": "start", "node": self.node_id},
         )
-        self._listener = start_change_listener(self.settings, self._wake, self._shutdown)
+        self._listener = self._start_listener()
         self._ready = True
+
+    def _start_listener(self) -> threading.Thread | None:  # a test's stepped beat has none
+        return start_change_listener(self.settings, self._wake, self._shutdown)
 
     def _start_up(self) -> SyncReport:
         """Measure the clock, register the node, mirror ``beat_schedule`` (all idempotent).

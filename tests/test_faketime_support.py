@@ -297,7 +297,11 @@ def test_upstream_bug_without_shim_gil_thrashes() -> None:
     """pthread_cond_timedwait on a CLOCK_MONOTONIC condvar times out at once."""
     switches = json.loads(run_python(GIL_SCRIPT, libfaketime_only(-4)))
 
-    assert switches > 200, f"GIL changed hands only {switches} times in 1 s"
+    # A kept 50 ms switch interval allows at most about 20 hand-overs in the second (the shim's
+    # test above allows < 60). The bug hands the GIL over thousands of times on an idle machine
+    # and still about a hundred times when other processes leave the spinners little CPU, so
+    # the line between the two is drawn at three times the ceiling, not at an idle machine's count.
+    assert switches > 60, f"GIL changed hands only {switches} times in 1 s"
 
 
 # --- the helpers themselves ------------------------------------------------------------

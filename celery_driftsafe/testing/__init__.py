@@ -15,6 +15,10 @@ outside a beat (the task base class, run now, the admin, schedule edits)::
 
     with inject_authority_clock(FakeClock(start)):
         task.save()   # its first slot is computed from ``start``
+
+The pytest plugin (:mod:`celery_driftsafe.testing.pytest_plugin`) does that for a whole test,
+and its ``driftsafe`` fixture (:class:`~celery_driftsafe.testing.beat.SteppedBeat`) runs the
+real scheduler's rounds on the fake clock (see :doc:`/howto/test-your-schedules`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,76 @@
+"""The testing kit with a worker: the ``driftsafe`` beat publishes through pytest-celery's
+``celery_app`` (Celery's in-process test app, on its in-memory broker) and Celery's in-process
+worker (``start_worker``) executes what it publishes, as ``DriftSafeTask`` runs, on the fake
+clock the kit installed for the whole process. An in-process worker is enough here: the test is
+about the kit's messages being real, complete messages, not about processes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from celery.contrib.testing.worker import start_worker
+from celery.signals import task_postrun
+
+from celery_driftsafe.models import PeriodicTask, RunStatus
+from celery_driftsafe.task import DriftSafeTask
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def driftsafe_publish_app(celery_app: Any) -> Any:
+    """The kit's beat publishes through pytest-celery's in-process test app."""
+    return celery_app
+
+
+@pytest.fixture
+def executed(celery_app: Any, redis_client: Any) -> Iterator[list[str]]:
+    """Register ``kit.tick`` (a DriftSafeTask recording its Celery task id), run an in-process
+    worker for the test, and close the database connections of the worker's thread."""
+    from django.db import connections
+
+    seen: list[str] = []
+
+    @celery_app.task(name="kit.tick", base=DriftSafeTask, bind=True, shared=False)
+    def tick(self: Any) -> str:
+        seen.append(self.request.id)
+        return "ticked"
+
+    def close_connections(**kwargs: Any) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            connections.close_all()
+
+    task_postrun.connect(close_connections, weak=False, dispatch_uid="kit-close-postrun")
+    try:
+        with start_worker(celery_app, pool="solo", perform_ping_check=False,
+                          loglevel="WARNING"):
+            yield seen
+    finally:
+        task_postrun.disconnect(dispatch_uid="kit-close-postrun")
+
+
+def test_what_the_stepped_beat_publishes_runs_once_per_slot_on_a_worker(
+    driftsafe: Any, executed: list[str]
+) -> None:
+    driftsafe.clock.set(datetime(2026, 3, 29, 0, 0, tzinfo=UTC))
+    PeriodicTask.objects.create(name="tick", task="kit.tick", schedule_kind="interval",
+                                interval_every=10, interval_unit="minutes")
+    driftsafe.advance(timedelta(hours=1))
+    published = driftsafe.messages("tick")
+    assert [m.slot for m in published] == [
+        datetime(2026, 3, 29, 0, 10 * k, tzinfo=UTC) for k in range(1, 6)
+    ] + [datetime(2026, 3, 29, 1, 0, tzinfo=UTC)]
+    runs = driftsafe.runs("tick")
+    deadline = time.monotonic() + 30
+    while set(runs.values_list("status", flat=True)) != {RunStatus.SUCCEEDED}:
+        assert time.monotonic() < deadline, list(runs.values_list("slot", "status", "error"))
+        time.sleep(0.1)
+    assert sorted(executed) == sorted(m.task_id for m in published)  # each once
+    # The worker's clock in this process is the fake one: the runs started at fake times.
+    assert {run.started_at.date() for run in runs} == {datetime(2026, 3, 29).date()}
