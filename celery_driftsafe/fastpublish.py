@@ -33,6 +33,7 @@ a router whose answer for the same task and arguments changes from call to call 
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -235,8 +236,9 @@ class FastPublisher:
             # What kombu's Producer does with a str body that has a content type.
             payload = payload.encode(content_encoding or "utf-8")
         return MessageTemplate(
-            name, args, kwargs, options, expires is not None, skeleton, payload, content_type,
-            content_encoding, compressed, argsrepr, kwargsrepr,
+            sys.intern(name), _shared(args), _shared(kwargs), _shared(options),
+            expires is not None, skeleton, payload, content_type, content_encoding, compressed,
+            _short(argsrepr), _short(kwargsrepr),
         )
 
     def _skeleton(
@@ -260,6 +262,30 @@ class FastPublisher:
                 self._skeletons.clear()
             self._skeletons[key] = skeleton
         return skeleton
+
+#: Stand-ins for empty arguments and options: a template compares against them, never
+#: changes them, and a hundred thousand tasks then share one.
+_EMPTY_LIST: list[Any] = []
+_EMPTY_DICT: dict[str, Any] = {}
+
+
+def _shared(value: Any) -> Any:
+    """``value``, or the one shared empty list or dict it equals (memory per task)."""
+    if not value:
+        if type(value) is list:
+            return _EMPTY_LIST
+        if type(value) is dict:
+            return _EMPTY_DICT
+    return value
+
+
+def _short(text: str) -> str:
+    """The display forms of no arguments (``[]``, ``{}``): one shared string each."""
+    return _EMPTY_FORMS.get(text, text)
+
+
+_EMPTY_FORMS = {"[]": "[]", "{}": "{}", "()": "()"}
+
 
 def _to_declare(producer: Any, template: Skeleton) -> list[Any] | None:
     """The entities kombu must declare before this message: none when the connection has
