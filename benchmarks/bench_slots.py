@@ -3,8 +3,8 @@
 The scheduler calls ``next_after`` once for every slot it claims, so at 100,000 entries due
 every minute (1,667 slots/s) the per-call cost decides how much of one core this takes.
 
-Run from the repository root: ``python -m benchmarks.bench_slots [--repeat N]`` (or run the
-file directly with the package installed). Not a test: it asserts nothing.
+Run from the repository root: ``python -m benchmarks slots [--repeat N]``. Not a test: it
+asserts nothing.
 """
 
 from __future__ import annotations

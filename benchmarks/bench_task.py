@@ -1,7 +1,7 @@
 """Overhead of DriftSafeTask over a plain task, per execution, on loopback Redis and
 PostgreSQL, side by side in one run.
 
-    python benchmarks/bench_task.py [--runs 2000]
+    python -m benchmarks task [--runs 2000]
 
 Each run row is made beforehand (the beat's job); what is timed is one delivery as a worker
 calls it: the run's lock with its fencing token (one Redis call), the start that also checks
@@ -16,20 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 import uuid
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from celery_driftsafe.testing.recording import percentile
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 os.environ.setdefault("DRIFTSAFE_TEST_DB", "postgres")
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
 def main() -> None:
@@ -97,11 +90,11 @@ def main() -> None:
         print(f"{args.runs} executions, database {db}, locks on {lock}")
         print(f"{'':<16}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}")
         for label, values in timings.items():
-            print(f"{label:<16}{percentile(values, 0.5):>9.3f}{percentile(values, 0.99):>9.3f}"
+            print(f"{label:<16}{percentile(values, 50):>9.3f}{percentile(values, 99):>9.3f}"
                   f"{statistics.fmean(values):>9.3f}")
         overhead = [s - p for s, p in zip(timings["DriftSafeTask"], timings["plain task"],
                                           strict=True)]
-        print(f"{'overhead':<16}{percentile(overhead, 0.5):>9.3f}{percentile(overhead, 0.99):>9.3f}"
+        print(f"{'overhead':<16}{percentile(overhead, 50):>9.3f}{percentile(overhead, 99):>9.3f}"
               f"{statistics.fmean(overhead):>9.3f}")
     finally:
         runner.teardown_databases(old)

@@ -4,13 +4,19 @@ Runs each scenario for each scheduler in turn, on this machine, in one run, with
 schedules; prints the tables and writes docs/comparison.md with PNG plots under
 docs/_static/comparison/ (and the raw results as results.json beside them).
 
-    bash benchmarks/compare.sh                 # everything, published sizes (~40 min)
-    bash benchmarks/compare.sh --quick         # every scenario, small sizes (~5 min)
-    bash benchmarks/compare.sh --scenarios scale --tasks 10000 --no-docs
+    python -m benchmarks compare                  # the published scenarios (~40 min)
+    python -m benchmarks compare --quick          # every scenario, small sizes (~6 min)
+    python -m benchmarks compare --scenarios scale --tasks 10000 --no-docs
+    python -m benchmarks compare --scenarios burst --burst-tasks 20000 --merge RESULTS_JSON
+
+(``bash benchmarks/compare.sh ...`` first builds ``.venv-bench`` with the peers, then runs
+exactly this.)
 
 Scenarios: skew (duplicates, misses and timing with K = 1, 2, 3 skewed beats), failover
-(SIGKILL the publishing beat; peers as shipped and tuned), scale (1k/10k/100k entries on
-PostgreSQL), edits (schedule edit propagation to running beats).
+(SIGKILL the publishing beat; peers as shipped and tuned), scale (1k/10k/100k entries spread
+over the minute on PostgreSQL: the steady load), edits (schedule edit propagation to running
+beats), burst (every entry due at one instant: ours with K = 1 and 3 beats, each peer with
+one), recovery (back after an outage with no beat; not in the default set).
 """
 
 from __future__ import annotations
@@ -23,20 +29,19 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.bench_settings")
+from benchmarks import report, scenarios
+from benchmarks.peers import PEERS
+from benchmarks.trial import ROOT, Disturbed, Services, pg_exec
 
-from benchmarks import report, scenarios  # noqa: E402
-from benchmarks.peers import PEERS  # noqa: E402
-from benchmarks.trial import Disturbed, Services, pg_exec  # noqa: E402
-
-SCENARIOS = ("skew", "failover", "scale", "edits")
+SCENARIOS = ("skew", "failover", "scale", "edits", "burst", "recovery")
+#: What runs without --scenarios (recovery is long and only ours writes a ledger: ask for it).
+DEFAULT_SCENARIOS = ("skew", "failover", "scale", "edits", "burst")
 DISTS = ("celery-driftsafe", "celery", "kombu", "Django", "django-celery-beat",
          "celery-redbeat", "redis", "psycopg")
 SCALE_WINDOWS = {1_000: 60.0, 10_000: 90.0, 100_000: 150.0}
@@ -48,7 +53,8 @@ def _parser() -> argparse.ArgumentParser:
                                      epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--quick", action="store_true",
                         help="every scenario at small sizes and short windows (smoke run)")
-    parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS,
+                        default=list(DEFAULT_SCENARIOS))
     parser.add_argument("--peers", nargs="+", choices=list(PEERS), default=list(PEERS))
     parser.add_argument("--beats", type=int, nargs="+", default=None,
                         help="K values of the skew scenario (default 1 2 3)")
@@ -58,6 +64,25 @@ def _parser() -> argparse.ArgumentParser:
                         help="entry counts of the scale scenario (default 1000 10000 100000)")
     parser.add_argument("--scale-seconds", type=float, default=None,
                         help="window of every scale run (default 60/90/150 s by size)")
+    parser.add_argument("--offsets", type=float, nargs="+", default=None,
+                        help="clock offsets (s) of the beats in start order (default "
+                        f"{' '.join(f'{o:+g}' for o in scenarios.OFFSETS)})")
+    parser.add_argument("--scale-beats", type=int, default=1,
+                        help="beats of celery_driftsafe's scale runs (the peers run one)")
+    parser.add_argument("--burst-tasks", type=int, nargs="+", default=None,
+                        help="entries due at one instant (default 100000; --quick 2000)")
+    parser.add_argument("--burst-beats", type=int, nargs="+", default=None,
+                        help="K values of celery_driftsafe in the burst (default 1 3; the "
+                        "peers run one beat: django-celery-beat's beats do not coordinate, "
+                        "RedBeat has one active beat)")
+    parser.add_argument("--burst-bound", type=float, default=55.0,
+                        help="seconds after the instant the wave is watched (below 60)")
+    parser.add_argument("--recovery-tasks", type=int, nargs="+", default=None,
+                        help="entries of the recovery scenario (default 10000; --quick 1000)")
+    parser.add_argument("--outage-hours", type=float, default=None,
+                        help="hours without a beat before the recovery (default 24; --quick 1)")
+    parser.add_argument("--recovery-bound", type=float, default=None,
+                        help="seconds watched after the beat starts (default 180; --quick 40)")
     parser.add_argument("--failover-after", type=float, default=None,
                         help="seconds watched after the kill: the bound (default 45)")
     parser.add_argument("--edits", type=int, default=None, help="edits per run (default 6)")
@@ -87,6 +112,12 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
         "failover_after": args.failover_after or (6.0 if quick else 45.0),
         "tuned": not (args.no_tuned or quick),
         "edits": args.edits or (2 if quick else 6), "edit_spacing": 2.5 if quick else 5.0,
+        "scale_beats": args.scale_beats,
+        "burst_tasks": args.burst_tasks or ([2_000] if quick else [100_000]),
+        "burst_beats": args.burst_beats or [1, 3], "burst_bound": args.burst_bound,
+        "recovery_tasks": args.recovery_tasks or ([1_000] if quick else [10_000]),
+        "outage_hours": args.outage_hours or (1.0 if quick else 24.0),
+        "recovery_bound": args.recovery_bound or (40.0 if quick else 180.0),
     }
 
 
@@ -161,8 +192,16 @@ def _limits(results: dict[str, Any], own_redis: bool) -> list[str]:
     return limits
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def _uptime() -> str:
+    """``uptime``'s load averages when the run ended: the machine is shared."""
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f}, {five:.2f}, {fifteen:.2f}"
+
+
+def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     plan = _plan(args)
+    if args.offsets:
+        scenarios.OFFSETS = tuple(args.offsets)
     peers = [PEERS[key] for key in args.peers]
     started = datetime.now(UTC)
     began = time.time()
@@ -214,13 +253,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 log(f"\n== scale: {plan['tasks']} entries, windows {plan['windows']}")
                 for tasks in plan["tasks"]:
                     for peer in peers:
-                        attempt("scale", peer.key, lambda p=peer, n=tasks: scenarios.scale(
-                            services, p, n, plan["windows"][n], plan["settle"], log))
+                        beats = plan["scale_beats"] if peer.key == "driftsafe" else 1
+                        attempt("scale", peer.key, lambda p=peer, n=tasks, k=beats:
+                                scenarios.scale(services, p, n, plan["windows"][n],
+                                                plan["settle"], log, beats=k))
             if "edits" in args.scenarios:
                 log(f"\n== edits: {plan['edits']} per scheduler")
                 for peer in peers:
                     attempt("edits", peer.key, lambda p=peer: scenarios.edits(
                         services, p, plan["edits"], plan["edit_spacing"], log))
+            if "burst" in args.scenarios:
+                log(f"\n== burst: {plan['burst_tasks']} entries due at one instant, ours with "
+                    f"K = {plan['burst_beats']}, bound {plan['burst_bound']:.0f} s")
+                for tasks in plan["burst_tasks"]:
+                    for peer in peers:
+                        for k in plan["burst_beats"] if peer.key == "driftsafe" else [1]:
+                            attempt("burst", peer.key, lambda p=peer, n=tasks, k=k:
+                                    scenarios.burst(services, p, n, k, plan["burst_bound"],
+                                                    log))
+            if "recovery" in args.scenarios:
+                log(f"\n== recovery: {plan['recovery_tasks']} entries back after "
+                    f"{plan['outage_hours']:g} h")
+                for tasks in plan["recovery_tasks"]:
+                    for peer in peers:
+                        attempt("recovery", peer.key, lambda p=peer, n=tasks:
+                                scenarios.recovery(services, p, n, plan["outage_hours"] * 3600,
+                                                   plan["recovery_bound"], log))
             machine = _machine(services.broker_url)
         finally:
             own_redis = services.own_redis
@@ -231,7 +289,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "started": started.strftime("%Y-%m-%d %H:%M UTC"),
         "finished": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "duration_min": (time.time() - began) / 60,
-        "command": " ".join(["bash benchmarks/compare.sh", *sys.argv[1:]]),
+        "command": " ".join(["python -m benchmarks compare", *argv]),
         "peers": {p.key: {"shipped": p.shipped_note, "tuned": p.tuned_note} for p in peers},
         "offsets": list(scenarios.OFFSETS),
         "skew": {"entries": 30, "seconds": plan["skew_seconds"]},
@@ -239,9 +297,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "scale": {"windows": {str(k): v for k, v in plan["windows"].items()},
                   "settle": plan["settle"]},
         "edits": {"count": plan["edits"], "spacing": plan["edit_spacing"]},
+        "burst": {"bound": plan["burst_bound"], "uptime": _uptime()},
+        "recovery": {"outage_hours": plan["outage_hours"], "bound": plan["recovery_bound"]},
         "load": {k: (min(v), max(v)) for k, v in load.items()},
         "slot_mismatches": sum(r.get("slot_mismatches", 0)
-                               for s in ("skew", "scale") for r in results[s]),
+                               for s in ("skew", "scale", "burst") for r in results[s]),
     }
     results["meta"]["limits"] = _limits(results, own_redis)
     return results
@@ -255,21 +315,23 @@ def _merge(saved: dict[str, Any], fresh: dict[str, Any], rerun: list[str]) -> di
     earlier = dict(saved.get("earlier", {}))
     for scenario in rerun:
         # the replaced measurement stays in the page, marked as such: nothing is dropped
-        earlier[scenario] = {"rows": saved[scenario], "started": saved["meta"]["started"],
-                             "load": saved["meta"]["load"].get(scenario)}
+        if saved.get(scenario):
+            earlier[scenario] = {"rows": saved[scenario], "started": saved["meta"]["started"],
+                                 "load": saved["meta"]["load"].get(scenario)}
         merged[scenario] = fresh[scenario]
         meta["load"] = {**meta["load"], **{k: v for k, v in fresh["meta"]["load"].items()
                                            if k == scenario}}
-        for key in ("scale", "skew", "failover", "edits"):
+        for key in ("scale", "skew", "failover", "edits", "burst", "recovery"):
             if key == scenario:
                 meta[key] = fresh["meta"][key]
     merged["errors"] = [e for e in saved.get("errors", []) if e["scenario"] not in rerun] \
         + fresh.get("errors", [])
     meta["rerun"] = [*meta.get("rerun", []), {
-        "scenarios": rerun, "started": fresh["meta"]["started"],
+        "scenarios": rerun, "added": not any(saved.get(s) for s in rerun),
+        "started": fresh["meta"]["started"],
         "finished": fresh["meta"]["finished"], "command": fresh["meta"]["command"]}]
     meta["slot_mismatches"] = sum(r.get("slot_mismatches", 0)
-                                  for s in ("skew", "scale") for r in merged[s])
+                                  for s in ("skew", "scale", "burst") for r in merged.get(s, []))
     merged["meta"] = meta
     merged["earlier"] = earlier
     meta["limits"] = _limits(merged, "redis-server was not found" not in " ".join(
@@ -277,14 +339,16 @@ def _merge(saved: dict[str, Any], fresh: dict[str, Any], rerun: list[str]) -> di
     return merged
 
 
-def main() -> None:
-    args = _parser().parse_args()
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.bench_settings")
+    args = _parser().parse_args(argv)
     if args.report_only:
         results = json.loads(args.report_only.read_text())
     elif args.merge:
-        results = _merge(json.loads(args.merge.read_text()), run(args), args.scenarios)
+        results = _merge(json.loads(args.merge.read_text()), run(args, argv), args.scenarios)
     else:
-        results = run(args)
+        results = run(args, argv)
     print(report.tables(results))
     lines = report.ratios(results)
     if lines:
@@ -305,6 +369,30 @@ def main() -> None:
             (static / "results.json").write_text(json.dumps(results, indent=1))
         page = report.write_docs(results, args.docs)
         print(f"\nwrote {page} and plots under {static}")
+
+
+def _scenario(name: str) -> Callable[[], None]:
+    """``python -m benchmarks <scenario> ...``: the comparison with ``--scenarios <name>``;
+    the page is written only with ``--docs`` or ``--merge`` (``compare`` writes it)."""
+
+    def run_one() -> None:
+        argv = sys.argv[1:]
+        extra = ["--scenarios", name]
+        if not any(a.startswith(("--docs", "--merge", "--report-only")) for a in argv):
+            extra.append("--no-docs")
+        main([*extra, *argv])
+
+    run_one.__name__ = name
+    return run_one
+
+
+# python -m benchmarks <scenario> (benchmarks.REGISTRY)
+skew = _scenario("skew")
+failover = _scenario("failover")
+scale = _scenario("scale")
+edits = _scenario("edits")
+burst = _scenario("burst")
+recovery = _scenario("recovery")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Side-by-side benchmark of celery_driftsafe, django-celery-beat and RedBeat (docs/comparison.md).
+# Side-by-side benchmark of celery_driftsafe, django-celery-beat and RedBeat (docs/comparison.md):
+# builds .venv-bench with the peers, then runs `python -m benchmarks compare` (benchmarks/README.md).
 #   bash benchmarks/compare.sh            # the published run (about 35 minutes on 2 cores)
 #   bash benchmarks/compare.sh --quick    # every scenario at small sizes (a few minutes)
 #   bash benchmarks/compare.sh --help     # pick scenarios, sizes, bounds
@@ -32,4 +33,4 @@ if [ ${#missing[@]} -gt 0 ]; then
     || echo "WARNING: could not install ${missing[*]}; see docs/comparison.md for what needs them"
 fi
 
-exec "$VENV/bin/python" benchmarks/compare.py "$@"
+exec "$VENV/bin/python" -m benchmarks compare "$@"

@@ -1,11 +1,10 @@
 """Record every published message with the true time it arrived, and match messages to the
 instants at which they were due.
 
-The recorder pops the trial's broker list as messages arrive and stamps them with this
+The recorder (:class:`celery_driftsafe.testing.recording.QueueRecorder`, shared with the
+end-to-end tests) pops the trial's broker list as messages arrive and stamps them with this
 process's wall clock: it is not skewed, so it is the clock of the PostgreSQL and Redis servers
-on this machine ("true time"). The first message of a burst is stamped as ``BRPOP`` returns;
-the rest of the burst is taken in one transaction right after and shares one stamp, so a stamp
-is late by at most one drain (milliseconds).
+on this machine ("true time"); a stamp is late by at most one drain (milliseconds).
 
 The peers put no slot in their messages, so a message is matched to a due instant by task
 entry and time, the same way for every scheduler (ours included; its own slot header is only
@@ -20,17 +19,17 @@ a cross-check):
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import threading
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-import redis
+from celery_driftsafe.testing.recording import QueueRecorder, nearest_rank, percentile
+
+__all__ = ["Message", "Recorder", "Schedule", "Tally", "match_in_order", "match_nearest",
+           "origin_pid", "percentile", "percentile_bounded"]
 
 #: Only messages of this task are counted (a scheduler may add housekeeping entries).
 TASK = "bench.tick"
@@ -62,57 +61,12 @@ def origin_pid(origin: str) -> int | None:
     return int(head[3:]) if head.startswith("gen") and head[3:].isdigit() else None
 
 
-class Recorder:
-    """A thread that drains one Redis list and keeps a stamped :class:`Message` per item."""
+class Recorder(QueueRecorder[Message]):
+    """Records the trial's broker list, keeping every ``bench.tick`` message as a
+    :class:`Message`."""
 
     def __init__(self, url: str, queue: str) -> None:
-        self.client = redis.Redis.from_url(url)
-        self.queue = queue
-        self.messages: list[Message] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="recorder", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop after the list is empty (or ``timeout`` seconds)."""
-        self._stop.set()
-        self._thread.join(timeout)
-        with contextlib.suppress(redis.ConnectionError):
-            self.client.delete(self.queue)
-        self.client.close()
-
-    def _run(self) -> None:
-        while not self._stop.is_set() or self._pending():
-            try:
-                self._drain()
-            except redis.ConnectionError:  # keep recording once the server is back
-                time.sleep(0.2)
-
-    def _pending(self) -> int:
-        try:
-            return int(self.client.llen(self.queue))
-        except redis.ConnectionError:
-            return 0
-
-    def _drain(self) -> None:
-        item = self.client.brpop([self.queue], timeout=0.2)
-        if item is None:
-            return
-        first = time.time()
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.lrange(self.queue, 0, -1)
-            pipe.delete(self.queue)
-            rest = pipe.execute()[0]
-        later = time.time()
-        for raw, stamp in [(item[1], first), *((r, later) for r in rest)]:
-            message = _parse(raw, stamp)
-            if message is not None:
-                self.messages.append(message)
-
-    def since(self, start: float) -> list[Message]:
-        return [m for m in list(self.messages) if m.stamp >= start]
+        super().__init__(url, queue, _parse)
 
 
 @dataclass(frozen=True)
@@ -214,15 +168,6 @@ def match_in_order(messages: Iterable[Message], schedules: dict[int, Schedule],
     return tally
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (``q`` in 0..100); NaN for no values."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    rank = min(len(ordered), max(1, math.ceil(q / 100.0 * len(ordered))))
-    return ordered[rank - 1]
-
-
 def percentile_bounded(exact: Sequence[float], at_least: Sequence[float],
                        q: float) -> tuple[float, bool]:
     """Percentile of values of which some are only known from below (a slot not sent by the
@@ -230,6 +175,6 @@ def percentile_bounded(exact: Sequence[float], at_least: Sequence[float],
     pairs = sorted([(v, False) for v in exact] + [(v, True) for v in at_least])
     if not pairs:
         return float("nan"), False
-    rank = min(len(pairs), max(1, math.ceil(q / 100.0 * len(pairs))))
+    rank = nearest_rank(len(pairs), q)  # the rank of percentile(), so both agree
     value = pairs[rank - 1][0]
     return value, any(bound for v, bound in pairs[:rank])

@@ -130,7 +130,9 @@ def scale_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             sent = f"**did not finish**: {sent} in {r['seconds']:.0f} s"
         startup = _num(r["startup"], 2, " s") if r["startup"] is not None \
             else f"> {r['seconds']:.0f} s (bound)"
-        rows.append([_label(r["peer"]), f"{r['tasks']:,} ({r['due_rate']:,.0f})", startup, sent,
+        beats = f", {r['beats']} beats" if r.get("beats", 1) > 1 else ""
+        rows.append([_label(r["peer"]), f"{r['tasks']:,} ({r['due_rate']:,.0f}){beats}", startup,
+                     sent,
                      _num(r["sustained"], 0), _num(r.get("longest_pause"), 2, " s"),
                      _late(r, "late_p50"), _late(r, "late_p99"),
                      _num(r["cpu_percent"], 0, "%"),
@@ -153,21 +155,61 @@ def edit_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-SCENARIO_OF: dict[str, str] = {}
+def burst_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    header = ["scheduler", "entries", "beats", "wave out after", "slots/s", "lateness p50",
+              "lateness p99", "lateness max", "duplicates", "early", "not sent in bound",
+              "recorded missed", "beat CPU s (µs/slot)", "beat RSS"]
+    rows = []
+    for r in _sorted(results.get("burst", []), "tasks", "beats"):
+        drain = _num(r["drain"], 1, " s") if r["drain"] is not None \
+            else f"**> {r['bound']:.0f} s (bound)**"
+        cpu = f"{r['cpu_s']:.1f} ({_num(r['cpu_us_per_slot'], 0)})"
+        rows.append([_label(r["peer"]), f"{r['tasks']:,}", str(r["beats"]), drain,
+                     _num(r["rate"], 0), _late(r, "late_p50"), _late(r, "late_p99"),
+                     _late(r, "late_max"), _count(r["duplicates"]), _count(r["early"]),
+                     _count(r["unsent"]),
+                     "n/a: no ledger" if r["recorded_missed"] is None
+                     else _count(r["recorded_missed"]),
+                     cpu, _num(r["rss_mb"], 0, " MB")])
+    return header, rows
+
+
+def recovery_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    header = ["scheduler", "entries", "outage", "first message", "every entry caught up",
+              "catch-up messages", "ledger rows per entry", "missed slots recorded",
+              "beat CPU s", "beat RSS"]
+    rows = []
+    for r in _sorted(results.get("recovery", []), "tasks"):
+        everyone = _num(r["all_caught_up"], 1, " s") if r["all_caught_up"] is not None \
+            else f"> {r['bound']:.0f} s ({r['caught_up']:,} of {r['tasks']:,})"
+        rows.append([_label(r["peer"]), f"{r['tasks']:,}", f"{r['outage_h']:g} h",
+                     _num(r["first_message"], 1, " s"), everyone,
+                     _count(r["catch_up_messages"]),
+                     _num(r["ledger_rows_per_task"], 2) if r["ledger_rows_per_task"]
+                     is not None else "n/a", _count(r["missed_slots"]),
+                     _num(r["cpu_s"], 1), _num(r["rss_mb"], 0, " MB")])
+    return header, rows
+
+
+#: The page's sections: title, table, scenario and plot.
 SECTIONS = (
-    ("1. Duplicates and misses with K skewed beats", skew_rows),
-    ("2. Dispatch timing against true time (all messages, same runs)", timing_rows),
-    ("3. Failover: SIGKILL the beat that published last", failover_rows),
-    ("4. Scale on PostgreSQL: one beat, every entry every 60 s", scale_rows),
-    ("5. Schedule edit propagation (3 skewed beats)", edit_rows),
+    ("1. Duplicates and misses with K skewed beats", skew_rows, "skew", "skew.png"),
+    ("2. Dispatch timing against true time (all messages, same runs)", timing_rows, "skew",
+     "timing.png"),
+    ("3. Failover: SIGKILL the beat that published last", failover_rows, "failover",
+     "failover.png"),
+    ("4. Scale on PostgreSQL: one beat, every entry every 60 s", scale_rows, "scale",
+     "scale.png"),
+    ("5. Schedule edit propagation (3 skewed beats)", edit_rows, "edits", "edits.png"),
+    ("6. A burst: every entry due at one instant", burst_rows, "burst", "burst.png"),
+    ("7. Recovery after an outage with no beat running", recovery_rows, "recovery", None),
 )
-SCENARIO_OF.update(zip((t for t, _ in SECTIONS),
-                       ("skew", "skew", "failover", "scale", "edits"), strict=True))
+SCENARIO_OF: dict[str, str] = {title: scenario for title, _, scenario, _ in SECTIONS}
 
 
 def tables(results: dict[str, Any]) -> str:
     out = []
-    for title, build in SECTIONS:
+    for title, build, _, _ in SECTIONS:
         header, rows = build(results)
         if rows:
             out.append(f"\n== {title}\n{_table(header, rows, markdown=False)}")
@@ -218,6 +260,22 @@ def ratios(results: dict[str, Any]) -> list[str]:
                 clauses.append(f"CPU per message sent {_times(ours_cost, peer_cost)}")
             lines.append(f"{tasks:,} entries, celery_driftsafe against {_label(key)}: "
                          + "; ".join(clauses) + ".")
+    for tasks in sorted({r["tasks"] for r in results.get("burst", [])}):
+        by = {(r["peer"], r["beats"]): r for r in results["burst"] if r["tasks"] == tasks}
+        ours = by.get(("driftsafe", 1))
+        if not ours or ours["drain"] is None:
+            continue
+        for key in ("django-celery-beat", "redbeat"):
+            peer = by.get((key, 1))
+            if not peer:
+                continue
+            out = (f"after {peer['drain']:.1f} s" if peer["drain"] is not None
+                   else f"not within {peer['bound']:.0f} s ({peer['sent']:,} sent)")
+            lines.append(
+                f"A burst of {tasks:,} entries due at one instant, one beat each: "
+                f"celery_driftsafe's wave was out after {ours['drain']:.1f} s, "
+                f"{_label(key)}'s {out}; beat CPU per slot sent "
+                f"{_times(ours['cpu_us_per_slot'], peer['cpu_us_per_slot'])}.")
     failover = {(r["peer"], r["tuned"]): r for r in results.get("failover", [])}
     ours = failover.get(("driftsafe", False))
     if ours and ours["gap"] is not None:
@@ -393,19 +451,70 @@ def plot_edits(results: dict[str, Any], path: Path) -> bool:
     return True
 
 
+def plot_burst(results: dict[str, Any], path: Path) -> bool:
+    rows = [r for r in _sorted(results.get("burst", []), "tasks", "beats") if r.get("curve")]
+    if not rows:
+        return False
+    plt = _plt()
+    tasks = max(r["tasks"] for r in rows)
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    styles = {1: "-", 2: "-.", 3: "--"}
+    for r in rows:
+        if r["tasks"] != tasks:
+            continue
+        xs = [0.0] + [x for x, _ in r["curve"]]
+        ys = [0] + [y for _, y in r["curve"]]
+        ax.step(xs, ys, where="post", color=COLOURS[r["peer"]],
+                linestyle=styles.get(r["beats"], ":"), linewidth=1.6,
+                label=f"{_label(r['peer'])}, {r['beats']} beat{'s' if r['beats'] > 1 else ''}")
+    ax.axhline(tasks, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("seconds after the instant every entry was due (true time)")
+    ax.set_ylabel("entries sent")
+    ax.set_title(f"A burst: {tasks:,} entries due at one instant")
+    ax.set_xlim(left=0)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
 PLOTS = (
     ("skew.png", plot_skew, "Duplicates, misses and early sends per due slot, K = 1, 2, 3"),
     ("timing.png", plot_timing, "Dispatch timing against true time"),
     ("failover.png", plot_failover, "Messages per 0.5 s around the SIGKILL"),
     ("scale.png", plot_scale, "Scale on PostgreSQL"),
     ("edits.png", plot_edits, "Schedule edit propagation"),
+    ("burst.png", plot_burst, "Entries sent against seconds after the burst's instant"),
 )
 
 
 # -- the page ---------------------------------------------------------------------------------
 
+def _burst_size(results: dict[str, Any]) -> str:
+    """The burst's size and the machine's load, said beside its table."""
+    meta = results["meta"]
+    sizes = sorted({r["tasks"] for r in results.get("burst", [])})
+    if not sizes:
+        return ""
+    text = f" Size: {', '.join(f'{n:,}' for n in sizes)} entries"
+    if max(sizes) < 100_000:
+        text += (" (the issue's 100,000 take a run of their own on a quiet machine; this "
+                 "one had to fit in about ten minutes of a shared one)")
+    load = meta.get("load", {}).get("burst")
+    if load:
+        text += (f". 1-minute load average during the burst runs: {load[0]:.2f} to "
+                 f"{load[1]:.2f} on {meta['machine']['cores']} cores")
+    uptime = meta.get("burst", {}).get("uptime")
+    if uptime:
+        text += f"; `uptime` load averages (1, 5, 15 min) as the run ended: {uptime}"
+    return text + "."
+
+
 def _section_text(results: dict[str, Any]) -> dict[str, str]:
     meta = results["meta"]
+    burst = meta.get("burst", {})
+    recovery = meta.get("recovery", {})
     return {
         SECTIONS[0][0]: (
             f"{meta['skew']['entries']} interval entries (every 4, 5 or 6 s), "
@@ -446,6 +555,30 @@ def _section_text(results: dict[str, Any]) -> dict[str, str]:
             "celery_driftsafe's locks and wake-ups; the broker is elsewhere). A run that did "
             "not send 99% of its due slots within its window is marked **did not finish**."
         ),
+        SECTIONS[5][0]: (
+            "N entries every 60 s whose first due instant is one and the same (what N tenants' "
+            "`* * * * *` or `0 0 * * *` crontabs look like), the beats started and idle "
+            "before it. celery_driftsafe runs with 1 and 3 beats; the peers with one "
+            "(django-celery-beat's beats do not coordinate, so K beats would send K copies; "
+            "RedBeat has one active beat). Every message is recorded on arrival; the wave is "
+            f"watched until every entry has sent or {burst.get('bound', 55):.0f} s after the "
+            "instant (before the next wave is due). Lateness = first message of an entry - "
+            "the instant; an entry not sent within the bound counts as at least the bound "
+            "late (>=). Wave out after = the last entry's lateness; slots/s = entries / that. "
+            "Duplicates = messages beyond the first per entry; early = before the instant; "
+            "recorded missed = slots celery_driftsafe's ledger marked missed (the peers keep "
+            "no ledger). Beat CPU is summed over the beats from just before the instant; "
+            "CPU µs a slot is the figure to compare on a loaded machine."
+            + _burst_size(results)
+        ),
+        SECTIONS[6][0]: (
+            f"N entries every 60 s, due for the last {recovery.get('outage_hours', 24):g} h "
+            "(first due instants spread over that minute) with no beat running; then one beat "
+            "starts. First message and every entry caught up: seconds from the beat's launch "
+            "to the first message and to the moment every entry had sent at least one "
+            f"(bound {recovery.get('bound', 180):.0f} s). Ledger rows per entry and missed "
+            "slots recorded: celery_driftsafe's ledger for slots before the restart."
+        ),
         SECTIONS[4][0]: (
             f"Three skewed beats and 20 background entries every 60 s. {meta['edits']['count']} "
             "idle entries (every 3600 s) are edited, one every "
@@ -470,8 +603,9 @@ def _machine(meta: dict[str, Any]) -> str:
         f"command `{meta['command']}`",
     ]
     for rerun in meta.get("rerun", []):
-        lines.append(f"- Re-measured when the machine was quieter: {', '.join(rerun['scenarios'])}"
-                     f" ({rerun['started']} to {rerun['finished']}, every scheduler again, "
+        verb = "Added" if rerun.get("added") else "Re-measured"
+        lines.append(f"- {verb} in a later run: {', '.join(rerun['scenarios'])}"
+                     f" ({rerun['started']} to {rerun['finished']}, every scheduler, "
                      f"`{rerun['command']}`)")
     return "\n".join(lines)
 
@@ -524,7 +658,7 @@ def write_docs(results: dict[str, Any], docs: Path) -> Path:
     parts = [
         "# Comparison with django-celery-beat and RedBeat",
         "",
-        "<!-- Generated by `bash benchmarks/compare.sh`; edits by hand are overwritten. -->",
+        "<!-- Generated by `python -m benchmarks compare`; edits by hand are overwritten. -->",
         "",
         "Three schedulers, measured one after another in one run on the same machine, with the "
         "same schedules, the same PostgreSQL and Redis servers and the same recorder: "
@@ -541,10 +675,13 @@ def write_docs(results: dict[str, Any], docs: Path) -> Path:
         "## Reproduce", "",
         "```", "bash benchmarks/compare.sh            # the published run", "```", "",
         "It creates `.venv-bench`, installs this package, django-celery-beat, celery-redbeat "
-        "and matplotlib into it, then runs `benchmarks/compare.py`, which prints the "
-        "tables and rewrites this page and its plots (about 35 minutes on this machine). "
-        "`bash benchmarks/compare.sh --quick` runs every scenario at small sizes in about five "
-        "minutes and leaves this page alone; `--help` lists the knobs. Needs PostgreSQL, "
+        "and matplotlib into it, then runs `python -m benchmarks compare` "
+        "(`benchmarks/compare.py`), which prints the tables and rewrites this page and its "
+        "plots (about 45 minutes on this machine). "
+        "`bash benchmarks/compare.sh --quick` runs every scenario at small sizes in a few "
+        "minutes and leaves this page alone; `--help` lists the knobs; `--scenarios burst "
+        "--merge docs/_static/comparison/results.json` re-measures one scenario (every "
+        "scheduler again) into the saved results. Needs PostgreSQL, "
         "Redis (`redis-server` for the run's own broker and store) and libfaketime (Debian "
         "package `faketime`).", "",
         "## Machine", "", _machine(meta), "",
@@ -569,15 +706,11 @@ def write_docs(results: dict[str, Any], docs: Path) -> Path:
     lines = ratios(results)
     if lines:
         parts += ["## Ratios", "", *[f"- {line}" for line in lines], ""]
-    plot_for = {SECTIONS[0][0]: "skew.png", SECTIONS[1][0]: "timing.png",
-                SECTIONS[2][0]: "failover.png", SECTIONS[3][0]: "scale.png",
-                SECTIONS[4][0]: "edits.png"}
-    for title, build in SECTIONS:
+    for title, build, _, image in SECTIONS:
         header, rows = build(results)
         if not rows:
             continue
         parts += [f"## {title}", "", text[title], "", _table(header, rows, markdown=True), ""]
-        image = plot_for[title]
         if image in images:
             parts += [f"![{images[image]}]({STATIC / image})", ""]
         scenario = SCENARIO_OF[title]

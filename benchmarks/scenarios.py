@@ -1,4 +1,4 @@
-"""The five scenarios of the comparison. Each function runs one scheduler once and returns a
+"""The scenarios of the comparison. Each function runs one scheduler once and returns a
 plain dict of results (JSON-ready; :mod:`benchmarks.report` turns them into tables and plots).
 
 All times are true time (this process's clock, epoch seconds) unless named otherwise.
@@ -7,7 +7,6 @@ All times are true time (this process's clock, epoch seconds) unless named other
 from __future__ import annotations
 
 import itertools
-import statistics
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -23,12 +22,14 @@ from benchmarks.recorder import (
     percentile,
     percentile_bounded,
 )
-from benchmarks.trial import Services, Trial
+from benchmarks.trial import Services, Trial, pg_exec
 
 #: Wall-clock offsets of the beats, in start order: beat k of a K-beat run has OFFSETS[k].
 #: The first beat started is the fast one, so a scheduler with one active beat (RedBeat's
 #: lock holder) runs on a clock 0.7 s ahead, as happens whenever that beat's host leads.
-OFFSETS = (0.7, -1.3, 0.0)
+#: ``--offsets`` replaces them for a run (the skew scenario of the former bench_skew.py
+#: used 0, +2.5 and -4 s).
+OFFSETS: tuple[float, ...] = (0.7, -1.3, 0.0)
 #: Wait after the first beat printed its start-up banner before starting the others, so that
 #: the first beat is the one that takes RedBeat's lock.
 BANNER_WAIT = 1.0
@@ -169,10 +170,11 @@ def failover(services: Services, peer: Peer, tuned: bool, before: float, after: 
 # -- 4: scale ---------------------------------------------------------------------------------
 
 def scale(services: Services, peer: Peer, tasks: int, seconds: float, settle: float,
-          log: Log) -> dict[str, Any]:
-    """One beat, ``tasks`` entries every 60 s whose first due instants are spread evenly over
-    the minute after launch (tasks/60 slots due per second from the start); a bounded window
-    of ``seconds``. Lateness and the sustained rate are taken after ``settle`` seconds."""
+          log: Log, beats: int = 1) -> dict[str, Any]:
+    """One beat (``beats`` unskewed ones), ``tasks`` entries every 60 s whose first due
+    instants are spread evenly over the minute after launch (tasks/60 slots due per second
+    from the start); a bounded window of ``seconds``. Lateness and the sustained rate are
+    taken after ``settle`` seconds. CPU is summed over the beats, RSS is the largest."""
     trial = Trial(services, peer)
     try:
         pad = 5.0 + tasks * 0.3e-3  # seeding time, measured: ~0.2 ms per entry
@@ -184,12 +186,13 @@ def scale(services: Services, peer: Peer, tasks: int, seconds: float, settle: fl
         overran = max(0.0, time.time() - launch)
         _sleep_until(launch)
         c0 = trial.counters()
-        beat = trial.start_beat(0.0)
+        for _ in range(beats):
+            trial.start_beat(0.0)
         end = launch + seconds
         _sleep_until(end)
         c1 = trial.counters()
-        cpu = beat.cpu
-        alive = beat.process.poll() is None
+        cpu = sum(b.cpu for b in trial.beats)
+        alive = all(b.process.poll() is None for b in trial.beats)
         trial.stop()
         trial.check_undisturbed()
         messages = [m for m in trial.recorder.messages if m.stamp <= end]
@@ -208,7 +211,8 @@ def scale(services: Services, peer: Peer, tasks: int, seconds: float, settle: fl
         p99, p99_bound = percentile_bounded(steady.offsets, unsent, 99)
         worst, worst_bound = percentile_bounded(steady.offsets, unsent, 100)
         result = {
-            "peer": peer.key, "tasks": tasks, "seconds": seconds, "settle": settle,
+            "peer": peer.key, "tasks": tasks, "beats": beats, "seconds": seconds,
+            "settle": settle,
             "seeded_in": seeded_in, "seed_overran": overran, "alive_at_end": alive,
             "due_rate": tasks / 60.0,
             "due": whole.due, "sent": whole.fired,
@@ -221,7 +225,7 @@ def scale(services: Services, peer: Peer, tasks: int, seconds: float, settle: fl
             "late_max": worst, "late_max_at_least": worst_bound,
             "steady_due": steady.due, "steady_sent": steady.fired,
             "cpu_percent": 100.0 * cpu / seconds,
-            "rss_mb": beat.peak_rss_kb / 1024,
+            "rss_mb": max(b.peak_rss_kb for b in trial.beats) / 1024,
             "db_xacts_per_s": (c1.xacts - c0.xacts) / elapsed,
             "db_rows_read_per_s": (c1.rows_read - c0.rows_read) / elapsed,
             "db_rows_written_per_s": (c1.rows_written - c0.rows_written) / elapsed,
@@ -280,9 +284,9 @@ def edits(services: Services, peer: Peer, count: int, spacing: float, log: Log) 
         ok = [f for f in firsts if f is not None]
         result = {
             "peer": peer.key, "count": count,
-            "edit_to_first_p50": statistics.median(raw) if raw else None,
+            "edit_to_first_p50": percentile(raw, 50) if raw else None,
             "edit_to_first_max": max(raw, default=None),
-            "first_late_p50": statistics.median(ok) if ok else None,
+            "first_late_p50": percentile(ok, 50) if ok else None,
             "first_late_max": max(ok, default=None),
             "all_beats_max": max(all_beats, default=None),
             "beats_firing": max(beats_firing, default=0),
@@ -291,6 +295,150 @@ def edits(services: Services, peer: Peer, count: int, spacing: float, log: Log) 
         }
         log(f"  {peer.label:<20}: edit -> first firing p50 {result['edit_to_first_p50']}, "
             f"late vs due max {result['first_late_max']}, all beats {result['all_beats_max']}")
+        return result
+    finally:
+        trial.close()
+
+
+# -- 6: a burst: every entry due at one instant --------------------------------------------
+
+def _ledger(trial: Trial, before: float) -> dict[str, int]:
+    """celery_driftsafe only: ledger rows for slots before ``before`` and missed slots."""
+    rows = pg_exec(
+        "SELECT count(*), count(*) FILTER (WHERE status = 'missed'), "
+        "coalesce(sum(missed_count) FILTER (WHERE status = 'missed'), 0) "
+        f"FROM celery_driftsafe_run WHERE slot < to_timestamp({before})", trial.db)[0]
+    return {"rows": int(rows[0]), "missed_rows": int(rows[1]), "missed_slots": int(rows[2])}
+
+
+def _sample_until(trial: Trial, done: Callable[[], bool], until: float) -> None:
+    while time.time() < until and not done():
+        time.sleep(0.25)
+
+
+def burst(services: Services, peer: Peer, tasks: int, beats: int, bound: float,
+          log: Log) -> dict[str, Any]:
+    """``tasks`` entries every 60 s, all first due at one instant T; ``beats`` unskewed beats
+    started and given time to come up before T. Every message is recorded until the wave is
+    out or ``bound`` seconds after T (below 60, so no second wave is due)."""
+    trial = Trial(services, peer)
+    try:
+        # seeding (~0.3 ms an entry), start-up of the beats (a scheduler may load every entry
+        # at start: ~0.5 ms an entry), so that the beats are up and idle when the wave is due
+        due_at = _at(8.0 + tasks * 0.3e-3 + _lead(beats) + tasks * 0.5e-3)
+        entries = [Entry(i, 60, due_at) for i in range(tasks)]
+        trial.seed(entries)
+        due = due_at.timestamp()
+        overran = max(0.0, time.time() - due)
+        for _ in range(beats):
+            trial.start_beat(0.0)
+        _sleep_until(due - 1.0)
+        trial.mark()
+        c0 = trial.counters()
+        end = due + bound
+        _sample_until(trial, lambda: len({m.index for m in trial.recorder.messages}) >= tasks, end)
+        drained_at = time.time()
+        c1 = trial.counters()
+        alive = all(b.process.poll() is None for b in trial.beats)
+        cpu = sum(b.cpu - b.cpu_mark for b in trial.beats)
+        rss = max(b.peak_rss_kb for b in trial.beats) / 1024
+        _sleep_until(min(end, drained_at + 2.0))  # late duplicates would come now
+        trial.stop()
+        trial.check_undisturbed()
+        messages = [m for m in trial.recorder.messages if m.stamp <= end]
+        per_entry: dict[int, list[float]] = {}
+        for m in messages:
+            per_entry.setdefault(m.index, []).append(m.stamp - due)
+        firsts = [min(v) for v in per_entry.values()]
+        late = [o for o in firsts if o >= 0]
+        unsent = [end - due] * (tasks - len(per_entry))
+        p50, p50_bound = percentile_bounded(late, unsent, 50)
+        p99, p99_bound = percentile_bounded(late, unsent, 99)
+        worst, worst_bound = percentile_bounded(late, unsent, 100)
+        ledger = _ledger(trial, due + 1.0) if peer.key == "driftsafe" else None
+        result = {
+            "peer": peer.key, "tasks": tasks, "beats": beats, "bound": bound,
+            "seed_overran": overran, "alive_at_end": alive,
+            "sent": len(per_entry), "messages": len(messages),
+            "duplicates": sum(len(v) - 1 for v in per_entry.values()),
+            "early": sum(1 for m in messages if m.stamp < due),
+            "unsent": tasks - len(per_entry),
+            "recorded_missed": ledger["missed_slots"] if ledger else None,
+            "late_p50": p50, "late_p50_at_least": p50_bound,
+            "late_p99": p99, "late_p99_at_least": p99_bound,
+            "late_max": worst, "late_max_at_least": worst_bound,
+            "drain": worst if not worst_bound else None,
+            "rate": len(per_entry) / worst if worst and not worst_bound else None,
+            "cpu_s": cpu, "cpu_us_per_slot": 1e6 * cpu / len(per_entry) if per_entry else None,
+            "rss_mb": rss,
+            "db_xacts_per_s": (c1.xacts - c0.xacts) / (c1.at - c0.at),
+            "slot_mismatches": sum(1 for m in messages
+                                   if m.slot is not None and abs(m.slot - due) > 1e-3),
+            # arrival curve for the plot: (seconds after T, messages so far), 200 points
+            "curve": _curve(sorted(firsts)),
+        }
+        drain = f"{worst:.1f} s" if result["drain"] is not None else f"> {bound:.0f} s"
+        log(f"  {peer.label:<20} {tasks:,} x K={beats}: sent {len(per_entry):,}, wave out "
+            f"after {drain}, p50 {p50:.2f} s, p99 {p99:.2f} s, dup {result['duplicates']}, "
+            f"early {result['early']}, recorded missed {result['recorded_missed']}, "
+            f"CPU {cpu:.1f} s")
+        return result
+    finally:
+        trial.close()
+
+
+def _curve(offsets: list[float], points: int = 200) -> list[list[float]]:
+    if not offsets:
+        return []
+    step = max(1, len(offsets) // points)
+    picked = [[round(offsets[i], 3), i + 1] for i in range(0, len(offsets), step)]
+    if picked[-1][1] != len(offsets):
+        picked.append([round(offsets[-1], 3), len(offsets)])
+    return picked
+
+
+# -- 7: recovery: back after an outage with no beat running --------------------------------
+
+def recovery(services: Services, peer: Peer, tasks: int, outage: float, bound: float,
+             log: Log) -> dict[str, Any]:
+    """``tasks`` entries every 60 s, first due ``outage`` seconds ago (spread over that
+    minute) and never run since: one beat starts. How long until the first message and until
+    every entry has sent its catch-up, what the ledger wrote for the outage (ours), memory."""
+    trial = Trial(services, peer)
+    try:
+        began = time.time()
+        entries = [Entry(i, 60, datetime.fromtimestamp(began - outage + 60.0 * i / tasks, UTC))
+                   for i in range(tasks)]
+        trial.seed(entries)
+        launch = time.time()
+        beat = trial.start_beat(0.0)
+        end = launch + bound
+        _sample_until(trial, lambda: len({m.index for m in trial.recorder.messages}) >= tasks,
+                      end)
+        caught_up = time.time()
+        cpu, rss = beat.cpu, beat.peak_rss_kb / 1024
+        alive = beat.process.poll() is None
+        trial.stop()
+        trial.check_undisturbed()
+        messages = [m for m in trial.recorder.messages if m.stamp <= end]
+        firsts: dict[int, float] = {}
+        for m in messages:
+            firsts.setdefault(m.index, m.stamp)
+        everyone = max(firsts.values()) - launch if len(firsts) == tasks else None
+        ledger = _ledger(trial, launch) if peer.key == "driftsafe" else None
+        result = {
+            "peer": peer.key, "tasks": tasks, "outage_h": outage / 3600, "bound": bound,
+            "alive_at_end": alive,
+            "first_message": min(firsts.values()) - launch if firsts else None,
+            "all_caught_up": everyone, "caught_up": len(firsts),
+            "catch_up_messages": len(messages),
+            "ledger_rows_per_task": ledger["rows"] / tasks if ledger else None,
+            "missed_slots": ledger["missed_slots"] if ledger else None,
+            "cpu_s": cpu, "rss_mb": rss, "watched": caught_up - launch,
+        }
+        log(f"  {peer.label:<20} {tasks:,} back after {outage / 3600:g} h: first message "
+            f"{result['first_message']}, all caught up {everyone}, rows/task "
+            f"{result['ledger_rows_per_task']}, RSS {rss:.0f} MB")
         return result
     finally:
         trial.close()

@@ -4,9 +4,10 @@ one :class:`Trial` per (scheduler, scenario, size).
 A trial gets its own PostgreSQL database (a copy of a template migrated once per run, so every
 trial starts from the same empty tables), its own key prefix in the schedule store, its own
 broker queue and a :class:`~benchmarks.recorder.Recorder` on it. Beats are real
-``celery beat`` processes; a skewed one runs under libfaketime
-(:mod:`celery_driftsafe.testing.faketime`), its skew verified before it starts. A sampler
-thread reads each beat's CPU time and resident memory from ``/proc`` twice a second.
+``celery beat`` processes started with :mod:`celery_driftsafe.testing.processes` (shared
+with the end-to-end tests and the demo); a skewed one runs under libfaketime, its skew
+verified before it starts. A sampler thread reads each beat's CPU time and resident memory
+from ``/proc`` twice a second.
 
 The schedule store (RedBeat's schedule and lock, celery_driftsafe's locks and wake-ups) and the
 broker are two ``redis-server`` processes of the run's own, so the store's command counter
@@ -21,8 +22,6 @@ import itertools
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -33,27 +32,25 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import redis
 
 from benchmarks.peers import BEAT_ARGS, Entry, Peer
 from benchmarks.recorder import Recorder
-from celery_driftsafe.testing.faketime import cleanup_killed, skewed_env, verify_skew
+from celery_driftsafe.testing.processes import (
+    Child,
+    Children,
+    RedisServer,
+    postgres_exec,
+    proc_stats,
+    start_redis,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-PG = {
-    "host": os.environ.get("DRIFTSAFE_TEST_PG_HOST", "127.0.0.1"),
-    "port": os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432"),
-    "user": os.environ.get("DRIFTSAFE_TEST_PG_USER", "postgres"),
-}
 BROKER_URL = os.environ.get("DRIFTSAFE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/9")
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def pg_exec(sql: str, dbname: str = "postgres") -> list[tuple[Any, ...]]:
-    with psycopg.connect(**PG, dbname=dbname, autocommit=True) as conn:
-        cursor = conn.execute(sql)
-        return cursor.fetchall() if cursor.description else []
+    return postgres_exec(sql, dbname)
 
 
 def _postmaster_start() -> Any:
@@ -66,15 +63,10 @@ class Disturbed(RuntimeError):
 
 def _child_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BENCH_", "DJANGO_"))}
-    env.update(DJANGO_SETTINGS_MODULE="benchmarks.bench_settings", PYTHONPATH=str(ROOT),
-               PYTHONUNBUFFERED="1", **extra)
+    # children run from the repository root (``python -m``), so ``benchmarks`` imports there
+    env.update(DJANGO_SETTINGS_MODULE="benchmarks.bench_settings", PYTHONUNBUFFERED="1",
+               **extra)
     return env
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Services:
@@ -85,7 +77,7 @@ class Services:
         self.token = uuid.uuid4().hex[:6]
         self._ids = itertools.count(1)
         self.template = f"dsbench_{self.token}_template"
-        self.redis_processes: list[subprocess.Popen[bytes]] = []
+        self.redis_servers: list[RedisServer] = []
         # Two servers of the run's own: the store's command counter then counts only the
         # schedulers' traffic, and nothing else on the machine (a test restarting the shared
         # Redis) can disturb the broker. Without redis-server both fall back to BROKER_URL.
@@ -102,56 +94,57 @@ class Services:
             raise RuntimeError(f"migrate failed:\n{result.stderr}")
 
     def _start_redis(self, name: str) -> str:
-        server = shutil.which("redis-server")
-        if server is None:
+        if shutil.which("redis-server") is None:
             return BROKER_URL
-        port = _free_port()
-        folder = self.workdir / f"redis-{name}"
-        folder.mkdir()
-        self.redis_processes.append(subprocess.Popen(
-            [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(folder)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        ))
-        url = f"redis://127.0.0.1:{port}/0"
-        client = redis.Redis.from_url(url)
-        for _ in range(200):
-            with contextlib.suppress(redis.ConnectionError):
-                if client.ping():
-                    break
-            time.sleep(0.05)
-        client.close()
-        return url
+        server = start_redis(self.workdir / f"redis-{name}")
+        self.redis_servers.append(server)
+        return f"{server.url}/0"
 
     @property
     def own_redis(self) -> bool:
-        return bool(self.redis_processes)
+        return bool(self.redis_servers)
 
     def next_id(self) -> int:
         return next(self._ids)
 
     def close(self) -> None:
         pg_exec(f"DROP DATABASE IF EXISTS {self.template} WITH (FORCE)")
-        for process in self.redis_processes:
-            process.terminate()
-            process.wait(timeout=10)
+        for server in self.redis_servers:
+            server.stop()
 
 
 @dataclass
 class Beat:
-    offset: float
-    process: subprocess.Popen[bytes]
-    log: Path
-    launched: float
-    measured_offset: float
+    """One started beat and what the sampler read of it."""
+
+    child: Child
     cpu: float = 0.0  # user + system seconds, last sample
     cpu_mark: float = 0.0  # at Trial.mark()
     peak_rss_kb: int = 0
-    killed_at: float | None = None
 
     @property
     def pid(self) -> int:
-        return self.process.pid
+        return self.child.pid
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        return self.child.process
+
+    @property
+    def offset(self) -> float:
+        return self.child.offset
+
+    @property
+    def measured_offset(self) -> float:
+        return self.child.measured
+
+    @property
+    def log(self) -> Path:
+        return self.child.log
+
+    @property
+    def killed_at(self) -> float | None:
+        return self.child.killed_at
 
 
 @dataclass
@@ -181,6 +174,7 @@ class Trial:
         self.queue = f"{self.prefix}:queue"
         self.dir = self.services.workdir / f"{n:02d}-{self.peer.key}"
         self.dir.mkdir()
+        self.children = Children(self.dir, cwd=ROOT)
         pg_exec(f"CREATE DATABASE {self.db} TEMPLATE {self.services.template}")
         self.env = _child_env(
             BENCH_DB=self.db, BENCH_STORE_URL=self.services.store_url,
@@ -228,18 +222,14 @@ class Trial:
     def start_beat(self, offset: float = 0.0, *, wait_banner: float = 0.0) -> Beat:
         """Start one ``celery beat`` whose wall clock is ``offset`` seconds off (verified
         first); with ``wait_banner``, wait until it printed its banner, then that long more."""
-        env = skewed_env(offset, self.env)
-        measured = verify_skew(env, offset) if offset else 0.0
         i = len(self.beats)
-        log = self.dir / f"beat-{i}.log"
-        with log.open("wb") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "celery", *BEAT_ARGS, "-S", self.peer.scheduler,
-                 "-s", str(self.dir / f"beat-{i}-schedule")],
-                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-            )
-        beat = Beat(offset, process, log, time.time(), measured)
+        child = self.children.start(
+            f"beat-{i}", [*BEAT_ARGS, "-S", self.peer.scheduler, "-s",
+                          str(self.dir / f"beat-{i}-schedule")], self.env, offset=offset)
+        beat = Beat(child)
         self.beats.append(beat)
+        process = child.process
+        log = child.log
         if wait_banner:
             deadline = time.time() + 30
             while time.time() < deadline and process.poll() is None \
@@ -253,25 +243,11 @@ class Trial:
 
     def kill(self, beat: Beat) -> float:
         """SIGKILL ``beat``; returns the true time of the kill."""
-        at = time.time()
-        beat.process.send_signal(signal.SIGKILL)
-        beat.process.wait(timeout=10)
-        beat.killed_at = at
-        cleanup_killed(beat.pid)  # libfaketime's shared memory outlives a SIGKILL
-        return at
+        return self.children.kill(beat.child)
 
     def stop(self) -> None:
         """SIGTERM every beat (SIGKILL after 15 s), then let the recorder drain."""
-        for beat in self.beats:
-            if beat.process.poll() is None:
-                beat.process.send_signal(signal.SIGTERM)
-        for beat in self.beats:
-            try:
-                beat.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                beat.process.kill()
-                beat.process.wait()
-                cleanup_killed(beat.pid)
+        self.children.stop(timeout=15, wait_for_handler=False)
         self._sampling.set()
         self.recorder.stop()
 
@@ -282,11 +258,7 @@ class Trial:
             raise Disturbed("PostgreSQL was restarted during the trial")
 
     def close(self) -> None:
-        for beat in self.beats:
-            if beat.process.poll() is None:
-                beat.process.kill()
-                beat.process.wait()
-                cleanup_killed(beat.pid)
+        self.children.close()
         self._sampling.set()
         self.recorder.stop(timeout=1)
         batch: list[bytes] = []
@@ -312,13 +284,8 @@ class Trial:
                 if beat.process.poll() is not None:
                     continue
                 with contextlib.suppress(OSError, ValueError, IndexError):
-                    with open(f"/proc/{beat.pid}/stat") as stat:
-                        fields = stat.read().rsplit(")", 1)[1].split()
-                    beat.cpu = (int(fields[11]) + int(fields[12])) / _TICKS
-                    with open(f"/proc/{beat.pid}/status") as status:
-                        for line in status:
-                            if line.startswith("VmRSS:"):
-                                beat.peak_rss_kb = max(beat.peak_rss_kb, int(line.split()[1]))
+                    rss, beat.cpu = proc_stats(beat.pid)
+                    beat.peak_rss_kb = max(beat.peak_rss_kb, rss)
 
     def mark(self) -> None:
         """Start of the measured window for CPU time."""

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from django.core.exceptions import ValidationError
 
@@ -79,15 +80,18 @@ def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> 
                 f"beat_schedule[{name!r}]: {type(sched).__name__} schedules are not supported "
                 "(use a number of seconds, a timedelta, schedule(), crontab() or solar())",
             )
-        seconds = every.total_seconds()
-        if seconds <= 0 or seconds != int(seconds):
+        micro = every // timedelta(microseconds=1)
+        if micro <= 0:
             raise ScheduleError(
-                "every", f"beat_schedule[{name!r}]: interval {seconds} s must be a positive "
-                "whole number of seconds",
+                "every", f"beat_schedule[{name!r}]: interval {every.total_seconds()} s must be "
+                "longer than zero",
             )
+        # Whole seconds in seconds; a fraction of a second in microseconds.
+        whole = micro % 1_000_000 == 0
         fields.update(
-            schedule_kind=ScheduleKind.INTERVAL, interval_every=int(seconds),
-            interval_unit=IntervalUnit.SECONDS,
+            schedule_kind=ScheduleKind.INTERVAL,
+            interval_every=micro // 1_000_000 if whole else micro,
+            interval_unit=IntervalUnit.SECONDS if whole else IntervalUnit.MICROSECONDS,
         )
     args = list(entry.get("args") or [])
     kwargs = dict(entry.get("kwargs") or {})
@@ -101,9 +105,54 @@ def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> 
         fields[key] = str(options.get(key) or "")
     fields["priority"] = options.get("priority")
     expires = options.get("expires")
-    fields["expires_seconds"] = float(expires) if isinstance(expires, int | float) else None
+    fields["expires_seconds"] = None
+    fields["valid_until"] = None
+    if isinstance(expires, int | float) and not isinstance(expires, bool):
+        fields["expires_seconds"] = float(expires)
+    elif isinstance(expires, datetime):
+        # An absolute expiry: Celery's messages expire then, so nothing runs after it.
+        if expires.utcoffset() is None:
+            expires = expires.replace(tzinfo=ZoneInfo(timezone))
+        fields["valid_until"] = expires
+    elif expires is not None:
+        raise ValueError(f"beat_schedule[{name!r}]: options.expires must be seconds or a "
+                         f"datetime, not {expires!r}")
     fields["headers"] = dict(options.get("headers") or {})
     return fields
+
+
+#: The options of an entry's ``options`` this package publishes with.
+PUBLISH_OPTIONS = ("queue", "exchange", "routing_key", "priority", "expires", "headers")
+
+
+def entry_report(
+    entry: Mapping[str, Any], fields: Mapping[str, Any]
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """What of a ``beat_schedule`` entry :func:`entry_fields` brought over (option, the field
+    holding it) and what it did not (option, why)."""
+    carried = [("task", "task"), (f"schedule {entry['schedule']!r}"[:60],
+                                  f"schedule_kind {fields['schedule_kind']}")]
+    dropped = []
+    for key in ("args", "kwargs"):
+        if fields.get(key):
+            carried.append((key, key))
+    options = dict(entry.get("options") or {})
+    for key in options:
+        if key == "expires" and fields.get("valid_until") is not None:
+            carried.append(("options.expires", "valid_until (no slot at or after it)"))
+        elif key == "expires":
+            carried.append(("options.expires", "expires_seconds"))
+        elif key in PUBLISH_OPTIONS:
+            carried.append((f"options.{key}", key))
+        else:
+            dropped.append((f"options.{key}", f"not a publish option this package sends "
+                                              f"({', '.join(PUBLISH_OPTIONS)})"))
+    if entry.get("relative"):
+        dropped.append(("relative", "interval slots are anchored, not rounded to the period"))
+    for key in entry:
+        if key not in ("task", "schedule", "args", "kwargs", "options", "relative"):
+            dropped.append((str(key), "not a key of Celery's beat entries"))
+    return carried, dropped
 
 
 def sync_beat_schedule(

@@ -26,9 +26,10 @@ from django.db import router, transaction
 from celery_driftsafe.clock import authority_clock
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.exceptions import ClockError
+from celery_driftsafe.jitter import due_instant
 from celery_driftsafe.models import CLAIM_FIELDS, PeriodicTask, ScheduleKind
 from celery_driftsafe.redis_client import channel, get_redis
-from celery_driftsafe.schedule_fields import SCHEDULE_FIELDS
+from celery_driftsafe.schedule_fields import RESCHEDULE_FIELDS
 
 logger = logging.getLogger(__name__)
 
@@ -49,11 +50,22 @@ def first_slot(
 
     A one-off keeps its instant even when it lies in the past, so that it still fires
     (subject to its misfire policy) rather than vanishing, unless a run at that instant is
-    already recorded (``taken``).
+    already recorded (``taken``) or it lies outside the task's bounds.
+
+    Bounds apply (the schedule is bounded): a task valid from a future instant starts at its
+    first slot at or after that instant.
     """
+    schedule = task.schedule
     if task.schedule_kind == ScheduleKind.ONE_OFF:
-        return None if task.one_off_at in set(taken) else task.one_off_at
-    return task.schedule.next_after(max(now, after) if after is not None else now)
+        if task.one_off_at is None or task.one_off_at in set(taken):
+            return None
+        return task.one_off_at if schedule.first_at_or_after(task.one_off_at) else None
+    return schedule.next_after(max(now, after) if after is not None else now)
+
+
+def set_due(task: PeriodicTask) -> None:
+    """``due_at`` from ``next_slot_at``: the slot plus the task's jitter."""
+    task.due_at = due_instant(task.name, task.next_slot_at, task.jitter_seconds)
 
 
 def _latest_run_slot(task_id: int, using: str) -> datetime | None:
@@ -92,7 +104,7 @@ def prepare_save(instance: PeriodicTask, options: dict[str, Any]) -> None:
     if not adding:
         previous = (
             PeriodicTask.objects.using(using).filter(pk=instance.pk)
-            .values(*SCHEDULE_FIELDS, "enabled").first()
+            .values(*RESCHEDULE_FIELDS, "enabled", "name").first()
         )
         if previous is not None and options.get("update_fields") is None:
             options["update_fields"] = [
@@ -100,8 +112,11 @@ def prepare_save(instance: PeriodicTask, options: dict[str, Any]) -> None:
                 if not f.primary_key and f.name not in CLAIM_FIELDS
             ]
     changed = previous is None or any(
-        previous[name] != getattr(instance, name) for name in SCHEDULE_FIELDS
+        previous[name] != getattr(instance, name) for name in RESCHEDULE_FIELDS
     )
+    # The jitter hashes the name: renaming a jittered task moves its due instants.
+    changed = changed or (previous is not None and previous["name"] != instance.name
+                          and bool(instance.jitter_seconds))
     re_enabled = previous is not None and not previous["enabled"] and instance.enabled
     if not (changed or re_enabled):
         return
@@ -115,15 +130,18 @@ def prepare_save(instance: PeriodicTask, options: dict[str, Any]) -> None:
             logger.exception("cannot read the time authority to schedule %s", instance.name)
             raise
     if instance.schedule_kind == ScheduleKind.INTERVAL and instance.interval_anchor is None:
-        instance.interval_anchor = now
+        # Slots count from valid_from when the task has one (django-celery-beat's start_time).
+        instance.interval_anchor = instance.valid_from or now
     latest = None if previous is None else _latest_run_slot(instance.pk, using)
     taken = _run_slots_at(instance, using) if previous is not None else []
     instance.next_slot_at = first_slot(instance, now, after=latest, taken=taken)
+    set_due(instance)
     if re_enabled:
         instance.disabled_reason = ""
     fields = options.get("update_fields")
     if fields is not None:
-        extra = {"next_slot_at", "interval_anchor"} | ({"disabled_reason"} if re_enabled else set())
+        extra = ({"next_slot_at", "due_at", "interval_anchor"}
+                 | ({"disabled_reason"} if re_enabled else set()))
         options["update_fields"] = list(dict.fromkeys([*fields, *extra]))
 
 
@@ -167,8 +185,9 @@ def reschedule(tasks: Iterable[PeriodicTask], *, using: str = "default") -> int:
             task, now, after=_latest_run_slot(task.pk, using),
             taken=_run_slots_at(task, using),
         )
+        set_due(task)
         PeriodicTask.objects.using(using).filter(pk=task.pk).update(
-            next_slot_at=task.next_slot_at
+            next_slot_at=task.next_slot_at, due_at=task.due_at
         )
         count += 1
     if count:

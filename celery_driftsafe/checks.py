@@ -69,6 +69,15 @@ def _switches() -> tuple[str, ...]:
     return tuple(key for key, declared in _declared().items() if declared is bool)
 
 
+#: Number settings where None turns the feature off (keep forever, never prune, ...): the
+#: hint of their check.
+_POSITIVE_OR_NONE = {
+    "RUN_EXPIRES_SECONDS": "for example 86400 (a day), or None for messages that never expire",
+    "RUN_RETENTION_SECONDS": "for example 604800 (a week), or None to keep runs forever",
+    "FAILED_RUN_RETENTION_SECONDS": "for example 2592000 (30 days), or None to keep them "
+                                    "forever",
+    "PRUNE_INTERVAL_SECONDS": "for example 60, or None when driftsafe_prune runs from cron",
+}
 #: Number settings that accept 0 (checked on their own).
 ZERO_ALLOWED = ("MISFIRE_GRACE_SECONDS",)
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
@@ -146,13 +155,11 @@ def _check_raw(raw: dict[str, Any]) -> Iterable[CheckMessage]:
             "CELERY_APP", app_path, "must be a dotted path to a Celery app, or None",
             "for example 'proj.celery:app'", "celery_driftsafe.E009",
         )
-    expires = raw.get("RUN_EXPIRES_SECONDS")
-    if expires is not None and not (_is_number(expires) and expires > 0):
-        yield _error(
-            "RUN_EXPIRES_SECONDS", expires, "must be a positive number of seconds, or None",
-            "for example 86400 (a day), or None for messages that never expire",
-            "celery_driftsafe.E004",
-        )
+    for key, hint in _POSITIVE_OR_NONE.items():
+        value = raw.get(key)
+        if value is not None and not (_is_number(value) and value > 0):
+            yield _error(key, value, "must be a positive number of seconds, or None", hint,
+                         "celery_driftsafe.E004")
     grace = raw.get("MISFIRE_GRACE_SECONDS", 0)
     if not (_is_number(grace) and grace >= 0):
         yield _error(

@@ -31,6 +31,7 @@ from django.db import (
 )
 from django.db.models import Min
 
+from celery_driftsafe.bounds import Limits, message_expiry, plan_limited
 from celery_driftsafe.claim_sql import (
     NewRun,
     advance_tasks,
@@ -41,7 +42,8 @@ from celery_driftsafe.claim_sql import (
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.dispatch import ClaimedRun, celery_task_id, run_message
 from celery_driftsafe.exceptions import ScheduleError
-from celery_driftsafe.misfire import ClaimPlan, plan_claim
+from celery_driftsafe.jitter import due_instant, offset
+from celery_driftsafe.misfire import ClaimPlan
 from celery_driftsafe.models import (
     PeriodicTask,
     Run,
@@ -65,21 +67,26 @@ class ClaimResult:
     tasks_seen: int = 0
     #: Slots that fired past the misfire grace because the beats were busy (see misfire).
     late_from_load: int = 0
-    #: The oldest slot this round fired: how far behind the beats are.
+    #: The due instant (slot plus jitter) of the oldest slot this round fired: how far behind
+    #: the beats are.
     oldest_slot: datetime | None = None
+    #: Tasks disabled after their last allowed run (valid until, run once, max runs).
+    finished: list[str] = field(default_factory=list)
 
 
 class Claimer(Protocol):
     """Claims due slots.
 
-    ``claim(now, node_id)`` takes at most ``batch_size`` enabled tasks whose ``next_slot_at``
-    is at or before ``now`` (an authority reading taken just before the call), oldest slot
-    first. For each task it applies the misfire policy, inserts one run row per slot that
-    fires (status ``claimed``) or is missed (status ``missed``), and moves ``next_slot_at`` to
-    the first slot after ``now`` — all in one transaction per round. A task whose row another
-    beat holds or has already advanced is silently left out: losing a race is normal. A task
-    whose stored schedule cannot be evaluated is disabled with the reason recorded. Returns the
-    claimed runs in slot order. ``busy_since``: since when the beats have been claiming without
+    ``claim(now, node_id)`` takes at most ``batch_size`` enabled tasks whose ``due_at`` (the
+    next slot plus the task's jitter) is at or before ``now`` (an authority reading taken just
+    before the call), earliest first. For each task it applies the misfire policy, inserts one
+    run row per slot that fires (status ``claimed``) or is missed (status ``missed``), and
+    moves ``next_slot_at`` (and ``due_at``) to the first slot not yet due — all in one
+    transaction per round. A slot fires only once ``now`` reaches its jittered instant, within
+    the task's bounds, while it has runs left; a task used up is disabled (``finished: …``).
+    A task another beat holds or has advanced is left out: losing a race is normal. A task
+    whose stored schedule cannot be evaluated is disabled with the reason recorded. Returns
+    the claimed runs in slot order. ``busy_since``: since when the beats have been claiming without
     a break (a slot that fell due since then is late, not missed; see
     :mod:`celery_driftsafe.misfire`).
     """
@@ -97,12 +104,15 @@ class _BaseClaimer:
         self.using = using
         self.settings = settings or get_settings()
         self.batch_size = batch_size or self.settings.claim_batch_size
+        #: Tasks of the current round that reach a bound or limit: id -> why.
+        self._finished: dict[int, str] = {}
 
     def _due(self, now: datetime) -> Any:
+        # due_at is the next slot plus its jitter (the slot itself without jitter).
         return (
             PeriodicTask.objects.using(self.using)
-            .filter(enabled=True, next_slot_at__lte=now)
-            .order_by("next_slot_at", "id")
+            .filter(enabled=True, due_at__lte=now)
+            .order_by("due_at", "id")
         )
 
     def _load(self, due: Any, result: ClaimResult) -> list[PeriodicTask]:
@@ -138,19 +148,20 @@ class _BaseClaimer:
     def _plan(
         self, task: PeriodicTask, now: datetime, busy_since: datetime | None = None
     ) -> ClaimPlan:
+        """Plan one task under its policies, jitter, bounds and run limits (bounds.py)."""
         assert task.next_slot_at is not None
         grace = task.misfire_grace_seconds
         if grace is None:
             grace = self.settings.misfire_grace_seconds
-        return plan_claim(
-            task.schedule,
-            task.next_slot_at,
-            now,
+        plan, finished = plan_limited(
+            task.schedule, task.next_slot_at, now, _limits(task),
             policy=task.misfire_policy or self.settings.misfire_policy,
-            grace=timedelta(seconds=grace),
-            fire_all_max=self.settings.fire_all_max,
+            grace=timedelta(seconds=grace), fire_all_max=self.settings.fire_all_max,
             busy_since=busy_since,
         )
+        if finished is not None:
+            self._finished[task.pk] = finished
+        return plan
 
     def _plans(
         self, tasks: Sequence[PeriodicTask], now: datetime, result: ClaimResult,
@@ -159,6 +170,7 @@ class _BaseClaimer:
         """Plan each task; a task whose row cannot be fired (bad JSON shape, bad option,
         broken schedule, anything its planning raises) is disabled with the reason, and the
         others go on."""
+        self._finished = {}
         planned = []
         for task in tasks:
             task.coerce()
@@ -176,7 +188,7 @@ class _BaseClaimer:
                          extra={"action": "disable", "task": task.name})
             task.enabled = False
             task.disabled_reason = _reason(problem)
-            task.next_slot_at = None
+            task.next_slot_at = task.due_at = None
             result.disabled.append(task.name)
         return planned
 
@@ -200,7 +212,8 @@ class _BaseClaimer:
                         task, slot, RunStatus.CLAIMED, celery_task_id(task.pk, slot),
                         message, text, self._expires_at(task, slot),
                     ))
-                result.oldest_slot = min(result.oldest_slot or plan.fire[0], plan.fire[0])
+                first_due = plan.fire[0] + offset(task.name, plan.fire[0], task.jitter_seconds)
+                result.oldest_slot = min(result.oldest_slot or first_due, first_due)
             result.missed += plan.missed_count
             result.late_from_load += plan.late_from_load
         if not rows:
@@ -225,7 +238,7 @@ class _BaseClaimer:
         seconds = task.expires_seconds
         if seconds is None:
             seconds = self.settings.run_expires_seconds
-        return None if seconds is None else slot + timedelta(seconds=seconds)
+        return message_expiry(slot, _limits(task), seconds)
 
     def _insert(self, rows: list[NewRun], now: datetime, node_id: str) -> list[PeriodicTask]:
         """Insert ``rows``, skipping those whose slot already has a run. Should the database
@@ -288,12 +301,25 @@ class _BaseClaimer:
             )
             result.disabled.append(task.name)
 
-    @staticmethod
-    def _advance(task: PeriodicTask, plan: ClaimPlan) -> None:
+    def _advance(self, task: PeriodicTask, plan: ClaimPlan, result: ClaimResult) -> None:
         task.next_slot_at = plan.next_slot
+        task.due_at = due_instant(task.name, plan.next_slot, task.jitter_seconds)
         if plan.fire:
             task.last_slot_at = plan.fire[-1]
             task.run_count = (task.run_count or 0) + len(plan.fire)
+        finished = self._finished.get(task.pk)
+        if finished is not None:
+            task.enabled = False
+            task.next_slot_at = task.due_at = None
+            task.disabled_reason = f"finished: {finished}"
+            logger.info("task %s finished: %s", task.name, finished,
+                        extra={"action": "finish", "task": task.name})
+            result.finished.append(task.name)
+
+
+def _limits(task: PeriodicTask) -> Limits:
+    return Limits(task.name, task.jitter_seconds, task.valid_from, task.valid_until,
+                  task.run_once, task.max_runs, task.run_count or 0)
 
 
 def _reason(problem: str) -> str:
@@ -314,7 +340,7 @@ class SkipLockedClaimer(_BaseClaimer):
                 return result
             planned = self._plans(tasks, now, result, busy_since)
             for task, plan in planned:
-                self._advance(task, plan)
+                self._advance(task, plan, result)
             refused = self._write_runs(planned, now, node_id, result)
             advance_tasks(self.using, tasks)
             self._disable_refused(refused, result)
@@ -338,12 +364,13 @@ class CompareAndSwapClaimer(_BaseClaimer):
         planned = self._plans(tasks, now, result, busy_since)
         disabled = [t for t in tasks if not t.enabled]
         for task, plan in planned:
-            self._advance(task, plan)
+            self._advance(task, plan, result)
         try:
             with transaction.atomic(using=self.using):
                 won = advance_tasks(self.using, [t for t, _ in planned] + disabled, seen)
                 planned = [(t, p) for t, p in planned if t.pk in won]
                 result.disabled = [t.name for t in disabled if t.pk in won]
+                result.finished = [t.name for t, _ in planned if t.name in result.finished]
                 refused = self._write_runs(planned, now, node_id, result)
                 self._disable_refused(refused, result)
         except OperationalError as exc:
@@ -364,10 +391,10 @@ def claimer_for(using: str = "default", settings: DriftSafeSettings | None = Non
 
 
 def next_due(using: str = "default") -> datetime | None:
-    """The earliest unclaimed slot of any enabled task."""
+    """When the earliest unclaimed slot of any enabled task is due (its jittered instant)."""
     value: datetime | None = (
         PeriodicTask.objects.using(using)
         .filter(enabled=True)
-        .aggregate(next_due=Min("next_slot_at"))["next_due"]
+        .aggregate(next_due=Min("due_at"))["next_due"]
     )
     return value

@@ -140,10 +140,10 @@ def insert_runs_postgresql(
         row.pk = ids.get((row.task.pk, row.slot))
 
 
-_FIELDS = ("next_slot_at", "last_slot_at", "run_count", "enabled", "disabled_reason")
+_FIELDS = ("next_slot_at", "due_at", "last_slot_at", "run_count", "enabled", "disabled_reason")
 
 
-_PG_TYPES = ("timestamptz", "timestamptz", "bigint", "boolean", "text")
+_PG_TYPES = ("timestamptz", "timestamptz", "timestamptz", "bigint", "boolean", "text")
 
 
 def advance_tasks(

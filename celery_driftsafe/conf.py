@@ -102,6 +102,17 @@ class DriftSafeSettings:
     stuck_run_seconds: float = 3600.0
     #: What ``DriftSafeTask`` does when Redis cannot be reached.
     redis_unavailable: RedisUnavailablePolicy = RedisUnavailablePolicy.FAIL_CLOSED
+    #: Finished runs (succeeded, skipped, revoked) are deleted this many seconds after their
+    #: claim, with their attempts, lock rows and fencing counters (see
+    #: :mod:`celery_driftsafe.retention`). ``None``: kept forever.
+    run_retention_seconds: float | None = 7 * 86400.0
+    #: The same for runs that did not succeed (failed, missed, expired). ``None``: kept forever.
+    failed_run_retention_seconds: float | None = 30 * 86400.0
+    #: How often a beat prunes the ledger (one beat at a time, in a thread of its own).
+    #: ``None``: beats never prune; run ``manage.py driftsafe_prune`` from cron instead.
+    prune_interval_seconds: float | None = 60.0
+    #: Runs one pruning statement deletes.
+    prune_batch_size: int = 1000
     #: Dotted path of the project's Celery app (``"proj.celery:app"``), for the admin's task
     #: name checks and "run now". ``None``: Celery's current app.
     celery_app: str | None = None

@@ -8,11 +8,14 @@ Each problem is reported on the field at fault, all at once (not the first one o
 * ``interval_every`` — a positive whole number (interval tasks);
 * ``crontab_*`` — each field parsed on its own (``crontab_second`` is optional: empty means
   0), so two bad fields give two errors, then the combination (``0 0 31 2 *`` never fires)
-  on ``crontab_day_of_month``;
+  on ``crontab_day_of_month``; a whole expression typed into ``crontab_minute`` (an alias
+  such as ``@daily``, five fields, or six with the seconds first) fills every field;
 * ``timezone`` — an IANA zone name;
 * ``one_off_at`` — required for a one-off task;
 * ``solar_event`` / ``solar_latitude`` / ``solar_longitude`` — an event, a latitude from -90 to
-  90 and a longitude from -180 to 180 (solar tasks).
+  90 and a longitude from -180 to 180 (solar tasks);
+* ``valid_until`` — after ``valid_from`` when both are set; ``max_runs`` — 1 or more;
+  ``jitter_seconds`` — 0 to 86,400 (see :mod:`celery_driftsafe.bounds`).
 
 Saving goes through the model's ``save()``, so :mod:`celery_driftsafe.changes` recomputes the
 next slot once and wakes the beats.
@@ -29,6 +32,7 @@ from django.core.validators import MinValueValidator
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from celery_driftsafe.bounds import bound_problems
 from celery_driftsafe.celery_app import get_celery_app, registered_task_names
 from celery_driftsafe.exceptions import ScheduleError
 from celery_driftsafe.models import PeriodicTask, ScheduleKind
@@ -81,8 +85,9 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
     class Meta:
         model = PeriodicTask
         fields = [
-            "name", "task", "args", "kwargs", "enabled", "disabled_reason",
+            "name", "description", "task", "args", "kwargs", "enabled", "disabled_reason",
             *EDITABLE_SCHEDULE_FIELDS,
+            "valid_from", "valid_until", "run_once", "max_runs", "jitter_seconds",
             "misfire_policy", "misfire_grace_seconds", "overlap_policy",
             "queue", "exchange", "routing_key", "priority", "expires_seconds", "headers",
         ]
@@ -93,16 +98,27 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             "kwargs": forms.Textarea(attrs={"rows": 2, "cols": 60}),
             "headers": forms.Textarea(attrs={"rows": 2, "cols": 60}),
             "disabled_reason": forms.Textarea(attrs={"rows": 2, "cols": 60}),
+            "description": forms.Textarea(attrs={"rows": 2, "cols": 60}),
         }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if "interval_every" not in self.fields:  # a view-only user: every field is read-only
+            return
         every = self.fields["interval_every"]
         assert isinstance(every, forms.IntegerField)
         # Our own message for 0 and below (in clean()), not "greater than or equal to 0".
         every.min_value = None
         every.validators = [v for v in every.validators if not isinstance(v, MinValueValidator)]
         every.widget.attrs.pop("min", None)
+        # Our own messages for max runs below 1 and a negative jitter (in clean()).
+        for name in ("max_runs", "jitter_seconds"):
+            number = self.fields[name]
+            assert isinstance(number, forms.IntegerField | forms.FloatField)
+            number.min_value = None
+            number.validators = [v for v in number.validators
+                                 if not isinstance(v, MinValueValidator)]
+            number.widget.attrs.pop("min", None)
         self.fields["schedule_kind"].initial = ScheduleKind.CRONTAB
 
     # -- single fields ----------------------------------------------------------------------
@@ -177,7 +193,18 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             self.add_error("one_off_at", "A one-off task needs the instant it runs at.")
         elif kind == ScheduleKind.SOLAR:
             self._clean_solar(data)
+        self._clean_bounds(data)
         return data
+
+    def _clean_bounds(self, data: dict[str, Any]) -> None:
+        """Valid until after valid from, max runs of 1 or more, a jitter of 0 to a day."""
+        for problem in bound_problems(
+            valid_from=data.get("valid_from"), valid_until=data.get("valid_until"),
+            max_runs=data.get("max_runs"), jitter_seconds=data.get("jitter_seconds"),
+        ):
+            if problem.field not in self.errors:
+                self.add_error(problem.field, problem.message[:1].upper() + problem.message[1:]
+                               + ".")
 
     def _clean_solar(self, data: dict[str, Any]) -> None:
         missing = {
@@ -199,6 +226,8 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
                 self.add_error(field, _message(exc))
 
     def _clean_crontab(self, data: dict[str, Any]) -> None:
+        if not self._expand_expression(data):
+            return
         bad = False
         for field, argument in CRONTAB_FIELDS.items():
             value = str(data.get(field) or "").strip()
@@ -219,6 +248,29 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             field = next((f for f, a in CRONTAB_FIELDS.items() if a == exc.field),
                          "crontab_day_of_month")
             self.add_error(field, _message(exc))
+
+    def _expand_expression(self, data: dict[str, Any]) -> bool:
+        """A whole expression typed into the minute field (``@daily``, ``0 3 * * *``, six
+        fields with the seconds first) fills every crontab field, when the others are left at
+        their defaults. False when it cannot be read (the error is on ``crontab_minute``)."""
+        text = str(data.get("crontab_minute") or "").strip()
+        if not (text.startswith("@") or len(text.split()) > 1):
+            return True
+        others = [str(data.get(f) or "").strip() for f in CRONTAB_FIELDS
+                  if f not in ("crontab_minute", "crontab_second")]
+        second = str(data.get("crontab_second") or "").strip()
+        if any(value not in ("", "*") for value in others) or second not in ("", "0"):
+            self.add_error("crontab_minute", "A whole expression goes in the minute field only "
+                                             "when the other crontab fields are left at *.")
+            return False
+        try:
+            parsed = Crontab.from_expression(text)
+        except ScheduleError as exc:
+            self.add_error("crontab_minute", _message(exc))
+            return False
+        for field, argument in CRONTAB_FIELDS.items():
+            data[field] = getattr(parsed, argument).strip()
+        return True
 
     def full_clean(self) -> None:
         super().full_clean()

@@ -35,6 +35,7 @@ from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import cast
 
+from celery_driftsafe.jitter import offset
 from celery_driftsafe.names import MisfirePolicy
 from celery_driftsafe.slots import Interval, Schedule
 
@@ -80,31 +81,56 @@ def plan_claim(
     record_max: int = 3,
     on_time_max: int = 10_000,
     busy_since: datetime | None = None,
+    jitter: Jitter | None = None,
 ) -> ClaimPlan:
     """Plan the claim of a task whose first unclaimed slot is ``next_slot``, at ``now``.
 
     ``next_slot`` itself is trusted to be a slot of ``schedule`` (it was computed from it);
-    if ``next_slot > now`` nothing is due and the plan only repeats ``next_slot``.
+    if ``next_slot`` is not due at ``now`` nothing is due and the plan only repeats ``next_slot``.
     ``busy_since``: since when the beats have been claiming without a break (None: unknown).
+
+    ``jitter``: the task's deterministic spread (:mod:`celery_driftsafe.jitter`). A slot ``s``
+    is then due at ``jitter.due(s)`` instead of ``s``: it is due when that instant is at or
+    before ``now``, on time while ``now`` is within ``grace`` of it, and the plan stops at the
+    first slot not yet due (it is the next slot; later slots fire after it, never before their
+    own instant).
     """
     if policy not in tuple(MisfirePolicy):
         raise ValueError(f"unknown misfire policy {policy!r}")
-    if next_slot > now:
+    due = jitter.due if jitter is not None else _on_the_slot
+    spread = jitter.spread if jitter is not None else timedelta(0)
+    if due(next_slot) > now:
         return ClaimPlan(next_slot=next_slot)
     recent_start = now - grace
-    if busy_since is not None and busy_since <= next_slot < recent_start:
+    if busy_since is not None and busy_since <= due(next_slot) < recent_start:
         following = schedule.next_after(next_slot)
-        if following is None or following > now:
+        if following is None or due(following) > now:
             return ClaimPlan(fire=[next_slot], next_slot=following, late_from_load=True)
     fired_max = {MisfirePolicy.FIRE_ALL: fire_all_max, MisfirePolicy.FIRE_ONCE: 1,
                  MisfirePolicy.SKIP: 0}[MisfirePolicy(policy)]
     keep = fired_max + max(record_max, 1)
+    # Slots before window_start are due before recent_start whatever their jitter: missed.
+    window_start = recent_start - spread
     tail: list[datetime] = []
     missed_total = 0
-    if next_slot < recent_start:
-        missed_total, tail_start = _count_and_tail_start(schedule, next_slot, recent_start, keep)
-        tail = _slots(schedule, tail_start, recent_start)
-    on_time = _slots(schedule, max(next_slot, recent_start), now + _TICK, on_time_max)
+    if next_slot < window_start:
+        missed_total, tail_start = _count_and_tail_start(schedule, next_slot, window_start, keep)
+        tail = _slots(schedule, tail_start, window_start)
+    on_time: list[datetime] = []
+    upcoming = None
+    for slot in schedule.slots_between(max(next_slot, window_start), now + _TICK):
+        instant = due(slot)
+        if instant > now:
+            upcoming = slot
+            break
+        if instant < recent_start and not on_time:
+            tail.append(slot)
+            missed_total += 1
+            continue
+        on_time.append(slot)
+        if len(on_time) >= on_time_max:
+            break
+    tail = tail[-keep:]
 
     fire = on_time
     if tail:
@@ -119,7 +145,23 @@ def plan_claim(
         span = MissedSpan(first=next_slot, last=tail[-1], count=remaining)
         tail = []
     return ClaimPlan(fire=fire, missed=tail, missed_span=span,
-                     next_slot=schedule.next_after(now))
+                     next_slot=upcoming if upcoming is not None else schedule.next_after(now))
+
+
+def _on_the_slot(slot: datetime) -> datetime:
+    return slot
+
+
+@dataclass(frozen=True)
+class Jitter:
+    """A task's deterministic spread: slot ``s`` is due at ``s + offset(identity, s)``, with
+    ``0 <= offset < spread`` (see :mod:`celery_driftsafe.jitter`)."""
+
+    identity: str
+    spread: timedelta
+
+    def due(self, slot: datetime) -> datetime:
+        return slot + offset(self.identity, slot, self.spread.total_seconds())
 
 
 def _slots(
@@ -142,6 +184,17 @@ def _count_and_tail_start(
     after an outage, tasks with the same crontab share their missed slots, so a thousand
     tasks on one expression cost one walk.
     """
+    from celery_driftsafe.bounds import Bounded
+
+    if isinstance(schedule, Bounded) and isinstance(schedule.schedule, Interval):
+        start = max(start, schedule.valid_from or start)
+        end = min(end, schedule.valid_until or end)
+        if end <= start:
+            return 0, end
+        schedule = schedule.schedule
+        start = schedule.first_at_or_after(start) or end
+        if start >= end:
+            return 0, end
     if isinstance(schedule, Interval):
         every = schedule.every
         count = (end - _TICK - start) // every + 1

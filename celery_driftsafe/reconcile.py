@@ -78,8 +78,8 @@ def reconcile(
             done.expired.append(pk)
     bound = now - timedelta(seconds=settings.stuck_run_seconds)
     started = runs.filter(status=RunStatus.STARTED, started_at__lt=bound)
-    for pk, started_at in started.values_list("pk", "started_at")[:limit]:
-        if _worker_lost(pk, started_at, now, using, settings):
+    for pk, started_at, token in started.values_list("pk", "started_at", "fencing_token")[:limit]:
+        if _worker_lost(pk, started_at, token, now, using, settings):
             done.lost.append(pk)
     if app is not None:
         _from_result_backend(app, runs, bound, now, limit, done)
@@ -93,22 +93,26 @@ def reconcile(
 
 
 def _worker_lost(
-    pk: int, started_at: datetime | None, now: datetime, using: str, settings: DriftSafeSettings
+    pk: int, started_at: datetime | None, token: int, now: datetime, using: str,
+    settings: DriftSafeSettings,
 ) -> bool:
     from celery_driftsafe.locks import lock_backend
 
-    lock = lock_backend(settings, using=using).lock(f"run:{pk}", ttl=settings.lease_seconds)
+    # Above the run's token even when the lock's counter expired or was lost.
+    lock = lock_backend(settings, using=using).lock(
+        f"run:{pk}", ttl=settings.lease_seconds, fencing_floor=token
+    )
     try:
         if not lock.acquire(blocking=False):
             return False  # a worker still renews it: the body is running
     except LockError:
         return False  # cannot tell: leave it for a later pass
     try:
-        token = lock.fencing_token
+        taken = lock.fencing_token
         return bool(Run.objects.using(using).filter(
-            pk=pk, status=RunStatus.STARTED, fencing_token__lt=token
+            pk=pk, status=RunStatus.STARTED, fencing_token__lt=taken
         ).update(
-            status=RunStatus.FAILED, finished_at=now, fencing_token=token,
+            status=RunStatus.FAILED, finished_at=now, fencing_token=taken,
             error=f"worker lost: started at {started_at}, no outcome recorded and nobody "
                   "holds the run's lock (the worker died or was killed)",
         ))

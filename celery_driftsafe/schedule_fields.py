@@ -22,6 +22,12 @@ SCHEDULE_FIELDS = (
     "schedule_kind", *INTERVAL_FIELDS, *CRONTAB_FIELDS, "timezone", *ONE_OFF_FIELDS,
     *SOLAR_FIELDS,
 )
+#: The bounds and the jitter: no schedule of their own, but a change to one of them moves the
+#: next slot or its due instant, as a schedule edit does.
+TIMING_FIELDS = ("valid_from", "valid_until", "jitter_seconds")
+#: Every field whose change recomputes a task's next slot (:mod:`celery_driftsafe.changes`).
+RESCHEDULE_FIELDS = (*SCHEDULE_FIELDS, *TIMING_FIELDS)
+
 #: The schedule fields a person edits (the interval's anchor is set when the task is saved).
 EDITABLE_SCHEDULE_FIELDS = tuple(name for name in SCHEDULE_FIELDS if name != "interval_anchor")
 

@@ -24,7 +24,7 @@ from typing import Any
 from celery.beat import Scheduler
 from django.db import DatabaseError, InterfaceError, close_old_connections, connections
 
-from celery_driftsafe import checks, nodes
+from celery_driftsafe import checks, nodes, retention
 from celery_driftsafe.apps import ensure_django
 from celery_driftsafe.beat_schedule import SyncReport, sync_beat_schedule
 from celery_driftsafe.claim import Claimer, ClaimResult, claimer_for, next_due
@@ -88,15 +88,13 @@ class DriftSafeScheduler(Scheduler):
         checks.refuse_bad_configuration(self.node_id)
         self.settings: DriftSafeSettings = get_settings()
         self.authority = self._authority_override or authority_from_settings(
-            self.settings, using=self.using
-        )
+            self.settings, using=self.using)
         self.clock: Clock = self._clock_override or AuthorityClock(
-            self.authority,
-            samples=self.settings.clock_sync_samples,
-            resync_seconds=self.settings.clock_sync_interval_seconds,
-        )
+            self.authority, samples=self.settings.clock_sync_samples,
+            resync_seconds=self.settings.clock_sync_interval_seconds)
         self.claimer: Claimer = claimer_for(self.using, self.settings)
         self.dispatcher = Dispatcher(self.app, self.clock, using=self.using)
+        self.pruner = retention.BackgroundPruner(using=self.using, monotonic=self.clock.monotonic)
         self._paused_reason = ""
         self._outage: str | None = None
         self._backoff = 0.0
@@ -189,6 +187,7 @@ class DriftSafeScheduler(Scheduler):
         self._closed = True
         if self._ready:
             self._prefetcher.finish(self.dispatcher.dispatch, self.node_id)
+            self.pruner.close()
             self._mark_stopped()
         if self._listener is not None:
             self._listener.join(timeout=2)
@@ -308,6 +307,7 @@ class DriftSafeScheduler(Scheduler):
         self._last_round_end = self.clock.monotonic()
         if full:
             return 0.0  # a full batch: more may be due right now
+        self.pruner.maybe_start(reading.at)  # low priority: in its own thread, when due
         return self._wait_after(reading, claimed=bool(result.tasks_seen))
 
     def _note_continuity(self, mono: float) -> bool:
@@ -335,7 +335,7 @@ class DriftSafeScheduler(Scheduler):
         return min(wait, cap)
 
     def next_due(self) -> datetime | None:
-        """The earliest unclaimed slot of any enabled task."""
+        """When the earliest unclaimed slot of any enabled task is due (its jittered instant)."""
         return next_due(self.using)
 
     def _log_round(self, result: ClaimResult, now: datetime) -> None:

@@ -623,3 +623,100 @@ def test_list_pages_stay_paginated_and_bounded_with_thousands_of_runs(
         assert response.status_code == 200
         assert len(response.context["cl"].result_list) == rows, url
     assert 'class="paginator"' in admin_client.get(RUNS).content.decode()
+
+
+# -- bounds, limits and jitter -----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("overrides", "errors_expected"),
+    [
+        ({"valid_from_0": "2030-05-01", "valid_from_1": "12:00:00",
+          "valid_until_0": "2030-04-01", "valid_until_1": "12:00:00"},
+         {"valid_until": "must be after valid from"}),
+        ({"valid_from_0": "2030-05-01", "valid_from_1": "12:00:00",
+          "valid_until_0": "2030-05-01", "valid_until_1": "12:00:00"},
+         {"valid_until": "must be after valid from"}),
+        ({"max_runs": "0"}, {"max_runs": "1 or more"}),
+        ({"max_runs": "-3"}, {"max_runs": "1 or more"}),
+        ({"jitter_seconds": "-1"}, {"jitter_seconds": "from 0 to 86400"}),
+        ({"jitter_seconds": "100000"}, {"jitter_seconds": "from 0 to 86400"}),
+        ({"max_runs": "0", "jitter_seconds": "-1", "valid_from_0": "2030-05-01",
+          "valid_from_1": "12:00:00", "valid_until_0": "2030-04-01",
+          "valid_until_1": "12:00:00"},
+         {"max_runs": "1 or more", "jitter_seconds": "from 0 to", "valid_until": "after"}),
+    ],
+)
+def test_bounds_limits_and_jitter_are_checked_each_on_its_field(
+    admin_client: Any, app: Any, overrides: dict[str, str], errors_expected: dict[str, str]
+) -> None:
+    errors = form_errors(admin_client.post(ADD, form_data(**overrides)))
+    assert sorted(errors) == sorted(errors_expected)
+    for field, message in errors_expected.items():
+        assert len(errors[field]) == 1 and message in errors[field][0].lower(), errors[field]
+    assert not PeriodicTask.objects.exists()
+
+
+@pytest.mark.django_db
+def test_bounds_limits_and_jitter_are_saved_and_listed(admin_client: Any, app: Any) -> None:
+    page = admin_client.get(ADD).content.decode()
+    for name in ("valid_from", "valid_until", "run_once", "max_runs", "jitter_seconds",
+                 "description"):
+        assert f'name="{name}' in page
+    assert "Bounds and limits" in page
+    response = admin_client.post(ADD, form_data(
+        name="bounded", description="quarterly report", valid_from_0="2030-05-01",
+        valid_from_1="00:00:00", valid_until_0="2030-06-01", valid_until_1="00:00:00",
+        run_once="on", max_runs="5", jitter_seconds="30", crontab_minute="0",
+        crontab_hour="6", timezone="UTC",
+    ))
+    assert response.status_code == 302
+    task = PeriodicTask.objects.get(name="bounded")
+    assert (task.valid_from, task.valid_until) == (datetime(2030, 5, 1, tzinfo=UTC),
+                                                   datetime(2030, 6, 1, tzinfo=UTC))
+    assert (task.run_once, task.max_runs, task.jitter_seconds, task.description) == (
+        True, 5, 30.0, "quarterly report")
+    # the first slot is the first 06:00 at or after valid from; due within its jitter
+    assert task.next_slot_at == datetime(2030, 5, 1, 6, tzinfo=UTC)
+    assert task.due_at is not None
+    assert task.next_slot_at <= task.due_at < task.next_slot_at + timedelta(seconds=30)
+    listing = admin_client.get(TASKS).content.decode()
+    assert "from 2030-05-01 00:00 · until 2030-06-01 00:00 · 0 of 5 runs · once · jitter 30 s" \
+        in listing
+    change = admin_client.get(reverse("admin:celery_driftsafe_periodictask_change",
+                                      args=[task.pk])).content.decode()
+    assert "Due at" in change or "due at" in change.lower()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("typed", "fields"),
+    [
+        ("@daily", ("0", "0", "0", "*", "*", "*")),
+        ("@hourly", ("0", "0", "*", "*", "*", "*")),
+        ("@weekly", ("0", "0", "0", "*", "*", "0")),
+        ("30 2 * * mon-fri", ("0", "30", "2", "*", "*", "mon-fri")),
+        ("*/15 * * * * *", ("*/15", "*", "*", "*", "*", "*")),
+    ],
+)
+def test_a_whole_expression_or_alias_in_the_minute_field_fills_every_crontab_field(
+    admin_client: Any, app: Any, typed: str, fields: tuple[str, ...]
+) -> None:
+    assert admin_client.post(ADD, form_data(crontab_minute=typed)).status_code == 302
+    task = PeriodicTask.objects.get(name="nightly")
+    assert (task.crontab_second, task.crontab_minute, task.crontab_hour,
+            task.crontab_day_of_month, task.crontab_month_of_year,
+            task.crontab_day_of_week) == fields
+
+
+@pytest.mark.django_db
+def test_an_expression_in_the_minute_field_is_refused_on_it_when_unreadable_or_ambiguous(
+    admin_client: Any, app: Any
+) -> None:
+    errors = form_errors(admin_client.post(ADD, form_data(crontab_minute="@fortnightly")))
+    assert list(errors) == ["crontab_minute"]
+    errors = form_errors(admin_client.post(ADD, form_data(crontab_minute="@daily",
+                                                          crontab_hour="5")))
+    assert list(errors) == ["crontab_minute"] and "left at *" in errors["crontab_minute"][0]
+    assert not PeriodicTask.objects.exists()

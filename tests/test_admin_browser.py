@@ -192,6 +192,14 @@ def test_admin_add_crontab_task_see_next_slot_and_run_it_now(
 
     browser.get(f"{base}/admin/celery_driftsafe/periodictask/{task.pk}/change/")
     _shoot(browser, "task-form", tmp_path)
+    # "Run now" from the task's page: a second manual run, and both in the task's history.
+    _click_and_wait(browser, browser.find_element(By.CSS_SELECTOR, ".driftsafe-run-now button"))
+    assert "dispatched" in browser.find_element(By.CSS_SELECTOR, ".messagelist").text
+    second = Run.objects.filter(kind=RunKind.MANUAL).exclude(pk=run.pk).get()
+    assert [m["id"] for m in drain(queue)] == [second.celery_task_id]
+    browser.get(f"{base}/admin/celery_driftsafe/periodictask/{task.pk}/history/")
+    history = browser.find_element(By.ID, "change-history").text
+    assert f"run #{run.pk}" in history and f"run #{second.pk}" in history
     browser.get(f"{base}/admin/celery_driftsafe/run/")
     assert f"#{run.pk}" in browser.find_element(By.ID, "result_list").text
     _shoot(browser, "run-list", tmp_path)

@@ -173,7 +173,7 @@ def test_import_updates_beat_schedule_rows_but_keeps_admin_rows(app: Any) -> Non
 def test_import_reports_entries_it_cannot_import_and_exits_1(app: Any) -> None:
     app.conf.beat_schedule = {
         "fine": {"task": "tests.add", "schedule": 10.0},
-        "half-second": {"task": "tests.add", "schedule": 0.5},
+        "never": {"task": "tests.add", "schedule": -5},
         "custom": {"task": "tests.add", "schedule": EveryOther(timedelta(seconds=10))},
         "opaque-args": {"task": "tests.add", "schedule": 10.0, "args": (object(),)},
     }
@@ -181,7 +181,7 @@ def test_import_reports_entries_it_cannot_import_and_exits_1(app: Any) -> None:
     with pytest.raises(CommandError, match="3 task"):
         call_command("driftsafe_import", "--source", "beat_schedule", stdout=out, no_color=True)
     text = out.getvalue()
-    assert "error        half-second" in text and "positive whole number of seconds" in text
+    assert "error        never" in text and "must be longer than zero" in text
     assert "error        custom" in text and "EveryOther schedules are not supported" in text
     assert "error        opaque-args" in text and "args/kwargs must be JSON" in text
     assert list(PeriodicTask.objects.values_list("name", flat=True)) == ["fine"]
@@ -240,13 +240,13 @@ def test_import_django_celery_beat_tasks_idempotently(app: Any, celery_beat: Any
                                   one_off=True)
 
     out = io.StringIO()
-    with pytest.raises(CommandError, match="2 task"):
+    with pytest.raises(CommandError, match="1 task"):
         call_command("driftsafe_import", "--source", "django_celery_beat", "--dry-run",
                      stdout=out, no_color=True)
     text = out.getvalue()
     assert "would create poll (django_celery_beat)" in text
     assert "would create dusk (django_celery_beat)" in text and "args is not valid JSON" in text
-    assert "one_off with an interval, crontab or solar schedule is not supported" in text
+    assert "would create once-interval (django_celery_beat)" in text
     assert not PeriodicTask.objects.exists()
 
     with pytest.raises(CommandError):
@@ -268,11 +268,13 @@ def test_import_django_celery_beat_tasks_idempotently(app: Any, celery_beat: Any
     assert (dusk.schedule_kind, dusk.solar_event, dusk.solar_latitude, dusk.solar_longitude) == (
         "solar", "sunset", 52.5, 13.4)
     assert dusk.next_slot_at == Solar("sunset", 52.5, 13.4).first_at_or_after(dusk.next_slot_at)
-    assert PeriodicTask.objects.count() == 4
+    once = PeriodicTask.objects.get(name="once-interval")
+    assert (once.schedule_kind, once.run_once) == ("interval", True)
+    assert PeriodicTask.objects.count() == 5
 
     # again: nothing changes; an edited source row is kept unless --update is given
-    m.PeriodicTask.objects.filter(name__in=["bad-json", "once-interval"]).delete()
-    assert "4 unchanged" in run("driftsafe_import", "--source", "django_celery_beat")
+    m.PeriodicTask.objects.filter(name="bad-json").delete()
+    assert "5 unchanged" in run("driftsafe_import", "--source", "django_celery_beat")
     m.PeriodicTask.objects.filter(name="poll").update(queue="slow")
     text = run("driftsafe_import", "--source", "django_celery_beat")
     assert "kept         poll (django_celery_beat): differs in queue; use --update" in text
@@ -292,3 +294,108 @@ def test_import_from_django_celery_beat_needs_it_installed(app: Any) -> None:
                "--source", "beat_schedule")
     assert "would create other-app-task (beat_schedule)" in text
     assert "warning: task 'other.task' is not registered" in text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_import_every_kind_and_option_django_celery_beat_stores(
+    app: Any, celery_beat: Any
+) -> None:
+    """One django-celery-beat task of every schedule kind and with every option it stores:
+    each is brought over, and the per-task table has nothing in its "not" column."""
+    m = celery_beat
+    start = datetime(2030, 1, 1, 6, 0, 0, tzinfo=UTC)
+    end = datetime(2030, 12, 31, 23, 0, tzinfo=UTC)
+    last_run = datetime(2026, 2, 1, 8, 0, 7, tzinfo=UTC)
+    ninety = m.IntervalSchedule.objects.create(every=90, period="seconds")
+    micro = m.IntervalSchedule.objects.create(every=5_000_000, period="microseconds")
+    half = m.IntervalSchedule.objects.create(every=500_000, period="microseconds")
+    daily = m.IntervalSchedule.objects.create(every=2, period="days")
+    nyc = m.CrontabSchedule.objects.create(minute="15", hour="9", day_of_week="mon-fri",
+                                           day_of_month="*", month_of_year="*",
+                                           timezone="America/New_York")
+    sun = m.SolarSchedule.objects.create(event="dawn_civil", latitude=-33.8688,
+                                         longitude=151.2093)
+    when = m.ClockedSchedule.objects.create(clocked_time=datetime(2031, 5, 1, 9, tzinfo=UTC))
+    m.PeriodicTask.objects.create(
+        name="everything", task="tests.add", interval=ninety, args="[1, 2]",
+        kwargs='{"z": 3}', queue="q", exchange="ex", routing_key="rk", priority=7,
+        headers='{"x-team": "ops"}', expire_seconds=60, start_time=start,
+        last_run_at=last_run, total_run_count=41, description="all the options",
+    )
+    m.PeriodicTask.objects.create(name="micro", task="tests.add", interval=micro)
+    m.PeriodicTask.objects.create(name="half-second", task="tests.add", interval=half)
+    m.PeriodicTask.objects.create(name="every-two-days", task="tests.add", interval=daily,
+                                  enabled=False)
+    m.PeriodicTask.objects.create(name="weekday-nyc", task="tests.add", crontab=nyc,
+                                  start_time=start, expires=end, one_off=True)
+    m.PeriodicTask.objects.create(name="dawn", task="tests.add", solar=sun, one_off=True,
+                                  enabled=False)
+    m.PeriodicTask.objects.create(name="launch", task="tests.add", clocked=when, one_off=True,
+                                  expires=datetime(2031, 5, 2, tzinfo=UTC))
+
+    text = run("driftsafe_import", "--source", "django_celery_beat")
+    assert "7 create" in text
+    assert text.count("everything was brought over") == 7, text
+    assert "NOT" not in text
+    for line in ("| start_time", "| expires", "| one_off", "| total_run_count", "| last_run_at",
+                 "| description", "| headers", "| priority", "| expire_seconds"):
+        assert line in text, line
+
+    task = PeriodicTask.objects.get(name="everything")
+    assert (task.schedule_kind, task.interval_every, task.interval_unit) == (
+        "interval", 90, "seconds")
+    assert (task.args, task.kwargs, task.queue, task.exchange, task.routing_key, task.priority,
+            task.headers, task.expires_seconds, task.description) == (
+        [1, 2], {"z": 3}, "q", "ex", "rk", 7, {"x-team": "ops"}, 60.0, "all the options")
+    assert (task.valid_from, task.interval_anchor, task.next_slot_at) == (start, start, start)
+    assert (task.last_slot_at, task.run_count, task.enabled) == (last_run, 41, True)
+    micro_task = PeriodicTask.objects.get(name="micro")
+    assert (micro_task.interval_every, micro_task.interval_unit) == (5, "seconds")
+    half_task = PeriodicTask.objects.get(name="half-second")
+    assert (half_task.interval_every, half_task.interval_unit) == (500_000, "microseconds")
+    assert half_task.schedule.describe() == "every 0.5 seconds"
+    two_days = PeriodicTask.objects.get(name="every-two-days")
+    assert (two_days.interval_every, two_days.interval_unit, two_days.enabled) == (
+        2, "days", False)
+    nyc_task = PeriodicTask.objects.get(name="weekday-nyc")
+    assert (nyc_task.crontab_minute, nyc_task.crontab_hour, nyc_task.crontab_day_of_week,
+            nyc_task.timezone) == ("15", "9", "mon-fri", "America/New_York")
+    assert (nyc_task.valid_from, nyc_task.valid_until, nyc_task.run_once) == (start, end, True)
+    # the first slot: the first weekday 09:15 in New York at or after start_time
+    assert nyc_task.next_slot_at == datetime(2030, 1, 1, 14, 15, tzinfo=UTC)
+    dawn = PeriodicTask.objects.get(name="dawn")
+    assert (dawn.schedule_kind, dawn.solar_event, dawn.solar_latitude, dawn.solar_longitude,
+            dawn.run_once, dawn.enabled) == ("solar", "dawn_civil", -33.8688, 151.2093, True,
+                                             False)
+    launch = PeriodicTask.objects.get(name="launch")
+    assert (launch.schedule_kind, launch.one_off_at, launch.run_once, launch.valid_until) == (
+        "one_off", when.clocked_time, True, datetime(2031, 5, 2, tzinfo=UTC))
+    assert launch.next_slot_at == when.clocked_time
+    assert "7 unchanged" in run("driftsafe_import", "--source", "django_celery_beat")
+
+
+@pytest.mark.django_db
+def test_import_beat_schedule_reports_options_it_does_not_bring_over(app: Any) -> None:
+    app.conf.beat_schedule = {
+        "until-new-year": {
+            "task": "tests.add", "schedule": crontab(minute=0, hour=3),
+            "options": {"expires": datetime(2031, 1, 1, 0, 0), "queue": "q",
+                        "countdown": 5},
+            "relative": True,
+        },
+        "plain": {"task": "tests.add", "schedule": 30.0, "options": {"expires": 20}},
+        "quick": {"task": "tests.add", "schedule": timedelta(milliseconds=250)},
+    }
+    text = run("driftsafe_import", "--source", "beat_schedule")
+    assert "3 create" in text
+    assert "| options.expires" in text and "valid_until" in text
+    assert "| options.countdown" in text and "not a publish option this package sends" in text
+    assert "| relative" in text
+    assert text.count("everything was brought over") == 2
+    quick = PeriodicTask.objects.get(name="quick")
+    assert (quick.interval_every, quick.interval_unit) == (250_000, "microseconds")
+    task = PeriodicTask.objects.get(name="until-new-year")
+    # naive datetimes are read in the app's time zone (Europe/Berlin), as Celery does
+    assert task.valid_until == datetime(2030, 12, 31, 23, 0, tzinfo=UTC)
+    assert task.queue == "q" and task.expires_seconds is None
+    assert PeriodicTask.objects.get(name="plain").expires_seconds == 20.0

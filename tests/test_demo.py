@@ -1,4 +1,5 @@
-"""The README's demo, shortened: ``example_project/demo.py`` run for 20 s with this interpreter.
+"""The README's demo, shortened: ``python -m demo`` (``example_project/demo/``) run in
+``example_project/`` for 20 s with this interpreter, as ``example_project/demo/demo.sh`` runs it.
 
 Three beats with skewed clocks and a worker on the example project; the demo itself counts
 every due slot and exits non-zero if one was doubled, missed or early. It gets its own
@@ -24,7 +25,7 @@ from tests import settings as test_settings
 
 pytestmark = pytest.mark.e2e
 
-DEMO = Path(__file__).resolve().parents[1] / "example_project" / "demo.py"
+PROJECT = Path(__file__).resolve().parents[1] / "example_project"
 SECONDS = 20
 
 
@@ -55,18 +56,12 @@ def database_for_demo(tmp_path: Path) -> Iterator[dict[str, str]]:
     if test_settings.TEST_DB != "postgres":
         yield {"EXAMPLE_SQLITE_PATH": str(tmp_path / "demo.sqlite3")}
         return
-    import psycopg
+    from celery_driftsafe.testing.processes import postgres_exec as run
 
     name = f"driftsafe_demo_{os.getpid()}"
     host = os.environ.get("DRIFTSAFE_TEST_PG_HOST", "127.0.0.1")
     port = os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432")
     user = os.environ.get("DRIFTSAFE_TEST_PG_USER", "postgres")
-
-    def run(sql: str) -> None:
-        with psycopg.connect(host=host, port=port, user=user, dbname="postgres",
-                             autocommit=True) as conn:
-            conn.execute(sql)
-
     run(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     run(f"CREATE DATABASE {name}")
     try:
@@ -83,8 +78,8 @@ def test_demo_fires_every_slot_once(
     env.update(redis_for_demo, **database_for_demo, DEMO_SECONDS=str(SECONDS),
                DEMO_OUTPUT=str(tmp_path / "out"))
     began = time.monotonic()
-    result = subprocess.run([sys.executable, str(DEMO)], env=env, capture_output=True,
-                            text=True, timeout=150, check=False)
+    result = subprocess.run([sys.executable, "-m", "demo"], cwd=PROJECT, env=env,
+                            capture_output=True, text=True, timeout=150, check=False)
     took = time.monotonic() - began
     output = result.stdout + result.stderr
     print(output, f"\n(the demo took {took:.0f} s)")

@@ -39,7 +39,7 @@ def test_tutorial_settings_sample_is_valid_configuration() -> None:
 def test_fake_clock_samples_run(broker_app: Any) -> None:
     from celery_driftsafe.scheduler import DriftSafeScheduler
 
-    first, second, third = samples("howto/test-with-fake-clock.md")
+    first, second, third, processes = samples("howto/test-with-fake-clock.md")
     namespace: dict[str, Any] = {}
     exec(first, namespace)
     namespace.update(app=broker_app, DriftSafeScheduler=DriftSafeScheduler)
@@ -48,6 +48,10 @@ def test_fake_clock_samples_run(broker_app: Any) -> None:
     finally:
         namespace["scheduler"].close()
     assert "skewed_env" in third  # the faketime sample starts a real process: not run here
+    # the end-to-end sample starts real processes too: it compiles, and its imports exist
+    compile(processes, "test-with-fake-clock.md", "exec")
+    exec("\n".join(line for line in processes.splitlines()
+                   if line.startswith(("import ", "from "))), {})
 
 
 @pytest.mark.django_db(transaction=True)
@@ -83,6 +87,48 @@ def test_solar_howto_samples_run() -> None:
     runner = doctest.DocTestRunner()
     runner.run(test)
     assert runner.summarize(verbose=False).failed == 0
+
+
+def _doctest(text: str, name: str) -> None:
+    import doctest
+
+    test = doctest.DocTestParser().get_doctest(text, {}, name, None, 0)
+    runner = doctest.DocTestRunner()
+    runner.run(test)
+    assert runner.summarize(verbose=False).failed == 0
+
+
+@pytest.mark.django_db
+def test_bounds_howto_sample_runs() -> None:
+    from celery_driftsafe.models import PeriodicTask
+
+    (create,) = samples("howto/bounds-and-limits.md")
+    exec(create, {"PeriodicTask": PeriodicTask})
+    task = PeriodicTask.objects.get(name="campaign-reminder")
+    assert task.max_runs == 20 and task.valid_from is not None and task.valid_until is not None
+    assert task.next_slot_at is not None and task.valid_from <= task.next_slot_at
+
+
+@pytest.mark.django_db
+def test_jitter_howto_samples_run() -> None:
+    import celery_driftsafe.changes
+    from celery_driftsafe.jitter import offset
+    from celery_driftsafe.models import PeriodicTask
+
+    update, shell = samples("howto/jitter.md")
+    task = PeriodicTask(name="nightly-1", task="reports.nightly", schedule_kind="crontab",
+                        crontab_minute="0", crontab_hour="0")
+    task.save()
+    exec(update, {"PeriodicTask": PeriodicTask, "celery_driftsafe": celery_driftsafe})
+    task.refresh_from_db()
+    assert task.next_slot_at is not None and task.jitter_seconds == 30
+    assert task.due_at == task.next_slot_at + offset("nightly-1", task.next_slot_at, 30)
+    _doctest(shell, "jitter")
+
+
+def test_crontab_seconds_howto_sample_runs() -> None:
+    (shell,) = samples("howto/crontab-seconds-and-aliases.md")
+    _doctest(shell, "crontab-seconds-and-aliases")
 
 
 def test_every_log_action_is_listed_in_the_docs() -> None:

@@ -59,6 +59,30 @@ def test_wait_is_time_until_next_slot_by_authority(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_jittered_task_is_published_at_its_jittered_instant_under_its_slot(
+    scheduler: DriftSafeScheduler, clock: FakeClock
+) -> None:
+    from celery_driftsafe.jitter import offset
+
+    name = next(n for n in (f"j{i}" for i in range(1000))
+                if timedelta(milliseconds=200) < offset(n, T0, 2) < timedelta(milliseconds=900))
+    shift = offset(name, T0, 2)
+    task = interval_task(name, 10, anchor=T0, next_slot_at=T0, jitter_seconds=2, queue="")
+    # the beat sleeps until the jittered instant, not the slot
+    assert scheduler.run_round() == pytest.approx(shift.total_seconds())
+    assert drain() == []
+    clock.advance(shift - timedelta(microseconds=1))
+    scheduler.run_round()
+    assert drain() == []
+    clock.advance(timedelta(microseconds=1))
+    scheduler.run_round()
+    messages = drain()
+    assert [(m["id"], m[HEADER_SLOT]) for m in messages] == [
+        (celery_task_id(task.pk, T0), T0.isoformat())]
+    assert Run.objects.get().slot == T0
+
+
+@pytest.mark.django_db(transaction=True)
 def test_task_the_beat_has_not_imported_is_published_by_name_with_the_apps_routes(
     scheduler: DriftSafeScheduler,
 ) -> None:
@@ -91,7 +115,7 @@ def test_beat_schedule_synced_once_by_several_beats(broker_app: Any, clock: Fake
     broker_app.conf.beat_schedule = {
         "every-5": {"task": "tests.add", "schedule": 5.0, "args": (1, 2)},
         "nightly": {"task": "tests.add", "schedule": crontab(minute=30, hour=2)},
-        "broken": {"task": "tests.add", "schedule": 0.5},
+        "broken": {"task": "tests.add", "schedule": 0},
     }
     broker_app.conf.timezone = "Europe/Berlin"
     beats = [

@@ -2,7 +2,10 @@
 
 The list is paginated and costs a fixed number of queries whatever the size of the ledger
 (no per-row lookups: the task name and node are stored on the run). The filters' choices come
-from the small tables (tasks, nodes), never from a ``DISTINCT`` over the ledger.
+from the small tables (tasks, nodes), never from a ``DISTINCT`` over the ledger; each filter
+reads a page of its own index (migration 0010), newest first, and the count is an estimate
+(:class:`~celery_driftsafe.admin.paginator.EstimatedCountPaginator`), never a ``COUNT(*)`` of
+the ledger.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from celery_driftsafe.admin.display import (
     page_now,
     status_badge,
 )
-from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunAttempt
+from celery_driftsafe.admin.paginator import EstimatedCountPaginator
+from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunAttempt, RunKind
 from celery_driftsafe.reconcile import stuck
 
 #: At most this many choices in the task and node filters; search finds the rest.
@@ -60,8 +64,8 @@ class NodeFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
-        if value == "admin":
-            return queryset.filter(claimed_by__startswith="admin")
+        if value == "admin":  # manual runs: the partial index of manual and ad-hoc runs
+            return queryset.filter(kind=RunKind.MANUAL, claimed_by__startswith="admin")
         if value:
             return queryset.filter(claimed_by=value)
         return queryset
@@ -136,6 +140,7 @@ class RunAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     search_fields = ("task_name", "celery_task_id", "=claimed_by")
     list_per_page = 100
     show_full_result_count = False
+    paginator = EstimatedCountPaginator
     readonly_fields = (
         "task_name", "periodic_task", "kind", "slot_at", "status_badge", "claimed_by",
         "claimed", "dispatched", "started", "finished", "lateness_text", "duration_text",

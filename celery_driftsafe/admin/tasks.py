@@ -5,7 +5,9 @@ instant and node come from correlated subqueries on the ``(periodic_task, -slot)
 
 Every write goes through :mod:`celery_driftsafe.changes`: the form saves the model (its signals
 recompute the next slot once and wake the beats); the bulk actions use ``QuerySet.update()``
-and therefore call :func:`changes.reschedule` / :func:`changes.notify` themselves.
+and therefore call :func:`changes.reschedule` / :func:`changes.notify` themselves. Every action
+(enable, disable, run now, reset schedule) is written to Django's admin history (``LogEntry``)
+for each task it changed, like an edit. "Run now" is also a button on a task's change page.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ import logging
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import F, OuterRef, QuerySet, Subquery
-from django.http import HttpRequest
+from django.db.models import OuterRef, QuerySet, Subquery
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -42,8 +47,10 @@ logger = logging.getLogger(__name__)
 
 
 def _last_run(field: str) -> Subquery:
-    runs = Run.objects.filter(periodic_task=OuterRef("pk")).order_by(
-        F("slot").desc(nulls_last=True), "-id"
+    # In the order of the (periodic_task, -slot) index: one index probe a task, where
+    # "NULLS LAST" (not the index's order) sorted every run of the task.
+    runs = Run.objects.filter(periodic_task=OuterRef("pk"), slot__isnull=False).order_by(
+        "-slot", "-id"
     )
     return Subquery(runs.values(field)[:1])
 
@@ -83,8 +90,8 @@ def _schedulable(tasks: list[PeriodicTask]) -> tuple[list[PeriodicTask], list[st
 class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     form = PeriodicTaskForm
     list_display = (
-        "name", "task", "schedule_text", "timezone", "enabled", "next_slot", "last_run",
-        "last_lateness",
+        "name", "task", "schedule_text", "timezone", "enabled", "limits", "next_slot",
+        "last_run", "last_lateness",
     )
     list_display_links = ("name",)
     list_filter = ("enabled", "schedule_kind", LastRunStatusFilter, "source", "timezone")
@@ -93,11 +100,12 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
     show_full_result_count = False
     actions = ("enable_tasks", "disable_tasks", "run_now", "reset_schedule")
     readonly_fields = (
-        "schedule_text", "next_slot", "last_slot_at", "run_count", "interval_anchor", "source",
-        "created_at", "changed_at",
+        "schedule_text", "next_slot", "due_at", "last_slot_at", "run_count", "interval_anchor",
+        "source", "created_at", "changed_at",
     )
     fieldsets = (
-        (None, {"fields": ("name", "task", "args", "kwargs", "enabled", "disabled_reason")}),
+        (None, {"fields": ("name", "description", "task", "args", "kwargs", "enabled",
+                           "disabled_reason")}),
         ("Schedule", {
             "fields": (
                 "schedule_kind", ("interval_every", "interval_unit"), tuple(CRONTAB_FIELDS),
@@ -107,6 +115,14 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
                            "crontab (cron fields evaluated in the time zone; seconds are "
                            "optional), one-off, "
                            "or solar (an event of the sun at a latitude and longitude).",
+        }),
+        ("Bounds and limits", {
+            "fields": (("valid_from", "valid_until"), ("run_once", "max_runs"), "jitter_seconds"),
+            "description": "Optional. Slots outside [valid from, valid until) never fire; a "
+                           "task that fired its one run (run once) or reached max runs, or "
+                           "whose valid until has passed, is disabled by the scheduler with "
+                           "the reason. Jitter spreads each run over the first seconds of its "
+                           "slot, at an instant every beat computes alike.",
         }),
         ("Policies", {"fields": ("misfire_policy", "misfire_grace_seconds", "overlap_policy")}),
         ("Publishing", {
@@ -136,6 +152,22 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
     @admin.display(description="schedule")
     def schedule_text(self, task: PeriodicTask) -> SafeString | str:
         return schedule_cell(task)
+
+    @admin.display(description="bounds and limits")
+    def limits(self, task: PeriodicTask) -> str:
+        """E.g. ``from 2026-05-01 00:00 · until 2026-06-01 00:00 · 3 of 10 runs · once``."""
+        parts = []
+        if task.valid_from is not None:
+            parts.append(f"from {task.valid_from:%Y-%m-%d %H:%M}")
+        if task.valid_until is not None:
+            parts.append(f"until {task.valid_until:%Y-%m-%d %H:%M}")
+        if task.max_runs is not None:
+            parts.append(f"{task.run_count} of {task.max_runs} runs")
+        if task.run_once:
+            parts.append("once")
+        if task.jitter_seconds:
+            parts.append(f"jitter {task.jitter_seconds:g} s")
+        return " · ".join(parts) or "—"
 
     @admin.display(description="next slot", ordering="next_slot_at")
     def next_slot(self, task: PeriodicTask) -> SafeString | str:
@@ -186,7 +218,7 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
         except ClockError as exc:
             self.message_user(request, f"Nothing enabled: {exc}", messages.ERROR)
             return
-        self._log(request, "enable", tasks)
+        self._log(request, "enable", tasks, "Enabled (action; next slot after now)")
         self.message_user(request, f"Enabled {len(tasks)} task(s): "
                           + ", ".join(t.name for t in tasks), messages.SUCCESS)
 
@@ -201,16 +233,19 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
                 enabled=False, disabled_reason=f"disabled in the admin by {request.user}"
             )
             transaction.on_commit(changes.notify)
-        self._log(request, "disable", tasks)
+        self._log(request, "disable", tasks, "Disabled (action)")
         self.message_user(request, f"Disabled {len(tasks)} task(s).", messages.SUCCESS)
 
     @admin.action(description="Run selected tasks now", permissions=["change"])
     def run_now(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
+        self._run_now(request, list(queryset))
+
+    def _run_now(self, request: HttpRequest, tasks: list[PeriodicTask]) -> None:
         try:
             app = get_celery_app()
             clock = authority_clock()
             actor = admin_actor(request.user.get_username())
-            for task in queryset:
+            for task in tasks:
                 result = run_now(task, app=app, clock=clock, actor=actor)
                 if not result.created:
                     level, text = messages.WARNING, "already ran at this instant; not repeated"
@@ -227,6 +262,9 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
                     request, f"Run now {task.name} (task id {result.celery_task_id}): {text}",
                     level,
                 )
+                if result.created:
+                    self.log_change(request, task, f"Run now: run #{result.run_id}, Celery "
+                                    f"task id {result.celery_task_id}: {text}")
         except (ClockError, ConfigurationError) as exc:
             self.message_user(request, f"Cannot run now: {exc}", messages.ERROR)
 
@@ -245,13 +283,55 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
         except ClockError as exc:
             self.message_user(request, f"Nothing reset: {exc}", messages.ERROR)
             return
-        self._log(request, "reset", tasks)
+        self._log(request, "reset", tasks, "Schedule reset (action; next slot after now)")
         self.message_user(request, f"Reset the schedule of {count} task(s).", messages.SUCCESS)
 
-    @staticmethod
-    def _log(request: HttpRequest, action: str, tasks: list[PeriodicTask]) -> None:
+    def _log(self, request: HttpRequest, action: str, tasks: list[PeriodicTask],
+             message: str) -> None:
+        """Into the admin history of each task, and the log."""
+        for task in tasks:
+            self.log_change(request, task, message)
         logger.info(
             "%s: %s by %s", action, ", ".join(t.name for t in tasks), request.user,
             extra={"action": f"admin-{action}", "task": [t.name for t in tasks],
                    "node": admin_actor(request.user.get_username())},
         )
+
+    # -- "run now" on the change page ----------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        info = self.opts.app_label, self.opts.model_name
+        own = [path("<path:object_id>/run-now/", self.admin_site.admin_view(self.run_now_view),
+                     name="{}_{}_run_now".format(*info))]
+        return own + super().get_urls()
+
+    def run_now_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST from the change page's "Run now" button: the same as the action, for one."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        task = self.get_object(request, unquote(object_id))
+        info = self.opts.app_label, self.opts.model_name
+        if task is None:
+            self.message_user(request, f"No periodic task with id {object_id!r}.",
+                              messages.WARNING)
+            return HttpResponseRedirect(reverse("admin:{}_{}_changelist".format(*info),
+                                                current_app=self.admin_site.name))
+        if not self.has_change_permission(request, task):
+            raise PermissionDenied
+        self._run_now(request, [task])
+        return HttpResponseRedirect(
+            reverse("admin:{}_{}_change".format(*info), args=[task.pk],
+                    current_app=self.admin_site.name)
+        )
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        info = self.opts.app_label, self.opts.model_name
+        context = dict(extra_context or {})
+        context["driftsafe_run_now_url"] = reverse(
+            "admin:{}_{}_run_now".format(*info), args=[object_id],
+            current_app=self.admin_site.name,
+        )
+        return super().change_view(request, object_id, form_url, context)

@@ -11,8 +11,11 @@ the settings::
 
 * :class:`RedisLockBackend`: ``SET <prefix>:lock:<name> token NX PX ttl`` and ``INCR
   <prefix>:fence:<name>`` in one Lua script; release and extend are compare-token scripts. The
-  lease is timed by Redis. The fencing counter never expires; it would go back only if Redis
-  lost data (a flush, or a failover to a replica that missed the last writes).
+  lease is timed by Redis. The fencing counter expires ``fence_ttl`` seconds after its last
+  acquisition (:func:`celery_driftsafe.retention.fence_ttl_seconds`; None: never); like a
+  counter lost with Redis data (a flush, a failover to a replica that missed the last
+  writes), an expired one starts again above the ``fencing_floor`` its next taker passes
+  (see ``docs/reference/locks.md``).
 * :class:`DatabaseLockBackend`: one row per name in :class:`celery_driftsafe.models.Lock`,
   taken over by a conditional ``UPDATE`` (free, or ``expires_at <= now``) that also increments
   the fencing token. Time comes from the backend's clock (by default the database server's,
@@ -63,6 +66,8 @@ def lock_backend(
     settings = settings or get_settings()
     if settings.redis_url:
         from celery_driftsafe.redis_client import get_redis, key_prefix
+        from celery_driftsafe.retention import fence_ttl_seconds
 
-        return RedisLockBackend(get_redis(settings), key_prefix(settings), clock=clock)
+        return RedisLockBackend(get_redis(settings), key_prefix(settings), clock=clock,
+                                fence_ttl=fence_ttl_seconds(settings))
     return DatabaseLockBackend(clock=clock, using=using)

@@ -1,4 +1,5 @@
-"""The Redis lock backend: a lease timed by Redis, a fencing counter that never expires."""
+"""The Redis lock backend: a lease timed by Redis, a fencing counter that expires a while after
+its last use (``fence_ttl``; see ``docs/reference/locks.md`` for why that is safe)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from celery_driftsafe.locks.lease import _LeaseLock
 logger = logging.getLogger("celery_driftsafe.locks")
 
 # KEYS[1] the lock, KEYS[2] its fencing counter; ARGV[1] the token, ARGV[2] the lease in ms,
-# ARGV[3] the fencing floor (the token handed out is above it).
+# ARGV[3] the fencing floor (the token handed out is above it), ARGV[4] the counter's time to
+# live in ms (0: none).
 _ACQUIRE_SCRIPT = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     local token = redis.call('INCR', KEYS[2])
@@ -23,6 +25,9 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     if token <= floor then
         token = floor + 1
         redis.call('SET', KEYS[2], token)
+    end
+    if tonumber(ARGV[4]) > 0 then
+        redis.call('PEXPIRE', KEYS[2], ARGV[4])
     end
     return token
 end
@@ -52,10 +57,13 @@ class RedisLockBackend:
     """
 
     def __init__(
-        self, client: Any, key_prefix: str = "driftsafe", *, clock: Clock | None = None
+        self, client: Any, key_prefix: str = "driftsafe", *, clock: Clock | None = None,
+        fence_ttl: float | None = None,
     ) -> None:
         self.client = client
         self.key_prefix = key_prefix
+        #: Seconds a fencing counter lives after its last acquisition (None: forever).
+        self.fence_ttl = fence_ttl
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.acquire_script = client.register_script(_ACQUIRE_SCRIPT)
         self.extend_script = client.register_script(_EXTEND_SCRIPT)
@@ -97,8 +105,10 @@ class RedisLock(_LeaseLock):
 
     def _acquire_token(self, token: str, ttl: float) -> int | None:
         keys = (self.key, self.backend.fence_key(self.name))
+        fence_ttl = self.backend.fence_ttl
         fencing_token = self._call(
-            self.backend.acquire_script, keys, (token, _ms(ttl), self.fencing_floor)
+            self.backend.acquire_script, keys,
+            (token, _ms(ttl), self.fencing_floor, _ms(fence_ttl) if fence_ttl else 0),
         )
         return fencing_token or None
 

@@ -30,6 +30,7 @@ class SolarEvent(models.TextChoices):
 
 
 class IntervalUnit(models.TextChoices):
+    MICROSECONDS = "microseconds", "microseconds"
     SECONDS = "seconds", "seconds"
     MINUTES = "minutes", "minutes"
     HOURS = "hours", "hours"

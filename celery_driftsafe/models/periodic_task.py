@@ -8,7 +8,9 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import models, router, transaction
 
+from celery_driftsafe.bounds import bound_problems, bounded
 from celery_driftsafe.exceptions import ScheduleError
+from celery_driftsafe.jitter import due_instant
 from celery_driftsafe.models.choices import (
     IntervalUnit,
     MisfirePolicy,
@@ -25,10 +27,20 @@ from celery_driftsafe.validation import Problem, coerce_json, json_problems, opt
 #: (validation, descriptions); never used to compute a real slot.
 STAND_IN_ANCHOR = datetime(2000, 1, 1, tzinfo=UTC)
 
-_UNIT_SECONDS = {"seconds": 1, "minutes": 60, "hours": 3600, "days": 86400}
+_UNIT_MICROSECONDS = {"microseconds": 1, "seconds": 10**6, "minutes": 60 * 10**6,
+                      "hours": 3600 * 10**6, "days": 86400 * 10**6}
 
 #: The columns the claim writes: never written back by a ``save()`` of a loaded instance.
-CLAIM_FIELDS = frozenset({"next_slot_at", "last_slot_at", "run_count"})
+CLAIM_FIELDS = frozenset({"next_slot_at", "due_at", "last_slot_at", "run_count"})
+
+
+def _mirror_due_at(values: dict[str, Any]) -> None:
+    """A bulk write that sets ``next_slot_at`` but not ``due_at`` makes the task due at its
+    slot: never later than its jittered instant, and the claim, which recomputes the jittered
+    instant itself, moves ``due_at`` to it without firing early (see
+    :mod:`celery_driftsafe.jitter`)."""
+    if "next_slot_at" in values and "due_at" not in values:
+        values["due_at"] = values["next_slot_at"]
 
 
 class PeriodicTaskQuerySet(models.QuerySet["PeriodicTask"]):
@@ -41,6 +53,20 @@ class PeriodicTaskQuerySet(models.QuerySet["PeriodicTask"]):
                  .filter(pk__in=list(self.values_list("pk", flat=True))).values_list("pk"))
             return super().delete()
 
+    def update(self, **kwargs: Any) -> int:
+        """``update(next_slot_at=...)`` also sets ``due_at`` (see :func:`_mirror_due_at`)."""
+        _mirror_due_at(kwargs)
+        return super().update(**kwargs)
+
+    def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list[PeriodicTask]:
+        """Rows created in bulk with a ``next_slot_at`` and no ``due_at`` get their due
+        instant (the slot plus the task's jitter)."""
+        objs = list(objs)
+        for obj in objs:
+            if obj.due_at is None and obj.next_slot_at is not None:
+                obj.due_at = due_instant(obj.name, obj.next_slot_at, obj.jitter_seconds)
+        return super().bulk_create(objs, *args, **kwargs)
+
 
 class PeriodicTask(models.Model):
     """A periodic task: what to call, with what, on which schedule, under which policies.
@@ -50,6 +76,7 @@ class PeriodicTask(models.Model):
     """
 
     name = models.CharField(max_length=200, unique=True, help_text="Unique, human-chosen name.")
+    description = models.TextField(blank=True, help_text="Notes for people; not used to run.")
     task = models.CharField(max_length=200, help_text="Registered Celery task name.")
     args = models.JSONField(default=list, blank=True, help_text="JSON list of arguments.")
     kwargs = models.JSONField(default=dict, blank=True, help_text="JSON object of keyword args.")
@@ -94,6 +121,31 @@ class PeriodicTask(models.Model):
         null=True, blank=True,
         help_text="Degrees east, -180 to 180 (west is negative).",
     )
+    # Bounds and limits (enforced by the claim; see celery_driftsafe.bounds).
+    valid_from = models.DateTimeField(
+        null=True, blank=True,
+        help_text="No slot before this instant fires; an interval without an anchor counts "
+                  "its slots from here. Empty: no lower bound.",
+    )
+    valid_until = models.DateTimeField(
+        null=True, blank=True,
+        help_text="No slot at or after this instant fires, and no message is delivered after "
+                  "it; the task is then disabled. Empty: no upper bound.",
+    )
+    run_once = models.BooleanField(
+        default=False,
+        help_text="Fire one run, then disable the task (re-enabling it allows one more).",
+    )
+    max_runs = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="Disable the task once its run count reaches this number. Empty: no limit.",
+    )
+    jitter_seconds = models.FloatField(
+        null=True, blank=True,
+        help_text="Spread each run over this many seconds after its slot, at an instant "
+                  "derived from the task's name and the slot (the same on every beat). "
+                  "Empty: on the slot.",
+    )
     # State and policies.
     enabled = models.BooleanField(default=True)
     disabled_reason = models.TextField(blank=True)
@@ -110,6 +162,10 @@ class PeriodicTask(models.Model):
         max_length=16, choices=TaskSource.choices, default=TaskSource.DATABASE
     )
     next_slot_at = models.DateTimeField(null=True, blank=True)
+    due_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When the next slot is due: the slot plus its jitter (the claim reads this).",
+    )
     last_slot_at = models.DateTimeField(null=True, blank=True)
     run_count = models.PositiveBigIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -117,10 +173,10 @@ class PeriodicTask(models.Model):
 
     class Meta:
         ordering = ["name"]
-        # The claim reads due tasks in (next_slot_at, id) order; with id in the index a burst
-        # (many tasks sharing one next_slot_at) is read in order, without a sort.
+        # The claim reads due tasks in (due_at, id) order; with id in the index a burst
+        # (many tasks sharing one due_at) is read in order, without a sort.
         indexes = [
-            models.Index(fields=["enabled", "next_slot_at", "id"], name="driftsafe_task_due_id")
+            models.Index(fields=["enabled", "due_at", "id"], name="driftsafe_task_due_at_id")
         ]
 
     def __str__(self) -> str:
@@ -128,21 +184,22 @@ class PeriodicTask(models.Model):
 
     @property
     def schedule(self) -> Schedule:
-        """The slot arithmetic object for this row; raises :class:`ScheduleError`."""
-        return self.build_schedule()
+        """The slot arithmetic object for this row, within its bounds (``valid_from``,
+        ``valid_until``); raises :class:`ScheduleError`."""
+        return bounded(self.build_schedule(), self.valid_from, self.valid_until)
 
     def build_schedule(self, *, anchor: datetime | None = None) -> Schedule:
         """Build the schedule; ``anchor`` stands in for a not yet stored interval anchor."""
         if self.schedule_kind == ScheduleKind.INTERVAL:
             if not self.interval_every:
                 raise ScheduleError("every", "an interval task needs a positive 'every'")
-            unit = _UNIT_SECONDS.get(self.interval_unit or "seconds")
+            unit = _UNIT_MICROSECONDS.get(self.interval_unit or "seconds")
             if unit is None:
                 raise ScheduleError("every", f"unknown unit {self.interval_unit!r}")
             anchor = self.interval_anchor or anchor
             if anchor is None:
                 raise ScheduleError("anchor", "an interval task needs an anchor")
-            return Interval(timedelta(seconds=self.interval_every * unit), anchor)
+            return Interval(timedelta(microseconds=self.interval_every * unit), anchor)
         if self.schedule_kind == ScheduleKind.CRONTAB:
             fields = {argument: getattr(self, name) for name, argument in CRONTAB_FIELDS.items()}
             fields["second"] = fields["second"] or "0"
@@ -176,6 +233,10 @@ class PeriodicTask(models.Model):
             task=self.task, priority=self.priority, expires_seconds=self.expires_seconds,
             misfire_grace_seconds=self.misfire_grace_seconds,
             misfire_policy=self.misfire_policy, overlap_policy=self.overlap_policy,
+        )
+        found += bound_problems(
+            valid_from=self.valid_from, valid_until=self.valid_until, max_runs=self.max_runs,
+            jitter_seconds=self.jitter_seconds,
         )
         if not schedule:
             return found

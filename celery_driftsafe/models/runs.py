@@ -78,6 +78,13 @@ class Run(models.Model):
         indexes = [
             models.Index(fields=["status", "claimed_at"], name="driftsafe_run_outbox"),
             models.Index(fields=["periodic_task", "-slot"], name="driftsafe_run_task_recent"),
+            # The admin's run list (newest first) and its filters, without a sort or a scan of
+            # the ledger (see docs/explanation/performance.md).
+            models.Index(fields=["-slot", "-id"], name="driftsafe_run_recent"),
+            models.Index(fields=["status", "-slot", "-id"], name="driftsafe_run_status_recent"),
+            models.Index(fields=["claimed_by", "-slot", "-id"], name="driftsafe_run_node_recent"),
+            models.Index(fields=["-slot", "-id"], name="driftsafe_run_unscheduled",
+                         condition=models.Q(kind__in=["manual", "adhoc"])),
         ]
 
     def __str__(self) -> str:

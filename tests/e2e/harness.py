@@ -1,20 +1,19 @@
 """Start real beats (clocks skewed with libfaketime), record every published message, count.
 
-The recorder pops messages off the broker's Redis list as they arrive and stamps each with the
-test process's own wall clock, which is the machine's real clock: the clock of the PostgreSQL
-and Redis servers that act as authority. A message stamped before its slot was published early.
+The processes are started and stopped with :mod:`celery_driftsafe.testing.processes`, and
+messages recorded with :mod:`celery_driftsafe.testing.recording` (both shared with the
+benchmarks and the demo). The recorder pops messages off the broker's Redis list as they
+arrive and stamps each with the test process's own wall clock, which is the machine's real
+clock: the clock of the PostgreSQL and Redis servers that act as authority. A message stamped
+before its slot was published early.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import statistics
 import subprocess
 import sys
-import threading
-import time
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -25,8 +24,18 @@ from typing import Any
 import redis
 
 from celery_driftsafe.slots import Crontab, Interval, Schedule
-from celery_driftsafe.testing.faketime import cleanup_killed, skewed_env, verify_skew
+from celery_driftsafe.testing.processes import (
+    Child,
+    Children,
+    handles_sigterm,
+    postgres_exec,
+    wait_until_handles_sigterm,
+)
+from celery_driftsafe.testing.recording import QueueRecorder, percentile
 from tests import settings as test_settings
+
+__all__ = ["E2ERun", "Received", "TaskReport", "analyse", "handles_sigterm", "real_now",
+           "table", "wait_until_handles_sigterm"]
 
 ROOT = Path(__file__).resolve().parents[2]
 BROKER_DB = test_settings.REDIS_DB + 2
@@ -35,25 +44,6 @@ BROKER_DB = test_settings.REDIS_DB + 2
 E2E_REDIS_DB = test_settings.REDIS_DB + 4
 RABBITMQ_URL = os.environ.get("DRIFTSAFE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 SCHEDULER = "celery_driftsafe.scheduler:DriftSafeScheduler"
-
-
-def handles_sigterm(pid: int) -> bool:
-    """Whether process ``pid`` has a SIGTERM handler installed (``SigCgt`` in /proc). Before
-    that, a SIGTERM ends a starting beat by the kernel's default action (exit -15), before it
-    has a node row; from then on the beat stops cleanly."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("SigCgt:"):
-            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
-    return False
-
-
-def wait_until_handles_sigterm(process: subprocess.Popen[bytes], poll: float = 0.002) -> bool:
-    """Wait until ``process`` handles SIGTERM; False if it exited first."""
-    while not handles_sigterm(process.pid):
-        if process.poll() is not None:
-            return False
-        time.sleep(poll)
-    return True
 
 
 def real_now() -> datetime:
@@ -69,12 +59,18 @@ class Received:
     received_at: datetime
 
 
-@dataclass
-class Beat:
-    offset: float
-    process: subprocess.Popen[bytes]
-    log: Path
-    measured_offset: float
+#: A started beat or worker (``offset``, ``measured``, ``process``, ``log``).
+Beat = Child
+
+
+def _received(raw: bytes, stamp: float) -> Received:
+    headers = json.loads(raw)["headers"]
+    return Received(
+        periodic_task_id=int(headers["driftsafe_periodic_task_id"]),
+        slot=datetime.fromisoformat(headers["driftsafe_slot"]),
+        celery_task_id=headers["id"],
+        received_at=datetime.fromtimestamp(stamp, UTC),
+    )
 
 
 @dataclass
@@ -98,12 +94,12 @@ class E2ERun:
         self.backend = backend
         self.workdir = workdir
         self.token = uuid.uuid4().hex[:8]
+        self.children = Children(workdir, cwd=ROOT)
         self.beats: list[Beat] = []
         self.workers: list[Beat] = []
-        self.received: list[Received] = []
-        self._stop = threading.Event()
-        self._recorder: threading.Thread | None = None
+        self._recorder: QueueRecorder[Received] | None = None
         redis_broker = f"{test_settings.REDIS_SERVER}/{BROKER_DB}"
+        self.broker_url = redis_broker
         self.broker = redis.Redis.from_url(redis_broker)
         broker_url = redis_broker if broker == "redis" else RABBITMQ_URL
         self.queue = f"e2e-{self.token}"
@@ -116,7 +112,7 @@ class E2ERun:
         self.env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "tests.e2e.settings",
-            "PYTHONPATH": str(ROOT),
+            # the children run from the repository root (``python -m``): ``tests`` imports
             "DRIFTSAFE_E2E_DB": db,
             "DRIFTSAFE_E2E_BROKER": broker_url,
             "DRIFTSAFE_E2E_EXEC_LOG": str(workdir / "executions.log"),
@@ -135,15 +131,7 @@ class E2ERun:
     # -- plumbing -----------------------------------------------------------------------------
 
     def _pg(self, sql: str) -> None:
-        import psycopg
-
-        with psycopg.connect(
-            host=os.environ.get("DRIFTSAFE_TEST_PG_HOST", "127.0.0.1"),
-            port=os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432"),
-            user=os.environ.get("DRIFTSAFE_TEST_PG_USER", "postgres"),
-            dbname="postgres", autocommit=True,
-        ) as conn:
-            conn.execute(sql)
+        postgres_exec(sql)
 
     def tool(self, command: str, payload: Any = None) -> Any:
         result = subprocess.run(
@@ -167,32 +155,21 @@ class E2ERun:
                    app: str = "tests.e2e.celery_app", env: dict[str, str] | None = None) -> Beat:
         """Start one beat whose wall clock is ``offset`` seconds off; the skew is verified in
         a child with the very same environment first."""
-        env = skewed_env(offset, {**self.env, **(env or {})})
-        measured = verify_skew(env, offset) if offset else 0.0
-        log = self.workdir / f"beat-{len(self.beats)}.log"
-        with log.open("wb") as out:  # the child keeps its own copy of the descriptor
-            process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", app, "beat", "-S",
-                 scheduler, "--loglevel", "INFO", "-s",
-                 str(self.workdir / f"beat-{len(self.beats)}")],
-                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-            )
-        beat = Beat(offset, process, log, measured)
+        n = len(self.beats)
+        beat = self.children.start(
+            f"beat-{n}", ["-A", app, "beat", "-S", scheduler, "--loglevel", "INFO", "-s",
+                          str(self.workdir / f"beat-{n}")],
+            {**self.env, **(env or {})}, offset=offset)
         self.beats.append(beat)
         return beat
 
     def start_worker(self, name: str, *, pool: str = "solo") -> Beat:
         """Start one ``celery worker`` (concurrency 1) on this run's queue."""
-        log = self.workdir / f"worker-{name}.log"
-        with log.open("wb") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "tests.e2e.celery_app", "worker",
-                 "-P", pool, "-c", "1", "-n", f"{name}@e2e", "-Q", self.queue,
-                 "--loglevel", "INFO", "--without-gossip", "--without-mingle",
-                 "--without-heartbeat"],
-                cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-            )
-        worker = Beat(0.0, process, log, 0.0)
+        worker = self.children.start(
+            f"worker-{name}", ["-A", "tests.e2e.celery_app", "worker", "-P", pool, "-c", "1",
+                               "-n", f"{name}@e2e", "-Q", self.queue, "--loglevel", "INFO",
+                               "--without-gossip", "--without-mingle", "--without-heartbeat"],
+            self.env)
         self.workers.append(worker)
         return worker
 
@@ -213,56 +190,30 @@ class E2ERun:
         return [json.loads(item) for item in raw]
 
     def start_recorder(self) -> None:
-        self._recorder = threading.Thread(target=self._record, daemon=True)
-        self._recorder.start()
+        self._recorder = QueueRecorder(self.broker_url, self.queue, _received).start()
 
-    def _record(self) -> None:
-        while not self._stop.is_set() or self.broker.llen(self.queue):
-            item = self.broker.brpop([self.queue], timeout=0.2)
-            if item is None:
-                continue
-            stamp = real_now()
-            message = json.loads(item[1])
-            headers = message["headers"]
-            self.received.append(Received(
-                periodic_task_id=int(headers["driftsafe_periodic_task_id"]),
-                slot=datetime.fromisoformat(headers["driftsafe_slot"]),
-                celery_task_id=headers["id"],
-                received_at=stamp,
-            ))
+    @property
+    def received(self) -> list[Received]:
+        """Every message recorded so far (stamped with :func:`real_now`'s clock)."""
+        return self._recorder.messages if self._recorder is not None else []
 
     def kill(self, beat: Beat) -> None:
-        beat.process.send_signal(signal.SIGKILL)
-        beat.process.wait(timeout=10)
-        cleanup_killed(beat.process.pid)  # libfaketime's shared memory outlives a SIGKILL
+        self.children.kill(beat)  # SIGKILL, then libfaketime's shared memory is cleaned up
 
     def stop(self, timeout: float = 90.0) -> dict[str, int | None]:
         """SIGTERM every beat, wait, stop the recorder. Returns each beat's exit code (None:
         still running ``timeout`` seconds after the signal, then killed). The bound is only
         against a hang: a clean stop takes a round and a second or two, but two shared cores
         may run much else at the same time."""
-        for beat in self.beats:
-            if beat.process.poll() is None and wait_until_handles_sigterm(beat.process):
-                beat.process.send_signal(signal.SIGTERM)
-        codes: dict[str, int | None] = {}
-        for i, beat in enumerate(self.beats):
-            try:
-                codes[f"beat-{i}"] = beat.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                beat.process.kill()
-                beat.process.wait()
-                codes[f"beat-{i}"] = None
-        self._stop.set()
+        codes = self.children.stop(*self.beats, timeout=timeout) if self.beats else {}
         if self._recorder is not None:
-            self._recorder.join(timeout=10)
+            self._recorder.stop(timeout=10, delete=False)
         return codes
 
     def close(self) -> None:
-        for beat in self.beats + self.workers:
-            if beat.process.poll() is None:
-                beat.process.kill()
-                beat.process.wait()
-        self._stop.set()
+        self.children.close()
+        if self._recorder is not None:
+            self._recorder.stop(timeout=1)
         self.broker.delete(self.queue)
         self.broker.close()
         keys = redis.Redis.from_url(self.env["DRIFTSAFE_E2E_REDIS"])
@@ -273,8 +224,7 @@ class E2ERun:
             self._pg(f"DROP DATABASE IF EXISTS {self.db_name} WITH (FORCE)")
 
     def logs(self) -> str:
-        return "\n".join(f"--- {b.log.name} (offset {b.offset:+})\n{b.log.read_text()[-3000:]}"
-                         for b in self.beats + self.workers)
+        return self.children.logs()
 
 
 def schedule_of(task: dict[str, Any]) -> Schedule:
@@ -322,6 +272,6 @@ def table(reports: dict[int, TaskReport]) -> str:
         lines.append(
             f"{report.name:<22}{report.expected:>5}{report.fired:>7}{report.duplicates:>5}"
             f"{len(report.missed):>8}{len(report.early):>7}"
-            f"{statistics.median(late):>10.3f}{late[-1]:>10.3f}"
+            f"{percentile(late, 50):>10.3f}{late[-1]:>10.3f}"
         )
     return "\n".join(lines)

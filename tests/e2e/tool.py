@@ -1,6 +1,6 @@
 """Run inside the e2e database's settings: ``python -m tests.e2e.tool <command>``.
 
-Commands: migrate, seed, bulk_seed, add, update, delete, dump.
+Commands: migrate, seed, add, update, delete, make_run, run, stale_saves, corrupt, dump.
 
 ``seed`` reads a JSON list of task specs on stdin and sets each task's first slot to the first
 slot at or after ``start``; ``dump`` prints tasks, runs and nodes as JSON.
@@ -37,22 +37,6 @@ def main(command: str) -> None:
             PeriodicTask.objects.filter(pk=task.pk).update(
                 next_slot_at=task.schedule.first_at_or_after(start)
             )
-    elif command == "bulk_seed":  # benchmarks: N interval tasks, slots spread over `every`
-        from datetime import timedelta
-
-        spec = json.load(sys.stdin)
-        start = datetime.fromisoformat(spec["start"])
-        count, every = spec["count"], spec["every"]
-        rows = []
-        for i in range(count):
-            offset = every * i / count if spec.get("spread", True) else 0
-            anchor = start + timedelta(seconds=offset)
-            rows.append(PeriodicTask(
-                name=f"bench-{i:06d}", task="e2e.tick", schedule_kind="interval",
-                interval_every=every, interval_unit="seconds", interval_anchor=anchor,
-                next_slot_at=anchor, args=[i],
-            ))
-        PeriodicTask.objects.bulk_create(rows, batch_size=5000)
     elif command == "add":  # like the admin would: the authority decides the first slot
         for spec in json.load(sys.stdin):
             task = PeriodicTask(task="e2e.tick", **spec)

@@ -10,9 +10,16 @@ entry, by its unique name:
 * present and different: a ``beat_schedule`` row (source ``beat_schedule``) is **updated**, as a
   beat does at start; any other row is **kept** as it is, unless ``--update`` is given (rows
   edited in the admin are never overwritten by accident);
-* not importable (``one_off`` with an interval, crontab or solar schedule, sub-second
-  intervals, bad JSON, invalid crontab): **error**,
-  with the reason; the command then exits with status 1 after importing the rest.
+* not importable (bad JSON, invalid crontab, a schedule class of its own): **error**, with
+  the reason; the command then exits with status 1 after importing the rest.
+
+For every task the command prints a table of what it brought over (each option of the source
+and the field that now holds it) and what it did not (with why). From django-celery-beat every
+option it can store is brought over: the four schedule kinds (``clocked`` becomes a one-off
+task), ``one_off`` with any of them (``run_once``), ``start_time`` (``valid_from``; an interval
+also counts its slots from it), the absolute ``expires`` (``valid_until``), ``expire_seconds``,
+the publish options, ``headers``, ``args``/``kwargs``, ``description``, ``enabled``, and, on
+creation, ``last_run_at`` and ``total_run_count`` (``last_slot_at``, ``run_count``).
 
 Imported django-celery-beat tasks become database-managed tasks (edit them in this admin);
 ``beat_schedule`` entries stay ``beat_schedule``-managed. A task name the Celery app does not
@@ -31,7 +38,7 @@ from django.apps import apps
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from celery_driftsafe.beat_schedule import entry_fields
+from celery_driftsafe.beat_schedule import entry_fields, entry_report
 from celery_driftsafe.celery_app import get_celery_app, load_celery_app
 from celery_driftsafe.changes import authority_now
 from celery_driftsafe.exceptions import ScheduleError
@@ -56,6 +63,10 @@ class Entry:
     on_create: dict[str, Any] = field(default_factory=dict)
     error: str = ""
     notes: list[str] = field(default_factory=list)
+    #: (source option, what holds it here) for each option brought over.
+    carried: list[tuple[str, str]] = field(default_factory=list)
+    #: (source option, why) for each option not brought over.
+    dropped: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -76,6 +87,7 @@ def from_beat_schedule(app: Any) -> list[Entry]:
         entry = Entry(name=str(name), origin=BEAT_SCHEDULE)
         try:
             entry.fields = {**entry_fields(name, raw, timezone), "source": TaskSource.BEAT_SCHEDULE}
+            entry.carried, entry.dropped = entry_report(raw, entry.fields)
         except (ValueError, ScheduleError) as exc:
             entry.error = str(exc)
         entries.append(entry)
@@ -83,7 +95,8 @@ def from_beat_schedule(app: Any) -> list[Entry]:
 
 
 _DCB_UNITS = {"days": IntervalUnit.DAYS, "hours": IntervalUnit.HOURS,
-              "minutes": IntervalUnit.MINUTES, "seconds": IntervalUnit.SECONDS}
+              "minutes": IntervalUnit.MINUTES, "seconds": IntervalUnit.SECONDS,
+              "microseconds": IntervalUnit.MICROSECONDS}
 
 
 def _json(text: str | None, default: Any, what: str) -> Any:
@@ -94,39 +107,89 @@ def _json(text: str | None, default: Any, what: str) -> Any:
 
 
 def _dcb_schedule(row: Any, entry: Entry) -> dict[str, Any]:
+    carried = entry.carried
     if row.clocked_id is not None:
+        carried.append((f"clocked {row.clocked.clocked_time.isoformat()}",
+                        "schedule_kind one_off, one_off_at"))
         return {"schedule_kind": ScheduleKind.ONE_OFF, "one_off_at": row.clocked.clocked_time}
-    if row.one_off:
-        raise ValueError("one_off with an interval, crontab or solar schedule is not "
-                         "supported; use a clocked schedule (a one-off task) instead")
     if row.solar_id is not None:
         sun = row.solar
+        carried.append((f"solar {sun.event} {sun.latitude} {sun.longitude}",
+                         "schedule_kind solar, solar_event, solar_latitude, solar_longitude"))
         return {"schedule_kind": ScheduleKind.SOLAR, "solar_event": sun.event,
                 "solar_latitude": float(sun.latitude), "solar_longitude": float(sun.longitude)}
     if row.interval_id is not None:
         every, period = row.interval.every, row.interval.period
-        if period == "microseconds":
-            if every % 1_000_000:
-                raise ValueError(f"an interval of {every} microseconds is not whole seconds")
+        carried.append((f"interval every {every} {period}",
+                        "schedule_kind interval, interval_every, interval_unit"))
+        if period == "microseconds" and every % 1_000_000 == 0:
             every, period = every // 1_000_000, "seconds"
         if every <= 0 or period not in _DCB_UNITS:
             raise ValueError(f"interval every {every} {period} is not supported")
         anchor = row.start_time or row.last_run_at
         if anchor is not None:
             entry.on_create["interval_anchor"] = anchor
+            carried.append(("start_time" if row.start_time else "last_run_at",
+                            f"interval_anchor {anchor.isoformat()} (slots count from it)"))
         return {"schedule_kind": ScheduleKind.INTERVAL, "interval_every": every,
                 "interval_unit": _DCB_UNITS[period]}
     if row.crontab_id is not None:
         cron = row.crontab
-        if row.start_time is not None:
-            entry.notes.append("start_time is ignored for crontab schedules")
+        zone = str(cron.timezone or "UTC")
+        carried.append((f"crontab {cron.minute} {cron.hour} {cron.day_of_month} "
+                        f"{cron.month_of_year} {cron.day_of_week} ({zone})",
+                        "schedule_kind crontab, crontab_*, timezone"))
         return {
             "schedule_kind": ScheduleKind.CRONTAB, "crontab_minute": cron.minute,
             "crontab_hour": cron.hour, "crontab_day_of_month": cron.day_of_month,
             "crontab_month_of_year": cron.month_of_year, "crontab_day_of_week": cron.day_of_week,
-            "timezone": str(cron.timezone or "UTC"),
+            "timezone": zone,
         }
     raise ValueError("it has no schedule")
+
+
+def _dcb_row(row: Any, entry: Entry) -> dict[str, Any]:
+    """The fields of one django-celery-beat task; records what went where on ``entry``."""
+    fields = _dcb_schedule(row, entry)
+    carried = entry.carried
+    fields.update(
+        task=row.task, args=_json(row.args, [], "args"),
+        kwargs=_json(row.kwargs, {}, "kwargs"), headers=_json(row.headers, {}, "headers"),
+        queue=row.queue or "", exchange=row.exchange or "",
+        routing_key=row.routing_key or "", priority=row.priority,
+        expires_seconds=(float(row.expire_seconds) if row.expire_seconds is not None else None),
+        enabled=row.enabled, source=TaskSource.DATABASE, description=row.description or "",
+        valid_from=row.start_time, valid_until=row.expires, run_once=bool(row.one_off),
+    )
+    carried[:0] = [("name", "name")]
+    carried.append(("task", "task"))
+    for name, value in (("args", fields["args"]), ("kwargs", fields["kwargs"]),
+                        ("headers", fields["headers"])):
+        if value:
+            carried.append((name, f"{name} {json.dumps(value)[:40]}"))
+    for name in ("queue", "exchange", "routing_key", "priority", "description"):
+        value = fields[name]
+        if value not in ("", None):
+            shown = repr(value[:40]) if isinstance(value, str) else value
+            carried.append((name, f"{name} {shown}"))
+    if row.expire_seconds is not None:
+        carried.append(("expire_seconds", f"expires_seconds {fields['expires_seconds']:g}"))
+    if row.start_time is not None:
+        carried.append(("start_time", f"valid_from {row.start_time.isoformat()}"))
+    if row.expires is not None:
+        carried.append(("expires", f"valid_until {row.expires.isoformat()} (no slot at or "
+                                   "after it; messages expire by then)"))
+    if row.one_off:
+        carried.append(("one_off", "run_once (disabled after its next run)"))
+    carried.append(("enabled", f"enabled {row.enabled}"))
+    if row.last_run_at is not None:
+        entry.on_create["last_slot_at"] = row.last_run_at
+        carried.append(("last_run_at", f"last_slot_at {row.last_run_at.isoformat()} "
+                                       "(when created)"))
+    if row.total_run_count:
+        entry.on_create["run_count"] = int(row.total_run_count)
+        carried.append(("total_run_count", f"run_count {row.total_run_count} (when created)"))
+    return fields
 
 
 def from_django_celery_beat() -> list[Entry]:
@@ -139,19 +202,7 @@ def from_django_celery_beat() -> list[Entry]:
     for row in rows:
         entry = Entry(name=row.name, origin=DJANGO_CELERY_BEAT)
         try:
-            fields = _dcb_schedule(row, entry)
-            fields.update(
-                task=row.task, args=_json(row.args, [], "args"),
-                kwargs=_json(row.kwargs, {}, "kwargs"), headers=_json(row.headers, {}, "headers"),
-                queue=row.queue or "", exchange=row.exchange or "",
-                routing_key=row.routing_key or "", priority=row.priority,
-                expires_seconds=(float(row.expire_seconds)
-                                 if row.expire_seconds is not None else None),
-                enabled=row.enabled, source=TaskSource.DATABASE,
-            )
-            if row.expires is not None:
-                entry.notes.append("the absolute 'expires' is ignored (expire_seconds is kept)")
-            entry.fields = fields
+            entry.fields = _dcb_row(row, entry)
         except ValueError as exc:
             entry.error = str(exc)
         entries.append(entry)
@@ -287,5 +338,21 @@ class Command(BaseCommand):
                     f"  warning: task {task!r} is not registered with the Celery app"))
             for note in entry.notes:
                 self.stdout.write(f"  note: {note}")
+            if outcome.action != "error":
+                self._table(entry)
         summary = ", ".join(f"{n} {a}" for a, n in sorted(counts.items())) or "nothing to import"
         self.stdout.write(("dry run, nothing written: " if dry_run else "") + summary)
+
+    def _table(self, entry: Entry) -> None:
+        """What was brought over and what was not, one row per option of the source."""
+        rows = [(option, held, "") for option, held in entry.carried]
+        rows += [(option, "", f"NOT brought over: {why}") for option, why in entry.dropped]
+        width = max([len("option"), *(len(r[0]) for r in rows)])
+        held_width = max([len("brought over as"), *(len(r[1]) for r in rows)])
+        self.stdout.write(f"  | {'option':<{width}} | {'brought over as':<{held_width}} | not "
+                          "brought over")
+        for option, held, why in rows:
+            self.stdout.write(f"  | {option:<{width}} | {held:<{held_width}} | "
+                              f"{why.removeprefix('NOT brought over: ') or '-'}")
+        if not entry.dropped:
+            self.stdout.write("  everything was brought over")

@@ -77,10 +77,10 @@ def collect(now: datetime, *, since: timedelta, limit: int, authority: str) -> S
     counts = PeriodicTask.objects.aggregate(
         n_enabled=Count("pk", filter=Q(enabled=True)),
         n_disabled=Count("pk", filter=Q(enabled=False)),
-        due_now=Count("pk", filter=Q(enabled=True, next_slot_at__lte=now)),
-        due_soon=Count("pk", filter=Q(enabled=True, next_slot_at__gt=now,
-                                      next_slot_at__lte=now + timedelta(minutes=1))),
-        oldest=Min("next_slot_at", filter=Q(enabled=True, next_slot_at__lte=now)),
+        due_now=Count("pk", filter=Q(enabled=True, due_at__lte=now)),
+        due_soon=Count("pk", filter=Q(enabled=True, due_at__gt=now,
+                                      due_at__lte=now + timedelta(minutes=1))),
+        oldest=Min("next_slot_at", filter=Q(enabled=True, due_at__lte=now)),
     )
     status.tasks_enabled, status.tasks_disabled = counts["n_enabled"], counts["n_disabled"]
     status.due_now, status.due_within_minute = counts["due_now"], counts["due_soon"]

@@ -1,15 +1,18 @@
 """The demo: three beats whose clocks disagree, one worker, and every slot exactly once.
 
-``bash example_project/demo.sh`` builds a virtual environment and runs this file; in an
-environment that already has ``celery-driftsafe[results,demo]`` run it directly::
+``bash example_project/demo/demo.sh`` builds a virtual environment and runs this module; in an
+environment that already has ``celery-driftsafe[results,demo]`` run it from
+``example_project/``::
 
-    python example_project/demo.py          # the demo (exit 0: nothing doubled, missed, early)
-    python example_project/demo.py admin    # the Django admin on the demo's data
+    cd example_project
+    python -m demo          # the demo (exit 0: nothing doubled, missed, early)
+    python -m demo admin    # the Django admin on the demo's data
 
-Steps: a Redis (``demo_redis``) -> migrate, reset and seed the example database -> skew the
-beats' clocks (libfaketime, verified in a child first; else the clock seam) -> start a worker
-and the beats -> watch for ``DEMO_SECONDS`` -> stop -> count (``demo_report``) -> table,
-picture, exit status (0 clean, 1 a slot doubled, missed or early, 2 the demo could not run).
+Steps: a Redis (:func:`celery_driftsafe.testing.processes.provide_redis`) -> migrate, reset
+and seed the example database -> skew the beats' clocks (libfaketime, verified in a child
+first; else the clock seam) -> start a worker and the beats -> watch for ``DEMO_SECONDS`` ->
+stop -> count (:mod:`demo.report`) -> table, picture, exit status (0 clean, 1 a slot doubled,
+missed or early, 2 the demo could not run).
 
 Environment: ``DEMO_SECONDS`` (60), ``DEMO_OUTPUT`` (logs and picture; default
 ``example_project/demo-output``), ``DEMO_SKEW=seam`` (skip libfaketime), and the example
@@ -20,7 +23,6 @@ project's ``EXAMPLE_REDIS_URL`` / ``EXAMPLE_REDIS_DB`` (use that Redis instead o
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -29,13 +31,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-# Run from a checkout without installing the package, too (the test suite does).
-sys.path[:0] = [p for p in (str(HERE), str(ROOT)) if p not in sys.path]
+from celery_driftsafe.testing.processes import Children, NoRedis, provide_redis
+from demo import report as demo_report
 
-import demo_redis  # noqa: E402
-import demo_report  # noqa: E402
+#: example_project/: the Django project the demo runs (the beats and the worker run here)
+PROJECT = Path(__file__).resolve().parents[1]
+ROOT = PROJECT.parent
 
 #: The beats: a label and how far off each one's wall clock is, in seconds.
 BEATS = (("A", 0.0), ("B", 2.5), ("C", -4.0))
@@ -134,47 +135,32 @@ def skew_clocks(base: dict[str, str]) -> Skew:
 
 
 class Processes:
-    """The worker and the beats, each a child in its own session, logging to ``output``."""
+    """The worker and the beats (``celery -A example_project ...``), each a child in its own
+    session, logging to ``output``."""
 
     def __init__(self, output: Path) -> None:
         self.output = output
-        self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.children = Children(output, cwd=PROJECT, new_session=True)
 
     def start(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        with (self.output / f"{name}.log").open("wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "example_project", *args],
-                cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        self.children[name] = process
-        return process
+        # the environment is skewed already (skew_clocks): no offset here
+        return self.children.start(name, ["-A", "example_project", *args], env).process
 
     def log(self, name: str) -> str:
         return (self.output / f"{name}.log").read_text(errors="replace")
 
     def died(self) -> str | None:
-        for name, process in self.children.items():
-            if process.poll() is not None:
-                tail = "\n".join(self.log(name).splitlines()[-15:])
-                return f"{name} exited with {process.returncode}:\n{tail}"
-        return None
+        child = self.children.died()
+        if child is None:
+            return None
+        tail = "\n".join(self.log(child.name).splitlines()[-15:])
+        return f"{child.name} exited with {child.process.returncode}:\n{tail}"
 
     def stop(self, *names: str, timeout: float = 20) -> None:
         """SIGTERM (a beat finishes its round, a worker its tasks), then SIGKILL."""
-        from celery_driftsafe.testing.faketime import cleanup_killed
-
-        chosen = [self.children[n] for n in names or list(self.children) if n in self.children]
-        for process in chosen:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for process in chosen:
-            try:
-                process.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-                cleanup_killed(process.pid)  # libfaketime's shared memory outlives SIGKILL
+        chosen = [c for c in self.children.children if not names or c.name in names]
+        if chosen:
+            self.children.stop(*chosen, timeout=timeout, wait_for_handler=False)
 
 
 def wait_until(what: str, ready: Any, processes: Processes, timeout: float = 60) -> None:
@@ -260,8 +246,7 @@ def run_demo(seconds: float, output: Path) -> int:
 
     say(f"  database  {prepare_database()} (migrated; earlier demo runs cleared)")
     reset_redis()
-    base = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(HERE), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    base = dict(os.environ)  # the children run in example_project/, where its packages are
     skew = skew_clocks(base)
     if skew.seam:
         say(f"  clocks    no real skew: {skew.seam}")
@@ -332,7 +317,7 @@ def open_admin(port: int) -> int:
     say(f"\n  Admin: http://127.0.0.1:{port}/admin/   user {username!r}, password {password!r}")
     say("  (DJANGO_SUPERUSER_USERNAME / DJANGO_SUPERUSER_PASSWORD choose others; Ctrl-C stops)\n")
     server = subprocess.Popen([sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}",
-                               "--noreload"], cwd=HERE, env={**os.environ})
+                               "--noreload"], cwd=PROJECT, env={**os.environ})
     try:
         return server.wait()
     except KeyboardInterrupt:  # a terminal's Ctrl-C reaches the server too; a kill -INT not
@@ -353,15 +338,15 @@ def main(argv: list[str]) -> int:
     if not 0 < seconds < 86400:
         say(f"DEMO_SECONDS={os.environ['DEMO_SECONDS']!r}: give the length in seconds, e.g. 60")
         return 2
-    output = Path(os.environ.get("DEMO_OUTPUT", HERE / "demo-output")).resolve()
+    output = Path(os.environ.get("DEMO_OUTPUT", PROJECT / "demo-output")).resolve()
     output.mkdir(parents=True, exist_ok=True)
     if command == "demo":
         say(f"celery_driftsafe demo: {len(BEATS)} beats with skewed clocks, 1 worker, "
             f"{seconds:g} s")
     try:
-        redis = demo_redis.provide(os.environ.get("EXAMPLE_REDIS_URL"), output,
-                                   cache=ROOT / ".cache" / "redis-server")
-    except demo_redis.NoRedis as exc:
+        redis = provide_redis(os.environ.get("EXAMPLE_REDIS_URL"), output,
+                              cache=ROOT / ".cache" / "redis-server", label="EXAMPLE_REDIS_URL")
+    except NoRedis as exc:
         say(f"No Redis for the demo: {exc}")
         return 2
     say(f"  redis     {redis.description}"

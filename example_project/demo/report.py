@@ -15,11 +15,12 @@ an upper bound; the table says how many.
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+
+from celery_driftsafe.testing.recording import percentile
 
 
 @dataclass
@@ -55,12 +56,8 @@ class TaskCount:
     firings: list[Firing] = field(default_factory=list)
 
     def lateness(self, quantile: float) -> float | None:
-        values = sorted(f.lateness for f in self.firings)
-        if not values:
-            return None
-        if len(values) == 1:
-            return values[0]
-        return statistics.quantiles(values, n=100, method="inclusive")[int(quantile * 100) - 1]
+        values = [f.lateness for f in self.firings]
+        return percentile(values, 100 * quantile) if values else None
 
 
 @dataclass
@@ -232,7 +229,7 @@ def picture(result: Count, path: Path) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return ("no picture: matplotlib is not installed (pip install "
-                "'celery-driftsafe[demo]', or run bash example_project/demo.sh)")
+                "'celery-driftsafe[demo]', or run bash example_project/demo/demo.sh)")
     colors = {n.beat.label: _COLORS[i % len(_COLORS)] for i, n in enumerate(result.nodes)}
     colors["?"] = "#7f7f7f"
     names = [t.name for t in result.tasks]

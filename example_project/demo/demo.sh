@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The README's first command: bash example_project/demo.sh
+# The README's first command: bash example_project/demo/demo.sh
 #
 # Builds a fresh virtual environment (.venv-demo at the repository root; DEMO_REUSE_VENV=1
 # keeps an existing one), installs celery_driftsafe with the results, postgres and demo
-# extras, then runs example_project/demo.py: its own Redis, SQLite, three beats with skewed
+# extras, then runs `python -m demo` in example_project/: its own Redis, SQLite, three beats with skewed
 # clocks and a worker for DEMO_SECONDS (default 60), then a table, a picture and the verdict.
 # Exit status: 0 when every due slot ran exactly once and none early, 1 when not, 2 when the
-# demo could not run. `bash example_project/admin.sh` then opens the admin on the same data.
+# demo could not run. `bash example_project/demo/admin.sh` then opens the admin on the same data.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PYTHON=${PYTHON:-python3}
 VENV=${DEMO_VENV:-$ROOT/.venv-demo}
 
@@ -33,4 +33,5 @@ echo "== installing celery_driftsafe[results,postgres,demo] (editable)"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q -e "$ROOT[results,postgres,demo]"
 echo
-exec "$VENV/bin/python" "$ROOT/example_project/demo.py" "$@"
+cd "$ROOT/example_project"
+exec "$VENV/bin/python" -m demo "$@"

@@ -1,0 +1,56 @@
+"""Statements one claim round issues: N interval tasks due at one instant, one round of the
+claim on the test database (PostgreSQL by default), counted with Django's query capture.
+
+    python -m benchmarks statements [--tasks 500]
+
+Needs the test services and the test dependencies (it runs in ``tests.settings``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from datetime import UTC, datetime
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+os.environ.setdefault("DRIFTSAFE_TEST_DB", "postgres")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=500,
+                        help="tasks due (default 500: one round's batch)")
+    args = parser.parse_args()
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext, get_runner, setup_test_environment
+
+    setup_test_environment()
+    runner = get_runner(settings)(verbosity=0, interactive=False)
+    old = runner.setup_databases()
+    try:
+        from celery_driftsafe.claim import claimer_for
+        from celery_driftsafe.models import PeriodicTask
+
+        start = datetime.now(UTC).replace(microsecond=0)
+        PeriodicTask.objects.bulk_create(
+            PeriodicTask(name=f"q{i}", task="bench.tick", schedule_kind="interval",
+                         interval_every=60, interval_anchor=start, next_slot_at=start)
+            for i in range(args.tasks)
+        )
+        with CaptureQueriesContext(connection) as captured:
+            result = claimer_for().claim(start, "bench")
+        print(f"one claim round of {args.tasks} due tasks on {connection.vendor}: "
+              f"{len(result.runs)} runs claimed, {len(captured.captured_queries)} statements")
+        for query in captured.captured_queries:
+            sql = " ".join(query["sql"].split())
+            print(f"  {sql[:150]}{'...' if len(sql) > 150 else ''}")
+    finally:
+        runner.teardown_databases(old)
+
+
+if __name__ == "__main__":
+    main()
