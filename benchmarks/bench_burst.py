@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import time
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
@@ -29,9 +30,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--profile-file", help="with --profile: write cProfile's data here")
     parser.add_argument("--ledger", type=int, default=0,
                         help="finished runs put in the ledger first")
     parser.add_argument("--explain", action="store_true")
+    parser.add_argument("--waves", type=int, default=1,
+                        help="waves worked through one after the other (the tasks' next slots, "
+                             "60 s apart): the first builds each task's message, the later "
+                             "ones show a running beat's cost")
+    parser.add_argument("--slow-publish", action="store_true",
+                        help="publish through Celery's apply_async (FAST_PUBLISH off)")
     parser.add_argument("--broker-db", type=int, default=15,
                         help="Redis database of the broker (emptied before and after)")
     args = parser.parse_args()
@@ -54,7 +62,7 @@ def main() -> None:
         from celery_driftsafe.claim import claimer_for
         from celery_driftsafe.clock import SystemClock
         from celery_driftsafe.dispatch import Dispatcher
-        from celery_driftsafe.models import PeriodicTask, Run
+        from celery_driftsafe.models import PeriodicTask
 
         app = Celery("burst", broker=broker_url, set_as_current=False)
         app.conf.task_default_queue = "burst"
@@ -83,62 +91,97 @@ def main() -> None:
         plans: list[tuple[str, list[str]]] = []
         if args.explain:
             connection.execute_wrappers.append(_Explain(plans))
+        if args.slow_publish:
+            from django.test.utils import override_settings
+
+            override_settings(DRIFTSAFE={**settings.DRIFTSAFE, "FAST_PUBLISH": False}).enable()
         dispatcher = Dispatcher(app, SystemClock())
-        stages: dict[str, float] = defaultdict(float)
-        cpu_stages: dict[str, float] = defaultdict(float)
-        profile: Any = None
-        if args.profile:
-            import cProfile
-
-            profile = cProfile.Profile()
-            profile.enable()
-        started = time.perf_counter()
-        cpu_started = time.process_time()
-        rounds = 0
-        while True:
-            # The authority's now stays at the wave's instant: one wave is measured, not the
-            # waves after it (a slow run would otherwise never end).
-            now = due
-            t0, c0 = time.perf_counter(), time.process_time()
-            result = claimer.claim(now, "bench-node")
-            t1, c1 = time.perf_counter(), time.process_time()
-            outcome = dispatcher.dispatch(result.runs)
-            t2, c2 = time.perf_counter(), time.process_time()
-            if args.explain and rounds == 0:
-                _explain_others(connection, app, plans)
-                for wrapper in list(connection.execute_wrappers):
-                    connection.execute_wrappers.remove(wrapper)
-            stages["claim"] += t1 - t0
-            stages["publish + mark"] += t2 - t1
-            cpu_stages["claim"] += c1 - c0
-            cpu_stages["publish + mark"] += c2 - c1
-            rounds += 1
-            if not result.tasks_seen:
-                break
-            assert not outcome.refused and not outcome.deferred, outcome
-        elapsed = time.perf_counter() - started
-        cpu = time.process_time() - cpu_started
-        if profile is not None:
-            import pstats
-
-            profile.disable()
-            pstats.Stats(profile).sort_stats("tottime").print_stats(30)
-        for sql, plan in plans:
-            print(f"\n{sql}\n  " + "\n  ".join(plan))
-        published = Run.objects.filter(status="dispatched", claimed_by="bench-node").count()
-        queued = broker.llen("burst")
-        print(f"{args.tasks} tasks due at one instant: {published} dispatched, {queued} "
-              f"messages queued, {rounds} rounds, {elapsed:.2f} s, "
-              f"{published / elapsed:.0f} slots/s; this process used {cpu:.2f} s of CPU "
-              f"({100 * cpu / elapsed:.0f}% of one core)")
-        print(f"  {'stage':<16}{'wall s':>8}{'µs/slot':>9}{'CPU µs/slot':>13}")
-        for stage, seconds in stages.items():
-            print(f"  {stage:<16}{seconds:8.2f}{1e6 * seconds / max(published, 1):9.1f}"
-                  f"{1e6 * cpu_stages[stage] / max(published, 1):13.1f}")
+        for wave in range(args.waves):
+            published, elapsed, cpu, rounds, stages, cpu_stages = _wave(
+                args, claimer, dispatcher, connection, app, plans,
+                due + timedelta(seconds=60 * wave), profile=args.profile and wave == args.waves - 1)
+            print(f"wave {wave + 1}: {args.tasks} tasks due at one instant: {published} "
+                  f"dispatched, {broker.llen('burst')} messages queued, {rounds} rounds, "
+                  f"{elapsed:.2f} s, {published / elapsed:.0f} slots/s; this process used "
+                  f"{cpu:.2f} s of CPU ({100 * cpu / elapsed:.0f}% of one core); "
+                  f"fast path {dispatcher.fast.published}, apply_async "
+                  f"{dispatcher.fast.declined} messages so far; peak RSS "
+                  f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+            print(f"  {'stage':<16}{'wall s':>8}{'µs/slot':>9}{'CPU µs/slot':>13}")
+            for stage, seconds in stages.items():
+                print(f"  {stage:<16}{seconds:8.2f}{1e6 * seconds / max(published, 1):9.1f}"
+                      f"{1e6 * cpu_stages[stage] / max(published, 1):13.1f}")
+            broker.delete("burst")
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE")
+            cursor.execute(
+                "SELECT (SELECT count(*) FROM celery_driftsafe_run), "
+                "pg_total_relation_size('celery_driftsafe_run'), "
+                "(SELECT count(*) FROM celery_driftsafe_periodictask), "
+                "pg_total_relation_size('celery_driftsafe_periodictask')")
+            runs, run_bytes, tasks, task_bytes = cursor.fetchone()
+        print(f"on disk, with indexes: {task_bytes / max(tasks, 1):.0f} bytes a task, "
+              f"{run_bytes / max(runs, 1):.0f} bytes a run ({runs:,} runs)")
     finally:
         broker.flushdb()
         broker.close()
         runner.teardown_databases(old)
+
+
+def _wave(args: Any, claimer: Any, dispatcher: Any, connection: Any, app: Any,
+          plans: list[tuple[str, list[str]]], due: datetime, *, profile: bool
+          ) -> tuple[int, float, float, int, dict[str, float], dict[str, float]]:
+    """One wave, all due at ``due``: claimed and published round by round."""
+    from celery_driftsafe.models import Run
+
+    stages: dict[str, float] = defaultdict(float)
+    cpu_stages: dict[str, float] = defaultdict(float)
+    profiler: Any = None
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    before = Run.objects.filter(status="dispatched", claimed_by="bench-node").count()
+    started = time.perf_counter()
+    cpu_started = time.process_time()
+    rounds = 0
+    while True:
+        # The authority's now stays at the wave's instant: one wave is measured, not the
+        # waves after it (a slow run would otherwise never end).
+        now = due
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = claimer.claim(now, "bench-node")
+        t1, c1 = time.perf_counter(), time.process_time()
+        outcome = dispatcher.dispatch(result.runs)
+        t2, c2 = time.perf_counter(), time.process_time()
+        if args.explain and rounds == 0:
+            _explain_others(connection, app, plans)
+            for wrapper in list(connection.execute_wrappers):
+                connection.execute_wrappers.remove(wrapper)
+        stages["claim"] += t1 - t0
+        stages["publish + mark"] += t2 - t1
+        cpu_stages["claim"] += c1 - c0
+        cpu_stages["publish + mark"] += c2 - c1
+        rounds += 1
+        if not result.tasks_seen:
+            break
+        assert not outcome.refused and not outcome.deferred, outcome
+    elapsed = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
+    if profiler is not None:
+        import pstats
+
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+        if args.profile_file:
+            profiler.dump_stats(args.profile_file)
+    for sql, plan in plans:
+        print(f"\n{sql}\n  " + "\n  ".join(plan))
+    plans.clear()
+    published = Run.objects.filter(
+        status="dispatched", claimed_by="bench-node").count() - before
+    return published, elapsed, cpu, rounds, stages, cpu_stages
 
 
 def _fill_ledger(connection: Any, runs: int, before: datetime) -> None:

@@ -13,6 +13,7 @@ Stable ids (documented in the settings reference):
 ``celery_driftsafe.E008``  ``MISFIRE_GRACE_SECONDS`` is negative
 ``celery_driftsafe.E009``  ``CELERY_APP`` is not a dotted path
 ``celery_driftsafe.E010``  ``USE_TZ`` is not ``True`` (slots are aware UTC instants)
+``celery_driftsafe.E011``  a switch setting (``FAST_PUBLISH``) is not ``True`` or ``False``
 ``celery_driftsafe.E020``  ``METRICS_PORT`` / ``WORKER_METRICS_PORT`` is not a port number
 ``celery_driftsafe.E021``  metrics are switched on but prometheus-client is not installed
 ``celery_driftsafe.E022``  ``METRICS_ADDRESS`` is not a non-empty string
@@ -64,6 +65,11 @@ def _of_type(kind: type) -> tuple[str, ...]:
         key for key, declared in _declared().items()
         if declared is kind and key not in ZERO_ALLOWED
     )
+
+
+def _switches() -> tuple[str, ...]:
+    """Settings declared ``bool``: True or False, nothing else."""
+    return tuple(key for key, declared in _declared().items() if declared is bool)
 
 
 #: Number settings where None turns the feature off (keep forever, never prune, ...): the
@@ -121,6 +127,11 @@ def _check_raw(raw: dict[str, Any]) -> Iterable[CheckMessage]:
         if not (_is_number(value) and value > 0):
             yield _error(key, value, "must be a positive number of seconds", "for example "
                          f"{getattr(defaults, known[key])}", "celery_driftsafe.E004")
+    for key in _switches():
+        value = raw.get(key, True)
+        if not isinstance(value, bool):
+            yield _error(key, value, "must be True or False", "for example "
+                         f"{getattr(defaults, known[key])}", "celery_driftsafe.E011")
     redis_url = raw.get("REDIS_URL")
     if redis_url is not None and (
         not isinstance(redis_url, str) or urlsplit(redis_url).scheme not in REDIS_SCHEMES

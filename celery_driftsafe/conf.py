@@ -67,6 +67,10 @@ class DriftSafeSettings:
     #: Messages written to the broker in one pipelined write (kombu's publish batch, on
     #: transports that have one: Redis). 1: one write per message.
     publish_batch_size: int = 100
+    #: Publish with each task's Celery message built once and filled in per slot (the same
+    #: message ``apply_async`` sends; see :mod:`celery_driftsafe.fastpublish`, which falls
+    #: back to ``apply_async`` where it cannot be exact). False: always ``apply_async``.
+    fast_publish: bool = True
     #: Seconds a claimed run may stay undispatched before another beat re-publishes it.
     lease_seconds: float = 30.0
     #: A node whose measured offset from the authority exceeds this logs a warning.

@@ -18,15 +18,16 @@ from functools import partial
 from typing import Any
 
 from celery import Task
-from celery.utils.saferepr import saferepr
 from django.db.models import Case, F, Q, TextField, Value, When
 
 from celery_driftsafe import metrics
 from celery_driftsafe.broker import connection_errors, describe_error, pipelined, refused
 from celery_driftsafe.clock import Clock
 from celery_driftsafe.conf import get_settings
+from celery_driftsafe.fastpublish import FastPublisher
 from celery_driftsafe.headers import message_headers
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
+from celery_driftsafe.reprs import argument_reprs
 from celery_driftsafe.task import DriftSafeTask
 
 logger = logging.getLogger(__name__)
@@ -209,6 +210,7 @@ class Dispatcher:
         self.using = using
         self.batch_size = batch_size or get_settings().publish_batch_size
         self._repr_cache: dict[int | str, tuple[list[Any], dict[str, Any], str, str]] = {}
+        self.fast = FastPublisher(app)
 
     def dispatch(self, runs: Sequence[ClaimedRun]) -> DispatchResult:
         """Publish ``runs``, then mark what went out ``dispatched``.
@@ -242,10 +244,12 @@ class Dispatcher:
                 result.expired.append(run.run_id)
             else:
                 todo.append(run)
+        fast = self.fast if self.fast.active() else None
         try:
             with self.app.producer_or_acquire() as producer:
                 for start in range(0, len(todo), self.batch_size):
-                    self._publish_batch(todo[start:start + self.batch_size], producer, result)
+                    self._publish_batch(todo[start:start + self.batch_size], producer, result,
+                                        fast)
         except Exception as exc:  # broker unreachable: nothing more is known to be out
             done = set(result.published) | set(result.refused) | set(result.failed)
             result.deferred = [r.run_id for r in todo if r.run_id not in done]
@@ -258,7 +262,8 @@ class Dispatcher:
         return result
 
     def _publish_batch(
-        self, runs: Sequence[ClaimedRun], producer: Any, result: DispatchResult
+        self, runs: Sequence[ClaimedRun], producer: Any, result: DispatchResult,
+        fast: FastPublisher | None = None,
     ) -> None:
         """Publish ``runs`` in one pipelined broker write where the transport can (kombu's
         publish batch); they count as published once the write returns. A message refused on
@@ -270,7 +275,7 @@ class Dispatcher:
         with pipelined(producer, len(runs)):
             for run in runs:
                 try:
-                    self._publish(run, producer)
+                    self._publish(run, producer, fast)
                 except unreachable as exc:
                     if not refused(exc):
                         raise
@@ -303,10 +308,14 @@ class Dispatcher:
                          .order_by().values_list("pk", flat=True))
         return owned
 
-    def _publish(self, run: ClaimedRun, producer: Any) -> None:
+    def _publish(self, run: ClaimedRun, producer: Any, fast: FastPublisher | None = None) -> None:
         """Publish by name, as Celery beat does: a task this process has registered gets its
         own options (``apply_async``), any other goes out with ``send_task``; either way the
-        app's routing (``task_routes``) applies."""
+        app's routing (``task_routes``) applies. With ``fast``, the same message is built
+        from the task's prebuilt one where it can be."""
+        if fast is not None and fast.publish_run(run, producer, message_headers(run)):
+            return
+        self.fast.declined += 1
         options = {k: v for k, v in run.options.items() if k != "headers"}
         if run.expires_at is not None:
             options["expires"] = run.expires_at
@@ -338,10 +347,7 @@ class Dispatcher:
             return cached[2], cached[3]
         if len(self._repr_cache) >= REPR_CACHE_SIZE:
             self._repr_cache.clear()
-        levels = self.app.conf.get("task_repr_maxlevels", 3)
-        amqp = self.app.amqp
-        reprs = (saferepr(run.args, amqp.argsrepr_maxsize, maxlevels=levels),
-                 saferepr(run.kwargs, amqp.kwargsrepr_maxsize, maxlevels=levels))
+        reprs = argument_reprs(self.app, run.args, run.kwargs)
         self._repr_cache[key] = (run.args, run.kwargs, *reprs)
         return reprs
 

@@ -71,6 +71,8 @@ def test_driftsafe_must_be_a_dict() -> None:
         ({"KEY_PREFIX": "a b"}, "celery_driftsafe.E007", "without spaces"),
         ({"MISFIRE_GRACE_SECONDS": -5}, "celery_driftsafe.E008", ">= 0"),
         ({"CELERY_APP": 3}, "celery_driftsafe.E009", "dotted path"),
+        ({"FAST_PUBLISH": "yes"}, "celery_driftsafe.E011", "True or False"),
+        ({"FAST_PUBLISH": 1}, "celery_driftsafe.E011", "True or False"),
     ],
 )
 def test_bad_values_get_stable_ids_and_name_the_setting(

@@ -1,0 +1,49 @@
+"""The display forms of a task's arguments (``argsrepr``/``kwargsrepr``) as Celery writes
+them, cheaply where that is provably the same string."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.utils.saferepr import saferepr
+
+
+def argument_reprs(app: Any, args: Any, kwargs: Any) -> tuple[str, str]:
+    """``argsrepr`` and ``kwargsrepr`` of a message of ``app`` with these arguments."""
+    levels = app.conf.get("task_repr_maxlevels", 3)
+    amqp = app.amqp
+    return (display_form(args, amqp.argsrepr_maxsize, levels),
+            display_form(kwargs, amqp.kwargsrepr_maxsize, levels))
+
+
+def display_form(value: Any, maxsize: int, maxlevels: int) -> str:
+    """Celery's display form of task arguments (``saferepr``, for ``argsrepr`` and
+    ``kwargsrepr``), with a shortcut: for plain values (numbers, booleans, None, strings of
+    printable characters without quotes or backslashes, in lists and string-keyed dicts at
+    most two deep) whose ``repr`` fits, the two are the same string, and ``repr`` costs a
+    tenth."""
+    if maxlevels >= 3 and _plain(value, 0):
+        text = repr(value)
+        if len(text) < maxsize:
+            return text
+    return str(saferepr(value, maxsize, maxlevels=maxlevels))
+
+
+_PLAIN_SCALARS = (int, float, bool, type(None))
+
+
+def _plain(value: Any, depth: int) -> bool:
+    kind = type(value)
+    if kind is str:
+        return (value.isprintable() and "'" not in value and '"' not in value
+                and "\\" not in value)
+    if kind in _PLAIN_SCALARS:
+        return True
+    if depth >= 2:
+        return False
+    if kind is list:
+        return all(_plain(item, depth + 1) for item in value)
+    if kind is dict:
+        return all(type(key) is str and _plain(key, depth + 1) and _plain(item, depth + 1)
+                   for key, item in value.items())
+    return False

@@ -1,0 +1,173 @@
+"""What every Celery message of one task name and publish options shares, computed once with
+Celery's own functions, step by step as ``Task.apply_async``, ``Celery.send_task``,
+``AMQP.as_task_v2`` and ``send_task_message`` do (Celery 5, task protocol 2); used by
+:mod:`celery_driftsafe.fastpublish`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from celery import Task
+from celery.backends.base import Backend
+
+#: A placeholder task id, replaced in every message built from a skeleton.
+_PLACEHOLDER_ID = "00000000-0000-0000-0000-000000000000"
+
+
+@dataclass(frozen=True, slots=True)
+class Skeleton:
+    """What the messages of every task with one name and publish options share, whatever
+    their arguments (routing, the task's own options, headers but the argument reprs)."""
+
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    #: The body's third part (callbacks, errbacks, chain, chord: none for a beat).
+    embed: dict[str, Any]
+    serializer: str
+    compression: str | None
+    publish_kwargs: dict[str, Any]
+    declare: tuple[Any, ...] | None
+    declare_idents: tuple[int, ...] | None
+    #: The task's signature check (Celery's ``typing``), run on each task's arguments.
+    check_arguments: Callable[..., Any] | None
+    notify_backend: bool
+
+
+def build_skeleton(
+    app: Any, origin: str, name: str, args: list[Any], kwargs: dict[str, Any],
+    opts: dict[str, Any], expires: datetime | None,
+) -> Skeleton | None:
+    """The skeleton of the messages of task ``name`` with the publish options ``opts``
+    (consumed), or None where the fast path cannot reproduce Celery's message. ``args`` and
+    ``kwargs`` are one task's, for the router; ``origin`` is the ``origin`` header."""
+    amqp = app.amqp
+    task = app.tasks.get(name)
+    if expires is not None:
+        opts["expires"] = expires
+    check_arguments = None
+    if task is not None:
+        # Task.apply_async (the dispatcher calls Task.apply_async for a DriftSafeTask)
+        if not _plain_apply_async(task) or type(task).shadow_name is not Task.shadow_name:
+            return None
+        if getattr(task, "_dump_pydantic_arguments", None) is not None:
+            return None
+        if task.typing:
+            check_arguments = getattr(task, "__header__", None)
+        opts = dict(task._get_exec_options(), **opts)
+        opts.setdefault("ignore_result", task.ignore_result)
+    # send_task
+    time_limit = opts.pop("time_limit", None)
+    soft_time_limit = opts.pop("soft_time_limit", None)
+    task_expires = opts.pop("expires", None)
+    if task_expires is not None and task_expires is not expires:
+        return None  # an expiry relative to the moment of publishing: per message
+    ignore_result = opts.pop("ignore_result", None)
+    opts = amqp.router.route(opts, name, args, kwargs, task)
+    if not isinstance(opts, dict) or opts.get("eta") or opts.get("countdown"):
+        return None
+    if expires is not None:
+        opts["expiration"] = 0.0  # replaced per message
+    opts["argsrepr"], opts["kwargsrepr"] = "", ""  # replaced per task
+    headers, properties, body, _sent_event = amqp.as_task_v2(
+        _PLACEHOLDER_ID, name, args, kwargs, None, None, None, None,
+        expires, 0, None, None, None, app.thread_oid, time_limit, soft_time_limit,
+        False, None, None, None, None, ignore_result=ignore_result,
+        replaced_task_nesting=0, origin=origin, **opts,
+    )
+    for stamp in opts.pop("stamped_headers", None) or ():
+        opts.pop(stamp, None)
+    publish = _publish_arguments(app, opts, properties)
+    if publish is None:
+        return None
+    publish_kwargs, declare, serializer, compression = publish
+    backend = app.backend
+    for per_message in ("correlation_id", "reply_to", "expiration"):
+        properties.pop(per_message, None)
+    return Skeleton(
+        headers=headers, properties=properties, embed=body[2], serializer=serializer,
+        compression=compression, publish_kwargs=publish_kwargs,
+        declare=tuple(declare) if declare is not None else None,
+        declare_idents=_declare_idents(declare), check_arguments=check_arguments,
+        notify_backend=(not ignore_result
+                        and type(backend).on_task_call is not Backend.on_task_call),
+    )
+
+def _publish_arguments(
+    app: Any, options: dict[str, Any], properties: dict[str, Any]
+) -> tuple[dict[str, Any], list[Any] | None, str, str | None] | None:
+    """``Producer.publish``'s arguments as Celery's ``send_task_message`` computes them
+    from the routed options (``properties`` takes the options it does not know)."""
+    from kombu.common import Broadcast
+
+    amqp = app.amqp
+    conf = app.conf
+    opts = dict(options)
+    exchange = opts.pop("exchange", None)
+    routing_key = opts.pop("routing_key", None)
+    queue = opts.pop("queue", None)
+    opts.pop("event_dispatcher", None)
+    retry = opts.pop("retry", None)
+    retry_policy = opts.pop("retry_policy", None)
+    serializer = opts.pop("serializer", None)
+    delivery_mode = opts.pop("delivery_mode", None)
+    compression = opts.pop("compression", None)
+    declare = opts.pop("declare", None)
+    if opts.pop("headers", None):
+        return None  # the run's headers are added per message
+    exchange_type = opts.pop("exchange_type", None)
+    timeout = opts.pop("timeout", None)
+    confirm_timeout = opts.pop("confirm_timeout", None)
+    properties.update(opts)
+
+    qname = queue
+    if queue is None and exchange is None:
+        queue = amqp.default_queue
+    if queue is not None:
+        if isinstance(queue, str):
+            qname, queue = queue, amqp.queues[queue]
+        else:
+            qname = queue.name
+    if delivery_mode is None:
+        with suppress(AttributeError):
+            delivery_mode = queue.exchange.delivery_mode
+        delivery_mode = delivery_mode or conf.task_default_delivery_mode
+    if exchange_type is None:
+        try:
+            exchange_type = queue.exchange.type
+        except AttributeError:
+            exchange_type = "direct"
+    if (not exchange or not routing_key) and exchange_type == "direct":
+        exchange, routing_key = "", qname
+    elif exchange is None:
+        exchange = queue.exchange.name or amqp.default_exchange
+        routing_key = routing_key or queue.routing_key or conf.task_default_routing_key
+    if declare is None and queue and not isinstance(queue, Broadcast):
+        declare = [queue]
+    default_policy = conf.task_publish_retry_policy
+    retry = conf.task_publish_retry if retry is None else retry
+    policy = dict(default_policy, **retry_policy) if retry_policy else dict(default_policy)
+    publish_kwargs = {
+        "exchange": exchange, "routing_key": routing_key, "retry": retry,
+        "retry_policy": policy, "delivery_mode": delivery_mode,
+        "timeout": timeout, "confirm_timeout": confirm_timeout,
+    }
+    return (publish_kwargs, declare, serializer or conf.task_serializer,
+            compression or conf.task_compression)
+
+
+def _plain_apply_async(task: Any) -> bool:
+    """Whether publishing ``task`` goes through Celery's own ``Task.apply_async`` (a task
+    class of the project's may override it to do more)."""
+    from celery_driftsafe.task import DriftSafeTask
+
+    return isinstance(task, DriftSafeTask) or type(task).apply_async is Task.apply_async
+
+
+def _declare_idents(declare: list[Any] | None) -> tuple[int, ...] | None:
+    if not declare or not all(getattr(e, "can_cache_declaration", False) for e in declare):
+        return None
+    return tuple(hash(entity) for entity in declare)

@@ -1,0 +1,461 @@
+"""The fast publish path (``celery_driftsafe.fastpublish``) sends the message Celery's own
+``apply_async``/``send_task`` sends for the same run: every run here is published both ways
+through a real Redis broker and the two raw envelopes are compared field by field (headers,
+properties, body bytes, delivery info, the Redis list it lands on). Where it cannot be exact
+it falls back to ``apply_async``, and a real worker executes what it publishes."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery, signals
+from celery.utils.saferepr import saferepr
+from hypothesis import given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
+from kombu import Exchange, Queue
+
+from celery_driftsafe import nodes
+from celery_driftsafe.claim import ClaimedRun, claimer_for
+from celery_driftsafe.dispatch import Dispatcher
+from celery_driftsafe.models import Run, RunStatus
+from celery_driftsafe.reprs import display_form
+from celery_driftsafe.task import DriftSafeTask
+from celery_driftsafe.testing import FakeClock
+from tests import settings as test_settings
+from tests.factories import interval_task
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BROKER_URL = f"{test_settings.REDIS_SERVER}/{test_settings.REDIS_DB + 1}"
+#: Real time: Celery computes a message's ``expiration`` from its own clock.
+T0 = datetime.now(UTC).replace(microsecond=0)
+
+
+@pytest.fixture
+def queue() -> Iterator[str]:
+    """A queue name of this test's own; its Redis lists are deleted afterwards."""
+    name = f"fast-{uuid.uuid4().hex[:8]}"
+    yield name
+    client = redis.Redis.from_url(BROKER_URL)
+    keys = client.keys(f"{name}*") + client.keys("_kombu.binding.*")
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+@pytest.fixture
+def make_app(queue: str) -> Iterator[Callable[..., Celery]]:
+    apps: list[Celery] = []
+
+    def make(**conf: Any) -> Celery:
+        app = Celery("driftsafe-fast", broker=BROKER_URL, set_as_current=False)
+        app.conf.update(task_default_queue=queue, broker_connection_retry_on_startup=False,
+                        worker_hijack_root_logger=False, **conf)
+
+        @app.task(name="fast.add", shared=False)
+        def add(x: int, y: int) -> int:
+            return x + y
+
+        @app.task(name="fast.safe", base=DriftSafeTask, shared=False)
+        def safe(x: int, y: int) -> int:
+            return x + y
+
+        @app.task(name="fast.limited", shared=False, time_limit=30, soft_time_limit=20,
+                  ignore_result=True, serializer="pickle")
+        def limited(x: int, y: int) -> int:
+            return x + y
+
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        app.close()
+
+
+def raw_messages(queue: str) -> list[tuple[str, dict[str, Any]]]:
+    """Pop every message of ``queue`` (all its priority lists), oldest first, with the Redis
+    list it was in."""
+    client = redis.Redis.from_url(BROKER_URL)
+    out = []
+    for key in sorted(k.decode() for k in client.keys(f"{queue}*")):
+        while (raw := client.rpop(key)) is not None:
+            out.append((key, json.loads(raw)))
+    client.close()
+    return out
+
+
+def comparable(key: str, envelope: dict[str, Any]) -> dict[str, Any]:
+    """An envelope without what differs by design between any two publishes of one message:
+    kombu's random delivery tag, and the expiry's milliseconds (counted from the moment of
+    publishing: see :func:`same_expiry`)."""
+    properties = dict(envelope["properties"])
+    properties.pop("delivery_tag")
+    if "expiration" in properties:
+        properties["expiration"] = "set"
+    return {**envelope, "properties": properties, "body": base64.b64decode(envelope["body"]),
+            "list": key}
+
+
+def same_expiry(fast: dict[str, Any], celery: dict[str, Any]) -> bool:
+    """Both messages expire at the same instant: their TTLs (milliseconds from the moment
+    each was published, one after the other) differ by less than two seconds."""
+    ttls = [m["properties"].get("expiration") for m in (fast, celery)]
+    if ttls[0] is None or ttls[1] is None:
+        return ttls[0] is ttls[1]
+    return abs(int(ttls[0]) - int(ttls[1])) < 2000
+
+
+def both_ways(app: Celery, settings: Any, runs: list[ClaimedRun], queue: str,
+              clock: FakeClock) -> tuple[list[Any], list[Any], Dispatcher]:
+    """Publish ``runs`` with Celery's ``apply_async``, then (their claims restored) with the
+    fast path; the raw envelopes of each."""
+    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "FAST_PUBLISH": False}
+    slow = Dispatcher(app, clock)
+    assert len(slow.dispatch(runs).published) == len(runs)
+    assert slow.fast.declined == len(runs)
+    celery_sent = raw_messages(queue)
+    Run.objects.filter(pk__in=[r.run_id for r in runs]).update(
+        status=RunStatus.CLAIMED, dispatched_at=None)
+    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "FAST_PUBLISH": True}
+    fast = Dispatcher(app, clock)
+    assert len(fast.dispatch(runs).published) == len(runs)
+    fast_sent = raw_messages(queue)
+    return celery_sent, fast_sent, fast
+
+
+def route_by_first_argument(name: str, args: Any, kwargs: Any, options: Any, task: Any = None,
+                            **kw: Any) -> dict[str, Any] | None:
+    """A router that looks at the arguments: each task's message is routed on its own."""
+    if args and args[0] == 40:
+        return {"priority": 4}
+    return None
+
+
+def claim(**task_fields: Any) -> list[ClaimedRun]:
+    nodes.register("n1", T0)
+    interval_task("t1", 60, anchor=T0, next_slot_at=T0, **task_fields)
+    interval_task("t2", 60, anchor=T0, next_slot_at=T0,
+                  **{**task_fields, "args": [40, 2] if task_fields.get("args") != [] else []})
+    runs = claimer_for().claim(T0, "n1").runs
+    assert len(runs) == 2
+    return runs
+
+
+CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    # name: (app configuration, periodic task fields)
+    "registered task": ({}, {"task": "fast.add"}),
+    "DriftSafeTask": ({}, {"task": "fast.safe"}),
+    "name only (send_task)": ({}, {"task": "elsewhere.task", "kwargs": {"a": [1, "é"]}}),
+    "task's own options": ({}, {"task": "fast.limited"}),
+    "queue, priority, headers": ({}, {"task": "fast.add", "queue": "{queue}-other",
+                                      "priority": 7, "headers": {"tenant": "a", "n": 1}}),
+    "task_routes": ({"task_routes": {"fast.add": {"queue": "{queue}-routed",
+                                                  "priority": 2}}}, {"task": "fast.add"}),
+    "pickle": ({"task_serializer": "pickle", "accept_content": ["pickle", "json"]},
+               {"task": "fast.add"}),
+    "pickle, no arguments": ({"task_serializer": "pickle", "accept_content": ["pickle"]},
+                             {"task": "elsewhere.task", "args": [], "kwargs": {}}),
+    "gzip": ({"task_compression": "gzip"}, {"task": "fast.add"}),
+    "a router function": ({"task_routes": [
+        "tests.test_fastpublish.route_by_first_argument"]}, {"task": "fast.add"}),
+    "no expiry": ({}, {"task": "fast.add", "expires_seconds": None, "__no_expiry": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_fast_message_is_celerys_message(
+    case: str, make_app: Callable[..., Celery], queue: str, settings: Any
+) -> None:
+    conf, fields = CASES[case]
+    conf = json.loads(json.dumps(conf).replace("{queue}", queue))
+    fields = json.loads(json.dumps(fields).replace("{queue}", queue))
+    if fields.pop("__no_expiry", False):
+        settings.DRIFTSAFE = {**settings.DRIFTSAFE, "RUN_EXPIRES_SECONDS": None}
+    app = make_app(**conf)
+    clock = FakeClock(T0)
+    runs = claim(**fields)
+    celery_sent, fast_sent, dispatcher = both_ways(app, settings, runs, queue, clock)
+    assert dispatcher.fast.published == 2 and dispatcher.fast.declined == 0
+    assert len(celery_sent) == len(fast_sent) == 2
+    for (key, celery_msg), (fast_key, fast_msg) in zip(celery_sent, fast_sent, strict=True):
+        assert comparable(fast_key, fast_msg) == comparable(key, celery_msg)
+        assert same_expiry(fast_msg, celery_msg)
+    headers = fast_sent[0][1]["headers"]
+    assert headers["id"] == runs[0].celery_task_id
+    assert headers["driftsafe_run_id"] == runs[0].run_id
+    if case == "no expiry":
+        assert headers["expires"] is None
+        assert "expiration" not in fast_sent[0][1]["properties"]
+    else:
+        assert headers["expires"] == runs[0].expires_at.isoformat()  # type: ignore[union-attr]
+        assert int(fast_sent[0][1]["properties"]["expiration"]) > 80_000_000
+    if case == "pickle":
+        assert fast_sent[0][1]["content-type"] == "application/x-python-serialize"
+        assert pickle.loads(base64.b64decode(fast_sent[0][1]["body"]))[0] == [1, 2]
+    if case == "pickle, no arguments":
+        assert pickle.loads(base64.b64decode(fast_sent[0][1]["body"]))[0] == ()
+    if case == "gzip":
+        assert headers["compression"] == "application/x-gzip"
+    if case == "a router function":
+        assert [m["properties"]["priority"] for _, m in fast_sent] == [0, 4]
+
+
+def test_a_named_exchange_and_routing_key(
+    make_app: Callable[..., Celery], queue: str, settings: Any
+) -> None:
+    """A task routed by exchange and routing key (no queue): the message goes through the
+    exchange's binding, both ways."""
+    app = make_app()
+    bound = Queue(f"{queue}-bound", Exchange(f"{queue}-ex", type="direct"),
+                  routing_key=f"{queue}-rk")
+    with app.connection_for_write() as connection:
+        bound(connection.default_channel).declare()
+    runs = claim(task="fast.add", exchange=f"{queue}-ex", routing_key=f"{queue}-rk")
+    celery_sent, fast_sent, dispatcher = both_ways(app, settings, runs, f"{queue}-bound",
+                                                   FakeClock(T0))
+    assert dispatcher.fast.published == 2
+    assert [comparable(*m) for m in fast_sent] == [comparable(*m) for m in celery_sent]
+    assert all(same_expiry(f[1], c[1]) for f, c in zip(fast_sent, celery_sent, strict=True))
+    assert fast_sent[0][1]["properties"]["delivery_info"] == {
+        "exchange": f"{queue}-ex", "routing_key": f"{queue}-rk"}
+
+
+def test_each_slot_gets_its_own_ids_and_an_edited_task_a_new_message(
+    make_app: Callable[..., Celery], queue: str, settings: Any
+) -> None:
+    app = make_app()
+    nodes.register("n1", T0)
+    task = interval_task("t1", 60, anchor=T0, next_slot_at=T0, task="fast.add", args=[1, 2])
+    dispatcher = Dispatcher(app, FakeClock(T0))
+    dispatcher.dispatch(claimer_for().claim(T0, "n1").runs)
+    task.args = [5, 5]
+    task.save()
+    dispatcher.dispatch(claimer_for().claim(T0 + timedelta(seconds=60), "n1").runs)
+    sent = [m for _, m in raw_messages(queue)]
+    assert dispatcher.fast.published == 2
+    runs = list(Run.objects.order_by("slot"))
+    assert [m["headers"]["id"] for m in sent] == [r.celery_task_id for r in runs]
+    assert [m["properties"]["correlation_id"] for m in sent] == [r.celery_task_id for r in runs]
+    assert [m["headers"]["root_id"] for m in sent] == [r.celery_task_id for r in runs]
+    assert [m["headers"]["driftsafe_slot"] for m in sent] == [
+        T0.isoformat(), (T0 + timedelta(seconds=60)).isoformat()]
+    assert [json.loads(base64.b64decode(m["body"]))[0] for m in sent] == [[1, 2], [5, 5]]
+    assert [m["headers"]["argsrepr"] for m in sent] == ["[1, 2]", "[5, 5]"]
+
+
+def test_receivers_of_the_publish_signals_get_celerys_path(
+    make_app: Callable[..., Celery], queue: str, settings: Any
+) -> None:
+    """Celery sends ``before_task_publish``/``after_task_publish`` from ``send_task``, and a
+    receiver may change the message: with receivers, every message takes that path."""
+    app = make_app()
+    seen: list[str] = []
+
+    def receiver(sender: str, headers: dict[str, Any], **kwargs: Any) -> None:
+        seen.append(headers["id"])
+        headers["stamped"] = "yes"
+
+    signals.before_task_publish.connect(receiver, weak=False)
+    try:
+        runs = claim(task="fast.add")
+        dispatcher = Dispatcher(app, FakeClock(T0))
+        dispatcher.dispatch(runs)
+    finally:
+        signals.before_task_publish.disconnect(receiver)
+    assert dispatcher.fast.declined == 2 and dispatcher.fast.published == 0
+    assert seen == [r.celery_task_id for r in runs]
+    assert [m["headers"]["stamped"] for _, m in raw_messages(queue)] == ["yes", "yes"]
+
+
+@pytest.mark.parametrize("what", ["setting off", "protocol 1", "other options"])
+def test_where_the_fast_path_cannot_be_exact_it_falls_back(
+    what: str, make_app: Callable[..., Celery], queue: str, settings: Any
+) -> None:
+    app = make_app(task_protocol=1) if what == "protocol 1" else make_app()
+    if what == "setting off":
+        settings.DRIFTSAFE = {**settings.DRIFTSAFE, "FAST_PUBLISH": False}
+    runs = claim(task="fast.add")
+    if what == "other options":
+        runs[0].options["shadow"] = "shown-as"
+    dispatcher = Dispatcher(app, FakeClock(T0))
+    assert len(dispatcher.dispatch(runs).published) == 2
+    expected = {"setting off": (0, 2), "protocol 1": (0, 2), "other options": (1, 1)}[what]
+    assert (dispatcher.fast.published, dispatcher.fast.declined) == expected
+    assert len(raw_messages(queue)) == 2
+
+
+def test_arguments_that_do_not_fit_the_task_fail_as_before(
+    make_app: Callable[..., Celery], queue: str, settings: Any
+) -> None:
+    """Celery checks a registered task's arguments against its signature: the fast path
+    leaves such a run to ``apply_async``, whose error is recorded."""
+    app = make_app()
+    runs = claim(task="fast.add", args=[1, 2, 3])
+    result = Dispatcher(app, FakeClock(T0)).dispatch(runs)
+    assert list(result.failed) == [runs[0].run_id] and result.published == [runs[1].run_id]
+    assert "takes 2 positional arguments" in result.failed[runs[0].run_id]
+    assert [m["headers"]["id"] for _, m in raw_messages(queue)] == [runs[1].celery_task_id]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning")
+def test_a_worker_executes_fast_path_messages(
+    make_app: Callable[..., Celery], queue: str, settings: Any
+) -> None:
+    """A real (in-process) worker takes the fast path's messages: a plain task and a
+    ``DriftSafeTask`` (which reads the run's headers and records the outcome)."""
+    from celery.contrib.testing.worker import start_worker
+    from django.db import connections
+
+    app = make_app()
+    done: list[tuple[str, int]] = []
+    finished = threading.Event()
+
+    @app.task(name="fast.record", shared=False)
+    def record(x: int, y: int) -> None:
+        done.append(("record", x + y))
+        if len(done) >= 2:
+            finished.set()
+
+    @app.task(name="fast.record_safe", base=DriftSafeTask, shared=False)
+    def record_safe(x: int, y: int) -> None:
+        done.append(("safe", x + y))
+        connections.close_all()  # the worker's thread is not Django's
+        if len(done) >= 2:
+            finished.set()
+
+    nodes.register("n1", T0)
+    interval_task("plain", 60, anchor=T0, next_slot_at=T0, task="fast.record", args=[1, 2])
+    interval_task("safe", 60, anchor=T0, next_slot_at=T0, task="fast.record_safe",
+                  args=[20, 3])
+    dispatcher = Dispatcher(app, FakeClock(T0))
+    dispatcher.dispatch(claimer_for().claim(T0, "n1").runs)
+    assert dispatcher.fast.published == 2
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
+                      loglevel="WARNING", shutdown_timeout=30):
+        assert finished.wait(60), done
+        deadline = time.monotonic() + 30
+        while Run.objects.filter(task_name="fast.record_safe",
+                                 status=RunStatus.SUCCEEDED).count() != 1:
+            assert time.monotonic() < deadline, list(Run.objects.values("task_name", "status"))
+            time.sleep(0.05)
+    assert sorted(done) == [("record", 3), ("safe", 23)]
+
+
+# -- the arguments' display forms --------------------------------------------------------------
+
+_scalars = (st.integers() | st.floats(allow_nan=False) | st.booleans() | st.none()
+            | st.text(max_size=40))
+
+
+def _nested(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return _scalars | st.lists(inner, max_size=4) | st.dictionaries(
+        st.text(max_size=8) | st.integers(), inner, max_size=4)
+
+
+_values = _nested(_nested(_scalars))  # containers two deep inside the arguments' own
+
+
+@given(value=st.lists(_values, max_size=4) | st.dictionaries(st.text(max_size=8), _values,
+                                                               max_size=4),
+       maxsize=st.sampled_from([1024, 60, 8]), maxlevels=st.sampled_from([3, 2, 5]))
+@examples(max_examples=400, deadline=None)
+def test_display_forms_are_celerys(value: Any, maxsize: int, maxlevels: int) -> None:
+    """``argsrepr``/``kwargsrepr`` as Celery's ``saferepr`` writes them, for any arguments
+    (the shortcut through ``repr`` applies to plain ones only)."""
+    assert display_form(value, maxsize, maxlevels) == saferepr(value, maxsize,
+                                                                maxlevels=maxlevels)
+
+
+def test_display_forms_of_plain_and_other_arguments() -> None:
+    plain = {"n": 1, "name": "report é", "when": [1.5, None, True], "deep": {"a": [1, 2]}}
+    assert display_form(plain, 1024, 3) == repr(plain) == saferepr(plain, 1024, maxlevels=3)
+    quoted = ["it's", "tab\there", b"bytes"]
+    assert display_form(quoted, 1024, 3) == saferepr(quoted, 1024, maxlevels=3) != repr(quoted)
+
+
+def test_more_tasks_than_the_template_bound_still_get_their_own_messages(
+    make_app: Callable[..., Celery], queue: str, settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from celery_driftsafe import fastpublish
+
+    monkeypatch.setattr(fastpublish, "TEMPLATE_CACHE_SIZE", 2)
+    app = make_app()
+    nodes.register("n1", T0)
+    for i in range(5):
+        interval_task(f"t{i}", 60, anchor=T0, next_slot_at=T0, task="fast.add", args=[i, i])
+    dispatcher = Dispatcher(app, FakeClock(T0))
+    for wave in range(3):
+        dispatcher.dispatch(claimer_for().claim(T0 + timedelta(seconds=60 * wave), "n1").runs)
+    sent = [m for _, m in raw_messages(queue)]
+    assert dispatcher.fast.published == 15 and len(dispatcher.fast._templates) <= 2
+    assert sorted(json.loads(base64.b64decode(m["body"]))[0][0] for m in sent) == sorted(
+        list(range(5)) * 3)
+    assert all(m["headers"]["argsrepr"] == repr(json.loads(base64.b64decode(m["body"]))[0])
+               for m in sent)
+
+
+AMQP_URL = os.environ.get("DRIFTSAFE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+def test_on_rabbitmq_with_publisher_confirms_the_message_is_celerys_too(
+    settings: Any,
+) -> None:
+    """The same comparison on RabbitMQ (publisher confirms on): what a consumer gets, fields
+    and body, both ways."""
+    app = Celery("driftsafe-fast-amqp", broker=AMQP_URL, set_as_current=False)
+    name = f"fast-amqp-{uuid.uuid4().hex[:8]}"
+    app.conf.update(broker_transport_options={"confirm_publish": True},
+                    broker_connection_retry_on_startup=False, task_default_queue=name,
+                    task_queues=[Queue(name, queue_arguments={"x-max-priority": 9})])
+    runs = claim(task="elsewhere.task", priority=5, headers={"tenant": "b"})
+
+    def received() -> list[dict[str, Any]]:
+        out = []
+        with app.connection_for_write() as connection:
+            queue = Queue(name, queue_arguments={"x-max-priority": 9})(connection.default_channel)
+            while (message := queue.get(no_ack=True)) is not None:
+                properties = dict(message.properties)
+                ttl = properties.pop("expiration", None)
+                out.append({"headers": message.headers, "properties": properties,
+                            "body": message.body, "content_type": message.content_type,
+                            "delivery_info": {k: message.delivery_info.get(k) for k in
+                                              ("exchange", "routing_key")},
+                            "ttl_ms": int(ttl) if ttl else None})
+        return out
+
+    try:
+        settings.DRIFTSAFE = {**settings.DRIFTSAFE, "FAST_PUBLISH": False}
+        assert len(Dispatcher(app, FakeClock(T0)).dispatch(runs).published) == 2
+        celery_sent = received()
+        Run.objects.update(status=RunStatus.CLAIMED, dispatched_at=None)
+        settings.DRIFTSAFE = {**settings.DRIFTSAFE, "FAST_PUBLISH": True}
+        dispatcher = Dispatcher(app, FakeClock(T0))
+        assert len(dispatcher.dispatch(runs).published) == 2
+        fast_sent = received()
+    finally:
+        with app.connection_for_write() as connection:
+            connection.default_channel.queue_delete(name)
+        app.close()
+    assert dispatcher.fast.published == 2 and len(fast_sent) == 2
+    for fast, celery in zip(fast_sent, celery_sent, strict=True):
+        fast_ttl, celery_ttl = fast.pop("ttl_ms"), celery.pop("ttl_ms")
+        assert fast == celery
+        assert fast_ttl > 80_000_000 and abs(fast_ttl - celery_ttl) < 2000
+    assert fast_sent[0]["properties"]["priority"] == 5
+    assert fast_sent[0]["headers"]["tenant"] == "b"
