@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,19 @@ class Harness:
             return self.backend(), lambda: time.sleep(ttl + 0.1)
         clock = FakeClock(T0)
         return self.backend(clock), lambda: clock.advance(ttl)  # exactly to expires_at
+
+    def mark_unrenewed(self, name: str) -> None:
+        """Make a renewal of ``name``'s 30 s lease visible: Redis' expiry is cut to 20 s (a
+        renewal puts it back to 30); the database row is compared with the fake clock."""
+        if self.kind == "redis":
+            self.admin.pexpire(f"{PREFIX}:lock:{name}", 20_000)
+
+    def renewed(self, name: str, clock: FakeClock, ttl: float) -> bool:
+        if self.kind == "redis":
+            left: int = self.admin.pttl(f"{PREFIX}:lock:{name}")
+            return left > (ttl - 5) * 1000
+        expires: datetime = LockRow.objects.get(name=name).expires_at
+        return expires == clock.now() + timedelta(seconds=ttl)
 
     def overwrite(self, name: str) -> None:
         if self.kind == "redis":
@@ -233,13 +246,16 @@ class TestLockContract:
         assert len(clock.sleeps) < 40, f"polled {len(clock.sleeps)} times in 0.3 s"
         assert not waiter.acquire(timeout=0), "timeout 0 tries once"
 
-    def test_watchdog_keeps_a_short_lease_alive(self, harness: Harness) -> None:
-        # Held for 3.5 leases, renewed every 1/3 of one. The lease is 1 s, not 0.3 s: on a
-        # busy machine (parallel test workers on two cores) a renewal's commit can be 0.2 s
-        # late, which ran a 0.3 s lease out between two renewals.
-        locks = harness.backend()
-        with locks.lock("job", ttl=1.0).hold(watchdog=True) as held:
-            time.sleep(3.5)
+    def test_the_watchdog_renews_on_the_lock_clock(self, harness: Harness) -> None:
+        """No real sleep: the watchdog waits on the lock's clock, and the test moves it."""
+        clock = FakeClock(T0)
+        locks = harness.backend(clock)
+        with locks.lock("job", ttl=30).hold(watchdog=True) as held:
+            for _ in range(6):  # two leases' worth, a renewal every ttl/3
+                _until(lambda: clock.waiters == 2, "the renewer and the timekeeper waiting")
+                harness.mark_unrenewed("job")
+                clock.advance(10)
+                _until(lambda: harness.renewed("job", clock, 30), "renewed at the fake now")
             assert not held.lost.is_set()
             held.check()
             assert not locks.lock("job", ttl=10).acquire(blocking=False)
@@ -247,9 +263,9 @@ class TestLockContract:
         assert locks.lock("job", ttl=10).acquire(blocking=False)
 
     def test_without_watchdog_a_short_lease_is_lost(self, harness: Harness) -> None:
-        locks = harness.backend()
+        locks, run_out = harness.expiring_backend(0.3)
         with locks.lock("job", ttl=0.3).hold() as held:
-            time.sleep(1.2)
+            run_out()
             with pytest.raises(LockLost):
                 held.check()
             other = locks.lock("job", ttl=10)
@@ -262,15 +278,15 @@ class TestLockContract:
     def test_watchdog_signals_a_lock_taken_behind_its_back(
         self, harness: Harness, tamper: str
     ) -> None:
-        ttl = 0.6  # renewed every 0.2 s
+        clock = FakeClock(T0)
         calls: list[HeldLock] = []
-        locks = harness.backend()
-        with locks.lock("job", ttl=ttl).hold(watchdog=True, on_lost=calls.append) as held:
-            time.sleep(0.05)
+        locks = harness.backend(clock)
+        with locks.lock("job", ttl=30).hold(watchdog=True, on_lost=calls.append) as held:
+            _until(lambda: clock.waiters == 2, "the renewer and the timekeeper waiting")
             getattr(harness, tamper)("job")
-            tampered = time.monotonic()
-            assert held.lost.wait(ttl / 3 + 0.3), "lost within one renewal period"
-            assert time.monotonic() - tampered <= ttl / 3 + 0.3
+            assert not held.lost.is_set()
+            clock.advance(10)  # the next renewal is refused
+            _until(held.lost.is_set, "the lock declared lost at its next renewal")
             assert held.lost_reason is not None and "renewal refused" in held.lost_reason
             assert calls == [held]
             with pytest.raises(LockLost, match="renewal refused"):
@@ -396,36 +412,6 @@ class TestDatabaseLock:
         assert clock.now() >= T0 + timedelta(seconds=2)
         assert waiter.fencing_token == 2
         assert all(0 < s <= 0.05 for s in clock.sleeps)
-
-    def test_the_watchdog_renews_on_the_fake_clock(self) -> None:
-        """No real sleep: the watchdog waits on the lock's clock, and the test moves it."""
-        clock = FakeClock(T0)
-        locks = DatabaseLockBackend(clock=clock)
-        with locks.lock("job", ttl=30).hold(watchdog=True) as held:
-            for _ in range(6):  # two leases' worth, a renewal every ttl/3
-                _until(lambda: clock.waiters == 2, "the renewer and the timekeeper waiting")
-                clock.advance(10)
-                _until(lambda: LockRow.objects.get(name="job").expires_at
-                       == clock.now() + timedelta(seconds=30), "renewed at the fake now")
-            assert not held.lost.is_set()
-            held.check()
-            assert not locks.lock("job", ttl=10).acquire(blocking=False)
-        assert not held.lost.is_set(), "released cleanly"
-        assert LockRow.objects.get(name="job").token == ""
-
-    def test_the_watchdog_declares_a_lock_taken_behind_its_back_lost(self) -> None:
-        clock = FakeClock(T0)
-        locks = DatabaseLockBackend(clock=clock)
-        calls: list[HeldLock] = []
-        with locks.lock("job", ttl=30).hold(watchdog=True, on_lost=calls.append) as held:
-            LockRow.objects.filter(name="job").update(token="intruder")
-            assert not held.lost.is_set()
-            _until(lambda: clock.waiters == 2, "the renewer and the timekeeper waiting")
-            clock.advance(10)  # the next renewal is refused
-            _until(held.lost.is_set, "the lock declared lost")
-            assert held.lost_reason is not None and "renewal refused" in held.lost_reason
-            assert calls == [held]
-        assert LockRow.objects.get(name="job").token == "intruder", "not released"
 
     def test_refuses_to_run_inside_a_transaction(self) -> None:
         lock = DatabaseLockBackend(clock=FakeClock(T0)).lock("job")
