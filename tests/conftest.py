@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from celery import Celery
 
 from celery_driftsafe.testing import FakeClock
 from tests import settings as test_settings
@@ -95,12 +96,10 @@ QUEUE = f"tests-{os.getpid()}"
 
 
 @pytest.fixture
-def broker_app() -> Iterator[Any]:
+def broker_app() -> Iterator[Celery]:
     """A Celery app publishing to a real Redis broker (db ``REDIS_DB + 1``), with a registered
     ``tests.add`` task. Messages land in the Redis list :data:`QUEUE`; :func:`drain` reads them."""
     import redis
-    from celery import Celery
-
     client = redis.Redis.from_url(BROKER_URL)
     client.delete(QUEUE)
     app = Celery("driftsafe-tests", broker=BROKER_URL, set_as_current=False)
@@ -114,6 +113,18 @@ def broker_app() -> Iterator[Any]:
     yield app
     client.delete(QUEUE)
     client.close()
+
+
+@pytest.fixture
+def app(broker_app: Celery) -> Iterator[Celery]:
+    """:func:`broker_app` installed as the package's Celery app (``DRIFTSAFE['CELERY_APP']``'s
+    place): what the admin, run now and the commands validate task names against and publish
+    through."""
+    from celery_driftsafe import celery_app
+
+    celery_app.set_celery_app(broker_app)
+    yield broker_app
+    celery_app.set_celery_app(None)
 
 
 def drain(queue: str = QUEUE) -> list[dict[str, Any]]:

@@ -37,14 +37,6 @@ QUEUE = f"driftsafe-admin-tests-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture
-def app(broker_app: Any) -> Iterator[Any]:
-    """The Celery app the admin validates against and publishes through (``tests.add``)."""
-    celery_app.set_celery_app(broker_app)
-    yield broker_app
-    celery_app.set_celery_app(None)
-
-
-@pytest.fixture
 def wakeups(redis_client: Any) -> Iterator[Any]:
     """Counts schedule-change notifications published while the test runs, on a channel of
     its own (a key prefix unique to the test: other runs on the same Redis publish too)."""

@@ -21,7 +21,7 @@ import django.contrib.admin
 import pytest
 from django.test import override_settings
 
-from celery_driftsafe import celery_app, changes
+from celery_driftsafe import changes
 from celery_driftsafe.admin.display import local_text
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunKind, RunStatus
 from tests.conftest import drain
@@ -69,13 +69,6 @@ def browser() -> Iterator[Any]:
     driver.implicitly_wait(5)
     yield driver
     driver.quit()
-
-
-@pytest.fixture
-def app(broker_app: Any) -> Iterator[Any]:
-    celery_app.set_celery_app(broker_app)
-    yield broker_app
-    celery_app.set_celery_app(None)
 
 
 def _click_and_wait(driver: Any, element: Any) -> None:

@@ -3,7 +3,6 @@ Django's admin history (LogEntry), and the run list's count that never counts th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -12,7 +11,6 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import connection
 from django.urls import reverse
 
-from celery_driftsafe import celery_app
 from celery_driftsafe.admin.paginator import EstimatedCountPaginator, estimated_rows
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 from tests.conftest import QUEUE, drain
@@ -21,13 +19,6 @@ from tests.factories import crontab_task, interval_task
 TASKS = reverse("admin:celery_driftsafe_periodictask_changelist")
 RUNS = reverse("admin:celery_driftsafe_run_changelist")
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-def app(broker_app: Any) -> Iterator[Any]:
-    celery_app.set_celery_app(broker_app)
-    yield broker_app
-    celery_app.set_celery_app(None)
 
 
 def change_url(task: PeriodicTask) -> str:

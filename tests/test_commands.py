@@ -15,7 +15,7 @@ from django.conf import settings
 from django.core.management import CommandError, call_command, execute_from_command_line
 from django.test import override_settings
 
-from celery_driftsafe import celery_app, changes
+from celery_driftsafe import changes
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus, TaskSource
 from celery_driftsafe.slots import Solar
 from tests.conftest import T0
@@ -27,11 +27,10 @@ OTHER_APP.conf.beat_schedule = {"other-app-task": {"task": "other.task", "schedu
 
 
 @pytest.fixture
-def app(broker_app: Any) -> Iterator[Any]:
-    celery_app.set_celery_app(broker_app)
-    broker_app.conf.timezone = "Europe/Berlin"
-    yield broker_app
-    celery_app.set_celery_app(None)
+def app(app: Celery) -> Celery:
+    """conftest's installed app, in Europe/Berlin."""
+    app.conf.timezone = "Europe/Berlin"
+    return app
 
 
 def run(*args: str) -> str:
