@@ -19,8 +19,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-os.environ.setdefault("DRIFTSAFE_TEST_DB", "postgres")
+from benchmarks.django_db import fill_fast, fresh_databases
+
 os.environ.setdefault("DRIFTSAFE_TEST_REDIS_DB", "80")
 
 NODES = ("beat-a:101:0a1b2c3d", "beat-b:202:1b2c3d4e", "beat-c:303:2c3d4e5f")
@@ -34,20 +34,8 @@ def main() -> None:
     parser.add_argument("--profile", metavar="PAGE", help="cProfile one page (its name)")
     args = parser.parse_args()
 
-    import django
-
-    django.setup()
-    from django.conf import settings
-    from django.test.utils import get_runner
-
-    # No setup_test_environment(): its instrumented template rendering (a copy of every
-    # context for the test client) would be timed too; a served page has none.
-    runner = get_runner(settings)(verbosity=0, interactive=False)
-    old = runner.setup_databases()
-    try:
+    with fresh_databases(test_environment=False):  # a served page renders uninstrumented
         _run(args)
-    finally:
-        runner.teardown_databases(old)
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -71,7 +59,7 @@ def _run(args: argparse.Namespace) -> None:
                  last_heartbeat_at=now) for i, node in enumerate(NODES)
     )
     started = time.perf_counter()
-    _fill_fast(connection, lambda: _fill(connection, args.runs, args.tasks, now))
+    fill_fast(connection, lambda: _fill(connection, args.runs, args.tasks, now))
     fill = time.perf_counter() - started
     started = time.perf_counter()
     with connection.cursor() as cursor:
@@ -178,24 +166,6 @@ def _fill(connection: Any, runs: int, tasks: int, now: datetime) -> None:
                 {"first": first, "tasks": tasks, "start": start, "nodes": list(NODES),
                  "end": min(start + 1_000_000, runs) - 1, "now": now},
             )
-
-
-def _fill_fast(connection: Any, fill: Any) -> None:
-    """Run ``fill()`` with the run table's secondary indexes dropped, then build them again
-    (sorted builds: much faster than a random insert into each; the indexes come out compact,
-    as after a ``REINDEX``)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'celery_driftsafe_run' "
-            "AND indexname NOT IN (SELECT conname FROM pg_constraint "
-            "WHERE conrelid = 'celery_driftsafe_run'::regclass)")
-        saved = cursor.fetchall()
-        for name, _ in saved:
-            cursor.execute(f'DROP INDEX "{name}"')
-        fill()
-        cursor.execute("SET maintenance_work_mem = '512MB'")
-        for _, definition in saved:
-            cursor.execute(definition)
 
 
 if __name__ == "__main__":

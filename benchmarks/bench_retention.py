@@ -23,8 +23,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-os.environ.setdefault("DRIFTSAFE_TEST_DB", "postgres")
+from benchmarks.django_db import fill_fast, fresh_databases
+
 os.environ.setdefault("DRIFTSAFE_TEST_REDIS_DB", "80")
 
 MINUTE = timedelta(minutes=1)
@@ -48,32 +48,25 @@ def main() -> None:
                         help="fencing counters written to measure Redis memory")
     args = parser.parse_args()
 
-    import django
+    with fresh_databases():
+        import redis
+        from django.conf import settings
 
-    django.setup()
-    import redis
-    from django.conf import settings
-    from django.test.utils import get_runner, setup_test_environment
-
-    setup_test_environment()
-    runner = get_runner(settings)(verbosity=0, interactive=False)
-    old = runner.setup_databases()
-    server = settings.DRIFTSAFE["REDIS_URL"].rsplit("/", 1)[0]
-    base_db = int(settings.DRIFTSAFE["REDIS_URL"].rsplit("/", 1)[1])
-    broker_url = f"{server}/{base_db}"
-    fence_url = f"{server}/{base_db + 1}"
-    broker = redis.Redis.from_url(broker_url)
-    fences = redis.Redis.from_url(fence_url)
-    broker.flushdb()
-    fences.flushdb()
-    try:
-        _run(args, broker_url, fences)
-    finally:
+        server = settings.DRIFTSAFE["REDIS_URL"].rsplit("/", 1)[0]
+        base_db = int(settings.DRIFTSAFE["REDIS_URL"].rsplit("/", 1)[1])
+        broker_url = f"{server}/{base_db}"
+        fence_url = f"{server}/{base_db + 1}"
+        broker = redis.Redis.from_url(broker_url)
+        fences = redis.Redis.from_url(fence_url)
         broker.flushdb()
         fences.flushdb()
-        broker.close()
-        fences.close()
-        runner.teardown_databases(old)
+        try:
+            _run(args, broker_url, fences)
+        finally:
+            broker.flushdb()
+            fences.flushdb()
+            broker.close()
+            fences.close()
 
 
 def _run(args: argparse.Namespace, broker_url: str, fences: Any) -> None:
@@ -104,7 +97,7 @@ def _run(args: argparse.Namespace, broker_url: str, fences: Any) -> None:
     if args.incremental:
         _fill_ledger(connection, rows, args.tasks, now)
     else:
-        _fill_fast(connection, lambda: _fill_ledger(connection, rows, args.tasks, now))
+        fill_fast(connection, lambda: _fill_ledger(connection, rows, args.tasks, now))
     fill = time.perf_counter() - started
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE celery_driftsafe_run")
@@ -301,24 +294,6 @@ def _relation(cursor: Any, name: str) -> int:
     cursor.execute("SELECT pg_total_relation_size(%s)", [name])
     size: int = cursor.fetchone()[0]
     return size
-
-
-def _fill_fast(connection: Any, fill: Any) -> None:
-    """Run ``fill()`` with the run table's secondary indexes dropped, then build them again
-    (sorted builds: much faster than a random insert into each; the indexes come out compact,
-    as after a ``REINDEX``)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'celery_driftsafe_run' "
-            "AND indexname NOT IN (SELECT conname FROM pg_constraint "
-            "WHERE conrelid = 'celery_driftsafe_run'::regclass)")
-        saved = cursor.fetchall()
-        for name, _ in saved:
-            cursor.execute(f'DROP INDEX "{name}"')
-        fill()
-        cursor.execute("SET maintenance_work_mem = '512MB'")
-        for _, definition in saved:
-            cursor.execute(definition)
 
 
 if __name__ == "__main__":
