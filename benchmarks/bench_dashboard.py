@@ -118,8 +118,8 @@ def main() -> None:
         print(f"\n{'hook (one call)':<42}{'metrics off':>12}{'metrics on':>12}")
         for label, hook in (
             ("execution(task, outcome)", lambda: metrics.execution("bench.work", "succeeded")),
-            ("round_done(result, seconds, now)",
-             lambda: metrics.round_done(result, 0.01, now)),
+            ("round_done(result, now, began, ended)",
+             lambda: metrics.round_done(result, now, 0.0, 0.01)),
         ):
             off, _ = timed(lambda hook=hook: [hook() for _ in range(calls)], 1)
             with override_settings(DRIFTSAFE={**settings.DRIFTSAFE, "WORKER_METRICS_PORT": 0}):
