@@ -23,7 +23,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from benchmarks.django_db import fill_fast, fresh_databases
+from benchmarks.django_db import fresh_databases
+from benchmarks.run_table import fill_fast, insert_runs
 
 os.environ.setdefault("DRIFTSAFE_TEST_REDIS_DB", "80")
 
@@ -154,31 +155,12 @@ def _driftsafe() -> dict[str, Any]:
 def _fill_ledger(connection: Any, rows: int, tasks: int, now: datetime) -> None:
     """``rows`` finished runs, one a minute for each task going back from ``now`` (1% failed),
     shaped as the claim writes them, in chunks of a million."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT min(id) FROM celery_driftsafe_periodictask")
-        (first,) = cursor.fetchone()
-        for start in range(0, rows, 1_000_000):
-            cursor.execute(
-                """INSERT INTO celery_driftsafe_run (periodic_task_id, task_name, kind, slot,
-                   status, claimed_by, claimed_at, dispatched_at, started_at, finished_at,
-                   celery_task_id, fencing_token, dispatch_attempts, duplicate_deliveries,
-                   worker, error, message, attempt, missed_count)
-                SELECT %(first)s + i %% %(tasks)s, 'retention.tick', 'scheduled', s,
-                   CASE WHEN i %% 100 = 0 THEN 'failed' ELSE 'succeeded' END,
-                   'beat-host-1:41234:9f1c2a7e', s, s, s, s + interval '20 ms',
-                   md5(i::text)::uuid::text, 1, 1, 0, 'celery@worker-host-1',
-                   CASE WHEN i %% 100 = 0 THEN 'Traceback (most recent call last): ...'
-                        ELSE '' END,
-                   jsonb_build_object('args', '[]'::jsonb, 'kwargs',
-                                      jsonb_build_object('n', i %% %(tasks)s),
-                                      'options', '{}'::jsonb), 0, 1
-                FROM generate_series(%(start)s, %(end)s) AS i,
-                     LATERAL (SELECT %(now)s::timestamptz
-                              - make_interval(mins => 1 + i / %(tasks)s,
-                                              secs => -((i %% %(tasks)s) %% 60))) AS t(s)""",
-                {"first": first, "tasks": tasks, "start": start,
-                 "end": min(start + 1_000_000, rows) - 1, "now": now},
-            )
+    insert_runs(
+        connection, rows, tasks, now, task_name="retention.tick", kind="'scheduled'",
+        status="CASE WHEN i %% 100 = 0 THEN 'failed' ELSE 'succeeded' END",
+        claimed_by="'beat-host-1:41234:9f1c2a7e'", worker="celery@worker-host-1",
+        failed="i %% 100 = 0",
+    )
 
 
 def _sizes(connection: Any) -> dict[str, int]:
