@@ -19,8 +19,9 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-os.environ.setdefault("DRIFTSAFE_TEST_DB", "postgres")
+from benchmarks.django_db import fresh_databases
+from benchmarks.run_table import fill_fast, insert_runs
+
 os.environ.setdefault("DRIFTSAFE_TEST_REDIS_DB", "80")
 
 NODES = ("beat-a:101:0a1b2c3d", "beat-b:202:1b2c3d4e", "beat-c:303:2c3d4e5f")
@@ -34,20 +35,8 @@ def main() -> None:
     parser.add_argument("--profile", metavar="PAGE", help="cProfile one page (its name)")
     args = parser.parse_args()
 
-    import django
-
-    django.setup()
-    from django.conf import settings
-    from django.test.utils import get_runner
-
-    # No setup_test_environment(): its instrumented template rendering (a copy of every
-    # context for the test client) would be timed too; a served page has none.
-    runner = get_runner(settings)(verbosity=0, interactive=False)
-    old = runner.setup_databases()
-    try:
+    with fresh_databases(test_environment=False):  # a served page renders uninstrumented
         _run(args)
-    finally:
-        runner.teardown_databases(old)
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -71,7 +60,7 @@ def _run(args: argparse.Namespace) -> None:
                  last_heartbeat_at=now) for i, node in enumerate(NODES)
     )
     started = time.perf_counter()
-    _fill_fast(connection, lambda: _fill(connection, args.runs, args.tasks, now))
+    fill_fast(connection, lambda: _fill(connection, args.runs, args.tasks, now))
     fill = time.perf_counter() - started
     started = time.perf_counter()
     with connection.cursor() as cursor:
@@ -148,54 +137,16 @@ def _fill(connection: Any, runs: int, tasks: int, now: datetime) -> None:
     """``runs`` runs, one a minute for each task going back from ``now``: 97% succeeded, 1%
     failed, 1% skipped, 1% missed; every 10,000th a manual run from the admin; the last
     minute's runs of a few tasks in flight; claimed by three beats in turn."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT min(id) FROM celery_driftsafe_periodictask")
-        (first,) = cursor.fetchone()
-        for start in range(0, runs, 1_000_000):
-            cursor.execute(
-                """INSERT INTO celery_driftsafe_run (periodic_task_id, task_name, kind, slot,
-                   status, claimed_by, claimed_at, dispatched_at, started_at, finished_at,
-                   celery_task_id, fencing_token, dispatch_attempts, duplicate_deliveries,
-                   worker, error, message, attempt, missed_count)
-                SELECT %(first)s + i %% %(tasks)s, 'bench.tick',
-                   CASE WHEN i %% 10000 = 7 THEN 'manual' ELSE 'scheduled' END, s,
-                   CASE WHEN i < 50 THEN 'started' WHEN i %% 100 = 1 THEN 'failed'
-                        WHEN i %% 100 = 2 THEN 'skipped' WHEN i %% 100 = 3 THEN 'missed'
-                        ELSE 'succeeded' END,
-                   CASE WHEN i %% 10000 = 7 THEN 'admin:ops'
-                        ELSE (%(nodes)s::text[])[1 + (i / %(tasks)s) %% 3] END,
-                   s, s, s, s + interval '20 ms',
-                   md5(i::text)::uuid::text, 1, 1, 0, 'celery@worker-1',
-                   CASE WHEN i %% 100 = 1 THEN 'Traceback (most recent call last): ...'
-                        ELSE '' END,
-                   jsonb_build_object('args', '[]'::jsonb, 'kwargs',
-                                      jsonb_build_object('n', i %% %(tasks)s),
-                                      'options', '{}'::jsonb), 0, 1
-                FROM generate_series(%(start)s, %(end)s) AS i,
-                     LATERAL (SELECT %(now)s::timestamptz
-                              - make_interval(mins => 1 + i / %(tasks)s,
-                                              secs => -((i %% %(tasks)s) %% 60))) AS t(s)""",
-                {"first": first, "tasks": tasks, "start": start, "nodes": list(NODES),
-                 "end": min(start + 1_000_000, runs) - 1, "now": now},
-            )
-
-
-def _fill_fast(connection: Any, fill: Any) -> None:
-    """Run ``fill()`` with the run table's secondary indexes dropped, then build them again
-    (sorted builds: much faster than a random insert into each; the indexes come out compact,
-    as after a ``REINDEX``)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'celery_driftsafe_run' "
-            "AND indexname NOT IN (SELECT conname FROM pg_constraint "
-            "WHERE conrelid = 'celery_driftsafe_run'::regclass)")
-        saved = cursor.fetchall()
-        for name, _ in saved:
-            cursor.execute(f'DROP INDEX "{name}"')
-        fill()
-        cursor.execute("SET maintenance_work_mem = '512MB'")
-        for _, definition in saved:
-            cursor.execute(definition)
+    insert_runs(
+        connection, runs, tasks, now, task_name="bench.tick",
+        kind="CASE WHEN i %% 10000 = 7 THEN 'manual' ELSE 'scheduled' END",
+        status="CASE WHEN i < 50 THEN 'started' WHEN i %% 100 = 1 THEN 'failed' "
+               "WHEN i %% 100 = 2 THEN 'skipped' WHEN i %% 100 = 3 THEN 'missed' "
+               "ELSE 'succeeded' END",
+        claimed_by="CASE WHEN i %% 10000 = 7 THEN 'admin:ops' "
+                   "ELSE (%(nodes)s::text[])[1 + (i / %(tasks)s) %% 3] END",
+        worker="celery@worker-1", failed="i %% 100 = 1", params={"nodes": list(NODES)},
+    )
 
 
 if __name__ == "__main__":

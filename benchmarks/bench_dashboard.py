@@ -15,7 +15,6 @@ wall time, and the queries one page runs. Last, one hook call with metrics off a
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -23,8 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-os.environ.setdefault("DRIFTSAFE_TEST_DB", "postgres")
+
+from benchmarks.django_db import fresh_databases  # noqa: E402  (run as a script, too)
 
 SEED_RUNS = """
 INSERT INTO celery_driftsafe_run (periodic_task_id, task_name, kind, slot, status, claimed_by,
@@ -60,17 +59,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
 
-    import django
+    with fresh_databases():
+        import django
+        from django.conf import settings
 
-    django.setup()
-    from django.conf import settings
-    from django.test.utils import get_runner, setup_test_environment
-
-    setup_test_environment()
-    settings.ALLOWED_HOSTS = ["*"]
-    runner = get_runner(settings)(verbosity=0, interactive=False)
-    old = runner.setup_databases()
-    try:
+        settings.ALLOWED_HOSTS = ["*"]
         from django.contrib.auth.models import User
         from django.db import connection
         from django.test import Client, override_settings
@@ -125,16 +118,14 @@ def main() -> None:
         print(f"\n{'hook (one call)':<42}{'metrics off':>12}{'metrics on':>12}")
         for label, hook in (
             ("execution(task, outcome)", lambda: metrics.execution("bench.work", "succeeded")),
-            ("round_done(result, seconds, now)",
-             lambda: metrics.round_done(result, 0.01, now)),
+            ("round_done(result, now, began, ended)",
+             lambda: metrics.round_done(result, now, 0.0, 0.01)),
         ):
             off, _ = timed(lambda hook=hook: [hook() for _ in range(calls)], 1)
             with override_settings(DRIFTSAFE={**settings.DRIFTSAFE, "WORKER_METRICS_PORT": 0}):
                 hook()
                 on, _ = timed(lambda hook=hook: [hook() for _ in range(calls)], 1)
             print(f"{label:<42}{off / calls * 1e9:>9.0f} ns{on / calls * 1e9:>9.0f} ns")
-    finally:
-        runner.teardown_databases(old)
 
 
 if __name__ == "__main__":

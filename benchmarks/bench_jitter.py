@@ -14,12 +14,10 @@ jittered instant.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from datetime import UTC, datetime, timedelta
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-os.environ.setdefault("DRIFTSAFE_TEST_DB", "postgres")
+from benchmarks.django_db import fresh_databases
 
 SLOT = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -30,23 +28,12 @@ def main() -> None:
     parser.add_argument("--jitter", type=float, default=30.0)
     args = parser.parse_args()
 
-    import django
-
-    django.setup()
-    from django.conf import settings
-    from django.test.utils import get_runner, setup_test_environment
-
-    setup_test_environment()
-    runner = get_runner(settings)(verbosity=0, interactive=False)
-    old = runner.setup_databases()
-    try:
+    with fresh_databases():
         print(f"{args.tasks:,} tasks on '* * * * *', all due at {SLOT:%H:%M:%S}")
         print(f"{'jitter':>8} {'seconds':>8} {'min/s':>8} {'mean/s':>8} {'max/s':>8} "
               f"{'claim s':>8} {'worst step s':>12}")
         for jitter in (0.0, args.jitter):
             _wave(args.tasks, jitter)
-    finally:
-        runner.teardown_databases(old)
 
 
 def _wave(count: int, jitter: float) -> None:

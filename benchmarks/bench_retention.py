@@ -23,8 +23,9 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-os.environ.setdefault("DRIFTSAFE_TEST_DB", "postgres")
+from benchmarks.django_db import fresh_databases
+from benchmarks.run_table import fill_fast, insert_runs
+
 os.environ.setdefault("DRIFTSAFE_TEST_REDIS_DB", "80")
 
 MINUTE = timedelta(minutes=1)
@@ -48,32 +49,25 @@ def main() -> None:
                         help="fencing counters written to measure Redis memory")
     args = parser.parse_args()
 
-    import django
+    with fresh_databases():
+        import redis
+        from django.conf import settings
 
-    django.setup()
-    import redis
-    from django.conf import settings
-    from django.test.utils import get_runner, setup_test_environment
-
-    setup_test_environment()
-    runner = get_runner(settings)(verbosity=0, interactive=False)
-    old = runner.setup_databases()
-    server = settings.DRIFTSAFE["REDIS_URL"].rsplit("/", 1)[0]
-    base_db = int(settings.DRIFTSAFE["REDIS_URL"].rsplit("/", 1)[1])
-    broker_url = f"{server}/{base_db}"
-    fence_url = f"{server}/{base_db + 1}"
-    broker = redis.Redis.from_url(broker_url)
-    fences = redis.Redis.from_url(fence_url)
-    broker.flushdb()
-    fences.flushdb()
-    try:
-        _run(args, broker_url, fences)
-    finally:
+        server = settings.DRIFTSAFE["REDIS_URL"].rsplit("/", 1)[0]
+        base_db = int(settings.DRIFTSAFE["REDIS_URL"].rsplit("/", 1)[1])
+        broker_url = f"{server}/{base_db}"
+        fence_url = f"{server}/{base_db + 1}"
+        broker = redis.Redis.from_url(broker_url)
+        fences = redis.Redis.from_url(fence_url)
         broker.flushdb()
         fences.flushdb()
-        broker.close()
-        fences.close()
-        runner.teardown_databases(old)
+        try:
+            _run(args, broker_url, fences)
+        finally:
+            broker.flushdb()
+            fences.flushdb()
+            broker.close()
+            fences.close()
 
 
 def _run(args: argparse.Namespace, broker_url: str, fences: Any) -> None:
@@ -104,7 +98,7 @@ def _run(args: argparse.Namespace, broker_url: str, fences: Any) -> None:
     if args.incremental:
         _fill_ledger(connection, rows, args.tasks, now)
     else:
-        _fill_fast(connection, lambda: _fill_ledger(connection, rows, args.tasks, now))
+        fill_fast(connection, lambda: _fill_ledger(connection, rows, args.tasks, now))
     fill = time.perf_counter() - started
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE celery_driftsafe_run")
@@ -161,31 +155,12 @@ def _driftsafe() -> dict[str, Any]:
 def _fill_ledger(connection: Any, rows: int, tasks: int, now: datetime) -> None:
     """``rows`` finished runs, one a minute for each task going back from ``now`` (1% failed),
     shaped as the claim writes them, in chunks of a million."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT min(id) FROM celery_driftsafe_periodictask")
-        (first,) = cursor.fetchone()
-        for start in range(0, rows, 1_000_000):
-            cursor.execute(
-                """INSERT INTO celery_driftsafe_run (periodic_task_id, task_name, kind, slot,
-                   status, claimed_by, claimed_at, dispatched_at, started_at, finished_at,
-                   celery_task_id, fencing_token, dispatch_attempts, duplicate_deliveries,
-                   worker, error, message, attempt, missed_count)
-                SELECT %(first)s + i %% %(tasks)s, 'retention.tick', 'scheduled', s,
-                   CASE WHEN i %% 100 = 0 THEN 'failed' ELSE 'succeeded' END,
-                   'beat-host-1:41234:9f1c2a7e', s, s, s, s + interval '20 ms',
-                   md5(i::text)::uuid::text, 1, 1, 0, 'celery@worker-host-1',
-                   CASE WHEN i %% 100 = 0 THEN 'Traceback (most recent call last): ...'
-                        ELSE '' END,
-                   jsonb_build_object('args', '[]'::jsonb, 'kwargs',
-                                      jsonb_build_object('n', i %% %(tasks)s),
-                                      'options', '{}'::jsonb), 0, 1
-                FROM generate_series(%(start)s, %(end)s) AS i,
-                     LATERAL (SELECT %(now)s::timestamptz
-                              - make_interval(mins => 1 + i / %(tasks)s,
-                                              secs => -((i %% %(tasks)s) %% 60))) AS t(s)""",
-                {"first": first, "tasks": tasks, "start": start,
-                 "end": min(start + 1_000_000, rows) - 1, "now": now},
-            )
+    insert_runs(
+        connection, rows, tasks, now, task_name="retention.tick", kind="'scheduled'",
+        status="CASE WHEN i %% 100 = 0 THEN 'failed' ELSE 'succeeded' END",
+        claimed_by="'beat-host-1:41234:9f1c2a7e'", worker="celery@worker-host-1",
+        failed="i %% 100 = 0",
+    )
 
 
 def _sizes(connection: Any) -> dict[str, int]:
@@ -301,24 +276,6 @@ def _relation(cursor: Any, name: str) -> int:
     cursor.execute("SELECT pg_total_relation_size(%s)", [name])
     size: int = cursor.fetchone()[0]
     return size
-
-
-def _fill_fast(connection: Any, fill: Any) -> None:
-    """Run ``fill()`` with the run table's secondary indexes dropped, then build them again
-    (sorted builds: much faster than a random insert into each; the indexes come out compact,
-    as after a ``REINDEX``)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'celery_driftsafe_run' "
-            "AND indexname NOT IN (SELECT conname FROM pg_constraint "
-            "WHERE conrelid = 'celery_driftsafe_run'::regclass)")
-        saved = cursor.fetchall()
-        for name, _ in saved:
-            cursor.execute(f'DROP INDEX "{name}"')
-        fill()
-        cursor.execute("SET maintenance_work_mem = '512MB'")
-        for _, definition in saved:
-            cursor.execute(definition)
 
 
 if __name__ == "__main__":

@@ -19,10 +19,8 @@ import statistics
 import time
 import uuid
 
+from benchmarks.django_db import fresh_databases
 from celery_driftsafe.testing.recording import percentile
-
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-os.environ.setdefault("DRIFTSAFE_TEST_DB", "postgres")
 
 
 def main() -> None:
@@ -30,17 +28,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2000)
     args = parser.parse_args()
 
-    import django
+    with fresh_databases():
+        from celery import Celery
+        from django.conf import settings
 
-    django.setup()
-    from celery import Celery
-    from django.conf import settings
-    from django.test.utils import get_runner, setup_test_environment
-
-    setup_test_environment()
-    runner = get_runner(settings)(verbosity=0, interactive=False)
-    old = runner.setup_databases()
-    try:
         from celery_driftsafe.models import Run
         from celery_driftsafe.task import DriftSafeTask
 
@@ -96,8 +87,6 @@ def main() -> None:
                                           strict=True)]
         print(f"{'overhead':<16}{percentile(overhead, 50):>9.3f}{percentile(overhead, 99):>9.3f}"
               f"{statistics.fmean(overhead):>9.3f}")
-    finally:
-        runner.teardown_databases(old)
 
 
 if __name__ == "__main__":

@@ -9,11 +9,9 @@ Needs the test services and the test dependencies (it runs in ``tests.settings``
 from __future__ import annotations
 
 import argparse
-import os
 from datetime import UTC, datetime
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-os.environ.setdefault("DRIFTSAFE_TEST_DB", "postgres")
+from benchmarks.django_db import fresh_databases
 
 
 def main() -> None:
@@ -21,17 +19,10 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=500,
                         help="tasks due (default 500: one round's batch)")
     args = parser.parse_args()
-    import django
+    with fresh_databases():
+        from django.db import connection
+        from django.test.utils import CaptureQueriesContext
 
-    django.setup()
-    from django.conf import settings
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext, get_runner, setup_test_environment
-
-    setup_test_environment()
-    runner = get_runner(settings)(verbosity=0, interactive=False)
-    old = runner.setup_databases()
-    try:
         from celery_driftsafe.claim import claimer_for
         from celery_driftsafe.models import PeriodicTask
 
@@ -48,8 +39,6 @@ def main() -> None:
         for query in captured.captured_queries:
             sql = " ".join(query["sql"].split())
             print(f"  {sql[:150]}{'...' if len(sql) > 150 else ''}")
-    finally:
-        runner.teardown_databases(old)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,18 @@ def fake_clock() -> FakeClock:
 
 
 @pytest.fixture
+def needs_faketime() -> None:
+    """Skip when libfaketime is missing (which fails an ``e2e`` test, as said above), naming
+    what to install."""
+    from celery_driftsafe.testing.faketime import FaketimeUnavailable, libfaketime_path
+
+    try:
+        libfaketime_path()
+    except FaketimeUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture
 def redis_client() -> Iterator[Any]:
     """The test Redis database (``DRIFTSAFE_TEST_REDIS_DB``), emptied before and after."""
     import redis

@@ -8,7 +8,7 @@ bound through real claim rounds against the database, with each claimer the data
 from __future__ import annotations
 
 from collections import Counter
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.db import connection
@@ -28,9 +28,9 @@ from celery_driftsafe.jitter import due_instant, offset
 from celery_driftsafe.misfire import ClaimPlan, Jitter, plan_claim
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus, ScheduleKind
 from celery_driftsafe.slots import Crontab, Interval, OneOff, Solar
+from tests.conftest import T0
 from tests.factories import crontab_task, interval_task, solar_task
 
-T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 S = timedelta(seconds=1)
 US = timedelta(microseconds=1)
 

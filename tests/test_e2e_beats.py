@@ -14,21 +14,12 @@ from typing import Any
 
 import pytest
 
-from celery_driftsafe.testing.faketime import FaketimeUnavailable, libfaketime_path
 from tests import settings as test_settings
 from tests.e2e.harness import E2ERun, TaskReport, analyse, real_now, table
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("needs_faketime")]
 
 BACKEND = "postgresql" if test_settings.TEST_DB == "postgres" else "sqlite"
-
-
-@pytest.fixture(autouse=True)
-def _needs_faketime() -> None:
-    try:
-        libfaketime_path()
-    except FaketimeUnavailable as exc:
-        pytest.skip(str(exc))
 
 
 def _specs(crontabs: bool = True) -> list[dict[str, Any]]:

@@ -16,22 +16,13 @@ import pytest
 
 from celery_driftsafe.jitter import offset
 from celery_driftsafe.slots import Interval
-from celery_driftsafe.testing.faketime import FaketimeUnavailable, libfaketime_path
 from tests import settings as test_settings
 from tests.e2e.harness import E2ERun, real_now
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("needs_faketime")]
 
 BACKEND = "postgresql" if test_settings.TEST_DB == "postgres" else "sqlite"
 S = timedelta(seconds=1)
-
-
-@pytest.fixture(autouse=True)
-def _needs_faketime() -> None:
-    try:
-        libfaketime_path()
-    except FaketimeUnavailable as exc:
-        pytest.skip(str(exc))
 
 
 def test_skewed_beats_honour_bounds_limits_and_jitter(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ process serves the executions its two pool processes counted."""
 
 from __future__ import annotations
 
-import socket
 import time
 import urllib.error
 from datetime import timedelta
@@ -15,28 +14,14 @@ from typing import Any
 
 import pytest
 
-from celery_driftsafe.testing.faketime import FaketimeUnavailable, libfaketime_path
+from celery_driftsafe.testing.processes import free_port
 from tests import settings as test_settings
 from tests.e2e.harness import E2ERun, real_now
 from tests.test_metrics import scrape, value
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("needs_faketime")]
 BACKEND = "postgresql" if test_settings.TEST_DB == "postgres" else "sqlite"
 SKEW = 0.8
-
-
-@pytest.fixture(autouse=True)
-def _needs_faketime() -> None:
-    try:
-        libfaketime_path()
-    except FaketimeUnavailable as exc:
-        pytest.skip(str(exc))
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _scrape_until(port: int, ready: Any, timeout: float = 60.0) -> dict[Any, float]:
@@ -53,7 +38,7 @@ def _scrape_until(port: int, ready: Any, timeout: float = 60.0) -> dict[Any, flo
 
 
 def test_a_real_beat_serves_figures_that_move_as_its_slots_fire(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     run = E2ERun(BACKEND, tmp_path)
     try:
         start = real_now() + timedelta(seconds=2)
@@ -89,7 +74,7 @@ def test_a_real_beat_serves_figures_that_move_as_its_slots_fire(tmp_path: Path) 
 
 
 def test_a_prefork_worker_serves_what_its_pool_processes_counted(tmp_path: Path) -> None:
-    beat_port, worker_port = _free_port(), _free_port()
+    beat_port, worker_port = free_port(), free_port()
     multiproc = tmp_path / "prometheus"
     multiproc.mkdir()
     run = E2ERun(BACKEND, tmp_path)

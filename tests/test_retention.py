@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from io import StringIO
 from typing import Any
 
 import pytest
-import redis
 from django.conf import settings
 from django.core.management import call_command
 from django.test import override_settings
@@ -31,10 +30,9 @@ from celery_driftsafe.retention import (
     fence_ttl_seconds,
 )
 from celery_driftsafe.testing import FakeClock
-from tests import settings as test_settings
+from tests.conftest import T0
 from tests.factories import interval_task
 
-T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 DAY = timedelta(days=1)
 IN_FLIGHT = (RunStatus.CLAIMED, RunStatus.DISPATCHED, RunStatus.STARTED, RunStatus.RETRYING)
 #: Short retention for the tests: a day for finished runs, three for those that did not succeed.
@@ -46,16 +44,6 @@ RETENTION = {"RUN_RETENTION_SECONDS": DAY.total_seconds(),
 def retention() -> Iterator[None]:
     with override_settings(DRIFTSAFE={**settings.DRIFTSAFE, **RETENTION}):
         yield
-
-
-@pytest.fixture
-def redis_locks() -> Iterator[Any]:
-    """The test Redis database holding this process's lock keys, emptied before and after."""
-    client = redis.Redis.from_url(test_settings.REDIS_URL)
-    client.flushdb()
-    yield client
-    client.flushdb()
-    client.close()
 
 
 def run(task: PeriodicTask | None, slot: datetime, status: str, claimed: datetime | None = None,
@@ -161,7 +149,7 @@ def test_nothing_is_pruned_when_runs_are_kept_forever() -> None:
 
 @pytest.mark.django_db
 def test_attempts_free_lock_rows_and_fencing_counters_go_with_their_run(
-    retention: None, redis_locks: Any
+    retention: None, redis_client: Any
 ) -> None:
     task = interval_task("t", 60, anchor=T0 - 10 * DAY)
     pruned, held_lock, kept = (run(task, T0 - (5 - i) * DAY, RunStatus.SUCCEEDED)
@@ -176,7 +164,7 @@ def test_attempts_free_lock_rows_and_fencing_counters_go_with_their_run(
                         expires_at=T0 + timedelta(seconds=30))
     prefix = key_prefix(get_settings())
     for r in (pruned, held_lock, kept):
-        redis_locks.set(f"{prefix}:fence:run:{r.pk}", 7)
+        redis_client.set(f"{prefix}:fence:run:{r.pk}", 7)
 
     done = Pruner().prune(T0)
 
@@ -184,8 +172,8 @@ def test_attempts_free_lock_rows_and_fencing_counters_go_with_their_run(
     assert left() == ids(kept)
     assert list(RunAttempt.objects.values_list("run_id", flat=True)) == [kept.pk]
     assert list(Lock.objects.values_list("name", flat=True)) == [f"run:{held_lock.pk}"]
-    assert redis_locks.exists(f"{prefix}:fence:run:{pruned.pk}") == 0
-    assert redis_locks.exists(f"{prefix}:fence:run:{kept.pk}") == 1
+    assert redis_client.exists(f"{prefix}:fence:run:{pruned.pk}") == 0
+    assert redis_client.exists(f"{prefix}:fence:run:{kept.pk}") == 1
 
 
 # -- fencing counters that expire ----------------------------------------------------------
@@ -207,20 +195,20 @@ def test_fence_ttl_follows_the_shorter_retention_and_outlives_a_waiting_run() ->
 
 @pytest.mark.django_db
 def test_the_settings_lock_backend_gives_fencing_counters_a_ttl(
-    retention: None, redis_locks: Any
+    retention: None, redis_client: Any
 ) -> None:
     locks = lock_backend()
     assert isinstance(locks, RedisLockBackend)
     lock = locks.lock("run:1", ttl=5)
     assert lock.acquire()
-    ttl_ms = redis_locks.pttl(locks.fence_key("run:1"))
+    ttl_ms = redis_client.pttl(locks.fence_key("run:1"))
     assert (DAY.total_seconds() + 29) * 1000 < ttl_ms <= (DAY.total_seconds() + 30) * 1000
     lock.release()
 
 
 @pytest.mark.django_db
 def test_a_counter_that_expired_cannot_let_a_stale_holder_win(
-    retention: None, redis_locks: Any
+    retention: None, redis_client: Any
 ) -> None:
     """Holder A starts the run under token t and is paused past its lease; the counter expires
     (or is pruned) and starts again at 0. B's first token is below the run's, so the database
@@ -238,7 +226,7 @@ def test_a_counter_that_expired_cannot_let_a_stale_holder_win(
     token_a = a.fencing_token
     assert token_a == 4 and ledger.start(r.pk, token_a, T0, "worker-a", 0)
     assert isinstance(locks, RedisLockBackend)
-    redis_locks.delete(locks.fence_key(f"run:{r.pk}"), locks.lock_key(f"run:{r.pk}"))  # expired
+    redis_client.delete(locks.fence_key(f"run:{r.pk}"), locks.lock_key(f"run:{r.pk}"))  # expired
 
     b = locks.lock(f"run:{r.pk}", ttl=30)  # its floor: the message's header (0)
     assert b.acquire() and b.fencing_token == 1
@@ -255,10 +243,10 @@ def test_a_counter_that_expired_cannot_let_a_stale_holder_win(
 
 
 @pytest.mark.django_db
-def test_reconcile_fails_a_lost_run_even_when_its_counter_expired(redis_locks: Any) -> None:
+def test_reconcile_fails_a_lost_run_even_when_its_counter_expired(redis_client: Any) -> None:
     task = interval_task("t", 60, anchor=T0)
     r = run(task, T0, RunStatus.STARTED, started_at=T0, fencing_token=9, worker="w")
-    assert redis_locks.exists(lock_backend().fence_key(f"run:{r.pk}")) == 0  # type: ignore[attr-defined]
+    assert redis_client.exists(lock_backend().fence_key(f"run:{r.pk}")) == 0  # type: ignore[attr-defined]
     done = reconcile(T0 + timedelta(hours=2), lease=timedelta(seconds=30))
     assert done.lost == [r.pk]
     r.refresh_from_db()
