@@ -77,7 +77,9 @@ def test_worker_paused_past_its_lease_cannot_record_over_its_successor(tmp_path:
         first = run.start_worker("w1")
         made = run.tool("make_run", {"task": "e2e.work"})
         time.sleep(3)
-        _publish(run, made, "paused", 4.0)
+        # The body runs 10 s: time for the test to see it started (each look is a Django
+        # process, slow on a busy machine) and stop the worker mid-run, not after it ended.
+        _publish(run, made, "paused", 10.0)
         _wait(lambda: _status(run, made)["status"] == "started", 20, "w1 to start", run)
         first.process.send_signal(signal.SIGSTOP)
         try:
@@ -293,7 +295,9 @@ def test_lost_pool_process_without_reject_on_worker_lost_is_recorded_failed(
         worker = run.start_worker("w1", pool="prefork")
         made = run.tool("make_run", {"task": "e2e.fragile"})
         time.sleep(4)
-        app = _send(run, made, "e2e.fragile", ["lost", 3.0])
+        # Killed once seen started; 10 s so that a slow look (a Django process each) still
+        # finds the body running (at 3 s it once ended first, under load).
+        app = _send(run, made, "e2e.fragile", ["lost", 10.0])
         _wait(lambda: _status(run, made)["status"] == "started", 20, "the run to start", run)
         children = subprocess.run(["pgrep", "-P", str(worker.process.pid)], capture_output=True,
                                   text=True, check=False).stdout.split()
