@@ -22,18 +22,23 @@ def resolve(name: str) -> Callable[[], object]:
             raise LookupError(name)
         target = f"{module}:main"
     module_name, _, function = target.partition(":")
-    found: Callable[[], object] = getattr(importlib.import_module(module_name),
-                                          function or "main")
+    found: Callable[[], object] = getattr(importlib.import_module(module_name), function or "main")
     return found
 
 
 def usage() -> str:
     width = max(len(name) for name in REGISTRY)
-    lines = ["usage: python -m benchmarks <name> [options]   (<name> --help: its options)",
-             "", "benchmarks:"]
+    lines = [
+        "usage: python -m benchmarks <name> [options]   (<name> --help: its options)",
+        "",
+        "benchmarks:",
+    ]
     lines += [f"  {name:<{width}}  {text}" for name, (_, text) in REGISTRY.items()]
-    lines += ["", "See benchmarks/README.md: what each measures, the published figures and the "
-              "commands that reproduce them."]
+    lines += [
+        "",
+        "See benchmarks/README.md: what each measures, the published figures and the "
+        "commands that reproduce them.",
+    ]
     return "\n".join(lines)
 
 

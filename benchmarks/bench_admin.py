@@ -49,15 +49,25 @@ def _run(args: argparse.Namespace) -> None:
 
     now = datetime.now(UTC).replace(microsecond=0)
     PeriodicTask.objects.bulk_create(
-        (PeriodicTask(name=f"task-{i:05d}", task="bench.tick", schedule_kind="interval",
-                      interval_every=60, interval_anchor=now, next_slot_at=now + timedelta(
-                          seconds=i % 60), kwargs={"n": i})
-         for i in range(args.tasks)),
+        (
+            PeriodicTask(
+                name=f"task-{i:05d}",
+                task="bench.tick",
+                schedule_kind="interval",
+                interval_every=60,
+                interval_anchor=now,
+                next_slot_at=now + timedelta(seconds=i % 60),
+                kwargs={"n": i},
+            )
+            for i in range(args.tasks)
+        ),
         batch_size=5000,
     )
     BeatNode.objects.bulk_create(
-        BeatNode(node_id=node, hostname=node.split(":")[0], pid=i, started_at=now,
-                 last_heartbeat_at=now) for i, node in enumerate(NODES)
+        BeatNode(
+            node_id=node, hostname=node.split(":")[0], pid=i, started_at=now, last_heartbeat_at=now
+        )
+        for i, node in enumerate(NODES)
     )
     started = time.perf_counter()
     fill_fast(connection, lambda: _fill(connection, args.runs, args.tasks, now))
@@ -68,8 +78,10 @@ def _run(args: argparse.Namespace) -> None:
         cursor.execute("ANALYZE celery_driftsafe_periodictask")
         cursor.execute("SELECT pg_total_relation_size('celery_driftsafe_run')")
         (size,) = cursor.fetchone()
-    print(f"ledger: {args.runs:,} runs of {args.tasks:,} tasks written in {fill:.0f} s, "
-          f"analysed in {time.perf_counter() - started:.0f} s; {size / 2**30:.1f} GiB")
+    print(
+        f"ledger: {args.runs:,} runs of {args.tasks:,} tasks written in {fill:.0f} s, "
+        f"analysed in {time.perf_counter() - started:.0f} s; {size / 2**30:.1f} GiB"
+    )
 
     User.objects.create_superuser("bench", "bench@example.com", "bench")
     client = Client()
@@ -101,13 +113,13 @@ def _run(args: argparse.Namespace) -> None:
         ("tasks: last run failed", tasks + "?last_run=failed"),
         ("tasks: disabled", tasks + "?enabled__exact=0"),
         ("tasks: search", tasks + "?q=task-0042"),
-        ("task change page", reverse("admin:celery_driftsafe_periodictask_change",
-                                     args=[task.pk])),
+        ("task change page", reverse("admin:celery_driftsafe_periodictask_change", args=[task.pk])),
     ]
     from django.test.utils import CaptureQueriesContext
 
-    print(f"\n{'page':<28}{'median':>9}{'slowest':>9}{'queries':>9}{'rows':>7}"
-          f"{'slowest query':>15}")
+    print(
+        f"\n{'page':<28}{'median':>9}{'slowest':>9}{'queries':>9}{'rows':>7}{'slowest query':>15}"
+    )
     if args.profile:
         import cProfile
         import pstats
@@ -129,8 +141,10 @@ def _run(args: argparse.Namespace) -> None:
         cl = (getattr(response, "context_data", None) or {}).get("cl")
         rows = len(cl.result_list) if cl is not None else 1
         slowest = max(float(q["time"]) for q in queries.captured_queries) * 1000
-        print(f"{name:<28}{statistics.median(times):>7.0f}ms{max(times):>7.0f}ms"
-              f"{len(queries.captured_queries):>9}{rows:>7}{slowest:>13.0f}ms")
+        print(
+            f"{name:<28}{statistics.median(times):>7.0f}ms{max(times):>7.0f}ms"
+            f"{len(queries.captured_queries):>9}{rows:>7}{slowest:>13.0f}ms"
+        )
 
 
 def _fill(connection: Any, runs: int, tasks: int, now: datetime) -> None:
@@ -138,14 +152,20 @@ def _fill(connection: Any, runs: int, tasks: int, now: datetime) -> None:
     failed, 1% skipped, 1% missed; every 10,000th a manual run from the admin; the last
     minute's runs of a few tasks in flight; claimed by three beats in turn."""
     insert_runs(
-        connection, runs, tasks, now, task_name="bench.tick",
+        connection,
+        runs,
+        tasks,
+        now,
+        task_name="bench.tick",
         kind="CASE WHEN i %% 10000 = 7 THEN 'manual' ELSE 'scheduled' END",
         status="CASE WHEN i < 50 THEN 'started' WHEN i %% 100 = 1 THEN 'failed' "
-               "WHEN i %% 100 = 2 THEN 'skipped' WHEN i %% 100 = 3 THEN 'missed' "
-               "ELSE 'succeeded' END",
+        "WHEN i %% 100 = 2 THEN 'skipped' WHEN i %% 100 = 3 THEN 'missed' "
+        "ELSE 'succeeded' END",
         claimed_by="CASE WHEN i %% 10000 = 7 THEN 'admin:ops' "
-                   "ELSE (%(nodes)s::text[])[1 + (i / %(tasks)s) %% 3] END",
-        worker="celery@worker-1", failed="i %% 100 = 1", params={"nodes": list(NODES)},
+        "ELSE (%(nodes)s::text[])[1 + (i / %(tasks)s) %% 3] END",
+        worker="celery@worker-1",
+        failed="i %% 100 = 1",
+        params={"nodes": list(NODES)},
     )
 
 

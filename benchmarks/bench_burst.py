@@ -31,17 +31,29 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--profile-file", help="with --profile: write cProfile's data here")
-    parser.add_argument("--ledger", type=int, default=0,
-                        help="finished runs put in the ledger first")
+    parser.add_argument(
+        "--ledger", type=int, default=0, help="finished runs put in the ledger first"
+    )
     parser.add_argument("--explain", action="store_true")
-    parser.add_argument("--waves", type=int, default=1,
-                        help="waves worked through one after the other (the tasks' next slots, "
-                             "60 s apart): the first builds each task's message, the later "
-                             "ones show a running beat's cost")
-    parser.add_argument("--slow-publish", action="store_true",
-                        help="publish through Celery's apply_async (FAST_PUBLISH off)")
-    parser.add_argument("--broker-db", type=int, default=15,
-                        help="Redis database of the broker (emptied before and after)")
+    parser.add_argument(
+        "--waves",
+        type=int,
+        default=1,
+        help="waves worked through one after the other (the tasks' next slots, "
+        "60 s apart): the first builds each task's message, the later "
+        "ones show a running beat's cost",
+    )
+    parser.add_argument(
+        "--slow-publish",
+        action="store_true",
+        help="publish through Celery's apply_async (FAST_PUBLISH off)",
+    )
+    parser.add_argument(
+        "--broker-db",
+        type=int,
+        default=15,
+        help="Redis database of the broker (emptied before and after)",
+    )
     args = parser.parse_args()
 
     import django
@@ -73,10 +85,18 @@ def main() -> None:
 
         due = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
         PeriodicTask.objects.bulk_create(
-            (PeriodicTask(name=f"burst-{i}", task="burst.tick", schedule_kind="interval",
-                          interval_every=60, interval_anchor=due, next_slot_at=due,
-                          kwargs={"n": i})
-             for i in range(args.tasks)),
+            (
+                PeriodicTask(
+                    name=f"burst-{i}",
+                    task="burst.tick",
+                    schedule_kind="interval",
+                    interval_every=60,
+                    interval_anchor=due,
+                    next_slot_at=due,
+                    kwargs={"n": i},
+                )
+                for i in range(args.tasks)
+            ),
             batch_size=5000,
         )
         from django.db import connection
@@ -98,19 +118,30 @@ def main() -> None:
         dispatcher = Dispatcher(app, SystemClock())
         for wave in range(args.waves):
             published, elapsed, cpu, rounds, stages, cpu_stages = _wave(
-                args, claimer, dispatcher, connection, app, plans,
-                due + timedelta(seconds=60 * wave), profile=args.profile and wave == args.waves - 1)
-            print(f"wave {wave + 1}: {args.tasks} tasks due at one instant: {published} "
-                  f"dispatched, {broker.llen('burst')} messages queued, {rounds} rounds, "
-                  f"{elapsed:.2f} s, {published / elapsed:.0f} slots/s; this process used "
-                  f"{cpu:.2f} s of CPU ({100 * cpu / elapsed:.0f}% of one core); "
-                  f"fast path {dispatcher.fast.published}, apply_async "
-                  f"{dispatcher.fast.declined} messages so far; peak RSS "
-                  f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+                args,
+                claimer,
+                dispatcher,
+                connection,
+                app,
+                plans,
+                due + timedelta(seconds=60 * wave),
+                profile=args.profile and wave == args.waves - 1,
+            )
+            print(
+                f"wave {wave + 1}: {args.tasks} tasks due at one instant: {published} "
+                f"dispatched, {broker.llen('burst')} messages queued, {rounds} rounds, "
+                f"{elapsed:.2f} s, {published / elapsed:.0f} slots/s; this process used "
+                f"{cpu:.2f} s of CPU ({100 * cpu / elapsed:.0f}% of one core); "
+                f"fast path {dispatcher.fast.published}, apply_async "
+                f"{dispatcher.fast.declined} messages so far; peak RSS "
+                f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
+            )
             print(f"  {'stage':<16}{'wall s':>8}{'µs/slot':>9}{'CPU µs/slot':>13}")
             for stage, seconds in stages.items():
-                print(f"  {stage:<16}{seconds:8.2f}{1e6 * seconds / max(published, 1):9.1f}"
-                      f"{1e6 * cpu_stages[stage] / max(published, 1):13.1f}")
+                print(
+                    f"  {stage:<16}{seconds:8.2f}{1e6 * seconds / max(published, 1):9.1f}"
+                    f"{1e6 * cpu_stages[stage] / max(published, 1):13.1f}"
+                )
             broker.delete("burst")
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE")
@@ -118,19 +149,30 @@ def main() -> None:
                 "SELECT (SELECT count(*) FROM celery_driftsafe_run), "
                 "pg_total_relation_size('celery_driftsafe_run'), "
                 "(SELECT count(*) FROM celery_driftsafe_periodictask), "
-                "pg_total_relation_size('celery_driftsafe_periodictask')")
+                "pg_total_relation_size('celery_driftsafe_periodictask')"
+            )
             runs, run_bytes, tasks, task_bytes = cursor.fetchone()
-        print(f"on disk, with indexes: {task_bytes / max(tasks, 1):.0f} bytes a task, "
-              f"{run_bytes / max(runs, 1):.0f} bytes a run ({runs:,} runs)")
+        print(
+            f"on disk, with indexes: {task_bytes / max(tasks, 1):.0f} bytes a task, "
+            f"{run_bytes / max(runs, 1):.0f} bytes a run ({runs:,} runs)"
+        )
     finally:
         broker.flushdb()
         broker.close()
         runner.teardown_databases(old)
 
 
-def _wave(args: Any, claimer: Any, dispatcher: Any, connection: Any, app: Any,
-          plans: list[tuple[str, list[str]]], due: datetime, *, profile: bool
-          ) -> tuple[int, float, float, int, dict[str, float], dict[str, float]]:
+def _wave(
+    args: Any,
+    claimer: Any,
+    dispatcher: Any,
+    connection: Any,
+    app: Any,
+    plans: list[tuple[str, list[str]]],
+    due: datetime,
+    *,
+    profile: bool,
+) -> tuple[int, float, float, int, dict[str, float], dict[str, float]]:
     """One wave, all due at ``due``: claimed and published round by round."""
     from celery_driftsafe.models import Run
 
@@ -179,8 +221,7 @@ def _wave(args: Any, claimer: Any, dispatcher: Any, connection: Any, app: Any,
     for sql, plan in plans:
         print(f"\n{sql}\n  " + "\n  ".join(plan))
     plans.clear()
-    published = Run.objects.filter(
-        status="dispatched", claimed_by="bench-node").count() - before
+    published = Run.objects.filter(status="dispatched", claimed_by="bench-node").count() - before
     return published, elapsed, cpu, rounds, stages, cpu_stages
 
 
@@ -201,8 +242,13 @@ def _fill_ledger(connection: Any, runs: int, before: datetime) -> None:
                 FROM generate_series(%(start)s, %(end)s) AS i,
                      LATERAL (SELECT %(before)s::timestamptz
                               - make_interval(mins => 1 + i / %(tasks)s)) AS t(s)""",
-                {"first": first, "tasks": tasks, "start": start,
-                 "end": min(start + 1_000_000, runs) - 1, "before": before},
+                {
+                    "first": first,
+                    "tasks": tasks,
+                    "start": start,
+                    "end": min(start + 1_000_000, runs) - 1,
+                    "before": before,
+                },
             )
 
 
@@ -214,7 +260,11 @@ class _Explain:
 
     def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         if not many and sql.lstrip().split(None, 1)[0].upper() in (
-                "SELECT", "INSERT", "UPDATE", "DELETE"):
+            "SELECT",
+            "INSERT",
+            "UPDATE",
+            "DELETE",
+        ):
             raw = context["cursor"].cursor
             raw.execute("EXPLAIN " + sql, params)
             self.plans.append((_short(sql), [row[0][:200] for row in raw.fetchall()]))

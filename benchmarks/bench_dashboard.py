@@ -75,29 +75,40 @@ def main() -> None:
 
         started = time.perf_counter()
         PeriodicTask.objects.bulk_create(
-            PeriodicTask(name=f"bench-{i:06d}", task="bench.work", schedule_kind="interval",
-                         interval_every=60, interval_unit="seconds")
+            PeriodicTask(
+                name=f"bench-{i:06d}",
+                task="bench.work",
+                schedule_kind="interval",
+                interval_every=60,
+                interval_unit="seconds",
+            )
             for i in range(args.tasks)
         )
         with connection.cursor() as cursor:
             cursor.execute(SEED_RUNS, {"minutes": args.minutes})
-            cursor.execute("UPDATE celery_driftsafe_periodictask SET "
-                           "next_slot_at = date_trunc('minute', now()) + interval '1 minute', "
-                           "due_at = date_trunc('minute', now()) + interval '1 minute', "
-                           "last_slot_at = date_trunc('minute', now()) - interval '1 minute'")
+            cursor.execute(
+                "UPDATE celery_driftsafe_periodictask SET "
+                "next_slot_at = date_trunc('minute', now()) + interval '1 minute', "
+                "due_at = date_trunc('minute', now()) + interval '1 minute', "
+                "last_slot_at = date_trunc('minute', now()) - interval '1 minute'"
+            )
             cursor.execute("ANALYZE")
         total = Run.objects.count()
-        print(f"seeded {args.tasks} tasks, {total:,} runs "
-              f"({args.tasks * min(args.minutes, 60):,} in the last hour) "
-              f"in {time.perf_counter() - started:.1f} s")
+        print(
+            f"seeded {args.tasks} tasks, {total:,} runs "
+            f"({args.tasks * min(args.minutes, 60):,} in the last hour) "
+            f"in {time.perf_counter() - started:.1f} s"
+        )
 
         User.objects.create_superuser("bench", "bench@example.com", "pw")
         client = Client()
         client.force_login(User.objects.get(username="bench"))
         dashboard = reverse("admin:celery_driftsafe_dashboard")
         rows = []
-        for name, url in (("admin cluster dashboard", dashboard),
-                          ("metrics view", "/driftsafe/metrics")):
+        for name, url in (
+            ("admin cluster dashboard", dashboard),
+            ("metrics view", "/driftsafe/metrics"),
+        ):
             queries: list[str] = []
 
             def count(execute, sql, params, many, context, queries=queries):  # type: ignore[no-untyped-def]
@@ -118,8 +129,10 @@ def main() -> None:
         print(f"\n{'hook (one call)':<42}{'metrics off':>12}{'metrics on':>12}")
         for label, hook in (
             ("execution(task, outcome)", lambda: metrics.execution("bench.work", "succeeded")),
-            ("round_done(result, now, began, ended)",
-             lambda: metrics.round_done(result, now, 0.0, 0.01)),
+            (
+                "round_done(result, now, began, ended)",
+                lambda: metrics.round_done(result, now, 0.0, 0.01),
+            ),
         ):
             off, _ = timed(lambda hook=hook: [hook() for _ in range(calls)], 1)
             with override_settings(DRIFTSAFE={**settings.DRIFTSAFE, "WORKER_METRICS_PORT": 0}):

@@ -30,8 +30,10 @@ def main() -> None:
 
     with fresh_databases():
         print(f"{args.tasks:,} tasks on '* * * * *', all due at {SLOT:%H:%M:%S}")
-        print(f"{'jitter':>8} {'seconds':>8} {'min/s':>8} {'mean/s':>8} {'max/s':>8} "
-              f"{'claim s':>8} {'worst step s':>12}")
+        print(
+            f"{'jitter':>8} {'seconds':>8} {'min/s':>8} {'mean/s':>8} {'max/s':>8} "
+            f"{'claim s':>8} {'worst step s':>12}"
+        )
         for jitter in (0.0, args.jitter):
             _wave(args.tasks, jitter)
 
@@ -46,9 +48,17 @@ def _wave(count: int, jitter: float) -> None:
     Run.objects.all().delete()
     PeriodicTask.objects.all().delete()
     PeriodicTask.objects.bulk_create(
-        (PeriodicTask(name=f"wave-{i}", task="wave.tick", schedule_kind="crontab",
-                      crontab_minute="*", jitter_seconds=jitter or None, next_slot_at=SLOT)
-         for i in range(count)),
+        (
+            PeriodicTask(
+                name=f"wave-{i}",
+                task="wave.tick",
+                schedule_kind="crontab",
+                crontab_minute="*",
+                jitter_seconds=jitter or None,
+                next_slot_at=SLOT,
+            )
+            for i in range(count)
+        ),
         batch_size=5000,
     )
     with connection.cursor() as cursor:
@@ -82,8 +92,10 @@ def _wave(count: int, jitter: float) -> None:
     assert sum(per_second) == count == Run.objects.filter(slot=SLOT).count(), per_second
     seconds = len([c for c in per_second if c]) if jitter == 0 else steps
     used = per_second[:seconds]
-    print(f"{jitter:>8g} {seconds:>8} {min(used):>8,} {sum(used) / len(used):>8,.0f} "
-          f"{max(used):>8,} {total_time:>8.1f} {worst:>12.2f}")
+    print(
+        f"{jitter:>8g} {seconds:>8} {min(used):>8,} {sum(used) / len(used):>8,.0f} "
+        f"{max(used):>8,} {total_time:>8.1f} {worst:>12.2f}"
+    )
 
 
 if __name__ == "__main__":

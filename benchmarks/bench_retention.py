@@ -35,18 +35,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=10_000, help="tasks, each firing a minute")
     parser.add_argument("--days", type=float, default=1.0, help="days of runs in the ledger")
-    parser.add_argument("--keep-hours", type=float, default=1.0,
-                        help="RUN_RETENTION_SECONDS of the pruning, in hours")
-    parser.add_argument("--phase", type=float, default=60.0,
-                        help="seconds of claiming before and after the pruning")
-    parser.add_argument("--prune-seconds", type=float, default=300.0,
-                        help="the pruning phase ends after this long (or when done)")
+    parser.add_argument(
+        "--keep-hours",
+        type=float,
+        default=1.0,
+        help="RUN_RETENTION_SECONDS of the pruning, in hours",
+    )
+    parser.add_argument(
+        "--phase", type=float, default=60.0, help="seconds of claiming before and after the pruning"
+    )
+    parser.add_argument(
+        "--prune-seconds",
+        type=float,
+        default=300.0,
+        help="the pruning phase ends after this long (or when done)",
+    )
     parser.add_argument("--batch-size", type=int, default=1000)
-    parser.add_argument("--incremental", action="store_true",
-                        help="fill with every index in place (the size a ledger grown by "
-                             "claims has; slower) instead of building them after the fill")
-    parser.add_argument("--fences", type=int, default=100_000,
-                        help="fencing counters written to measure Redis memory")
+    parser.add_argument(
+        "--incremental",
+        action="store_true",
+        help="fill with every index in place (the size a ledger grown by "
+        "claims has; slower) instead of building them after the fill",
+    )
+    parser.add_argument(
+        "--fences",
+        type=int,
+        default=100_000,
+        help="fencing counters written to measure Redis memory",
+    )
     args = parser.parse_args()
 
     with fresh_databases():
@@ -87,10 +103,18 @@ def _run(args: argparse.Namespace, broker_url: str, fences: Any) -> None:
     now = datetime.now(UTC).replace(second=0, microsecond=0)
     base = now - timedelta(days=args.days + 1)
     PeriodicTask.objects.bulk_create(
-        (PeriodicTask(name=f"t-{i}", task="retention.tick", schedule_kind="interval",
-                      interval_every=60, interval_anchor=base + timedelta(seconds=i % 60),
-                      next_slot_at=now + timedelta(seconds=i % 60), kwargs={"n": i})
-         for i in range(args.tasks)),
+        (
+            PeriodicTask(
+                name=f"t-{i}",
+                task="retention.tick",
+                schedule_kind="interval",
+                interval_every=60,
+                interval_anchor=base + timedelta(seconds=i % 60),
+                next_slot_at=now + timedelta(seconds=i % 60),
+                kwargs={"n": i},
+            )
+            for i in range(args.tasks)
+        ),
         batch_size=5000,
     )
     rows = int(args.tasks * 1440 * args.days)
@@ -104,14 +128,18 @@ def _run(args: argparse.Namespace, broker_url: str, fences: Any) -> None:
         cursor.execute("VACUUM ANALYZE celery_driftsafe_run")
     sizes = _sizes(connection)
     with connection.cursor() as cursor:
-        cursor.execute("SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) "
-                       "FROM pg_index WHERE indrelid = 'celery_driftsafe_run'::regclass "
-                       "ORDER BY 2 DESC")
+        cursor.execute(
+            "SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) "
+            "FROM pg_index WHERE indrelid = 'celery_driftsafe_run'::regclass "
+            "ORDER BY 2 DESC"
+        )
         indexes = ", ".join(f"{name} {size / rows:.0f}" for name, size in cursor.fetchall())
-    print(f"ledger: {rows:,} runs ({args.days:g} days of {args.tasks:,} tasks a minute) "
-          f"written in {fill:.0f} s; run table {sizes['table'] / 2**20:,.0f} MiB + indexes "
-          f"{sizes['indexes'] / 2**20:,.0f} MiB = {sizes['total'] / rows:.0f} bytes a run\n"
-          f"  index bytes a run: {indexes}")
+    print(
+        f"ledger: {rows:,} runs ({args.days:g} days of {args.tasks:,} tasks a minute) "
+        f"written in {fill:.0f} s; run table {sizes['table'] / 2**20:,.0f} MiB + indexes "
+        f"{sizes['indexes'] / 2**20:,.0f} MiB = {sizes['total'] / rows:.0f} bytes a run\n"
+        f"  index bytes a run: {indexes}"
+    )
 
     with connection.cursor() as cursor:  # every task's next slot: the next minute, spread
         cursor.execute("""UPDATE celery_driftsafe_periodictask SET next_slot_at =
@@ -122,27 +150,35 @@ def _run(args: argparse.Namespace, broker_url: str, fences: Any) -> None:
                                 FROM celery_driftsafe_periodictask) AS grid
                           WHERE id = grid.task""")
     claims = Claims(app)
-    retention = {"RUN_RETENTION_SECONDS": args.keep_hours * 3600,
-                 "FAILED_RUN_RETENTION_SECONDS": args.keep_hours * 3600}
+    retention = {
+        "RUN_RETENTION_SECONDS": args.keep_hours * 3600,
+        "FAILED_RUN_RETENTION_SECONDS": args.keep_hours * 3600,
+    }
     from django.test import override_settings
 
     with override_settings(DRIFTSAFE={**_driftsafe(), **retention}):
         before = claims.measure(args.phase)
         pruned, prune_seconds, during = _prune_while_claiming(claims, args)
         after = claims.measure(args.phase)
-    print(f"\npruning (batches of {args.batch_size}, keep {args.keep_hours:g} h): "
-          f"{pruned.runs:,} runs deleted in {prune_seconds:.0f} s = "
-          f"{pruned.runs / max(prune_seconds, 1e-9):,.0f} runs/s "
-          f"({pruned.batches} batches, {pruned.seconds:.1f} s in statements, "
-          f"{1000 * pruned.seconds / max(pruned.batches, 1):.0f} ms a batch); "
-          f"new runs arrive at {args.tasks / 60:,.0f}/s")
-    print(f"\n{'claim loop':<10}{'rounds':>8}{'runs':>8}{'claim p50':>11}{'p99':>9}"
-          f"{'max':>9}{'round p50':>11}{'p99':>9}")
+    print(
+        f"\npruning (batches of {args.batch_size}, keep {args.keep_hours:g} h): "
+        f"{pruned.runs:,} runs deleted in {prune_seconds:.0f} s = "
+        f"{pruned.runs / max(prune_seconds, 1e-9):,.0f} runs/s "
+        f"({pruned.batches} batches, {pruned.seconds:.1f} s in statements, "
+        f"{1000 * pruned.seconds / max(pruned.batches, 1):.0f} ms a batch); "
+        f"new runs arrive at {args.tasks / 60:,.0f}/s"
+    )
+    print(
+        f"\n{'claim loop':<10}{'rounds':>8}{'runs':>8}{'claim p50':>11}{'p99':>9}"
+        f"{'max':>9}{'round p50':>11}{'p99':>9}"
+    )
     for name, stats in (("before", before), ("during", during), ("after", after)):
-        print(f"{name:<10}{stats['rounds']:>8}{stats['runs']:>8}"
-              f"{stats['claim_p50']:>9.1f}ms{stats['claim_p99']:>7.1f}ms"
-              f"{stats['claim_max']:>7.1f}ms{stats['round_p50']:>9.1f}ms"
-              f"{stats['round_p99']:>7.1f}ms")
+        print(
+            f"{name:<10}{stats['rounds']:>8}{stats['runs']:>8}"
+            f"{stats['claim_p50']:>9.1f}ms{stats['claim_p99']:>7.1f}ms"
+            f"{stats['claim_max']:>7.1f}ms{stats['round_p50']:>9.1f}ms"
+            f"{stats['round_p99']:>7.1f}ms"
+        )
     _sizing(connection, fences, args, sizes["total"] / rows)
 
 
@@ -156,18 +192,26 @@ def _fill_ledger(connection: Any, rows: int, tasks: int, now: datetime) -> None:
     """``rows`` finished runs, one a minute for each task going back from ``now`` (1% failed),
     shaped as the claim writes them, in chunks of a million."""
     insert_runs(
-        connection, rows, tasks, now, task_name="retention.tick", kind="'scheduled'",
+        connection,
+        rows,
+        tasks,
+        now,
+        task_name="retention.tick",
+        kind="'scheduled'",
         status="CASE WHEN i %% 100 = 0 THEN 'failed' ELSE 'succeeded' END",
-        claimed_by="'beat-host-1:41234:9f1c2a7e'", worker="celery@worker-host-1",
+        claimed_by="'beat-host-1:41234:9f1c2a7e'",
+        worker="celery@worker-host-1",
         failed="i %% 100 = 0",
     )
 
 
 def _sizes(connection: Any) -> dict[str, int]:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_table_size('celery_driftsafe_run'), "
-                       "pg_indexes_size('celery_driftsafe_run'), "
-                       "pg_total_relation_size('celery_driftsafe_run')")
+        cursor.execute(
+            "SELECT pg_table_size('celery_driftsafe_run'), "
+            "pg_indexes_size('celery_driftsafe_run'), "
+            "pg_total_relation_size('celery_driftsafe_run')"
+        )
         table, indexes, total = cursor.fetchone()
     return {"table": table, "indexes": indexes, "total": total}
 
@@ -199,17 +243,23 @@ class Claims:
             round_ms.append(1000 * (t2 - t1 + t1 - t0))
             runs += len(result.runs)
             time.sleep(0.1)
-        return {"rounds": len(claim_ms), "runs": runs, **_stats("claim", claim_ms),
-                **_stats("round", round_ms)}
+        return {
+            "rounds": len(claim_ms),
+            "runs": runs,
+            **_stats("claim", claim_ms),
+            **_stats("round", round_ms),
+        }
 
 
 def _stats(name: str, values: list[float]) -> dict[str, float]:
     if not values:
         return {f"{name}_p50": 0.0, f"{name}_p99": 0.0, f"{name}_max": 0.0}
     ordered = sorted(values)
-    return {f"{name}_p50": statistics.median(ordered),
-            f"{name}_p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
-            f"{name}_max": ordered[-1]}
+    return {
+        f"{name}_p50": statistics.median(ordered),
+        f"{name}_p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+        f"{name}_max": ordered[-1],
+    }
 
 
 def _prune_while_claiming(claims: Claims, args: argparse.Namespace) -> tuple[Any, float, Any]:
@@ -260,16 +310,22 @@ def _sizing(connection: Any, fences: Any, args: argparse.Namespace, run_bytes: f
         cursor.execute("VACUUM ANALYZE celery_driftsafe_lock")
         lock_bytes = (_relation(cursor, "celery_driftsafe_lock") - before) / 100_000
     per_day = 1000 * 1440  # runs a day of 1,000 tasks firing every minute
-    print(f"\nRedis: {fence_bytes:.0f} bytes a fencing counter (INFO used_memory over "
-          f"{args.fences:,} keys with a TTL; MEMORY USAGE of one: {sample} bytes); "
-          f"database lock row: {lock_bytes:.0f} bytes (table + index)")
-    print(f"\nsizing per 1,000 tasks firing every minute (1.44M runs a day), "
-          f"{run_bytes:.0f} bytes a run:")
+    print(
+        f"\nRedis: {fence_bytes:.0f} bytes a fencing counter (INFO used_memory over "
+        f"{args.fences:,} keys with a TTL; MEMORY USAGE of one: {sample} bytes); "
+        f"database lock row: {lock_bytes:.0f} bytes (table + index)"
+    )
+    print(
+        f"\nsizing per 1,000 tasks firing every minute (1.44M runs a day), "
+        f"{run_bytes:.0f} bytes a run:"
+    )
     print(f"{'kept':<10}{'runs':>12}{'PostgreSQL':>12}{'Redis':>10}{'lock rows (no Redis)':>22}")
     for days in (1, 7, 30):
         n = per_day * days
-        print(f"{days:>3} days{n:>14,}{n * run_bytes / 2**30:>10.1f}GiB"
-              f"{n * fence_bytes / 2**30:>8.2f}GiB{n * lock_bytes / 2**30:>20.2f}GiB")
+        print(
+            f"{days:>3} days{n:>14,}{n * run_bytes / 2**30:>10.1f}GiB"
+            f"{n * fence_bytes / 2**30:>8.2f}GiB{n * lock_bytes / 2**30:>20.2f}GiB"
+        )
 
 
 def _relation(cursor: Any, name: str) -> int:

@@ -46,8 +46,12 @@ def main() -> None:
             return None
 
         runs = Run.objects.bulk_create(
-            Run(kind="manual", task_name="bench.safe", status="dispatched",
-                celery_task_id=str(uuid.uuid4()))
+            Run(
+                kind="manual",
+                task_name="bench.safe",
+                status="dispatched",
+                celery_task_id=str(uuid.uuid4()),
+            )
             for _ in range(args.runs)
         )
         timings: dict[str, list[float]] = {"plain task": [], "DriftSafeTask": []}
@@ -60,11 +64,11 @@ def main() -> None:
         for run in runs:
             for label, task, headers in (
                 ("plain task", plain, {}),
-                ("DriftSafeTask", safe, {"driftsafe_run_id": run.pk,
-                                         "driftsafe_fencing_token": 0}),
+                ("DriftSafeTask", safe, {"driftsafe_run_id": run.pk, "driftsafe_fencing_token": 0}),
             ):
-                task.push_request(id=run.celery_task_id, hostname="bench", delivery_info={},
-                                  **headers)
+                task.push_request(
+                    id=run.celery_task_id, hostname="bench", delivery_info={}, **headers
+                )
                 started = time.perf_counter()
                 task()
                 timings[label].append((time.perf_counter() - started) * 1000)
@@ -81,12 +85,17 @@ def main() -> None:
         print(f"{args.runs} executions, database {db}, locks on {lock}")
         print(f"{'':<16}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}")
         for label, values in timings.items():
-            print(f"{label:<16}{percentile(values, 50):>9.3f}{percentile(values, 99):>9.3f}"
-                  f"{statistics.fmean(values):>9.3f}")
-        overhead = [s - p for s, p in zip(timings["DriftSafeTask"], timings["plain task"],
-                                          strict=True)]
-        print(f"{'overhead':<16}{percentile(overhead, 50):>9.3f}{percentile(overhead, 99):>9.3f}"
-              f"{statistics.fmean(overhead):>9.3f}")
+            print(
+                f"{label:<16}{percentile(values, 50):>9.3f}{percentile(values, 99):>9.3f}"
+                f"{statistics.fmean(values):>9.3f}"
+            )
+        overhead = [
+            s - p for s, p in zip(timings["DriftSafeTask"], timings["plain task"], strict=True)
+        ]
+        print(
+            f"{'overhead':<16}{percentile(overhead, 50):>9.3f}{percentile(overhead, 99):>9.3f}"
+            f"{statistics.fmean(overhead):>9.3f}"
+        )
 
 
 if __name__ == "__main__":

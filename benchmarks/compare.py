@@ -42,79 +42,168 @@ from benchmarks.trial import ROOT, Disturbed, Services, pg_exec
 SCENARIOS = ("skew", "failover", "scale", "edits", "burst", "recovery")
 #: What runs without --scenarios (recovery is long and only ours writes a ledger: ask for it).
 DEFAULT_SCENARIOS = ("skew", "failover", "scale", "edits", "burst")
-DISTS = ("celery-driftsafe", "celery", "kombu", "Django", "django-celery-beat",
-         "celery-redbeat", "redis", "psycopg")
+DISTS = (
+    "celery-driftsafe",
+    "celery",
+    "kombu",
+    "Django",
+    "django-celery-beat",
+    "celery-redbeat",
+    "redis",
+    "psycopg",
+)
 SCALE_WINDOWS = {1_000: 60.0, 10_000: 90.0, 100_000: 150.0}
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n\n", 1)[1])
-    parser.add_argument("--quick", action="store_true",
-                        help="every scenario at small sizes and short windows (smoke run)")
-    parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS,
-                        default=list(DEFAULT_SCENARIOS))
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="every scenario at small sizes and short windows (smoke run)",
+    )
+    parser.add_argument(
+        "--scenarios", nargs="+", choices=SCENARIOS, default=list(DEFAULT_SCENARIOS)
+    )
     parser.add_argument("--peers", nargs="+", choices=list(PEERS), default=list(PEERS))
-    parser.add_argument("--beats", type=int, nargs="+", default=None,
-                        help="K values of the skew scenario (default 1 2 3)")
-    parser.add_argument("--skew-seconds", type=float, default=None,
-                        help="seconds of due slots per skew run (default 45)")
-    parser.add_argument("--tasks", type=int, nargs="+", default=None,
-                        help="entry counts of the scale scenario (default 1000 10000 100000)")
-    parser.add_argument("--scale-seconds", type=float, default=None,
-                        help="window of every scale run (default 60/90/150 s by size)")
-    parser.add_argument("--offsets", type=float, nargs="+", default=None,
-                        help="clock offsets (s) of the beats in start order (default "
-                        f"{' '.join(f'{o:+g}' for o in scenarios.OFFSETS)})")
-    parser.add_argument("--scale-beats", type=int, default=1,
-                        help="beats of celery_driftsafe's scale runs (the peers run one)")
-    parser.add_argument("--burst-tasks", type=int, nargs="+", default=None,
-                        help="entries due at one instant (default 100000; --quick 2000)")
-    parser.add_argument("--burst-beats", type=int, nargs="+", default=None,
-                        help="K values of celery_driftsafe in the burst (default 1 3; the "
-                        "peers run one beat: django-celery-beat's beats do not coordinate, "
-                        "RedBeat has one active beat)")
-    parser.add_argument("--burst-bound", type=float, default=55.0,
-                        help="seconds after the instant the wave is watched (below 60)")
-    parser.add_argument("--recovery-tasks", type=int, nargs="+", default=None,
-                        help="entries of the recovery scenario (default 10000; --quick 1000)")
-    parser.add_argument("--outage-hours", type=float, default=None,
-                        help="hours without a beat before the recovery (default 24; --quick 1)")
-    parser.add_argument("--recovery-bound", type=float, default=None,
-                        help="seconds watched after the beat starts (default 180; --quick 40)")
-    parser.add_argument("--failover-after", type=float, default=None,
-                        help="seconds watched after the kill: the bound (default 45)")
+    parser.add_argument(
+        "--beats",
+        type=int,
+        nargs="+",
+        default=None,
+        help="K values of the skew scenario (default 1 2 3)",
+    )
+    parser.add_argument(
+        "--skew-seconds",
+        type=float,
+        default=None,
+        help="seconds of due slots per skew run (default 45)",
+    )
+    parser.add_argument(
+        "--tasks",
+        type=int,
+        nargs="+",
+        default=None,
+        help="entry counts of the scale scenario (default 1000 10000 100000)",
+    )
+    parser.add_argument(
+        "--scale-seconds",
+        type=float,
+        default=None,
+        help="window of every scale run (default 60/90/150 s by size)",
+    )
+    parser.add_argument(
+        "--offsets",
+        type=float,
+        nargs="+",
+        default=None,
+        help="clock offsets (s) of the beats in start order (default "
+        f"{' '.join(f'{o:+g}' for o in scenarios.OFFSETS)})",
+    )
+    parser.add_argument(
+        "--scale-beats",
+        type=int,
+        default=1,
+        help="beats of celery_driftsafe's scale runs (the peers run one)",
+    )
+    parser.add_argument(
+        "--burst-tasks",
+        type=int,
+        nargs="+",
+        default=None,
+        help="entries due at one instant (default 100000; --quick 2000)",
+    )
+    parser.add_argument(
+        "--burst-beats",
+        type=int,
+        nargs="+",
+        default=None,
+        help="K values of celery_driftsafe in the burst (default 1 3; the "
+        "peers run one beat: django-celery-beat's beats do not coordinate, "
+        "RedBeat has one active beat)",
+    )
+    parser.add_argument(
+        "--burst-bound",
+        type=float,
+        default=55.0,
+        help="seconds after the instant the wave is watched (below 60)",
+    )
+    parser.add_argument(
+        "--recovery-tasks",
+        type=int,
+        nargs="+",
+        default=None,
+        help="entries of the recovery scenario (default 10000; --quick 1000)",
+    )
+    parser.add_argument(
+        "--outage-hours",
+        type=float,
+        default=None,
+        help="hours without a beat before the recovery (default 24; --quick 1)",
+    )
+    parser.add_argument(
+        "--recovery-bound",
+        type=float,
+        default=None,
+        help="seconds watched after the beat starts (default 180; --quick 40)",
+    )
+    parser.add_argument(
+        "--failover-after",
+        type=float,
+        default=None,
+        help="seconds watched after the kill: the bound (default 45)",
+    )
     parser.add_argument("--edits", type=int, default=None, help="edits per run (default 6)")
     parser.add_argument("--no-tuned", action="store_true", help="skip the tuned failover runs")
-    parser.add_argument("--docs", type=Path, default=None,
-                        help="where comparison.md and _static/comparison/ go (default docs/; "
-                        "with --quick a temporary folder, so the published page is kept)")
+    parser.add_argument(
+        "--docs",
+        type=Path,
+        default=None,
+        help="where comparison.md and _static/comparison/ go (default docs/; "
+        "with --quick a temporary folder, so the published page is kept)",
+    )
     parser.add_argument("--no-docs", action="store_true", help="print the tables only")
-    parser.add_argument("--report-only", type=Path, metavar="RESULTS_JSON",
-                        help="rebuild tables and docs from a saved results.json, run nothing")
-    parser.add_argument("--merge", type=Path, metavar="RESULTS_JSON",
-                        help="re-run only --scenarios (every peer) and replace those in a saved "
-                        "results.json, e.g. scale when the machine is quieter")
+    parser.add_argument(
+        "--report-only",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="rebuild tables and docs from a saved results.json, run nothing",
+    )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="re-run only --scenarios (every peer) and replace those in a saved "
+        "results.json, e.g. scale when the machine is quieter",
+    )
     return parser
 
 
 def _plan(args: argparse.Namespace) -> dict[str, Any]:
     quick = args.quick
     tasks = args.tasks or ([2_000] if quick else [1_000, 10_000, 100_000])
-    windows = {t: args.scale_seconds or (12.0 if quick else SCALE_WINDOWS.get(t, 120.0))
-               for t in tasks}
+    windows = {
+        t: args.scale_seconds or (12.0 if quick else SCALE_WINDOWS.get(t, 120.0)) for t in tasks
+    }
     return {
         "beats": args.beats or ([1, 3] if quick else [1, 2, 3]),
         "skew_seconds": args.skew_seconds or (6.0 if quick else 45.0),
-        "tasks": tasks, "windows": windows, "settle": 4.0 if quick else 10.0,
+        "tasks": tasks,
+        "windows": windows,
+        "settle": 4.0 if quick else 10.0,
         "failover_before": 4.0 if quick else 15.0,
         "failover_after": args.failover_after or (6.0 if quick else 45.0),
         "tuned": not (args.no_tuned or quick),
-        "edits": args.edits or (2 if quick else 6), "edit_spacing": 2.5 if quick else 5.0,
+        "edits": args.edits or (2 if quick else 6),
+        "edit_spacing": 2.5 if quick else 5.0,
         "scale_beats": args.scale_beats,
         "burst_tasks": args.burst_tasks or ([2_000] if quick else [100_000]),
-        "burst_beats": args.burst_beats or [1, 3], "burst_bound": args.burst_bound,
+        "burst_beats": args.burst_beats or [1, 3],
+        "burst_bound": args.burst_bound,
         "recovery_tasks": args.recovery_tasks or ([1_000] if quick else [10_000]),
         "outage_hours": args.outage_hours or (1.0 if quick else 24.0),
         "recovery_bound": args.recovery_bound or (40.0 if quick else 180.0),
@@ -141,9 +230,15 @@ def _machine(redis_url: str) -> dict[str, str]:
     redis_version = client.info("server")["redis_version"]
     client.close()
     postgres = pg_exec("SELECT version()")[0][0].split(" on ")[0]
-    return {"cpu": cpu, "cores": str(os.cpu_count()), "memory": f"{kb / 1024 / 1024:.0f} GiB",
-            "os": f"{pretty}, Linux {platform.release()}", "python": platform.python_version(),
-            "postgres": postgres, "redis": str(redis_version)}
+    return {
+        "cpu": cpu,
+        "cores": str(os.cpu_count()),
+        "memory": f"{kb / 1024 / 1024:.0f} GiB",
+        "os": f"{pretty}, Linux {platform.release()}",
+        "python": platform.python_version(),
+        "postgres": postgres,
+        "redis": str(redis_version),
+    }
 
 
 def _versions() -> dict[str, str]:
@@ -165,14 +260,20 @@ def _limits(results: dict[str, Any], own_redis: bool) -> list[str]:
         "celery_driftsafe claim is several statements in one transaction.",
     ]
     if not own_redis:
-        limits.append("redis-server was not found, so broker and store shared one Redis "
-                      "database and the store command counts include the broker's traffic.")
+        limits.append(
+            "redis-server was not found, so broker and store shared one Redis "
+            "database and the store command counts include the broker's traffic."
+        )
     for r in results.get("failover", []):
         if r["gap"] is None:
             ttl = r.get("lock_ttl_at_kill")
-            extra = (f" RedBeat's lock had {ttl:.0f} s to live at the kill; a standby tries "
-                     "to take it once per beat_max_loop_interval (300 s as shipped), so the "
-                     f"expected gap is {ttl:.0f}-{ttl + 300:.0f} s." if ttl else "")
+            extra = (
+                f" RedBeat's lock had {ttl:.0f} s to live at the kill; a standby tries "
+                "to take it once per beat_max_loop_interval (300 s as shipped), so the "
+                f"expected gap is {ttl:.0f}-{ttl + 300:.0f} s."
+                if ttl
+                else ""
+            )
             limits.append(
                 f"Failover of {report.LABELS[r['peer']]} "
                 f"({'tuned' if r['tuned'] else 'as shipped'}): no firing within the "
@@ -184,11 +285,14 @@ def _limits(results: dict[str, Any], own_redis: bool) -> list[str]:
                 f"Scale, {report.LABELS[r['peer']]} at {r['tasks']:,} entries: did not finish, "
                 f"{100 * r['sent_fraction']:.1f}% of the slots due in the window were sent "
                 f"within the {r['seconds']:.0f} s bound"
-                + ("" if r["alive_at_end"] else " (the beat process had exited)") + "."
+                + ("" if r["alive_at_end"] else " (the beat process had exited)")
+                + "."
             )
     for r in results.get("errors", []):
-        limits.append(f"{r['scenario']} / {report.LABELS.get(r['peer'], r['peer'])}: the run "
-                      f"failed ({r['error']}).")
+        limits.append(
+            f"{r['scenario']} / {report.LABELS.get(r['peer'], r['peer'])}: the run "
+            f"failed ({r['error']})."
+        )
     return limits
 
 
@@ -221,12 +325,18 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
                 if tries == 1:
                     log(f"  {peer_key}: {exc}; running it again")
                     continue
-                results["errors"].append({"scenario": scenario, "peer": peer_key,
-                                          "error": str(exc)})
+                results["errors"].append(
+                    {"scenario": scenario, "peer": peer_key, "error": str(exc)}
+                )
             except Exception as exc:
                 traceback.print_exc()
-                results["errors"].append({"scenario": scenario, "peer": peer_key,
-                                          "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+                results["errors"].append(
+                    {
+                        "scenario": scenario,
+                        "peer": peer_key,
+                        "error": f"{type(exc).__name__}: {str(exc)[:300]}",
+                    }
+                )
             break
         load.setdefault(scenario, []).extend([before, os.getloadavg()[0]])
         log(f"    ({time.time() - began:.0f} s, load {before:.2f} -> {os.getloadavg()[0]:.2f})")
@@ -238,54 +348,91 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
                 log(f"\n== skew: K = {plan['beats']}, {plan['skew_seconds']:.0f} s each")
                 for k in plan["beats"]:
                     for peer in peers:
-                        attempt("skew", peer.key, lambda p=peer, k=k: scenarios.skew(
-                            services, p, k, plan["skew_seconds"], log))
+                        attempt(
+                            "skew",
+                            peer.key,
+                            lambda p=peer, k=k: scenarios.skew(
+                                services, p, k, plan["skew_seconds"], log
+                            ),
+                        )
             if "failover" in args.scenarios:
                 log(f"\n== failover: bound {plan['failover_after']:.0f} s after the kill")
                 for peer in peers:
                     for tuned in (False, True):
                         if tuned and (not plan["tuned"] or not peer.tuned):
                             continue
-                        attempt("failover", peer.key, lambda p=peer, t=tuned: scenarios.failover(
-                            services, p, t, plan["failover_before"], plan["failover_after"],
-                            log))
+                        attempt(
+                            "failover",
+                            peer.key,
+                            lambda p=peer, t=tuned: scenarios.failover(
+                                services, p, t, plan["failover_before"], plan["failover_after"], log
+                            ),
+                        )
             if "scale" in args.scenarios:
                 log(f"\n== scale: {plan['tasks']} entries, windows {plan['windows']}")
                 for tasks in plan["tasks"]:
                     for peer in peers:
                         beats = plan["scale_beats"] if peer.key == "driftsafe" else 1
-                        attempt("scale", peer.key, lambda p=peer, n=tasks, k=beats:
-                                scenarios.scale(services, p, n, plan["windows"][n],
-                                                plan["settle"], log, beats=k))
+                        attempt(
+                            "scale",
+                            peer.key,
+                            lambda p=peer, n=tasks, k=beats: scenarios.scale(
+                                services, p, n, plan["windows"][n], plan["settle"], log, beats=k
+                            ),
+                        )
             if "edits" in args.scenarios:
                 log(f"\n== edits: {plan['edits']} per scheduler")
                 for peer in peers:
-                    attempt("edits", peer.key, lambda p=peer: scenarios.edits(
-                        services, p, plan["edits"], plan["edit_spacing"], log))
+                    attempt(
+                        "edits",
+                        peer.key,
+                        lambda p=peer: scenarios.edits(
+                            services, p, plan["edits"], plan["edit_spacing"], log
+                        ),
+                    )
             if "burst" in args.scenarios:
-                log(f"\n== burst: {plan['burst_tasks']} entries due at one instant, ours with "
-                    f"K = {plan['burst_beats']}, bound {plan['burst_bound']:.0f} s")
+                log(
+                    f"\n== burst: {plan['burst_tasks']} entries due at one instant, ours with "
+                    f"K = {plan['burst_beats']}, bound {plan['burst_bound']:.0f} s"
+                )
                 for tasks in plan["burst_tasks"]:
                     for peer in peers:
                         for k in plan["burst_beats"] if peer.key == "driftsafe" else [1]:
-                            attempt("burst", peer.key, lambda p=peer, n=tasks, k=k:
-                                    scenarios.burst(services, p, n, k, plan["burst_bound"],
-                                                    log))
+                            attempt(
+                                "burst",
+                                peer.key,
+                                lambda p=peer, n=tasks, k=k: scenarios.burst(
+                                    services, p, n, k, plan["burst_bound"], log
+                                ),
+                            )
             if "recovery" in args.scenarios:
-                log(f"\n== recovery: {plan['recovery_tasks']} entries back after "
-                    f"{plan['outage_hours']:g} h")
+                log(
+                    f"\n== recovery: {plan['recovery_tasks']} entries back after "
+                    f"{plan['outage_hours']:g} h"
+                )
                 for tasks in plan["recovery_tasks"]:
                     for peer in peers:
-                        attempt("recovery", peer.key, lambda p=peer, n=tasks:
-                                scenarios.recovery(services, p, n, plan["outage_hours"] * 3600,
-                                                   plan["recovery_bound"], log))
+                        attempt(
+                            "recovery",
+                            peer.key,
+                            lambda p=peer, n=tasks: scenarios.recovery(
+                                services,
+                                p,
+                                n,
+                                plan["outage_hours"] * 3600,
+                                plan["recovery_bound"],
+                                log,
+                            ),
+                        )
             machine = _machine(services.broker_url)
         finally:
             own_redis = services.own_redis
             services.close()
 
     results["meta"] = {
-        "quick": args.quick, "machine": machine, "versions": _versions(),
+        "quick": args.quick,
+        "machine": machine,
+        "versions": _versions(),
         "started": started.strftime("%Y-%m-%d %H:%M UTC"),
         "finished": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "duration_min": (time.time() - began) / 60,
@@ -294,14 +441,17 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         "offsets": list(scenarios.OFFSETS),
         "skew": {"entries": 30, "seconds": plan["skew_seconds"]},
         "failover": {"before": plan["failover_before"], "after": plan["failover_after"]},
-        "scale": {"windows": {str(k): v for k, v in plan["windows"].items()},
-                  "settle": plan["settle"]},
+        "scale": {
+            "windows": {str(k): v for k, v in plan["windows"].items()},
+            "settle": plan["settle"],
+        },
         "edits": {"count": plan["edits"], "spacing": plan["edit_spacing"]},
         "burst": {"bound": plan["burst_bound"], "uptime": _uptime()},
         "recovery": {"outage_hours": plan["outage_hours"], "bound": plan["recovery_bound"]},
         "load": {k: (min(v), max(v)) for k, v in load.items()},
-        "slot_mismatches": sum(r.get("slot_mismatches", 0)
-                               for s in ("skew", "scale", "burst") for r in results[s]),
+        "slot_mismatches": sum(
+            r.get("slot_mismatches", 0) for s in ("skew", "scale", "burst") for r in results[s]
+        ),
     }
     results["meta"]["limits"] = _limits(results, own_redis)
     return results
@@ -316,26 +466,40 @@ def _merge(saved: dict[str, Any], fresh: dict[str, Any], rerun: list[str]) -> di
     for scenario in rerun:
         # the replaced measurement stays in the page, marked as such: nothing is dropped
         if saved.get(scenario):
-            earlier[scenario] = {"rows": saved[scenario], "started": saved["meta"]["started"],
-                                 "load": saved["meta"]["load"].get(scenario)}
+            earlier[scenario] = {
+                "rows": saved[scenario],
+                "started": saved["meta"]["started"],
+                "load": saved["meta"]["load"].get(scenario),
+            }
         merged[scenario] = fresh[scenario]
-        meta["load"] = {**meta["load"], **{k: v for k, v in fresh["meta"]["load"].items()
-                                           if k == scenario}}
+        meta["load"] = {
+            **meta["load"],
+            **{k: v for k, v in fresh["meta"]["load"].items() if k == scenario},
+        }
         for key in ("scale", "skew", "failover", "edits", "burst", "recovery"):
             if key == scenario:
                 meta[key] = fresh["meta"][key]
-    merged["errors"] = [e for e in saved.get("errors", []) if e["scenario"] not in rerun] \
-        + fresh.get("errors", [])
-    meta["rerun"] = [*meta.get("rerun", []), {
-        "scenarios": rerun, "added": not any(saved.get(s) for s in rerun),
-        "started": fresh["meta"]["started"],
-        "finished": fresh["meta"]["finished"], "command": fresh["meta"]["command"]}]
-    meta["slot_mismatches"] = sum(r.get("slot_mismatches", 0)
-                                  for s in ("skew", "scale", "burst") for r in merged.get(s, []))
+    merged["errors"] = [
+        e for e in saved.get("errors", []) if e["scenario"] not in rerun
+    ] + fresh.get("errors", [])
+    meta["rerun"] = [
+        *meta.get("rerun", []),
+        {
+            "scenarios": rerun,
+            "added": not any(saved.get(s) for s in rerun),
+            "started": fresh["meta"]["started"],
+            "finished": fresh["meta"]["finished"],
+            "command": fresh["meta"]["command"],
+        },
+    ]
+    meta["slot_mismatches"] = sum(
+        r.get("slot_mismatches", 0) for s in ("skew", "scale", "burst") for r in merged.get(s, [])
+    )
     merged["meta"] = meta
     merged["earlier"] = earlier
-    meta["limits"] = _limits(merged, "redis-server was not found" not in " ".join(
-        fresh["meta"]["limits"]))
+    meta["limits"] = _limits(
+        merged, "redis-server was not found" not in " ".join(fresh["meta"]["limits"])
+    )
     return merged
 
 
@@ -361,8 +525,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args.no_docs:
         if args.docs is None:
             quick = results["meta"]["quick"]
-            args.docs = Path(tempfile.gettempdir()) / "dsbench-quick-docs" if quick \
-                else ROOT / "docs"
+            args.docs = (
+                Path(tempfile.gettempdir()) / "dsbench-quick-docs" if quick else ROOT / "docs"
+            )
         static = args.docs / report.STATIC
         static.mkdir(parents=True, exist_ok=True)
         if not args.report_only:

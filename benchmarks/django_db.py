@@ -34,4 +34,3 @@ def fresh_databases(*, test_environment: bool = True) -> Iterator[None]:
         yield
     finally:
         runner.teardown_databases(old)
-

@@ -80,8 +80,10 @@ class DriftSafe(Peer):
     label = "celery_driftsafe"
     scheduler = "celery_driftsafe.scheduler:DriftSafeScheduler"
     dist = "celery-driftsafe"
-    shipped_note = ("all beats active; MAX_LOOP_INTERVAL_SECONDS 1, LEASE_SECONDS 30, "
-                    "NODE_DEAD_AFTER_SECONDS 30, wake-ups over Redis pub/sub")
+    shipped_note = (
+        "all beats active; MAX_LOOP_INTERVAL_SECONDS 1, LEASE_SECONDS 30, "
+        "NODE_DEAD_AFTER_SECONDS 30, wake-ups over Redis pub/sub"
+    )
 
     def seed(self, entries: list[Entry]) -> None:
         from benchmarks.bench_app import TASK
@@ -90,9 +92,15 @@ class DriftSafe(Peer):
         PeriodicTask.objects.bulk_create(
             (
                 PeriodicTask(
-                    name=e.name, task=TASK, args=[e.index, 0], schedule_kind="interval",
-                    interval_every=e.every, interval_unit="seconds", interval_anchor=e.first_due,
-                    next_slot_at=e.first_due, enabled=e.enabled,
+                    name=e.name,
+                    task=TASK,
+                    args=[e.index, 0],
+                    schedule_kind="interval",
+                    interval_every=e.every,
+                    interval_unit="seconds",
+                    interval_anchor=e.first_due,
+                    next_slot_at=e.first_due,
+                    enabled=e.enabled,
                 )
                 for e in entries
             ),
@@ -116,9 +124,11 @@ class DjangoCeleryBeat(Peer):
     dist = "django-celery-beat"
     tuned = {"BENCH_MAX_LOOP": "1"}
     tuned_note = "beat_max_loop_interval = 1 s (no lock to tune: every beat fires)"
-    shipped_note = ("no coordination between beats; beat_max_loop_interval 5 s "
-                    "(the scheduler's DEFAULT_MAX_INTERVAL); schedule re-read when "
-                    "PeriodicTasks.last_update changes")
+    shipped_note = (
+        "no coordination between beats; beat_max_loop_interval 5 s "
+        "(the scheduler's DEFAULT_MAX_INTERVAL); schedule re-read when "
+        "PeriodicTasks.last_update changes"
+    )
 
     def seed(self, entries: list[Entry]) -> None:
         from django_celery_beat.models import IntervalSchedule, PeriodicTask, PeriodicTasks
@@ -134,8 +144,12 @@ class DjangoCeleryBeat(Peer):
         PeriodicTask.objects.bulk_create(
             (
                 PeriodicTask(
-                    name=e.name, task=TASK, interval=intervals[e.every],
-                    args=json.dumps([e.index, 0]), kwargs="{}", enabled=e.enabled,
+                    name=e.name,
+                    task=TASK,
+                    interval=intervals[e.every],
+                    args=json.dumps([e.index, 0]),
+                    kwargs="{}",
+                    enabled=e.enabled,
                     # due when last_run_at + every is reached: at first_due
                     last_run_at=e.first_due - timedelta(seconds=e.every),
                 )
@@ -162,10 +176,14 @@ class RedBeat(Peer):
     scheduler = "redbeat.RedBeatScheduler"
     dist = "celery-redbeat"
     tuned = {"BENCH_MAX_LOOP": "1", "BENCH_REDBEAT_LOCK": "5"}
-    tuned_note = ("beat_max_loop_interval = 1 s and redbeat_lock_timeout = 5 s "
-                  "(a standby retries the lock every loop interval)")
-    shipped_note = ("one active beat holding a Redis lock; redbeat_lock_timeout = 5 x "
-                    "beat_max_loop_interval = 1500 s; standbys retry the lock every 300 s")
+    tuned_note = (
+        "beat_max_loop_interval = 1 s and redbeat_lock_timeout = 5 s "
+        "(a standby retries the lock every loop interval)"
+    )
+    shipped_note = (
+        "one active beat holding a Redis lock; redbeat_lock_timeout = 5 x "
+        "beat_max_loop_interval = 1500 s; standbys retry the lock every 300 s"
+    )
 
     def seed(self, entries: list[Entry]) -> None:
         from celery.schedules import schedule
@@ -178,22 +196,33 @@ class RedBeat(Peer):
         schedule_key = app.redbeat_conf.schedule_key
         for start in range(0, len(entries), 2000):
             with client.pipeline(transaction=False) as pipe:
-                for e in entries[start:start + 2000]:
+                for e in entries[start : start + 2000]:
                     every = timedelta(seconds=e.every)
                     entry = RedBeatSchedulerEntry(
-                        e.name, TASK, schedule(every, app=app), args=[e.index, 0],
-                        enabled=e.enabled, app=app,
+                        e.name,
+                        TASK,
+                        schedule(every, app=app),
+                        args=[e.index, 0],
+                        enabled=e.enabled,
+                        app=app,
                     )
                     definition = {
-                        "name": entry.name, "task": entry.task, "args": entry.args,
-                        "kwargs": entry.kwargs, "options": entry.options,
-                        "schedule": entry.schedule, "enabled": entry.enabled,
+                        "name": entry.name,
+                        "task": entry.task,
+                        "args": entry.args,
+                        "kwargs": entry.kwargs,
+                        "options": entry.options,
+                        "schedule": entry.schedule,
+                        "enabled": entry.enabled,
                     }
                     meta = {"last_run_at": e.first_due - every}
-                    pipe.hset(entry.key, mapping={
-                        "definition": json.dumps(definition, cls=RedBeatJSONEncoder),
-                        "meta": json.dumps(meta, cls=RedBeatJSONEncoder),
-                    })
+                    pipe.hset(
+                        entry.key,
+                        mapping={
+                            "definition": json.dumps(definition, cls=RedBeatJSONEncoder),
+                            "meta": json.dumps(meta, cls=RedBeatJSONEncoder),
+                        },
+                    )
                     # the score RedBeat itself stores after a run at last_run_at
                     pipe.zadd(schedule_key, {entry.key: to_timestamp(e.first_due)})
                 pipe.execute()
@@ -234,8 +263,13 @@ def _child(key: str, command: str) -> None:
             at = datetime.fromisoformat(edit["at"])
             time.sleep(max(0.0, (at - datetime.now(UTC)).total_seconds()))
             due = peer.set_interval(edit["index"], edit["every"])
-            done.append({"index": edit["index"], "edited_at": datetime.now(UTC).isoformat(),
-                         "due_at": due.isoformat() if due else None})
+            done.append(
+                {
+                    "index": edit["index"],
+                    "edited_at": datetime.now(UTC).isoformat(),
+                    "due_at": due.isoformat() if due else None,
+                }
+            )
         json.dump({"edits": done}, sys.stdout)
     else:
         raise SystemExit(f"unknown command {command!r}: use seed or set_interval")

@@ -28,8 +28,17 @@ from datetime import datetime
 
 from celery_driftsafe.testing.recording import QueueRecorder, nearest_rank, percentile
 
-__all__ = ["Message", "Recorder", "Schedule", "Tally", "match_in_order", "match_nearest",
-           "origin_pid", "percentile", "percentile_bounded"]
+__all__ = [
+    "Message",
+    "Recorder",
+    "Schedule",
+    "Tally",
+    "match_in_order",
+    "match_nearest",
+    "origin_pid",
+    "percentile",
+    "percentile_bounded",
+]
 
 #: Only messages of this task are counted (a scheduler may add housekeeping entries).
 TASK = "bench.tick"
@@ -50,7 +59,9 @@ def _parse(raw: bytes, stamp: float) -> Message | None:
     args = headers.get("argsrepr", "").strip("[]() ").split(",")
     slot = headers.get("driftsafe_slot")
     return Message(
-        stamp=stamp, index=int(args[0]), origin=str(headers.get("origin", "")),
+        stamp=stamp,
+        index=int(args[0]),
+        origin=str(headers.get("origin", "")),
         slot=datetime.fromisoformat(slot).timestamp() if slot else None,
     )
 
@@ -110,8 +121,9 @@ class Tally:
         return [o for o in self.offsets if o < 0]
 
 
-def match_nearest(messages: Iterable[Message], schedules: dict[int, Schedule],
-                  start: float, end: float) -> Tally:
+def match_nearest(
+    messages: Iterable[Message], schedules: dict[int, Schedule], start: float, end: float
+) -> Tally:
     """Count each message for its entry's nearest due instant; tally instants in
     ``[start, end)`` (messages for instants outside the window are ignored)."""
     per_instant: dict[tuple[int, float], list[float]] = defaultdict(list)
@@ -140,8 +152,9 @@ def match_nearest(messages: Iterable[Message], schedules: dict[int, Schedule],
     return tally
 
 
-def match_in_order(messages: Iterable[Message], schedules: dict[int, Schedule],
-                   start: float, end: float) -> Tally:
+def match_in_order(
+    messages: Iterable[Message], schedules: dict[int, Schedule], start: float, end: float
+) -> Tally:
     """The j-th message of an entry counts for its j-th due instant at or after its first
     due instant; tally instants in ``[start, end)``."""
     stamps: dict[int, list[float]] = defaultdict(list)
@@ -153,8 +166,11 @@ def match_in_order(messages: Iterable[Message], schedules: dict[int, Schedule],
     for index, schedule in schedules.items():
         arrived = stamps.get(index, [])
         for j, instant in enumerate(schedule.instants(schedule.first_due, end)):
-            if j < len(arrived) and slots[index][j] is not None \
-                    and abs(slots[index][j] - instant) > 1e-3:  # type: ignore[operator]
+            if (
+                j < len(arrived)
+                and slots[index][j] is not None
+                and abs(slots[index][j] - instant) > 1e-3
+            ):  # type: ignore[operator]
                 tally.slot_mismatches += 1
             if instant < start:
                 continue
@@ -168,8 +184,9 @@ def match_in_order(messages: Iterable[Message], schedules: dict[int, Schedule],
     return tally
 
 
-def percentile_bounded(exact: Sequence[float], at_least: Sequence[float],
-                       q: float) -> tuple[float, bool]:
+def percentile_bounded(
+    exact: Sequence[float], at_least: Sequence[float], q: float
+) -> tuple[float, bool]:
     """Percentile of values of which some are only known from below (a slot not sent by the
     end of a window is at least ``end - due`` late). Returns (value, is_lower_bound)."""
     pairs = sorted([(v, False) for v in exact] + [(v, True) for v in at_least])

@@ -13,14 +13,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-LABELS = {"driftsafe": "celery_driftsafe", "django-celery-beat": "django-celery-beat",
-          "redbeat": "RedBeat"}
+LABELS = {
+    "driftsafe": "celery_driftsafe",
+    "django-celery-beat": "django-celery-beat",
+    "redbeat": "RedBeat",
+}
 COLOURS = {"driftsafe": "#1b7837", "django-celery-beat": "#2166ac", "redbeat": "#b2182b"}
 ORDER = ("driftsafe", "django-celery-beat", "redbeat")
 STATIC = Path("_static/comparison")
 
 
 # -- formatting -------------------------------------------------------------------------------
+
 
 def _num(value: Any, digits: int = 2, unit: str = "") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -36,12 +40,12 @@ def _count(value: Any) -> str:
 
 def _table(header: Sequence[str], rows: list[list[str]], markdown: bool) -> str:
     if markdown:
-        lines = ["| " + " | ".join(header) + " |",
-                 "|" + "|".join("---" for _ in header) + "|"]
+        lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
         lines += ["| " + " | ".join(row) + " |" for row in rows]
         return "\n".join(lines)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(header)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
+    ]
     fmt = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
     return "\n".join([fmt.format(*header), *(fmt.format(*r) for r in rows)])
 
@@ -65,48 +69,94 @@ def _times(ours: float | None, theirs: float | None) -> str:
 
 # -- the tables -------------------------------------------------------------------------------
 
+
 def skew_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    header = ["scheduler", "beats (offsets s)", "due slots", "slots sent", "duplicates",
-              "missed", "sent early"]
+    header = [
+        "scheduler",
+        "beats (offsets s)",
+        "due slots",
+        "slots sent",
+        "duplicates",
+        "missed",
+        "sent early",
+    ]
     rows = []
     for r in _sorted(results.get("skew", []), "beats"):
         offsets = ", ".join(f"{o:+.1f}" for o in r["offsets"])
-        rows.append([_label(r["peer"]), f"{r['beats']} ({offsets})", _count(r["due"]),
-                     _count(r["fired"]), _count(r["duplicates"]), _count(r["missed"]),
-                     _count(r["early"])])
+        rows.append(
+            [
+                _label(r["peer"]),
+                f"{r['beats']} ({offsets})",
+                _count(r["due"]),
+                _count(r["fired"]),
+                _count(r["duplicates"]),
+                _count(r["missed"]),
+                _count(r["early"]),
+            ]
+        )
     return header, rows
 
 
 def timing_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    header = ["scheduler", "beats", "early p50", "early p99", "early max", "late p50",
-              "late p99", "late max", "beats that published"]
+    header = [
+        "scheduler",
+        "beats",
+        "early p50",
+        "early p99",
+        "early max",
+        "late p50",
+        "late p99",
+        "late max",
+        "beats that published",
+    ]
     rows = []
     for r in _sorted(results.get("skew", []), "beats"):
         publishers = ", ".join(f"{o:+.1f}" for o in r["publishing_beats"]) or "none"
-        rows.append([_label(r["peer"]), str(r["beats"])]
-                    + [_num(r[k], 3, " s") if r["early"] or not k.startswith("early")
-                       else "none" for k in ("early_p50", "early_p99", "early_max")]
-                    + [_num(r[k], 3, " s") for k in ("late_p50", "late_p99", "late_max")]
-                    + [publishers])
+        rows.append(
+            [_label(r["peer"]), str(r["beats"])]
+            + [
+                _num(r[k], 3, " s") if r["early"] or not k.startswith("early") else "none"
+                for k in ("early_p50", "early_p99", "early_max")
+            ]
+            + [_num(r[k], 3, " s") for k in ("late_p50", "late_p99", "late_max")]
+            + [publishers]
+        )
     return header, rows
 
 
 def failover_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    header = ["scheduler", "settings", "killed beat", "kill → next firing",
-              "normal spacing p99", "slots lost (due after kill)", "worst first message after kill",
-              "duplicates before / after"]
+    header = [
+        "scheduler",
+        "settings",
+        "killed beat",
+        "kill → next firing",
+        "normal spacing p99",
+        "slots lost (due after kill)",
+        "worst first message after kill",
+        "duplicates before / after",
+    ]
     rows = []
     for r in _sorted(results.get("failover", []), "tuned"):
-        gap = _num(r["gap"], 2, " s") if r["gap"] is not None \
+        gap = (
+            _num(r["gap"], 2, " s")
+            if r["gap"] is not None
             else f"none in {r['after']:.0f} s (bound)"
+        )
         settings = "tuned" if r["tuned"] else "as shipped"
         if r.get("lock_ttl_at_kill"):
             settings += f"; lock TTL at kill {r['lock_ttl_at_kill']:.0f} s"
-        rows.append([_label(r["peer"]), settings, f"{r['victim_offset']:+.1f} s", gap,
-                     _num(r["normal_spacing_p99"], 2, " s"),
-                     f"{r['lost']:,} ({r['due_after']:,})",
-                     _num(r["late_after_max"], 2, " s"),
-                     f"{r['duplicates_before']:,} / {r['duplicates_after']:,}"])
+        rows.append(
+            [
+                _label(r["peer"]),
+                settings,
+                f"{r['victim_offset']:+.1f} s",
+                gap,
+                _num(r["normal_spacing_p99"], 2, " s"),
+                f"{r['lost']:,} ({r['due_after']:,})",
+                _num(r["late_after_max"], 2, " s"),
+                f"{r['duplicates_before']:,} / {r['duplicates_after']:,}",
+            ]
+        )
     return header, rows
 
 
@@ -120,86 +170,188 @@ def _late(r: dict[str, Any], key: str) -> str:
 
 
 def scale_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    header = ["scheduler", "entries (due/s)", "start-up", "due slots sent in window",
-              "sustained sends/s", "longest pause", "lateness p50", "lateness p99", "beat CPU",
-              "beat RSS", "DB xacts/s", "DB rows read/s", "store cmds/s"]
+    header = [
+        "scheduler",
+        "entries (due/s)",
+        "start-up",
+        "due slots sent in window",
+        "sustained sends/s",
+        "longest pause",
+        "lateness p50",
+        "lateness p99",
+        "beat CPU",
+        "beat RSS",
+        "DB xacts/s",
+        "DB rows read/s",
+        "store cmds/s",
+    ]
     rows = []
     for r in _sorted(results.get("scale", []), "tasks"):
         sent = f"{100 * r['sent_fraction']:.1f}% of {r['due']:,}"
         if not _finished(r):
             sent = f"**did not finish**: {sent} in {r['seconds']:.0f} s"
-        startup = _num(r["startup"], 2, " s") if r["startup"] is not None \
+        startup = (
+            _num(r["startup"], 2, " s")
+            if r["startup"] is not None
             else f"> {r['seconds']:.0f} s (bound)"
+        )
         beats = f", {r['beats']} beats" if r.get("beats", 1) > 1 else ""
-        rows.append([_label(r["peer"]), f"{r['tasks']:,} ({r['due_rate']:,.0f}){beats}", startup,
-                     sent,
-                     _num(r["sustained"], 0), _num(r.get("longest_pause"), 2, " s"),
-                     _late(r, "late_p50"), _late(r, "late_p99"),
-                     _num(r["cpu_percent"], 0, "%"),
-                     _num(r["rss_mb"], 0, " MB"), _num(r["db_xacts_per_s"], 0),
-                     _num(r["db_rows_read_per_s"], 0), _num(r["store_commands_per_s"], 0)])
+        rows.append(
+            [
+                _label(r["peer"]),
+                f"{r['tasks']:,} ({r['due_rate']:,.0f}){beats}",
+                startup,
+                sent,
+                _num(r["sustained"], 0),
+                _num(r.get("longest_pause"), 2, " s"),
+                _late(r, "late_p50"),
+                _late(r, "late_p99"),
+                _num(r["cpu_percent"], 0, "%"),
+                _num(r["rss_mb"], 0, " MB"),
+                _num(r["db_xacts_per_s"], 0),
+                _num(r["db_rows_read_per_s"], 0),
+                _num(r["store_commands_per_s"], 0),
+            ]
+        )
     return header, rows
 
 
 def edit_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    header = ["scheduler", "edits", "edit → first firing p50", "edit → first firing max",
-              "first firing vs due, max", "last beat to fire it, max", "never fired"]
+    header = [
+        "scheduler",
+        "edits",
+        "edit → first firing p50",
+        "edit → first firing max",
+        "first firing vs due, max",
+        "last beat to fire it, max",
+        "never fired",
+    ]
     rows = []
     for r in _sorted(results.get("edits", [])):
-        all_beats = _num(r["all_beats_max"], 2, " s") if r["peer"] == "django-celery-beat" \
-            else ("n/a: claims read the database" if r["peer"] == "driftsafe"
-                  else "n/a: one active beat")
-        rows.append([_label(r["peer"]), str(r["count"]), _num(r["edit_to_first_p50"], 2, " s"),
-                     _num(r["edit_to_first_max"], 2, " s"), _num(r["first_late_max"], 2, " s"),
-                     all_beats, str(r["never_fired"])])
+        all_beats = (
+            _num(r["all_beats_max"], 2, " s")
+            if r["peer"] == "django-celery-beat"
+            else (
+                "n/a: claims read the database"
+                if r["peer"] == "driftsafe"
+                else "n/a: one active beat"
+            )
+        )
+        rows.append(
+            [
+                _label(r["peer"]),
+                str(r["count"]),
+                _num(r["edit_to_first_p50"], 2, " s"),
+                _num(r["edit_to_first_max"], 2, " s"),
+                _num(r["first_late_max"], 2, " s"),
+                all_beats,
+                str(r["never_fired"]),
+            ]
+        )
     return header, rows
 
 
 def burst_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    header = ["scheduler", "entries", "beats", "wave out after", "slots/s", "lateness p50",
-              "lateness p99", "lateness max", "duplicates", "early", "not sent in bound",
-              "recorded missed", "beat CPU s (µs/slot)", "beat RSS"]
+    header = [
+        "scheduler",
+        "entries",
+        "beats",
+        "wave out after",
+        "slots/s",
+        "lateness p50",
+        "lateness p99",
+        "lateness max",
+        "duplicates",
+        "early",
+        "not sent in bound",
+        "recorded missed",
+        "beat CPU s (µs/slot)",
+        "beat RSS",
+    ]
     rows = []
     for r in _sorted(results.get("burst", []), "tasks", "beats"):
-        drain = _num(r["drain"], 1, " s") if r["drain"] is not None \
+        drain = (
+            _num(r["drain"], 1, " s")
+            if r["drain"] is not None
             else f"**> {r['bound']:.0f} s (bound)**"
+        )
         cpu = f"{r['cpu_s']:.1f} ({_num(r['cpu_us_per_slot'], 0)})"
-        rows.append([_label(r["peer"]), f"{r['tasks']:,}", str(r["beats"]), drain,
-                     _num(r["rate"], 0), _late(r, "late_p50"), _late(r, "late_p99"),
-                     _late(r, "late_max"), _count(r["duplicates"]), _count(r["early"]),
-                     _count(r["unsent"]),
-                     "n/a: no ledger" if r["recorded_missed"] is None
-                     else _count(r["recorded_missed"]),
-                     cpu, _num(r["rss_mb"], 0, " MB")])
+        rows.append(
+            [
+                _label(r["peer"]),
+                f"{r['tasks']:,}",
+                str(r["beats"]),
+                drain,
+                _num(r["rate"], 0),
+                _late(r, "late_p50"),
+                _late(r, "late_p99"),
+                _late(r, "late_max"),
+                _count(r["duplicates"]),
+                _count(r["early"]),
+                _count(r["unsent"]),
+                "n/a: no ledger" if r["recorded_missed"] is None else _count(r["recorded_missed"]),
+                cpu,
+                _num(r["rss_mb"], 0, " MB"),
+            ]
+        )
     return header, rows
 
 
 def recovery_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    header = ["scheduler", "entries", "outage", "first message", "every entry caught up",
-              "catch-up messages", "ledger rows per entry", "missed slots recorded",
-              "beat CPU s", "beat RSS"]
+    header = [
+        "scheduler",
+        "entries",
+        "outage",
+        "first message",
+        "every entry caught up",
+        "catch-up messages",
+        "ledger rows per entry",
+        "missed slots recorded",
+        "beat CPU s",
+        "beat RSS",
+    ]
     rows = []
     for r in _sorted(results.get("recovery", []), "tasks"):
-        everyone = _num(r["all_caught_up"], 1, " s") if r["all_caught_up"] is not None \
+        everyone = (
+            _num(r["all_caught_up"], 1, " s")
+            if r["all_caught_up"] is not None
             else f"> {r['bound']:.0f} s ({r['caught_up']:,} of {r['tasks']:,})"
-        rows.append([_label(r["peer"]), f"{r['tasks']:,}", f"{r['outage_h']:g} h",
-                     _num(r["first_message"], 1, " s"), everyone,
-                     _count(r["catch_up_messages"]),
-                     _num(r["ledger_rows_per_task"], 2) if r["ledger_rows_per_task"]
-                     is not None else "n/a", _count(r["missed_slots"]),
-                     _num(r["cpu_s"], 1), _num(r["rss_mb"], 0, " MB")])
+        )
+        rows.append(
+            [
+                _label(r["peer"]),
+                f"{r['tasks']:,}",
+                f"{r['outage_h']:g} h",
+                _num(r["first_message"], 1, " s"),
+                everyone,
+                _count(r["catch_up_messages"]),
+                _num(r["ledger_rows_per_task"], 2)
+                if r["ledger_rows_per_task"] is not None
+                else "n/a",
+                _count(r["missed_slots"]),
+                _num(r["cpu_s"], 1),
+                _num(r["rss_mb"], 0, " MB"),
+            ]
+        )
     return header, rows
 
 
 #: The page's sections: title, table, scenario and plot.
 SECTIONS = (
     ("1. Duplicates and misses with K skewed beats", skew_rows, "skew", "skew.png"),
-    ("2. Dispatch timing against true time (all messages, same runs)", timing_rows, "skew",
-     "timing.png"),
-    ("3. Failover: SIGKILL the beat that published last", failover_rows, "failover",
-     "failover.png"),
-    ("4. Scale on PostgreSQL: one beat, every entry every 60 s", scale_rows, "scale",
-     "scale.png"),
+    (
+        "2. Dispatch timing against true time (all messages, same runs)",
+        timing_rows,
+        "skew",
+        "timing.png",
+    ),
+    (
+        "3. Failover: SIGKILL the beat that published last",
+        failover_rows,
+        "failover",
+        "failover.png",
+    ),
+    ("4. Scale on PostgreSQL: one beat, every entry every 60 s", scale_rows, "scale", "scale.png"),
     ("5. Schedule edit propagation (3 skewed beats)", edit_rows, "edits", "edits.png"),
     ("6. A burst: every entry due at one instant", burst_rows, "burst", "burst.png"),
     ("7. Recovery after an outage with no beat running", recovery_rows, "recovery", None),
@@ -217,6 +369,7 @@ def tables(results: dict[str, Any]) -> str:
 
 
 # -- ratios -----------------------------------------------------------------------------------
+
 
 def ratios(results: dict[str, Any]) -> list[str]:
     """One sentence per comparison worth quoting, ours against each peer."""
@@ -238,28 +391,36 @@ def ratios(results: dict[str, Any]) -> list[str]:
             if peer["sustained"] >= 1:
                 clauses.append(
                     f"sustained sends/s {_times(ours['sustained'], peer['sustained'])} "
-                    f"({ours['sustained']:,.0f} against {peer['sustained']:,.0f})")
+                    f"({ours['sustained']:,.0f} against {peer['sustained']:,.0f})"
+                )
             else:
-                clauses.append(f"{ours['sustained']:,.0f} sends/s sustained against "
-                               f"{peer['sustained']:.1f}")
+                clauses.append(
+                    f"{ours['sustained']:,.0f} sends/s sustained against {peer['sustained']:.1f}"
+                )
             if not ours.get("late_p99_at_least") and ours["late_p99"] > 0:
                 bound = ">= " if peer.get("late_p99_at_least") else ""
                 clauses.append(
                     f"p99 lateness {bound}{_times(ours['late_p99'], peer['late_p99'])} "
-                    f"({ours['late_p99']:.3f} s against {bound}{_num(peer['late_p99'], 3)} s)")
+                    f"({ours['late_p99']:.3f} s against {bound}{_num(peer['late_p99'], 3)} s)"
+                )
             if ours["startup"] and peer["startup"]:
                 clauses.append(
                     f"start-up {_times(ours['startup'], peer['startup'])} "
-                    f"({ours['startup']:.2f} s against {peer['startup']:.2f} s)")
+                    f"({ours['startup']:.2f} s against {peer['startup']:.2f} s)"
+                )
             clauses.append(
                 f"RSS {_times(ours['rss_mb'], peer['rss_mb'])} "
-                f"({ours['rss_mb']:.0f} MB against {peer['rss_mb']:.0f} MB)")
+                f"({ours['rss_mb']:.0f} MB against {peer['rss_mb']:.0f} MB)"
+            )
             if peer["sustained"] >= 1 and ours["sustained"] >= 1:
                 ours_cost = ours["cpu_percent"] / ours["sustained"]
                 peer_cost = peer["cpu_percent"] / peer["sustained"]
                 clauses.append(f"CPU per message sent {_times(ours_cost, peer_cost)}")
-            lines.append(f"{tasks:,} entries, celery_driftsafe against {_label(key)}: "
-                         + "; ".join(clauses) + ".")
+            lines.append(
+                f"{tasks:,} entries, celery_driftsafe against {_label(key)}: "
+                + "; ".join(clauses)
+                + "."
+            )
     for tasks in sorted({r["tasks"] for r in results.get("burst", [])}):
         by = {(r["peer"], r["beats"]): r for r in results["burst"] if r["tasks"] == tasks}
         ours = by.get(("driftsafe", 1))
@@ -269,13 +430,17 @@ def ratios(results: dict[str, Any]) -> list[str]:
             peer = by.get((key, 1))
             if not peer:
                 continue
-            out = (f"after {peer['drain']:.1f} s" if peer["drain"] is not None
-                   else f"not within {peer['bound']:.0f} s ({peer['sent']:,} sent)")
+            out = (
+                f"after {peer['drain']:.1f} s"
+                if peer["drain"] is not None
+                else f"not within {peer['bound']:.0f} s ({peer['sent']:,} sent)"
+            )
             lines.append(
                 f"A burst of {tasks:,} entries due at one instant, one beat each: "
                 f"celery_driftsafe's wave was out after {ours['drain']:.1f} s, "
                 f"{_label(key)}'s {out}; beat CPU per slot sent "
-                f"{_times(ours['cpu_us_per_slot'], peer['cpu_us_per_slot'])}.")
+                f"{_times(ours['cpu_us_per_slot'], peer['cpu_us_per_slot'])}."
+            )
     failover = {(r["peer"], r["tuned"]): r for r in results.get("failover", [])}
     ours = failover.get(("driftsafe", False))
     if ours and ours["gap"] is not None:
@@ -283,8 +448,11 @@ def ratios(results: dict[str, Any]) -> list[str]:
             if key == "driftsafe":
                 continue
             gap = f"{r['gap']:.2f} s" if r["gap"] is not None else f"more than {r['after']:.0f} s"
-            dup = (f"; it sent {r['duplicates_after']:,} duplicates after the kill"
-                   if r["duplicates_after"] else "")
+            dup = (
+                f"; it sent {r['duplicates_after']:,} duplicates after the kill"
+                if r["duplicates_after"]
+                else ""
+            )
             lines.append(
                 f"Failover, {_label(key)} {'tuned' if tuned else 'as shipped'}: next firing "
                 f"after {gap} against {ours['gap']:.2f} s for celery_driftsafe; "
@@ -306,14 +474,14 @@ def ratios(results: dict[str, Any]) -> list[str]:
 
 # -- plots ------------------------------------------------------------------------------------
 
+
 def _plt() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"figure.dpi": 110, "font.size": 9, "axes.grid": True,
-                         "grid.alpha": 0.3})
+    plt.rcParams.update({"figure.dpi": 110, "font.size": 9, "axes.grid": True, "grid.alpha": 0.3})
     return plt
 
 
@@ -325,17 +493,26 @@ def plot_skew(results: dict[str, Any], path: Path) -> bool:
     ks = sorted({r["beats"] for r in rows})
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
     width = 0.8 / len(ORDER)
-    for j, (field, title) in enumerate((("duplicates", "duplicate messages per due slot"),
-                                        ("missed", "missed slots per due slot"),
-                                        ("early", "messages sent early per due slot"))):
+    for j, (field, title) in enumerate(
+        (
+            ("duplicates", "duplicate messages per due slot"),
+            ("missed", "missed slots per due slot"),
+            ("early", "messages sent early per due slot"),
+        )
+    ):
         ax = axes[j]
         for i, key in enumerate(ORDER):
             values = []
             for k in ks:
                 r = next((r for r in rows if r["peer"] == key and r["beats"] == k), None)
                 values.append(r[field] / r["due"] if r and r["due"] else 0.0)
-            bars = ax.bar([k + (i - 1) * width for k in ks], values, width, label=_label(key),
-                          color=COLOURS[key])
+            bars = ax.bar(
+                [k + (i - 1) * width for k in ks],
+                values,
+                width,
+                label=_label(key),
+                color=COLOURS[key],
+            )
             ax.bar_label(bars, fmt="%.2g", fontsize=7)
         ax.set_xticks(ks)
         ax.set_xlabel("beats (K)")
@@ -361,13 +538,20 @@ def plot_timing(results: dict[str, Any], path: Path) -> bool:
         if r is None:
             continue
         sample = [min(max(x, -0.999), 1.999) for x in r["sample"]]
-        ax.hist(sample, bins=bins, histtype="step", linewidth=1.6, color=COLOURS[key],
-                label=f"{_label(key)} ({len(sample):,} messages)")
+        ax.hist(
+            sample,
+            bins=bins,
+            histtype="step",
+            linewidth=1.6,
+            color=COLOURS[key],
+            label=f"{_label(key)} ({len(sample):,} messages)",
+        )
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_xlabel("message arrival - due instant, true time (s); left of 0 = early")
     ax.set_ylabel("messages")
-    ax.set_title(f"Dispatch timing, {k} beats skewed "
-                 + ", ".join(f"{o:+.1f}" for o in offsets) + " s")
+    ax.set_title(
+        f"Dispatch timing, {k} beats skewed " + ", ".join(f"{o:+.1f}" for o in offsets) + " s"
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)
@@ -389,8 +573,11 @@ def plot_failover(results: dict[str, Any], path: Path) -> bool:
         ax.hist([s for s in stamps if lo <= s <= hi], bins=bins, color=COLOURS[r["peer"]])
         ax.axvline(0, color="black", linewidth=1)
         ax.set_ylabel("msgs / 0.5 s", fontsize=7)
-        ax.set_title(f"{_label(r['peer'])}, {'tuned' if r['tuned'] else 'as shipped'}",
-                     fontsize=8, loc="left")
+        ax.set_title(
+            f"{_label(r['peer'])}, {'tuned' if r['tuned'] else 'as shipped'}",
+            fontsize=8,
+            loc="left",
+        )
     axes[-1].set_xlabel("seconds from SIGKILL of the publishing beat (due: 10 slots/s)")
     fig.tight_layout()
     fig.savefig(path)
@@ -405,20 +592,27 @@ def plot_scale(results: dict[str, Any], path: Path) -> bool:
     plt = _plt()
     fig, axes = plt.subplots(1, 4, figsize=(13, 3.4))
     sizes = sorted({r["tasks"] for r in rows})
-    panels = (("sustained", "sustained sends/s", True), ("late_p99", "p99 lateness (s)", True),
-              ("cpu_percent", "beat CPU (% of one core)", False), ("rss_mb", "beat RSS (MB)",
-                                                                   False))
+    panels = (
+        ("sustained", "sustained sends/s", True),
+        ("late_p99", "p99 lateness (s)", True),
+        ("cpu_percent", "beat CPU (% of one core)", False),
+        ("rss_mb", "beat RSS (MB)", False),
+    )
     for ax, (field, title, log) in zip(axes, panels, strict=True):
         for key in ORDER:
-            points = [(r["tasks"], r[field]) for r in sorted(rows, key=lambda r: r["tasks"])
-                      if r["peer"] == key and r[field] is not None
-                      and not (isinstance(r[field], float) and math.isnan(r[field]))]
+            points = [
+                (r["tasks"], r[field])
+                for r in sorted(rows, key=lambda r: r["tasks"])
+                if r["peer"] == key
+                and r[field] is not None
+                and not (isinstance(r[field], float) and math.isnan(r[field]))
+            ]
             if points:
-                ax.plot(*zip(*points, strict=True), marker="o", color=COLOURS[key],
-                        label=_label(key))
+                ax.plot(
+                    *zip(*points, strict=True), marker="o", color=COLOURS[key], label=_label(key)
+                )
         if field == "sustained":
-            ax.plot(sizes, [s / 60 for s in sizes], linestyle="--", color="grey",
-                    label="due rate")
+            ax.plot(sizes, [s / 60 for s in sizes], linestyle="--", color="grey", label="due rate")
         ax.set_xscale("log")
         if log:
             ax.set_yscale("log")
@@ -464,9 +658,15 @@ def plot_burst(results: dict[str, Any], path: Path) -> bool:
             continue
         xs = [0.0] + [x for x, _ in r["curve"]]
         ys = [0] + [y for _, y in r["curve"]]
-        ax.step(xs, ys, where="post", color=COLOURS[r["peer"]],
-                linestyle=styles.get(r["beats"], ":"), linewidth=1.6,
-                label=f"{_label(r['peer'])}, {r['beats']} beat{'s' if r['beats'] > 1 else ''}")
+        ax.step(
+            xs,
+            ys,
+            where="post",
+            color=COLOURS[r["peer"]],
+            linestyle=styles.get(r["beats"], ":"),
+            linewidth=1.6,
+            label=f"{_label(r['peer'])}, {r['beats']} beat{'s' if r['beats'] > 1 else ''}",
+        )
     ax.axhline(tasks, color="grey", linewidth=0.8, linestyle=":")
     ax.set_xlabel("seconds after the instant every entry was due (true time)")
     ax.set_ylabel("entries sent")
@@ -491,6 +691,7 @@ PLOTS = (
 
 # -- the page ---------------------------------------------------------------------------------
 
+
 def _burst_size(results: dict[str, Any]) -> str:
     """The burst's size and the machine's load, said beside its table."""
     meta = results["meta"]
@@ -499,12 +700,16 @@ def _burst_size(results: dict[str, Any]) -> str:
         return ""
     text = f" Size: {', '.join(f'{n:,}' for n in sizes)} entries"
     if max(sizes) < 100_000:
-        text += (" (the issue's 100,000 take a run of their own on a quiet machine; this "
-                 "one had to fit in about ten minutes of a shared one)")
+        text += (
+            " (the issue's 100,000 take a run of their own on a quiet machine; this "
+            "one had to fit in about ten minutes of a shared one)"
+        )
     load = meta.get("load", {}).get("burst")
     if load:
-        text += (f". 1-minute load average during the burst runs: {load[0]:.2f} to "
-                 f"{load[1]:.2f} on {meta['machine']['cores']} cores")
+        text += (
+            f". 1-minute load average during the burst runs: {load[0]:.2f} to "
+            f"{load[1]:.2f} on {meta['machine']['cores']} cores"
+        )
     uptime = meta.get("burst", {}).get("uptime")
     if uptime:
         text += f"; `uptime` load averages (1, 5, 15 min) as the run ended: {uptime}"
@@ -568,8 +773,7 @@ def _section_text(results: dict[str, Any]) -> dict[str, str]:
             "Duplicates = messages beyond the first per entry; early = before the instant; "
             "recorded missed = slots celery_driftsafe's ledger marked missed (the peers keep "
             "no ledger). Beat CPU is summed over the beats from just before the instant; "
-            "CPU µs a slot is the figure to compare on a loaded machine."
-            + _burst_size(results)
+            "CPU µs a slot is the figure to compare on a loaded machine." + _burst_size(results)
         ),
         SECTIONS[6][0]: (
             f"N entries every 60 s, due for the last {recovery.get('outage_hours', 24):g} h "
@@ -604,9 +808,11 @@ def _machine(meta: dict[str, Any]) -> str:
     ]
     for rerun in meta.get("rerun", []):
         verb = "Added" if rerun.get("added") else "Re-measured"
-        lines.append(f"- {verb} in a later run: {', '.join(rerun['scenarios'])}"
-                     f" ({rerun['started']} to {rerun['finished']}, every scheduler, "
-                     f"`{rerun['command']}`)")
+        lines.append(
+            f"- {verb} in a later run: {', '.join(rerun['scenarios'])}"
+            f" ({rerun['started']} to {rerun['finished']}, every scheduler, "
+            f"`{rerun['command']}`)"
+        )
     return "\n".join(lines)
 
 
@@ -619,8 +825,8 @@ def _load(meta: dict[str, Any]) -> str:
         f"(1-minute load average up to {busy:.2f} on 2 cores, the benchmark's own processes "
         "included). Absolute numbers would be better on an idle machine; every scheduler ran "
         "under the same conditions, one after the other, in the same run."
-        if busy > 1.5 else
-        "The machine was otherwise quiet during the run (the load above is mostly the "
+        if busy > 1.5
+        else "The machine was otherwise quiet during the run (the load above is mostly the "
         "benchmark's own processes)."
     )
     return f"{text}\n\n{note}"
@@ -639,8 +845,11 @@ def _flips(now: list[dict[str, Any]], before: list[dict[str, Any]]) -> list[str]
                 f"(p99 lateness {_late(kept, 'late_p99')}, CPU {kept['cpu_percent']:.0f}%) and "
                 f"fell behind in the other ({100 * lost['sent_fraction']:.1f}% sent, CPU "
                 f"{lost['cpu_percent']:.0f}%"
-                + (f", longest pause {lost['longest_pause']:.1f} s"
-                   if lost.get("longest_pause") is not None else "")
+                + (
+                    f", longest pause {lost['longest_pause']:.1f} s"
+                    if lost.get("longest_pause") is not None
+                    else ""
+                )
                 + "): its result at this size depends on the run."
             )
     return lines
@@ -668,12 +877,21 @@ def write_docs(results: dict[str, Any], docs: Path) -> Path:
         "",
     ]
     if meta.get("quick"):
-        parts += ["```{note}", "This page was generated by a `--quick` smoke run (small sizes, "
-                  "short windows): its numbers show that the command works, not how the "
-                  "schedulers compare.", "```", ""]
+        parts += [
+            "```{note}",
+            "This page was generated by a `--quick` smoke run (small sizes, "
+            "short windows): its numbers show that the command works, not how the "
+            "schedulers compare.",
+            "```",
+            "",
+        ]
     parts += [
-        "## Reproduce", "",
-        "```", "bash benchmarks/compare.sh            # the published run", "```", "",
+        "## Reproduce",
+        "",
+        "```",
+        "bash benchmarks/compare.sh            # the published run",
+        "```",
+        "",
         "It creates `.venv-bench`, installs this package, django-celery-beat, celery-redbeat "
         "and matplotlib into it, then runs `python -m benchmarks compare` "
         "(`benchmarks/compare.py`), which prints the tables and rewrites this page and its "
@@ -683,15 +901,22 @@ def write_docs(results: dict[str, Any], docs: Path) -> Path:
         "--merge docs/_static/comparison/results.json` re-measures one scenario (every "
         "scheduler again) into the saved results. Needs PostgreSQL, "
         "Redis (`redis-server` for the run's own broker and store) and libfaketime (Debian "
-        "package `faketime`).", "",
-        "## Machine", "", _machine(meta), "",
-        "## How each scheduler was run", "",
+        "package `faketime`).",
+        "",
+        "## Machine",
+        "",
+        _machine(meta),
+        "",
+        "## How each scheduler was run",
+        "",
     ]
     for key in ORDER:
         note = meta["peers"].get(key)
         if note:
-            parts.append(f"- **{_label(key)}**: {note['shipped']}"
-                         + (f"; *tuned*: {note['tuned']}" if note["tuned"] else ""))
+            parts.append(
+                f"- **{_label(key)}**: {note['shipped']}"
+                + (f"; *tuned*: {note['tuned']}" if note["tuned"] else "")
+            )
     parts += [
         "",
         "Every beat is a real `celery beat` process of one Celery app configured from Django "
@@ -722,11 +947,16 @@ def write_docs(results: dict[str, Any], docs: Path) -> Path:
                 f"The same scenario as first measured in the run of {earlier['started']} "
                 f"(1-minute load average {lo:.2f} to {hi:.2f}); the table above is the "
                 "re-measurement, with every scheduler again"
-                + (" (that run did not record the longest pause)"
-                   if scenario == "scale" and all("longest_pause" not in r
-                                                  for r in earlier["rows"]) else "")
-                + ":", "",
-                _table(header, rows, markdown=True), "",
+                + (
+                    " (that run did not record the longest pause)"
+                    if scenario == "scale"
+                    and all("longest_pause" not in r for r in earlier["rows"])
+                    else ""
+                )
+                + ":",
+                "",
+                _table(header, rows, markdown=True),
+                "",
             ]
             if scenario == "scale":
                 parts += [*_flips(results["scale"], earlier["rows"]), ""]

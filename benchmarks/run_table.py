@@ -8,9 +8,20 @@ from datetime import datetime
 from typing import Any
 
 
-def insert_runs(connection: Any, runs: int, tasks: int, now: datetime, *, task_name: str,
-                kind: str, status: str, claimed_by: str, worker: str, failed: str,
-                params: dict[str, Any] | None = None) -> None:
+def insert_runs(
+    connection: Any,
+    runs: int,
+    tasks: int,
+    now: datetime,
+    *,
+    task_name: str,
+    kind: str,
+    status: str,
+    claimed_by: str,
+    worker: str,
+    failed: str,
+    params: dict[str, Any] | None = None,
+) -> None:
     """Insert ``runs`` finished runs, one a minute for each of the ``tasks`` tasks (those with
     the lowest ids) going back from ``now``: run ``i`` is of task ``i % tasks``, in the minute
     ``1 + i // tasks`` minutes back, ``i % tasks % 60`` seconds into it, and took 20 ms; its
@@ -40,9 +51,16 @@ def insert_runs(connection: Any, runs: int, tasks: int, now: datetime, *, task_n
                      LATERAL (SELECT %(now)s::timestamptz
                               - make_interval(mins => 1 + i / %(tasks)s,
                                               secs => -((i %% %(tasks)s) %% 60))) AS t(s)""",
-                {**(params or {}), "first": first, "tasks": tasks, "start": start,
-                 "end": min(start + 1_000_000, runs) - 1, "now": now,
-                 "task_name": task_name, "worker": worker},
+                {
+                    **(params or {}),
+                    "first": first,
+                    "tasks": tasks,
+                    "start": start,
+                    "end": min(start + 1_000_000, runs) - 1,
+                    "now": now,
+                    "task_name": task_name,
+                    "worker": worker,
+                },
             )
 
 
@@ -54,7 +72,8 @@ def fill_fast(connection: Any, fill: Callable[[], object]) -> None:
         cursor.execute(
             "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'celery_driftsafe_run' "
             "AND indexname NOT IN (SELECT conname FROM pg_constraint "
-            "WHERE conrelid = 'celery_driftsafe_run'::regclass)")
+            "WHERE conrelid = 'celery_driftsafe_run'::regclass)"
+        )
         saved = cursor.fetchall()
         for name, _ in saved:
             cursor.execute(f'DROP INDEX "{name}"')

@@ -53,12 +53,17 @@ def _timing(tally: Tally) -> dict[str, Any]:
     late = [o for o in tally.offsets if o >= 0]
     early = [-o for o in tally.offsets if o < 0]
     return {
-        "due": tally.due, "fired": tally.fired, "duplicates": tally.duplicates,
-        "missed": tally.missed, "messages": len(tally.offsets), "early": len(early),
+        "due": tally.due,
+        "fired": tally.fired,
+        "duplicates": tally.duplicates,
+        "missed": tally.missed,
+        "messages": len(tally.offsets),
+        "early": len(early),
         "early_p50": percentile(early, 50) if early else 0.0,
         "early_p99": percentile(early, 99) if early else 0.0,
         "early_max": max(early, default=0.0),
-        "late_p50": percentile(late, 50), "late_p99": percentile(late, 99),
+        "late_p50": percentile(late, 50),
+        "late_p99": percentile(late, 99),
         "late_max": max(late, default=float("nan")),
         "slot_mismatches": tally.slot_mismatches,
     }
@@ -82,6 +87,7 @@ def _publishers(trial: Trial, stamps: list[Any]) -> list[float]:
 
 # -- 1 and 2: duplicates, misses and dispatch timing under skew --------------------------------
 
+
 def skew(services: Services, peer: Peer, beats: int, seconds: float, log: Log) -> dict[str, Any]:
     """``beats`` beats skewed by OFFSETS, 30 entries every 4-6 s, ``seconds`` of due instants."""
     trial = Trial(services, peer)
@@ -97,16 +103,20 @@ def skew(services: Services, peer: Peer, beats: int, seconds: float, log: Log) -
         trial.check_undisturbed()
         tally = match_nearest(trial.recorder.messages, _schedules(entries), start, end)
         result = {
-            "peer": peer.key, "beats": beats, "seconds": seconds,
+            "peer": peer.key,
+            "beats": beats,
+            "seconds": seconds,
             "offsets": [b.offset for b in trial.beats],
             "measured_offsets": [round(b.measured_offset, 3) for b in trial.beats],
             "publishing_beats": _publishers(trial, trial.recorder.messages),
             **_timing(tally),
             "sample": [round(o, 4) for o in tally.offsets],
         }
-        log(f"  {peer.label:<20} K={beats}: due {tally.due}, dup {tally.duplicates}, "
+        log(
+            f"  {peer.label:<20} K={beats}: due {tally.due}, dup {tally.duplicates}, "
             f"missed {tally.missed}, early {result['early']} (max {result['early_max']:.3f} s), "
-            f"late p99 {result['late_p99']:.3f} s")
+            f"late p99 {result['late_p99']:.3f} s"
+        )
         return result
     finally:
         trial.close()
@@ -114,8 +124,10 @@ def skew(services: Services, peer: Peer, beats: int, seconds: float, log: Log) -
 
 # -- 3: failover ----------------------------------------------------------------------------
 
-def failover(services: Services, peer: Peer, tuned: bool, before: float, after: float,
-             log: Log) -> dict[str, Any]:
+
+def failover(
+    services: Services, peer: Peer, tuned: bool, before: float, after: float, log: Log
+) -> dict[str, Any]:
     """Three skewed beats, 40 entries every 4 s (one due instant every 0.1 s); after
     ``before`` seconds SIGKILL the beat that published last, watch ``after`` seconds more."""
     trial = Trial(services, peer, tuned=tuned)
@@ -127,8 +139,7 @@ def failover(services: Services, peer: Peer, tuned: bool, before: float, after: 
         start = first.timestamp()
         _sleep_until(start + before)
         recent = max(trial.recorder.messages, key=lambda m: m.stamp, default=None)
-        victim = trial.beat_by_pid(origin_pid(recent.origin) if recent else None) \
-            or trial.beats[0]
+        victim = trial.beat_by_pid(origin_pid(recent.origin) if recent else None) or trial.beats[0]
         lock_ttl = trial.lock_ttl()
         killed = trial.kill(victim)
         _sleep_until(killed + after)
@@ -138,30 +149,37 @@ def failover(services: Services, peer: Peer, tuned: bool, before: float, after: 
         bound = killed + after
         schedules = _schedules(entries)
         before_kill = match_nearest(messages, schedules, start, killed)
-        after_kill = match_nearest([m for m in messages if m.stamp <= bound], schedules,
-                                   killed, bound - 3.0)
+        after_kill = match_nearest(
+            [m for m in messages if m.stamp <= bound], schedules, killed, bound - 3.0
+        )
         next_stamps = sorted(m.stamp for m in messages if killed < m.stamp <= bound)
         normal = sorted(m.stamp for m in messages if start <= m.stamp < killed)
         spacing = [b - a for a, b in itertools.pairwise(normal)]
         result = {
-            "peer": peer.key, "tuned": tuned, "before": before, "after": after,
+            "peer": peer.key,
+            "tuned": tuned,
+            "before": before,
+            "after": after,
             "victim_offset": victim.offset,
             "lock_ttl_at_kill": lock_ttl,
             "gap": (next_stamps[0] - killed) if next_stamps else None,
             "normal_spacing_p99": percentile(spacing, 99),
-            "due_after": after_kill.due, "lost": after_kill.missed,
+            "due_after": after_kill.due,
+            "lost": after_kill.missed,
             # the worst-served slot after the kill: its first message - its due instant
             "late_after_max": max(after_kill.first_offsets, default=float("nan")),
             "duplicates_before": before_kill.duplicates,
             "duplicates_after": after_kill.duplicates,
-            "due_before": before_kill.due, "missed_before": before_kill.missed,
-            "timeline": [round(m.stamp - killed, 3) for m in messages
-                         if start <= m.stamp <= bound],
+            "due_before": before_kill.due,
+            "missed_before": before_kill.missed,
+            "timeline": [round(m.stamp - killed, 3) for m in messages if start <= m.stamp <= bound],
         }
         gap = f"{result['gap']:.2f} s" if result["gap"] is not None else f"> {after:.0f} s"
-        log(f"  {peer.label:<20} {'tuned' if tuned else 'shipped':<7}: gap {gap}, lost "
+        log(
+            f"  {peer.label:<20} {'tuned' if tuned else 'shipped':<7}: gap {gap}, lost "
             f"{after_kill.missed}/{after_kill.due} in {after:.0f} s, duplicates before/after "
-            f"{before_kill.duplicates}/{after_kill.duplicates}")
+            f"{before_kill.duplicates}/{after_kill.duplicates}"
+        )
         return result
     finally:
         trial.close()
@@ -169,8 +187,16 @@ def failover(services: Services, peer: Peer, tuned: bool, before: float, after: 
 
 # -- 4: scale ---------------------------------------------------------------------------------
 
-def scale(services: Services, peer: Peer, tasks: int, seconds: float, settle: float,
-          log: Log, beats: int = 1) -> dict[str, Any]:
+
+def scale(
+    services: Services,
+    peer: Peer,
+    tasks: int,
+    seconds: float,
+    settle: float,
+    log: Log,
+    beats: int = 1,
+) -> dict[str, Any]:
     """One beat (``beats`` unskewed ones), ``tasks`` entries every 60 s whose first due
     instants are spread evenly over the minute after launch (tasks/60 slots due per second
     from the start); a bounded window of ``seconds``. Lateness and the sustained rate are
@@ -179,8 +205,9 @@ def scale(services: Services, peer: Peer, tasks: int, seconds: float, settle: fl
     try:
         pad = 5.0 + tasks * 0.3e-3  # seeding time, measured: ~0.2 ms per entry
         launch_at = _at(pad)
-        entries = [Entry(i, 60, launch_at + timedelta(seconds=60.0 * i / tasks))
-                   for i in range(tasks)]
+        entries = [
+            Entry(i, 60, launch_at + timedelta(seconds=60.0 * i / tasks)) for i in range(tasks)
+        ]
         seeded_in = trial.seed(entries)
         launch = launch_at.timestamp()
         overran = max(0.0, time.time() - launch)
@@ -211,19 +238,29 @@ def scale(services: Services, peer: Peer, tasks: int, seconds: float, settle: fl
         p99, p99_bound = percentile_bounded(steady.offsets, unsent, 99)
         worst, worst_bound = percentile_bounded(steady.offsets, unsent, 100)
         result = {
-            "peer": peer.key, "tasks": tasks, "beats": beats, "seconds": seconds,
+            "peer": peer.key,
+            "tasks": tasks,
+            "beats": beats,
+            "seconds": seconds,
             "settle": settle,
-            "seeded_in": seeded_in, "seed_overran": overran, "alive_at_end": alive,
+            "seeded_in": seeded_in,
+            "seed_overran": overran,
+            "alive_at_end": alive,
             "due_rate": tasks / 60.0,
-            "due": whole.due, "sent": whole.fired,
+            "due": whole.due,
+            "sent": whole.fired,
             "sent_fraction": whole.fired / whole.due if whole.due else float("nan"),
             "startup": (first - launch) if first is not None else None,
             "longest_pause": pause,
             "sustained": sustained,
-            "late_p50": p50, "late_p50_at_least": p50_bound,
-            "late_p99": p99, "late_p99_at_least": p99_bound,
-            "late_max": worst, "late_max_at_least": worst_bound,
-            "steady_due": steady.due, "steady_sent": steady.fired,
+            "late_p50": p50,
+            "late_p50_at_least": p50_bound,
+            "late_p99": p99,
+            "late_p99_at_least": p99_bound,
+            "late_max": worst,
+            "late_max_at_least": worst_bound,
+            "steady_due": steady.due,
+            "steady_sent": steady.fired,
             "cpu_percent": 100.0 * cpu / seconds,
             "rss_mb": max(b.peak_rss_kb for b in trial.beats) / 1024,
             "db_xacts_per_s": (c1.xacts - c0.xacts) / elapsed,
@@ -232,17 +269,20 @@ def scale(services: Services, peer: Peer, tasks: int, seconds: float, settle: fl
             "store_commands_per_s": (c1.store_commands - c0.store_commands) / elapsed,
             "slot_mismatches": whole.slot_mismatches,
         }
-        log(f"  {peer.label:<20} {tasks:>7}: sent {whole.fired}/{whole.due} "
+        log(
+            f"  {peer.label:<20} {tasks:>7}: sent {whole.fired}/{whole.due} "
             f"({100 * result['sent_fraction']:.1f}%), start-up "
             f"{result['startup'] if first is None else round(result['startup'], 2)} s, "
             f"{sustained:.0f}/s, p99 {result['late_p99']:.3f} s, CPU "
-            f"{result['cpu_percent']:.0f}%, RSS {result['rss_mb']:.0f} MB")
+            f"{result['cpu_percent']:.0f}%, RSS {result['rss_mb']:.0f} MB"
+        )
         return result
     finally:
         trial.close()
 
 
 # -- 5: schedule edits ------------------------------------------------------------------------
+
 
 def edits(services: Services, peer: Peer, count: int, spacing: float, log: Log) -> dict[str, Any]:
     """Three skewed beats; 20 background entries every 60 s; ``count`` idle entries (every
@@ -256,9 +296,14 @@ def edits(services: Services, peer: Peer, count: int, spacing: float, log: Log) 
         trial.seed(background + targets)
         _start_beats(trial, 3)
         start = first.timestamp() + 2.0
-        plan = [{"index": t.index, "every": 1,
-                 "at": datetime.fromtimestamp(start + spacing * j, UTC).isoformat()}
-                for j, t in enumerate(targets)]
+        plan = [
+            {
+                "index": t.index,
+                "every": 1,
+                "at": datetime.fromtimestamp(start + spacing * j, UTC).isoformat(),
+            }
+            for j, t in enumerate(targets)
+        ]
         done = trial.set_intervals(plan)
         _sleep_until(time.time() + 6.0)
         trial.stop()
@@ -266,11 +311,18 @@ def edits(services: Services, peer: Peer, count: int, spacing: float, log: Log) 
         firsts, all_beats, raw, beats_firing = [], [], [], []
         for edit in done:
             edited = datetime.fromisoformat(edit["edited_at"]).timestamp()
-            due = max(edited, datetime.fromisoformat(edit["due_at"]).timestamp()
-                      if edit["due_at"] else edited)
-            after = sorted((m for m in trial.recorder.messages
-                            if m.index == edit["index"] and m.stamp >= edited - 0.5),
-                           key=lambda m: m.stamp)
+            due = max(
+                edited,
+                datetime.fromisoformat(edit["due_at"]).timestamp() if edit["due_at"] else edited,
+            )
+            after = sorted(
+                (
+                    m
+                    for m in trial.recorder.messages
+                    if m.index == edit["index"] and m.stamp >= edited - 0.5
+                ),
+                key=lambda m: m.stamp,
+            )
             if not after:
                 firsts.append(None)
                 continue
@@ -283,7 +335,8 @@ def edits(services: Services, peer: Peer, count: int, spacing: float, log: Log) 
             all_beats.append(max(per_beat.values()) - due)
         ok = [f for f in firsts if f is not None]
         result = {
-            "peer": peer.key, "count": count,
+            "peer": peer.key,
+            "count": count,
             "edit_to_first_p50": percentile(raw, 50) if raw else None,
             "edit_to_first_max": max(raw, default=None),
             "first_late_p50": percentile(ok, 50) if ok else None,
@@ -293,8 +346,10 @@ def edits(services: Services, peer: Peer, count: int, spacing: float, log: Log) 
             "never_fired": sum(1 for f in firsts if f is None),
             "delays": [round(f, 3) if f is not None else None for f in firsts],
         }
-        log(f"  {peer.label:<20}: edit -> first firing p50 {result['edit_to_first_p50']}, "
-            f"late vs due max {result['first_late_max']}, all beats {result['all_beats_max']}")
+        log(
+            f"  {peer.label:<20}: edit -> first firing p50 {result['edit_to_first_p50']}, "
+            f"late vs due max {result['first_late_max']}, all beats {result['all_beats_max']}"
+        )
         return result
     finally:
         trial.close()
@@ -302,12 +357,15 @@ def edits(services: Services, peer: Peer, count: int, spacing: float, log: Log) 
 
 # -- 6: a burst: every entry due at one instant --------------------------------------------
 
+
 def _ledger(trial: Trial, before: float) -> dict[str, int]:
     """celery_driftsafe only: ledger rows for slots before ``before`` and missed slots."""
     rows = pg_exec(
         "SELECT count(*), count(*) FILTER (WHERE status = 'missed'), "
         "coalesce(sum(missed_count) FILTER (WHERE status = 'missed'), 0) "
-        f"FROM celery_driftsafe_run WHERE slot < to_timestamp({before})", trial.db)[0]
+        f"FROM celery_driftsafe_run WHERE slot < to_timestamp({before})",
+        trial.db,
+    )[0]
     return {"rows": int(rows[0]), "missed_rows": int(rows[1]), "missed_slots": int(rows[2])}
 
 
@@ -316,8 +374,9 @@ def _sample_until(trial: Trial, done: Callable[[], bool], until: float) -> None:
         time.sleep(0.25)
 
 
-def burst(services: Services, peer: Peer, tasks: int, beats: int, bound: float,
-          log: Log) -> dict[str, Any]:
+def burst(
+    services: Services, peer: Peer, tasks: int, beats: int, bound: float, log: Log
+) -> dict[str, Any]:
     """``tasks`` entries every 60 s, all first due at one instant T; ``beats`` unskewed beats
     started and given time to come up before T. Every message is recorded until the wave is
     out or ``bound`` seconds after T (below 60, so no second wave is due)."""
@@ -357,31 +416,43 @@ def burst(services: Services, peer: Peer, tasks: int, beats: int, bound: float,
         worst, worst_bound = percentile_bounded(late, unsent, 100)
         ledger = _ledger(trial, due + 1.0) if peer.key == "driftsafe" else None
         result = {
-            "peer": peer.key, "tasks": tasks, "beats": beats, "bound": bound,
-            "seed_overran": overran, "alive_at_end": alive,
-            "sent": len(per_entry), "messages": len(messages),
+            "peer": peer.key,
+            "tasks": tasks,
+            "beats": beats,
+            "bound": bound,
+            "seed_overran": overran,
+            "alive_at_end": alive,
+            "sent": len(per_entry),
+            "messages": len(messages),
             "duplicates": sum(len(v) - 1 for v in per_entry.values()),
             "early": sum(1 for m in messages if m.stamp < due),
             "unsent": tasks - len(per_entry),
             "recorded_missed": ledger["missed_slots"] if ledger else None,
-            "late_p50": p50, "late_p50_at_least": p50_bound,
-            "late_p99": p99, "late_p99_at_least": p99_bound,
-            "late_max": worst, "late_max_at_least": worst_bound,
+            "late_p50": p50,
+            "late_p50_at_least": p50_bound,
+            "late_p99": p99,
+            "late_p99_at_least": p99_bound,
+            "late_max": worst,
+            "late_max_at_least": worst_bound,
             "drain": worst if not worst_bound else None,
             "rate": len(per_entry) / worst if worst and not worst_bound else None,
-            "cpu_s": cpu, "cpu_us_per_slot": 1e6 * cpu / len(per_entry) if per_entry else None,
+            "cpu_s": cpu,
+            "cpu_us_per_slot": 1e6 * cpu / len(per_entry) if per_entry else None,
             "rss_mb": rss,
             "db_xacts_per_s": (c1.xacts - c0.xacts) / (c1.at - c0.at),
-            "slot_mismatches": sum(1 for m in messages
-                                   if m.slot is not None and abs(m.slot - due) > 1e-3),
+            "slot_mismatches": sum(
+                1 for m in messages if m.slot is not None and abs(m.slot - due) > 1e-3
+            ),
             # arrival curve for the plot: (seconds after T, messages so far), 200 points
             "curve": _curve(sorted(firsts)),
         }
         drain = f"{worst:.1f} s" if result["drain"] is not None else f"> {bound:.0f} s"
-        log(f"  {peer.label:<20} {tasks:,} x K={beats}: sent {len(per_entry):,}, wave out "
+        log(
+            f"  {peer.label:<20} {tasks:,} x K={beats}: sent {len(per_entry):,}, wave out "
             f"after {drain}, p50 {p50:.2f} s, p99 {p99:.2f} s, dup {result['duplicates']}, "
             f"early {result['early']}, recorded missed {result['recorded_missed']}, "
-            f"CPU {cpu:.1f} s")
+            f"CPU {cpu:.1f} s"
+        )
         return result
     finally:
         trial.close()
@@ -399,22 +470,25 @@ def _curve(offsets: list[float], points: int = 200) -> list[list[float]]:
 
 # -- 7: recovery: back after an outage with no beat running --------------------------------
 
-def recovery(services: Services, peer: Peer, tasks: int, outage: float, bound: float,
-             log: Log) -> dict[str, Any]:
+
+def recovery(
+    services: Services, peer: Peer, tasks: int, outage: float, bound: float, log: Log
+) -> dict[str, Any]:
     """``tasks`` entries every 60 s, first due ``outage`` seconds ago (spread over that
     minute) and never run since: one beat starts. How long until the first message and until
     every entry has sent its catch-up, what the ledger wrote for the outage (ours), memory."""
     trial = Trial(services, peer)
     try:
         began = time.time()
-        entries = [Entry(i, 60, datetime.fromtimestamp(began - outage + 60.0 * i / tasks, UTC))
-                   for i in range(tasks)]
+        entries = [
+            Entry(i, 60, datetime.fromtimestamp(began - outage + 60.0 * i / tasks, UTC))
+            for i in range(tasks)
+        ]
         trial.seed(entries)
         launch = time.time()
         beat = trial.start_beat(0.0)
         end = launch + bound
-        _sample_until(trial, lambda: len({m.index for m in trial.recorder.messages}) >= tasks,
-                      end)
+        _sample_until(trial, lambda: len({m.index for m in trial.recorder.messages}) >= tasks, end)
         caught_up = time.time()
         cpu, rss = beat.cpu, beat.peak_rss_kb / 1024
         alive = beat.process.poll() is None
@@ -427,18 +501,26 @@ def recovery(services: Services, peer: Peer, tasks: int, outage: float, bound: f
         everyone = max(firsts.values()) - launch if len(firsts) == tasks else None
         ledger = _ledger(trial, launch) if peer.key == "driftsafe" else None
         result = {
-            "peer": peer.key, "tasks": tasks, "outage_h": outage / 3600, "bound": bound,
+            "peer": peer.key,
+            "tasks": tasks,
+            "outage_h": outage / 3600,
+            "bound": bound,
             "alive_at_end": alive,
             "first_message": min(firsts.values()) - launch if firsts else None,
-            "all_caught_up": everyone, "caught_up": len(firsts),
+            "all_caught_up": everyone,
+            "caught_up": len(firsts),
             "catch_up_messages": len(messages),
             "ledger_rows_per_task": ledger["rows"] / tasks if ledger else None,
             "missed_slots": ledger["missed_slots"] if ledger else None,
-            "cpu_s": cpu, "rss_mb": rss, "watched": caught_up - launch,
+            "cpu_s": cpu,
+            "rss_mb": rss,
+            "watched": caught_up - launch,
         }
-        log(f"  {peer.label:<20} {tasks:,} back after {outage / 3600:g} h: first message "
+        log(
+            f"  {peer.label:<20} {tasks:,} back after {outage / 3600:g} h: first message "
             f"{result['first_message']}, all caught up {everyone}, rows/task "
-            f"{result['ledger_rows_per_task']}, RSS {rss:.0f} MB")
+            f"{result['ledger_rows_per_task']}, RSS {rss:.0f} MB"
+        )
         return result
     finally:
         trial.close()

@@ -16,8 +16,9 @@ from benchmarks.django_db import fresh_databases
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", type=int, default=500,
-                        help="tasks due (default 500: one round's batch)")
+    parser.add_argument(
+        "--tasks", type=int, default=500, help="tasks due (default 500: one round's batch)"
+    )
     args = parser.parse_args()
     with fresh_databases():
         from django.db import connection
@@ -28,14 +29,22 @@ def main() -> None:
 
         start = datetime.now(UTC).replace(microsecond=0)
         PeriodicTask.objects.bulk_create(
-            PeriodicTask(name=f"q{i}", task="bench.tick", schedule_kind="interval",
-                         interval_every=60, interval_anchor=start, next_slot_at=start)
+            PeriodicTask(
+                name=f"q{i}",
+                task="bench.tick",
+                schedule_kind="interval",
+                interval_every=60,
+                interval_anchor=start,
+                next_slot_at=start,
+            )
             for i in range(args.tasks)
         )
         with CaptureQueriesContext(connection) as captured:
             result = claimer_for().claim(start, "bench")
-        print(f"one claim round of {args.tasks} due tasks on {connection.vendor}: "
-              f"{len(result.runs)} runs claimed, {len(captured.captured_queries)} statements")
+        print(
+            f"one claim round of {args.tasks} due tasks on {connection.vendor}: "
+            f"{len(result.runs)} runs claimed, {len(captured.captured_queries)} statements"
+        )
         for query in captured.captured_queries:
             sql = " ".join(query["sql"].split())
             print(f"  {sql[:150]}{'...' if len(sql) > 150 else ''}")

@@ -64,8 +64,7 @@ class Disturbed(RuntimeError):
 def _child_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BENCH_", "DJANGO_"))}
     # children run from the repository root (``python -m``), so ``benchmarks`` imports there
-    env.update(DJANGO_SETTINGS_MODULE="benchmarks.bench_settings", PYTHONUNBUFFERED="1",
-               **extra)
+    env.update(DJANGO_SETTINGS_MODULE="benchmarks.bench_settings", PYTHONUNBUFFERED="1", **extra)
     return env
 
 
@@ -85,9 +84,12 @@ class Services:
         self.broker_url = self._start_redis("broker")
         pg_exec(f"CREATE DATABASE {self.template}")
         result = subprocess.run(
-            [sys.executable, "-m", "django", "migrate", "--verbosity", "0"], cwd=ROOT,
+            [sys.executable, "-m", "django", "migrate", "--verbosity", "0"],
+            cwd=ROOT,
             env=_child_env(BENCH_DB=self.template, BENCH_STORE_URL=self.store_url),
-            capture_output=True, text=True, check=False,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if result.returncode:
             self.close()
@@ -177,8 +179,10 @@ class Trial:
         self.children = Children(self.dir, cwd=ROOT)
         pg_exec(f"CREATE DATABASE {self.db} TEMPLATE {self.services.template}")
         self.env = _child_env(
-            BENCH_DB=self.db, BENCH_STORE_URL=self.services.store_url,
-            BENCH_BROKER_URL=self.services.broker_url, BENCH_PREFIX=self.prefix,
+            BENCH_DB=self.db,
+            BENCH_STORE_URL=self.services.store_url,
+            BENCH_BROKER_URL=self.services.broker_url,
+            BENCH_PREFIX=self.prefix,
             BENCH_QUEUE=self.queue,
             **(self.peer.tuned if self.tuned else {}),
         )
@@ -194,9 +198,14 @@ class Trial:
 
     def _child(self, command: str, payload: dict[str, Any], timeout: float) -> Any:
         result = subprocess.run(
-            [sys.executable, "-m", "benchmarks.peers", self.peer.key, command], cwd=ROOT,
-            env=self.env, input=json.dumps(payload), capture_output=True, text=True,
-            timeout=timeout, check=False,
+            [sys.executable, "-m", "benchmarks.peers", self.peer.key, command],
+            cwd=ROOT,
+            env=self.env,
+            input=json.dumps(payload),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
         if result.returncode:
             raise RuntimeError(f"{self.peer.key} {command} failed:\n{result.stderr[-3000:]}")
@@ -211,10 +220,12 @@ class Trial:
     def set_intervals(self, edits: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Apply ``edits`` ({index, every, at}) one by one at their planned true times; each
         comes back stamped with the true time right after it committed."""
-        wait = max(0.0, max(datetime.fromisoformat(e["at"]).timestamp() for e in edits)
-                   - time.time())
-        done: list[dict[str, Any]] = self._child("set_interval", {"edits": edits},
-                                                 timeout=wait + 120)["edits"]
+        wait = max(
+            0.0, max(datetime.fromisoformat(e["at"]).timestamp() for e in edits) - time.time()
+        )
+        done: list[dict[str, Any]] = self._child(
+            "set_interval", {"edits": edits}, timeout=wait + 120
+        )["edits"]
         return done
 
     # -- beats ------------------------------------------------------------------------------
@@ -224,16 +235,22 @@ class Trial:
         first); with ``wait_banner``, wait until it printed its banner, then that long more."""
         i = len(self.beats)
         child = self.children.start(
-            f"beat-{i}", [*BEAT_ARGS, "-S", self.peer.scheduler, "-s",
-                          str(self.dir / f"beat-{i}-schedule")], self.env, offset=offset)
+            f"beat-{i}",
+            [*BEAT_ARGS, "-S", self.peer.scheduler, "-s", str(self.dir / f"beat-{i}-schedule")],
+            self.env,
+            offset=offset,
+        )
         beat = Beat(child)
         self.beats.append(beat)
         process = child.process
         log = child.log
         if wait_banner:
             deadline = time.time() + 30
-            while time.time() < deadline and process.poll() is None \
-                    and b"Configuration" not in log.read_bytes():
+            while (
+                time.time() < deadline
+                and process.poll() is None
+                and b"Configuration" not in log.read_bytes()
+            ):
                 time.sleep(0.05)
             time.sleep(wait_banner)
         return beat
@@ -273,8 +290,9 @@ class Trial:
         pg_exec(f"DROP DATABASE IF EXISTS {self.db} WITH (FORCE)")
 
     def logs(self, tail: int = 2000) -> str:
-        return "\n".join(f"--- {b.log.name}\n{b.log.read_text(errors='replace')[-tail:]}"
-                         for b in self.beats)
+        return "\n".join(
+            f"--- {b.log.name}\n{b.log.read_text(errors='replace')[-tail:]}" for b in self.beats
+        )
 
     # -- measurements -----------------------------------------------------------------------
 
@@ -299,8 +317,13 @@ class Trial:
             f"WHERE datname = '{self.db}'"
         )[0]
         info = self.store.info("stats")
-        return Counters(time.time(), int(row[0]), int(row[1]), int(row[2]),
-                        int(info["total_commands_processed"]))
+        return Counters(
+            time.time(),
+            int(row[0]),
+            int(row[1]),
+            int(row[2]),
+            int(info["total_commands_processed"]),
+        )
 
     def lock_ttl(self) -> float | None:
         """Seconds left on RedBeat's lock (None when there is none)."""

@@ -64,8 +64,10 @@ def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> 
         )
     elif isinstance(sched, solar):
         fields.update(
-            schedule_kind=ScheduleKind.SOLAR, solar_event=sched.event,
-            solar_latitude=float(sched.lat), solar_longitude=float(sched.lon),
+            schedule_kind=ScheduleKind.SOLAR,
+            solar_event=sched.event,
+            solar_latitude=float(sched.lat),
+            solar_longitude=float(sched.lon),
         )
     else:
         if isinstance(sched, schedule) and type(sched) is schedule:
@@ -83,7 +85,8 @@ def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> 
         micro = every // timedelta(microseconds=1)
         if micro <= 0:
             raise ScheduleError(
-                "every", f"beat_schedule[{name!r}]: interval {every.total_seconds()} s must be "
+                "every",
+                f"beat_schedule[{name!r}]: interval {every.total_seconds()} s must be "
                 "longer than zero",
             )
         # Whole seconds in seconds; a fraction of a second in microseconds.
@@ -115,8 +118,10 @@ def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> 
             expires = expires.replace(tzinfo=ZoneInfo(timezone))
         fields["valid_until"] = expires
     elif expires is not None:
-        raise ValueError(f"beat_schedule[{name!r}]: options.expires must be seconds or a "
-                         f"datetime, not {expires!r}")
+        raise ValueError(
+            f"beat_schedule[{name!r}]: options.expires must be seconds or a "
+            f"datetime, not {expires!r}"
+        )
     fields["headers"] = dict(options.get("headers") or {})
     return fields
 
@@ -130,8 +135,10 @@ def entry_report(
 ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """What of a ``beat_schedule`` entry :func:`entry_fields` brought over (option, the field
     holding it) and what it did not (option, why)."""
-    carried = [("task", "task"), (f"schedule {entry['schedule']!r}"[:60],
-                                  f"schedule_kind {fields['schedule_kind']}")]
+    carried = [
+        ("task", "task"),
+        (f"schedule {entry['schedule']!r}"[:60], f"schedule_kind {fields['schedule_kind']}"),
+    ]
     dropped = []
     for key in ("args", "kwargs"):
         if fields.get(key):
@@ -145,8 +152,12 @@ def entry_report(
         elif key in PUBLISH_OPTIONS:
             carried.append((f"options.{key}", key))
         else:
-            dropped.append((f"options.{key}", f"not a publish option this package sends "
-                                              f"({', '.join(PUBLISH_OPTIONS)})"))
+            dropped.append(
+                (
+                    f"options.{key}",
+                    f"not a publish option this package sends ({', '.join(PUBLISH_OPTIONS)})",
+                )
+            )
     if entry.get("relative"):
         dropped.append(("relative", "interval slots are anchored, not rounded to the period"))
     for key in entry:
@@ -170,8 +181,12 @@ def sync_beat_schedule(
             _sync_one(name, fields, report, using, now)
         except (ValueError, ValidationError) as exc:
             report.errors[name] = "; ".join(getattr(exc, "messages", [])) or str(exc)
-            logger.error("beat_schedule entry %r ignored: %s", name, exc,
-                         extra={"action": "sync", "task": name})
+            logger.error(
+                "beat_schedule entry %r ignored: %s",
+                name,
+                exc,
+                extra={"action": "sync", "task": name},
+            )
     return report
 
 
@@ -179,8 +194,13 @@ def _sync_one(
     name: str, fields: dict[str, Any], report: SyncReport, using: str, now: datetime | None
 ) -> None:
     outcome = upsert_by_name(
-        name, fields, now=now, using=using, on_create={"source": TaskSource.BEAT_SCHEDULE},
-        may_update=lambda task: task.source == TaskSource.BEAT_SCHEDULE, validate=True,
+        name,
+        fields,
+        now=now,
+        using=using,
+        on_create={"source": TaskSource.BEAT_SCHEDULE},
+        may_update=lambda task: task.source == TaskSource.BEAT_SCHEDULE,
+        validate=True,
     )
     if outcome == Upserted.CREATED:
         report.created.append(name)
@@ -190,6 +210,7 @@ def _sync_one(
         if outcome == Upserted.REFUSED:
             logger.warning(
                 "beat_schedule entry %r ignored: a task of that name is managed in the database",
-                name, extra={"action": "sync", "task": name},
+                name,
+                extra={"action": "sync", "task": name},
             )
         report.unchanged.append(name)

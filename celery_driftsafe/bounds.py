@@ -94,8 +94,12 @@ def limit_plan(plan: ClaimPlan, budget: int | None) -> tuple[ClaimPlan, bool]:
     past its last allowed run a task has no more slots."""
     if budget is None or len(plan.fire) < budget:
         return plan, False
-    return replace(plan, fire=plan.fire[:budget], next_slot=None, late_from_load=(
-        plan.late_from_load and budget > 0)), True
+    return replace(
+        plan,
+        fire=plan.fire[:budget],
+        next_slot=None,
+        late_from_load=(plan.late_from_load and budget > 0),
+    ), True
 
 
 @dataclass(frozen=True)
@@ -130,12 +134,16 @@ def plan_limited(
     spread = spread_us(limits.jitter_seconds)
     jitter = Jitter(limits.identity, timedelta(microseconds=spread)) if spread else None
     plan = plan_claim(schedule, start, now, jitter=jitter, **options)
-    budget = run_budget(run_once=limits.run_once, max_runs=limits.max_runs,
-                        run_count=limits.run_count)
+    budget = run_budget(
+        run_once=limits.run_once, max_runs=limits.max_runs, run_count=limits.run_count
+    )
     plan, used_up = limit_plan(plan, budget)
     if used_up:
-        return plan, ("run once: it fired its run" if limits.run_once and budget == 1
-                      else f"max runs: it reached {limits.max_runs} runs")
+        return plan, (
+            "run once: it fired its run"
+            if limits.run_once and budget == 1
+            else f"max runs: it reached {limits.max_runs} runs"
+        )
     if plan.next_slot is None and limits.valid_until is not None:
         return plan, ended
     return plan, None
@@ -148,8 +156,11 @@ def message_expiry(
     and at the latest at ``valid_until``."""
     expires = None
     if expires_seconds is not None:
-        expires = (slot + offset(limits.identity, slot, limits.jitter_seconds)
-                   + timedelta(seconds=expires_seconds))
+        expires = (
+            slot
+            + offset(limits.identity, slot, limits.jitter_seconds)
+            + timedelta(seconds=expires_seconds)
+        )
     if limits.valid_until is not None and (expires is None or expires > limits.valid_until):
         expires = limits.valid_until
     return expires
@@ -160,25 +171,42 @@ def bound_problems(
 ) -> list[Problem]:
     """Problems of the bounds, the run limit and the jitter, each on its field."""
     problems = []
-    if (isinstance(valid_from, datetime) and isinstance(valid_until, datetime)
-            and valid_from.utcoffset() is not None and valid_until.utcoffset() is not None
-            and valid_until <= valid_from):
-        problems.append(Problem("valid_until", f"must be after valid from ({valid_from.isoformat()}"
-                                               "): no slot could fire"))
-    if max_runs is not None and (not isinstance(max_runs, int) or isinstance(max_runs, bool)
-                                 or max_runs < 1):
-        problems.append(Problem("max_runs", f"must be a whole number of 1 or more (empty: no "
-                                            f"limit), not {max_runs!r}"))
+    if (
+        isinstance(valid_from, datetime)
+        and isinstance(valid_until, datetime)
+        and valid_from.utcoffset() is not None
+        and valid_until.utcoffset() is not None
+        and valid_until <= valid_from
+    ):
+        problems.append(
+            Problem(
+                "valid_until",
+                f"must be after valid from ({valid_from.isoformat()}): no slot could fire",
+            )
+        )
+    if max_runs is not None and (
+        not isinstance(max_runs, int) or isinstance(max_runs, bool) or max_runs < 1
+    ):
+        problems.append(
+            Problem(
+                "max_runs",
+                f"must be a whole number of 1 or more (empty: no limit), not {max_runs!r}",
+            )
+        )
     if jitter_seconds is not None and (
-        not isinstance(jitter_seconds, int | float) or isinstance(jitter_seconds, bool)
-        or not math.isfinite(jitter_seconds) or jitter_seconds < 0
+        not isinstance(jitter_seconds, int | float)
+        or isinstance(jitter_seconds, bool)
+        or not math.isfinite(jitter_seconds)
+        or jitter_seconds < 0
         or jitter_seconds > MAX_JITTER_SECONDS
     ):
-        problems.append(Problem(
-            "jitter_seconds",
-            f"must be a number of seconds from 0 to {MAX_JITTER_SECONDS:g}, not "
-            f"{jitter_seconds!r}",
-        ))
+        problems.append(
+            Problem(
+                "jitter_seconds",
+                f"must be a number of seconds from 0 to {MAX_JITTER_SECONDS:g}, not "
+                f"{jitter_seconds!r}",
+            )
+        )
     return problems
 
 

@@ -34,14 +34,16 @@ from celery_driftsafe.schedule_fields import RESCHEDULE_FIELDS
 logger = logging.getLogger(__name__)
 
 
-
 def authority_now(using: str = "default") -> datetime:
     """The configured authority's now (for edits made outside a beat)."""
     return authority_clock(using).now()
 
 
 def first_slot(
-    task: PeriodicTask, now: datetime, *, after: datetime | None = None,
+    task: PeriodicTask,
+    now: datetime,
+    *,
+    after: datetime | None = None,
     taken: Iterable[datetime] = (),
 ) -> datetime | None:
     """The slot a new, edited or re-enabled task starts at: the first one after ``now`` and
@@ -74,8 +76,11 @@ def _latest_run_slot(task_id: int, using: str) -> datetime | None:
     from celery_driftsafe.models import Run
 
     latest = (
-        Run.objects.using(using).filter(periodic_task_id=task_id, slot__isnull=False)
-        .order_by("-slot").values_list("slot", "missed_until").first()
+        Run.objects.using(using)
+        .filter(periodic_task_id=task_id, slot__isnull=False)
+        .order_by("-slot")
+        .values_list("slot", "missed_until")
+        .first()
     )
     if latest is None:
         return None
@@ -103,20 +108,24 @@ def prepare_save(instance: PeriodicTask, options: dict[str, Any]) -> None:
     previous = None
     if not adding:
         previous = (
-            PeriodicTask.objects.using(using).filter(pk=instance.pk)
-            .values(*RESCHEDULE_FIELDS, "enabled", "name").first()
+            PeriodicTask.objects.using(using)
+            .filter(pk=instance.pk)
+            .values(*RESCHEDULE_FIELDS, "enabled", "name")
+            .first()
         )
         if previous is not None and options.get("update_fields") is None:
             options["update_fields"] = [
-                f.name for f in PeriodicTask._meta.concrete_fields
+                f.name
+                for f in PeriodicTask._meta.concrete_fields
                 if not f.primary_key and f.name not in CLAIM_FIELDS
             ]
     changed = previous is None or any(
         previous[name] != getattr(instance, name) for name in RESCHEDULE_FIELDS
     )
     # The jitter hashes the name: renaming a jittered task moves its due instants.
-    changed = changed or (previous is not None and previous["name"] != instance.name
-                          and bool(instance.jitter_seconds))
+    changed = changed or (
+        previous is not None and previous["name"] != instance.name and bool(instance.jitter_seconds)
+    )
     re_enabled = previous is not None and not previous["enabled"] and instance.enabled
     if not (changed or re_enabled):
         return
@@ -140,8 +149,9 @@ def prepare_save(instance: PeriodicTask, options: dict[str, Any]) -> None:
         instance.disabled_reason = ""
     fields = options.get("update_fields")
     if fields is not None:
-        extra = ({"next_slot_at", "due_at", "interval_anchor"}
-                 | ({"disabled_reason"} if re_enabled else set()))
+        extra = {"next_slot_at", "due_at", "interval_anchor"} | (
+            {"disabled_reason"} if re_enabled else set()
+        )
         options["update_fields"] = list(dict.fromkeys([*fields, *extra]))
 
 
@@ -182,7 +192,9 @@ def reschedule(tasks: Iterable[PeriodicTask], *, using: str = "default") -> int:
     count = 0
     for task in tasks:
         task.next_slot_at = first_slot(
-            task, now, after=_latest_run_slot(task.pk, using),
+            task,
+            now,
+            after=_latest_run_slot(task.pk, using),
             taken=_run_slots_at(task, using),
         )
         set_due(task)

@@ -42,7 +42,6 @@ from celery_driftsafe.exceptions import ConfigurationError
 _beat_logger = logging.getLogger("celery_driftsafe.scheduler")
 
 
-
 def _declared() -> dict[str, Any]:
     """Each setting's declared type (``DRIFTSAFE`` key -> type) in :mod:`~celery_driftsafe.conf`."""
     hints = typing.get_type_hints(conf.DriftSafeSettings)
@@ -62,8 +61,7 @@ def _of_type(kind: type) -> tuple[str, ...]:
     """Settings declared exactly ``kind`` (not optional) that must be positive; a setting
     with a check of its own (``ZERO_ALLOWED``) is left out."""
     return tuple(
-        key for key, declared in _declared().items()
-        if declared is kind and key not in ZERO_ALLOWED
+        key for key, declared in _declared().items() if declared is kind and key not in ZERO_ALLOWED
     )
 
 
@@ -77,8 +75,7 @@ def _switches() -> tuple[str, ...]:
 _POSITIVE_OR_NONE = {
     "RUN_EXPIRES_SECONDS": "for example 86400 (a day), or None for messages that never expire",
     "RUN_RETENTION_SECONDS": "for example 604800 (a week), or None to keep runs forever",
-    "FAILED_RUN_RETENTION_SECONDS": "for example 2592000 (30 days), or None to keep them "
-                                    "forever",
+    "FAILED_RUN_RETENTION_SECONDS": "for example 2592000 (30 days), or None to keep them forever",
     "PRUNE_INTERVAL_SECONDS": "for example 60, or None when driftsafe_prune runs from cron",
 }
 #: Number settings that accept 0 (checked on their own).
@@ -108,66 +105,106 @@ def _check_raw(raw: dict[str, Any]) -> Iterable[CheckMessage]:
     defaults = conf.DriftSafeSettings()
     for key in sorted(set(raw) - set(known)):
         yield _error(
-            key, raw[key], "unknown setting", "known: " + ", ".join(sorted(known)),
+            key,
+            raw[key],
+            "unknown setting",
+            "known: " + ", ".join(sorted(known)),
             "celery_driftsafe.E002",
         )
     for key, choices in _choices().items():
         if key in raw and raw[key] not in choices:
             yield _error(
-                key, raw[key], "not a valid choice", "one of: " + ", ".join(choices),
+                key,
+                raw[key],
+                "not a valid choice",
+                "one of: " + ", ".join(choices),
                 "celery_driftsafe.E003",
             )
     for key in _of_type(int):
         value = raw.get(key, 1)
         if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
-            yield _error(key, value, "must be a positive whole number", "for example "
-                         f"{getattr(defaults, known[key])}", "celery_driftsafe.E004")
+            yield _error(
+                key,
+                value,
+                "must be a positive whole number",
+                f"for example {getattr(defaults, known[key])}",
+                "celery_driftsafe.E004",
+            )
     for key in _of_type(float):
         value = raw.get(key, 1.0)
         if not (_is_number(value) and value > 0):
-            yield _error(key, value, "must be a positive number of seconds", "for example "
-                         f"{getattr(defaults, known[key])}", "celery_driftsafe.E004")
+            yield _error(
+                key,
+                value,
+                "must be a positive number of seconds",
+                f"for example {getattr(defaults, known[key])}",
+                "celery_driftsafe.E004",
+            )
     for key in _switches():
         value = raw.get(key, True)
         if not isinstance(value, bool):
-            yield _error(key, value, "must be True or False", "for example "
-                         f"{getattr(defaults, known[key])}", "celery_driftsafe.E011")
+            yield _error(
+                key,
+                value,
+                "must be True or False",
+                f"for example {getattr(defaults, known[key])}",
+                "celery_driftsafe.E011",
+            )
     redis_url = raw.get("REDIS_URL")
     if redis_url is not None and (
         not isinstance(redis_url, str) or urlsplit(redis_url).scheme not in REDIS_SCHEMES
     ):
         yield _error(
-            "REDIS_URL", redis_url, "not a Redis URL",
+            "REDIS_URL",
+            redis_url,
+            "not a Redis URL",
             "use redis://host:6379/0, rediss:// for TLS, unix:///path, or None for no Redis",
             "celery_driftsafe.E005",
         )
     if raw.get("TIME_AUTHORITY") == "redis" and not redis_url:
         yield _error(
-            "TIME_AUTHORITY", "redis", "needs DRIFTSAFE['REDIS_URL']",
-            "set REDIS_URL, or use TIME_AUTHORITY 'database'", "celery_driftsafe.E006",
+            "TIME_AUTHORITY",
+            "redis",
+            "needs DRIFTSAFE['REDIS_URL']",
+            "set REDIS_URL, or use TIME_AUTHORITY 'database'",
+            "celery_driftsafe.E006",
         )
     prefix = raw.get("KEY_PREFIX", "driftsafe")
     if not (isinstance(prefix, str) and prefix and not any(c.isspace() for c in prefix)):
         yield _error(
-            "KEY_PREFIX", prefix, "must be a non-empty string without spaces",
-            "for example 'driftsafe' or 'myproject:driftsafe'", "celery_driftsafe.E007",
+            "KEY_PREFIX",
+            prefix,
+            "must be a non-empty string without spaces",
+            "for example 'driftsafe' or 'myproject:driftsafe'",
+            "celery_driftsafe.E007",
         )
     app_path = raw.get("CELERY_APP")
     if app_path is not None and not (isinstance(app_path, str) and app_path.strip()):
         yield _error(
-            "CELERY_APP", app_path, "must be a dotted path to a Celery app, or None",
-            "for example 'proj.celery:app'", "celery_driftsafe.E009",
+            "CELERY_APP",
+            app_path,
+            "must be a dotted path to a Celery app, or None",
+            "for example 'proj.celery:app'",
+            "celery_driftsafe.E009",
         )
     for key, hint in _POSITIVE_OR_NONE.items():
         value = raw.get(key)
         if value is not None and not (_is_number(value) and value > 0):
-            yield _error(key, value, "must be a positive number of seconds, or None", hint,
-                         "celery_driftsafe.E004")
+            yield _error(
+                key,
+                value,
+                "must be a positive number of seconds, or None",
+                hint,
+                "celery_driftsafe.E004",
+            )
     grace = raw.get("MISFIRE_GRACE_SECONDS", 0)
     if not (_is_number(grace) and grace >= 0):
         yield _error(
-            "MISFIRE_GRACE_SECONDS", grace, "must be a number of seconds >= 0",
-            "for example 60", "celery_driftsafe.E008",
+            "MISFIRE_GRACE_SECONDS",
+            grace,
+            "must be a number of seconds >= 0",
+            "for example 60",
+            "celery_driftsafe.E008",
         )
     yield from _check_metrics(raw)
     warn = raw.get("MAX_CLOCK_OFFSET_SECONDS", defaults.max_clock_offset_seconds)
@@ -191,19 +228,31 @@ def _check_metrics(raw: dict[str, Any]) -> Iterable[CheckMessage]:
             continue
         switched_on.append(key)
         if not (isinstance(port, int) and not isinstance(port, bool) and 0 <= port < 65536):
-            yield _error(key, port, "must be a TCP port number (0-65535), or None",
-                         "for example 9808; 0 takes any free port (logged); None serves no "
-                         "metrics", "celery_driftsafe.E020")
+            yield _error(
+                key,
+                port,
+                "must be a TCP port number (0-65535), or None",
+                "for example 9808; 0 takes any free port (logged); None serves no metrics",
+                "celery_driftsafe.E020",
+            )
     address = raw.get("METRICS_ADDRESS", "0.0.0.0")
     if not (isinstance(address, str) and address.strip()):
-        yield _error("METRICS_ADDRESS", address, "must be a host name or IP address",
-                     "for example '0.0.0.0' (every interface) or '127.0.0.1'",
-                     "celery_driftsafe.E022")
+        yield _error(
+            "METRICS_ADDRESS",
+            address,
+            "must be a host name or IP address",
+            "for example '0.0.0.0' (every interface) or '127.0.0.1'",
+            "celery_driftsafe.E022",
+        )
     missing = prometheus_missing() if switched_on else None
     if missing:
-        yield _error(switched_on[0], raw[switched_on[0]],
-                     "metrics are switched on but prometheus-client is not installed",
-                     f"{EXTRA_HINT}, or set it to None", "celery_driftsafe.E021")
+        yield _error(
+            switched_on[0],
+            raw[switched_on[0]],
+            "metrics are switched on but prometheus-client is not installed",
+            f"{EXTRA_HINT}, or set it to None",
+            "celery_driftsafe.E021",
+        )
 
 
 def check_use_tz(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
@@ -216,7 +265,7 @@ def check_use_tz(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
             f"USE_TZ = {use_tz!r}: celery_driftsafe stores every slot, claim and heartbeat as an "
             "aware UTC instant, which Django does only with USE_TZ = True",
             hint="set USE_TZ = True in the Django settings (TIME_ZONE stays the zone shown to "
-                 "people; each periodic task keeps its own crontab time zone)",
+            "people; each periodic task keeps its own crontab time zone)",
             id="celery_driftsafe.E010",
         )
     ]
@@ -264,7 +313,9 @@ def refuse_bad_configuration(node_id: str) -> None:
     if not errors:
         return
     for message in errors:
-        _beat_logger.critical("%s", describe(message),
-                              extra={"action": "config-error", "node": node_id})
-    raise SystemExit("celery_driftsafe cannot start:\n" +
-                     "\n".join(describe(message) for message in errors))
+        _beat_logger.critical(
+            "%s", describe(message), extra={"action": "config-error", "node": node_id}
+        )
+    raise SystemExit(
+        "celery_driftsafe cannot start:\n" + "\n".join(describe(message) for message in errors)
+    )

@@ -98,7 +98,10 @@ class Claimer(Protocol):
 
 class _BaseClaimer:
     def __init__(
-        self, *, using: str = "default", settings: DriftSafeSettings | None = None,
+        self,
+        *,
+        using: str = "default",
+        settings: DriftSafeSettings | None = None,
         batch_size: int | None = None,
     ) -> None:
         self.using = using
@@ -136,10 +139,16 @@ class _BaseClaimer:
         return tasks
 
     def _disable_by_id(self, pk: int, problem: str) -> str:
-        name = str(PeriodicTask.objects.using(self.using).filter(pk=pk)
-                   .values_list("name", flat=True).first() or pk)
-        logger.error("task %s disabled: %s", name, problem,
-                     extra={"action": "disable", "task": name})
+        name = str(
+            PeriodicTask.objects.using(self.using)
+            .filter(pk=pk)
+            .values_list("name", flat=True)
+            .first()
+            or pk
+        )
+        logger.error(
+            "task %s disabled: %s", name, problem, extra={"action": "disable", "task": name}
+        )
         PeriodicTask.objects.using(self.using).filter(pk=pk).update(
             enabled=False, next_slot_at=None, disabled_reason=_reason(problem)
         )
@@ -154,9 +163,13 @@ class _BaseClaimer:
         if grace is None:
             grace = self.settings.misfire_grace_seconds
         plan, finished = plan_limited(
-            task.schedule, task.next_slot_at, now, _limits(task),
+            task.schedule,
+            task.next_slot_at,
+            now,
+            _limits(task),
             policy=task.misfire_policy or self.settings.misfire_policy,
-            grace=timedelta(seconds=grace), fire_all_max=self.settings.fire_all_max,
+            grace=timedelta(seconds=grace),
+            fire_all_max=self.settings.fire_all_max,
             busy_since=busy_since,
         )
         if finished is not None:
@@ -164,7 +177,10 @@ class _BaseClaimer:
         return plan
 
     def _plans(
-        self, tasks: Sequence[PeriodicTask], now: datetime, result: ClaimResult,
+        self,
+        tasks: Sequence[PeriodicTask],
+        now: datetime,
+        result: ClaimResult,
         busy_since: datetime | None = None,
     ) -> list[tuple[PeriodicTask, ClaimPlan]]:
         """Plan each task; a task whose row cannot be fired (bad JSON shape, bad option,
@@ -184,8 +200,12 @@ class _BaseClaimer:
                 problem = str(schedule_problem(exc))
             except Exception as exc:
                 problem = f"{task.schedule_field()}: the schedule cannot be evaluated: {exc!r}"
-            logger.error("task %s disabled: %s", task.name, problem,
-                         extra={"action": "disable", "task": task.name})
+            logger.error(
+                "task %s disabled: %s",
+                task.name,
+                problem,
+                extra={"action": "disable", "task": task.name},
+            )
             task.enabled = False
             task.disabled_reason = _reason(problem)
             task.next_slot_at = task.due_at = None
@@ -193,7 +213,10 @@ class _BaseClaimer:
         return planned
 
     def _write_runs(
-        self, planned: Iterable[tuple[PeriodicTask, ClaimPlan]], now: datetime, node_id: str,
+        self,
+        planned: Iterable[tuple[PeriodicTask, ClaimPlan]],
+        now: datetime,
+        node_id: str,
         result: ClaimResult,
     ) -> list[PeriodicTask]:
         """Insert the round's run rows; return the tasks whose rows the database refused
@@ -208,10 +231,17 @@ class _BaseClaimer:
                 message = run_message(task)
                 text = json.dumps(message)
                 for slot in plan.fire:
-                    rows.append(NewRun(
-                        task, slot, RunStatus.CLAIMED, celery_task_id(task.pk, slot),
-                        message, text, self._expires_at(task, slot),
-                    ))
+                    rows.append(
+                        NewRun(
+                            task,
+                            slot,
+                            RunStatus.CLAIMED,
+                            celery_task_id(task.pk, slot),
+                            message,
+                            text,
+                            self._expires_at(task, slot),
+                        )
+                    )
                 first_due = plan.fire[0] + offset(task.name, plan.fire[0], task.jitter_seconds)
                 result.oldest_slot = min(result.oldest_slot or first_due, first_due)
             result.missed += plan.missed_count
@@ -227,9 +257,15 @@ class _BaseClaimer:
             elif row.task not in refused:
                 logger.warning(
                     "slot %s of %s already has a run; skipped (the task was saved or "
-                    "rescheduled onto a slot that fired)", row.slot, row.task.name,
-                    extra={"action": "slot-taken", "task": row.task.name, "slot": row.slot,
-                           "node": node_id},
+                    "rescheduled onto a slot that fired)",
+                    row.slot,
+                    row.task.name,
+                    extra={
+                        "action": "slot-taken",
+                        "task": row.task.name,
+                        "slot": row.slot,
+                        "node": node_id,
+                    },
                 )
         result.runs.sort(key=lambda r: (r.slot, r.run_id))
         return refused
@@ -264,8 +300,12 @@ class _BaseClaimer:
                 for row in group:
                     row.pk = None
                 task.disabled_reason = _reason(f"the database refused its run row: {exc}")
-                logger.error("task %s disabled: %s", task.name, task.disabled_reason,
-                             extra={"action": "disable", "task": task.name})
+                logger.error(
+                    "task %s disabled: %s",
+                    task.name,
+                    task.disabled_reason,
+                    extra={"action": "disable", "task": task.name},
+                )
                 refused.append(task)
         return refused
 
@@ -286,10 +326,16 @@ class _BaseClaimer:
         }
         for row in rows:
             row.pk = None
-        for pk, task_id, slot in Run.objects.using(self.using).filter(
-            periodic_task_id__in={row.task.pk for row in rows},
-            slot__in={row.slot for row in rows}, claimed_by=node_id, claimed_at=now,
-        ).values_list("pk", "periodic_task_id", "slot"):
+        for pk, task_id, slot in (
+            Run.objects.using(self.using)
+            .filter(
+                periodic_task_id__in={row.task.pk for row in rows},
+                slot__in={row.slot for row in rows},
+                claimed_by=node_id,
+                claimed_at=now,
+            )
+            .values_list("pk", "periodic_task_id", "slot")
+        ):
             found = keys.get((task_id, slot))
             if found is not None:
                 found.pk = pk
@@ -312,14 +358,25 @@ class _BaseClaimer:
             task.enabled = False
             task.next_slot_at = task.due_at = None
             task.disabled_reason = f"finished: {finished}"
-            logger.info("task %s finished: %s", task.name, finished,
-                        extra={"action": "finish", "task": task.name})
+            logger.info(
+                "task %s finished: %s",
+                task.name,
+                finished,
+                extra={"action": "finish", "task": task.name},
+            )
             result.finished.append(task.name)
 
 
 def _limits(task: PeriodicTask) -> Limits:
-    return Limits(task.name, task.jitter_seconds, task.valid_from, task.valid_until,
-                  task.run_once, task.max_runs, task.run_count or 0)
+    return Limits(
+        task.name,
+        task.jitter_seconds,
+        task.valid_from,
+        task.valid_until,
+        task.run_once,
+        task.max_runs,
+        task.run_count or 0,
+    )
 
 
 def _reason(problem: str) -> str:
@@ -329,9 +386,7 @@ def _reason(problem: str) -> str:
 class SkipLockedClaimer(_BaseClaimer):
     """``SELECT … FOR UPDATE SKIP LOCKED``: PostgreSQL, MySQL 8+, MariaDB 10.6+."""
 
-    def claim(
-        self, now: datetime, node_id: str, busy_since: datetime | None = None
-    ) -> ClaimResult:
+    def claim(self, now: datetime, node_id: str, busy_since: datetime | None = None) -> ClaimResult:
         result = ClaimResult()
         with transaction.atomic(using=self.using):
             tasks = self._load(self._due(now).select_for_update(skip_locked=True), result)
@@ -352,9 +407,7 @@ class CompareAndSwapClaimer(_BaseClaimer):
     beat read, and ``RETURNING`` says which. Needs ``UPDATE … RETURNING`` (SQLite 3.35+,
     PostgreSQL)."""
 
-    def claim(
-        self, now: datetime, node_id: str, busy_since: datetime | None = None
-    ) -> ClaimResult:
+    def claim(self, now: datetime, node_id: str, busy_since: datetime | None = None) -> ClaimResult:
         result = ClaimResult()
         tasks = self._load(self._due(now), result)
         result.tasks_seen = len(tasks)

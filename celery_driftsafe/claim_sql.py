@@ -45,10 +45,18 @@ class NewRun:
 
     def model(self, now: datetime, node_id: str) -> Run:
         return Run(
-            periodic_task=self.task, task_name=self.task.task, kind=RunKind.SCHEDULED,
-            slot=self.slot, status=self.status, claimed_by=node_id, claimed_at=now,
-            celery_task_id=self.celery_task_id, message=self.message,
-            expires_at=self.expires_at, error=self.error, missed_count=self.missed_count,
+            periodic_task=self.task,
+            task_name=self.task.task,
+            kind=RunKind.SCHEDULED,
+            slot=self.slot,
+            status=self.status,
+            claimed_by=node_id,
+            claimed_at=now,
+            celery_task_id=self.celery_task_id,
+            message=self.message,
+            expires_at=self.expires_at,
+            error=self.error,
+            missed_count=self.missed_count,
             missed_until=self.missed_until,
             dispatch_attempts=1 if self.status == RunStatus.CLAIMED else 0,
         )
@@ -56,36 +64,62 @@ class NewRun:
     def claimed(self, node_id: str) -> ClaimedRun:
         assert self.pk is not None
         return ClaimedRun(
-            run_id=self.pk, periodic_task_id=self.task.pk, task_name=self.task.task,
-            slot=self.slot, celery_task_id=self.celery_task_id, fencing_token=0,
-            claimed_by=node_id, expires_at=self.expires_at, dispatch_attempts=1,
+            run_id=self.pk,
+            periodic_task_id=self.task.pk,
+            task_name=self.task.task,
+            slot=self.slot,
+            celery_task_id=self.celery_task_id,
+            fencing_token=0,
+            claimed_by=node_id,
+            expires_at=self.expires_at,
+            dispatch_attempts=1,
             **message_parts(self.message),
         )
 
 
 def missed_row(task: PeriodicTask, slot: datetime, now: datetime) -> NewRun:
     late = (now - slot).total_seconds()
-    return NewRun(task, slot, RunStatus.MISSED,
-                  error=f"missed: claimed {late:.1f} s after its slot, past the misfire grace")
+    return NewRun(
+        task,
+        slot,
+        RunStatus.MISSED,
+        error=f"missed: claimed {late:.1f} s after its slot, past the misfire grace",
+    )
 
 
 def span_row(task: PeriodicTask, span: MissedSpan) -> NewRun:
-    error = (f"{span.count} slots from {span.first.isoformat()} to {span.last.isoformat()} "
-             "were missed (the beats were down or the task was disabled); this one row "
-             "stands for all of them")
-    return NewRun(task, span.first, RunStatus.MISSED, error=error, missed_count=span.count,
-                  missed_until=span.last)
+    error = (
+        f"{span.count} slots from {span.first.isoformat()} to {span.last.isoformat()} "
+        "were missed (the beats were down or the task was disabled); this one row "
+        "stands for all of them"
+    )
+    return NewRun(
+        task,
+        span.first,
+        RunStatus.MISSED,
+        error=error,
+        missed_count=span.count,
+        missed_until=span.last,
+    )
 
 
 #: Per-row columns of the claim's insert, by status (the others are the same for every row).
 _ROW_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     RunStatus.CLAIMED: (
-        ("periodic_task_id", "bigint"), ("task_name", "text"), ("slot", "timestamptz"),
-        ("celery_task_id", "text"), ("message", "jsonb"), ("expires_at", "timestamptz"),
+        ("periodic_task_id", "bigint"),
+        ("task_name", "text"),
+        ("slot", "timestamptz"),
+        ("celery_task_id", "text"),
+        ("message", "jsonb"),
+        ("expires_at", "timestamptz"),
     ),
     RunStatus.MISSED: (
-        ("periodic_task_id", "bigint"), ("task_name", "text"), ("slot", "timestamptz"),
-        ("error", "text"), ("missed_count", "integer"), ("missed_until", "timestamptz"),
+        ("periodic_task_id", "bigint"),
+        ("task_name", "text"),
+        ("slot", "timestamptz"),
+        ("error", "text"),
+        ("missed_count", "integer"),
+        ("missed_until", "timestamptz"),
     ),
 }
 
@@ -113,19 +147,30 @@ def insert_runs_postgresql(
     status = rows[0].status
     columns = _ROW_COLUMNS[status]
     constants = {
-        "kind": RunKind.SCHEDULED, "status": status, "claimed_by": node_id, "claimed_at": now,
-        "fencing_token": 0, "dispatch_attempts": 1 if status == RunStatus.CLAIMED else 0,
-        "duplicate_deliveries": 0, "worker": "", "attempt": 0,
-        **({"error": "", "missed_count": 1} if status == RunStatus.CLAIMED
-           else {"celery_task_id": "", "message": "{}"}),
+        "kind": RunKind.SCHEDULED,
+        "status": status,
+        "claimed_by": node_id,
+        "claimed_at": now,
+        "fencing_token": 0,
+        "dispatch_attempts": 1 if status == RunStatus.CLAIMED else 0,
+        "duplicate_deliveries": 0,
+        "worker": "",
+        "attempt": 0,
+        **(
+            {"error": "", "missed_count": 1}
+            if status == RunStatus.CLAIMED
+            else {"celery_task_id": "", "message": "{}"}
+        ),
     }
     table = connection.ops.quote_name(Run._meta.db_table)
     names = ", ".join([*(name for name, _ in columns), *constants])
     # jsonb travels as text (one array of JSON documents) and is cast back per row.
     arrays = ", ".join(f"%s::{'text' if kind == 'jsonb' else kind}[]" for _, kind in columns)
     selects = ", ".join(
-        [*(f"v.{name}::jsonb" if kind == "jsonb" else f"v.{name}" for name, kind in columns),
-         *(("%s::jsonb" if name == "message" else "%s") for name in constants)]
+        [
+            *(f"v.{name}::jsonb" if kind == "jsonb" else f"v.{name}" for name, kind in columns),
+            *(("%s::jsonb" if name == "message" else "%s") for name in constants),
+        ]
     )
     values = [[_ROW_VALUES[name](row) for row in rows] for name, _ in columns]
     with connection.cursor() as cursor:
@@ -204,8 +249,10 @@ def _advance_postgresql(
         where += f" AND {table}.enabled AND {table}.next_slot_at = v.seen"
     sets = ", ".join(f"{name} = v.{name}" for name in _FIELDS)
     unnest = ", ".join(f"%s::{t}[]" for t in types)
-    sql = (f"UPDATE {table} SET {sets} FROM unnest({unnest}) AS v({', '.join(columns)}) "
-           f"WHERE {where} RETURNING {table}.id")
+    sql = (
+        f"UPDATE {table} SET {sets} FROM unnest({unnest}) AS v({', '.join(columns)}) "
+        f"WHERE {where} RETURNING {table}.id"
+    )
     with connection.cursor() as cursor:
         cursor.execute(sql, arrays)
         return {row[0] for row in cursor.fetchall()}

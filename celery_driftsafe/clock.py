@@ -269,7 +269,9 @@ def authority_from_settings(settings: Any = None, *, using: str = "default") -> 
     if settings.time_authority == "local":
         return LocalAuthority()
     raise ConfigurationError(
-        "TIME_AUTHORITY", settings.time_authority, "unknown time authority",
+        "TIME_AUTHORITY",
+        settings.time_authority,
+        "unknown time authority",
         "use 'database', 'redis' or 'local'",
     )
 
@@ -300,7 +302,8 @@ def authority_clock(using: str = "default") -> Clock:
         if held is None or held[0] is not settings:
             clock = AuthorityClock(
                 authority_from_settings(settings, using=using),
-                samples=1, resync_seconds=settings.clock_sync_interval_seconds,
+                samples=1,
+                resync_seconds=settings.clock_sync_interval_seconds,
             )
             _cached[key] = held = (settings, clock)
         return held[1]

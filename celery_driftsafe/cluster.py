@@ -21,8 +21,7 @@ from django.db.models import Count, Min, Q
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus
 
 #: Open statuses: a run waiting for, or in, its execution.
-OPEN_STATUSES = (RunStatus.CLAIMED, RunStatus.DISPATCHED, RunStatus.STARTED,
-                 RunStatus.RETRYING)
+OPEN_STATUSES = (RunStatus.CLAIMED, RunStatus.DISPATCHED, RunStatus.STARTED, RunStatus.RETRYING)
 #: Nodes that stopped longer ago than this are left out of the summaries.
 STOPPED_NODES_SHOWN = timedelta(hours=1)
 #: At most this many nodes are summarised.
@@ -32,15 +31,15 @@ MAX_NODES = 100
 def backlog(now: datetime, *, using: str = "default") -> int:
     """Enabled tasks whose next slot is due at ``now`` (its jittered instant has come) and not
     claimed yet."""
-    return int(PeriodicTask.objects.using(using)
-               .filter(enabled=True, due_at__lte=now).count())
+    return int(PeriodicTask.objects.using(using).filter(enabled=True, due_at__lte=now).count())
 
 
 def oldest_due(now: datetime, *, using: str = "default") -> datetime | None:
     """Since when the longest-waiting due, unclaimed slot has been due at ``now`` (its
     jittered instant; None: nothing is due)."""
     value: datetime | None = (
-        PeriodicTask.objects.using(using).filter(enabled=True, due_at__lte=now)
+        PeriodicTask.objects.using(using)
+        .filter(enabled=True, due_at__lte=now)
         .aggregate(oldest=Min("due_at"))["oldest"]
     )
     return value
@@ -48,10 +47,14 @@ def oldest_due(now: datetime, *, using: str = "default") -> datetime | None:
 
 def nodes_alive(now: datetime, dead_after_seconds: float, *, using: str = "default") -> int:
     """Nodes that have not stopped and sent a heartbeat within ``dead_after_seconds``."""
-    return int(BeatNode.objects.using(using).filter(
-        stopped_at__isnull=True,
-        last_heartbeat_at__gte=now - timedelta(seconds=dead_after_seconds),
-    ).count())
+    return int(
+        BeatNode.objects.using(using)
+        .filter(
+            stopped_at__isnull=True,
+            last_heartbeat_at__gte=now - timedelta(seconds=dead_after_seconds),
+        )
+        .count()
+    )
 
 
 def nodes(now: datetime, *, using: str = "default", limit: int = MAX_NODES) -> list[BeatNode]:
@@ -83,9 +86,7 @@ class RecentRun:
         return (self.dispatched_at - self.slot).total_seconds()
 
 
-def recent_runs(
-    since: datetime, *, limit: int = 2000, using: str = "default"
-) -> list[RecentRun]:
+def recent_runs(since: datetime, *, limit: int = 2000, using: str = "default") -> list[RecentRun]:
     """The newest ``limit`` runs claimed since ``since``, newest first.
 
     Two indexed queries per status, each reading at most ``limit`` index entries: first the
@@ -95,16 +96,22 @@ def recent_runs(
     table = Run.objects.using(using)
     cutoff = since
     for status in RunStatus.values:
-        nth = (table.filter(status=status, claimed_at__gte=since).order_by("-claimed_at")
-               .values_list("claimed_at", flat=True)[limit - 1:limit])
+        nth = (
+            table.filter(status=status, claimed_at__gte=since)
+            .order_by("-claimed_at")
+            .values_list("claimed_at", flat=True)[limit - 1 : limit]
+        )
         for instant in nth:
             if instant is not None and instant > cutoff:
                 cutoff = instant
     fields = ("pk", "task_name", "status", "slot", "claimed_by", "claimed_at", "dispatched_at")
     rows: list[RecentRun] = []
     for status in RunStatus.values:
-        query = (table.filter(status=status, claimed_at__gte=cutoff)
-                 .order_by("-claimed_at").values_list(*fields)[:limit])
+        query = (
+            table.filter(status=status, claimed_at__gte=cutoff)
+            .order_by("-claimed_at")
+            .values_list(*fields)[:limit]
+        )
         rows.extend(RecentRun(*row) for row in query)
     rows.sort(key=lambda run: (run.claimed_at, run.pk), reverse=True)
     return rows[:limit]
@@ -113,9 +120,13 @@ def recent_runs(
 def runs_by_status(since: datetime, *, using: str = "default") -> dict[str, int]:
     """How many runs were claimed since ``since``, by status (every status present)."""
     counts = dict.fromkeys(RunStatus.values, 0)
-    query = (Run.objects.using(using)
-             .filter(status__in=RunStatus.values, claimed_at__gte=since)
-             .values_list("status").annotate(n=Count("pk")).order_by())
+    query = (
+        Run.objects.using(using)
+        .filter(status__in=RunStatus.values, claimed_at__gte=since)
+        .values_list("status")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
     for status, n in query:
         counts[status] = int(n)
     return counts
@@ -124,8 +135,13 @@ def runs_by_status(since: datetime, *, using: str = "default") -> dict[str, int]
 def open_runs(*, using: str = "default") -> dict[str, int]:
     """How many runs wait for or are in their execution, by status."""
     counts = dict.fromkeys((str(s) for s in OPEN_STATUSES), 0)
-    query = (Run.objects.using(using).filter(status__in=OPEN_STATUSES)
-             .values_list("status").annotate(n=Count("pk")).order_by())
+    query = (
+        Run.objects.using(using)
+        .filter(status__in=OPEN_STATUSES)
+        .values_list("status")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
     for status, n in query:
         counts[status] = int(n)
     return counts
@@ -138,16 +154,20 @@ def next_fires(*, limit: int = 15, using: str = "default") -> list[PeriodicTask]
         PeriodicTask.objects.using(using)
         .filter(enabled=True, due_at__isnull=False)
         .order_by("due_at", "id")
-        .only("id", "name", "task", "next_slot_at", "due_at", "last_slot_at",
-              "schedule_kind")[:limit]
+        .only("id", "name", "task", "next_slot_at", "due_at", "last_slot_at", "schedule_kind")[
+            :limit
+        ]
     )
 
 
 def last_slots(*, limit: int = 1000, using: str = "default") -> list[tuple[str, datetime]]:
     """(name, last fired slot) of up to ``limit`` enabled tasks that fired, by name."""
-    rows = (PeriodicTask.objects.using(using)
-            .filter(enabled=True, last_slot_at__isnull=False)
-            .order_by("name").values_list("name", "last_slot_at")[:limit])
+    rows = (
+        PeriodicTask.objects.using(using)
+        .filter(enabled=True, last_slot_at__isnull=False)
+        .order_by("name")
+        .values_list("name", "last_slot_at")[:limit]
+    )
     return [(name, slot) for name, slot in rows if slot is not None]
 
 

@@ -348,7 +348,8 @@ class Crontab:
             single = len(self._seconds) == 1 and second != "0"
             at_second = f":{self._seconds[0]:02}" if single else ""
             text = "at " + ", ".join(
-                f"{h:02}:{m:02}{at_second}" for h in self._hours for m in self._minutes)
+                f"{h:02}:{m:02}{at_second}" for h in self._hours for m in self._minutes
+            )
             seconds = "" if at_second else seconds
         elif minute == "*" and not self._fixed_time and seconds:
             text, seconds = seconds, ""

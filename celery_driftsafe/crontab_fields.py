@@ -141,5 +141,7 @@ def times_of_day(
     between Crontabs (every second of a day is 86,400 of them)."""
     return tuple(
         (hour * 3600 + minute * 60 + second) * SECOND_US
-        for hour in hours for minute in minutes for second in seconds
+        for hour in hours
+        for minute in minutes
+        for second in seconds
     )

@@ -73,8 +73,7 @@ class ClaimedRun:
 
 def run_message(task: PeriodicTask) -> dict[str, Any]:
     """What a run of ``task`` is published with, captured when it is claimed."""
-    return {"args": list(task.args), "kwargs": dict(task.kwargs),
-            "options": publish_options(task)}
+    return {"args": list(task.args), "kwargs": dict(task.kwargs), "options": publish_options(task)}
 
 
 def claimed_run(run: Run, task: PeriodicTask | None = None) -> ClaimedRun:
@@ -124,7 +123,12 @@ def publish_options(task: PeriodicTask) -> dict[str, Any]:
 
 
 def reclaim_stale(
-    now: datetime, node_id: str, *, lease: timedelta, limit: int = 500, using: str = "default",
+    now: datetime,
+    node_id: str,
+    *,
+    lease: timedelta,
+    limit: int = 500,
+    using: str = "default",
     dead_after: timedelta | None = None,
 ) -> list[ClaimedRun]:
     """The outbox: ``claimed`` runs that were never marked dispatched are taken over by this
@@ -152,26 +156,40 @@ def reclaim_stale(
         expired_lease &= ~Q(claimed_by__in=alive.exclude(node_id=node_id).values("node_id"))
     stale = list(
         Run.objects.using(using)
-        .filter(expired_lease
-                | Q(retry_at__isnull=True, claimed_by__in=gone)
-                | Q(retry_at__lte=now),
-                status=RunStatus.CLAIMED, kind__in=(RunKind.SCHEDULED, RunKind.MANUAL))
+        .filter(
+            expired_lease | Q(retry_at__isnull=True, claimed_by__in=gone) | Q(retry_at__lte=now),
+            status=RunStatus.CLAIMED,
+            kind__in=(RunKind.SCHEDULED, RunKind.MANUAL),
+        )
         .exclude(expires_at__lte=now)
         .select_related("periodic_task")
         .order_by("claimed_at")[:limit]
     )
     taken: list[ClaimedRun] = []
     for run in stale:
-        updated = Run.objects.using(using).filter(
-            pk=run.pk, status=RunStatus.CLAIMED, claimed_at=run.claimed_at,
-            claimed_by=run.claimed_by,
-        ).update(claimed_at=now, claimed_by=node_id, retry_at=None,
-                 dispatch_attempts=F("dispatch_attempts") + 1)
+        updated = (
+            Run.objects.using(using)
+            .filter(
+                pk=run.pk,
+                status=RunStatus.CLAIMED,
+                claimed_at=run.claimed_at,
+                claimed_by=run.claimed_by,
+            )
+            .update(
+                claimed_at=now,
+                claimed_by=node_id,
+                retry_at=None,
+                dispatch_attempts=F("dispatch_attempts") + 1,
+            )
+        )
         if not updated:
             continue
         logger.warning(
             "re-publishing run %s of %s (slot %s): claimed by %s but never dispatched",
-            run.pk, run.task_name, run.slot, run.claimed_by,
+            run.pk,
+            run.task_name,
+            run.slot,
+            run.claimed_by,
             extra={"action": "reclaim", "task": run.task_name, "slot": run.slot, "node": node_id},
         )
         run.claimed_at, run.claimed_by = now, node_id
@@ -232,7 +250,8 @@ class Dispatcher:
         if result.lost:
             logger.warning(
                 "%d claimed runs were taken over by another node before this one published "
-                "them (it was paused or marked dead); not publishing them", len(result.lost),
+                "them (it was paused or marked dead); not publishing them",
+                len(result.lost),
                 extra={"action": "claim-lost"},
             )
         now = self.clock.now()
@@ -248,21 +267,28 @@ class Dispatcher:
         try:
             with self.app.producer_or_acquire() as producer:
                 for start in range(0, len(todo), self.batch_size):
-                    self._publish_batch(todo[start:start + self.batch_size], producer, result,
-                                        fast)
+                    self._publish_batch(
+                        todo[start : start + self.batch_size], producer, result, fast
+                    )
         except Exception as exc:  # broker unreachable: nothing more is known to be out
             done = set(result.published) | set(result.refused) | set(result.failed)
             result.deferred = [r.run_id for r in todo if r.run_id not in done]
             logger.error(
-                "publishing failed after %d of %d runs; %d runs stay claimed for the outbox: "
-                "%s", len(result.published), len(todo), len(result.deferred), exc,
+                "publishing failed after %d of %d runs; %d runs stay claimed for the outbox: %s",
+                len(result.published),
+                len(todo),
+                len(result.deferred),
+                exc,
                 extra={"action": "publish-failed"},
             )
         self._record(result, {r.run_id: r for r in todo})
         return result
 
     def _publish_batch(
-        self, runs: Sequence[ClaimedRun], producer: Any, result: DispatchResult,
+        self,
+        runs: Sequence[ClaimedRun],
+        producer: Any,
+        result: DispatchResult,
         fast: FastPublisher | None = None,
     ) -> None:
         """Publish ``runs`` in one pipelined broker write where the transport can (kombu's
@@ -284,7 +310,8 @@ class Dispatcher:
                     # Celery checks the arguments against the task's signature (a task this
                     # beat registered): no later try can fix the captured ones.
                     result.failed[run.run_id] = (
-                        f"the arguments do not fit the task's signature: {exc}")
+                        f"the arguments do not fit the task's signature: {exc}"
+                    )
                 except Exception as exc:
                     result.refused[run.run_id] = describe_error(exc)
                 else:
@@ -304,8 +331,11 @@ class Dispatcher:
         for claimer, ids in by_claimer.items():
             if dead.filter(node_id=claimer).exists():
                 continue
-            owned.update(table.filter(pk__in=ids, status=RunStatus.CLAIMED, claimed_by=claimer)
-                         .order_by().values_list("pk", flat=True))
+            owned.update(
+                table.filter(pk__in=ids, status=RunStatus.CLAIMED, claimed_by=claimer)
+                .order_by()
+                .values_list("pk", flat=True)
+            )
         return owned
 
     def _publish(self, run: ClaimedRun, producer: Any, fast: FastPublisher | None = None) -> None:
@@ -359,35 +389,44 @@ class Dispatcher:
             # keep its status and what it recorded, stamp the time.
             claimed = Q(status=RunStatus.CLAIMED)
             table.filter(pk__in=result.published, dispatched_at__isnull=True).update(
-                dispatched_at=now, retry_at=None,
-                error=Case(When(claimed, then=Value("")), default=F("error"),
-                           output_field=TextField()),
+                dispatched_at=now,
+                retry_at=None,
+                error=Case(
+                    When(claimed, then=Value("")), default=F("error"), output_field=TextField()
+                ),
                 status=Case(When(claimed, then=Value(RunStatus.DISPATCHED)), default=F("status")),
             )
         for run_id, reason in result.refused.items():
             attempts = runs[run_id].dispatch_attempts
             if attempts >= MAX_PUBLISH_ATTEMPTS:
-                result.failed[run_id] = (f"publishing was refused {attempts} times; "
-                                         f"last: {reason}")
+                result.failed[run_id] = f"publishing was refused {attempts} times; last: {reason}"
                 continue
-            delay = min(timedelta(seconds=2 ** attempts), MAX_PUBLISH_BACKOFF)
-            logger.error("could not publish run %s (attempt %d); trying again in %s: %s",
-                         run_id, attempts, delay, reason,
-                         extra={"action": "publish-refused", "run": run_id})
+            delay = min(timedelta(seconds=2**attempts), MAX_PUBLISH_BACKOFF)
+            logger.error(
+                "could not publish run %s (attempt %d); trying again in %s: %s",
+                run_id,
+                attempts,
+                delay,
+                reason,
+                extra={"action": "publish-refused", "run": run_id},
+            )
             table.filter(pk=run_id, status=RunStatus.CLAIMED).update(
                 retry_at=now + delay, error=f"publish attempt {attempts} refused: {reason}"
             )
         if result.expired:
             table.filter(pk__in=result.expired, status=RunStatus.CLAIMED).update(
-                status=RunStatus.EXPIRED, finished_at=now,
+                status=RunStatus.EXPIRED,
+                finished_at=now,
                 error="expired before it could be published",
             )
         for run_id, reason in result.failed.items():
-            logger.error("run %s failed before publishing: %s", run_id, reason,
-                         extra={"action": "dispatch-failed", "run": run_id})
+            logger.error(
+                "run %s failed before publishing: %s",
+                run_id,
+                reason,
+                extra={"action": "dispatch-failed", "run": run_id},
+            )
             table.filter(pk=run_id, status=RunStatus.CLAIMED).update(
                 status=RunStatus.FAILED, finished_at=now, error=reason
             )
         metrics.dispatched(result, runs, now)
-
-

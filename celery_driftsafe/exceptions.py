@@ -79,8 +79,7 @@ if TYPE_CHECKING:
         problem: str
         hint: str
 
-        def __init__(self, setting: str, value: object, problem: str, hint: str = "") -> None:
-            ...
+        def __init__(self, setting: str, value: object, problem: str, hint: str = "") -> None: ...
 
 else:
 
@@ -91,8 +90,11 @@ else:
         made = type(
             "ConfigurationError",
             (DriftSafeError, ImproperlyConfigured),
-            {"__init__": _configuration_error_init, "__doc__": _CONFIGURATION_ERROR_DOC,
-             "__module__": __name__},
+            {
+                "__init__": _configuration_error_init,
+                "__doc__": _CONFIGURATION_ERROR_DOC,
+                "__module__": __name__,
+            },
         )
         globals()["ConfigurationError"] = made
         return made

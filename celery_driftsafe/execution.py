@@ -77,8 +77,11 @@ class Execution:
     def run(self, args: Any, kwargs: Any) -> Any:
         now = self._now()
         message_expiry = self._message_expiry()
-        if (self.request.is_eager or not self.ledger.can_return
-                or (message_expiry is not None and now >= message_expiry)):
+        if (
+            self.request.is_eager
+            or not self.ledger.can_return
+            or (message_expiry is not None and now >= message_expiry)
+        ):
             row = self._checked(now)
             if self.request.is_eager:
                 return self._run_unlocked(row, now, args, kwargs, mode="eager")
@@ -92,15 +95,21 @@ class Execution:
         row = self.ledger.load(self.run_id)
         problem = self._mismatch(row)
         if problem:
-            _log(logging.ERROR, "rejected %s[%s]: %s; not executed", self.task.name,
-                 self.request.id, problem, run_id=self.run_id, action="reject")
+            _log(
+                logging.ERROR,
+                "rejected %s[%s]: %s; not executed",
+                self.task.name,
+                self.request.id,
+                problem,
+                run_id=self.run_id,
+                action="reject",
+            )
             raise Ignore()
         assert row is not None
         if row.status in FINISHED:
             self._suppress(f"run is already {row.status}")
         if self.attempt < row.attempt:
-            self._suppress(f"a copy of attempt {self.attempt}; the run is at attempt "
-                           f"{row.attempt}")
+            self._suppress(f"a copy of attempt {self.attempt}; the run is at attempt {row.attempt}")
         expires_at = row.expires_at or self._message_expiry()
         if expires_at is not None and now >= expires_at and row.status != RunStatus.STARTED:
             self._expire(now, expires_at)  # a started run is taken over, not expired
@@ -112,26 +121,39 @@ class Execution:
         floor = row.fencing_token if row is not None else self.headers.fencing_token
         try:
             lock = lock_backend(self.settings).lock(
-                f"run:{self.run_id}", ttl=self.settings.lease_seconds, fencing_floor=floor,
+                f"run:{self.run_id}",
+                ttl=self.settings.lease_seconds,
+                fencing_floor=floor,
             )
             acquired = lock.acquire(blocking=False)
         except LockError as exc:
             metrics.lock_error(self.task.name)
             row = row or self._checked(now)  # a duplicate or an expired run ends here
             if self.settings.redis_unavailable != "fail_open":
-                self.resend(f"lock backend unreachable ({exc}); REDIS_UNAVAILABLE=fail_closed",
-                            UNREACHABLE_RESEND_SECONDS, args, kwargs)
-            _log(logging.WARNING, "run %s: lock backend unreachable (%s); REDIS_UNAVAILABLE="
-                 "fail_open, so only the database decides", self.run_id, exc,
-                 run_id=self.run_id, action="fail-open")
+                self.resend(
+                    f"lock backend unreachable ({exc}); REDIS_UNAVAILABLE=fail_closed",
+                    UNREACHABLE_RESEND_SECONDS,
+                    args,
+                    kwargs,
+                )
+            _log(
+                logging.WARNING,
+                "run %s: lock backend unreachable (%s); REDIS_UNAVAILABLE="
+                "fail_open, so only the database decides",
+                self.run_id,
+                exc,
+                run_id=self.run_id,
+                action="fail-open",
+            )
             return self._run_unlocked(row, now, args, kwargs, mode="fail_open")
         if not acquired:
             # Someone holds the run: alive (then it finishes and the re-sent copy is dropped
             # as a duplicate) or dead (then its lease runs out and the copy takes over).
             if row is None:
                 self._checked(now)  # a duplicate of a finished run ends here, not later
-            self.resend("another worker holds the run's lock", self.settings.lease_seconds,
-                        args, kwargs)
+            self.resend(
+                "another worker holds the run's lock", self.settings.lease_seconds, args, kwargs
+            )
         with self.locks:
             token = self.locks.enter_context(lock.watch()).fencing_token
             if row is not None:
@@ -140,8 +162,14 @@ class Execution:
                     self._suppress("it already started or finished under another holder")
             else:
                 started = self.ledger.start_checked(
-                    self.run_id, token, now, self.worker, self.attempt, task=self.task.name,
-                    task_id=self.request.id, periodic_task_id=self.headers.periodic_task_id,
+                    self.run_id,
+                    token,
+                    now,
+                    self.worker,
+                    self.attempt,
+                    task=self.task.name,
+                    task_id=self.request.id,
+                    periodic_task_id=self.headers.periodic_task_id,
                 )
                 if started is None:
                     row = self._checked(now)  # says why, or ends the delivery
@@ -155,8 +183,9 @@ class Execution:
             self.token, self.started_at = token, now
             return self._body(args, kwargs)
 
-    def _hold_overlap_lock_or_skip(self, periodic_task_id: int, token: int, args: Any,
-                                   kwargs: Any) -> None:
+    def _hold_overlap_lock_or_skip(
+        self, periodic_task_id: int, token: int, args: Any, kwargs: Any
+    ) -> None:
         """After a fast-path start: hold the task's running lock, or end the run skipped."""
         task_lock = lock_backend(self.settings).lock(
             f"task-running:{periodic_task_id}", ttl=self.settings.lease_seconds
@@ -167,26 +196,42 @@ class Execution:
             metrics.lock_error(self.task.name)
             self.ledger.requeue(self.run_id, token, f"waiting: {exc}")
             self.locks.close()
-            self.resend(f"lock backend unreachable taking the overlap lock ({exc})",
-                        UNREACHABLE_RESEND_SECONDS, args, kwargs)
+            self.resend(
+                f"lock backend unreachable taking the overlap lock ({exc})",
+                UNREACHABLE_RESEND_SECONDS,
+                args,
+                kwargs,
+            )
         if not acquired:
             self.ledger.finish(self.run_id, token, RunStatus.SKIPPED, self._now(), SKIPPED_WHY)
             metrics.execution(self.task.name, "skipped")
-            _log(logging.INFO, "run %s skipped: the previous run is still running",
-                 self.run_id, run_id=self.run_id, action="overlap-skip")
+            _log(
+                logging.INFO,
+                "run %s skipped: the previous run is still running",
+                self.run_id,
+                run_id=self.run_id,
+                action="overlap-skip",
+            )
             raise Ignore()
         self.locks.enter_context(task_lock.watch())
 
-    def _run_unlocked(self, row: RunRow, now: datetime, args: Any, kwargs: Any,
-                      *, mode: str) -> Any:
+    def _run_unlocked(
+        self, row: RunRow, now: datetime, args: Any, kwargs: Any, *, mode: str
+    ) -> Any:
         """Eager calls and ``fail_open``: the conditional start alone decides (a run already
         started is never taken over), the overlap policy is checked on the ledger."""
         if self._skips_overlaps(row):
             assert row.periodic_task_id is not None
             if self.ledger.other_started(row.periodic_task_id, self.run_id):
                 self._skip(None)
-            _log(logging.INFO, "run %s: overlap checked on the ledger only (%s)", self.run_id,
-                 mode, run_id=self.run_id, action="overlap-ledger")
+            _log(
+                logging.INFO,
+                "run %s: overlap checked on the ledger only (%s)",
+                self.run_id,
+                mode,
+                run_id=self.run_id,
+                action="overlap-ledger",
+            )
         token = self.ledger.start_unlocked(self.run_id, now, self.worker, self.attempt)
         if token is None:
             self._suppress(f"it already started (database check, {mode})")
@@ -235,8 +280,12 @@ class Execution:
         except LockError as exc:
             metrics.lock_error(self.task.name)
             self.locks.close()  # give the run lock back before the delivery comes again
-            self.resend(f"lock backend unreachable taking the overlap lock ({exc})",
-                        UNREACHABLE_RESEND_SECONDS, args, kwargs)
+            self.resend(
+                f"lock backend unreachable taking the overlap lock ({exc})",
+                UNREACHABLE_RESEND_SECONDS,
+                args,
+                kwargs,
+            )
         if not acquired:
             self._skip(token)
         self.locks.enter_context(task_lock.watch())
@@ -247,25 +296,49 @@ class Execution:
         metrics.duplicate(self.task.name)
         with suppress(LedgerUnavailable):  # only a counter
             self.ledger.count_duplicate(self.run_id)
-        _log(logging.WARNING, "duplicate delivery of run %s (%s[%s]) skipped: %s", self.run_id,
-             self.task.name, self.request.id, why, run_id=self.run_id, action="duplicate")
+        _log(
+            logging.WARNING,
+            "duplicate delivery of run %s (%s[%s]) skipped: %s",
+            self.run_id,
+            self.task.name,
+            self.request.id,
+            why,
+            run_id=self.run_id,
+            action="duplicate",
+        )
         raise Ignore()
 
     def _skip(self, token: int | None) -> NoReturn:
-        self.ledger.end_waiting(self.run_id, RunStatus.SKIPPED, self._now(), SKIPPED_WHY,
-                                token=token)
+        self.ledger.end_waiting(
+            self.run_id, RunStatus.SKIPPED, self._now(), SKIPPED_WHY, token=token
+        )
         metrics.execution(self.task.name, "skipped")
-        _log(logging.INFO, "run %s skipped: the previous run is still running", self.run_id,
-             run_id=self.run_id, action="overlap-skip")
+        _log(
+            logging.INFO,
+            "run %s skipped: the previous run is still running",
+            self.run_id,
+            run_id=self.run_id,
+            action="overlap-skip",
+        )
         raise Ignore()
 
     def _expire(self, now: datetime, expires_at: datetime) -> NoReturn:
-        why = (f"expired: the run expired at {expires_at.isoformat()}, the time authority "
-               f"said {now.isoformat()} when it was delivered")
+        why = (
+            f"expired: the run expired at {expires_at.isoformat()}, the time authority "
+            f"said {now.isoformat()} when it was delivered"
+        )
         if self.ledger.end_waiting(self.run_id, RunStatus.EXPIRED, now, why):
             metrics.execution(self.task.name, "expired")
-            _log(logging.WARNING, "run %s (%s[%s]) %s; not executed", self.run_id,
-                 self.task.name, self.request.id, why, run_id=self.run_id, action="expired")
+            _log(
+                logging.WARNING,
+                "run %s (%s[%s]) %s; not executed",
+                self.run_id,
+                self.task.name,
+                self.request.id,
+                why,
+                run_id=self.run_id,
+                action="expired",
+            )
             self._store_revoked(RunStatus.EXPIRED.value)
         else:
             self._suppress("it expired, and another delivery is handling it")
@@ -287,8 +360,17 @@ class Execution:
         Task.apply_async(self.task, args, kwargs, **signature.options)
         with suppress(LedgerUnavailable):  # the reason is logged below too
             self.ledger.note(self.run_id, f"waiting: {why}")
-        _log(logging.WARNING, "run %s (%s[%s]) re-sent for %.1f s later: %s", self.run_id,
-             self.task.name, request.id, countdown, why, run_id=self.run_id, action="resend")
+        _log(
+            logging.WARNING,
+            "run %s (%s[%s]) re-sent for %.1f s later: %s",
+            self.run_id,
+            self.task.name,
+            request.id,
+            countdown,
+            why,
+            run_id=self.run_id,
+            action="resend",
+        )
         raise Ignore()
 
     # -- the body and its outcome ---------------------------------------------------------------
@@ -321,8 +403,13 @@ class Execution:
     def is_retry(self, task: Task, task_id: str | None, options: dict[str, Any]) -> bool:
         """Whether a publish is this execution's ``retry()`` sending the next attempt."""
         retries = options.get("retries")
-        return (task is self.task and task_id == self.request.id and not self.handed_over
-                and isinstance(retries, int) and retries > self.attempt)
+        return (
+            task is self.task
+            and task_id == self.request.id
+            and not self.handed_over
+            and isinstance(retries, int)
+            and retries > self.attempt
+        )
 
     def hand_over(self, next_attempt: int, reason: str) -> None:
         """End this attempt with a retry, before the next attempt's message is sent: the run
@@ -332,18 +419,38 @@ class Execution:
         reason = reason or self.retry_reason
         if not self.ledger.hand_over(self.run_id, self.token, next_attempt, f"retry: {reason}"):
             metrics.fenced_out(self.task.name)
-            _log(logging.ERROR, "run %s: retry not sent, a newer holder (fencing token above "
-                 "%s) took the run over", self.run_id, self.token, run_id=self.run_id,
-                 action="fenced-out")
+            _log(
+                logging.ERROR,
+                "run %s: retry not sent, a newer holder (fencing token above %s) took the run over",
+                self.run_id,
+                self.token,
+                run_id=self.run_id,
+                action="fenced-out",
+            )
             raise LockLost(f"run {self.run_id} was taken over; its retry is not sent")
         self.handed_over = True
         metrics.execution(self.task.name, "retrying")
-        self.ledger.record_attempt(self.run_id, self.attempt, RunStatus.RETRYING, self.worker,
-                                   self.started_at, now, self.token, reason)
+        self.ledger.record_attempt(
+            self.run_id,
+            self.attempt,
+            RunStatus.RETRYING,
+            self.worker,
+            self.started_at,
+            now,
+            self.token,
+            reason,
+        )
         self.locks.close()
-        _log(logging.INFO, "run %s attempt %s ends in a retry (%s); attempt %s is next",
-             self.run_id, self.attempt, reason, next_attempt, run_id=self.run_id,
-             action="retry")
+        _log(
+            logging.INFO,
+            "run %s attempt %s ends in a retry (%s); attempt %s is next",
+            self.run_id,
+            self.attempt,
+            reason,
+            next_attempt,
+            run_id=self.run_id,
+            action="retry",
+        )
 
     def _now(self) -> datetime:
         return authority_clock().now()
@@ -360,20 +467,43 @@ class Execution:
                 break
             except LedgerUnavailable as exc:
                 if waited >= FINISH_RETRY_SECONDS:
-                    _log(logging.ERROR, "run %s: outcome %s not recorded, the database stayed "
-                         "unreachable for %.0f s: %s; the run stays 'started'", self.run_id,
-                         status, waited, exc, run_id=self.run_id, action="outcome-lost")
+                    _log(
+                        logging.ERROR,
+                        "run %s: outcome %s not recorded, the database stayed "
+                        "unreachable for %.0f s: %s; the run stays 'started'",
+                        self.run_id,
+                        status,
+                        waited,
+                        exc,
+                        run_id=self.run_id,
+                        action="outcome-lost",
+                    )
                     return False
                 authority_clock().sleep(delay)
                 waited, delay = waited + delay, min(delay * 2, 5.0)
         if not written:
             metrics.fenced_out(self.task.name)
-            _log(logging.ERROR, "run %s: outcome %s discarded, a newer holder (fencing token "
-                 "above %s) took the run over while this worker was paused past its lease",
-                 self.run_id, status, self.token, run_id=self.run_id, action="fenced-out")
+            _log(
+                logging.ERROR,
+                "run %s: outcome %s discarded, a newer holder (fencing token "
+                "above %s) took the run over while this worker was paused past its lease",
+                self.run_id,
+                status,
+                self.token,
+                run_id=self.run_id,
+                action="fenced-out",
+            )
             return False
         metrics.execution(self.task.name, status)
         if self.attempt > 0:
-            self.ledger.record_attempt(self.run_id, self.attempt, status, self.worker,
-                                       self.started_at, now, self.token, error)
+            self.ledger.record_attempt(
+                self.run_id,
+                self.attempt,
+                status,
+                self.worker,
+                self.started_at,
+                now,
+                self.token,
+                error,
+            )
         return True

@@ -82,10 +82,21 @@ class MessageTemplate:
     argsrepr: str = ""
     kwargsrepr: str = ""
 
-    def matches(self, name: str, args: list[Any], kwargs: dict[str, Any],
-                options: dict[str, Any], has_expiry: bool) -> bool:
-        return (self.name == name and self.args == args and self.kwargs == kwargs
-                and self.options == options and self.has_expiry == has_expiry)
+    def matches(
+        self,
+        name: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        options: dict[str, Any],
+        has_expiry: bool,
+    ) -> bool:
+        return (
+            self.name == name
+            and self.args == args
+            and self.kwargs == kwargs
+            and self.options == options
+            and self.has_expiry == has_expiry
+        )
 
 
 class FastPublisher:
@@ -108,8 +119,11 @@ class FastPublisher:
             return False
         reason = self.declines()
         if reason is not None:
-            logger.debug("publishing through Celery's apply_async: %s", reason,
-                         extra={"action": "fast-publish-off"})
+            logger.debug(
+                "publishing through Celery's apply_async: %s",
+                reason,
+                extra={"action": "fast-publish-off"},
+            )
         return reason is None
 
     def publish_run(self, run: ClaimedRun, producer: Any, headers: dict[str, Any]) -> bool:
@@ -117,8 +131,14 @@ class FastPublisher:
         published, when it cannot take the fast path."""
         key = run.periodic_task_id if run.periodic_task_id is not None else run.task_name
         done = self.publish(
-            producer, cache_key=key, name=run.task_name, args=run.args, kwargs=run.kwargs,
-            options=run.options, task_id=run.celery_task_id, headers=headers,
+            producer,
+            cache_key=key,
+            name=run.task_name,
+            args=run.args,
+            kwargs=run.kwargs,
+            options=run.options,
+            task_id=run.celery_task_id,
+            headers=headers,
             expires=run.expires_at,
             reprs=lambda: argument_reprs(self.app, run.args, run.kwargs),
         )
@@ -135,17 +155,28 @@ class FastPublisher:
             return "task_send_sent_event is on"
         if conf.task_always_eager:
             return "task_always_eager is on"
-        if (signals.before_task_publish.receivers or signals.after_task_publish.receivers
-                or signals.task_sent.receivers):
+        if (
+            signals.before_task_publish.receivers
+            or signals.after_task_publish.receivers
+            or signals.task_sent.receivers
+        ):
             return "receivers are connected to before/after_task_publish"
         if self.app.current_worker_task is not None:
             return "publishing from inside a worker task"
         return None
 
     def publish(
-        self, producer: Any, *, cache_key: int | str, name: str, args: list[Any],
-        kwargs: dict[str, Any], options: dict[str, Any], task_id: str,
-        headers: dict[str, Any], expires: datetime | None,
+        self,
+        producer: Any,
+        *,
+        cache_key: int | str,
+        name: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        options: dict[str, Any],
+        task_id: str,
+        headers: dict[str, Any],
+        expires: datetime | None,
         reprs: Callable[[], tuple[str, str]],
     ) -> bool:
         """Publish one run's message through ``producer``; False (nothing published) when
@@ -176,23 +207,31 @@ class FastPublisher:
         if skeleton.notify_backend:
             app.backend.on_task_call(producer, task_id)
         producer.publish(
-            template.body, content_type=template.content_type,
-            content_encoding=template.content_encoding, headers=message_headers,
-            declare=_to_declare(producer, skeleton), **skeleton.publish_kwargs, **properties,
+            template.body,
+            content_type=template.content_type,
+            content_encoding=template.content_encoding,
+            headers=message_headers,
+            declare=_to_declare(producer, skeleton),
+            **skeleton.publish_kwargs,
+            **properties,
         )
         return True
 
     def _template(
-        self, cache_key: int | str, name: str, args: list[Any], kwargs: dict[str, Any],
-        options: dict[str, Any], expires: datetime | None,
+        self,
+        cache_key: int | str,
+        name: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        options: dict[str, Any],
+        expires: datetime | None,
         reprs: Callable[[], tuple[str, str]],
     ) -> MessageTemplate:
         """The task's template, built on first use and again when its name, arguments or
         options change (one without a skeleton, also kept: the task's messages take the
         slow path). It refers to the run's own argument objects: no copies."""
         cached = self._templates.get(cache_key)
-        if cached is not None and cached.matches(name, args, kwargs, options,
-                                                 expires is not None):
+        if cached is not None and cached.matches(name, args, kwargs, options, expires is not None):
             return cached
         template = self._build(name, args, kwargs, options, expires, reprs)
         if cached is not None or len(self._templates) < TEMPLATE_CACHE_SIZE:
@@ -208,8 +247,13 @@ class FastPublisher:
         return template
 
     def _build(
-        self, name: str, args: list[Any], kwargs: dict[str, Any], options: dict[str, Any],
-        expires: datetime | None, reprs: Callable[[], tuple[str, str]],
+        self,
+        name: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        options: dict[str, Any],
+        expires: datetime | None,
+        reprs: Callable[[], tuple[str, str]],
     ) -> MessageTemplate:
         """The parts of the message ``apply_async``/``send_task`` would build for this task,
         arguments and options that its :class:`Skeleton` does not hold; without a skeleton
@@ -227,7 +271,8 @@ class FastPublisher:
         # as AMQP.as_task_v2 has it: no arguments are an empty tuple
         body = (args or (), kwargs or {}, skeleton.embed)
         content_type, content_encoding, payload = serialization.dumps(
-            body, serializer=skeleton.serializer)
+            body, serializer=skeleton.serializer
+        )
         compressed: str | None = None
         if skeleton.compression:
             raw = payload.encode(content_encoding) if isinstance(payload, str) else payload
@@ -236,13 +281,26 @@ class FastPublisher:
             # What kombu's Producer does with a str body that has a content type.
             payload = payload.encode(content_encoding or "utf-8")
         return MessageTemplate(
-            sys.intern(name), _shared(args), _shared(kwargs), _shared(options),
-            expires is not None, skeleton, payload, content_type, content_encoding, compressed,
-            _short(argsrepr), _short(kwargsrepr),
+            sys.intern(name),
+            _shared(args),
+            _shared(kwargs),
+            _shared(options),
+            expires is not None,
+            skeleton,
+            payload,
+            content_type,
+            content_encoding,
+            compressed,
+            _short(argsrepr),
+            _short(kwargsrepr),
         )
 
     def _skeleton(
-        self, name: str, args: list[Any], kwargs: dict[str, Any], options: dict[str, Any],
+        self,
+        name: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        options: dict[str, Any],
         expires: datetime | None,
     ) -> Skeleton | None:
         """What the messages of every task of this name and options share, whatever their
@@ -262,6 +320,7 @@ class FastPublisher:
                 self._skeletons.clear()
             self._skeletons[key] = skeleton
         return skeleton
+
 
 #: Stand-ins for empty arguments and options: a template compares against them, never
 #: changes them, and a hundred thousand tasks then share one.

@@ -62,7 +62,9 @@ class SuggestingTextInput(forms.TextInput):
         options = format_html_join("", '<option value="{}">', ((s,) for s in suggestions))
         return format_html(
             '{}<datalist id="{}">{}</datalist>',
-            super().render(name, value, attrs, renderer), list_id, options,
+            super().render(name, value, attrs, renderer),
+            list_id,
+            options,
         )
 
 
@@ -85,11 +87,28 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
     class Meta:
         model = PeriodicTask
         fields = [
-            "name", "description", "task", "args", "kwargs", "enabled", "disabled_reason",
+            "name",
+            "description",
+            "task",
+            "args",
+            "kwargs",
+            "enabled",
+            "disabled_reason",
             *EDITABLE_SCHEDULE_FIELDS,
-            "valid_from", "valid_until", "run_once", "max_runs", "jitter_seconds",
-            "misfire_policy", "misfire_grace_seconds", "overlap_policy",
-            "queue", "exchange", "routing_key", "priority", "expires_seconds", "headers",
+            "valid_from",
+            "valid_until",
+            "run_once",
+            "max_runs",
+            "jitter_seconds",
+            "misfire_policy",
+            "misfire_grace_seconds",
+            "overlap_policy",
+            "queue",
+            "exchange",
+            "routing_key",
+            "priority",
+            "expires_seconds",
+            "headers",
         ]
         widgets = {
             "task": SuggestingTextInput(_task_suggestions, attrs={"size": 60}),
@@ -116,8 +135,9 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             number = self.fields[name]
             assert isinstance(number, forms.IntegerField | forms.FloatField)
             number.min_value = None
-            number.validators = [v for v in number.validators
-                                 if not isinstance(v, MinValueValidator)]
+            number.validators = [
+                v for v in number.validators if not isinstance(v, MinValueValidator)
+            ]
             number.widget.attrs.pop("min", None)
         self.fields["schedule_kind"].initial = ScheduleKind.CRONTAB
 
@@ -188,8 +208,11 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
                 )
         elif kind == ScheduleKind.CRONTAB:
             self._clean_crontab(data)
-        elif (kind == ScheduleKind.ONE_OFF and data.get("one_off_at") is None
-              and "one_off_at" not in self.errors):
+        elif (
+            kind == ScheduleKind.ONE_OFF
+            and data.get("one_off_at") is None
+            and "one_off_at" not in self.errors
+        ):
             self.add_error("one_off_at", "A one-off task needs the instant it runs at.")
         elif kind == ScheduleKind.SOLAR:
             self._clean_solar(data)
@@ -199,12 +222,15 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
     def _clean_bounds(self, data: dict[str, Any]) -> None:
         """Valid until after valid from, max runs of 1 or more, a jitter of 0 to a day."""
         for problem in bound_problems(
-            valid_from=data.get("valid_from"), valid_until=data.get("valid_until"),
-            max_runs=data.get("max_runs"), jitter_seconds=data.get("jitter_seconds"),
+            valid_from=data.get("valid_from"),
+            valid_until=data.get("valid_until"),
+            max_runs=data.get("max_runs"),
+            jitter_seconds=data.get("jitter_seconds"),
         ):
             if problem.field not in self.errors:
-                self.add_error(problem.field, problem.message[:1].upper() + problem.message[1:]
-                               + ".")
+                self.add_error(
+                    problem.field, problem.message[:1].upper() + problem.message[1:] + "."
+                )
 
     def _clean_solar(self, data: dict[str, Any]) -> None:
         missing = {
@@ -216,8 +242,10 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             if field not in self.errors and data.get(field) in (None, ""):
                 self.add_error(field, message)
         # Each coordinate on its own (the event is a choice: the form field checks it).
-        for field, place in (("solar_latitude", (data.get("solar_latitude"), 0)),
-                             ("solar_longitude", (0, data.get("solar_longitude")))):
+        for field, place in (
+            ("solar_latitude", (data.get("solar_latitude"), 0)),
+            ("solar_longitude", (0, data.get("solar_longitude"))),
+        ):
             if field in self.errors:
                 continue
             try:
@@ -242,11 +270,14 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         if bad or "timezone" in self.errors:
             return
         try:  # each field is fine alone; the combination may still never fire
-            Crontab(**{arg: data[field] for field, arg in CRONTAB_FIELDS.items()},
-                    timezone=data.get("timezone") or "UTC")
+            Crontab(
+                **{arg: data[field] for field, arg in CRONTAB_FIELDS.items()},
+                timezone=data.get("timezone") or "UTC",
+            )
         except ScheduleError as exc:
-            field = next((f for f, a in CRONTAB_FIELDS.items() if a == exc.field),
-                         "crontab_day_of_month")
+            field = next(
+                (f for f, a in CRONTAB_FIELDS.items() if a == exc.field), "crontab_day_of_month"
+            )
             self.add_error(field, _message(exc))
 
     def _expand_expression(self, data: dict[str, Any]) -> bool:
@@ -256,12 +287,18 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         text = str(data.get("crontab_minute") or "").strip()
         if not (text.startswith("@") or len(text.split()) > 1):
             return True
-        others = [str(data.get(f) or "").strip() for f in CRONTAB_FIELDS
-                  if f not in ("crontab_minute", "crontab_second")]
+        others = [
+            str(data.get(f) or "").strip()
+            for f in CRONTAB_FIELDS
+            if f not in ("crontab_minute", "crontab_second")
+        ]
         second = str(data.get("crontab_second") or "").strip()
         if any(value not in ("", "*") for value in others) or second not in ("", "0"):
-            self.add_error("crontab_minute", "A whole expression goes in the minute field only "
-                                             "when the other crontab fields are left at *.")
+            self.add_error(
+                "crontab_minute",
+                "A whole expression goes in the minute field only "
+                "when the other crontab fields are left at *.",
+            )
             return False
         try:
             parsed = Crontab.from_expression(text)

@@ -33,12 +33,14 @@ ALL = (HEADER_RUN_ID, HEADER_SLOT, HEADER_FENCING_TOKEN, HEADER_PERIODIC_TASK_ID
 def message_headers(run: ClaimedRun) -> dict[str, Any]:
     """The run's own headers (after the task's custom headers, which cannot override them)."""
     headers = dict(run.options.get("headers") or {})
-    headers.update({
-        HEADER_RUN_ID: run.run_id,
-        HEADER_SLOT: run.slot.isoformat() if run.slot else None,
-        HEADER_FENCING_TOKEN: run.fencing_token,
-        HEADER_PERIODIC_TASK_ID: run.periodic_task_id,
-    })
+    headers.update(
+        {
+            HEADER_RUN_ID: run.run_id,
+            HEADER_SLOT: run.slot.isoformat() if run.slot else None,
+            HEADER_FENCING_TOKEN: run.fencing_token,
+            HEADER_PERIODIC_TASK_ID: run.periodic_task_id,
+        }
+    )
     return headers
 
 

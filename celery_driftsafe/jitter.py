@@ -28,8 +28,12 @@ _US = timedelta(microseconds=1)
 def spread_us(jitter_seconds: float | None) -> int:
     """The spread in whole microseconds (0: no jitter; also for a value that is not a finite
     positive number, which validation reports)."""
-    if (not isinstance(jitter_seconds, int | float) or isinstance(jitter_seconds, bool)
-            or not math.isfinite(jitter_seconds) or jitter_seconds <= 0):
+    if (
+        not isinstance(jitter_seconds, int | float)
+        or isinstance(jitter_seconds, bool)
+        or not math.isfinite(jitter_seconds)
+        or jitter_seconds <= 0
+    ):
         return 0
     return round(jitter_seconds * 1_000_000)
 
@@ -43,8 +47,9 @@ def offset(identity: str, slot: datetime, jitter_seconds: float | None) -> timed
     return (int.from_bytes(digest[:8], "big") % spread) * _US
 
 
-def due_instant(identity: str, slot: datetime | None, jitter_seconds: float | None
-                ) -> datetime | None:
+def due_instant(
+    identity: str, slot: datetime | None, jitter_seconds: float | None
+) -> datetime | None:
     """The instant the slot is due: ``slot + offset(...)`` (None for no slot)."""
     if slot is None:
         return None

@@ -104,27 +104,47 @@ class Ledger:
             f"SELECT r.status, r.task_name, r.celery_task_id, r.periodic_task_id, "
             f"t.overlap_policy, r.fencing_token, r.attempt, r.expires_at FROM {self.runs} r "
             f"LEFT JOIN {self.tasks} t ON t.id = r.periodic_task_id WHERE r.id = %s",
-            [run_id])
+            [run_id],
+        )
         if row is None:
             return None
         status, task_name, task_id, periodic_task_id, overlap, token, attempt, expires = row
-        return RunRow(status, task_name, task_id, periodic_task_id, overlap, int(token),
-                      int(attempt), _aware(expires))
+        return RunRow(
+            status,
+            task_name,
+            task_id,
+            periodic_task_id,
+            overlap,
+            int(token),
+            int(attempt),
+            _aware(expires),
+        )
 
     def start(self, run_id: int, token: int, now: datetime, worker: str, attempt: int) -> bool:
         """Start ``attempt`` under a lock's ``token``: the run is waiting, or was started by a
         locked holder whose lease the caller's lock proves over."""
-        return self._write(
-            f"UPDATE {self.runs} SET status = 'started', started_at = %s, fencing_token = %s, "
-            f"worker = %s, error = '', attempt = %s WHERE id = %s AND fencing_token < %s "
-            f"AND attempt <= %s AND (status IN ({self._pre_start}) "
-            f"OR (status = 'started' AND worker NOT LIKE %s))",
-            [self._at(now), token, worker, attempt, run_id, token, attempt, f"%{UNLOCKED}"],
-        ) == 1
+        return (
+            self._write(
+                f"UPDATE {self.runs} SET status = 'started', started_at = %s, fencing_token = %s, "
+                f"worker = %s, error = '', attempt = %s WHERE id = %s AND fencing_token < %s "
+                f"AND attempt <= %s AND (status IN ({self._pre_start}) "
+                f"OR (status = 'started' AND worker NOT LIKE %s))",
+                [self._at(now), token, worker, attempt, run_id, token, attempt, f"%{UNLOCKED}"],
+            )
+            == 1
+        )
 
     def start_checked(
-        self, run_id: int, token: int, now: datetime, worker: str, attempt: int, *,
-        task: str, task_id: str | None, periodic_task_id: int | None,
+        self,
+        run_id: int,
+        token: int,
+        now: datetime,
+        worker: str,
+        attempt: int,
+        *,
+        task: str,
+        task_id: str | None,
+        periodic_task_id: int | None,
     ) -> tuple[int | None, str | None] | None:
         """:meth:`start`, refused also when the run is not the headers' (task, Celery task id,
         periodic task) or its ``expires_at`` has passed at ``now``. Returns the run's periodic
@@ -140,8 +160,21 @@ class Ledger:
             f"AND (expires_at IS NULL OR expires_at > %s OR status = 'started') "
             f"RETURNING periodic_task_id, (SELECT t.overlap_policy FROM {self.tasks} t "
             f"WHERE t.id = {self.runs}.periodic_task_id)",
-            [at, token, worker, attempt, run_id, token, attempt, f"%{UNLOCKED}", task,
-             task_id or "", periodic_task_id, periodic_task_id, at],
+            [
+                at,
+                token,
+                worker,
+                attempt,
+                run_id,
+                token,
+                attempt,
+                f"%{UNLOCKED}",
+                task,
+                task_id or "",
+                periodic_task_id,
+                periodic_task_id,
+                at,
+            ],
         )
         if row is None:
             return None
@@ -161,42 +194,56 @@ class Ledger:
             )
             if started != 1:
                 return None
-            row = self._fetch(f"SELECT fencing_token FROM {self.runs} WHERE id = %s",
-                              [run_id])
+            row = self._fetch(f"SELECT fencing_token FROM {self.runs} WHERE id = %s", [run_id])
         assert row is not None
         return int(row[0])
 
     def other_started(self, periodic_task_id: int, run_id: int) -> bool:
         """Whether another run of the periodic task is recorded ``started``."""
-        return self._fetch(
-            f"SELECT 1 FROM {self.runs} WHERE periodic_task_id = %s AND status = 'started' "
-            f"AND id <> %s", [periodic_task_id, run_id]) is not None
+        return (
+            self._fetch(
+                f"SELECT 1 FROM {self.runs} WHERE periodic_task_id = %s AND status = 'started' "
+                f"AND id <> %s",
+                [periodic_task_id, run_id],
+            )
+            is not None
+        )
 
     def finish(self, run_id: int, token: int, status: str, now: datetime, error: str) -> bool:
-        return self._write(
-            f"UPDATE {self.runs} SET status = %s, finished_at = %s, error = %s "
-            f"WHERE id = %s AND fencing_token = %s",
-            [status, self._at(now), error, run_id, token],
-        ) == 1
+        return (
+            self._write(
+                f"UPDATE {self.runs} SET status = %s, finished_at = %s, error = %s "
+                f"WHERE id = %s AND fencing_token = %s",
+                [status, self._at(now), error, run_id, token],
+            )
+            == 1
+        )
 
     def hand_over(self, run_id: int, token: int, next_attempt: int, error: str) -> bool:
         """The attempt under ``token`` ends in a retry: the run waits for ``next_attempt``."""
-        return self._write(
-            f"UPDATE {self.runs} SET status = 'retrying', attempt = %s, error = %s "
-            f"WHERE id = %s AND fencing_token = %s AND status = 'started'",
-            [next_attempt, error, run_id, token],
-        ) == 1
+        return (
+            self._write(
+                f"UPDATE {self.runs} SET status = 'retrying', attempt = %s, error = %s "
+                f"WHERE id = %s AND fencing_token = %s AND status = 'started'",
+                [next_attempt, error, run_id, token],
+            )
+            == 1
+        )
 
     def requeue(self, run_id: int, token: int, error: str) -> bool:
         """The attempt under ``token`` gave its message back (``Reject(requeue=True)``)."""
-        return self._write(
-            f"UPDATE {self.runs} SET status = 'dispatched', error = %s "
-            f"WHERE id = %s AND fencing_token = %s AND status = 'started'",
-            [error, run_id, token],
-        ) == 1
+        return (
+            self._write(
+                f"UPDATE {self.runs} SET status = 'dispatched', error = %s "
+                f"WHERE id = %s AND fencing_token = %s AND status = 'started'",
+                [error, run_id, token],
+            )
+            == 1
+        )
 
-    def end_waiting(self, run_id: int, status: str, now: datetime, error: str,
-                    *, token: int | None = None) -> bool:
+    def end_waiting(
+        self, run_id: int, status: str, now: datetime, error: str, *, token: int | None = None
+    ) -> bool:
         """End a run nobody started (expired, skipped, revoked); with ``token``, also record
         that token (a lock holder's decision)."""
         sql = f"UPDATE {self.runs} SET status = %s, finished_at = %s, error = %s"
@@ -211,16 +258,20 @@ class Ledger:
             params.append(token)
         return self._write(sql, params) == 1
 
-    def end_by_worker(self, run_id: int, attempt: int, worker: str, status: str,
-                      now: datetime, error: str) -> bool:
+    def end_by_worker(
+        self, run_id: int, attempt: int, worker: str, status: str, now: datetime, error: str
+    ) -> bool:
         """End ``attempt`` of a run from the worker's main process (hard time limit, a lost
         pool process, a terminating revoke): waiting, or started by that worker."""
-        return self._write(
-            f"UPDATE {self.runs} SET status = %s, finished_at = %s, error = %s "
-            f"WHERE id = %s AND attempt = %s AND (status IN ({self._pre_start}) "
-            f"OR (status = 'started' AND worker IN (%s, %s)))",
-            [status, self._at(now), error, run_id, attempt, worker, worker + UNLOCKED],
-        ) == 1
+        return (
+            self._write(
+                f"UPDATE {self.runs} SET status = %s, finished_at = %s, error = %s "
+                f"WHERE id = %s AND attempt = %s AND (status IN ({self._pre_start}) "
+                f"OR (status = 'started' AND worker IN (%s, %s)))",
+                [status, self._at(now), error, run_id, attempt, worker, worker + UNLOCKED],
+            )
+            == 1
+        )
 
     def note(self, run_id: int, error: str) -> None:
         """Say on a waiting run why it is still waiting."""
@@ -231,13 +282,21 @@ class Ledger:
 
     def count_duplicate(self, run_id: int) -> None:
         self._write(
-            f"UPDATE {self.runs} SET duplicate_deliveries = duplicate_deliveries + 1 "
-            f"WHERE id = %s", [run_id],
+            f"UPDATE {self.runs} SET duplicate_deliveries = duplicate_deliveries + 1 WHERE id = %s",
+            [run_id],
         )
 
-    def record_attempt(self, run_id: int, number: int, outcome: str, worker: str,
-                       started_at: datetime | None, finished_at: datetime, token: int,
-                       error: str) -> None:
+    def record_attempt(
+        self,
+        run_id: int,
+        number: int,
+        outcome: str,
+        worker: str,
+        started_at: datetime | None,
+        finished_at: datetime,
+        token: int,
+        error: str,
+    ) -> None:
         """Keep ``number`` of a run that has more than one attempt (idempotent)."""
         from django.db import IntegrityError, transaction
 
@@ -246,12 +305,21 @@ class Ledger:
         try:
             with transaction.atomic():
                 RunAttempt.objects.create(
-                    run_id=run_id, number=number, outcome=outcome, worker=worker,
-                    started_at=started_at, finished_at=finished_at, fencing_token=token,
+                    run_id=run_id,
+                    number=number,
+                    outcome=outcome,
+                    worker=worker,
+                    started_at=started_at,
+                    finished_at=finished_at,
+                    fencing_token=token,
                     error=error,
                 )
         except IntegrityError:  # a taken-over attempt of the same number: keep the newer
             RunAttempt.objects.filter(run_id=run_id, number=number).update(
-                outcome=outcome, worker=worker, started_at=started_at,
-                finished_at=finished_at, fencing_token=token, error=error,
+                outcome=outcome,
+                worker=worker,
+                started_at=started_at,
+                finished_at=finished_at,
+                fencing_token=token,
+                error=error,
             )

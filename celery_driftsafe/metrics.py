@@ -39,8 +39,22 @@ logger = logging.getLogger(__name__)
 #: What to install when metrics are switched on without prometheus-client.
 EXTRA_HINT = "pip install 'celery-driftsafe[metrics]'"
 #: Buckets of the dispatch lateness histogram (seconds after the slot).
-LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-                    60.0, 300.0)
+LATENESS_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
 #: Buckets of the round duration histogram (seconds).
 ROUND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 #: Outcomes counted by ``driftsafe_worker_executions_total``.
@@ -97,7 +111,8 @@ def _import() -> Any:
         import prometheus_client
     except ImportError as exc:
         raise ConfigurationError(
-            "METRICS_PORT", get_settings().metrics_port,
+            "METRICS_PORT",
+            get_settings().metrics_port,
             f"metrics are switched on but prometheus-client is not installed ({exc})",
             EXTRA_HINT,
         ) from exc
@@ -121,39 +136,69 @@ def beat_metrics() -> BeatMetrics | None:
         if _beat is None:
             pc = _import()
             _beat = BeatMetrics(
-                claimed=pc.Counter("driftsafe_beat_slots_claimed",
-                                   "Slots this beat claimed to fire"),
-                published=pc.Counter("driftsafe_beat_slots_published",
-                                     "Runs this beat published (outbox re-publishes included)"),
-                missed=pc.Counter("driftsafe_beat_slots_missed",
-                                  "Slots this beat recorded missed (past the misfire grace)"),
-                failed=pc.Counter("driftsafe_beat_slots_failed",
-                                  "Runs that failed before they could be published (refused "
-                                  "too often, arguments not fitting, expired)"),
-                deferred=pc.Counter("driftsafe_beat_publish_deferred",
-                                    "Runs left for a later publish (broker unreachable or "
-                                    "refusing): retried, not lost"),
-                lateness=pc.Histogram("driftsafe_beat_dispatch_lateness_seconds",
-                                      "Seconds from a slot to its publish, on the authority's "
-                                      "clock", buckets=LATENESS_BUCKETS),
-                round_duration=pc.Histogram("driftsafe_beat_round_duration_seconds",
-                                            "Seconds one claim round took (claim, publish, "
-                                            "mark)", buckets=ROUND_BUCKETS),
-                clock_offset=_gauge(pc, "driftsafe_beat_clock_offset_seconds",
-                                    "The time authority's clock minus this node's wall clock "
-                                    "(positive: this node is behind)"),
-                clock_error=_gauge(pc, "driftsafe_beat_clock_error_bound_seconds",
-                                   "Error bound of the offset measurement (half a round trip)"),
-                backlog=_gauge(pc, "driftsafe_beat_backlog_slots",
-                               "Enabled tasks whose next slot is due and not claimed yet"),
-                nodes_alive=_gauge(pc, "driftsafe_beat_nodes_alive",
-                                   "Beat nodes with a recent heartbeat, as this beat sees them"),
-                last_round=_gauge(pc, "driftsafe_beat_last_round_timestamp_seconds",
-                                  "When this beat last finished a claim round (authority "
-                                  "time, Unix seconds)"),
-                paused=_gauge(pc, "driftsafe_beat_claiming_paused",
-                              "1 while this beat's claiming is paused (clock off past "
-                              "HARD_CLOCK_OFFSET_SECONDS)"),
+                claimed=pc.Counter(
+                    "driftsafe_beat_slots_claimed", "Slots this beat claimed to fire"
+                ),
+                published=pc.Counter(
+                    "driftsafe_beat_slots_published",
+                    "Runs this beat published (outbox re-publishes included)",
+                ),
+                missed=pc.Counter(
+                    "driftsafe_beat_slots_missed",
+                    "Slots this beat recorded missed (past the misfire grace)",
+                ),
+                failed=pc.Counter(
+                    "driftsafe_beat_slots_failed",
+                    "Runs that failed before they could be published (refused "
+                    "too often, arguments not fitting, expired)",
+                ),
+                deferred=pc.Counter(
+                    "driftsafe_beat_publish_deferred",
+                    "Runs left for a later publish (broker unreachable or "
+                    "refusing): retried, not lost",
+                ),
+                lateness=pc.Histogram(
+                    "driftsafe_beat_dispatch_lateness_seconds",
+                    "Seconds from a slot to its publish, on the authority's clock",
+                    buckets=LATENESS_BUCKETS,
+                ),
+                round_duration=pc.Histogram(
+                    "driftsafe_beat_round_duration_seconds",
+                    "Seconds one claim round took (claim, publish, mark)",
+                    buckets=ROUND_BUCKETS,
+                ),
+                clock_offset=_gauge(
+                    pc,
+                    "driftsafe_beat_clock_offset_seconds",
+                    "The time authority's clock minus this node's wall clock "
+                    "(positive: this node is behind)",
+                ),
+                clock_error=_gauge(
+                    pc,
+                    "driftsafe_beat_clock_error_bound_seconds",
+                    "Error bound of the offset measurement (half a round trip)",
+                ),
+                backlog=_gauge(
+                    pc,
+                    "driftsafe_beat_backlog_slots",
+                    "Enabled tasks whose next slot is due and not claimed yet",
+                ),
+                nodes_alive=_gauge(
+                    pc,
+                    "driftsafe_beat_nodes_alive",
+                    "Beat nodes with a recent heartbeat, as this beat sees them",
+                ),
+                last_round=_gauge(
+                    pc,
+                    "driftsafe_beat_last_round_timestamp_seconds",
+                    "When this beat last finished a claim round (authority time, Unix seconds)",
+                ),
+                paused=_gauge(
+                    pc,
+                    "driftsafe_beat_claiming_paused",
+                    "1 while this beat's claiming is paused (clock off past "
+                    "HARD_CLOCK_OFFSET_SECONDS)",
+                ),
             )
     return _beat
 
@@ -169,19 +214,28 @@ def worker_metrics() -> WorkerMetrics | None:
         if _worker is None:
             pc = _import()
             _worker = WorkerMetrics(
-                executions=pc.Counter("driftsafe_worker_executions",
-                                      "Deliveries of runs that ended with an outcome: "
-                                      "succeeded, failed, retrying (the body ran), skipped, "
-                                      "expired (it did not)", ["task", "outcome"]),
-                duplicates=pc.Counter("driftsafe_worker_duplicates_suppressed",
-                                      "Deliveries dropped as duplicates of a run that started "
-                                      "or finished elsewhere", ["task"]),
-                fenced_out=pc.Counter("driftsafe_worker_fenced_out",
-                                      "Outcomes (or retries) refused because a newer holder "
-                                      "took the run over", ["task"]),
-                lock_errors=pc.Counter("driftsafe_worker_lock_errors",
-                                       "Deliveries that found the lock backend unreachable",
-                                       ["task"]),
+                executions=pc.Counter(
+                    "driftsafe_worker_executions",
+                    "Deliveries of runs that ended with an outcome: "
+                    "succeeded, failed, retrying (the body ran), skipped, "
+                    "expired (it did not)",
+                    ["task", "outcome"],
+                ),
+                duplicates=pc.Counter(
+                    "driftsafe_worker_duplicates_suppressed",
+                    "Deliveries dropped as duplicates of a run that started or finished elsewhere",
+                    ["task"],
+                ),
+                fenced_out=pc.Counter(
+                    "driftsafe_worker_fenced_out",
+                    "Outcomes (or retries) refused because a newer holder took the run over",
+                    ["task"],
+                ),
+                lock_errors=pc.Counter(
+                    "driftsafe_worker_lock_errors",
+                    "Deliveries that found the lock backend unreachable",
+                    ["task"],
+                ),
             )
     return _worker
 
@@ -216,8 +270,9 @@ def dispatched(result: DispatchResult, runs: Mapping[int, ClaimedRun], now: date
             m.lateness.observe(max((now - slot).total_seconds(), 0.0))
 
 
-def heartbeat(sample: OffsetSample | None, now: datetime, *, paused: bool,
-              using: str = "default") -> None:
+def heartbeat(
+    sample: OffsetSample | None, now: datetime, *, paused: bool, using: str = "default"
+) -> None:
     """At a beat's heartbeat: offset, claiming paused, and (two indexed counts) the backlog
     and the nodes alive."""
     m = beat_metrics()
@@ -230,8 +285,7 @@ def heartbeat(sample: OffsetSample | None, now: datetime, *, paused: bool,
         m.clock_error.set(sample.error_bound)
     m.paused.set(1 if paused else 0)
     m.backlog.set(cluster.backlog(now, using=using))
-    m.nodes_alive.set(cluster.nodes_alive(now, get_settings().node_dead_after_seconds,
-                                          using=using))
+    m.nodes_alive.set(cluster.nodes_alive(now, get_settings().node_dead_after_seconds, using=using))
 
 
 # -- worker hooks --------------------------------------------------------------------------------
@@ -284,12 +338,19 @@ def _serve(setting: str, port: int, address: str, registry: Any) -> Server:
         httpd, thread = pc.start_http_server(port, addr=address, registry=registry)
     except OSError as exc:
         raise ConfigurationError(
-            setting, port, f"cannot serve metrics on {address}:{port}: {exc}",
+            setting,
+            port,
+            f"cannot serve metrics on {address}:{port}: {exc}",
             "pick a free port (each beat or worker on one host needs its own)",
         ) from exc
     server = Server(httpd, thread, int(httpd.server_port))
-    logger.info("serving Prometheus metrics on %s:%d (%s)", address, server.port, setting,
-                extra={"action": "metrics-serve"})
+    logger.info(
+        "serving Prometheus metrics on %s:%d (%s)",
+        address,
+        server.port,
+        setting,
+        extra={"action": "metrics-serve"},
+    )
     return server
 
 
@@ -361,8 +422,12 @@ def on_worker_init(sender: Any = None, **kwargs: Any) -> None:
             extra={"action": "metrics-serve"},
         )
     worker_metrics()
-    _worker_server = _serve("WORKER_METRICS_PORT", settings.worker_metrics_port,
-                            settings.metrics_address, worker_registry())
+    _worker_server = _serve(
+        "WORKER_METRICS_PORT",
+        settings.worker_metrics_port,
+        settings.metrics_address,
+        worker_registry(),
+    )
 
 
 def on_worker_shutdown(sender: Any = None, **kwargs: Any) -> None:

@@ -106,8 +106,11 @@ def plan_claim(
         following = schedule.next_after(next_slot)
         if following is None or due(following) > now:
             return ClaimPlan(fire=[next_slot], next_slot=following, late_from_load=True)
-    fired_max = {MisfirePolicy.FIRE_ALL: fire_all_max, MisfirePolicy.FIRE_ONCE: 1,
-                 MisfirePolicy.SKIP: 0}[MisfirePolicy(policy)]
+    fired_max = {
+        MisfirePolicy.FIRE_ALL: fire_all_max,
+        MisfirePolicy.FIRE_ONCE: 1,
+        MisfirePolicy.SKIP: 0,
+    }[MisfirePolicy(policy)]
     keep = fired_max + max(record_max, 1)
     # Slots before window_start are due before recent_start whatever their jitter: missed.
     window_start = recent_start - spread
@@ -144,8 +147,12 @@ def plan_claim(
     if remaining > record_max:
         span = MissedSpan(first=next_slot, last=tail[-1], count=remaining)
         tail = []
-    return ClaimPlan(fire=fire, missed=tail, missed_span=span,
-                     next_slot=upcoming if upcoming is not None else schedule.next_after(now))
+    return ClaimPlan(
+        fire=fire,
+        missed=tail,
+        missed_span=span,
+        next_slot=upcoming if upcoming is not None else schedule.next_after(now),
+    )
 
 
 def _on_the_slot(slot: datetime) -> datetime:

@@ -30,8 +30,12 @@ class RunStatus(StrEnum):
 PRE_START = (RunStatus.CLAIMED, RunStatus.DISPATCHED, RunStatus.RETRYING)
 #: A run in one of these has its outcome; nothing changes it any more.
 FINISHED = (
-    RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.SKIPPED, RunStatus.MISSED,
-    RunStatus.EXPIRED, RunStatus.REVOKED,
+    RunStatus.SUCCEEDED,
+    RunStatus.FAILED,
+    RunStatus.SKIPPED,
+    RunStatus.MISSED,
+    RunStatus.EXPIRED,
+    RunStatus.REVOKED,
 )
 
 

@@ -43,15 +43,22 @@ def register(node_id: str, now: datetime, *, using: str = "default") -> BeatNode
 
 
 def heartbeat(
-    node_id: str, now: datetime, sample: OffsetSample | None = None, *,
-    paused_reason: str = "", claiming_since: datetime | None = None,
-    lag_seconds: float | None = None, using: str = "default",
+    node_id: str,
+    now: datetime,
+    sample: OffsetSample | None = None,
+    *,
+    paused_reason: str = "",
+    claiming_since: datetime | None = None,
+    lag_seconds: float | None = None,
+    using: str = "default",
 ) -> bool:
     """Record a heartbeat; False when the node is not registered as running (it was marked
     dead, or its row is gone): the caller must re-register."""
     fields: dict[str, object] = {
-        "last_heartbeat_at": now, "claiming_paused_reason": paused_reason,
-        "claiming_since": claiming_since, "lag_seconds": lag_seconds,
+        "last_heartbeat_at": now,
+        "claiming_paused_reason": paused_reason,
+        "claiming_since": claiming_since,
+        "lag_seconds": lag_seconds,
     }
     if sample is not None:
         fields.update(
@@ -60,7 +67,8 @@ def heartbeat(
             clock_measured_at=sample.authority_at,
         )
     alive = bool(
-        BeatNode.objects.using(using).filter(node_id=node_id, stopped_at__isnull=True)
+        BeatNode.objects.using(using)
+        .filter(node_id=node_id, stopped_at__isnull=True)
         .update(**fields)
     )
     metrics.heartbeat(sample, now, paused=bool(paused_reason), using=using)
@@ -89,8 +97,12 @@ def mark_dead(
                 f"marked dead by {by}: no heartbeat for over {dead_after.total_seconds():g} s"
             ),
         )
-        logger.warning("marked beat nodes dead (no heartbeat for %s): %s", dead_after,
-                       ", ".join(ids), extra={"action": "mark-dead", "node": by})
+        logger.warning(
+            "marked beat nodes dead (no heartbeat for %s): %s",
+            dead_after,
+            ", ".join(ids),
+            extra={"action": "mark-dead", "node": by},
+        )
     return ids
 
 
@@ -110,8 +122,11 @@ def others_claiming_since(
     know, some beat has been claiming without a break."""
     value: datetime | None = (
         BeatNode.objects.using(using)
-        .filter(stopped_at__isnull=True, last_heartbeat_at__gte=now - dead_after,
-                claiming_paused_reason="")
+        .filter(
+            stopped_at__isnull=True,
+            last_heartbeat_at__gte=now - dead_after,
+            claiming_paused_reason="",
+        )
         .exclude(node_id=node_id)
         .aggregate(since=Min("claiming_since"))["since"]
     )
@@ -119,7 +134,10 @@ def others_claiming_since(
 
 
 def check_offset(
-    sample: OffsetSample, authority: str, settings: DriftSafeSettings, paused_reason: str,
+    sample: OffsetSample,
+    authority: str,
+    settings: DriftSafeSettings,
+    paused_reason: str,
     node_id: str,
 ) -> str:
     """Judge a fresh offset measurement of node ``node_id``: past
@@ -128,20 +146,27 @@ def check_offset(
     ``paused_reason`` is the reason the node is paused for so far (``""``: not paused)."""
     offset = abs(sample.offset)
     if offset > settings.hard_clock_offset_seconds:
-        reason = (f"clock offset {sample.offset:+.3f} s from the {authority} "
-                  f"authority exceeds HARD_CLOCK_OFFSET_SECONDS="
-                  f"{settings.hard_clock_offset_seconds}; claiming paused")
+        reason = (
+            f"clock offset {sample.offset:+.3f} s from the {authority} "
+            f"authority exceeds HARD_CLOCK_OFFSET_SECONDS="
+            f"{settings.hard_clock_offset_seconds}; claiming paused"
+        )
         if reason != paused_reason:
             _beat_logger.error(reason, extra={"action": "pause", "node": node_id})
         return reason
     if paused_reason:
-        _beat_logger.warning("clock offset back within bounds; claiming resumed",
-                             extra={"action": "resume", "node": node_id})
+        _beat_logger.warning(
+            "clock offset back within bounds; claiming resumed",
+            extra={"action": "resume", "node": node_id},
+        )
     if offset > settings.max_clock_offset_seconds:
         _beat_logger.warning(
             "node %s wall clock is %+.3f s off the %s authority (±%.3f s); due-ness does "
-            "not depend on it, but check NTP", node_id, sample.offset,
-            authority, sample.error_bound,
+            "not depend on it, but check NTP",
+            node_id,
+            sample.offset,
+            authority,
+            sample.error_bound,
             extra={"action": "clock-offset", "node": node_id},
         )
     return ""

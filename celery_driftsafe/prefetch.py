@@ -61,8 +61,11 @@ class Prefetcher:
         try:
             self.publish(dispatch)
         except Exception as exc:
-            logger.warning("could not publish the batch claimed ahead (%s); the outbox will",
-                           exc, extra={"action": "stop", "node": node_id})
+            logger.warning(
+                "could not publish the batch claimed ahead (%s); the outbox will",
+                exc,
+                extra={"action": "stop", "node": node_id},
+            )
         if self._executor is not None:
             self._executor.submit(connections.close_all).result()
             self._executor.shutdown(wait=True)

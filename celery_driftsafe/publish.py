@@ -51,7 +51,11 @@ def _expires_at(task: Task, expires: Any, now: datetime) -> datetime | None:
 
 
 def publish_idempotent(
-    task: Task, key: str, args: Any, kwargs: Any, task_id: str | None,
+    task: Task,
+    key: str,
+    args: Any,
+    kwargs: Any,
+    task_id: str | None,
     options: dict[str, Any],
 ) -> Any:
     """Record the call under ``key`` (once across producers), then publish it (on commit).
@@ -65,8 +69,9 @@ def publish_idempotent(
     from celery_driftsafe.models import Run
 
     if not isinstance(key, str) or not key or len(key) > 255:
-        raise ValueError(f"idempotency_key must be a non-empty string of at most 255 "
-                         f"characters, not {key!r}")
+        raise ValueError(
+            f"idempotency_key must be a non-empty string of at most 255 characters, not {key!r}"
+        )
     task_id = task_id or str(uuid.uuid5(_ADHOC_NAMESPACE, f"{task.name}:{key}"))
     now = authority_clock().now()
     expires_at = _expires_at(task, options.pop("expires", None), now)
@@ -74,10 +79,15 @@ def publish_idempotent(
         with transaction.atomic():
             run, created = Run.objects.get_or_create(
                 idempotency_key=key,
-                defaults={"kind": RunKind.ADHOC, "task_name": task.name,
-                          "status": RunStatus.CLAIMED,
-                          "claimed_at": now, "claimed_by": f"producer:{socket.gethostname()}",
-                          "celery_task_id": task_id, "expires_at": expires_at},
+                defaults={
+                    "kind": RunKind.ADHOC,
+                    "task_name": task.name,
+                    "status": RunStatus.CLAIMED,
+                    "claimed_at": now,
+                    "claimed_by": f"producer:{socket.gethostname()}",
+                    "celery_task_id": task_id,
+                    "expires_at": expires_at,
+                },
             )
     except IntegrityError:  # lost a race on the key to another producer
         run, created = Run.objects.get(idempotency_key=key), False
@@ -89,8 +99,9 @@ def publish_idempotent(
     headers.update({HEADER_RUN_ID: run.pk, HEADER_FENCING_TOKEN: 0})
 
     def send(run_task_id: str) -> Any:
-        result = Task.apply_async(task, args, kwargs, task_id=run_task_id, headers=headers,
-                                  **options)
+        result = Task.apply_async(
+            task, args, kwargs, task_id=run_task_id, headers=headers, **options
+        )
         Run.objects.filter(pk=run.pk, status=RunStatus.CLAIMED).update(
             status=RunStatus.DISPATCHED, dispatched_at=authority_clock().now()
         )

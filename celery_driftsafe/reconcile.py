@@ -37,7 +37,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _BACKEND_STATES = {
-    "SUCCESS": RunStatus.SUCCEEDED, "FAILURE": RunStatus.FAILED, "REVOKED": RunStatus.REVOKED,
+    "SUCCESS": RunStatus.SUCCEEDED,
+    "FAILURE": RunStatus.FAILED,
+    "REVOKED": RunStatus.REVOKED,
 }
 
 
@@ -53,26 +55,34 @@ def stuck(now: datetime, settings: DriftSafeSettings | None = None) -> Q:
     "needs attention" filter)."""
     settings = settings or get_settings()
     bound = now - timedelta(seconds=settings.stuck_run_seconds)
-    return Q(status__in=(RunStatus.CLAIMED, RunStatus.DISPATCHED, RunStatus.STARTED,
-                         RunStatus.RETRYING), claimed_at__lt=bound)
+    return Q(
+        status__in=(RunStatus.CLAIMED, RunStatus.DISPATCHED, RunStatus.STARTED, RunStatus.RETRYING),
+        claimed_at__lt=bound,
+    )
 
 
 def reconcile(
-    now: datetime, *, lease: timedelta, app: Any | None = None, using: str = "default",
-    limit: int = 200, settings: DriftSafeSettings | None = None,
+    now: datetime,
+    *,
+    lease: timedelta,
+    app: Any | None = None,
+    using: str = "default",
+    limit: int = 200,
+    settings: DriftSafeSettings | None = None,
 ) -> Reconciled:
     """One bounded pass (see the module docstring); ``now`` is the authority's."""
     settings = settings or get_settings()
     done = Reconciled()
     runs = Run.objects.using(using)
     expired = list(
-        runs.filter(status__in=(RunStatus.CLAIMED, RunStatus.DISPATCHED),
-                    expires_at__lt=now - lease)
-        .values_list("pk", "expires_at")[:limit]
+        runs.filter(
+            status__in=(RunStatus.CLAIMED, RunStatus.DISPATCHED), expires_at__lt=now - lease
+        ).values_list("pk", "expires_at")[:limit]
     )
     for pk, expires_at in expired:
         if runs.filter(pk=pk, status__in=(RunStatus.CLAIMED, RunStatus.DISPATCHED)).update(
-            status=RunStatus.EXPIRED, finished_at=now,
+            status=RunStatus.EXPIRED,
+            finished_at=now,
             error=f"expired: not started before its expiry at {expires_at}",
         ):
             done.expired.append(pk)
@@ -86,14 +96,21 @@ def reconcile(
     if done.expired or done.lost or done.from_results:
         logger.warning(
             "reconciled runs without an outcome: %d expired, %d worker lost, %d from the "
-            "result backend", len(done.expired), len(done.lost), len(done.from_results),
+            "result backend",
+            len(done.expired),
+            len(done.lost),
+            len(done.from_results),
             extra={"action": "reconcile"},
         )
     return done
 
 
 def _worker_lost(
-    pk: int, started_at: datetime | None, token: int, now: datetime, using: str,
+    pk: int,
+    started_at: datetime | None,
+    token: int,
+    now: datetime,
+    using: str,
     settings: DriftSafeSettings,
 ) -> bool:
     from celery_driftsafe.locks import lock_backend
@@ -109,13 +126,17 @@ def _worker_lost(
         return False  # cannot tell: leave it for a later pass
     try:
         taken = lock.fencing_token
-        return bool(Run.objects.using(using).filter(
-            pk=pk, status=RunStatus.STARTED, fencing_token__lt=taken
-        ).update(
-            status=RunStatus.FAILED, finished_at=now, fencing_token=taken,
-            error=f"worker lost: started at {started_at}, no outcome recorded and nobody "
-                  "holds the run's lock (the worker died or was killed)",
-        ))
+        return bool(
+            Run.objects.using(using)
+            .filter(pk=pk, status=RunStatus.STARTED, fencing_token__lt=taken)
+            .update(
+                status=RunStatus.FAILED,
+                finished_at=now,
+                fencing_token=taken,
+                error=f"worker lost: started at {started_at}, no outcome recorded and nobody "
+                "holds the run's lock (the worker died or was killed)",
+            )
+        )
     finally:
         lock.release()
 
@@ -123,9 +144,11 @@ def _worker_lost(
 def _from_result_backend(
     app: Any, runs: Any, bound: datetime, now: datetime, limit: int, done: Reconciled
 ) -> None:
-    for pk, task_id in runs.filter(status=RunStatus.DISPATCHED, claimed_at__lt=bound).exclude(
-        celery_task_id=""
-    ).values_list("pk", "celery_task_id")[:limit]:
+    for pk, task_id in (
+        runs.filter(status=RunStatus.DISPATCHED, claimed_at__lt=bound)
+        .exclude(celery_task_id="")
+        .values_list("pk", "celery_task_id")[:limit]
+    ):
         try:
             state = app.AsyncResult(task_id).state
         except Exception:  # no result backend, or it is away: nothing to learn here
@@ -138,8 +161,13 @@ def _from_result_backend(
 
 
 def recover(
-    now: datetime, node_id: str, settings: DriftSafeSettings, app: Any, dispatcher: Dispatcher,
-    *, using: str = "default",
+    now: datetime,
+    node_id: str,
+    settings: DriftSafeSettings,
+    app: Any,
+    dispatcher: Dispatcher,
+    *,
+    using: str = "default",
 ) -> None:
     """A beat's recovery pass: mark silent nodes dead, reconcile runs that will never hear
     from a worker, and re-publish stale claims (the outbox) through ``dispatcher``."""

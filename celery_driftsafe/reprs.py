@@ -12,8 +12,10 @@ def argument_reprs(app: Any, args: Any, kwargs: Any) -> tuple[str, str]:
     """``argsrepr`` and ``kwargsrepr`` of a message of ``app`` with these arguments."""
     levels = app.conf.get("task_repr_maxlevels", 3)
     amqp = app.amqp
-    return (display_form(args, amqp.argsrepr_maxsize, levels),
-            display_form(kwargs, amqp.kwargsrepr_maxsize, levels))
+    return (
+        display_form(args, amqp.argsrepr_maxsize, levels),
+        display_form(kwargs, amqp.kwargsrepr_maxsize, levels),
+    )
 
 
 def display_form(value: Any, maxsize: int, maxlevels: int) -> str:
@@ -35,8 +37,7 @@ _PLAIN_SCALARS = (int, float, bool, type(None))
 def _plain(value: Any, depth: int) -> bool:
     kind = type(value)
     if kind is str:
-        return (value.isprintable() and "'" not in value and '"' not in value
-                and "\\" not in value)
+        return value.isprintable() and "'" not in value and '"' not in value and "\\" not in value
     if kind in _PLAIN_SCALARS:
         return True
     if depth >= 2:
@@ -44,6 +45,8 @@ def _plain(value: Any, depth: int) -> bool:
     if kind is list:
         return all(_plain(item, depth + 1) for item in value)
     if kind is dict:
-        return all(type(key) is str and _plain(key, depth + 1) and _plain(item, depth + 1)
-                   for key, item in value.items())
+        return all(
+            type(key) is str and _plain(key, depth + 1) and _plain(item, depth + 1)
+            for key, item in value.items()
+        )
     return False

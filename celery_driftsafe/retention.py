@@ -64,8 +64,9 @@ class Retention:
         def span(seconds: float | None) -> timedelta | None:
             return None if seconds is None else timedelta(seconds=seconds)
 
-        return cls(span(settings.run_retention_seconds),
-                   span(settings.failed_run_retention_seconds))
+        return cls(
+            span(settings.run_retention_seconds), span(settings.failed_run_retention_seconds)
+        )
 
     @property
     def keeps_everything(self) -> bool:
@@ -89,8 +90,11 @@ def fence_ttl_seconds(settings: DriftSafeSettings) -> float:
     plus a lease. Any value is safe (see ``docs/reference/locks.md``); this one only spares
     refused writes and their retries while a run is still being worked on.
     """
-    kept = [s for s in (settings.run_retention_seconds, settings.failed_run_retention_seconds)
-            if s is not None]
+    kept = [
+        s
+        for s in (settings.run_retention_seconds, settings.failed_run_retention_seconds)
+        if s is not None
+    ]
     ttl = min(kept) if kept else FENCE_TTL_WHEN_KEPT_FOREVER
     waiting = max(settings.run_expires_seconds or 0.0, settings.stuck_run_seconds)
     return max(ttl, waiting + settings.lease_seconds)
@@ -123,8 +127,12 @@ class Pruner:
     """Deletes finished runs past their retention (see the module docstring)."""
 
     def __init__(
-        self, settings: DriftSafeSettings | None = None, *, using: str = "default",
-        batch_size: int | None = None, redis: Any = None,
+        self,
+        settings: DriftSafeSettings | None = None,
+        *,
+        using: str = "default",
+        batch_size: int | None = None,
+        redis: Any = None,
     ) -> None:
         self.settings = settings or get_settings()
         self.using = using
@@ -146,8 +154,9 @@ class Pruner:
         from celery_driftsafe.models import Run
 
         runs = Run.objects.using(self.using)
-        newer = runs.filter(periodic_task_id=OuterRef("periodic_task_id"),
-                            slot__gt=OuterRef("slot"))
+        newer = runs.filter(
+            periodic_task_id=OuterRef("periodic_task_id"), slot__gt=OuterRef("slot")
+        )
         # A run of a task is kept while it is the task's latest (no newer slot); a run without
         # a task (ad hoc, or its task was deleted) has nothing to protect.
         queryset = (
@@ -169,8 +178,10 @@ class Pruner:
     def has_candidates(self, now: datetime) -> bool:
         """Whether anything is to be deleted at ``now``: a read only, outside any transaction
         (a pass with nothing to do takes no write lock, not even on SQLite)."""
-        return any(self._candidates(status, cutoff, 1, lock=False).exists()
-                   for status, cutoff in self.retention.cutoffs(now))
+        return any(
+            self._candidates(status, cutoff, 1, lock=False).exists()
+            for status, cutoff in self.retention.cutoffs(now)
+        )
 
     def prune_batch(self, now: datetime) -> Pruned:
         """Delete at most ``batch_size`` runs in one transaction; their fencing counters are
@@ -198,18 +209,20 @@ class Pruner:
 
         from celery_driftsafe.models import Lock, Run, RunAttempt
 
-        done.attempts += RunAttempt.objects.using(self.using).filter(run_id__in=ids)._raw_delete(
-            self.using
+        done.attempts += (
+            RunAttempt.objects.using(self.using).filter(run_id__in=ids)._raw_delete(self.using)
         )
         # Re-checked in the statement: a finished status is final, but nothing is taken on trust.
-        count = Run.objects.using(self.using).filter(pk__in=ids, status=status)._raw_delete(
-            self.using
+        count = (
+            Run.objects.using(self.using).filter(pk__in=ids, status=status)._raw_delete(self.using)
         )
         done.runs += count
         done.by_status[status] = done.by_status.get(status, 0) + count
-        done.lock_rows += Lock.objects.using(self.using).filter(
-            Q(token="") | Q(expires_at__lte=now), name__in=[f"run:{pk}" for pk in ids]
-        )._raw_delete(self.using)
+        done.lock_rows += (
+            Lock.objects.using(self.using)
+            .filter(Q(token="") | Q(expires_at__lte=now), name__in=[f"run:{pk}" for pk in ids])
+            ._raw_delete(self.using)
+        )
 
     def _delete_fences(self, ids: Sequence[int]) -> int:
         client = self._client() if ids else None
@@ -223,12 +236,20 @@ class Pruner:
         try:
             return int(client.unlink(*(f"{prefix}:fence:run:{pk}" for pk in ids)))
         except RedisError as exc:  # they expire by themselves
-            logger.warning("could not delete the fencing counters of %d pruned runs: %s",
-                           len(ids), exc, extra={"action": "prune-fences"})
+            logger.warning(
+                "could not delete the fencing counters of %d pruned runs: %s",
+                len(ids),
+                exc,
+                extra={"action": "prune-fences"},
+            )
             return 0
 
     def prune(
-        self, now: datetime, *, max_batches: int | None = None, pause: float | None = None,
+        self,
+        now: datetime,
+        *,
+        max_batches: int | None = None,
+        pause: float | None = None,
         stop: Callable[[float], bool] | None = None,
     ) -> Pruned:
         """Batches until nothing is left to delete at ``now`` (or ``max_batches``). Between
@@ -251,8 +272,14 @@ class Pruner:
         if total.runs:
             logger.info(
                 "pruned %d runs (%d attempts, %d lock rows, %d fencing counters) in %d "
-                "batches, %.2f s", total.runs, total.attempts, total.lock_rows, total.fences,
-                total.batches, total.seconds, extra={"action": "prune"},
+                "batches, %.2f s",
+                total.runs,
+                total.attempts,
+                total.lock_rows,
+                total.fences,
+                total.batches,
+                total.seconds,
+                extra={"action": "prune"},
             )
         return total
 
@@ -307,14 +334,18 @@ class BackgroundPruner:
                 if not lock.acquire(blocking=False):
                     return  # another beat prunes
             except LockError as exc:
-                logger.warning("not pruning this time: the lock backend is unreachable: %s",
-                               exc, extra={"action": "prune"})
+                logger.warning(
+                    "not pruning this time: the lock backend is unreachable: %s",
+                    exc,
+                    extra={"action": "prune"},
+                )
                 return
             with lock.watch():
                 self.last = Pruner(settings, using=self.using).prune(now, stop=self._stop.wait)
         except Exception:
-            logger.exception("pruning the run ledger failed; trying again later",
-                             extra={"action": "prune"})
+            logger.exception(
+                "pruning the run ledger failed; trying again later", extra={"action": "prune"}
+            )
         finally:
             connections.close_all()  # this thread's connections only
 

@@ -73,8 +73,12 @@ class ManualRun:
 
 
 def run_now(
-    task: PeriodicTask, *, app: Any | None = None, clock: Clock | None = None,
-    actor: str = "", using: str = "default",
+    task: PeriodicTask,
+    *,
+    app: Any | None = None,
+    clock: Clock | None = None,
+    actor: str = "",
+    using: str = "default",
 ) -> ManualRun:
     """Start ``task`` now, through the ledger (see the module docstring).
 
@@ -89,10 +93,18 @@ def run_now(
     task_id = celery_task_id(task.pk, slot)
     actor = actor or _default_actor()
     run = Run(
-        periodic_task=task, task_name=task.task, kind=RunKind.MANUAL, slot=slot,
-        status=RunStatus.CLAIMED, claimed_by=actor, claimed_at=slot, celery_task_id=task_id,
-        dispatch_attempts=1, message=run_message(task),
-        expires_at=None if task.expires_seconds is None
+        periodic_task=task,
+        task_name=task.task,
+        kind=RunKind.MANUAL,
+        slot=slot,
+        status=RunStatus.CLAIMED,
+        claimed_by=actor,
+        claimed_at=slot,
+        celery_task_id=task_id,
+        dispatch_attempts=1,
+        message=run_message(task),
+        expires_at=None
+        if task.expires_seconds is None
         else slot + timedelta(seconds=task.expires_seconds),
     )
     try:
@@ -101,30 +113,46 @@ def run_now(
     except IntegrityError:
         existing = Run.objects.using(using).filter(periodic_task=task, slot=slot).first()
         logger.info(
-            "run now of %s at %s already recorded; not published again", task.name, slot,
-            extra={"action": "run-now-duplicate", "task": task.name, "slot": slot,
-                   "node": actor},
+            "run now of %s at %s already recorded; not published again",
+            task.name,
+            slot,
+            extra={"action": "run-now-duplicate", "task": task.name, "slot": slot, "node": actor},
         )
         return ManualRun(
-            run_id=existing.pk if existing else None, task_name=task.task, slot=slot,
-            celery_task_id=task_id, created=False,
+            run_id=existing.pk if existing else None,
+            task_name=task.task,
+            slot=slot,
+            celery_task_id=task_id,
+            created=False,
             status=existing.status if existing else RunStatus.CLAIMED,
         )
     claimed = claimed_run(run, task)
     dispatcher = Dispatcher(app, clock, using=using)
     logger.info(
-        "run now of %s (slot %s) by %s", task.name, slot, actor,
+        "run now of %s (slot %s) by %s",
+        task.name,
+        slot,
+        actor,
         extra={"action": "run-now", "task": task.name, "slot": slot, "node": actor},
     )
     if connections[using].in_atomic_block:
         transaction.on_commit(lambda: dispatcher.dispatch([claimed]), using=using)
         return ManualRun(
-            run_id=run.pk, task_name=task.task, slot=slot, celery_task_id=task_id,
-            created=True, status=RunStatus.CLAIMED, deferred=True,
+            run_id=run.pk,
+            task_name=task.task,
+            slot=slot,
+            celery_task_id=task_id,
+            created=True,
+            status=RunStatus.CLAIMED,
+            deferred=True,
         )
     result = dispatcher.dispatch([claimed])
     return ManualRun(
-        run_id=run.pk, task_name=task.task, slot=slot, celery_task_id=task_id, created=True,
+        run_id=run.pk,
+        task_name=task.task,
+        slot=slot,
+        celery_task_id=task_id,
+        created=True,
         status=_status_after(result, run.pk),
         error=result.failed.get(run.pk, "") or result.refused.get(run.pk, ""),
     )

@@ -19,7 +19,11 @@ SOLAR_FIELDS = ("solar_event", "solar_latitude", "solar_longitude")
 
 #: Every field that defines when a task fires: a change to one of them is a schedule edit.
 SCHEDULE_FIELDS = (
-    "schedule_kind", *INTERVAL_FIELDS, *CRONTAB_FIELDS, "timezone", *ONE_OFF_FIELDS,
+    "schedule_kind",
+    *INTERVAL_FIELDS,
+    *CRONTAB_FIELDS,
+    "timezone",
+    *ONE_OFF_FIELDS,
     *SOLAR_FIELDS,
 )
 #: The bounds and the jitter: no schedule of their own, but a change to one of them moves the

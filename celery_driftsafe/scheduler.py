@@ -59,8 +59,14 @@ class DriftSafeScheduler(Scheduler):
     """The drift-safe beat scheduler (see the module docstring)."""
 
     def __init__(
-        self, app: Any, *args: Any, clock: Clock | None = None, authority: Authority | None = None,
-        using: str = "default", install_signal_handlers: bool = True, **kwargs: Any,
+        self,
+        app: Any,
+        *args: Any,
+        clock: Clock | None = None,
+        authority: Authority | None = None,
+        using: str = "default",
+        install_signal_handlers: bool = True,
+        **kwargs: Any,
     ) -> None:
         self._clock_override = clock
         self._authority_override = authority
@@ -88,10 +94,13 @@ class DriftSafeScheduler(Scheduler):
         checks.refuse_bad_configuration(self.node_id)
         self.settings: DriftSafeSettings = get_settings()
         self.authority = self._authority_override or authority_from_settings(
-            self.settings, using=self.using)
+            self.settings, using=self.using
+        )
         self.clock: Clock = self._clock_override or AuthorityClock(
-            self.authority, samples=self.settings.clock_sync_samples,
-            resync_seconds=self.settings.clock_sync_interval_seconds)
+            self.authority,
+            samples=self.settings.clock_sync_samples,
+            resync_seconds=self.settings.clock_sync_interval_seconds,
+        )
         self.claimer: Claimer = claimer_for(self.using, self.settings)
         self.dispatcher = Dispatcher(self.app, self.clock, using=self.using)
         self.pruner = retention.BackgroundPruner(using=self.using, monotonic=self.clock.monotonic)
@@ -112,8 +121,13 @@ class DriftSafeScheduler(Scheduler):
         report = self._start_up()
         logger.info(
             "driftsafe node %s up (authority %s): beat_schedule %d created, %d updated, "
-            "%d unchanged, %d rejected", self.node_id, self.authority.name, len(report.created),
-            len(report.updated), len(report.unchanged), len(report.errors),
+            "%d unchanged, %d rejected",
+            self.node_id,
+            self.authority.name,
+            len(report.created),
+            len(report.updated),
+            len(report.unchanged),
+            len(report.errors),
             extra={"action": "start", "node": self.node_id},
         )
         self._listener = self._start_listener()
@@ -138,9 +152,12 @@ class DriftSafeScheduler(Scheduler):
                 return sync_beat_schedule(self.app, now=self.authority.read(), using=self.using)
             except _OUTAGE_ERRORS as exc:
                 if not backoff:
-                    logger.error("start-up waiting: the database or time authority is "
-                                 "unreachable: %s; retrying with backoff", exc,
-                                 extra={"action": "outage", "node": self.node_id})
+                    logger.error(
+                        "start-up waiting: the database or time authority is "
+                        "unreachable: %s; retrying with backoff",
+                        exc,
+                        extra={"action": "outage", "node": self.node_id},
+                    )
                 connections[self.using].close()
                 backoff = min(max(backoff * 2, 0.5), 10.0)
                 self._wake.wait(backoff * random.uniform(0.5, 1.0))
@@ -167,8 +184,12 @@ class DriftSafeScheduler(Scheduler):
 
     def _stopping(self) -> bool:
         if self._terminating is not None and not self._shutdown.is_set():
-            logger.info("driftsafe node %s stopping on signal %d", self.node_id,
-                        self._terminating, extra={"action": "stop", "node": self.node_id})
+            logger.info(
+                "driftsafe node %s stopping on signal %d",
+                self.node_id,
+                self._terminating,
+                extra={"action": "stop", "node": self.node_id},
+            )
             self._shutdown.set()
         return self._shutdown.is_set()
 
@@ -201,8 +222,12 @@ class DriftSafeScheduler(Scheduler):
             except _OUTAGE_ERRORS as exc:
                 connections[self.using].close()
                 if attempt == attempts:
-                    logger.warning("could not mark node %s stopped: %s", self.node_id, exc,
-                                   extra={"action": "stop", "node": self.node_id})
+                    logger.warning(
+                        "could not mark node %s stopped: %s",
+                        self.node_id,
+                        exc,
+                        extra={"action": "stop", "node": self.node_id},
+                    )
                     return
                 self.clock.sleep(0.5 * attempt)
 
@@ -212,8 +237,10 @@ class DriftSafeScheduler(Scheduler):
     @property
     def info(self) -> str:
         settings = get_settings()
-        return (f"    . driftsafe node -> {self.node_id}\n"
-                f"    . time authority -> {settings.time_authority}")
+        return (
+            f"    . driftsafe node -> {self.node_id}\n"
+            f"    . time authority -> {settings.time_authority}"
+        )
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -245,9 +272,12 @@ class DriftSafeScheduler(Scheduler):
             wait = self.run_round()
         except _OUTAGE_ERRORS as exc:
             if self._outage is None:
-                logger.error("claiming paused, the database or time authority is unreachable: "
-                             "%s; retrying with backoff", exc,
-                             extra={"action": "outage", "node": self.node_id})
+                logger.error(
+                    "claiming paused, the database or time authority is unreachable: "
+                    "%s; retrying with backoff",
+                    exc,
+                    extra={"action": "outage", "node": self.node_id},
+                )
             self._outage = str(exc)
             connections[self.using].close()
             return self._back_off()
@@ -255,14 +285,19 @@ class DriftSafeScheduler(Scheduler):
             # Not an outage and not one row (the claim isolates rows): a bug or something
             # unforeseen. The beat must not exit over it: log it once, back off, try again.
             if self._outage != repr(exc):
-                logger.exception("claim round failed unexpectedly; retrying with backoff",
-                                 extra={"action": "round-error", "node": self.node_id})
+                logger.exception(
+                    "claim round failed unexpectedly; retrying with backoff",
+                    extra={"action": "round-error", "node": self.node_id},
+                )
             self._outage = repr(exc)
             connections[self.using].close()
             return self._back_off()
         if self._outage is not None:
-            logger.warning("claiming resumed after an outage (%s)", self._outage,
-                           extra={"action": "recovered", "node": self.node_id})
+            logger.warning(
+                "claiming resumed after an outage (%s)",
+                self._outage,
+                extra={"action": "recovered", "node": self.node_id},
+            )
             self._outage = None
             self._backoff = 0.0
         return wait
@@ -287,8 +322,9 @@ class DriftSafeScheduler(Scheduler):
         if self._claiming_since is None:
             self._claiming_since = reading.at
         if mono >= self._next_recovery:
-            recover(reading.at, self.node_id, self.settings, self.app, self.dispatcher,
-                    using=self.using)
+            recover(
+                reading.at, self.node_id, self.settings, self.app, self.dispatcher, using=self.using
+            )
             self._next_recovery = mono + min(self.settings.lease_seconds / 2, 5.0)
         busy_since = self._claiming_since
         if self._others_since is not None and self._others_since < busy_since:
@@ -341,8 +377,10 @@ class DriftSafeScheduler(Scheduler):
     def _log_round(self, result: ClaimResult, now: datetime) -> None:
         if result.runs or result.missed or result.disabled:
             logger.info(
-                "claimed %d runs (%d missed, %d tasks disabled)", len(result.runs),
-                result.missed, len(result.disabled),
+                "claimed %d runs (%d missed, %d tasks disabled)",
+                len(result.runs),
+                result.missed,
+                len(result.disabled),
                 extra={"action": "claim", "node": self.node_id},
             )
         if result.oldest_slot is None:
@@ -358,8 +396,12 @@ class DriftSafeScheduler(Scheduler):
             logger.warning(
                 "the beats are saturated: this round fired slots %.1f s after they fell due "
                 "(misfire grace %g s); %d fired late instead of missed, %d recorded missed. "
-                "Add beats or spread the schedule", lag, grace, result.late_from_load,
-                result.missed, extra={"action": "saturated", "node": self.node_id},
+                "Add beats or spread the schedule",
+                lag,
+                grace,
+                result.late_from_load,
+                result.missed,
+                extra={"action": "saturated", "node": self.node_id},
             )
 
     # -- clock and heartbeat ----------------------------------------------------------------
@@ -369,7 +411,10 @@ class DriftSafeScheduler(Scheduler):
         if not isinstance(self.clock, AuthorityClock) or not self.clock.needs_sync():
             return
         self._paused_reason = nodes.check_offset(
-            self.clock.sync(), self.authority.name, self.settings, self._paused_reason,
+            self.clock.sync(),
+            self.authority.name,
+            self.settings,
+            self._paused_reason,
             self.node_id,
         )
 
@@ -378,14 +423,20 @@ class DriftSafeScheduler(Scheduler):
         sample = self.clock.last_sample if isinstance(self.clock, AuthorityClock) else None
         now = self.clock.now()
         alive = nodes.heartbeat(
-            self.node_id, now, sample, paused_reason=self._paused_reason,
+            self.node_id,
+            now,
+            sample,
+            paused_reason=self._paused_reason,
             # a stretch that starts with this round starts now
             claiming_since=None if self._paused_reason else (self._claiming_since or now),
-            lag_seconds=self._lag, using=self.using,
+            lag_seconds=self._lag,
+            using=self.using,
         )
         self._lag = None
         self._others_since = nodes.others_claiming_since(
-            self.node_id, now, timedelta(seconds=self.settings.node_dead_after_seconds),
+            self.node_id,
+            now,
+            timedelta(seconds=self.settings.node_dead_after_seconds),
             using=self.using,
         )
         if not alive:
@@ -394,7 +445,8 @@ class DriftSafeScheduler(Scheduler):
             # so nothing it held goes out twice. Come back as alive.
             logger.warning(
                 "node %s was marked dead while it was paused; its unpublished claims were "
-                "taken over; re-registering", self.node_id,
+                "taken over; re-registering",
+                self.node_id,
                 extra={"action": "re-register", "node": self.node_id},
             )
             nodes.register(self.node_id, self.clock.now(), using=self.using)

@@ -38,8 +38,13 @@ class Skeleton:
 
 
 def build_skeleton(
-    app: Any, origin: str, name: str, args: list[Any], kwargs: dict[str, Any],
-    opts: dict[str, Any], expires: datetime | None,
+    app: Any,
+    origin: str,
+    name: str,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    opts: dict[str, Any],
+    expires: datetime | None,
 ) -> Skeleton | None:
     """The skeleton of the messages of task ``name`` with the publish options ``opts``
     (consumed), or None where the fast path cannot reproduce Celery's message. ``args`` and
@@ -73,10 +78,31 @@ def build_skeleton(
         opts["expiration"] = 0.0  # replaced per message
     opts["argsrepr"], opts["kwargsrepr"] = "", ""  # replaced per task
     headers, properties, body, _sent_event = amqp.as_task_v2(
-        _PLACEHOLDER_ID, name, args, kwargs, None, None, None, None,
-        expires, 0, None, None, None, app.thread_oid, time_limit, soft_time_limit,
-        False, None, None, None, None, ignore_result=ignore_result,
-        replaced_task_nesting=0, origin=origin, **opts,
+        _PLACEHOLDER_ID,
+        name,
+        args,
+        kwargs,
+        None,
+        None,
+        None,
+        None,
+        expires,
+        0,
+        None,
+        None,
+        None,
+        app.thread_oid,
+        time_limit,
+        soft_time_limit,
+        False,
+        None,
+        None,
+        None,
+        None,
+        ignore_result=ignore_result,
+        replaced_task_nesting=0,
+        origin=origin,
+        **opts,
     )
     for stamp in opts.pop("stamped_headers", None) or ():
         opts.pop(stamp, None)
@@ -88,13 +114,20 @@ def build_skeleton(
     for per_message in ("correlation_id", "reply_to", "expiration"):
         properties.pop(per_message, None)
     return Skeleton(
-        headers=headers, properties=properties, embed=body[2], serializer=serializer,
-        compression=compression, publish_kwargs=publish_kwargs,
+        headers=headers,
+        properties=properties,
+        embed=body[2],
+        serializer=serializer,
+        compression=compression,
+        publish_kwargs=publish_kwargs,
         declare=tuple(declare) if declare is not None else None,
-        declare_idents=_declare_idents(declare), check_arguments=check_arguments,
-        notify_backend=(not ignore_result
-                        and type(backend).on_task_call is not Backend.on_task_call),
+        declare_idents=_declare_idents(declare),
+        check_arguments=check_arguments,
+        notify_backend=(
+            not ignore_result and type(backend).on_task_call is not Backend.on_task_call
+        ),
     )
+
 
 def _publish_arguments(
     app: Any, options: dict[str, Any], properties: dict[str, Any]
@@ -151,12 +184,20 @@ def _publish_arguments(
     retry = conf.task_publish_retry if retry is None else retry
     policy = dict(default_policy, **retry_policy) if retry_policy else dict(default_policy)
     publish_kwargs = {
-        "exchange": exchange, "routing_key": routing_key, "retry": retry,
-        "retry_policy": policy, "delivery_mode": delivery_mode,
-        "timeout": timeout, "confirm_timeout": confirm_timeout,
+        "exchange": exchange,
+        "routing_key": routing_key,
+        "retry": retry,
+        "retry_policy": policy,
+        "delivery_mode": delivery_mode,
+        "timeout": timeout,
+        "confirm_timeout": confirm_timeout,
     }
-    return (publish_kwargs, declare, serializer or conf.task_serializer,
-            compression or conf.task_compression)
+    return (
+        publish_kwargs,
+        declare,
+        serializer or conf.task_serializer,
+        compression or conf.task_compression,
+    )
 
 
 def _plain_apply_async(task: Any) -> bool:

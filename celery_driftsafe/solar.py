@@ -89,8 +89,7 @@ def _sun(seconds: float) -> tuple[float, float, float]:
         + math.sin(3 * anomaly) * 0.000289
     )
     true_longitude = mean_longitude + centre
-    distance = (1.000001018 * (1 - eccentricity**2)
-                / (1 + eccentricity * math.cos(anomaly + centre)))
+    distance = 1.000001018 * (1 - eccentricity**2) / (1 + eccentricity * math.cos(anomaly + centre))
     node = math.radians(125.04 - 1934.136 * t)
     apparent_longitude = true_longitude - math.radians(0.00569 + 0.00478 * math.sin(node))
     mean_obliquity = 23 + (26 + (21.448 - t * (46.815 + t * (0.00059 - t * 0.001813))) / 60) / 60
@@ -129,12 +128,11 @@ class _Place:
         limb) above the event's altitude, at ``second``: positive when the sun is higher."""
         declination, equation, distance = _sun(second)
         # Hour angle from apparent solar time: seconds of the day + equation + longitude.
-        hour_angle = math.radians(
-            ((second % _DAY + equation) / 240 + self.longitude - 180) % 360
-        )
+        hour_angle = math.radians(((second % _DAY + equation) / 240 + self.longitude - 180) % 360)
         latitude = math.radians(self.latitude)
-        sine = (math.sin(latitude) * math.sin(declination)
-                + math.cos(latitude) * math.cos(declination) * math.cos(hour_angle))
+        sine = math.sin(latitude) * math.sin(declination) + math.cos(latitude) * math.cos(
+            declination
+        ) * math.cos(hour_angle)
         altitude = math.degrees(math.asin(max(-1.0, min(1.0, sine))))
         altitude -= _PARALLAX_1AU / distance * math.cos(math.radians(altitude))
         target = EVENTS[self.event][1]
@@ -262,4 +260,3 @@ class Solar:
         north = f"{abs(self.latitude):g}°{'N' if self.latitude >= 0 else 'S'}"
         east = f"{abs(self.longitude):g}°{'E' if self.longitude >= 0 else 'W'}"
         return f"at {self.event.replace('_', ' ')} at {north} {east}"
-

@@ -56,8 +56,13 @@ class DriftSafeTask(Task):
         try:
             headers = read_headers(self.request)
         except BadRunHeaders as exc:
-            logger.error("rejected %s[%s]: %s; not executed", self.name, self.request.id, exc,
-                         extra={"action": "reject", "run": -1})
+            logger.error(
+                "rejected %s[%s]: %s; not executed",
+                self.name,
+                self.request.id,
+                exc,
+                extra={"action": "reject", "run": -1},
+            )
             raise Ignore() from None
         if headers is None:
             return super().__call__(*args, **kwargs)
@@ -79,8 +84,13 @@ class DriftSafeTask(Task):
         return super().retry(*args, **kwargs)
 
     def apply_async(
-        self, args: Any = None, kwargs: Any = None, task_id: str | None = None,
-        *, idempotency_key: str | None = None, **options: Any,
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        *,
+        idempotency_key: str | None = None,
+        **options: Any,
     ) -> Any:
         """Like :meth:`celery.Task.apply_async`, published on commit inside a transaction;
         with ``idempotency_key`` the call is recorded in the run ledger first and runs at most

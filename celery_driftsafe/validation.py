@@ -29,13 +29,37 @@ from celery_driftsafe.names import MisfirePolicy, OverlapPolicy
 #: Header names Celery's task protocol (version 2) sets itself, plus those of this package.
 #: A task's own ``headers`` must not override them: ``id`` or ``task`` would make the worker
 #: run something else than the run that was claimed.
-RESERVED_HEADERS = frozenset({
-    "lang", "task", "id", "shadow", "eta", "expires", "group", "group_index", "retries",
-    "timelimit", "root_id", "parent_id", "argsrepr", "kwargsrepr", "origin", "ignore_result",
-    "replaced_task_nesting", "stamped_headers", "stamps", "chord", "callbacks", "errbacks",
-    "chain", "reply_to", "correlation_id", "delivery_info",
-    *headers.ALL,
-})
+RESERVED_HEADERS = frozenset(
+    {
+        "lang",
+        "task",
+        "id",
+        "shadow",
+        "eta",
+        "expires",
+        "group",
+        "group_index",
+        "retries",
+        "timelimit",
+        "root_id",
+        "parent_id",
+        "argsrepr",
+        "kwargsrepr",
+        "origin",
+        "ignore_result",
+        "replaced_task_nesting",
+        "stamped_headers",
+        "stamps",
+        "chord",
+        "callbacks",
+        "errbacks",
+        "chain",
+        "reply_to",
+        "correlation_id",
+        "delivery_info",
+        *headers.ALL,
+    }
+)
 
 MISFIRE_POLICIES = ("", *MisfirePolicy)
 OVERLAP_POLICIES = tuple(OverlapPolicy)
@@ -70,48 +94,79 @@ def json_problems(args: Any, kwargs: Any, headers: Any) -> list[Problem]:
     """Problems of the three JSON fields (already coerced)."""
     problems = []
     if not isinstance(args, list):
-        problems.append(Problem(
-            "args", f"must be a JSON list such as [1, \"a\"], not {_shape(args)}"))
+        problems.append(
+            Problem("args", f'must be a JSON list such as [1, "a"], not {_shape(args)}')
+        )
     if not isinstance(kwargs, dict):
-        problems.append(Problem(
-            "kwargs", f"must be a JSON object such as {{\"a\": 1}}, not {_shape(kwargs)}"))
+        problems.append(
+            Problem("kwargs", f'must be a JSON object such as {{"a": 1}}, not {_shape(kwargs)}')
+        )
     if not isinstance(headers, dict):
         problems.append(Problem("headers", f"must be a JSON object, not {_shape(headers)}"))
     else:
         reserved = sorted(set(headers) & RESERVED_HEADERS)
         if reserved:
-            problems.append(Problem(
-                "headers", f"must not set {', '.join(reserved)}: Celery or celery_driftsafe "
-                "sets these headers themselves"))
+            problems.append(
+                Problem(
+                    "headers",
+                    f"must not set {', '.join(reserved)}: Celery or celery_driftsafe "
+                    "sets these headers themselves",
+                )
+            )
     return problems
 
 
 def option_problems(
-    *, task: Any, priority: Any, expires_seconds: Any, misfire_grace_seconds: Any,
-    misfire_policy: Any, overlap_policy: Any,
+    *,
+    task: Any,
+    priority: Any,
+    expires_seconds: Any,
+    misfire_grace_seconds: Any,
+    misfire_policy: Any,
+    overlap_policy: Any,
 ) -> list[Problem]:
     """Problems of the task name, publish options and policies."""
     problems = []
     if not isinstance(task, str) or not task.strip():
         problems.append(Problem("task", "needs the registered Celery task name"))
     if priority is not None and (
-        not isinstance(priority, int) or isinstance(priority, bool)
+        not isinstance(priority, int)
+        or isinstance(priority, bool)
         or not 0 <= priority <= MAX_PRIORITY
     ):
-        problems.append(Problem("priority", f"must be a whole number from 0 to {MAX_PRIORITY}, "
-                                            f"not {priority!r}"))
+        problems.append(
+            Problem(
+                "priority", f"must be a whole number from 0 to {MAX_PRIORITY}, not {priority!r}"
+            )
+        )
     if expires_seconds is not None and not _positive_finite(expires_seconds):
-        problems.append(Problem("expires_seconds",
-                                f"must be a positive number of seconds, not {expires_seconds!r}"))
+        problems.append(
+            Problem(
+                "expires_seconds", f"must be a positive number of seconds, not {expires_seconds!r}"
+            )
+        )
     if misfire_grace_seconds is not None and not _non_negative_finite(misfire_grace_seconds):
-        problems.append(Problem("misfire_grace_seconds", "must be zero or a positive number of "
-                                f"seconds, not {misfire_grace_seconds!r}"))
+        problems.append(
+            Problem(
+                "misfire_grace_seconds",
+                f"must be zero or a positive number of seconds, not {misfire_grace_seconds!r}",
+            )
+        )
     if misfire_policy not in MISFIRE_POLICIES:
-        problems.append(Problem("misfire_policy", f"unknown policy {misfire_policy!r}; use one "
-                                f"of {', '.join(p for p in MISFIRE_POLICIES if p)}"))
+        problems.append(
+            Problem(
+                "misfire_policy",
+                f"unknown policy {misfire_policy!r}; use one "
+                f"of {', '.join(p for p in MISFIRE_POLICIES if p)}",
+            )
+        )
     if overlap_policy not in OVERLAP_POLICIES:
-        problems.append(Problem("overlap_policy", f"unknown policy {overlap_policy!r}; use one "
-                                f"of {', '.join(OVERLAP_POLICIES)}"))
+        problems.append(
+            Problem(
+                "overlap_policy",
+                f"unknown policy {overlap_policy!r}; use one of {', '.join(OVERLAP_POLICIES)}",
+            )
+        )
     return problems
 
 

@@ -45,36 +45,56 @@ class DatabaseCollector:
         settings = get_settings()
         dead_after = timedelta(seconds=settings.node_dead_after_seconds)
 
-        def gauge(name: str, text: str, value: float | None = None,
-                  labels: tuple[str, ...] = ()) -> Any:
+        def gauge(
+            name: str, text: str, value: float | None = None, labels: tuple[str, ...] = ()
+        ) -> Any:
             family = GaugeMetricFamily(name, text, labels=list(labels) if labels else None)
             if value is not None:
                 family.add_metric([], value)
             return family
 
-        yield gauge("driftsafe_authority_time_seconds",
-                    "The time authority's clock when these figures were read (Unix seconds)",
-                    unix(now))
-        yield gauge("driftsafe_backlog_slots",
-                    "Enabled tasks whose next slot is due and not claimed yet",
-                    cluster.backlog(now, using=using))
+        yield gauge(
+            "driftsafe_authority_time_seconds",
+            "The time authority's clock when these figures were read (Unix seconds)",
+            unix(now),
+        )
+        yield gauge(
+            "driftsafe_backlog_slots",
+            "Enabled tasks whose next slot is due and not claimed yet",
+            cluster.backlog(now, using=using),
+        )
         oldest = cluster.oldest_due(now, using=using)
-        yield gauge("driftsafe_oldest_due_age_seconds",
-                    "How long the oldest due, unclaimed slot has been due (0: none is due)",
-                    (now - oldest).total_seconds() if oldest is not None else 0.0)
+        yield gauge(
+            "driftsafe_oldest_due_age_seconds",
+            "How long the oldest due, unclaimed slot has been due (0: none is due)",
+            (now - oldest).total_seconds() if oldest is not None else 0.0,
+        )
         alive = 0
         labels = ("node", "hostname")
-        up = gauge("driftsafe_node_up", "1 for a beat node that heartbeats, 0 for one that "
-                   "is dead or stopped (stopped within the last hour)", labels=labels)
-        offset = gauge("driftsafe_node_clock_offset_seconds",
-                       "A node's measured clock offset (authority minus its wall clock)",
-                       labels=labels)
-        age = gauge("driftsafe_node_heartbeat_age_seconds",
-                    "Seconds since a node's last heartbeat", labels=labels)
-        lag = gauge("driftsafe_node_lag_seconds",
-                    "How late after their slots a node's recent rounds fired", labels=labels)
-        paused = gauge("driftsafe_node_claiming_paused",
-                       "1 while a node's claiming is paused", labels=labels)
+        up = gauge(
+            "driftsafe_node_up",
+            "1 for a beat node that heartbeats, 0 for one that "
+            "is dead or stopped (stopped within the last hour)",
+            labels=labels,
+        )
+        offset = gauge(
+            "driftsafe_node_clock_offset_seconds",
+            "A node's measured clock offset (authority minus its wall clock)",
+            labels=labels,
+        )
+        age = gauge(
+            "driftsafe_node_heartbeat_age_seconds",
+            "Seconds since a node's last heartbeat",
+            labels=labels,
+        )
+        lag = gauge(
+            "driftsafe_node_lag_seconds",
+            "How late after their slots a node's recent rounds fired",
+            labels=labels,
+        )
+        paused = gauge(
+            "driftsafe_node_claiming_paused", "1 while a node's claiming is paused", labels=labels
+        )
         for node in cluster.nodes(now, using=using):
             values = [node.node_id, node.hostname]
             state = node.state_at(now, dead_after)
@@ -88,19 +108,28 @@ class DatabaseCollector:
                 lag.add_metric(values, node.lag_seconds)
         yield gauge("driftsafe_nodes_alive", "Beat nodes with a recent heartbeat", alive)
         yield from (up, offset, age, lag, paused)
-        last = gauge("driftsafe_task_last_slot_timestamp_seconds",
-                     f"The last slot each enabled task fired (Unix seconds; the first "
-                     f"{MAX_TASK_SERIES} tasks by name)", labels=("task",))
+        last = gauge(
+            "driftsafe_task_last_slot_timestamp_seconds",
+            f"The last slot each enabled task fired (Unix seconds; the first "
+            f"{MAX_TASK_SERIES} tasks by name)",
+            labels=("task",),
+        )
         for name, slot in cluster.last_slots(limit=MAX_TASK_SERIES, using=using):
             last.add_metric([name], unix(slot))
         yield last
-        recent = gauge("driftsafe_runs_recent",
-                       "Runs claimed in the last 5 minutes, by status", labels=("status",))
+        recent = gauge(
+            "driftsafe_runs_recent",
+            "Runs claimed in the last 5 minutes, by status",
+            labels=("status",),
+        )
         for status, count in cluster.runs_by_status(now - RECENT, using=using).items():
             recent.add_metric([status], count)
         yield recent
-        pending = gauge("driftsafe_runs_open",
-                        "Runs waiting for or in their execution, by status", labels=("status",))
+        pending = gauge(
+            "driftsafe_runs_open",
+            "Runs waiting for or in their execution, by status",
+            labels=("status",),
+        )
         for status, count in cluster.open_runs(using=using).items():
             pending.add_metric([status], count)
         yield pending
@@ -118,7 +147,8 @@ def metrics(request: HttpRequest) -> HttpResponse:
     try:
         now = authority_clock().now()
     except ClockError as exc:
-        return HttpResponse(f"time authority unreachable: {exc}\n", status=503,
-                            content_type="text/plain")
+        return HttpResponse(
+            f"time authority unreachable: {exc}\n", status=503, content_type="text/plain"
+        )
     body = generate_latest(DatabaseCollector(now))
     return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

@@ -76,7 +76,9 @@ def start_change_listener(
     if client is None:
         return None
     listener = threading.Thread(
-        target=_listen, args=(client, settings, wake, shutdown), name="driftsafe-wakeups",
+        target=_listen,
+        args=(client, settings, wake, shutdown),
+        name="driftsafe-wakeups",
         daemon=True,
     )
     listener.start()
@@ -104,8 +106,11 @@ def _listen(
                     wake.set()
         except (RedisError, OSError) as exc:
             if not failing:
-                logger.warning("schedule-change notifications unavailable (%s); polling "
-                               "every %.1f s", exc, settings.max_loop_interval_seconds)
+                logger.warning(
+                    "schedule-change notifications unavailable (%s); polling every %.1f s",
+                    exc,
+                    settings.max_loop_interval_seconds,
+                )
             failing = True
             shutdown.wait(delay)
             delay = min(delay * 2, 10.0)

@@ -54,12 +54,22 @@ def record_from_worker(request: Any, status: str, error: str, *, started_too: bo
         else:
             written = ledger.end_waiting(headers.run_id, status, now, error)
     except LedgerUnavailable as exc:
-        logger.error("run %s: could not record %s: %s", headers.run_id, status, exc,
-                     extra={"action": "outcome-lost", "run": headers.run_id})
+        logger.error(
+            "run %s: could not record %s: %s",
+            headers.run_id,
+            status,
+            exc,
+            extra={"action": "outcome-lost", "run": headers.run_id},
+        )
         return False
     if written:
-        logger.warning("run %s recorded %s: %s", headers.run_id, status, error,
-                       extra={"action": status, "run": headers.run_id})
+        logger.warning(
+            "run %s recorded %s: %s",
+            headers.run_id,
+            status,
+            error,
+            extra={"action": status, "run": headers.run_id},
+        )
     return written
 
 
@@ -76,25 +86,34 @@ class DriftSafeRequest(Request):
         super().on_timeout(soft, timeout)
         if not soft:
             record_from_worker(
-                self._context, RunStatus.FAILED,
+                self._context,
+                RunStatus.FAILED,
                 f"hard time limit ({timeout} s) exceeded: the worker killed the body",
                 started_too=True,
             )
 
-    def on_failure(self, exc_info: Any, send_failed_event: bool = True,
-                   return_ok: bool = False) -> None:
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> None:
         super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
         exc = exc_info.exception
         if isinstance(exc, ExceptionWithTraceback):
             exc = exc.exc
         redelivered = self.task.acks_late and self.task.reject_on_worker_lost
         if isinstance(exc, WorkerLostError) and not redelivered:
-            record_from_worker(self._context, RunStatus.FAILED, f"worker lost: {exc}",
-                               started_too=True)
+            record_from_worker(
+                self._context, RunStatus.FAILED, f"worker lost: {exc}", started_too=True
+            )
 
 
-def on_task_revoked(sender: Any = None, request: Any = None, terminated: bool = False,
-                    signum: Any = None, expired: bool = False, **kwargs: Any) -> None:
+def on_task_revoked(
+    sender: Any = None,
+    request: Any = None,
+    terminated: bool = False,
+    signum: Any = None,
+    expired: bool = False,
+    **kwargs: Any,
+) -> None:
     """``task_revoked`` receiver: a revoked (or, for a message without a run, expired) message
     of a run ends the run as ``revoked`` (``expired``) instead of leaving it waiting."""
     if request is None:

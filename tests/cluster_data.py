@@ -28,15 +28,20 @@ class Seeded:
     runs: list[Run]
 
 
-
 def seed_cluster(now: datetime, *, seed: int = 7) -> Seeded:
     rng = random.Random(seed)
     nodes = [
         BeatNode.objects.create(
-            node_id=f"{host}:{pid}:5f2a", hostname=host, pid=pid, version="0.1.0",
-            started_at=now - timedelta(hours=3), last_heartbeat_at=now - timedelta(seconds=age),
-            clock_offset_seconds=offset, clock_rtt_seconds=0.0009,
-            clock_measured_at=now - timedelta(seconds=age), lag_seconds=0.004,
+            node_id=f"{host}:{pid}:5f2a",
+            hostname=host,
+            pid=pid,
+            version="0.1.0",
+            started_at=now - timedelta(hours=3),
+            last_heartbeat_at=now - timedelta(seconds=age),
+            clock_offset_seconds=offset,
+            clock_rtt_seconds=0.0009,
+            clock_measured_at=now - timedelta(seconds=age),
+            lag_seconds=0.004,
         )
         for host, pid, offset, age in BEATS
     ]
@@ -46,8 +51,7 @@ def seed_cluster(now: datetime, *, seed: int = 7) -> Seeded:
         interval_task("sync-inventory", 60, anchor=anchor, task="tests.add"),
         interval_task("send-digests", 300, anchor=anchor, task="tests.add"),
     ]
-    tasks.append(crontab_task("nightly-report", "15 3 * * *", "Europe/Berlin",
-                              task="tests.add"))
+    tasks.append(crontab_task("nightly-report", "15 3 * * *", "Europe/Berlin", task="tests.add"))
     died = now - timedelta(seconds=BEATS[3][3])
     slow = (now - timedelta(minutes=27), now - timedelta(minutes=24))
     rows: list[Run] = []
@@ -65,14 +69,19 @@ def seed_cluster(now: datetime, *, seed: int = 7) -> Seeded:
             last.dispatched_at = last.started_at = last.finished_at = None
         elif task.name == "sync-inventory":  # running
             last.status, last.finished_at = RunStatus.STARTED, None
-        PeriodicTask.objects.filter(pk=task.pk).update(last_slot_at=slot - every,
-                                                       next_slot_at=slot)
+        PeriodicTask.objects.filter(pk=task.pk).update(last_slot_at=slot - every, next_slot_at=slot)
     Run.objects.bulk_create(rows)
     return Seeded(nodes, tasks, list(Run.objects.order_by("slot")))
 
 
-def _run(rng: random.Random, task: PeriodicTask, slot: datetime, nodes: list[BeatNode],
-         died: datetime, slow: tuple[datetime, datetime]) -> Run:
+def _run(
+    rng: random.Random,
+    task: PeriodicTask,
+    slot: datetime,
+    nodes: list[BeatNode],
+    died: datetime,
+    slow: tuple[datetime, datetime],
+) -> Run:
     live = nodes[:3] if slot > died else nodes
     node = rng.choice(live)
     late = timedelta(milliseconds=rng.lognormvariate(2.3, 0.6))  # mostly 5-25 ms
@@ -85,7 +94,8 @@ def _run(rng: random.Random, task: PeriodicTask, slot: datetime, nodes: list[Bea
         status = RunStatus.FAILED
     missed = task.name == "sync-inventory" and died - timedelta(minutes=2) <= slot <= died
     fields: dict[str, object] = {
-        "claimed_at": slot + late, "dispatched_at": slot + late + timedelta(milliseconds=1),
+        "claimed_at": slot + late,
+        "dispatched_at": slot + late + timedelta(milliseconds=1),
         "started_at": slot + late + timedelta(milliseconds=8),
         "finished_at": slot + late + timedelta(milliseconds=rng.uniform(200, 2500)),
     }
@@ -94,8 +104,13 @@ def _run(rng: random.Random, task: PeriodicTask, slot: datetime, nodes: list[Bea
         fields = {"claimed_at": slot + timedelta(minutes=2)}
         node = nodes[0]
     return Run(
-        periodic_task=task, task_name=task.task, kind=RunKind.SCHEDULED, slot=slot,
-        status=status, claimed_by=node.node_id, celery_task_id=str(uuid.uuid4()),
+        periodic_task=task,
+        task_name=task.task,
+        kind=RunKind.SCHEDULED,
+        slot=slot,
+        status=status,
+        claimed_by=node.node_id,
+        celery_task_id=str(uuid.uuid4()),
         error="ConnectionError: upstream refused" if status == RunStatus.FAILED else "",
         **fields,
     )

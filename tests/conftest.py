@@ -112,6 +112,7 @@ def broker_app() -> Iterator[Celery]:
     """A Celery app publishing to a real Redis broker (db ``REDIS_DB + 1``), with a registered
     ``tests.add`` task. Messages land in the Redis list :data:`QUEUE`; :func:`drain` reads them."""
     import redis
+
     client = redis.Redis.from_url(BROKER_URL)
     client.delete(QUEUE)
     app = Celery("driftsafe-tests", broker=BROKER_URL, set_as_current=False)

@@ -58,6 +58,7 @@ fi
 # The same commands as tox's lint, type and docs environments.
 say "ruff (tox -e lint)"
 "$VENV/bin/ruff" check .
+"$VENV/bin/ruff" format --check .
 say "mypy (tox -e type)"
 "$VENV/bin/mypy"
 say "docs (tox -e docs; Sphinx, warnings are errors)"

@@ -59,14 +59,33 @@ def _count(pubsub: Any) -> int:
 def form_data(**overrides: Any) -> dict[str, Any]:
     """A valid add-form POST for a crontab task; ``overrides`` replace fields."""
     data: dict[str, Any] = {
-        "name": "nightly", "task": "tests.add", "args": "[1, 2]", "kwargs": "{}",
-        "enabled": "on", "disabled_reason": "", "schedule_kind": "crontab",
-        "interval_every": "", "interval_unit": "seconds", "crontab_minute": "*/15",
-        "crontab_hour": "*", "crontab_day_of_month": "*", "crontab_month_of_year": "*",
-        "crontab_day_of_week": "*", "timezone": "Europe/Berlin", "one_off_at_0": "",
-        "one_off_at_1": "", "misfire_policy": "", "misfire_grace_seconds": "",
-        "overlap_policy": "allow", "queue": "", "exchange": "", "routing_key": "",
-        "priority": "", "expires_seconds": "", "headers": "{}", "_save": "Save",
+        "name": "nightly",
+        "task": "tests.add",
+        "args": "[1, 2]",
+        "kwargs": "{}",
+        "enabled": "on",
+        "disabled_reason": "",
+        "schedule_kind": "crontab",
+        "interval_every": "",
+        "interval_unit": "seconds",
+        "crontab_minute": "*/15",
+        "crontab_hour": "*",
+        "crontab_day_of_month": "*",
+        "crontab_month_of_year": "*",
+        "crontab_day_of_week": "*",
+        "timezone": "Europe/Berlin",
+        "one_off_at_0": "",
+        "one_off_at_1": "",
+        "misfire_policy": "",
+        "misfire_grace_seconds": "",
+        "overlap_policy": "allow",
+        "queue": "",
+        "exchange": "",
+        "routing_key": "",
+        "priority": "",
+        "expires_seconds": "",
+        "headers": "{}",
+        "_save": "Save",
     }
     data.update(overrides)
     return {k: v for k, v in data.items() if v is not None}
@@ -141,9 +160,17 @@ def test_invalid_crontab_field_is_refused_on_that_field(
 
 @pytest.mark.django_db
 def test_every_bad_crontab_field_gets_its_own_error(admin_client: Any, app: Any) -> None:
-    errors = form_errors(admin_client.post(ADD, form_data(
-        crontab_minute="60", crontab_hour="x", crontab_day_of_week="8", timezone="Nowhere/City",
-    )))
+    errors = form_errors(
+        admin_client.post(
+            ADD,
+            form_data(
+                crontab_minute="60",
+                crontab_hour="x",
+                crontab_day_of_week="8",
+                timezone="Nowhere/City",
+            ),
+        )
+    )
     assert sorted(errors) == sorted(
         ["crontab_minute", "crontab_hour", "crontab_day_of_week", "timezone"]
     )
@@ -151,10 +178,17 @@ def test_every_bad_crontab_field_gets_its_own_error(admin_client: Any, app: Any)
 
 @pytest.mark.django_db
 def test_crontab_that_never_fires_is_refused_on_day_of_month(admin_client: Any, app: Any) -> None:
-    errors = form_errors(admin_client.post(ADD, form_data(
-        crontab_minute="0", crontab_hour="0", crontab_day_of_month="31",
-        crontab_month_of_year="2",
-    )))
+    errors = form_errors(
+        admin_client.post(
+            ADD,
+            form_data(
+                crontab_minute="0",
+                crontab_hour="0",
+                crontab_day_of_month="31",
+                crontab_month_of_year="2",
+            ),
+        )
+    )
     assert list(errors) == ["crontab_day_of_month"]
     assert "never fire" in errors["crontab_day_of_month"][0]
 
@@ -164,9 +198,16 @@ def test_crontab_that_never_fires_is_refused_on_day_of_month(admin_client: Any, 
 def test_invalid_time_zone_is_refused_on_the_timezone_field(
     admin_client: Any, app: Any, kind: str
 ) -> None:
-    errors = form_errors(admin_client.post(ADD, form_data(
-        schedule_kind=kind, interval_every="30", timezone="Mars/Olympus_Mons",
-    )))
+    errors = form_errors(
+        admin_client.post(
+            ADD,
+            form_data(
+                schedule_kind=kind,
+                interval_every="30",
+                timezone="Mars/Olympus_Mons",
+            ),
+        )
+    )
     assert list(errors) == ["timezone"]
     assert "unknown time zone 'Mars/Olympus_Mons'" in errors["timezone"][0]
 
@@ -176,9 +217,15 @@ def test_invalid_time_zone_is_refused_on_the_timezone_field(
 def test_non_positive_interval_is_refused_on_interval_every(
     admin_client: Any, app: Any, every: str
 ) -> None:
-    errors = form_errors(admin_client.post(ADD, form_data(
-        schedule_kind="interval", interval_every=every,
-    )))
+    errors = form_errors(
+        admin_client.post(
+            ADD,
+            form_data(
+                schedule_kind="interval",
+                interval_every=every,
+            ),
+        )
+    )
     assert errors == {"interval_every": ["An interval must be a positive whole number, e.g. 30."]}
 
 
@@ -211,12 +258,30 @@ def test_one_off_needs_its_instant(admin_client: Any, app: Any) -> None:
 
 @pytest.mark.django_db
 def test_interval_and_one_off_tasks_can_be_added(admin_client: Any, app: Any) -> None:
-    assert admin_client.post(ADD, form_data(
-        name="every-30", schedule_kind="interval", interval_every="30", interval_unit="minutes",
-    )).status_code == 302
-    assert admin_client.post(ADD, form_data(
-        name="once", schedule_kind="one_off", one_off_at_0="2030-01-02", one_off_at_1="03:04:05",
-    )).status_code == 302
+    assert (
+        admin_client.post(
+            ADD,
+            form_data(
+                name="every-30",
+                schedule_kind="interval",
+                interval_every="30",
+                interval_unit="minutes",
+            ),
+        ).status_code
+        == 302
+    )
+    assert (
+        admin_client.post(
+            ADD,
+            form_data(
+                name="once",
+                schedule_kind="one_off",
+                one_off_at_0="2030-01-02",
+                one_off_at_1="03:04:05",
+            ),
+        ).status_code
+        == 302
+    )
     every = PeriodicTask.objects.get(name="every-30")
     assert every.interval_anchor is not None
     assert every.next_slot_at == every.interval_anchor + timedelta(minutes=30)
@@ -227,18 +292,31 @@ def test_interval_and_one_off_tasks_can_be_added(admin_client: Any, app: Any) ->
 @pytest.mark.django_db
 def test_solar_task_can_be_added_and_shows_its_schedule(admin_client: Any, app: Any) -> None:
     before = changes.authority_now()
-    assert admin_client.post(ADD, form_data(
-        name="dusk", schedule_kind="solar", solar_event="sunset", solar_latitude="52.52",
-        solar_longitude="13.405",
-    )).status_code == 302
+    assert (
+        admin_client.post(
+            ADD,
+            form_data(
+                name="dusk",
+                schedule_kind="solar",
+                solar_event="sunset",
+                solar_latitude="52.52",
+                solar_longitude="13.405",
+            ),
+        ).status_code
+        == 302
+    )
     task = PeriodicTask.objects.get(name="dusk")
     assert (task.solar_event, task.solar_latitude, task.solar_longitude) == (
-        "sunset", 52.52, 13.405)
+        "sunset",
+        52.52,
+        13.405,
+    )
     assert task.next_slot_at == Solar("sunset", 52.52, 13.405).next_after(before)
     listing = admin_client.get(TASKS).content.decode()
     assert "at sunset at 52.52°N 13.405°E" in listing
-    page = admin_client.get(reverse("admin:celery_driftsafe_periodictask_change",
-                                    args=[task.pk])).content.decode()
+    page = admin_client.get(
+        reverse("admin:celery_driftsafe_periodictask_change", args=[task.pk])
+    ).content.decode()
     assert 'name="solar_latitude"' in page and '<option value="sunset" selected>' in page
 
 
@@ -246,15 +324,30 @@ def test_solar_task_can_be_added_and_shows_its_schedule(admin_client: Any, app: 
 @pytest.mark.parametrize(
     ("overrides", "errors_expected"),
     [
-        ({}, {"solar_event": "needs the event", "solar_latitude": "needs a latitude",
-              "solar_longitude": "needs a longitude"}),
-        ({"solar_event": "noon", "solar_latitude": "95", "solar_longitude": "-181"},
-         {"solar_event": "Select a valid choice", "solar_latitude": "between -90 and 90",
-          "solar_longitude": "between -180 and 180"}),
-        ({"solar_event": "sunrise", "solar_latitude": "north", "solar_longitude": "inf"},
-         {"solar_latitude": "Enter a number", "solar_longitude": "Enter a number"}),
-        ({"solar_event": "sunrise", "solar_latitude": "-90.5", "solar_longitude": "0"},
-         {"solar_latitude": "between -90 and 90"}),
+        (
+            {},
+            {
+                "solar_event": "needs the event",
+                "solar_latitude": "needs a latitude",
+                "solar_longitude": "needs a longitude",
+            },
+        ),
+        (
+            {"solar_event": "noon", "solar_latitude": "95", "solar_longitude": "-181"},
+            {
+                "solar_event": "Select a valid choice",
+                "solar_latitude": "between -90 and 90",
+                "solar_longitude": "between -180 and 180",
+            },
+        ),
+        (
+            {"solar_event": "sunrise", "solar_latitude": "north", "solar_longitude": "inf"},
+            {"solar_latitude": "Enter a number", "solar_longitude": "Enter a number"},
+        ),
+        (
+            {"solar_event": "sunrise", "solar_latitude": "-90.5", "solar_longitude": "0"},
+            {"solar_latitude": "between -90 and 90"},
+        ),
     ],
 )
 def test_solar_fields_are_checked_each_on_its_own(
@@ -272,8 +365,12 @@ def test_crontab_with_seconds_can_be_added_and_empty_seconds_mean_zero(
     admin_client: Any, app: Any
 ) -> None:
     before = changes.authority_now()
-    assert admin_client.post(ADD, form_data(name="fast", crontab_second="*/10",
-                                            crontab_minute="*")).status_code == 302
+    assert (
+        admin_client.post(
+            ADD, form_data(name="fast", crontab_second="*/10", crontab_minute="*")
+        ).status_code
+        == 302
+    )
     assert admin_client.post(ADD, form_data(name="plain", crontab_second="")).status_code == 302
     fast = PeriodicTask.objects.get(name="fast")
     assert fast.crontab_second == "*/10"
@@ -300,9 +397,15 @@ def test_editing_the_schedule_recomputes_next_slot_once_and_wakes_beats(
     change = reverse("admin:celery_driftsafe_periodictask_change", args=[task.pk])
     wakeups()
     with django_capture_on_commit_callbacks(execute=True):
-        response = admin_client.post(change, form_data(
-            name="tick", schedule_kind="interval", interval_every="7", timezone="UTC",
-        ))
+        response = admin_client.post(
+            change,
+            form_data(
+                name="tick",
+                schedule_kind="interval",
+                interval_every="7",
+                timezone="UTC",
+            ),
+        )
     assert response.status_code == 302
     task.refresh_from_db()
     now = changes.authority_now()
@@ -313,9 +416,16 @@ def test_editing_the_schedule_recomputes_next_slot_once_and_wakes_beats(
     assert wakeups() == 1
     # an edit that leaves the schedule alone leaves the next slot alone
     before = task.next_slot_at
-    admin_client.post(change, form_data(
-        name="tick", schedule_kind="interval", interval_every="7", timezone="UTC", args="[9]",
-    ))
+    admin_client.post(
+        change,
+        form_data(
+            name="tick",
+            schedule_kind="interval",
+            interval_every="7",
+            timezone="UTC",
+            args="[9]",
+        ),
+    )
     task.refresh_from_db()
     assert task.args == [9] and task.next_slot_at == before
 
@@ -381,9 +491,7 @@ def test_reset_schedule_action_drops_the_backlog(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_run_now_action_goes_through_the_ledger_and_the_broker(
-    admin_client: Any, app: Any
-) -> None:
+def test_run_now_action_goes_through_the_ledger_and_the_broker(admin_client: Any, app: Any) -> None:
     task = crontab_task("report", "0 3 * * *", args=[4, 5], queue=QUEUE)
     next_slot = PeriodicTask.objects.get(pk=task.pk).next_slot_at
     before = changes.authority_now()
@@ -458,14 +566,22 @@ def test_celery_app_from_a_dotted_path() -> None:
 # -- list pages ------------------------------------------------------------------------------
 
 
-def _runs(task: PeriodicTask, count: int, *, node: str, start: datetime,
-          status: str = RunStatus.SUCCEEDED) -> list[Run]:
+def _runs(
+    task: PeriodicTask, count: int, *, node: str, start: datetime, status: str = RunStatus.SUCCEEDED
+) -> list[Run]:
     return [
-        Run(periodic_task=task, task_name=task.task, slot=start + i * 60 * S, status=status,
-            claimed_by=node, claimed_at=start + i * 60 * S + 1500 * timedelta(milliseconds=1),
-            dispatched_at=start + i * 60 * S + 2 * S, started_at=start + i * 60 * S + 3 * S,
+        Run(
+            periodic_task=task,
+            task_name=task.task,
+            slot=start + i * 60 * S,
+            status=status,
+            claimed_by=node,
+            claimed_at=start + i * 60 * S + 1500 * timedelta(milliseconds=1),
+            dispatched_at=start + i * 60 * S + 2 * S,
+            started_at=start + i * 60 * S + 3 * S,
             finished_at=start + i * 60 * S + 5250 * timedelta(milliseconds=1),
-            celery_task_id=celery_task_id(task.pk, start + i * 60 * S))
+            celery_task_id=celery_task_id(task.pk, start + i * 60 * S),
+        )
         for i in range(count)
     ]
 
@@ -473,8 +589,12 @@ def _runs(task: PeriodicTask, count: int, *, node: str, start: datetime,
 @pytest.mark.django_db
 @override_settings(TIME_ZONE="Asia/Kolkata")
 def test_task_list_answers_what_runs_next_and_what_ran(admin_client: Any, app: Any) -> None:
-    cron = crontab_task("quarterly", "*/15 * * * *", timezone="Europe/Berlin",
-                        next_slot_at=datetime(2030, 1, 1, 6, 30, tzinfo=UTC))
+    cron = crontab_task(
+        "quarterly",
+        "*/15 * * * *",
+        timezone="Europe/Berlin",
+        next_slot_at=datetime(2030, 1, 1, 6, 30, tzinfo=UTC),
+    )
     interval_task("five", 300, anchor=T0)
     Run.objects.bulk_create(_runs(cron, 3, node="beat-a", start=T0, status=RunStatus.FAILED))
     page = admin_client.get(TASKS).content.decode()
@@ -523,11 +643,20 @@ def test_run_list_shows_the_ledger_read_only(admin_client: Any, app: Any) -> Non
     other = interval_task("tock", 60, anchor=T0)
     Run.objects.bulk_create(_runs(task, 2, node="host-a:1:aa", start=T0))
     Run.objects.bulk_create(_runs(other, 1, node="host-b:2:bb", start=T0, status="failed"))
-    BeatNode.objects.create(node_id="host-a:1:aa", hostname="host-a", pid=1, started_at=T0,
-                            last_heartbeat_at=T0)
+    BeatNode.objects.create(
+        node_id="host-a:1:aa", hostname="host-a", pid=1, started_at=T0, last_heartbeat_at=T0
+    )
     page = admin_client.get(RUNS).content.decode()
-    for text in ("tick", "host-a:1:aa", "+1.500 s", "2.250 s", "2026-03-01 12:00:00.000 UTC",
-                 ">12:00:01.500<", ">12:00:05.250<", "driftsafe-status-succeeded"):
+    for text in (
+        "tick",
+        "host-a:1:aa",
+        "+1.500 s",
+        "2.250 s",
+        "2026-03-01 12:00:00.000 UTC",
+        ">12:00:01.500<",
+        ">12:00:05.250<",
+        "driftsafe-status-succeeded",
+    ):
         assert text in page
     run = Run.objects.filter(task_name="tests.add").first()
     assert run is not None
@@ -548,9 +677,12 @@ def test_run_list_shows_the_ledger_read_only(admin_client: Any, app: Any) -> Non
     admin_client.post(change, {"status": "claimed"})
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED
-    assert admin_client.post(
-        reverse("admin:celery_driftsafe_run_delete", args=[run.pk]), {"post": "yes"}
-    ).status_code == 403
+    assert (
+        admin_client.post(
+            reverse("admin:celery_driftsafe_run_delete", args=[run.pk]), {"post": "yes"}
+        ).status_code
+        == 403
+    )
 
 
 @pytest.mark.django_db
@@ -559,21 +691,40 @@ def test_node_list_shows_liveness_and_highlights_offsets_beyond_the_bound(
 ) -> None:
     now = changes.authority_now()
     BeatNode.objects.create(
-        node_id="good:1:a", hostname="good", pid=1, started_at=now, last_heartbeat_at=now,
-        clock_offset_seconds=0.004, clock_rtt_seconds=0.0008, clock_measured_at=now,
+        node_id="good:1:a",
+        hostname="good",
+        pid=1,
+        started_at=now,
+        last_heartbeat_at=now,
+        clock_offset_seconds=0.004,
+        clock_rtt_seconds=0.0008,
+        clock_measured_at=now,
         lag_seconds=0.25,
     )
     BeatNode.objects.create(
-        node_id="skewed:2:b", hostname="skewed", pid=2, started_at=now, last_heartbeat_at=now,
-        clock_offset_seconds=-1.3, clock_rtt_seconds=0.002, clock_measured_at=now,
+        node_id="skewed:2:b",
+        hostname="skewed",
+        pid=2,
+        started_at=now,
+        last_heartbeat_at=now,
+        clock_offset_seconds=-1.3,
+        clock_rtt_seconds=0.002,
+        clock_measured_at=now,
         lag_seconds=95.0,  # past the misfire grace (60 s): the beats are saturated
     )
     BeatNode.objects.create(
-        node_id="gone:3:c", hostname="gone", pid=3, started_at=now - timedelta(hours=1),
+        node_id="gone:3:c",
+        hostname="gone",
+        pid=3,
+        started_at=now - timedelta(hours=1),
         last_heartbeat_at=now - timedelta(minutes=5),
     )
     BeatNode.objects.create(
-        node_id="quit:4:d", hostname="quit", pid=4, started_at=now, last_heartbeat_at=now,
+        node_id="quit:4:d",
+        hostname="quit",
+        pid=4,
+        started_at=now,
+        last_heartbeat_at=now,
         stopped_at=now,
     )
     page = admin_client.get(NODES).content.decode()
@@ -599,17 +750,24 @@ def test_list_pages_stay_paginated_and_bounded_with_thousands_of_runs(
 ) -> None:
     tasks = [interval_task(f"task-{i:03d}", 60, anchor=T0) for i in range(120)]
     for n in range(4):
-        BeatNode.objects.create(node_id=f"node-{n}", hostname=f"host-{n}", pid=n,
-                                started_at=T0, last_heartbeat_at=T0)
+        BeatNode.objects.create(
+            node_id=f"node-{n}", hostname=f"host-{n}", pid=n, started_at=T0, last_heartbeat_at=T0
+        )
     runs: list[Run] = []
     for i, task in enumerate(tasks[:30]):
         runs += _runs(task, 100, node=f"node-{i % 4}", start=T0)
     Run.objects.bulk_create(runs, batch_size=500)
     assert Run.objects.count() == 3000
     admin_client.get(TASKS)  # the session and user are loaded once
-    for url, rows in ((TASKS, 100), (TASKS + "?p=2", 20), (RUNS, 100), (RUNS + "?p=29", 100),
-                      (RUNS + "?status__exact=succeeded&node=node-1", 100), (NODES, 4),
-                      (TASKS + "?last_run=succeeded", 30)):
+    for url, rows in (
+        (TASKS, 100),
+        (TASKS + "?p=2", 20),
+        (RUNS, 100),
+        (RUNS + "?p=29", 100),
+        (RUNS + "?status__exact=succeeded&node=node-1", 100),
+        (NODES, 4),
+        (TASKS + "?last_run=succeeded", 30),
+    ):
         with django_assert_max_num_queries(8):
             response = admin_client.get(url)
         assert response.status_code == 200
@@ -624,20 +782,39 @@ def test_list_pages_stay_paginated_and_bounded_with_thousands_of_runs(
 @pytest.mark.parametrize(
     ("overrides", "errors_expected"),
     [
-        ({"valid_from_0": "2030-05-01", "valid_from_1": "12:00:00",
-          "valid_until_0": "2030-04-01", "valid_until_1": "12:00:00"},
-         {"valid_until": "must be after valid from"}),
-        ({"valid_from_0": "2030-05-01", "valid_from_1": "12:00:00",
-          "valid_until_0": "2030-05-01", "valid_until_1": "12:00:00"},
-         {"valid_until": "must be after valid from"}),
+        (
+            {
+                "valid_from_0": "2030-05-01",
+                "valid_from_1": "12:00:00",
+                "valid_until_0": "2030-04-01",
+                "valid_until_1": "12:00:00",
+            },
+            {"valid_until": "must be after valid from"},
+        ),
+        (
+            {
+                "valid_from_0": "2030-05-01",
+                "valid_from_1": "12:00:00",
+                "valid_until_0": "2030-05-01",
+                "valid_until_1": "12:00:00",
+            },
+            {"valid_until": "must be after valid from"},
+        ),
         ({"max_runs": "0"}, {"max_runs": "1 or more"}),
         ({"max_runs": "-3"}, {"max_runs": "1 or more"}),
         ({"jitter_seconds": "-1"}, {"jitter_seconds": "from 0 to 86400"}),
         ({"jitter_seconds": "100000"}, {"jitter_seconds": "from 0 to 86400"}),
-        ({"max_runs": "0", "jitter_seconds": "-1", "valid_from_0": "2030-05-01",
-          "valid_from_1": "12:00:00", "valid_until_0": "2030-04-01",
-          "valid_until_1": "12:00:00"},
-         {"max_runs": "1 or more", "jitter_seconds": "from 0 to", "valid_until": "after"}),
+        (
+            {
+                "max_runs": "0",
+                "jitter_seconds": "-1",
+                "valid_from_0": "2030-05-01",
+                "valid_from_1": "12:00:00",
+                "valid_until_0": "2030-04-01",
+                "valid_until_1": "12:00:00",
+            },
+            {"max_runs": "1 or more", "jitter_seconds": "from 0 to", "valid_until": "after"},
+        ),
     ],
 )
 def test_bounds_limits_and_jitter_are_checked_each_on_its_field(
@@ -653,31 +830,57 @@ def test_bounds_limits_and_jitter_are_checked_each_on_its_field(
 @pytest.mark.django_db
 def test_bounds_limits_and_jitter_are_saved_and_listed(admin_client: Any, app: Any) -> None:
     page = admin_client.get(ADD).content.decode()
-    for name in ("valid_from", "valid_until", "run_once", "max_runs", "jitter_seconds",
-                 "description"):
+    for name in (
+        "valid_from",
+        "valid_until",
+        "run_once",
+        "max_runs",
+        "jitter_seconds",
+        "description",
+    ):
         assert f'name="{name}' in page
     assert "Bounds and limits" in page
-    response = admin_client.post(ADD, form_data(
-        name="bounded", description="quarterly report", valid_from_0="2030-05-01",
-        valid_from_1="00:00:00", valid_until_0="2030-06-01", valid_until_1="00:00:00",
-        run_once="on", max_runs="5", jitter_seconds="30", crontab_minute="0",
-        crontab_hour="6", timezone="UTC",
-    ))
+    response = admin_client.post(
+        ADD,
+        form_data(
+            name="bounded",
+            description="quarterly report",
+            valid_from_0="2030-05-01",
+            valid_from_1="00:00:00",
+            valid_until_0="2030-06-01",
+            valid_until_1="00:00:00",
+            run_once="on",
+            max_runs="5",
+            jitter_seconds="30",
+            crontab_minute="0",
+            crontab_hour="6",
+            timezone="UTC",
+        ),
+    )
     assert response.status_code == 302
     task = PeriodicTask.objects.get(name="bounded")
-    assert (task.valid_from, task.valid_until) == (datetime(2030, 5, 1, tzinfo=UTC),
-                                                   datetime(2030, 6, 1, tzinfo=UTC))
+    assert (task.valid_from, task.valid_until) == (
+        datetime(2030, 5, 1, tzinfo=UTC),
+        datetime(2030, 6, 1, tzinfo=UTC),
+    )
     assert (task.run_once, task.max_runs, task.jitter_seconds, task.description) == (
-        True, 5, 30.0, "quarterly report")
+        True,
+        5,
+        30.0,
+        "quarterly report",
+    )
     # the first slot is the first 06:00 at or after valid from; due within its jitter
     assert task.next_slot_at == datetime(2030, 5, 1, 6, tzinfo=UTC)
     assert task.due_at is not None
     assert task.next_slot_at <= task.due_at < task.next_slot_at + timedelta(seconds=30)
     listing = admin_client.get(TASKS).content.decode()
-    assert "from 2030-05-01 00:00 · until 2030-06-01 00:00 · 0 of 5 runs · once · jitter 30 s" \
+    assert (
+        "from 2030-05-01 00:00 · until 2030-06-01 00:00 · 0 of 5 runs · once · jitter 30 s"
         in listing
-    change = admin_client.get(reverse("admin:celery_driftsafe_periodictask_change",
-                                      args=[task.pk])).content.decode()
+    )
+    change = admin_client.get(
+        reverse("admin:celery_driftsafe_periodictask_change", args=[task.pk])
+    ).content.decode()
     assert "Due at" in change or "due at" in change.lower()
 
 
@@ -697,9 +900,14 @@ def test_a_whole_expression_or_alias_in_the_minute_field_fills_every_crontab_fie
 ) -> None:
     assert admin_client.post(ADD, form_data(crontab_minute=typed)).status_code == 302
     task = PeriodicTask.objects.get(name="nightly")
-    assert (task.crontab_second, task.crontab_minute, task.crontab_hour,
-            task.crontab_day_of_month, task.crontab_month_of_year,
-            task.crontab_day_of_week) == fields
+    assert (
+        task.crontab_second,
+        task.crontab_minute,
+        task.crontab_hour,
+        task.crontab_day_of_month,
+        task.crontab_month_of_year,
+        task.crontab_day_of_week,
+    ) == fields
 
 
 @pytest.mark.django_db
@@ -708,7 +916,8 @@ def test_an_expression_in_the_minute_field_is_refused_on_it_when_unreadable_or_a
 ) -> None:
     errors = form_errors(admin_client.post(ADD, form_data(crontab_minute="@fortnightly")))
     assert list(errors) == ["crontab_minute"]
-    errors = form_errors(admin_client.post(ADD, form_data(crontab_minute="@daily",
-                                                          crontab_hour="5")))
+    errors = form_errors(
+        admin_client.post(ADD, form_data(crontab_minute="@daily", crontab_hour="5"))
+    )
     assert list(errors) == ["crontab_minute"] and "left at *" in errors["crontab_minute"][0]
     assert not PeriodicTask.objects.exists()

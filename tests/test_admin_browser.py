@@ -57,12 +57,20 @@ def browser() -> Iterator[Any]:
     )
     for binary, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
         if not shutil.which(binary):
-            pytest.skip(f"{binary} not found: install Debian's {package} "
-                        "(apt-get install -y chromium chromium-driver)")
+            pytest.skip(
+                f"{binary} not found: install Debian's {package} "
+                "(apt-get install -y chromium chromium-driver)"
+            )
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                     "--disable-gpu", "--window-size=1700,1000", "--lang=en-GB"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1700,1000",
+        "--lang=en-GB",
+    ):
         options.add_argument(argument)
     service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
     driver = webdriver.Chrome(options=options, service=service)
@@ -86,8 +94,8 @@ def _click_and_wait(driver: Any, element: Any) -> None:
 def _shoot(driver: Any, name: str, tmp_path: Path) -> None:
     """Save a full-page screenshot (to docs/screenshots with DRIFTSAFE_SCREENSHOTS=1)."""
     height, chrome = driver.execute_script(
-        "return [document.documentElement.scrollHeight, "
-        "window.outerHeight - window.innerHeight]")
+        "return [document.documentElement.scrollHeight, window.outerHeight - window.innerHeight]"
+    )
     # the window's size includes the browser's own bars: add them to the page's height
     driver.set_window_size(1700, max(600, min(int(height) + int(chrome) + 40, 2400)))
     target = SCREENSHOTS if os.environ.get("DRIFTSAFE_SCREENSHOTS") else tmp_path
@@ -99,29 +107,47 @@ def _shoot(driver: Any, name: str, tmp_path: Path) -> None:
 def _history() -> None:
     """Some nodes and runs, so the list pages show what operators see in production."""
     now = changes.authority_now()
-    for host, pid, offset, age in (("beat-a", 4101, 0.0031, 1.2), ("beat-b", 4102, 0.712, 2.5),
-                                   ("beat-c", 4103, -1.284, 3.1), ("beat-d", 3999, 0.002, 420)):
+    for host, pid, offset, age in (
+        ("beat-a", 4101, 0.0031, 1.2),
+        ("beat-b", 4102, 0.712, 2.5),
+        ("beat-c", 4103, -1.284, 3.1),
+        ("beat-d", 3999, 0.002, 420),
+    ):
         BeatNode.objects.create(
-            node_id=f"{host}:{pid}:5f2a", hostname=host, pid=pid, version="0.1.0",
-            started_at=now - timedelta(hours=3), last_heartbeat_at=now - timedelta(seconds=age),
-            clock_offset_seconds=offset, clock_rtt_seconds=0.0009,
+            node_id=f"{host}:{pid}:5f2a",
+            hostname=host,
+            pid=pid,
+            version="0.1.0",
+            started_at=now - timedelta(hours=3),
+            last_heartbeat_at=now - timedelta(seconds=age),
+            clock_offset_seconds=offset,
+            clock_rtt_seconds=0.0009,
             clock_measured_at=now - timedelta(seconds=age),
         )
-    task = interval_task("cleanup-sessions", 300, anchor=now - timedelta(hours=2),
-                         task="tests.add")
+    task = interval_task("cleanup-sessions", 300, anchor=now - timedelta(hours=2), task="tests.add")
     statuses = [RunStatus.SUCCEEDED] * 5 + [RunStatus.FAILED, RunStatus.MISSED]
     for i, status in enumerate(statuses):
         slot = now - timedelta(minutes=5 * (i + 1))
-        late = timedelta(milliseconds=3 + 11 * i) if status != RunStatus.MISSED else timedelta(
-            minutes=3)
+        late = (
+            timedelta(milliseconds=3 + 11 * i)
+            if status != RunStatus.MISSED
+            else timedelta(minutes=3)
+        )
         Run.objects.create(
-            periodic_task=task, task_name=task.task, kind=RunKind.SCHEDULED, slot=slot,
-            status=status, claimed_by=f"beat-{'abc'[i % 3]}:{4101 + i % 3}:5f2a",
-            claimed_at=slot + late, dispatched_at=slot + late + timedelta(milliseconds=2),
+            periodic_task=task,
+            task_name=task.task,
+            kind=RunKind.SCHEDULED,
+            slot=slot,
+            status=status,
+            claimed_by=f"beat-{'abc'[i % 3]}:{4101 + i % 3}:5f2a",
+            claimed_at=slot + late,
+            dispatched_at=slot + late + timedelta(milliseconds=2),
             started_at=slot + late + timedelta(milliseconds=9)
-            if status != RunStatus.MISSED else None,
+            if status != RunStatus.MISSED
+            else None,
             finished_at=slot + late + timedelta(milliseconds=900 + 70 * i)
-            if status != RunStatus.MISSED else None,
+            if status != RunStatus.MISSED
+            else None,
             celery_task_id=f"00000000-0000-4000-8000-00000000000{i}",
             error="ConnectionError: upstream refused" if status == RunStatus.FAILED else "",
         )
@@ -227,7 +253,11 @@ def test_cluster_dashboard_in_a_real_browser(
     browser.refresh()  # laid out at the full width from the start (the screenshot's height)
     nodes = browser.find_elements(By.CSS_SELECTOR, "#ds-nodes tr.ds-node")
     assert [row.find_element(By.TAG_NAME, "a").text for row in nodes] == [
-        "beat-a:4101", "beat-b:4102", "beat-c:4103", "beat-d:3999"]
+        "beat-a:4101",
+        "beat-b:4102",
+        "beat-c:4103",
+        "beat-d:3999",
+    ]
     assert len(browser.find_elements(By.CSS_SELECTOR, ".ds-offset.ds-exceeded")) == 1
     marks = browser.find_elements(By.CSS_SELECTOR, "#ds-timeline .ds-mark")
     assert len(marks) == len(seeded.runs)

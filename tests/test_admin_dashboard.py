@@ -57,8 +57,13 @@ def test_dashboard_shows_nodes_lateness_timeline_and_what_fires_next(admin_clien
     assert f'id="ds-published">{len(published)}<' in html
     assert f'id="ds-missed">{len(missed)}<' in html
     slow = sum(1 for r in published if r.dispatched_at - r.slot >= timedelta(seconds=1))
-    assert slow and counts[cluster.LATENESS_EDGES.index(1.0)] + counts[
-        cluster.LATENESS_EDGES.index(2.5)] + counts[-1] == slow
+    assert (
+        slow
+        and counts[cluster.LATENESS_EDGES.index(1.0)]
+        + counts[cluster.LATENESS_EDGES.index(2.5)]
+        + counts[-1]
+        == slow
+    )
     # the timeline: a lane per beat that fired, a mark per run, missed ones as squares
     assert _count(html, 'class="ds-lane"') == 4
     drawing = _timeline(html)
@@ -99,10 +104,16 @@ def test_dashboard_queries_stay_bounded_with_thousands_of_runs(
     node = BeatNode.objects.first()
     assert node is not None
     Run.objects.bulk_create(
-        Run(task_name="tests.add", kind=RunKind.SCHEDULED, status=RunStatus.SUCCEEDED,
-            slot=now - timedelta(seconds=i), claimed_at=now - timedelta(seconds=i),
+        Run(
+            task_name="tests.add",
+            kind=RunKind.SCHEDULED,
+            status=RunStatus.SUCCEEDED,
+            slot=now - timedelta(seconds=i),
+            claimed_at=now - timedelta(seconds=i),
             dispatched_at=now - timedelta(seconds=i) + timedelta(milliseconds=5),
-            claimed_by=node.node_id, celery_task_id=str(uuid.uuid4()))
+            claimed_by=node.node_id,
+            celery_task_id=str(uuid.uuid4()),
+        )
         for i in range(1, 3001)
     )
     monkeypatch.setattr(dashboard, "MAX_RUNS", 500)
@@ -116,15 +127,26 @@ def test_dashboard_queries_stay_bounded_with_thousands_of_runs(
 
 def test_timeline_puts_a_run_at_its_slot_in_its_beats_lane() -> None:
     now = T0
-    nodes = [BeatNode(node_id="a:1:x", hostname="a", pid=1), BeatNode(node_id="b:2:y",
-                                                                     hostname="b", pid=2)]
+    nodes = [
+        BeatNode(node_id="a:1:x", hostname="a", pid=1),
+        BeatNode(node_id="b:2:y", hostname="b", pid=2),
+    ]
     runs = [
-        cluster.RecentRun(1, "t", RunStatus.SUCCEEDED, now - timedelta(minutes=30), "b:2:y",
-                          now, now - timedelta(minutes=30) + timedelta(seconds=2)),
-        cluster.RecentRun(2, "t", RunStatus.MISSED, now - timedelta(minutes=45), "a:1:x",
-                          now, None),
-        cluster.RecentRun(3, "t", RunStatus.SUCCEEDED, now - timedelta(hours=2), "a:1:x",
-                          now, now),  # before the window: not drawn
+        cluster.RecentRun(
+            1,
+            "t",
+            RunStatus.SUCCEEDED,
+            now - timedelta(minutes=30),
+            "b:2:y",
+            now,
+            now - timedelta(minutes=30) + timedelta(seconds=2),
+        ),
+        cluster.RecentRun(
+            2, "t", RunStatus.MISSED, now - timedelta(minutes=45), "a:1:x", now, None
+        ),
+        cluster.RecentRun(
+            3, "t", RunStatus.SUCCEEDED, now - timedelta(hours=2), "a:1:x", now, now
+        ),  # before the window: not drawn
     ]
     drawn = dashboard.timeline(runs, nodes, now)
     assert [lane.label for lane in drawn.lanes] == ["a:1", "b:2"]
@@ -133,10 +155,10 @@ def test_timeline_puts_a_run_at_its_slot_in_its_beats_lane() -> None:
     usable = dashboard.WIDTH - dashboard.RIGHT - dashboard.LEFT
     assert late.x == pytest.approx(dashboard.LEFT + usable / 2, abs=0.1)
     assert late.css == "very-late" and "+2.000 s" in late.title
-    assert missed.css == "missed" and missed.x == pytest.approx(dashboard.LEFT + usable / 4,
-                                                                abs=0.1)
-    assert [t.label for t in drawn.ticks] == ["11:10", "11:20", "11:30", "11:40", "11:50",
-                                              "12:00"]
+    assert missed.css == "missed" and missed.x == pytest.approx(
+        dashboard.LEFT + usable / 4, abs=0.1
+    )
+    assert [t.label for t in drawn.ticks] == ["11:10", "11:20", "11:30", "11:40", "11:50", "12:00"]
     assert drawn.runs == 2
 
 
@@ -153,18 +175,38 @@ def test_histogram_and_quantiles() -> None:
 @pytest.mark.django_db
 def test_recent_runs_are_the_newest_across_statuses() -> None:
     now = changes.authority_now()
-    statuses = [RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.MISSED, RunStatus.SUCCEEDED,
-                RunStatus.DISPATCHED, RunStatus.SUCCEEDED, RunStatus.FAILED]
+    statuses = [
+        RunStatus.SUCCEEDED,
+        RunStatus.FAILED,
+        RunStatus.MISSED,
+        RunStatus.SUCCEEDED,
+        RunStatus.DISPATCHED,
+        RunStatus.SUCCEEDED,
+        RunStatus.FAILED,
+    ]
     Run.objects.bulk_create(
-        Run(task_name="tests.add", status=statuses[i % len(statuses)],
-            slot=now - timedelta(seconds=i), claimed_at=now - timedelta(seconds=i),
-            claimed_by="beat-a:1:x", celery_task_id=str(uuid.uuid4()))
+        Run(
+            task_name="tests.add",
+            status=statuses[i % len(statuses)],
+            slot=now - timedelta(seconds=i),
+            claimed_at=now - timedelta(seconds=i),
+            claimed_by="beat-a:1:x",
+            celery_task_id=str(uuid.uuid4()),
+        )
         for i in range(200)
     )
-    Run.objects.create(task_name="tests.add", status=RunStatus.FAILED, claimed_by="x",
-                       slot=now - timedelta(hours=2), claimed_at=now - timedelta(hours=2))
-    newest = list(Run.objects.filter(claimed_at__gte=now - timedelta(hours=1))
-                  .order_by("-claimed_at").values_list("pk", flat=True))
+    Run.objects.create(
+        task_name="tests.add",
+        status=RunStatus.FAILED,
+        claimed_by="x",
+        slot=now - timedelta(hours=2),
+        claimed_at=now - timedelta(hours=2),
+    )
+    newest = list(
+        Run.objects.filter(claimed_at__gte=now - timedelta(hours=1))
+        .order_by("-claimed_at")
+        .values_list("pk", flat=True)
+    )
     for limit in (1, 5, 17, 150, 500):
         got = cluster.recent_runs(now - timedelta(hours=1), limit=limit)
         assert [r.pk for r in got] == newest[:limit]
@@ -177,8 +219,9 @@ def test_a_jittered_slot_is_not_backlog_before_its_jittered_instant() -> None:
 
     now = changes.authority_now()
     task = interval_task("jittered", 60, anchor=now - timedelta(hours=1))
-    PeriodicTask.objects.filter(pk=task.pk).update(next_slot_at=now - timedelta(seconds=10),
-                                                   due_at=now + timedelta(seconds=20))
+    PeriodicTask.objects.filter(pk=task.pk).update(
+        next_slot_at=now - timedelta(seconds=10), due_at=now + timedelta(seconds=20)
+    )
     assert cluster.backlog(now) == 0 and cluster.oldest_due(now) is None
     PeriodicTask.objects.filter(pk=task.pk).update(due_at=now - timedelta(seconds=5))
     assert cluster.backlog(now) == 1

@@ -45,7 +45,10 @@ def test_run_now_button_on_the_change_page_runs_the_task_and_is_in_its_history(
     assert response.redirect_chain[-1][0] == change_url(task)
     run = Run.objects.get()
     assert (run.kind, run.status, run.claimed_by) == (
-        RunKind.MANUAL, RunStatus.DISPATCHED, "admin:admin")
+        RunKind.MANUAL,
+        RunStatus.DISPATCHED,
+        "admin:admin",
+    )
     assert [m["id"] for m in drain(QUEUE)] == [run.celery_task_id]
     assert any("dispatched" in str(m) for m in response.context["messages"])
     [entry] = history(task)
@@ -83,8 +86,11 @@ def test_every_action_is_written_to_the_admin_history(
         admin_client.post(TASKS, {"action": "enable_tasks", **selected})
         admin_client.post(TASKS, {"action": "reset_schedule", **selected})
     for task in (first, second):
-        assert history(task) == ["Disabled (action)", "Enabled (action; next slot after now)",
-                                 "Schedule reset (action; next slot after now)"]
+        assert history(task) == [
+            "Disabled (action)",
+            "Enabled (action; next slot after now)",
+            "Schedule reset (action; next slot after now)",
+        ]
     # A task the action did not change gets no entry (nothing to enable here).
     admin_client.post(TASKS, {"action": "enable_tasks", "_selected_action": [first.pk]})
     assert len(history(first)) == 3
@@ -96,8 +102,13 @@ def test_every_action_is_written_to_the_admin_history(
 def _runs(count: int) -> None:
     task = interval_task("t", 60, anchor=T0)
     Run.objects.bulk_create(
-        Run(periodic_task=task, task_name="tests.add", slot=T0 + timedelta(minutes=i),
-            status=RunStatus.FAILED if i % 2 else RunStatus.SUCCEEDED, claimed_at=T0)
+        Run(
+            periodic_task=task,
+            task_name="tests.add",
+            slot=T0 + timedelta(minutes=i),
+            status=RunStatus.FAILED if i % 2 else RunStatus.SUCCEEDED,
+            claimed_at=T0,
+        )
         for i in range(count)
     )
 
@@ -138,8 +149,12 @@ def test_the_run_list_never_counts_the_whole_ledger(
 
     _runs(30)
     admin_client.get(RUNS)  # the session and user are loaded once
-    for url in (RUNS, RUNS + "?status__exact=failed", RUNS + "?kind__exact=manual",
-                RUNS + "?node=admin"):
+    for url in (
+        RUNS,
+        RUNS + "?status__exact=failed",
+        RUNS + "?kind__exact=manual",
+        RUNS + "?node=admin",
+    ):
         with CaptureQueriesContext(connection) as queries:
             response = admin_client.get(url)
         assert response.status_code == 200

@@ -41,7 +41,9 @@ instants = st.integers(min_value=-10_000_000, max_value=10_000_000).map(lambda s
 
 @given(
     every=st.integers(min_value=1, max_value=5000),
-    start=instants, until_after=st.integers(min_value=1, max_value=20_000), probe=instants,
+    start=instants,
+    until_after=st.integers(min_value=1, max_value=20_000),
+    probe=instants,
 )
 @hsettings(max_examples=300, deadline=None)
 def test_bounded_schedule_is_the_inner_slots_within_the_bounds(
@@ -50,10 +52,14 @@ def test_bounded_schedule_is_the_inner_slots_within_the_bounds(
     inner = Interval(every * S, T0)
     until = start + until_after * S
     schedule = Bounded(inner, start, until)
-    expected = [s for s in inner.slots_between(start - 10 * every * S, until + 10 * every * S)
-                if start <= s < until]
+    expected = [
+        s
+        for s in inner.slots_between(start - 10 * every * S, until + 10 * every * S)
+        if start <= s < until
+    ]
     assert list(schedule.slots_between(start - 10 * every * S, until + 10 * every * S)) == (
-        expected)
+        expected
+    )
     following = [s for s in expected if s > probe]
     assert schedule.next_after(probe) == (following[0] if following else None)
     at_or_after = [s for s in expected if s >= probe]
@@ -93,8 +99,11 @@ def test_run_budget_and_limit_plan() -> None:
 # -- pure: jitter ---------------------------------------------------------------------------
 
 
-@given(name=st.text(min_size=1, max_size=30), slot=instants,
-       spread=st.floats(min_value=0.001, max_value=3600))
+@given(
+    name=st.text(min_size=1, max_size=30),
+    slot=instants,
+    spread=st.floats(min_value=0.001, max_value=3600),
+)
 @hsettings(max_examples=300, deadline=None)
 def test_jitter_is_deterministic_and_within_the_spread(
     name: str, slot: datetime, spread: float
@@ -113,13 +122,18 @@ def test_jitter_spreads_a_wave_evenly_without_randomness() -> None:
     mean = 100_000 / 30
     assert max(counts.values()) < mean * 1.1 and min(counts.values()) > mean * 0.9
     # and the same again: no randomness
-    assert counts == Counter(int(offset(f"task-{i}", T0, 30).total_seconds())
-                             for i in range(100_000))
+    assert counts == Counter(
+        int(offset(f"task-{i}", T0, 30).total_seconds()) for i in range(100_000)
+    )
 
 
-@given(every=st.integers(min_value=1, max_value=600), spread=st.integers(0, 900),
-       grace=st.integers(0, 300), lag=st.integers(0, 5000),
-       policy=st.sampled_from(["fire_once", "fire_all", "skip"]))
+@given(
+    every=st.integers(min_value=1, max_value=600),
+    spread=st.integers(0, 900),
+    grace=st.integers(0, 300),
+    lag=st.integers(0, 5000),
+    policy=st.sampled_from(["fire_once", "fire_all", "skip"]),
+)
 @hsettings(max_examples=300, deadline=None)
 def test_plan_with_jitter_never_fires_early_and_measures_grace_from_the_jittered_instant(
     every: int, spread: int, grace: int, lag: int, policy: str
@@ -127,23 +141,25 @@ def test_plan_with_jitter_never_fires_early_and_measures_grace_from_the_jittered
     schedule = Interval(every * S, T0)
     jitter = Jitter("wave-task", spread * S)
     now = T0 + lag * S
-    plan = plan_claim(schedule, T0, now, policy=policy, grace=grace * S, jitter=jitter,
-                      fire_all_max=5)
+    plan = plan_claim(
+        schedule, T0, now, policy=policy, grace=grace * S, jitter=jitter, fire_all_max=5
+    )
     fired_or_missed = plan.fire + plan.missed
     assert all(jitter.due(s) <= now for s in fired_or_missed)
-    on_time = [s for s in schedule.slots_between(T0, now + US)
-               if now - grace * S <= jitter.due(s) <= now]
+    on_time = [
+        s for s in schedule.slots_between(T0, now + US) if now - grace * S <= jitter.due(s) <= now
+    ]
     # every slot on time by its jittered instant fires (up to the first one not yet due)
     upcoming = plan.next_slot
     assert [s for s in on_time if upcoming is None or s < upcoming] == [
-        s for s in plan.fire if jitter.due(s) >= now - grace * S]
+        s for s in plan.fire if jitter.due(s) >= now - grace * S
+    ]
     # the next slot is the first one not yet due
     assert upcoming is not None and jitter.due(upcoming) > now
     assert all(jitter.due(s) <= now for s in schedule.slots_between(T0, upcoming))
     # without jitter the plan is the same as before jitter existed
     if spread == 0:
-        assert plan == plan_claim(schedule, T0, now, policy=policy, grace=grace * S,
-                                  fire_all_max=5)
+        assert plan == plan_claim(schedule, T0, now, policy=policy, grace=grace * S, fire_all_max=5)
 
 
 # -- through real claim rounds -----------------------------------------------------------------
@@ -164,8 +180,9 @@ def claimer(request: pytest.FixtureRequest) -> Claimer:
 
 
 def _slots(task: PeriodicTask) -> list[tuple[datetime | None, str]]:
-    return list(Run.objects.filter(periodic_task=task).order_by("slot")
-                .values_list("slot", "status"))
+    return list(
+        Run.objects.filter(periodic_task=task).order_by("slot").values_list("slot", "status")
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -181,8 +198,14 @@ class TestBoundsInTheClaim:
         assert _slots(task) == [(T0 + 30 * S, RunStatus.CLAIMED)]
 
     def test_catch_up_never_reaches_before_valid_from(self, claimer: Claimer) -> None:
-        task = interval_task("from-catch-up", 10, anchor=T0, next_slot_at=T0,
-                             valid_from=T0 + 100 * S, misfire_policy="fire_all")
+        task = interval_task(
+            "from-catch-up",
+            10,
+            anchor=T0,
+            next_slot_at=T0,
+            valid_from=T0 + 100 * S,
+            misfire_policy="fire_all",
+        )
         result = claimer.claim(T0 + 500 * S, "n")
         slots = _slots(task)
         assert slots and min(s for s, _ in slots if s is not None) >= T0 + 100 * S
@@ -204,18 +227,26 @@ class TestBoundsInTheClaim:
         assert _slots(task) == [(T0, "claimed"), (T0 + 10 * S, "claimed")]
 
     def test_catch_up_after_valid_until_fires_only_slots_before_it(self, claimer: Claimer) -> None:
-        task = interval_task("until-catch-up", 10, anchor=T0, next_slot_at=T0,
-                             valid_until=T0 + 35 * S, misfire_policy="fire_once")
+        task = interval_task(
+            "until-catch-up",
+            10,
+            anchor=T0,
+            next_slot_at=T0,
+            valid_until=T0 + 35 * S,
+            misfire_policy="fire_once",
+        )
         result = claimer.claim(T0 + 1000 * S, "n")
         assert [r.slot for r in result.runs] == [T0 + 30 * S]  # the latest slot before it
         assert result.missed == 3 and result.finished == ["until-catch-up"]
         assert max(s for s, _ in _slots(task) if s is not None) < T0 + 35 * S
 
     def test_message_expires_at_valid_until_at_the_latest(self, claimer: Claimer) -> None:
-        interval_task("expiring", 10, anchor=T0, next_slot_at=T0, valid_until=T0 + 15 * S,
-                      expires_seconds=60)
-        interval_task("short", 10, anchor=T0, next_slot_at=T0, valid_until=T0 + 15 * S,
-                      expires_seconds=3)
+        interval_task(
+            "expiring", 10, anchor=T0, next_slot_at=T0, valid_until=T0 + 15 * S, expires_seconds=60
+        )
+        interval_task(
+            "short", 10, anchor=T0, next_slot_at=T0, valid_until=T0 + 15 * S, expires_seconds=3
+        )
         runs = {r.task_name: r for r in claimer.claim(T0, "n").runs}
         expires = dict(Run.objects.values_list("periodic_task__name", "expires_at"))
         assert expires == {"expiring": T0 + 15 * S, "short": T0 + 3 * S}
@@ -229,8 +260,13 @@ class TestBoundsInTheClaim:
             crontab_task("c", "* * * * *", next_slot_at=T0, run_once=True),
             solar_task("s", "sunset", 52.5, 13.4, next_slot_at=sunset, run_once=True),
         ]
-        oneoff = PeriodicTask(name="o", task="tests.add", schedule_kind=ScheduleKind.ONE_OFF,
-                              one_off_at=T0, run_once=True)
+        oneoff = PeriodicTask(
+            name="o",
+            task="tests.add",
+            schedule_kind=ScheduleKind.ONE_OFF,
+            one_off_at=T0,
+            run_once=True,
+        )
         oneoff.save()
         tasks.append(oneoff)
         end = sunset + timedelta(minutes=3)
@@ -249,8 +285,9 @@ class TestBoundsInTheClaim:
     def test_run_once_fires_one_run_of_a_catch_up_and_again_once_re_enabled(
         self, claimer: Claimer
     ) -> None:
-        task = interval_task("once", 10, anchor=T0, next_slot_at=T0, run_once=True,
-                             misfire_policy="fire_all")
+        task = interval_task(
+            "once", 10, anchor=T0, next_slot_at=T0, run_once=True, misfire_policy="fire_all"
+        )
         result = claimer.claim(T0 + 300 * S, "n")
         assert len(result.runs) == 1 and result.finished == ["once"]
         task.refresh_from_db()
@@ -264,8 +301,9 @@ class TestBoundsInTheClaim:
         assert not task.enabled and task.run_count == 2
 
     def test_max_runs_stops_at_the_limit_also_within_a_catch_up(self, claimer: Claimer) -> None:
-        task = interval_task("three", 10, anchor=T0, next_slot_at=T0, max_runs=3,
-                             misfire_policy="fire_all")
+        task = interval_task(
+            "three", 10, anchor=T0, next_slot_at=T0, max_runs=3, misfire_policy="fire_all"
+        )
         assert len(claimer.claim(T0, "n").runs) == 1
         # an outage: 30 slots due, only the 2 runs left fire (the earliest of the catch-up)
         result = claimer.claim(T0 + 300 * S, "n")
@@ -285,16 +323,32 @@ class TestBoundsInTheClaim:
     def test_first_slot_is_computed_from_valid_from(self) -> None:
         now = changes.authority_now()
         start = (now + timedelta(days=2)).replace(microsecond=0)
-        interval = PeriodicTask(name="iv", task="tests.add", schedule_kind="interval",
-                                interval_every=3600, valid_from=start)
+        interval = PeriodicTask(
+            name="iv",
+            task="tests.add",
+            schedule_kind="interval",
+            interval_every=3600,
+            valid_from=start,
+        )
         interval.save()
         assert interval.interval_anchor == start and interval.next_slot_at == start
-        cron = PeriodicTask(name="cr", task="tests.add", schedule_kind="crontab",
-                            crontab_minute="0", crontab_hour="*", valid_from=start)
+        cron = PeriodicTask(
+            name="cr",
+            task="tests.add",
+            schedule_kind="crontab",
+            crontab_minute="0",
+            crontab_hour="*",
+            valid_from=start,
+        )
         cron.save()
         assert cron.next_slot_at == Crontab(minute="0").first_at_or_after(start)
-        past = PeriodicTask(name="late", task="tests.add", schedule_kind="one_off",
-                            one_off_at=now - timedelta(days=1), valid_from=now)
+        past = PeriodicTask(
+            name="late",
+            task="tests.add",
+            schedule_kind="one_off",
+            one_off_at=now - timedelta(days=1),
+            valid_from=now,
+        )
         past.save()
         assert past.next_slot_at is None  # the one-off's instant is before the bound
 
@@ -312,7 +366,8 @@ class TestJitterInTheClaim:
         assert task.next_slot_at == T0 and task.due_at == due  # the claim set the due instant
         result = claimer.claim(due, "n")
         assert [(r.slot, r.celery_task_id) for r in result.runs] == [
-            (T0, celery_task_id(task.pk, T0))]
+            (T0, celery_task_id(task.pk, T0))
+        ]
         assert result.oldest_slot == due  # the beats' lag counts from the jittered instant
         task.refresh_from_db()
         following = T0 + 60 * S
@@ -322,11 +377,25 @@ class TestJitterInTheClaim:
     def test_misfire_grace_is_measured_from_the_jittered_instant(self, claimer: Claimer) -> None:
         name = next(n for n in (f"g{i}" for i in range(1000)) if offset(n, T0, 30) > 15 * S)
         shift = offset(name, T0, 30)
-        interval_task(name, 3600, anchor=T0, next_slot_at=T0, jitter_seconds=30,
-                      misfire_policy="skip", misfire_grace_seconds=5)
+        interval_task(
+            name,
+            3600,
+            anchor=T0,
+            next_slot_at=T0,
+            jitter_seconds=30,
+            misfire_policy="skip",
+            misfire_grace_seconds=5,
+        )
         other = name + "-late"
-        interval_task(other, 3600, anchor=T0, next_slot_at=T0, jitter_seconds=30,
-                      misfire_policy="skip", misfire_grace_seconds=5)
+        interval_task(
+            other,
+            3600,
+            anchor=T0,
+            next_slot_at=T0,
+            jitter_seconds=30,
+            misfire_policy="skip",
+            misfire_grace_seconds=5,
+        )
         # 5 s after its jittered instant (more than 5 s after the slot): on time
         result = claimer.claim(T0 + shift + 5 * S, "n")
         fired = {Run.objects.get(pk=r.run_id).periodic_task.name for r in result.runs}
@@ -346,8 +415,14 @@ class TestJitterInTheClaim:
     ) -> None:
         count = 600
         PeriodicTask.objects.bulk_create(
-            PeriodicTask(name=f"wave-{i:04d}", task="tests.add", schedule_kind="crontab",
-                         crontab_minute="*", jitter_seconds=30, next_slot_at=T0)
+            PeriodicTask(
+                name=f"wave-{i:04d}",
+                task="tests.add",
+                schedule_kind="crontab",
+                crontab_minute="*",
+                jitter_seconds=30,
+                next_slot_at=T0,
+            )
             for i in range(count)
         )
         per_second: Counter[int] = Counter()
@@ -364,8 +439,9 @@ class TestJitterInTheClaim:
         assert max(per_second.values()) < 3 * count / 30  # spread, not a wall at T0
 
     def test_an_edit_of_the_jitter_or_the_name_recomputes_the_due_instant(self) -> None:
-        task = PeriodicTask(name="edit", task="tests.add", schedule_kind="crontab",
-                            crontab_minute="*")
+        task = PeriodicTask(
+            name="edit", task="tests.add", schedule_kind="crontab", crontab_minute="*"
+        )
         task.save()
         assert task.due_at == task.next_slot_at
         task.jitter_seconds = 20
@@ -377,12 +453,16 @@ class TestJitterInTheClaim:
         stored.save()
         renamed = PeriodicTask.objects.get(pk=task.pk)
         assert renamed.next_slot_at is not None
-        assert renamed.due_at == renamed.next_slot_at + offset("renamed", renamed.next_slot_at,
-                                                               20)
+        assert renamed.due_at == renamed.next_slot_at + offset("renamed", renamed.next_slot_at, 20)
 
     def test_one_off_keeps_its_instant_as_slot_with_jitter(self, claimer: Claimer) -> None:
-        task = PeriodicTask(name="launch", task="tests.add", schedule_kind="one_off",
-                            one_off_at=T0, jitter_seconds=10)
+        task = PeriodicTask(
+            name="launch",
+            task="tests.add",
+            schedule_kind="one_off",
+            one_off_at=T0,
+            jitter_seconds=10,
+        )
         task.save()
         task.refresh_from_db()
         assert task.next_slot_at == T0 and task.due_at == T0 + offset("launch", T0, 10)
@@ -399,8 +479,14 @@ def test_one_off_schedule_within_bounds() -> None:
 def test_a_sub_second_interval_fires_each_of_its_slots(claimer: Claimer) -> None:
     """django-celery-beat and Celery can hold intervals of a fraction of a second: stored in
     microseconds, they fire like any interval."""
-    task = PeriodicTask(name="half", task="tests.add", schedule_kind="interval",
-                        interval_every=500_000, interval_unit="microseconds", interval_anchor=T0)
+    task = PeriodicTask(
+        name="half",
+        task="tests.add",
+        schedule_kind="interval",
+        interval_every=500_000,
+        interval_unit="microseconds",
+        interval_anchor=T0,
+    )
     task.save()
     PeriodicTask.objects.filter(pk=task.pk).update(next_slot_at=T0)
     slots = [r.slot for r in claimer.claim(T0 + timedelta(milliseconds=1200), "n").runs]

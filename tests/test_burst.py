@@ -33,8 +33,12 @@ S = timedelta(seconds=1)
 @pytest.fixture
 def small_rounds(settings: Any, broker_app: Any, clock: FakeClock) -> Iterator[DriftSafeScheduler]:
     """A scheduler that claims 10 tasks a round, with a misfire grace of 5 s."""
-    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "CLAIM_BATCH_SIZE": 10,
-                          "MISFIRE_GRACE_SECONDS": 5.0, "RUN_EXPIRES_SECONDS": None}
+    settings.DRIFTSAFE = {
+        **settings.DRIFTSAFE,
+        "CLAIM_BATCH_SIZE": 10,
+        "MISFIRE_GRACE_SECONDS": 5.0,
+        "RUN_EXPIRES_SECONDS": None,
+    }
     sched = DriftSafeScheduler(
         app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
     )
@@ -52,8 +56,10 @@ def test_a_wave_drained_past_the_grace_without_a_break_misses_nothing(
         small_rounds.run_round()
         clock.advance(S)
     wave = T0 + 10 * S
-    tasks = [interval_task(f"w{i:02d}", 60, anchor=wave, next_slot_at=wave,
-                           misfire_policy="skip") for i in range(50)]
+    tasks = [
+        interval_task(f"w{i:02d}", 60, anchor=wave, next_slot_at=wave, misfire_policy="skip")
+        for i in range(50)
+    ]
     with caplog.at_level(logging.WARNING, logger="celery_driftsafe.scheduler"):
         while small_rounds.run_round() == 0.0:
             clock.advance(2 * S)
@@ -76,8 +82,9 @@ def test_slots_that_fell_due_while_no_beat_ran_are_missed_as_one_span(
     starts a new stretch, so what fell due meanwhile is missed, not late, and recorded as one
     span per task."""
     small_rounds.run_round()
-    task = interval_task("minutely", 60, anchor=T0 + 30 * S, next_slot_at=T0 + 30 * S,
-                         misfire_policy="skip")
+    task = interval_task(
+        "minutely", 60, anchor=T0 + 30 * S, next_slot_at=T0 + 30 * S, misfire_policy="skip"
+    )
     clock.advance(timedelta(hours=1))
     small_rounds.run_round()
     assert drain() == []
@@ -94,10 +101,10 @@ def test_another_live_beat_that_kept_claiming_makes_a_late_slot_late_not_missed(
     """This beat has just started, but another one has been claiming for a minute: a slot 20 s
     old (past the 5 s grace) was late because the cluster was busy, so it fires."""
     nodes.register("peer", T0 - 60 * S)
-    BeatNode.objects.filter(node_id="peer").update(claiming_since=T0 - 60 * S,
-                                                   last_heartbeat_at=T0 - S)
-    interval_task("late", 60, anchor=T0 - 20 * S, next_slot_at=T0 - 20 * S,
-                  misfire_policy="skip")
+    BeatNode.objects.filter(node_id="peer").update(
+        claiming_since=T0 - 60 * S, last_heartbeat_at=T0 - S
+    )
+    interval_task("late", 60, anchor=T0 - 20 * S, next_slot_at=T0 - 20 * S, misfire_policy="skip")
     small_rounds.run_round()
     assert [m["driftsafe_slot"] for m in drain()] == [(T0 - 20 * S).isoformat()]
 
@@ -108,8 +115,11 @@ def test_another_live_beat_that_kept_claiming_makes_a_late_slot_late_not_missed(
 def test_pipelined_batches_publish_each_run_once_in_order(
     settings: Any, broker_app: Any, clock: FakeClock
 ) -> None:
-    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "PUBLISH_BATCH_SIZE": 7,
-                          "RUN_EXPIRES_SECONDS": None}
+    settings.DRIFTSAFE = {
+        **settings.DRIFTSAFE,
+        "PUBLISH_BATCH_SIZE": 7,
+        "RUN_EXPIRES_SECONDS": None,
+    }
     for i in range(30):
         interval_task(f"p{i:02d}", 60, anchor=T0, next_slot_at=T0, args=[i, i])
     nodes.register("n1", T0)
@@ -137,8 +147,19 @@ def tight_redis() -> Iterator[str]:
         pytest.fail("redis-server is not installed (apt-get install redis-server)")
     port = _free_port()
     process = subprocess.Popen(
-        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--maxmemory-policy", "noeviction"],
+        [
+            server,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--maxmemory-policy",
+            "noeviction",
+        ],
         stdout=subprocess.DEVNULL,
     )
     url = f"redis://127.0.0.1:{port}/0"
@@ -182,8 +203,7 @@ def test_a_failed_pipelined_write_leaves_its_runs_to_the_outbox(
             client.lpush("tight", b"probe")
         runs = claimer_for().claim(T0 + S, "n1").runs
         result = dispatcher.dispatch(runs)
-        assert result.published == [] and sorted(result.deferred) == sorted(
-            r.run_id for r in runs)
+        assert result.published == [] and sorted(result.deferred) == sorted(r.run_id for r in runs)
         assert Run.objects.filter(status=RunStatus.CLAIMED).count() == 5
         assert client.llen("tight") == 1
         client.config_set("maxmemory", 0)

@@ -25,8 +25,13 @@ def _save(task: PeriodicTask, now: datetime) -> PeriodicTask:
 
 
 def _interval(every: int = 10) -> PeriodicTask:
-    return PeriodicTask(name="t", task="tests.add", schedule_kind=ScheduleKind.INTERVAL,
-                        interval_every=every, interval_unit="seconds")
+    return PeriodicTask(
+        name="t",
+        task="tests.add",
+        schedule_kind=ScheduleKind.INTERVAL,
+        interval_every=every,
+        interval_unit="seconds",
+    )
 
 
 def test_new_interval_task_anchored_at_authority_now_first_slot_after() -> None:
@@ -36,15 +41,24 @@ def test_new_interval_task_anchored_at_authority_now_first_slot_after() -> None:
 
 
 def test_new_crontab_task_starts_at_first_slot_after_now() -> None:
-    task = PeriodicTask(name="c", task="tests.add", schedule_kind=ScheduleKind.CRONTAB,
-                        crontab_minute="*/15", timezone="Europe/Berlin")
+    task = PeriodicTask(
+        name="c",
+        task="tests.add",
+        schedule_kind=ScheduleKind.CRONTAB,
+        crontab_minute="*/15",
+        timezone="Europe/Berlin",
+    )
     task = _save(task, T0)
     assert task.next_slot_at == datetime(2026, 3, 1, 12, 15, tzinfo=UTC)
 
 
 def test_one_off_in_the_past_keeps_its_instant_until_fired() -> None:
-    task = PeriodicTask(name="o", task="tests.add", schedule_kind=ScheduleKind.ONE_OFF,
-                        one_off_at=T0 - timedelta(hours=1))
+    task = PeriodicTask(
+        name="o",
+        task="tests.add",
+        schedule_kind=ScheduleKind.ONE_OFF,
+        one_off_at=T0 - timedelta(hours=1),
+    )
     task = _save(task, T0)
     assert task.next_slot_at == T0 - timedelta(hours=1)
 

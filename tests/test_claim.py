@@ -137,18 +137,23 @@ class TestClaimContract:
             assert rows.count() == 2
             span = rows.get(status="missed")
             assert (span.slot, span.missed_until, span.missed_count) == (
-                T0, T0 + timedelta(days=1), 1441)
+                T0,
+                T0 + timedelta(days=1),
+                1441,
+            )
             assert "1441 slots from" in span.error
 
     def test_a_slot_late_because_the_beats_were_busy_fires(self, make_claimer: MakeClaimer) -> None:
-        interval_task("late", 60, anchor=T0, next_slot_at=T0, misfire_policy="skip",
-                      misfire_grace_seconds=5)
+        interval_task(
+            "late", 60, anchor=T0, next_slot_at=T0, misfire_policy="skip", misfire_grace_seconds=5
+        )
         now = T0 + timedelta(seconds=50)
         result = make_claimer().claim(now, "n", busy_since=T0 - timedelta(seconds=10))
         assert [r.slot for r in result.runs] == [T0] and result.late_from_load == 1
         assert result.missed == 0 and result.oldest_slot == T0
-        interval_task("down", 60, anchor=T0, next_slot_at=T0, misfire_policy="skip",
-                      misfire_grace_seconds=5)
+        interval_task(
+            "down", 60, anchor=T0, next_slot_at=T0, misfire_policy="skip", misfire_grace_seconds=5
+        )
         result = make_claimer().claim(now, "n", busy_since=T0 + timedelta(seconds=20))
         assert result.runs == [] and result.missed == 1
 

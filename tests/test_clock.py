@@ -64,8 +64,14 @@ def test_asymmetric_round_trip_error_stays_within_half_rtt() -> None:
 def test_authority_clock_extrapolates_on_monotonic_and_resyncs() -> None:
     local = FakeClock(T0)
     authority = ScriptedAuthority(local, offset=-4.0, rtts=[0.0] * 10)
-    clock = AuthorityClock(authority, samples=1, resync_seconds=60, monotonic=local.monotonic,
-                           wall=local.now, sleeper=local.sleep)
+    clock = AuthorityClock(
+        authority,
+        samples=1,
+        resync_seconds=60,
+        monotonic=local.monotonic,
+        wall=local.now,
+        sleeper=local.sleep,
+    )
     assert clock.now() == T0 - timedelta(seconds=4)
     local.advance(30)
     assert clock.now() == T0 + timedelta(seconds=26)

@@ -42,12 +42,18 @@ def run(*args: str) -> str:
 # -- driftsafe_status ------------------------------------------------------------------------
 
 
-def _node(name: str, now: datetime, *, age: float = 0.0, offset: float | None = 0.01,
-          **fields: Any) -> BeatNode:
+def _node(
+    name: str, now: datetime, *, age: float = 0.0, offset: float | None = 0.01, **fields: Any
+) -> BeatNode:
     return BeatNode.objects.create(
-        node_id=f"{name}:1:ab", hostname=name, pid=1, started_at=now - timedelta(hours=1),
-        last_heartbeat_at=now - timedelta(seconds=age), clock_offset_seconds=offset,
-        clock_rtt_seconds=0.002 if offset is not None else None, **fields,
+        node_id=f"{name}:1:ab",
+        hostname=name,
+        pid=1,
+        started_at=now - timedelta(hours=1),
+        last_heartbeat_at=now - timedelta(seconds=age),
+        clock_offset_seconds=offset,
+        clock_rtt_seconds=0.002 if offset is not None else None,
+        **fields,
     )
 
 
@@ -85,13 +91,27 @@ def test_status_reports_nodes_offsets_due_counts_and_failures() -> None:
     interval_task("soon", 60, anchor=T0, next_slot_at=now + timedelta(seconds=20))
     later = interval_task("later", 60, anchor=T0, next_slot_at=now + timedelta(hours=1))
     PeriodicTask.objects.filter(pk=later.pk).update(enabled=False)
-    Run.objects.create(periodic_task=due, task_name="tests.add", slot=now - timedelta(hours=1),
-                       status=RunStatus.FAILED, claimed_by="steady:1:ab",
-                       error="ZeroDivisionError: division by zero\ntraceback…")
-    Run.objects.create(periodic_task=due, task_name="tests.add", slot=now - timedelta(days=3),
-                       status=RunStatus.FAILED, error="too old to list")
-    Run.objects.create(periodic_task=due, task_name="tests.add", slot=now - timedelta(hours=2),
-                       status=RunStatus.CLAIMED)
+    Run.objects.create(
+        periodic_task=due,
+        task_name="tests.add",
+        slot=now - timedelta(hours=1),
+        status=RunStatus.FAILED,
+        claimed_by="steady:1:ab",
+        error="ZeroDivisionError: division by zero\ntraceback…",
+    )
+    Run.objects.create(
+        periodic_task=due,
+        task_name="tests.add",
+        slot=now - timedelta(days=3),
+        status=RunStatus.FAILED,
+        error="too old to list",
+    )
+    Run.objects.create(
+        periodic_task=due,
+        task_name="tests.add",
+        slot=now - timedelta(hours=2),
+        status=RunStatus.CLAIMED,
+    )
     text = run("driftsafe_status")
     assert "3 alive of 4" in text
     assert "+0.004 s ±1.0 ms" in text
@@ -120,8 +140,12 @@ class EveryOther(schedule):  # type: ignore[misc]
 @pytest.mark.django_db
 def test_import_beat_schedule_dry_run_then_idempotent_import(app: Any) -> None:
     app.conf.beat_schedule = {
-        "every-30": {"task": "tests.add", "schedule": 30.0, "args": (1, 2),
-                     "options": {"queue": "fast"}},
+        "every-30": {
+            "task": "tests.add",
+            "schedule": 30.0,
+            "args": (1, 2),
+            "options": {"queue": "fast"},
+        },
         "nightly": {"task": "tests.add", "schedule": crontab(minute=30, hour=2)},
         "unknown-task": {"task": "tests.unknown", "schedule": timedelta(minutes=5)},
         "dusk": {"task": "tests.add", "schedule": solar("dusk_civil", -33.8688, 151.2093)},
@@ -138,17 +162,25 @@ def test_import_beat_schedule_dry_run_then_idempotent_import(app: Any) -> None:
     assert every.source == TaskSource.BEAT_SCHEDULE and every.next_slot_at is not None
     nightly = PeriodicTask.objects.get(name="nightly")
     assert (nightly.crontab_minute, nightly.crontab_hour, nightly.timezone) == (
-        "30", "2", "Europe/Berlin")
+        "30",
+        "2",
+        "Europe/Berlin",
+    )
     dusk = PeriodicTask.objects.get(name="dusk")
     assert (dusk.schedule_kind, dusk.solar_event, dusk.solar_latitude, dusk.solar_longitude) == (
-        "solar", "dusk_civil", -33.8688, 151.2093)
+        "solar",
+        "dusk_civil",
+        -33.8688,
+        151.2093,
+    )
     assert dusk.next_slot_at is not None
     assert dusk.schedule.first_at_or_after(dusk.next_slot_at) == dusk.next_slot_at
     state = list(PeriodicTask.objects.values_list("name", "interval_anchor", "next_slot_at"))
 
     assert "4 unchanged" in run("driftsafe_import", "--source", "beat_schedule")
     assert list(PeriodicTask.objects.values_list("name", "interval_anchor", "next_slot_at")) == (
-        state)
+        state
+    )
 
 
 @pytest.mark.django_db
@@ -162,8 +194,10 @@ def test_import_updates_beat_schedule_rows_but_keeps_admin_rows(app: Any) -> Non
     }
     text = run("driftsafe_import", "--source", "beat_schedule")
     assert "update       every-30 (beat_schedule): changes interval_every" in text
-    assert "kept         mine (beat_schedule): differs in interval_every; it is managed in " \
+    assert (
+        "kept         mine (beat_schedule): differs in interval_every; it is managed in "
         "the database" in text
+    )
     assert PeriodicTask.objects.get(name="every-30").interval_every == 45
     assert PeriodicTask.objects.get(name="mine").interval_every == 60
 
@@ -222,26 +256,41 @@ def test_import_django_celery_beat_tasks_idempotently(app: Any, celery_beat: Any
     m = celery_beat
     last_run = datetime(2026, 2, 1, 8, 0, 7, tzinfo=UTC)
     ten_minutes = m.IntervalSchedule.objects.create(every=10, period="minutes")
-    workdays = m.CrontabSchedule.objects.create(minute="30", hour="7", day_of_week="1-5",
-                                                timezone="Europe/Berlin")
+    workdays = m.CrontabSchedule.objects.create(
+        minute="30", hour="7", day_of_week="1-5", timezone="Europe/Berlin"
+    )
     when = m.ClockedSchedule.objects.create(clocked_time=datetime(2030, 5, 1, 9, tzinfo=UTC))
-    m.PeriodicTask.objects.create(name="poll", task="tests.add", interval=ten_minutes,
-                                  args="[1, 2]", kwargs='{"z": 3}', queue="q",
-                                  expire_seconds=60, last_run_at=last_run)
-    m.PeriodicTask.objects.create(name="morning", task="tests.add", crontab=workdays,
-                                  enabled=False)
+    m.PeriodicTask.objects.create(
+        name="poll",
+        task="tests.add",
+        interval=ten_minutes,
+        args="[1, 2]",
+        kwargs='{"z": 3}',
+        queue="q",
+        expire_seconds=60,
+        last_run_at=last_run,
+    )
+    m.PeriodicTask.objects.create(name="morning", task="tests.add", crontab=workdays, enabled=False)
     m.PeriodicTask.objects.create(name="launch", task="tests.add", clocked=when, one_off=True)
     sun = m.SolarSchedule.objects.create(event="sunset", latitude=52.5, longitude=13.4)
     m.PeriodicTask.objects.create(name="dusk", task="tests.add", solar=sun)
-    m.PeriodicTask.objects.create(name="bad-json", task="tests.add", interval=ten_minutes,
-                                  args="[1,")
-    m.PeriodicTask.objects.create(name="once-interval", task="tests.add", interval=ten_minutes,
-                                  one_off=True)
+    m.PeriodicTask.objects.create(
+        name="bad-json", task="tests.add", interval=ten_minutes, args="[1,"
+    )
+    m.PeriodicTask.objects.create(
+        name="once-interval", task="tests.add", interval=ten_minutes, one_off=True
+    )
 
     out = io.StringIO()
     with pytest.raises(CommandError, match="1 task"):
-        call_command("driftsafe_import", "--source", "django_celery_beat", "--dry-run",
-                     stdout=out, no_color=True)
+        call_command(
+            "driftsafe_import",
+            "--source",
+            "django_celery_beat",
+            "--dry-run",
+            stdout=out,
+            no_color=True,
+        )
     text = out.getvalue()
     assert "would create poll (django_celery_beat)" in text
     assert "would create dusk (django_celery_beat)" in text and "args is not valid JSON" in text
@@ -252,20 +301,36 @@ def test_import_django_celery_beat_tasks_idempotently(app: Any, celery_beat: Any
         call_command("driftsafe_import", "--source", "django_celery_beat", stdout=io.StringIO())
     poll = PeriodicTask.objects.get(name="poll")
     assert (poll.interval_every, poll.interval_unit, poll.interval_anchor) == (
-        10, "minutes", last_run)
-    assert (poll.args, poll.kwargs, poll.queue, poll.expires_seconds) == ([1, 2], {"z": 3}, "q",
-                                                                         60.0)
+        10,
+        "minutes",
+        last_run,
+    )
+    assert (poll.args, poll.kwargs, poll.queue, poll.expires_seconds) == (
+        [1, 2],
+        {"z": 3},
+        "q",
+        60.0,
+    )
     assert poll.source == TaskSource.DATABASE
     assert poll.next_slot_at is not None
     assert (poll.next_slot_at - last_run) % timedelta(minutes=10) == timedelta(0)
     morning = PeriodicTask.objects.get(name="morning")
-    assert (morning.crontab_minute, morning.crontab_hour, morning.crontab_day_of_week,
-            morning.timezone, morning.enabled) == ("30", "7", "1-5", "Europe/Berlin", False)
+    assert (
+        morning.crontab_minute,
+        morning.crontab_hour,
+        morning.crontab_day_of_week,
+        morning.timezone,
+        morning.enabled,
+    ) == ("30", "7", "1-5", "Europe/Berlin", False)
     launch = PeriodicTask.objects.get(name="launch")
     assert launch.schedule_kind == "one_off" and launch.next_slot_at == when.clocked_time
     dusk = PeriodicTask.objects.get(name="dusk")
     assert (dusk.schedule_kind, dusk.solar_event, dusk.solar_latitude, dusk.solar_longitude) == (
-        "solar", "sunset", 52.5, 13.4)
+        "solar",
+        "sunset",
+        52.5,
+        13.4,
+    )
     assert dusk.next_slot_at == Solar("sunset", 52.5, 13.4).first_at_or_after(dusk.next_slot_at)
     once = PeriodicTask.objects.get(name="once-interval")
     assert (once.schedule_kind, once.run_once) == ("interval", True)
@@ -289,16 +354,20 @@ def test_import_from_django_celery_beat_needs_it_installed(app: Any) -> None:
         call_command("driftsafe_import", "--source", "django_celery_beat")
     assert "django_celery_beat is not installed: skipped" in run("driftsafe_import")
     # another app than the project's, named on the command line
-    text = run("driftsafe_import", "--app", "tests.test_commands:OTHER_APP", "--dry-run",
-               "--source", "beat_schedule")
+    text = run(
+        "driftsafe_import",
+        "--app",
+        "tests.test_commands:OTHER_APP",
+        "--dry-run",
+        "--source",
+        "beat_schedule",
+    )
     assert "would create other-app-task (beat_schedule)" in text
     assert "warning: task 'other.task' is not registered" in text
 
 
 @pytest.mark.django_db(transaction=True)
-def test_import_every_kind_and_option_django_celery_beat_stores(
-    app: Any, celery_beat: Any
-) -> None:
+def test_import_every_kind_and_option_django_celery_beat_stores(app: Any, celery_beat: Any) -> None:
     """One django-celery-beat task of every schedule kind and with every option it stores:
     each is brought over, and the per-task table has nothing in its "not" column."""
     m = celery_beat
@@ -309,43 +378,91 @@ def test_import_every_kind_and_option_django_celery_beat_stores(
     micro = m.IntervalSchedule.objects.create(every=5_000_000, period="microseconds")
     half = m.IntervalSchedule.objects.create(every=500_000, period="microseconds")
     daily = m.IntervalSchedule.objects.create(every=2, period="days")
-    nyc = m.CrontabSchedule.objects.create(minute="15", hour="9", day_of_week="mon-fri",
-                                           day_of_month="*", month_of_year="*",
-                                           timezone="America/New_York")
-    sun = m.SolarSchedule.objects.create(event="dawn_civil", latitude=-33.8688,
-                                         longitude=151.2093)
+    nyc = m.CrontabSchedule.objects.create(
+        minute="15",
+        hour="9",
+        day_of_week="mon-fri",
+        day_of_month="*",
+        month_of_year="*",
+        timezone="America/New_York",
+    )
+    sun = m.SolarSchedule.objects.create(event="dawn_civil", latitude=-33.8688, longitude=151.2093)
     when = m.ClockedSchedule.objects.create(clocked_time=datetime(2031, 5, 1, 9, tzinfo=UTC))
     m.PeriodicTask.objects.create(
-        name="everything", task="tests.add", interval=ninety, args="[1, 2]",
-        kwargs='{"z": 3}', queue="q", exchange="ex", routing_key="rk", priority=7,
-        headers='{"x-team": "ops"}', expire_seconds=60, start_time=start,
-        last_run_at=last_run, total_run_count=41, description="all the options",
+        name="everything",
+        task="tests.add",
+        interval=ninety,
+        args="[1, 2]",
+        kwargs='{"z": 3}',
+        queue="q",
+        exchange="ex",
+        routing_key="rk",
+        priority=7,
+        headers='{"x-team": "ops"}',
+        expire_seconds=60,
+        start_time=start,
+        last_run_at=last_run,
+        total_run_count=41,
+        description="all the options",
     )
     m.PeriodicTask.objects.create(name="micro", task="tests.add", interval=micro)
     m.PeriodicTask.objects.create(name="half-second", task="tests.add", interval=half)
-    m.PeriodicTask.objects.create(name="every-two-days", task="tests.add", interval=daily,
-                                  enabled=False)
-    m.PeriodicTask.objects.create(name="weekday-nyc", task="tests.add", crontab=nyc,
-                                  start_time=start, expires=end, one_off=True)
-    m.PeriodicTask.objects.create(name="dawn", task="tests.add", solar=sun, one_off=True,
-                                  enabled=False)
-    m.PeriodicTask.objects.create(name="launch", task="tests.add", clocked=when, one_off=True,
-                                  expires=datetime(2031, 5, 2, tzinfo=UTC))
+    m.PeriodicTask.objects.create(
+        name="every-two-days", task="tests.add", interval=daily, enabled=False
+    )
+    m.PeriodicTask.objects.create(
+        name="weekday-nyc",
+        task="tests.add",
+        crontab=nyc,
+        start_time=start,
+        expires=end,
+        one_off=True,
+    )
+    m.PeriodicTask.objects.create(
+        name="dawn", task="tests.add", solar=sun, one_off=True, enabled=False
+    )
+    m.PeriodicTask.objects.create(
+        name="launch",
+        task="tests.add",
+        clocked=when,
+        one_off=True,
+        expires=datetime(2031, 5, 2, tzinfo=UTC),
+    )
 
     text = run("driftsafe_import", "--source", "django_celery_beat")
     assert "7 create" in text
     assert text.count("everything was brought over") == 7, text
     assert "NOT" not in text
-    for line in ("| start_time", "| expires", "| one_off", "| total_run_count", "| last_run_at",
-                 "| description", "| headers", "| priority", "| expire_seconds"):
+    for line in (
+        "| start_time",
+        "| expires",
+        "| one_off",
+        "| total_run_count",
+        "| last_run_at",
+        "| description",
+        "| headers",
+        "| priority",
+        "| expire_seconds",
+    ):
         assert line in text, line
 
     task = PeriodicTask.objects.get(name="everything")
     assert (task.schedule_kind, task.interval_every, task.interval_unit) == (
-        "interval", 90, "seconds")
-    assert (task.args, task.kwargs, task.queue, task.exchange, task.routing_key, task.priority,
-            task.headers, task.expires_seconds, task.description) == (
-        [1, 2], {"z": 3}, "q", "ex", "rk", 7, {"x-team": "ops"}, 60.0, "all the options")
+        "interval",
+        90,
+        "seconds",
+    )
+    assert (
+        task.args,
+        task.kwargs,
+        task.queue,
+        task.exchange,
+        task.routing_key,
+        task.priority,
+        task.headers,
+        task.expires_seconds,
+        task.description,
+    ) == ([1, 2], {"z": 3}, "q", "ex", "rk", 7, {"x-team": "ops"}, 60.0, "all the options")
     assert (task.valid_from, task.interval_anchor, task.next_slot_at) == (start, start, start)
     assert (task.last_slot_at, task.run_count, task.enabled) == (last_run, 41, True)
     micro_task = PeriodicTask.objects.get(name="micro")
@@ -354,21 +471,33 @@ def test_import_every_kind_and_option_django_celery_beat_stores(
     assert (half_task.interval_every, half_task.interval_unit) == (500_000, "microseconds")
     assert half_task.schedule.describe() == "every 0.5 seconds"
     two_days = PeriodicTask.objects.get(name="every-two-days")
-    assert (two_days.interval_every, two_days.interval_unit, two_days.enabled) == (
-        2, "days", False)
+    assert (two_days.interval_every, two_days.interval_unit, two_days.enabled) == (2, "days", False)
     nyc_task = PeriodicTask.objects.get(name="weekday-nyc")
-    assert (nyc_task.crontab_minute, nyc_task.crontab_hour, nyc_task.crontab_day_of_week,
-            nyc_task.timezone) == ("15", "9", "mon-fri", "America/New_York")
+    assert (
+        nyc_task.crontab_minute,
+        nyc_task.crontab_hour,
+        nyc_task.crontab_day_of_week,
+        nyc_task.timezone,
+    ) == ("15", "9", "mon-fri", "America/New_York")
     assert (nyc_task.valid_from, nyc_task.valid_until, nyc_task.run_once) == (start, end, True)
     # the first slot: the first weekday 09:15 in New York at or after start_time
     assert nyc_task.next_slot_at == datetime(2030, 1, 1, 14, 15, tzinfo=UTC)
     dawn = PeriodicTask.objects.get(name="dawn")
-    assert (dawn.schedule_kind, dawn.solar_event, dawn.solar_latitude, dawn.solar_longitude,
-            dawn.run_once, dawn.enabled) == ("solar", "dawn_civil", -33.8688, 151.2093, True,
-                                             False)
+    assert (
+        dawn.schedule_kind,
+        dawn.solar_event,
+        dawn.solar_latitude,
+        dawn.solar_longitude,
+        dawn.run_once,
+        dawn.enabled,
+    ) == ("solar", "dawn_civil", -33.8688, 151.2093, True, False)
     launch = PeriodicTask.objects.get(name="launch")
     assert (launch.schedule_kind, launch.one_off_at, launch.run_once, launch.valid_until) == (
-        "one_off", when.clocked_time, True, datetime(2031, 5, 2, tzinfo=UTC))
+        "one_off",
+        when.clocked_time,
+        True,
+        datetime(2031, 5, 2, tzinfo=UTC),
+    )
     assert launch.next_slot_at == when.clocked_time
     assert "7 unchanged" in run("driftsafe_import", "--source", "django_celery_beat")
 
@@ -377,9 +506,9 @@ def test_import_every_kind_and_option_django_celery_beat_stores(
 def test_import_beat_schedule_reports_options_it_does_not_bring_over(app: Any) -> None:
     app.conf.beat_schedule = {
         "until-new-year": {
-            "task": "tests.add", "schedule": crontab(minute=0, hour=3),
-            "options": {"expires": datetime(2031, 1, 1, 0, 0), "queue": "q",
-                        "countdown": 5},
+            "task": "tests.add",
+            "schedule": crontab(minute=0, hour=3),
+            "options": {"expires": datetime(2031, 1, 1, 0, 0), "queue": "q", "countdown": 5},
             "relative": True,
         },
         "plain": {"task": "tests.add", "schedule": 30.0, "options": {"expires": 20}},

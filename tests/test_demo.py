@@ -41,8 +41,10 @@ def redis_for_demo() -> Iterator[dict[str, str]]:
     # the demo's keys; its broker is the next database: below every worker's range
     first = test_settings.FIRST_REDIS_DB - 4
     if first < 0:
-        pytest.skip("redis-server is not installed, and the test Redis has no two databases "
-                    "below the workers' ranges for the demo: apt-get install redis-server")
+        pytest.skip(
+            "redis-server is not installed, and the test Redis has no two databases "
+            "below the workers' ranges for the demo: apt-get install redis-server"
+        )
     yield {"EXAMPLE_REDIS_URL": test_settings.REDIS_SERVER, "EXAMPLE_REDIS_DB": str(first)}
     for db in (first, first + 1):
         client = redis.Redis.from_url(f"{test_settings.REDIS_SERVER}/{db}")
@@ -75,11 +77,22 @@ def test_demo_fires_every_slot_once(
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EXAMPLE_", "DEMO_"))}
     env.pop("DJANGO_SETTINGS_MODULE", None)  # the demo uses the example project's settings
-    env.update(redis_for_demo, **database_for_demo, DEMO_SECONDS=str(SECONDS),
-               DEMO_OUTPUT=str(tmp_path / "out"))
+    env.update(
+        redis_for_demo,
+        **database_for_demo,
+        DEMO_SECONDS=str(SECONDS),
+        DEMO_OUTPUT=str(tmp_path / "out"),
+    )
     began = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "demo"], cwd=PROJECT, env=env,
-                            capture_output=True, text=True, timeout=150, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "demo"],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
     took = time.monotonic() - began
     output = result.stdout + result.stderr
     print(output, f"\n(the demo took {took:.0f} s)")

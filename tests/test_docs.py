@@ -50,8 +50,10 @@ def test_fake_clock_samples_run(broker_app: Any) -> None:
     assert "skewed_env" in third  # the faketime sample starts a real process: not run here
     # the end-to-end sample starts real processes too: it compiles, and its imports exist
     compile(processes, "test-with-fake-clock.md", "exec")
-    exec("\n".join(line for line in processes.splitlines()
-                   if line.startswith(("import ", "from "))), {})
+    exec(
+        "\n".join(line for line in processes.splitlines() if line.startswith(("import ", "from "))),
+        {},
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -116,8 +118,13 @@ def test_jitter_howto_samples_run() -> None:
     from celery_driftsafe.models import PeriodicTask
 
     update, shell = samples("howto/jitter.md")
-    task = PeriodicTask(name="nightly-1", task="reports.nightly", schedule_kind="crontab",
-                        crontab_minute="0", crontab_hour="0")
+    task = PeriodicTask(
+        name="nightly-1",
+        task="reports.nightly",
+        schedule_kind="crontab",
+        crontab_minute="0",
+        crontab_hour="0",
+    )
     task.save()
     exec(update, {"PeriodicTask": PeriodicTask, "celery_driftsafe": celery_driftsafe})
     task.refresh_from_db()

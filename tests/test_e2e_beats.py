@@ -24,16 +24,28 @@ BACKEND = "postgresql" if test_settings.TEST_DB == "postgres" else "sqlite"
 
 def _specs(crontabs: bool = True) -> list[dict[str, Any]]:
     specs: list[dict[str, Any]] = [
-        {"name": f"every-{1 + i % 3}s-{i:02d}", "schedule_kind": "interval",
-         "interval_every": 1 + i % 3, "interval_unit": "seconds"}
+        {
+            "name": f"every-{1 + i % 3}s-{i:02d}",
+            "schedule_kind": "interval",
+            "interval_every": 1 + i % 3,
+            "interval_unit": "seconds",
+        }
         for i in range(20)
     ]
     if crontabs:
         specs += [
-            {"name": "cron-utc", "schedule_kind": "crontab", "crontab_minute": "*",
-             "timezone": "UTC"},
-            {"name": "cron-kolkata", "schedule_kind": "crontab", "crontab_minute": "*",
-             "timezone": "Asia/Kolkata"},
+            {
+                "name": "cron-utc",
+                "schedule_kind": "crontab",
+                "crontab_minute": "*",
+                "timezone": "UTC",
+            },
+            {
+                "name": "cron-kolkata",
+                "schedule_kind": "crontab",
+                "crontab_minute": "*",
+                "timezone": "Asia/Kolkata",
+            },
         ]
     return specs
 
@@ -42,9 +54,7 @@ def _sleep_until(instant: Any) -> None:
     time.sleep(max((instant - real_now()).total_seconds(), 0))
 
 
-def _assert_exactly_once(
-    run: E2ERun, reports: dict[int, TaskReport], dump: dict[str, Any]
-) -> None:
+def _assert_exactly_once(run: E2ERun, reports: dict[int, TaskReport], dump: dict[str, Any]) -> None:
     attempts = {(r["task_id"], r["slot"]): r["attempts"] for r in dump["runs"]}
     for task_id, report in reports.items():
         assert not report.missed, f"{report.name}: missed {report.missed}\n{run.logs()}"

@@ -33,20 +33,38 @@ def test_skewed_beats_honour_bounds_limits_and_jitter(tmp_path: Path) -> None:
         end = start + 24 * S
         jittered = [f"jitter-{i}" for i in range(8)]
         specs: list[dict[str, Any]] = [
-            {"name": name, "schedule_kind": "interval", "interval_every": 3,
-             "interval_unit": "seconds",
-             "jitter_seconds": 2.5}
+            {
+                "name": name,
+                "schedule_kind": "interval",
+                "interval_every": 3,
+                "interval_unit": "seconds",
+                "jitter_seconds": 2.5,
+            }
             for name in jittered
         ]
         specs += [
-            {"name": "three-runs", "schedule_kind": "interval", "interval_every": 1,
-             "interval_unit": "seconds", "max_runs": 3},
-            {"name": "once", "schedule_kind": "crontab", "crontab_second": "*/2",
-             "crontab_minute": "*", "run_once": True},
-            {"name": "window", "schedule_kind": "interval", "interval_every": 1,
-             "interval_unit": "seconds",
-             "valid_from": (start + 5 * S).isoformat(),
-             "valid_until": (start + 12 * S).isoformat()},
+            {
+                "name": "three-runs",
+                "schedule_kind": "interval",
+                "interval_every": 1,
+                "interval_unit": "seconds",
+                "max_runs": 3,
+            },
+            {
+                "name": "once",
+                "schedule_kind": "crontab",
+                "crontab_second": "*/2",
+                "crontab_minute": "*",
+                "run_once": True,
+            },
+            {
+                "name": "window",
+                "schedule_kind": "interval",
+                "interval_every": 1,
+                "interval_unit": "seconds",
+                "valid_from": (start + 5 * S).isoformat(),
+                "valid_until": (start + 12 * S).isoformat(),
+            },
         ]
         run.seed(specs, start)
         run.start_recorder()

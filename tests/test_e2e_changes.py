@@ -30,16 +30,34 @@ def test_new_edited_disabled_and_deleted_tasks_take_effect_within_a_second(
     run = E2ERun(BACKEND, tmp_path, max_loop=30.0)
     try:
         start = real_now()
-        run.seed([{"name": "slow", "schedule_kind": "interval", "interval_every": 3600,
-                   "interval_unit": "seconds"}], start + timedelta(hours=1))
+        run.seed(
+            [
+                {
+                    "name": "slow",
+                    "schedule_kind": "interval",
+                    "interval_every": 3600,
+                    "interval_unit": "seconds",
+                }
+            ],
+            start + timedelta(hours=1),
+        )
         run.start_recorder()
         run.start_beat(0.0)
         run.start_beat(0.0)
         time.sleep(6)  # both beats up and asleep (next slot is an hour away)
 
         # a new task: first slot = authority now + 2 s; must fire on time, not 30 s later
-        run.tool("add", [{"name": "new", "schedule_kind": "interval", "interval_every": 2,
-                          "interval_unit": "seconds"}])
+        run.tool(
+            "add",
+            [
+                {
+                    "name": "new",
+                    "schedule_kind": "interval",
+                    "interval_every": 2,
+                    "interval_unit": "seconds",
+                }
+            ],
+        )
         time.sleep(4.5)
         new = run.received_for("new")
         assert len(new) >= 2, run.logs()
@@ -63,16 +81,28 @@ def test_new_edited_disabled_and_deleted_tasks_take_effect_within_a_second(
         assert late == []
 
         # deleting stops it too
-        run.tool("add", [{"name": "doomed", "schedule_kind": "interval", "interval_every": 1,
-                          "interval_unit": "seconds"}])
+        run.tool(
+            "add",
+            [
+                {
+                    "name": "doomed",
+                    "schedule_kind": "interval",
+                    "interval_every": 1,
+                    "interval_unit": "seconds",
+                }
+            ],
+        )
         time.sleep(2.5)
         doomed_ids = {m.periodic_task_id for m in run.received_for("doomed")}
         assert doomed_ids
         run.tool("delete", {"name": "doomed"})
         deleted_at = real_now()
         time.sleep(2.5)
-        after_delete = [m for m in run.received if m.periodic_task_id in doomed_ids
-                        and m.slot > deleted_at + timedelta(seconds=1)]
+        after_delete = [
+            m
+            for m in run.received
+            if m.periodic_task_id in doomed_ids and m.slot > deleted_at + timedelta(seconds=1)
+        ]
         assert after_delete == []
         codes = run.stop()
         assert set(codes.values()) == {0}, run.logs()

@@ -41,8 +41,11 @@ pytestmark = [
 PG_HOST, PG_PORT = "127.0.0.1", int(os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432"))
 #: MISFIRE_GRACE_SECONDS of the beats: a slot claimed later than this after it is missed.
 GRACE = timedelta(seconds=30)
-_TOOLS = {"redis-cli": "redis-tools", "redis-server": "redis-server",
-          "pg_ctlcluster": "postgresql-common"}
+_TOOLS = {
+    "redis-cli": "redis-tools",
+    "redis-server": "redis-server",
+    "pg_ctlcluster": "postgresql-common",
+}
 
 
 def _port_open(port: int) -> bool:
@@ -59,8 +62,9 @@ def _wait_port(port: int, up: bool = True, timeout: float = 30) -> None:
 
 
 def _redis_cli(*args: str) -> str:
-    return subprocess.run(["redis-cli", "-p", "6379", *args], capture_output=True, text=True,
-                          check=False, timeout=10).stdout.strip()
+    return subprocess.run(
+        ["redis-cli", "-p", "6379", *args], capture_output=True, text=True, check=False, timeout=10
+    ).stdout.strip()
 
 
 def restart_redis() -> None:
@@ -72,9 +76,23 @@ def restart_redis() -> None:
     databases = _redis_cli("CONFIG", "GET", "databases").splitlines()[-1]
     _redis_cli("SHUTDOWN", "NOSAVE")
     _wait_port(6379, up=False)
-    command = ["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "--port", "6379",
-               "--save", "", "--appendonly", "no", "--dir", directory,
-               "--databases", databases]
+    command = [
+        "redis-server",
+        "--daemonize",
+        "yes",
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        "6379",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        directory,
+        "--databases",
+        databases,
+    ]
     if logfile:
         command += ["--logfile", logfile]
     subprocess.run(command, check=True, timeout=30)
@@ -83,8 +101,12 @@ def restart_redis() -> None:
 
 def restart_postgresql() -> None:
     version = sorted(os.listdir("/etc/postgresql"))[-1]
-    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
-                   check=True, timeout=120, capture_output=True)
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
     _wait_port(PG_PORT)
 
 
@@ -93,9 +115,11 @@ def _runs_alone() -> None:
     """Its restarts would break whatever else runs at the time: never next to other workers."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or "1")
     if workers > 1:
-        pytest.fail(f"the chaos test restarts PostgreSQL and Redis under the other {workers - 1} "
-                    "test workers: run it on its own (pytest -m chaos, as tests/run.sh does "
-                    "after the parallel pass), and the rest with -m 'not chaos'")
+        pytest.fail(
+            f"the chaos test restarts PostgreSQL and Redis under the other {workers - 1} "
+            "test workers: run it on its own (pytest -m chaos, as tests/run.sh does "
+            "after the parallel pass), and the rest with -m 'not chaos'"
+        )
 
 
 @pytest.fixture(autouse=True)
@@ -106,8 +130,10 @@ def _needs_root_and_tools() -> None:
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} not on PATH: apt-get install {package}")
     if not _port_open(5672):
-        pytest.skip("RabbitMQ is not running on 127.0.0.1:5672: apt-get install "
-                    "rabbitmq-server, then start it with rabbitmq-server -detached")
+        pytest.skip(
+            "RabbitMQ is not running on 127.0.0.1:5672: apt-get install "
+            "rabbitmq-server, then start it with rabbitmq-server -detached"
+        )
 
 
 def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
@@ -121,9 +147,20 @@ def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
     codes: list[int | None] = []
     try:
         start = real_now() + timedelta(seconds=8)
-        run.seed([{"name": f"chaos-{i:02d}", "task": "e2e.slot_work", "args": [0.3],
-                   "schedule_kind": "interval", "interval_every": 2 + i % 2,
-                   "interval_unit": "seconds"} for i in range(10)], start)
+        run.seed(
+            [
+                {
+                    "name": f"chaos-{i:02d}",
+                    "task": "e2e.slot_work",
+                    "args": [0.3],
+                    "schedule_kind": "interval",
+                    "interval_every": 2 + i % 2,
+                    "interval_unit": "seconds",
+                }
+                for i in range(10)
+            ],
+            start,
+        )
         workers = [run.start_worker("w1", pool="prefork"), run.start_worker("w2", pool="prefork")]
         alive: list[Any] = [run.start_beat(offset) for offset in offsets]
         time.sleep(8)
@@ -175,29 +212,36 @@ def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
         run.close()
 
     window_end = stopped_at - timedelta(seconds=3)
-    executed = Counter(tuple(line.split()[:2]) for line in
-                       (tmp_path / "executions.log").read_text().splitlines())
+    executed = Counter(
+        tuple(line.split()[:2]) for line in (tmp_path / "executions.log").read_text().splitlines()
+    )
     by_slot: dict[tuple[int, str], list[dict[str, Any]]] = {}
-    schedules = {task["id"]: Interval(timedelta(seconds=task["every"]),
-                                      datetime.fromisoformat(task["anchor"]))
-                 for task in dump["tasks"]}
+    schedules = {
+        task["id"]: Interval(
+            timedelta(seconds=task["every"]), datetime.fromisoformat(task["anchor"])
+        )
+        for task in dump["tasks"]
+    }
     for row in dump["runs"]:
         by_slot.setdefault((row["task_id"], row["slot"]), []).append(row)
         if row["missed_until"]:  # one row for a span of missed slots: it stands for each
             first = datetime.fromisoformat(row["slot"])
             last = datetime.fromisoformat(row["missed_until"])
-            covered = list(schedules[row["task_id"]].slots_between(first, last + timedelta(
-                microseconds=1)))
+            covered = list(
+                schedules[row["task_id"]].slots_between(first, last + timedelta(microseconds=1))
+            )
             assert len(covered) == row["missed_count"], row
             for slot in covered[1:]:
                 by_slot.setdefault((row["task_id"], slot.isoformat()), []).append(
-                    {**row, "slot": slot.isoformat()})
+                    {**row, "slot": slot.isoformat()}
+                )
     rows = ["task        due  rows  succeeded  missed  other  executed  doubled"]
     totals = Counter[str]()
     problems: list[str] = []
     for task in dump["tasks"]:
-        schedule = Interval(timedelta(seconds=task["every"]),
-                            datetime.fromisoformat(task["anchor"]))
+        schedule = Interval(
+            timedelta(seconds=task["every"]), datetime.fromisoformat(task["anchor"])
+        )
         due = [s.isoformat() for s in schedule.slots_between(start, window_end)]
         counts = Counter[str]()
         for slot in due:
@@ -219,25 +263,33 @@ def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
                 problems.append(f"{task['name']} {slot}: executed {ran} times")
         totals.update(counts)
         totals["due"] += len(due)
-        rows.append(f"{task['name']:<10}{len(due):>5}{counts['rows']:>6}{counts['succeeded']:>11}"
-                    f"{counts['missed']:>8}{counts['other']:>7}{counts['executed']:>10}"
-                    f"{counts['doubled']:>9}")
-    rows.append(f"{'all':<10}{totals['due']:>5}{totals['rows']:>6}{totals['succeeded']:>11}"
-                f"{totals['missed']:>8}{totals['other']:>7}{totals['executed']:>10}"
-                f"{totals['doubled']:>9}")
+        rows.append(
+            f"{task['name']:<10}{len(due):>5}{counts['rows']:>6}{counts['succeeded']:>11}"
+            f"{counts['missed']:>8}{counts['other']:>7}{counts['executed']:>10}"
+            f"{counts['doubled']:>9}"
+        )
+    rows.append(
+        f"{'all':<10}{totals['due']:>5}{totals['rows']:>6}{totals['succeeded']:>11}"
+        f"{totals['missed']:>8}{totals['other']:>7}{totals['executed']:>10}"
+        f"{totals['doubled']:>9}"
+    )
     for row in dump["runs"]:
         if row["status"] != "missed":
             continue
         slot = datetime.fromisoformat(row["slot"])
         last = datetime.fromisoformat(row["missed_until"] or row["slot"])
         if not any(down - GRACE <= slot and last <= back for _, down, back in outages):
-            problems.append(f"task {row['task_id']} {row['slot']}: recorded missed outside "
-                            f"every outage {outages} ({row['error']})")
+            problems.append(
+                f"task {row['task_id']} {row['slot']}: recorded missed outside "
+                f"every outage {outages} ({row['error']})"
+            )
     if any(code != 0 for code in codes):
         problems.append(f"beats' exit codes after SIGTERM: {codes} (None: did not exit)")
     print("\nchaos timeline:\n  " + "\n  ".join(log))
-    print("outages: " + ", ".join(f"{what} {down:%H:%M:%S.%f}-{back:%H:%M:%S.%f}"
-                                   for what, down, back in outages))
+    print(
+        "outages: "
+        + ", ".join(f"{what} {down:%H:%M:%S.%f}-{back:%H:%M:%S.%f}" for what, down, back in outages)
+    )
     print("\n".join(rows))
     assert totals["due"] > 150
     assert not problems, "\n".join(problems[:40])

@@ -42,14 +42,28 @@ def test_a_real_beat_serves_figures_that_move_as_its_slots_fire(tmp_path: Path) 
     run = E2ERun(BACKEND, tmp_path)
     try:
         start = real_now() + timedelta(seconds=2)
-        run.seed([{"name": f"every-1s-{i}", "schedule_kind": "interval", "interval_every": 1,
-                   "interval_unit": "seconds"} for i in range(3)], start)
+        run.seed(
+            [
+                {
+                    "name": f"every-1s-{i}",
+                    "schedule_kind": "interval",
+                    "interval_every": 1,
+                    "interval_unit": "seconds",
+                }
+                for i in range(3)
+            ],
+            start,
+        )
         run.start_recorder()
         run.start_beat(SKEW, env={"DRIFTSAFE_E2E_METRICS_PORT": str(port)})
-        first = _scrape_until(port, lambda s: value(s, "driftsafe_beat_slots_published_total")
-                              >= 3)
-        later = _scrape_until(port, lambda s: value(s, "driftsafe_beat_slots_published_total")
-                              >= value(first, "driftsafe_beat_slots_published_total") + 6)
+        first = _scrape_until(port, lambda s: value(s, "driftsafe_beat_slots_published_total") >= 3)
+        later = _scrape_until(
+            port,
+            lambda s: (
+                value(s, "driftsafe_beat_slots_published_total")
+                >= value(first, "driftsafe_beat_slots_published_total") + 6
+            ),
+        )
         codes = run.stop()
         assert codes == {"beat-0": 0}, run.logs()
         published = value(later, "driftsafe_beat_slots_published_total")
@@ -57,10 +71,10 @@ def test_a_real_beat_serves_figures_that_move_as_its_slots_fire(tmp_path: Path) 
         assert value(later, "driftsafe_beat_slots_failed_total") == 0
         assert value(later, "driftsafe_beat_dispatch_lateness_seconds_count") == published
         assert value(later, "driftsafe_beat_round_duration_seconds_count") > value(
-            first, "driftsafe_beat_round_duration_seconds_count")
+            first, "driftsafe_beat_round_duration_seconds_count"
+        )
         # authority minus the node's clock: the node runs SKEW ahead
-        assert value(later, "driftsafe_beat_clock_offset_seconds") == pytest.approx(
-            -SKEW, abs=0.25)
+        assert value(later, "driftsafe_beat_clock_offset_seconds") == pytest.approx(-SKEW, abs=0.25)
         assert value(later, "driftsafe_beat_nodes_alive") == 1
         assert value(later, "driftsafe_beat_claiming_paused") == 0
         last_round = value(later, "driftsafe_beat_last_round_timestamp_seconds")
@@ -80,12 +94,28 @@ def test_a_prefork_worker_serves_what_its_pool_processes_counted(tmp_path: Path)
     run = E2ERun(BACKEND, tmp_path)
     try:
         start = real_now() + timedelta(seconds=2)
-        run.seed([{"name": "slot-work", "schedule_kind": "interval", "interval_every": 1,
-                   "interval_unit": "seconds", "task": "e2e.slot_work",
-                   "kwargs": {"seconds": 1.3}}], start)
-        run.start_worker("pf", pool="prefork", concurrency=2, env={
-            "DRIFTSAFE_E2E_WORKER_METRICS_PORT": str(worker_port),
-            "PROMETHEUS_MULTIPROC_DIR": str(multiproc)})
+        run.seed(
+            [
+                {
+                    "name": "slot-work",
+                    "schedule_kind": "interval",
+                    "interval_every": 1,
+                    "interval_unit": "seconds",
+                    "task": "e2e.slot_work",
+                    "kwargs": {"seconds": 1.3},
+                }
+            ],
+            start,
+        )
+        run.start_worker(
+            "pf",
+            pool="prefork",
+            concurrency=2,
+            env={
+                "DRIFTSAFE_E2E_WORKER_METRICS_PORT": str(worker_port),
+                "PROMETHEUS_MULTIPROC_DIR": str(multiproc),
+            },
+        )
         run.start_beat(0.0, env={"DRIFTSAFE_E2E_METRICS_PORT": str(beat_port)})
         executions = "driftsafe_worker_executions_total"
 

@@ -28,8 +28,10 @@ from tests.e2e.harness import E2ERun, analyse, real_now, table
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(test_settings.TEST_DB != "postgres",
-                       reason="runs on the PostgreSQL pass (see the module docstring)"),
+    pytest.mark.skipif(
+        test_settings.TEST_DB != "postgres",
+        reason="runs on the PostgreSQL pass (see the module docstring)",
+    ),
 ]
 
 
@@ -53,7 +55,7 @@ def _exactly_once(run: E2ERun, reports: dict[int, Any], names: set[str]) -> None
 _CORRUPTIONS = {
     "bad-args": ("args = '\"1, 2\"'::jsonb", "args:"),
     "bad-kwargs": ("kwargs = '[1, 2]'::jsonb", "kwargs:"),
-    "bad-headers": ("headers = '{\"id\": \"x\", \"task\": \"y\"}'::jsonb", "headers:"),
+    "bad-headers": ('headers = \'{"id": "x", "task": "y"}\'::jsonb', "headers:"),
     "bad-interval": ("interval_every = 2000000000, interval_unit = 'days'", "interval_every:"),
     "bad-zone": ("schedule_kind = 'crontab', timezone = 'Nowhere/Atlantis'", "timezone"),
     "bad-grace": ("misfire_grace_seconds = -5", "misfire_grace_seconds:"),
@@ -65,24 +67,46 @@ def test_stale_saves_and_malformed_rows_never_wedge_or_double_the_beats(tmp_path
     run = E2ERun("postgresql", tmp_path)
     try:
         start = real_now() + timedelta(seconds=8)
-        edited = {"name": "edited-1s", "schedule_kind": "interval", "interval_every": 1,
-                  "interval_unit": "seconds"}
-        untouched = [{"name": f"untouched-{s}s", "schedule_kind": "interval",
-                      "interval_every": s, "interval_unit": "seconds"} for s in (1, 2, 3)]
-        bad = [{"name": name, "schedule_kind": "interval", "interval_every": 1,
-                "interval_unit": "seconds"} for name in _CORRUPTIONS]
+        edited = {
+            "name": "edited-1s",
+            "schedule_kind": "interval",
+            "interval_every": 1,
+            "interval_unit": "seconds",
+        }
+        untouched = [
+            {
+                "name": f"untouched-{s}s",
+                "schedule_kind": "interval",
+                "interval_every": s,
+                "interval_unit": "seconds",
+            }
+            for s in (1, 2, 3)
+        ]
+        bad = [
+            {
+                "name": name,
+                "schedule_kind": "interval",
+                "interval_every": 1,
+                "interval_unit": "seconds",
+            }
+            for name in _CORRUPTIONS
+        ]
         run.seed([edited, *untouched, *bad], start)
         run.start_recorder()
         for _ in range(3):
             run.start_beat(0.0)
         _sleep_until(start + timedelta(seconds=3))
         saved: dict[str, Any] = {}
-        saver = threading.Thread(target=lambda: saved.update(run.tool(
-            "stale_saves", {"name": "edited-1s", "seconds": 30, "pause": 0.4})))
+        saver = threading.Thread(
+            target=lambda: saved.update(
+                run.tool("stale_saves", {"name": "edited-1s", "seconds": 30, "pause": 0.4})
+            )
+        )
         saver.start()
         time.sleep(2)
-        run.tool("corrupt", [{"name": name, "set": change}
-                             for name, (change, _) in _CORRUPTIONS.items()])
+        run.tool(
+            "corrupt", [{"name": name, "set": change} for name, (change, _) in _CORRUPTIONS.items()]
+        )
         saver.join(timeout=90)
         end = real_now()
         time.sleep(2)
@@ -120,11 +144,24 @@ def test_a_beat_frozen_before_publishing_past_dead_after_publishes_nothing_twice
     flag = tmp_path / "pause-now"
     try:
         start = real_now() + timedelta(seconds=8)
-        run.seed([{"name": f"plain-{i}", "schedule_kind": "interval", "interval_every": 1,
-                   "interval_unit": "seconds"} for i in range(5)], start)
+        run.seed(
+            [
+                {
+                    "name": f"plain-{i}",
+                    "schedule_kind": "interval",
+                    "interval_every": 1,
+                    "interval_unit": "seconds",
+                }
+                for i in range(5)
+            ],
+            start,
+        )
         run.start_recorder()
-        frozen = run.start_beat(0.0, scheduler="tests.e2e.pausing:PausingScheduler",
-                                env={"DRIFTSAFE_E2E_PAUSE_FLAG": str(flag)})
+        frozen = run.start_beat(
+            0.0,
+            scheduler="tests.e2e.pausing:PausingScheduler",
+            env={"DRIFTSAFE_E2E_PAUSE_FLAG": str(flag)},
+        )
         run.start_beat(0.0)
         _sleep_until(start + timedelta(seconds=4))
         flag.touch()  # the frozen beat stops itself after its next claim, before publishing
@@ -139,8 +176,7 @@ def test_a_beat_frozen_before_publishing_past_dead_after_publishes_nothing_twice
         codes = run.stop()
         dump = run.tool("dump")
         reports = analyse(dump, run.received, start=start, until=end - timedelta(seconds=1.5))
-        print(f"\nbeat 0 frozen for {2 * dead_after + 2:.0f} s before publishing\n"
-              f"{table(reports)}")
+        print(f"\nbeat 0 frozen for {2 * dead_after + 2:.0f} s before publishing\n{table(reports)}")
         assert all(code == 0 for code in codes.values()), f"{codes}\n{run.logs()}"
         _exactly_once(run, reports, {f"plain-{i}" for i in range(5)})
         log = run.beats[0].log.read_text()
@@ -154,8 +190,18 @@ def test_a_beat_without_the_task_module_publishes_by_name(tmp_path: Path) -> Non
     run = E2ERun("postgresql", tmp_path)
     try:
         start = real_now() + timedelta(seconds=8)
-        run.seed([{"name": "work", "task": "e2e.slot_work", "schedule_kind": "interval",
-                   "interval_every": 1, "interval_unit": "seconds"}], start)
+        run.seed(
+            [
+                {
+                    "name": "work",
+                    "task": "e2e.slot_work",
+                    "schedule_kind": "interval",
+                    "interval_every": 1,
+                    "interval_unit": "seconds",
+                }
+            ],
+            start,
+        )
         run.start_worker("w1")
         run.start_beat(0.0, app="tests.e2e.slim_app")
         _sleep_until(start + timedelta(seconds=10))
@@ -163,8 +209,7 @@ def test_a_beat_without_the_task_module_publishes_by_name(tmp_path: Path) -> Non
         time.sleep(3)
         codes = run.stop()
         dump = run.tool("dump")
-        executed = [line.split() for line in
-                    (tmp_path / "executions.log").read_text().splitlines()]
+        executed = [line.split() for line in (tmp_path / "executions.log").read_text().splitlines()]
         slots = [slot for _, slot, _ in executed]
         due = [r["slot"] for r in dump["runs"] if r["slot"] <= end.isoformat()]
         print(f"\n{len(due)} slots due, {len(executed)} executions")

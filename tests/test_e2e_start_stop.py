@@ -73,9 +73,18 @@ def test_sigterm_at_any_moment_stops_cleanly(tmp_path: Path) -> None:
     run = E2ERun(BACKEND, tmp_path)
     outcomes: list[tuple[int, float, Beat, str]] = []
     try:
-        run.seed([{"name": f"every-1s-{i:02d}", "schedule_kind": "interval", "interval_every": 1,
-                   "interval_unit": "seconds"} for i in range(10)],
-                 real_now() + timedelta(seconds=2))
+        run.seed(
+            [
+                {
+                    "name": f"every-1s-{i:02d}",
+                    "schedule_kind": "interval",
+                    "interval_every": 1,
+                    "interval_unit": "seconds",
+                }
+                for i in range(10)
+            ],
+            real_now() + timedelta(seconds=2),
+        )
         for wave in range(0, BEATS, AT_ONCE):
             indexes = range(wave, min(wave + AT_ONCE, BEATS))
             # Every other beat's clock is skewed, as in the other end-to-end runs.
@@ -110,8 +119,11 @@ def test_sigterm_at_any_moment_stops_cleanly(tmp_path: Path) -> None:
             problems.append(f"{where}: traceback in its log")
         if problems and problems[-1].startswith(where):
             problems[-1] += "\n" + beat.log.read_text()[-2500:]
-    print(f"\n{len(outcomes)} beats, SIGTERM after " +
-          ", ".join(f"{delay:.2f}" for _, delay, _, _ in outcomes) + " s")
+    print(
+        f"\n{len(outcomes)} beats, SIGTERM after "
+        + ", ".join(f"{delay:.2f}" for _, delay, _, _ in outcomes)
+        + " s"
+    )
     assert not problems, "\n\n".join(problems)
 
 
@@ -119,10 +131,26 @@ def test_beat_with_use_tz_off_refuses_to_start_with_the_check_message(tmp_path: 
     run = E2ERun(BACKEND, tmp_path)
     try:
         beat = subprocess.run(
-            [sys.executable, "-m", "celery", "-A", "tests.e2e.celery_app", "beat", "-S",
-             SCHEDULER, "--loglevel", "INFO", "-s", str(tmp_path / "beat")],
-            cwd=ROOT, env={**run.env, "DRIFTSAFE_E2E_USE_TZ": "false"}, capture_output=True,
-            text=True, timeout=120, check=False,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tests.e2e.celery_app",
+                "beat",
+                "-S",
+                SCHEDULER,
+                "--loglevel",
+                "INFO",
+                "-s",
+                str(tmp_path / "beat"),
+            ],
+            cwd=ROOT,
+            env={**run.env, "DRIFTSAFE_E2E_USE_TZ": "false"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
         )
     finally:
         run.close()

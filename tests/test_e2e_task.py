@@ -35,14 +35,20 @@ def _wait(condition: Callable[[], Any], timeout: float, what: str, run: E2ERun) 
     raise AssertionError(f"timed out waiting for {what}\n{run.logs()}")
 
 
-def _publish(run: E2ERun, made: dict[str, Any], marker: str, seconds: float,
-             copies: int = 1) -> None:
+def _publish(
+    run: E2ERun, made: dict[str, Any], marker: str, seconds: float, copies: int = 1
+) -> None:
     app = run.publisher()
     headers = {"driftsafe_run_id": made["id"], "driftsafe_fencing_token": 0}
     with app.producer_or_acquire() as producer:
         for _ in range(copies):
-            app.send_task("e2e.work", args=[marker, seconds], task_id=made["celery_task_id"],
-                          headers=headers, producer=producer)
+            app.send_task(
+                "e2e.work",
+                args=[marker, seconds],
+                task_id=made["celery_task_id"],
+                headers=headers,
+                producer=producer,
+            )
     app.close()
 
 
@@ -114,8 +120,9 @@ def test_worker_killed_mid_run_is_retried_not_lost_not_doubled(tmp_path: Path) -
         # process, slow on a busy machine) and kill it mid-run, not after it ended.
         _publish(run, made, "killed", 8.0)
         _wait(lambda: _status(run, made)["status"] == "started", 20, "the run to start", run)
-        children = subprocess.run(["pgrep", "-P", str(worker.process.pid)], capture_output=True,
-                                  text=True, check=False).stdout.split()
+        children = subprocess.run(
+            ["pgrep", "-P", str(worker.process.pid)], capture_output=True, text=True, check=False
+        ).stdout.split()
         assert children, "prefork worker has no child process"
         for child in children:
             subprocess.run(["kill", "-KILL", child], check=False)
@@ -149,12 +156,28 @@ def test_real_beat_overlap_skip_and_a_retrying_scheduled_task(
     run = _results_run(tmp_path, monkeypatch, lease=5.0)
     try:
         start = real_now() + timedelta(seconds=6)
-        run.seed([{"name": "slow", "task": "e2e.work", "args": ["slow", 2.5],
-                   "schedule_kind": "interval", "interval_every": 1,
-                   "interval_unit": "seconds", "overlap_policy": "skip"},
-                  {"name": "retry-once", "task": "e2e.retry_once", "args": ["retry"],
-                   "schedule_kind": "interval", "interval_every": 3,
-                   "interval_unit": "seconds"}], start)
+        run.seed(
+            [
+                {
+                    "name": "slow",
+                    "task": "e2e.work",
+                    "args": ["slow", 2.5],
+                    "schedule_kind": "interval",
+                    "interval_every": 1,
+                    "interval_unit": "seconds",
+                    "overlap_policy": "skip",
+                },
+                {
+                    "name": "retry-once",
+                    "task": "e2e.retry_once",
+                    "args": ["retry"],
+                    "schedule_kind": "interval",
+                    "interval_every": 3,
+                    "interval_unit": "seconds",
+                },
+            ],
+            start,
+        )
         run.start_worker("w1")
         run.start_worker("w2")
         run.start_beat(0.0)
@@ -173,7 +196,8 @@ def test_real_beat_overlap_skip_and_a_retrying_scheduled_task(
         slow = [r for r in runs if r["task_id"] == ids["slow"]]
         ran = sorted(
             (datetime.fromisoformat(r["started"]), datetime.fromisoformat(r["finished"]))
-            for r in slow if r["status"] == "succeeded"
+            for r in slow
+            if r["status"] == "succeeded"
         )
         skipped = [r for r in slow if r["status"] == "skipped"]
         print(f"\n{len(ran)} runs executed, {len(skipped)} slots skipped")
@@ -186,12 +210,15 @@ def test_real_beat_overlap_skip_and_a_retrying_scheduled_task(
         # 2.5 s bodies would look seconds early.
         for (_, finished), (started, _) in itertools.pairwise(ran):
             assert started >= finished - timedelta(milliseconds=50), (
-                f"runs overlap: {started} < {finished}")
+                f"runs overlap: {started} < {finished}"
+            )
         assert len([e for e in executions if e["marker"] == "slow"]) == len(ran)
 
         retried = [r for r in runs if r["task_id"] == ids["retry-once"]]
-        print(f"retrying task: {len(retried)} slots: "
-              f"{[(r['slot'], r['status'], r['attempt_rows']) for r in retried]}")
+        print(
+            f"retrying task: {len(retried)} slots: "
+            f"{[(r['slot'], r['status'], r['attempt_rows']) for r in retried]}"
+        )
         assert len(retried) >= 3
         app = run.publisher()
         app.conf.result_backend = run.env["DRIFTSAFE_E2E_RESULTS"]
@@ -199,12 +226,14 @@ def test_real_beat_overlap_skip_and_a_retrying_scheduled_task(
             bodies = [e for e in executions if e["marker"] == "retry" and e["run"] == row["id"]]
             assert [e["retries"] for e in bodies] == [0, 1], f"slot {row['slot']}: {bodies}"
             assert {datetime.fromisoformat(e["slot"]) for e in bodies} == {
-                datetime.fromisoformat(row["slot"])}
+                datetime.fromisoformat(row["slot"])
+            }
             assert row["status"] == "succeeded", row
             assert row["attempt"] == 1
             assert row["attempt_rows"] == [[0, "retrying"], [1, "succeeded"]]
             assert app.AsyncResult(row["celery_task_id"]).get(timeout=5) == (
-                f"retry:{bodies[0]['slot']}:1")
+                f"retry:{bodies[0]['slot']}:1"
+            )
         assert len([e for e in executions if e["marker"] == "retry"]) == 2 * len(retried)
         app.close()
     finally:
@@ -221,16 +250,23 @@ def _results_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kwargs: Any)
     return E2ERun(BACKEND, tmp_path, **kwargs)
 
 
-def _send(run: E2ERun, made: dict[str, Any], task: str, args: list[Any],
-          **options: Any) -> Any:
+def _send(run: E2ERun, made: dict[str, Any], task: str, args: list[Any], **options: Any) -> Any:
     from celery import Celery
 
-    app = Celery("e2e-publisher", broker=run.env["DRIFTSAFE_E2E_BROKER"],
-                 backend=run.env["DRIFTSAFE_E2E_RESULTS"], set_as_current=False)
+    app = Celery(
+        "e2e-publisher",
+        broker=run.env["DRIFTSAFE_E2E_BROKER"],
+        backend=run.env["DRIFTSAFE_E2E_RESULTS"],
+        set_as_current=False,
+    )
     app.conf.task_default_queue = run.queue
-    app.send_task(task, args=args, task_id=made["celery_task_id"],
-                  headers={"driftsafe_run_id": made["id"], "driftsafe_fencing_token": 0},
-                  **options)
+    app.send_task(
+        task,
+        args=args,
+        task_id=made["celery_task_id"],
+        headers={"driftsafe_run_id": made["id"], "driftsafe_fencing_token": 0},
+        **options,
+    )
     return app
 
 
@@ -299,8 +335,9 @@ def test_lost_pool_process_without_reject_on_worker_lost_is_recorded_failed(
         # finds the body running (at 3 s it once ended first, under load).
         app = _send(run, made, "e2e.fragile", ["lost", 10.0])
         _wait(lambda: _status(run, made)["status"] == "started", 20, "the run to start", run)
-        children = subprocess.run(["pgrep", "-P", str(worker.process.pid)], capture_output=True,
-                                  text=True, check=False).stdout.split()
+        children = subprocess.run(
+            ["pgrep", "-P", str(worker.process.pid)], capture_output=True, text=True, check=False
+        ).stdout.split()
         assert children, "prefork worker has no child process"
         for child in children:
             subprocess.run(["kill", "-KILL", child], check=False)
@@ -312,7 +349,6 @@ def test_lost_pool_process_without_reject_on_worker_lost_is_recorded_failed(
         app.close()
     finally:
         run.close()
-
 
 
 @pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")

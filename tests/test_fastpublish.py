@@ -61,8 +61,12 @@ def make_app(queue: str) -> Iterator[Callable[..., Celery]]:
 
     def make(**conf: Any) -> Celery:
         app = Celery("driftsafe-fast", broker=BROKER_URL, set_as_current=False)
-        app.conf.update(task_default_queue=queue, broker_connection_retry_on_startup=False,
-                        worker_hijack_root_logger=False, **conf)
+        app.conf.update(
+            task_default_queue=queue,
+            broker_connection_retry_on_startup=False,
+            worker_hijack_root_logger=False,
+            **conf,
+        )
 
         @app.task(name="fast.add", shared=False)
         def add(x: int, y: int) -> int:
@@ -72,8 +76,14 @@ def make_app(queue: str) -> Iterator[Callable[..., Celery]]:
         def safe(x: int, y: int) -> int:
             return x + y
 
-        @app.task(name="fast.limited", shared=False, time_limit=30, soft_time_limit=20,
-                  ignore_result=True, serializer="pickle")
+        @app.task(
+            name="fast.limited",
+            shared=False,
+            time_limit=30,
+            soft_time_limit=20,
+            ignore_result=True,
+            serializer="pickle",
+        )
         def limited(x: int, y: int) -> int:
             return x + y
 
@@ -105,8 +115,12 @@ def comparable(key: str, envelope: dict[str, Any]) -> dict[str, Any]:
     properties.pop("delivery_tag")
     if "expiration" in properties:
         properties["expiration"] = "set"
-    return {**envelope, "properties": properties, "body": base64.b64decode(envelope["body"]),
-            "list": key}
+    return {
+        **envelope,
+        "properties": properties,
+        "body": base64.b64decode(envelope["body"]),
+        "list": key,
+    }
 
 
 def same_expiry(fast: dict[str, Any], celery: dict[str, Any]) -> bool:
@@ -118,8 +132,9 @@ def same_expiry(fast: dict[str, Any], celery: dict[str, Any]) -> bool:
     return abs(int(ttls[0]) - int(ttls[1])) < 2000
 
 
-def both_ways(app: Celery, settings: Any, runs: list[ClaimedRun], queue: str,
-              clock: FakeClock) -> tuple[list[Any], list[Any], Dispatcher]:
+def both_ways(
+    app: Celery, settings: Any, runs: list[ClaimedRun], queue: str, clock: FakeClock
+) -> tuple[list[Any], list[Any], Dispatcher]:
     """Publish ``runs`` with Celery's ``apply_async``, then (their claims restored) with the
     fast path; the raw envelopes of each."""
     settings.DRIFTSAFE = {**settings.DRIFTSAFE, "FAST_PUBLISH": False}
@@ -128,7 +143,8 @@ def both_ways(app: Celery, settings: Any, runs: list[ClaimedRun], queue: str,
     assert slow.fast.declined == len(runs)
     celery_sent = raw_messages(queue)
     Run.objects.filter(pk__in=[r.run_id for r in runs]).update(
-        status=RunStatus.CLAIMED, dispatched_at=None)
+        status=RunStatus.CLAIMED, dispatched_at=None
+    )
     settings.DRIFTSAFE = {**settings.DRIFTSAFE, "FAST_PUBLISH": True}
     fast = Dispatcher(app, clock)
     assert len(fast.dispatch(runs).published) == len(runs)
@@ -136,8 +152,9 @@ def both_ways(app: Celery, settings: Any, runs: list[ClaimedRun], queue: str,
     return celery_sent, fast_sent, fast
 
 
-def route_by_first_argument(name: str, args: Any, kwargs: Any, options: Any, task: Any = None,
-                            **kw: Any) -> dict[str, Any] | None:
+def route_by_first_argument(
+    name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any
+) -> dict[str, Any] | None:
     """A router that looks at the arguments: each task's message is routed on its own."""
     if args and args[0] == 40:
         return {"priority": 4}
@@ -147,8 +164,13 @@ def route_by_first_argument(name: str, args: Any, kwargs: Any, options: Any, tas
 def claim(**task_fields: Any) -> list[ClaimedRun]:
     nodes.register("n1", T0)
     interval_task("t1", 60, anchor=T0, next_slot_at=T0, **task_fields)
-    interval_task("t2", 60, anchor=T0, next_slot_at=T0,
-                  **{**task_fields, "args": [40, 2] if task_fields.get("args") != [] else []})
+    interval_task(
+        "t2",
+        60,
+        anchor=T0,
+        next_slot_at=T0,
+        **{**task_fields, "args": [40, 2] if task_fields.get("args") != [] else []},
+    )
     runs = claimer_for().claim(T0, "n1").runs
     assert len(runs) == 2
     return runs
@@ -160,17 +182,32 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "DriftSafeTask": ({}, {"task": "fast.safe"}),
     "name only (send_task)": ({}, {"task": "elsewhere.task", "kwargs": {"a": [1, "é"]}}),
     "task's own options": ({}, {"task": "fast.limited"}),
-    "queue, priority, headers": ({}, {"task": "fast.add", "queue": "{queue}-other",
-                                      "priority": 7, "headers": {"tenant": "a", "n": 1}}),
-    "task_routes": ({"task_routes": {"fast.add": {"queue": "{queue}-routed",
-                                                  "priority": 2}}}, {"task": "fast.add"}),
-    "pickle": ({"task_serializer": "pickle", "accept_content": ["pickle", "json"]},
-               {"task": "fast.add"}),
-    "pickle, no arguments": ({"task_serializer": "pickle", "accept_content": ["pickle"]},
-                             {"task": "elsewhere.task", "args": [], "kwargs": {}}),
+    "queue, priority, headers": (
+        {},
+        {
+            "task": "fast.add",
+            "queue": "{queue}-other",
+            "priority": 7,
+            "headers": {"tenant": "a", "n": 1},
+        },
+    ),
+    "task_routes": (
+        {"task_routes": {"fast.add": {"queue": "{queue}-routed", "priority": 2}}},
+        {"task": "fast.add"},
+    ),
+    "pickle": (
+        {"task_serializer": "pickle", "accept_content": ["pickle", "json"]},
+        {"task": "fast.add"},
+    ),
+    "pickle, no arguments": (
+        {"task_serializer": "pickle", "accept_content": ["pickle"]},
+        {"task": "elsewhere.task", "args": [], "kwargs": {}},
+    ),
     "gzip": ({"task_compression": "gzip"}, {"task": "fast.add"}),
-    "a router function": ({"task_routes": [
-        "tests.test_fastpublish.route_by_first_argument"]}, {"task": "fast.add"}),
+    "a router function": (
+        {"task_routes": ["tests.test_fastpublish.route_by_first_argument"]},
+        {"task": "fast.add"},
+    ),
     "no expiry": ({}, {"task": "fast.add", "expires_seconds": None, "__no_expiry": True}),
 }
 
@@ -219,18 +256,22 @@ def test_a_named_exchange_and_routing_key(
     """A task routed by exchange and routing key (no queue): the message goes through the
     exchange's binding, both ways."""
     app = make_app()
-    bound = Queue(f"{queue}-bound", Exchange(f"{queue}-ex", type="direct"),
-                  routing_key=f"{queue}-rk")
+    bound = Queue(
+        f"{queue}-bound", Exchange(f"{queue}-ex", type="direct"), routing_key=f"{queue}-rk"
+    )
     with app.connection_for_write() as connection:
         bound(connection.default_channel).declare()
     runs = claim(task="fast.add", exchange=f"{queue}-ex", routing_key=f"{queue}-rk")
-    celery_sent, fast_sent, dispatcher = both_ways(app, settings, runs, f"{queue}-bound",
-                                                   FakeClock(T0))
+    celery_sent, fast_sent, dispatcher = both_ways(
+        app, settings, runs, f"{queue}-bound", FakeClock(T0)
+    )
     assert dispatcher.fast.published == 2
     assert [comparable(*m) for m in fast_sent] == [comparable(*m) for m in celery_sent]
     assert all(same_expiry(f[1], c[1]) for f, c in zip(fast_sent, celery_sent, strict=True))
     assert fast_sent[0][1]["properties"]["delivery_info"] == {
-        "exchange": f"{queue}-ex", "routing_key": f"{queue}-rk"}
+        "exchange": f"{queue}-ex",
+        "routing_key": f"{queue}-rk",
+    }
 
 
 def test_each_slot_gets_its_own_ids_and_an_edited_task_a_new_message(
@@ -251,7 +292,9 @@ def test_each_slot_gets_its_own_ids_and_an_edited_task_a_new_message(
     assert [m["properties"]["correlation_id"] for m in sent] == [r.celery_task_id for r in runs]
     assert [m["headers"]["root_id"] for m in sent] == [r.celery_task_id for r in runs]
     assert [m["headers"]["driftsafe_slot"] for m in sent] == [
-        T0.isoformat(), (T0 + timedelta(seconds=60)).isoformat()]
+        T0.isoformat(),
+        (T0 + timedelta(seconds=60)).isoformat(),
+    ]
     assert [json.loads(base64.b64decode(m["body"]))[0] for m in sent] == [[1, 2], [5, 5]]
     assert [m["headers"]["argsrepr"] for m in sent] == ["[1, 2]", "[5, 5]"]
 
@@ -312,7 +355,8 @@ def test_arguments_that_do_not_fit_the_task_fail_as_before(
 
 @pytest.mark.timeout(120)
 @pytest.mark.filterwarnings(
-    "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning")
+    "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"
+)
 def test_a_worker_executes_fast_path_messages(
     make_app: Callable[..., Celery], queue: str, settings: Any
 ) -> None:
@@ -340,17 +384,24 @@ def test_a_worker_executes_fast_path_messages(
 
     nodes.register("n1", T0)
     interval_task("plain", 60, anchor=T0, next_slot_at=T0, task="fast.record", args=[1, 2])
-    interval_task("safe", 60, anchor=T0, next_slot_at=T0, task="fast.record_safe",
-                  args=[20, 3])
+    interval_task("safe", 60, anchor=T0, next_slot_at=T0, task="fast.record_safe", args=[20, 3])
     dispatcher = Dispatcher(app, FakeClock(T0))
     dispatcher.dispatch(claimer_for().claim(T0, "n1").runs)
     assert dispatcher.fast.published == 2
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
-                      loglevel="WARNING", shutdown_timeout=30):
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=2,
+        perform_ping_check=False,
+        loglevel="WARNING",
+        shutdown_timeout=30,
+    ):
         assert finished.wait(60), done
         deadline = time.monotonic() + 30
-        while Run.objects.filter(task_name="fast.record_safe",
-                                 status=RunStatus.SUCCEEDED).count() != 1:
+        while (
+            Run.objects.filter(task_name="fast.record_safe", status=RunStatus.SUCCEEDED).count()
+            != 1
+        ):
             assert time.monotonic() < deadline, list(Run.objects.values("task_name", "status"))
             time.sleep(0.05)
     assert sorted(done) == [("record", 3), ("safe", 23)]
@@ -358,27 +409,32 @@ def test_a_worker_executes_fast_path_messages(
 
 # -- the arguments' display forms --------------------------------------------------------------
 
-_scalars = (st.integers() | st.floats(allow_nan=False) | st.booleans() | st.none()
-            | st.text(max_size=40))
+_scalars = (
+    st.integers() | st.floats(allow_nan=False) | st.booleans() | st.none() | st.text(max_size=40)
+)
 
 
 def _nested(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
-    return _scalars | st.lists(inner, max_size=4) | st.dictionaries(
-        st.text(max_size=8) | st.integers(), inner, max_size=4)
+    return (
+        _scalars
+        | st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(max_size=8) | st.integers(), inner, max_size=4)
+    )
 
 
 _values = _nested(_nested(_scalars))  # containers two deep inside the arguments' own
 
 
-@given(value=st.lists(_values, max_size=4) | st.dictionaries(st.text(max_size=8), _values,
-                                                               max_size=4),
-       maxsize=st.sampled_from([1024, 60, 8]), maxlevels=st.sampled_from([3, 2, 5]))
+@given(
+    value=st.lists(_values, max_size=4) | st.dictionaries(st.text(max_size=8), _values, max_size=4),
+    maxsize=st.sampled_from([1024, 60, 8]),
+    maxlevels=st.sampled_from([3, 2, 5]),
+)
 @examples(max_examples=400, deadline=None)
 def test_display_forms_are_celerys(value: Any, maxsize: int, maxlevels: int) -> None:
     """``argsrepr``/``kwargsrepr`` as Celery's ``saferepr`` writes them, for any arguments
     (the shortcut through ``repr`` applies to plain ones only)."""
-    assert display_form(value, maxsize, maxlevels) == saferepr(value, maxsize,
-                                                                maxlevels=maxlevels)
+    assert display_form(value, maxsize, maxlevels) == saferepr(value, maxsize, maxlevels=maxlevels)
 
 
 def test_display_forms_of_plain_and_other_arguments() -> None:
@@ -389,7 +445,9 @@ def test_display_forms_of_plain_and_other_arguments() -> None:
 
 
 def test_more_tasks_than_the_template_bound_still_get_their_own_messages(
-    make_app: Callable[..., Celery], queue: str, settings: Any,
+    make_app: Callable[..., Celery],
+    queue: str,
+    settings: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from celery_driftsafe import fastpublish
@@ -405,9 +463,11 @@ def test_more_tasks_than_the_template_bound_still_get_their_own_messages(
     sent = [m for _, m in raw_messages(queue)]
     assert dispatcher.fast.published == 15 and len(dispatcher.fast._templates) <= 2
     assert sorted(json.loads(base64.b64decode(m["body"]))[0][0] for m in sent) == sorted(
-        list(range(5)) * 3)
-    assert all(m["headers"]["argsrepr"] == repr(json.loads(base64.b64decode(m["body"]))[0])
-               for m in sent)
+        list(range(5)) * 3
+    )
+    assert all(
+        m["headers"]["argsrepr"] == repr(json.loads(base64.b64decode(m["body"]))[0]) for m in sent
+    )
 
 
 AMQP_URL = os.environ.get("DRIFTSAFE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
@@ -420,9 +480,12 @@ def test_on_rabbitmq_with_publisher_confirms_the_message_is_celerys_too(
     and body, both ways."""
     app = Celery("driftsafe-fast-amqp", broker=AMQP_URL, set_as_current=False)
     name = f"fast-amqp-{uuid.uuid4().hex[:8]}"
-    app.conf.update(broker_transport_options={"confirm_publish": True},
-                    broker_connection_retry_on_startup=False, task_default_queue=name,
-                    task_queues=[Queue(name, queue_arguments={"x-max-priority": 9})])
+    app.conf.update(
+        broker_transport_options={"confirm_publish": True},
+        broker_connection_retry_on_startup=False,
+        task_default_queue=name,
+        task_queues=[Queue(name, queue_arguments={"x-max-priority": 9})],
+    )
     runs = claim(task="elsewhere.task", priority=5, headers={"tenant": "b"})
 
     def received() -> list[dict[str, Any]]:
@@ -432,11 +495,18 @@ def test_on_rabbitmq_with_publisher_confirms_the_message_is_celerys_too(
             while (message := queue.get(no_ack=True)) is not None:
                 properties = dict(message.properties)
                 ttl = properties.pop("expiration", None)
-                out.append({"headers": message.headers, "properties": properties,
-                            "body": message.body, "content_type": message.content_type,
-                            "delivery_info": {k: message.delivery_info.get(k) for k in
-                                              ("exchange", "routing_key")},
-                            "ttl_ms": int(ttl) if ttl else None})
+                out.append(
+                    {
+                        "headers": message.headers,
+                        "properties": properties,
+                        "body": message.body,
+                        "content_type": message.content_type,
+                        "delivery_info": {
+                            k: message.delivery_info.get(k) for k in ("exchange", "routing_key")
+                        },
+                        "ttl_ms": int(ttl) if ttl else None,
+                    }
+                )
         return out
 
     try:

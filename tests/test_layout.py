@@ -91,7 +91,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                cycles.append([*stack[stack.index(nxt):], nxt])
+                cycles.append([*stack[stack.index(nxt) :], nxt])
             elif nxt not in state:
                 visit(nxt)
         stack.pop()
@@ -138,7 +138,10 @@ def test_every_module_imports_in_a_fresh_interpreter() -> None:
         "print('\\n'.join(failed)); sys.exit(1 if failed else 0)\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code, *_modules()], capture_output=True, text=True, check=False,
+        [sys.executable, "-c", code, *_modules()],
+        capture_output=True,
+        text=True,
+        check=False,
         cwd=PACKAGE.parent,
     )
     assert result.returncode == 0, result.stdout + result.stderr

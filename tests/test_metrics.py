@@ -59,7 +59,8 @@ def parse(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text) for sample in family.samples
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
     }
 
 
@@ -68,8 +69,9 @@ def value(samples: dict[Any, float], name: str, **labels: str) -> float:
 
 
 def metrics_on(**extra: Any) -> Any:
-    return override_settings(DRIFTSAFE={**settings.DRIFTSAFE, "METRICS_ADDRESS": "127.0.0.1",
-                                        **extra})
+    return override_settings(
+        DRIFTSAFE={**settings.DRIFTSAFE, "METRICS_ADDRESS": "127.0.0.1", **extra}
+    )
 
 
 # -- beats -------------------------------------------------------------------------------------
@@ -80,8 +82,9 @@ def test_claim_rounds_move_the_beat_figures_served_on_the_metrics_port(
     broker_app: Any, clock: FakeClock
 ) -> None:
     with metrics_on(METRICS_PORT=0, HEARTBEAT_INTERVAL_SECONDS=5.0):
-        sched = DriftSafeScheduler(app=broker_app, clock=clock, authority=clock,
-                                   install_signal_handlers=False)
+        sched = DriftSafeScheduler(
+            app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
+        )
         try:
             server = metrics.node_server(sched.node_id)  # serving since it registered
             assert server is not None and server.port > 0
@@ -89,14 +92,20 @@ def test_claim_rounds_move_the_beat_figures_served_on_the_metrics_port(
             # one task due now, one a quarter of an hour behind with a 5 s grace: it fires
             # its latest slot (now as well) and records the slots it missed (fire_once)
             interval_task("m-now", 10, anchor=T0, next_slot_at=T0)
-            interval_task("m-behind", 60, anchor=T0 - 15 * 60 * S,
-                          next_slot_at=T0 - 15 * 60 * S, misfire_grace_seconds=5.0)
+            interval_task(
+                "m-behind",
+                60,
+                anchor=T0 - 15 * 60 * S,
+                next_slot_at=T0 - 15 * 60 * S,
+                misfire_grace_seconds=5.0,
+            )
             clock.advance(0.25)
             sched.run_round()  # the heartbeat comes first: both tasks due, one node alive
             first = scrape(server.port)
             fired = list(Run.objects.filter(status=RunStatus.DISPATCHED))
-            missed = Run.objects.filter(status=RunStatus.MISSED).aggregate(
-                n=Sum("missed_count"))["n"]
+            missed = Run.objects.filter(status=RunStatus.MISSED).aggregate(n=Sum("missed_count"))[
+                "n"
+            ]
             assert len(fired) == 2 and missed and missed > 0
             assert len(drain()) == 2
 
@@ -109,8 +118,11 @@ def test_claim_rounds_move_the_beat_figures_served_on_the_metrics_port(
             assert delta("driftsafe_beat_slots_failed_total") == 0
             assert delta("driftsafe_beat_round_duration_seconds_count") == 1
             assert delta("driftsafe_beat_dispatch_lateness_seconds_count") == 2
-            lateness = sorted((r.dispatched_at - r.slot).total_seconds() for r in fired
-                              if r.dispatched_at and r.slot)
+            lateness = sorted(
+                (r.dispatched_at - r.slot).total_seconds()
+                for r in fired
+                if r.dispatched_at and r.slot
+            )
             assert lateness == pytest.approx([0.25, 0.25])
             assert delta("driftsafe_beat_dispatch_lateness_seconds_sum") == pytest.approx(0.5)
             # both fired 0.25 s late: in the 0.25 bucket (le is inclusive), not the 0.1 one
@@ -120,7 +132,8 @@ def test_claim_rounds_move_the_beat_figures_served_on_the_metrics_port(
             assert value(first, "driftsafe_beat_nodes_alive") == 1
             assert value(first, "driftsafe_beat_claiming_paused") == 0
             assert value(first, "driftsafe_beat_last_round_timestamp_seconds") == (
-                (T0 + S / 4).timestamp())
+                (T0 + S / 4).timestamp()
+            )
 
             # five seconds on: nothing is due, the heartbeat sees no backlog, nothing fires
             clock.advance(5)
@@ -128,15 +141,22 @@ def test_claim_rounds_move_the_beat_figures_served_on_the_metrics_port(
             second = scrape(server.port)
             assert value(second, "driftsafe_beat_backlog_slots") == 0
             assert value(second, "driftsafe_beat_slots_claimed_total") == value(
-                first, "driftsafe_beat_slots_claimed_total")
-            assert value(second, "driftsafe_beat_round_duration_seconds_count") - value(
-                first, "driftsafe_beat_round_duration_seconds_count") == 1
+                first, "driftsafe_beat_slots_claimed_total"
+            )
+            assert (
+                value(second, "driftsafe_beat_round_duration_seconds_count")
+                - value(first, "driftsafe_beat_round_duration_seconds_count")
+                == 1
+            )
             # five more: m-now's next slot fires
             clock.advance(5)
             sched.run_round()
             third = scrape(server.port)
-            assert value(third, "driftsafe_beat_slots_claimed_total") - value(
-                second, "driftsafe_beat_slots_claimed_total") == 1
+            assert (
+                value(third, "driftsafe_beat_slots_claimed_total")
+                - value(second, "driftsafe_beat_slots_claimed_total")
+                == 1
+            )
             assert len(drain()) == 1
             port = server.port
         finally:
@@ -179,8 +199,14 @@ def test_with_metrics_off_prometheus_client_is_never_imported() -> None:
         "metrics.execution('t', 'succeeded')\n"
         "print('prometheus_client' in sys.modules)\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          cwd=test_settings.BASE_DIR.parent, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=test_settings.BASE_DIR.parent,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
 
@@ -206,8 +232,12 @@ def test_a_prefork_worker_without_multiprocess_dir_is_warned(
         try:
             server = metrics._worker_server
             assert server is not None
-            assert "driftsafe_worker_executions" in urllib.request.urlopen(
-                f"http://127.0.0.1:{server.port}/metrics", timeout=10).read().decode()
+            assert (
+                "driftsafe_worker_executions"
+                in urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10)
+                .read()
+                .decode()
+            )
         finally:
             metrics.on_worker_shutdown()
     assert metrics._worker_server is None
@@ -222,12 +252,15 @@ def test_a_prefork_worker_without_multiprocess_dir_is_warned(
 # -- settings and the missing extra ------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("key", "bad", "check_id"), [
-    ("METRICS_PORT", "9808", "celery_driftsafe.E020"),
-    ("METRICS_PORT", 70000, "celery_driftsafe.E020"),
-    ("WORKER_METRICS_PORT", True, "celery_driftsafe.E020"),
-    ("METRICS_ADDRESS", "", "celery_driftsafe.E022"),
-])
+@pytest.mark.parametrize(
+    ("key", "bad", "check_id"),
+    [
+        ("METRICS_PORT", "9808", "celery_driftsafe.E020"),
+        ("METRICS_PORT", 70000, "celery_driftsafe.E020"),
+        ("WORKER_METRICS_PORT", True, "celery_driftsafe.E020"),
+        ("METRICS_ADDRESS", "", "celery_driftsafe.E022"),
+    ],
+)
 def test_bad_metrics_settings_get_stable_ids(key: str, bad: Any, check_id: str) -> None:
     with override_settings(DRIFTSAFE={key: bad}):
         found = [m for m in checks.check_settings() if m.id == check_id]
@@ -257,28 +290,51 @@ def test_metrics_switched_on_without_prometheus_client_name_the_extra(
 @pytest.mark.django_db
 def test_metrics_view_serves_backlog_nodes_last_slots_and_runs_by_status(client: Any) -> None:
     now = changes.authority_now()
-    for host, age, offset in (("beat-a", 1.0, 0.004), ("beat-b", 2.0, -0.71),
-                              ("beat-c", 600.0, 0.002)):
+    for host, age, offset in (
+        ("beat-a", 1.0, 0.004),
+        ("beat-b", 2.0, -0.71),
+        ("beat-c", 600.0, 0.002),
+    ):
         BeatNode.objects.create(
-            node_id=f"{host}:1:x", hostname=host, pid=1, started_at=now - timedelta(hours=1),
-            last_heartbeat_at=now - timedelta(seconds=age), clock_offset_seconds=offset,
+            node_id=f"{host}:1:x",
+            hostname=host,
+            pid=1,
+            started_at=now - timedelta(hours=1),
+            last_heartbeat_at=now - timedelta(seconds=age),
+            clock_offset_seconds=offset,
         )
-    BeatNode.objects.create(node_id="old:1:x", hostname="old", pid=1,
-                            started_at=now - timedelta(days=2),
-                            last_heartbeat_at=now - timedelta(days=1),
-                            stopped_at=now - timedelta(days=1))
-    due = interval_task("due", 60, anchor=now - timedelta(hours=1),
-                        next_slot_at=now - timedelta(seconds=90))
+    BeatNode.objects.create(
+        node_id="old:1:x",
+        hostname="old",
+        pid=1,
+        started_at=now - timedelta(days=2),
+        last_heartbeat_at=now - timedelta(days=1),
+        stopped_at=now - timedelta(days=1),
+    )
+    due = interval_task(
+        "due", 60, anchor=now - timedelta(hours=1), next_slot_at=now - timedelta(seconds=90)
+    )
     interval_task("later", 60, anchor=now, next_slot_at=now + timedelta(minutes=5))
     fired = now - timedelta(minutes=2)
     PeriodicTask.objects.filter(pk=due.pk).update(last_slot_at=fired)
-    for status, minutes in ((RunStatus.SUCCEEDED, 2), (RunStatus.SUCCEEDED, 3),
-                            (RunStatus.FAILED, 4), (RunStatus.DISPATCHED, 1),
-                            (RunStatus.SUCCEEDED, 30)):  # the last: older than 5 minutes
+    for status, minutes in (
+        (RunStatus.SUCCEEDED, 2),
+        (RunStatus.SUCCEEDED, 3),
+        (RunStatus.FAILED, 4),
+        (RunStatus.DISPATCHED, 1),
+        (RunStatus.SUCCEEDED, 30),
+    ):  # the last: older than 5 minutes
         slot = now - timedelta(minutes=minutes)
-        Run.objects.create(periodic_task=due, task_name=due.task, kind=RunKind.SCHEDULED,
-                           slot=slot, status=status, claimed_by="beat-a:1:x",
-                           claimed_at=slot, celery_task_id=str(uuid.uuid4()))
+        Run.objects.create(
+            periodic_task=due,
+            task_name=due.task,
+            kind=RunKind.SCHEDULED,
+            slot=slot,
+            status=status,
+            claimed_by="beat-a:1:x",
+            claimed_at=slot,
+            celery_task_id=str(uuid.uuid4()),
+        )
 
     response = client.get("/driftsafe/metrics")
     assert response.status_code == 200
@@ -290,12 +346,15 @@ def test_metrics_view_serves_backlog_nodes_last_slots_and_runs_by_status(client:
     assert value(got, "driftsafe_node_up", node="beat-a:1:x", hostname="beat-a") == 1
     assert value(got, "driftsafe_node_up", node="beat-c:1:x", hostname="beat-c") == 0
     assert ("driftsafe_node_up", (("hostname", "old"), ("node", "old:1:x"))) not in got
-    assert value(got, "driftsafe_node_clock_offset_seconds", node="beat-b:1:x",
-                 hostname="beat-b") == pytest.approx(-0.71)
-    assert value(got, "driftsafe_node_heartbeat_age_seconds", node="beat-c:1:x",
-                 hostname="beat-c") == pytest.approx(600, abs=30)
+    assert value(
+        got, "driftsafe_node_clock_offset_seconds", node="beat-b:1:x", hostname="beat-b"
+    ) == pytest.approx(-0.71)
+    assert value(
+        got, "driftsafe_node_heartbeat_age_seconds", node="beat-c:1:x", hostname="beat-c"
+    ) == pytest.approx(600, abs=30)
     assert value(got, "driftsafe_task_last_slot_timestamp_seconds", task="due") == (
-        fired.timestamp())
+        fired.timestamp()
+    )
     assert value(got, "driftsafe_runs_recent", status="succeeded") == 2
     assert value(got, "driftsafe_runs_recent", status="failed") == 1
     assert value(got, "driftsafe_runs_recent", status="missed") == 0
@@ -330,8 +389,12 @@ def worker_env(redis_client: Any) -> Iterator[tuple[Celery, str]]:
     task_postrun.connect(close_connections, weak=False, dispatch_uid="metrics-close")
     queue = f"metrics-{uuid.uuid4().hex[:8]}"
     app = Celery("driftsafe-metrics", broker=BROKER_URL, set_as_current=False)
-    app.conf.update(task_default_queue=queue, broker_connection_retry_on_startup=False,
-                    worker_hijack_root_logger=False, task_ignore_result=True)
+    app.conf.update(
+        task_default_queue=queue,
+        broker_connection_retry_on_startup=False,
+        worker_hijack_root_logger=False,
+        task_ignore_result=True,
+    )
 
     @app.task(name="metrics.ok", base=DriftSafeTask, shared=False)
     def ok(x: int) -> int:
@@ -348,9 +411,16 @@ def worker_env(redis_client: Any) -> Iterator[tuple[Celery, str]]:
         assert headers is not None
         Run.objects.filter(pk=headers.run_id).update(fencing_token=F("fencing_token") + 1000)
 
-    with metrics_on(WORKER_METRICS_PORT=0), start_worker(
-        app, pool="threads", concurrency=2, perform_ping_check=False, loglevel="WARNING",
-        shutdown_timeout=30,
+    with (
+        metrics_on(WORKER_METRICS_PORT=0),
+        start_worker(
+            app,
+            pool="threads",
+            concurrency=2,
+            perform_ping_check=False,
+            loglevel="WARNING",
+            shutdown_timeout=30,
+        ),
     ):
         yield app, queue
     # The test worker's thread ends without WorkController.stop(), which sends worker_shutdown
@@ -365,26 +435,40 @@ def worker_env(redis_client: Any) -> Iterator[tuple[Celery, str]]:
 
 
 def _publish(app: Celery, queue: str, run: Run, args: list[Any]) -> None:
-    headers = {"driftsafe_run_id": run.pk, "driftsafe_fencing_token": 0,
-               "driftsafe_periodic_task_id": run.periodic_task_id}
-    app.send_task(run.task_name, args=args, task_id=run.celery_task_id, headers=headers,
-                  queue=queue)
+    headers = {
+        "driftsafe_run_id": run.pk,
+        "driftsafe_fencing_token": 0,
+        "driftsafe_periodic_task_id": run.periodic_task_id,
+    }
+    app.send_task(
+        run.task_name, args=args, task_id=run.celery_task_id, headers=headers, queue=queue
+    )
 
 
 def _new_run(name: str) -> Run:
-    return Run.objects.create(task_name=name, kind=RunKind.MANUAL, status=RunStatus.DISPATCHED,
-                              claimed_by="admin:tester", celery_task_id=str(uuid.uuid4()))
+    return Run.objects.create(
+        task_name=name,
+        kind=RunKind.MANUAL,
+        status=RunStatus.DISPATCHED,
+        claimed_by="admin:tester",
+        celery_task_id=str(uuid.uuid4()),
+    )
 
 
 def _ended(run: Run) -> Run:
-    return _wait(lambda: Run.objects.filter(
-        pk=run.pk, status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED]).first(), f"run {run.pk}")
+    return _wait(
+        lambda: Run.objects.filter(
+            pk=run.pk, status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED]
+        ).first(),
+        f"run {run.pk}",
+    )
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(120)
 @pytest.mark.filterwarnings(
-    "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning")
+    "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"
+)
 def test_worker_figures_move_as_runs_execute(worker_env: tuple[Celery, str]) -> None:
     app, queue = worker_env
     server = metrics._worker_server
@@ -405,29 +489,40 @@ def test_worker_figures_move_as_runs_execute(worker_env: tuple[Celery, str]) -> 
 
     # the same message again: a duplicate of a finished run, dropped and counted
     _publish(app, queue, good, [1])
-    _wait(lambda: moved("driftsafe_worker_duplicates_suppressed_total",
-                        task="metrics.ok") == 1, "the duplicate")
+    _wait(
+        lambda: moved("driftsafe_worker_duplicates_suppressed_total", task="metrics.ok") == 1,
+        "the duplicate",
+    )
     assert moved(executions, task="metrics.ok", outcome="succeeded") == 1
 
     # taken over mid-body: the outcome is refused by the fencing token, and counted
     fenced = _new_run("metrics.taken_over")
     _publish(app, queue, fenced, [])
-    _wait(lambda: moved("driftsafe_worker_fenced_out_total", task="metrics.taken_over") == 1,
-          "the fenced-out outcome")
+    _wait(
+        lambda: moved("driftsafe_worker_fenced_out_total", task="metrics.taken_over") == 1,
+        "the fenced-out outcome",
+    )
     assert Run.objects.get(pk=fenced.pk).status == RunStatus.STARTED  # not overwritten
     assert moved("driftsafe_worker_lock_errors_total", task="metrics.ok") == 0
 
     # the lock backend unreachable (fail_open: the database alone decides): a lock error
     # (the database as the time authority: the Redis one is unreachable too)
-    unreachable = {**settings.DRIFTSAFE, "METRICS_ADDRESS": "127.0.0.1",
-                   "WORKER_METRICS_PORT": 0, "REDIS_URL": "redis://127.0.0.1:1/0",
-                   "REDIS_UNAVAILABLE": "fail_open", "TIME_AUTHORITY": "database"}
+    unreachable = {
+        **settings.DRIFTSAFE,
+        "METRICS_ADDRESS": "127.0.0.1",
+        "WORKER_METRICS_PORT": 0,
+        "REDIS_URL": "redis://127.0.0.1:1/0",
+        "REDIS_UNAVAILABLE": "fail_open",
+        "TIME_AUTHORITY": "database",
+    }
     with override_settings(DRIFTSAFE=unreachable):
         lonely = _new_run("metrics.ok")
         _publish(app, queue, lonely, [2])
         assert _ended(lonely).status == RunStatus.SUCCEEDED
-        _wait(lambda: moved("driftsafe_worker_lock_errors_total", task="metrics.ok") == 1,
-              "the lock error")
+        _wait(
+            lambda: moved("driftsafe_worker_lock_errors_total", task="metrics.ok") == 1,
+            "the lock error",
+        )
         assert moved(executions, task="metrics.ok", outcome="succeeded") == 2
 
 
@@ -471,8 +566,12 @@ def test_alert_rules_and_grafana_dashboard_use_only_exported_metrics() -> None:
     (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", page, re.S) if "groups:" in b]
     rules = yaml.safe_load(block)["groups"][0]["rules"]
     alerts = {rule["alert"] for rule in rules}
-    assert {"DriftsafeNoLiveBeat", "DriftsafeDispatchLate", "DriftsafeClockOffset",
-            "DriftsafeBacklog"} <= alerts
+    assert {
+        "DriftsafeNoLiveBeat",
+        "DriftsafeDispatchLate",
+        "DriftsafeClockOffset",
+        "DriftsafeBacklog",
+    } <= alerts
     expressions = [rule["expr"] for rule in rules]
     for rule in rules:
         assert rule["labels"]["severity"] in ("critical", "warning")

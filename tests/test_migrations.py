@@ -34,14 +34,11 @@ def test_bounds_migration_makes_every_task_due_at_its_next_slot() -> None:
     after = [("celery_driftsafe", "0009_bounds_jitter_description")]
     executor = MigrationExecutor(connection)
     executor.migrate(before)
-    old = executor.loader.project_state(before).apps.get_model("celery_driftsafe",
-                                                                "PeriodicTask")
-    old.objects.create(name="waiting", task="tests.add", schedule_kind="crontab",
-                       next_slot_at=slot)
+    old = executor.loader.project_state(before).apps.get_model("celery_driftsafe", "PeriodicTask")
+    old.objects.create(name="waiting", task="tests.add", schedule_kind="crontab", next_slot_at=slot)
     old.objects.create(name="none", task="tests.add", schedule_kind="crontab")
     executor = MigrationExecutor(connection)
     executor.migrate(after)
-    new = executor.loader.project_state(after).apps.get_model("celery_driftsafe",
-                                                               "PeriodicTask")
+    new = executor.loader.project_state(after).apps.get_model("celery_driftsafe", "PeriodicTask")
     assert dict(new.objects.values_list("name", "due_at")) == {"waiting": slot, "none": None}
     call_command("migrate", "celery_driftsafe", verbosity=0)

@@ -92,8 +92,9 @@ def test_skip_fires_nothing_missed() -> None:
 def test_fire_all_is_bounded() -> None:
     hourly = Interval(timedelta(hours=1), T0)
     now = T0 + timedelta(hours=5, minutes=30)
-    plan = plan_claim(hourly, T0, now, policy="fire_all", grace=GRACE, fire_all_max=2,
-                      record_max=10)
+    plan = plan_claim(
+        hourly, T0, now, policy="fire_all", grace=GRACE, fire_all_max=2, record_max=10
+    )
     assert plan.fire == [T0 + timedelta(hours=4), T0 + timedelta(hours=5)]
     assert plan.missed == [T0 + timedelta(hours=h) for h in range(4)]
     spanned = plan_claim(hourly, T0, now, policy="fire_all", grace=GRACE, fire_all_max=2)
@@ -116,8 +117,14 @@ def test_a_slot_late_from_load_fires_under_every_policy(policy: str) -> None:
     due slot is late because of a backlog, not missed, however far past the grace."""
     minutely = Interval(timedelta(minutes=1), T0)
     now = T0 + timedelta(seconds=59)
-    plan = plan_claim(minutely, T0, now, policy=policy, grace=timedelta(seconds=10),
-                      busy_since=T0 - timedelta(seconds=1))
+    plan = plan_claim(
+        minutely,
+        T0,
+        now,
+        policy=policy,
+        grace=timedelta(seconds=10),
+        busy_since=T0 - timedelta(seconds=1),
+    )
     assert plan.fire == [T0] and plan.late_from_load
     assert plan.missed == [] and plan.missed_span is None
     assert plan.next_slot == T0 + timedelta(minutes=1)
@@ -126,8 +133,14 @@ def test_a_slot_late_from_load_fires_under_every_policy(policy: str) -> None:
 def test_a_task_a_whole_period_behind_gets_its_policy_even_when_busy() -> None:
     minutely = Interval(timedelta(minutes=1), T0)
     now = T0 + timedelta(seconds=61)
-    plan = plan_claim(minutely, T0, now, policy="skip", grace=timedelta(seconds=10),
-                      busy_since=T0 - timedelta(seconds=1))
+    plan = plan_claim(
+        minutely,
+        T0,
+        now,
+        policy="skip",
+        grace=timedelta(seconds=10),
+        busy_since=T0 - timedelta(seconds=1),
+    )
     assert not plan.late_from_load
     assert plan.fire == [T0 + timedelta(minutes=1)] and plan.missed == [T0]
 
@@ -135,8 +148,14 @@ def test_a_task_a_whole_period_behind_gets_its_policy_even_when_busy() -> None:
 def test_a_slot_that_fell_due_before_the_beats_were_busy_is_missed() -> None:
     minutely = Interval(timedelta(minutes=1), T0)
     now = T0 + timedelta(seconds=59)
-    plan = plan_claim(minutely, T0, now, policy="skip", grace=timedelta(seconds=10),
-                      busy_since=T0 + timedelta(seconds=30))
+    plan = plan_claim(
+        minutely,
+        T0,
+        now,
+        policy="skip",
+        grace=timedelta(seconds=10),
+        busy_since=T0 + timedelta(seconds=30),
+    )
     assert not plan.late_from_load and plan.fire == [] and plan.missed == [T0]
 
 

@@ -30,10 +30,12 @@ S = timedelta(seconds=1)
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-
 def _slots(task: PeriodicTask) -> list[datetime]:
-    return sorted(s for s in Run.objects.filter(periodic_task=task).values_list("slot", flat=True)
-                  if s is not None)
+    return sorted(
+        s
+        for s in Run.objects.filter(periodic_task=task).values_list("slot", flat=True)
+        if s is not None
+    )
 
 
 # -- the claim owns its columns -------------------------------------------------------------
@@ -82,8 +84,13 @@ def test_a_slot_that_already_has_a_run_is_skipped_and_the_round_goes_on(
 ) -> None:
     taken = interval_task("taken", 10, anchor=T0, next_slot_at=T0)
     other = interval_task("other", 10, anchor=T0, next_slot_at=T0)
-    Run.objects.create(periodic_task=taken, task_name="tests.add", slot=T0,
-                       status=RunStatus.SUCCEEDED, celery_task_id="earlier")
+    Run.objects.create(
+        periodic_task=taken,
+        task_name="tests.add",
+        slot=T0,
+        status=RunStatus.SUCCEEDED,
+        celery_task_id="earlier",
+    )
     scheduler.run_round()
     assert [m["task"] for m in drain()] == ["tests.add"]  # only "other"'s run
     assert Run.objects.filter(periodic_task=other, slot=T0).exists()
@@ -101,9 +108,15 @@ def test_a_slot_that_already_has_a_run_is_skipped_and_the_round_goes_on(
 def test_json_strings_in_args_and_kwargs_are_read_as_their_value(
     scheduler: DriftSafeScheduler,
 ) -> None:
-    task = PeriodicTask(name="habit", task="tests.add", schedule_kind="interval",
-                        interval_every=10, interval_anchor=T0,
-                        args=json.dumps([1, 2]), kwargs=json.dumps({}))
+    task = PeriodicTask(
+        name="habit",
+        task="tests.add",
+        schedule_kind="interval",
+        interval_every=10,
+        interval_anchor=T0,
+        args=json.dumps([1, 2]),
+        kwargs=json.dumps({}),
+    )
     task.save()
     task.refresh_from_db()
     assert task.args == [1, 2] and task.kwargs == {}
@@ -113,23 +126,28 @@ def test_json_strings_in_args_and_kwargs_are_read_as_their_value(
     assert [m["args"] for m in drain()] == [[3, 4]]
 
 
-@pytest.mark.parametrize(("field", "value", "wrong"), [
-    ("args", "1, 2", "args"),
-    ("args", {"x": 1}, "args"),
-    ("kwargs", [1, 2], "kwargs"),
-    ("kwargs", json.dumps([1]), "kwargs"),
-    ("headers", {"id": "another-task-id"}, "headers"),
-    ("headers", {"task": "evil.task"}, "headers"),
-    ("priority", 999, "priority"),
-    ("expires_seconds", -5.0, "expires_seconds"),
-    ("misfire_grace_seconds", -1.0, "misfire_grace_seconds"),
-    ("misfire_policy", "sometimes", "misfire_policy"),
-    ("timezone", "Mars/Olympus_Mons", "timezone"),
-])
-def test_save_refuses_what_the_task_could_not_fire_with(field: str, value: Any,
-                                                         wrong: str) -> None:
-    fields: dict[str, Any] = {"schedule_kind": "interval", "interval_every": 10,
-                              "interval_anchor": T0}
+@pytest.mark.parametrize(
+    ("field", "value", "wrong"),
+    [
+        ("args", "1, 2", "args"),
+        ("args", {"x": 1}, "args"),
+        ("kwargs", [1, 2], "kwargs"),
+        ("kwargs", json.dumps([1]), "kwargs"),
+        ("headers", {"id": "another-task-id"}, "headers"),
+        ("headers", {"task": "evil.task"}, "headers"),
+        ("priority", 999, "priority"),
+        ("expires_seconds", -5.0, "expires_seconds"),
+        ("misfire_grace_seconds", -1.0, "misfire_grace_seconds"),
+        ("misfire_policy", "sometimes", "misfire_policy"),
+        ("timezone", "Mars/Olympus_Mons", "timezone"),
+    ],
+)
+def test_save_refuses_what_the_task_could_not_fire_with(field: str, value: Any, wrong: str) -> None:
+    fields: dict[str, Any] = {
+        "schedule_kind": "interval",
+        "interval_every": 10,
+        "interval_anchor": T0,
+    }
     if field == "timezone":
         fields = {"schedule_kind": "crontab", "crontab_minute": "0"}
     task = PeriodicTask(name="bad", task="tests.add", **fields, **{field: value})
@@ -144,8 +162,11 @@ _BAD_ROWS: list[tuple[str, dict[str, Any], str]] = [
     ("args-text", {"args": "1, 2"}, "args:"),
     ("kwargs-list", {"kwargs": [1, 2]}, "kwargs:"),
     ("headers-protocol", {"headers": {"id": "x", "task": "y"}}, "headers:"),
-    ("interval-overflow", {"interval_every": 2_000_000_000, "interval_unit": "days"},
-     "interval_every:"),
+    (
+        "interval-overflow",
+        {"interval_every": 2_000_000_000, "interval_unit": "days"},
+        "interval_every:",
+    ),
     ("zone", {"schedule_kind": "crontab", "timezone": "Nowhere/Atlantis"}, "timezone"),
     ("grace", {"misfire_grace_seconds": -3.0}, "misfire_grace_seconds:"),
     ("expiry", {"expires_seconds": -1.0}, "expires_seconds:"),
@@ -182,8 +203,11 @@ def test_a_row_the_orm_cannot_read_is_disabled_and_the_rest_fire(
     good = interval_task("good", 1, anchor=T0, next_slot_at=T0)
     broken = interval_task("broken", 1, anchor=T0, next_slot_at=T0)
     with connection.cursor() as cursor:  # JSON columns have a CHECK there; dates do not
-        cursor.execute("UPDATE celery_driftsafe_periodictask SET interval_anchor = "
-                       "'last tuesday' WHERE id = %s", [broken.pk])
+        cursor.execute(
+            "UPDATE celery_driftsafe_periodictask SET interval_anchor = "
+            "'last tuesday' WHERE id = %s",
+            [broken.pk],
+        )
     scheduler.run_round()
     assert _slots(good) == [T0]
     row = PeriodicTask.objects.filter(pk=broken.pk).values("enabled", "disabled_reason").get()
@@ -343,8 +367,14 @@ def test_runs_past_their_expiry_are_recorded_expired(
 
 def test_a_started_run_whose_worker_is_gone_is_recorded_failed(clock: FakeClock) -> None:
     task = interval_task("t", 60, anchor=T0)
-    run = Run.objects.create(periodic_task=task, task_name="tests.add", slot=T0,
-                             status=RunStatus.STARTED, started_at=T0, claimed_at=T0)
+    run = Run.objects.create(
+        periodic_task=task,
+        task_name="tests.add",
+        slot=T0,
+        status=RunStatus.STARTED,
+        started_at=T0,
+        claimed_at=T0,
+    )
     lease = timedelta(seconds=30)
     assert reconcile(T0 + 10 * S, lease=lease).lost == []  # not past STUCK_RUN_SECONDS
     assert reconcile(T0 + timedelta(hours=2), lease=lease).lost == [run.pk]
@@ -362,20 +392,34 @@ def test_the_admin_lists_runs_without_an_outcome_under_needs_attention(
 
     now = authority_now()
     task = interval_task("t", 60, anchor=T0)
-    old = Run.objects.create(periodic_task=task, task_name="tests.add", slot=T0,
-                             status=RunStatus.DISPATCHED, claimed_at=now - timedelta(hours=2),
-                             celery_task_id="old-and-silent")
-    Run.objects.create(periodic_task=task, task_name="tests.add", slot=T0 + S,
-                       status=RunStatus.DISPATCHED, claimed_at=now, celery_task_id="fresh-one")
-    page = admin_client.get(reverse("admin:celery_driftsafe_run_changelist"),
-                            {"attention": "stuck"})
+    old = Run.objects.create(
+        periodic_task=task,
+        task_name="tests.add",
+        slot=T0,
+        status=RunStatus.DISPATCHED,
+        claimed_at=now - timedelta(hours=2),
+        celery_task_id="old-and-silent",
+    )
+    Run.objects.create(
+        periodic_task=task,
+        task_name="tests.add",
+        slot=T0 + S,
+        status=RunStatus.DISPATCHED,
+        claimed_at=now,
+        celery_task_id="fresh-one",
+    )
+    page = admin_client.get(
+        reverse("admin:celery_driftsafe_run_changelist"), {"attention": "stuck"}
+    )
     assert page.status_code == 200
     listed = list(page.context["cl"].result_list)
     assert [r.pk for r in listed] == [old.pk]
 
 
 def test_an_unexpected_error_in_a_round_is_logged_once_and_the_beat_carries_on(
-    scheduler: DriftSafeScheduler, clock: FakeClock, monkeypatch: pytest.MonkeyPatch,
+    scheduler: DriftSafeScheduler,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     interval_task("t", 1, anchor=T0, next_slot_at=T0)

@@ -36,8 +36,10 @@ from tests.factories import interval_task
 DAY = timedelta(days=1)
 IN_FLIGHT = (RunStatus.CLAIMED, RunStatus.DISPATCHED, RunStatus.STARTED, RunStatus.RETRYING)
 #: Short retention for the tests: a day for finished runs, three for those that did not succeed.
-RETENTION = {"RUN_RETENTION_SECONDS": DAY.total_seconds(),
-             "FAILED_RUN_RETENTION_SECONDS": 3 * DAY.total_seconds()}
+RETENTION = {
+    "RUN_RETENTION_SECONDS": DAY.total_seconds(),
+    "FAILED_RUN_RETENTION_SECONDS": 3 * DAY.total_seconds(),
+}
 
 
 @pytest.fixture
@@ -46,11 +48,20 @@ def retention() -> Iterator[None]:
         yield
 
 
-def run(task: PeriodicTask | None, slot: datetime, status: str, claimed: datetime | None = None,
-        **fields: Any) -> Run:
+def run(
+    task: PeriodicTask | None,
+    slot: datetime,
+    status: str,
+    claimed: datetime | None = None,
+    **fields: Any,
+) -> Run:
     return Run.objects.create(
-        periodic_task=task, task_name="tests.add", slot=slot, status=status,
-        claimed_at=claimed or slot, **fields,
+        periodic_task=task,
+        task_name="tests.add",
+        slot=slot,
+        status=status,
+        claimed_at=claimed or slot,
+        **fields,
     )
 
 
@@ -72,7 +83,10 @@ def test_retention_cutoffs_per_status_and_off_with_none() -> None:
     assert cutoffs["failed"] == cutoffs["missed"] == cutoffs["expired"] == T0 - 3 * DAY
     assert not set(cutoffs) & set(IN_FLIGHT)
     assert dict(Retention(done=DAY, not_succeeded=None).cutoffs(T0)).keys() == {
-        "succeeded", "skipped", "revoked"}
+        "succeeded",
+        "skipped",
+        "revoked",
+    }
     assert Retention(None, None).cutoffs(T0) == [] and Retention(None, None).keeps_everything
 
 
@@ -83,18 +97,26 @@ def test_prune_deletes_finished_runs_past_retention_and_nothing_in_flight(
     task = interval_task("t", 60, anchor=T0 - 10 * DAY)
     old = T0 - 5 * DAY
     minute = timedelta(minutes=1)
-    done_old = [run(task, old + i * minute, s) for i, s in
-                enumerate((RunStatus.SUCCEEDED, RunStatus.SKIPPED, RunStatus.REVOKED))]
-    failed_old = [run(task, old + (3 + i) * minute, s) for i, s in
-                  enumerate((RunStatus.FAILED, RunStatus.MISSED, RunStatus.EXPIRED))]
+    done_old = [
+        run(task, old + i * minute, s)
+        for i, s in enumerate((RunStatus.SUCCEEDED, RunStatus.SKIPPED, RunStatus.REVOKED))
+    ]
+    failed_old = [
+        run(task, old + (3 + i) * minute, s)
+        for i, s in enumerate((RunStatus.FAILED, RunStatus.MISSED, RunStatus.EXPIRED))
+    ]
     # Older than any retention, but still in flight: never pruned.
     flying = [run(task, old + (6 + i) * minute, s) for i, s in enumerate(IN_FLIGHT)]
     failed_recent = run(task, T0 - 2 * DAY, RunStatus.FAILED)  # within its 3 days
     done_recent = run(task, T0 - DAY + minute, RunStatus.SUCCEEDED)  # within its day
     at_cutoff = run(task, T0 - DAY - minute, RunStatus.SUCCEEDED, claimed=T0 - DAY)  # not before
-    adhoc_old = Run.objects.create(task_name="tests.add", kind=RunKind.ADHOC,
-                                   idempotency_key="k", status=RunStatus.SUCCEEDED,
-                                   claimed_at=old)
+    adhoc_old = Run.objects.create(
+        task_name="tests.add",
+        kind=RunKind.ADHOC,
+        idempotency_key="k",
+        status=RunStatus.SUCCEEDED,
+        claimed_at=old,
+    )
     latest = run(task, T0 - minute, RunStatus.SUCCEEDED)
 
     pending = Pruner().pending(T0)
@@ -102,7 +124,13 @@ def test_prune_deletes_finished_runs_past_retention_and_nothing_in_flight(
 
     done = Pruner().prune(T0)
     assert done.runs == 7 and done.by_status == {
-        "succeeded": 2, "skipped": 1, "revoked": 1, "failed": 1, "missed": 1, "expired": 1}
+        "succeeded": 2,
+        "skipped": 1,
+        "revoked": 1,
+        "failed": 1,
+        "missed": 1,
+        "expired": 1,
+    }
     assert left() == ids(*flying, failed_recent, done_recent, at_cutoff, latest)
     assert ids(*done_old, *failed_old, adhoc_old) & left() == set()
     # A second pass finds nothing.
@@ -139,8 +167,7 @@ def test_each_batch_is_bounded(retention: None) -> None:
 @pytest.mark.django_db
 def test_nothing_is_pruned_when_runs_are_kept_forever() -> None:
     task = interval_task("t", 60, anchor=T0 - 400 * DAY)
-    runs = [run(task, T0 - 300 * DAY + timedelta(minutes=i), RunStatus.SUCCEEDED)
-            for i in range(3)]
+    runs = [run(task, T0 - 300 * DAY + timedelta(minutes=i), RunStatus.SUCCEEDED) for i in range(3)]
     forever = {"RUN_RETENTION_SECONDS": None, "FAILED_RUN_RETENTION_SECONDS": None}
     with override_settings(DRIFTSAFE={**settings.DRIFTSAFE, **forever}):
         assert Pruner().prune(T0).runs == 0
@@ -152,16 +179,19 @@ def test_attempts_free_lock_rows_and_fencing_counters_go_with_their_run(
     retention: None, redis_client: Any
 ) -> None:
     task = interval_task("t", 60, anchor=T0 - 10 * DAY)
-    pruned, held_lock, kept = (run(task, T0 - (5 - i) * DAY, RunStatus.SUCCEEDED)
-                               for i in range(3))
+    pruned, held_lock, kept = (run(task, T0 - (5 - i) * DAY, RunStatus.SUCCEEDED) for i in range(3))
     kept.slot = T0  # the latest
     kept.save()
     for r in (pruned, held_lock, kept):
         RunAttempt.objects.create(run=r, number=0, outcome=RunStatus.RETRYING)
     Lock.objects.create(name=f"run:{pruned.pk}", token="", fencing_token=3, expires_at=T0 - DAY)
     # A duplicate delivery holds this one right now: the row stays (the run goes).
-    Lock.objects.create(name=f"run:{held_lock.pk}", token="abc", fencing_token=4,
-                        expires_at=T0 + timedelta(seconds=30))
+    Lock.objects.create(
+        name=f"run:{held_lock.pk}",
+        token="abc",
+        fencing_token=4,
+        expires_at=T0 + timedelta(seconds=30),
+    )
     prefix = key_prefix(get_settings())
     for r in (pruned, held_lock, kept):
         redis_client.set(f"{prefix}:fence:run:{r.pk}", 7)
@@ -185,11 +215,11 @@ def test_fence_ttl_follows_the_shorter_retention_and_outlives_a_waiting_run() ->
     assert fence_ttl_seconds(build_settings(RETENTION)) == DAY.total_seconds() + 30
     week = build_settings({"RUN_RETENTION_SECONDS": 7 * 86400.0})
     assert fence_ttl_seconds(week) == 7 * 86400.0
-    forever = build_settings({"RUN_RETENTION_SECONDS": None,
-                              "FAILED_RUN_RETENTION_SECONDS": None})
+    forever = build_settings({"RUN_RETENTION_SECONDS": None, "FAILED_RUN_RETENTION_SECONDS": None})
     assert fence_ttl_seconds(forever) == 7 * 86400.0
-    short = build_settings({"RUN_RETENTION_SECONDS": 60.0, "STUCK_RUN_SECONDS": 7200.0,
-                            "RUN_EXPIRES_SECONDS": None})
+    short = build_settings(
+        {"RUN_RETENTION_SECONDS": 60.0, "STUCK_RUN_SECONDS": 7200.0, "RUN_EXPIRES_SECONDS": None}
+    )
     assert fence_ttl_seconds(short) == 7200.0 + 30
 
 
@@ -258,8 +288,9 @@ def test_reconcile_fails_a_lost_run_even_when_its_counter_expired(redis_client: 
 
 def _committed_old_runs(count: int) -> tuple[PeriodicTask, list[Run]]:
     task = interval_task("old", 60, anchor=T0 - 10 * DAY)
-    runs = [run(task, T0 - 5 * DAY + timedelta(minutes=i), RunStatus.SUCCEEDED)
-            for i in range(count)]
+    runs = [
+        run(task, T0 - 5 * DAY + timedelta(minutes=i), RunStatus.SUCCEEDED) for i in range(count)
+    ]
     return task, runs
 
 
@@ -334,8 +365,9 @@ def test_prune_command_says_when_retention_is_off() -> None:
     assert "retention is off" in out.getvalue()
 
 
-@pytest.mark.parametrize("key", ["RUN_RETENTION_SECONDS", "FAILED_RUN_RETENTION_SECONDS",
-                                 "PRUNE_INTERVAL_SECONDS"])
+@pytest.mark.parametrize(
+    "key", ["RUN_RETENTION_SECONDS", "FAILED_RUN_RETENTION_SECONDS", "PRUNE_INTERVAL_SECONDS"]
+)
 def test_retention_settings_must_be_positive_or_none(key: str) -> None:
     with override_settings(DRIFTSAFE={key: 0}):
         errors = checks.check_settings()

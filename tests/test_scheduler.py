@@ -20,7 +20,6 @@ from tests.factories import interval_task
 S = timedelta(seconds=1)
 
 
-
 @pytest.mark.django_db(transaction=True)
 def test_round_publishes_due_runs_with_deterministic_ids_and_headers(
     scheduler: DriftSafeScheduler, clock: FakeClock
@@ -52,8 +51,12 @@ def test_round_publishes_due_runs_with_deterministic_ids_and_headers(
 def test_wait_is_time_until_next_slot_by_authority(
     scheduler: DriftSafeScheduler, clock: FakeClock
 ) -> None:
-    interval_task("add", 10, anchor=T0 + timedelta(milliseconds=300),
-                  next_slot_at=T0 + timedelta(milliseconds=300))
+    interval_task(
+        "add",
+        10,
+        anchor=T0 + timedelta(milliseconds=300),
+        next_slot_at=T0 + timedelta(milliseconds=300),
+    )
     assert scheduler.run_round() == pytest.approx(0.3)
     assert drain() == []
 
@@ -64,8 +67,11 @@ def test_a_jittered_task_is_published_at_its_jittered_instant_under_its_slot(
 ) -> None:
     from celery_driftsafe.jitter import offset
 
-    name = next(n for n in (f"j{i}" for i in range(1000))
-                if timedelta(milliseconds=200) < offset(n, T0, 2) < timedelta(milliseconds=900))
+    name = next(
+        n
+        for n in (f"j{i}" for i in range(1000))
+        if timedelta(milliseconds=200) < offset(n, T0, 2) < timedelta(milliseconds=900)
+    )
     shift = offset(name, T0, 2)
     task = interval_task(name, 10, anchor=T0, next_slot_at=T0, jitter_seconds=2, queue="")
     # the beat sleeps until the jittered instant, not the slot
@@ -78,7 +84,8 @@ def test_a_jittered_task_is_published_at_its_jittered_instant_under_its_slot(
     scheduler.run_round()
     messages = drain()
     assert [(m["id"], m[HEADER_SLOT]) for m in messages] == [
-        (celery_task_id(task.pk, T0), T0.isoformat())]
+        (celery_task_id(task.pk, T0), T0.isoformat())
+    ]
     assert Run.objects.get().slot == T0
 
 
@@ -119,8 +126,9 @@ def test_beat_schedule_synced_once_by_several_beats(broker_app: Any, clock: Fake
     }
     broker_app.conf.timezone = "Europe/Berlin"
     beats = [
-        DriftSafeScheduler(app=broker_app, clock=clock, authority=clock,
-                           install_signal_handlers=False)
+        DriftSafeScheduler(
+            app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
+        )
         for _ in range(3)
     ]
     try:
@@ -133,8 +141,9 @@ def test_beat_schedule_synced_once_by_several_beats(broker_app: Any, clock: Fake
         assert nightly.timezone == "Europe/Berlin"
         # a restart later does not move the anchor
         clock.advance(timedelta(hours=1))
-        again = DriftSafeScheduler(app=broker_app, clock=clock, authority=clock,
-                                   install_signal_handlers=False)
+        again = DriftSafeScheduler(
+            app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
+        )
         again.close()
         every5.refresh_from_db()
         assert every5.interval_anchor == T0
@@ -250,12 +259,19 @@ def test_absurd_clock_answer_stops_claiming_on_that_node_only(
 
     interval_task("add", 10, anchor=T0, next_slot_at=T0)
     # This node's wall clock reads ten hours ahead of the authority (bound: 6 hours).
-    skewed = AuthorityClock(clock, samples=1, monotonic=clock.monotonic, sleeper=clock.sleep,
-                            wall=lambda: clock.now() + timedelta(hours=10))
-    broken = DriftSafeScheduler(app=broker_app, clock=skewed, authority=clock,
-                                install_signal_handlers=False)
-    healthy = DriftSafeScheduler(app=broker_app, clock=clock, authority=clock,
-                                 install_signal_handlers=False)
+    skewed = AuthorityClock(
+        clock,
+        samples=1,
+        monotonic=clock.monotonic,
+        sleeper=clock.sleep,
+        wall=lambda: clock.now() + timedelta(hours=10),
+    )
+    broken = DriftSafeScheduler(
+        app=broker_app, clock=skewed, authority=clock, install_signal_handlers=False
+    )
+    healthy = DriftSafeScheduler(
+        app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
+    )
     try:
         broken.run_round()
         assert drain() == []
@@ -291,8 +307,9 @@ def test_outage_logs_once_per_state_change_backs_off_and_catches_up(
     broker_app: Any, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     authority = FlakyAuthority(clock)
-    sched = DriftSafeScheduler(app=broker_app, clock=clock, authority=authority,
-                               install_signal_handlers=False)
+    sched = DriftSafeScheduler(
+        app=broker_app, clock=clock, authority=authority, install_signal_handlers=False
+    )
     try:
         interval_task("add", 10, anchor=T0, next_slot_at=T0)
         authority.down = True
@@ -328,8 +345,9 @@ def test_broker_outage_leaves_runs_claimed_for_the_outbox(
     def add(x: int, y: int) -> int:
         return x + y
 
-    sched = DriftSafeScheduler(app=dead, clock=clock, authority=clock,
-                               install_signal_handlers=False)
+    sched = DriftSafeScheduler(
+        app=dead, clock=clock, authority=clock, install_signal_handlers=False
+    )
     try:
         interval_task("add", 10, anchor=T0, next_slot_at=T0)
         sched.run_round()

@@ -19,8 +19,13 @@ from celery_driftsafe.redis_client import channel, key_prefix
 from celery_driftsafe.scheduler import DriftSafeScheduler
 from tests import settings as test_settings
 
-PROJECT_A = {"ENGINE": "django.db.backends.postgresql", "NAME": "shop", "HOST": "db1",
-             "PORT": "5432", "USER": "shop"}
+PROJECT_A = {
+    "ENGINE": "django.db.backends.postgresql",
+    "NAME": "shop",
+    "HOST": "db1",
+    "PORT": "5432",
+    "USER": "shop",
+}
 PROJECT_B = {**PROJECT_A, "NAME": "billing"}
 
 
@@ -41,9 +46,12 @@ def test_read_on_access_so_overrides_apply() -> None:
 
 
 def test_unknown_key_names_setting_and_known_keys() -> None:
-    with override_settings(DRIFTSAFE={"REDIS_ULR": "redis://x"}), pytest.raises(
-        ConfigurationError, match=r"DRIFTSAFE\['REDIS_ULR'\].*unknown setting.*REDIS_URL"
-    ) as info:
+    with (
+        override_settings(DRIFTSAFE={"REDIS_ULR": "redis://x"}),
+        pytest.raises(
+            ConfigurationError, match=r"DRIFTSAFE\['REDIS_ULR'\].*unknown setting.*REDIS_URL"
+        ) as info,
+    ):
         conf.get_settings()
     assert info.value.setting == "REDIS_ULR"
 
@@ -89,15 +97,21 @@ def test_bad_values_get_stable_ids_and_name_the_setting(
 
 
 def test_good_settings_pass() -> None:
-    good = {"REDIS_URL": "rediss://:pw@cache:6380/2", "TIME_AUTHORITY": "redis",
-            "LEASE_SECONDS": 10, "MISFIRE_GRACE_SECONDS": 0, "KEY_PREFIX": "app:ds"}
+    good = {
+        "REDIS_URL": "rediss://:pw@cache:6380/2",
+        "TIME_AUTHORITY": "redis",
+        "LEASE_SECONDS": 10,
+        "MISFIRE_GRACE_SECONDS": 0,
+        "KEY_PREFIX": "app:ds",
+    }
     with override_settings(DRIFTSAFE=good):
         assert checks.check_settings() == []
 
 
 def test_warning_bound_must_be_below_hard_bound() -> None:
-    with override_settings(DRIFTSAFE={"MAX_CLOCK_OFFSET_SECONDS": 10,
-                                      "HARD_CLOCK_OFFSET_SECONDS": 5}):
+    with override_settings(
+        DRIFTSAFE={"MAX_CLOCK_OFFSET_SECONDS": 10, "HARD_CLOCK_OFFSET_SECONDS": 5}
+    ):
         messages = checks.check_settings()
     assert [(type(m), m.id) for m in messages] == [(Warning, "celery_driftsafe.W002")]
 

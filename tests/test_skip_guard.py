@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 pytest_plugins = ["pytester"]
 
-SAMPLE = '''
+SAMPLE = """
 import pytest
 
 pytestmark = pytest.mark.{marker}
@@ -33,7 +33,7 @@ def test_soak():
 
 def test_runs():
     pass
-'''
+"""
 
 
 @pytest.fixture
@@ -53,11 +53,13 @@ def test_missing_dependency_fails_guarantee_tests_and_says_what_to_install(
     result = sample.runpytest_subprocess("-p", "no:django", "-rs")
     # e2e and skew: the runtime skip fails; the two marker skips stay skips; "other" may skip
     result.assert_outcomes(passed=3, skipped=7, failed=2)
-    result.stdout.fnmatch_lines([
-        "*test_e2e.py::test_missing_tool would have skipped, but it shows a guarantee*"
-        "frobnicator is not installed: apt-get install frobnicator*",
-        "*DRIFTSAFE_ALLOW_SKIPS=1*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*test_e2e.py::test_missing_tool would have skipped, but it shows a guarantee*"
+            "frobnicator is not installed: apt-get install frobnicator*",
+            "*DRIFTSAFE_ALLOW_SKIPS=1*",
+        ]
+    )
     assert result.ret != 0
 
 

@@ -470,6 +470,7 @@ def test_pure_core_imports_neither_django_nor_redis() -> None:
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'redis', 'celery')); "
         "print(','.join(bad)); sys.exit(1 if bad else 0)"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, f"pure modules imported: {result.stdout}{result.stderr}"

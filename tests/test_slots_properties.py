@@ -221,7 +221,12 @@ def instants(draw: st.DrawFn, zone: str, near_transition: int = 75) -> datetime:
 
 
 def reference_slots(
-    spec: Spec, zone: str, start: datetime, end: datetime, *, step: timedelta = MINUTE,
+    spec: Spec,
+    zone: str,
+    start: datetime,
+    end: datetime,
+    *,
+    step: timedelta = MINUTE,
     matches: Callable[[datetime], bool] | None = None,
 ) -> list[datetime]:
     """The DESIGN.md rules applied to every UTC ``step`` (a minute, or a second for crontabs

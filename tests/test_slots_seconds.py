@@ -40,7 +40,9 @@ def utc(*args: int) -> datetime:
 def test_six_fields_put_the_seconds_first() -> None:
     every_15 = Crontab.from_expression("*/15 * * * * *")
     assert list(every_15.slots_between(utc(2024, 1, 1, 0, 0, 50), utc(2024, 1, 1, 0, 1, 20))) == [
-        utc(2024, 1, 1, 0, 1, 0), utc(2024, 1, 1, 0, 1, 15)]
+        utc(2024, 1, 1, 0, 1, 0),
+        utc(2024, 1, 1, 0, 1, 15),
+    ]
     assert every_15.second == "*/15" and every_15.expression == "*/15 * * * * *"
     assert every_15.describe() == "every 15 seconds (UTC)"
     five = Crontab.from_expression("0 9 * * *")
@@ -53,9 +55,16 @@ def test_six_fields_put_the_seconds_first() -> None:
 
 @pytest.mark.parametrize(
     ("alias", "five"),
-    [("@yearly", "0 0 1 1 *"), ("@annually", "0 0 1 1 *"), ("@monthly", "0 0 1 * *"),
-     ("@weekly", "0 0 * * 0"), ("@daily", "0 0 * * *"), ("@midnight", "0 0 * * *"),
-     ("@hourly", "0 * * * *"), (" @Daily ", "0 0 * * *")],
+    [
+        ("@yearly", "0 0 1 1 *"),
+        ("@annually", "0 0 1 1 *"),
+        ("@monthly", "0 0 1 * *"),
+        ("@weekly", "0 0 * * 0"),
+        ("@daily", "0 0 * * *"),
+        ("@midnight", "0 0 * * *"),
+        ("@hourly", "0 * * * *"),
+        (" @Daily ", "0 0 * * *"),
+    ],
 )
 def test_aliases(alias: str, five: str) -> None:
     assert Crontab.from_expression(alias, BERLIN) == Crontab.from_expression(five, BERLIN)
@@ -77,7 +86,8 @@ def test_fixed_time_with_seconds_follows_the_dst_rules() -> None:
     assert at.next_after(utc(2024, 3, 30, 12)) == utc(2024, 3, 31, 1, 0, 0)
     # 02:30:15 happens twice on 2024-10-27: once, at the first (CEST, 00:30:15 UTC)
     assert list(at.slots_between(utc(2024, 10, 26, 12), utc(2024, 10, 27, 12))) == [
-        utc(2024, 10, 27, 0, 30, 15)]
+        utc(2024, 10, 27, 0, 30, 15)
+    ]
 
 
 @pytest.mark.parametrize(
@@ -125,8 +135,9 @@ def second_fields(draw: st.DrawFn) -> tuple[str, frozenset[int]]:
 def croniter_next(expression: str, zone: str, instant: datetime, day_or: bool) -> datetime:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"croniter\b.*")
-        iterator = croniter(expression, instant.astimezone(ZoneInfo(zone)), day_or=day_or,
-                            second_at_beginning=True)
+        iterator = croniter(
+            expression, instant.astimezone(ZoneInfo(zone)), day_or=day_or, second_at_beginning=True
+        )
         result = iterator.get_next(datetime)
     assert isinstance(result, datetime)
     return result.astimezone(UTC)
@@ -159,7 +170,11 @@ def test_matches_per_second_reference_around_transitions(
     start = centre - timedelta(seconds=data.draw(st.integers(0, 2 * 3600)))
     end = start + timedelta(hours=3)
     expected = reference_slots(
-        spec, zone, start, end, step=SECOND,
+        spec,
+        zone,
+        start,
+        end,
+        step=SECOND,
         matches=lambda wall: wall.second in seconds[1] and spec.matches(wall),
     )
     schedule = Crontab.from_expression(f"{seconds[0]} {spec.expression}", zone)

@@ -40,16 +40,21 @@ def celery_next(event: str, latitude: float, longitude: float, after: datetime) 
     return ephem.Date(found).datetime().replace(tzinfo=UTC)
 
 
-instants = st.datetimes(min_value=datetime(1970, 1, 1), max_value=datetime(2070, 1, 1),
-                        timezones=st.just(UTC))
+instants = st.datetimes(
+    min_value=datetime(1970, 1, 1), max_value=datetime(2070, 1, 1), timezones=st.just(UTC)
+)
 
 
 # --------------------------------------------------------------------------- Celery / ephem
 
 
 @QUICK
-@given(event=st.sampled_from(sorted(EVENTS)),
-       latitude=st.floats(-65, 65), longitude=st.floats(-180, 180), after=instants)
+@given(
+    event=st.sampled_from(sorted(EVENTS)),
+    latitude=st.floats(-65, 65),
+    longitude=st.floats(-180, 180),
+    after=instants,
+)
 def test_next_slot_agrees_with_celery_solar_below_the_polar_circles(
     event: str, latitude: float, longitude: float, after: datetime
 ) -> None:
@@ -162,7 +167,8 @@ def test_midnight_sun_has_neither_sunset_nor_sunrise() -> None:
 
 def test_at_the_poles_the_sun_rises_once_a_year() -> None:
     assert Solar("sunrise", 90, 0).next_after(utc(2024, 4, 1)) == datetime(
-        2025, 3, 18, 6, 20, 56, tzinfo=UTC)
+        2025, 3, 18, 6, 20, 56, tzinfo=UTC
+    )
     south = Solar("sunrise", -90, 0).next_after(utc(2024, 4, 1))
     assert south is not None and date(2024, 9, 19) <= south.date() <= date(2024, 9, 23)
 
@@ -186,8 +192,12 @@ def test_two_years_of_polar_night_search_is_quick() -> None:
 
 
 @QUICK
-@given(event=st.sampled_from(sorted(EVENTS)), latitude=st.floats(-90, 90),
-       longitude=st.floats(-180, 180), start=instants)
+@given(
+    event=st.sampled_from(sorted(EVENTS)),
+    latitude=st.floats(-90, 90),
+    longitude=st.floats(-180, 180),
+    start=instants,
+)
 def test_schedule_contract(event: str, latitude: float, longitude: float, start: datetime) -> None:
     schedule = Solar(event, latitude, longitude)
     assert isinstance(schedule, Schedule)

@@ -48,19 +48,29 @@ def record(broker_app: Any, calls: list[Any], redis_client: Any) -> Any:
 
 def _run(task_name: str = "tests.record", **fields: Any) -> Run:
     return Run.objects.create(
-        kind=fields.pop("kind", RunKind.MANUAL), task_name=task_name,
+        kind=fields.pop("kind", RunKind.MANUAL),
+        task_name=task_name,
         status=fields.pop("status", RunStatus.DISPATCHED),
-        celery_task_id=fields.pop("celery_task_id", str(uuid.uuid4())), **fields,
+        celery_task_id=fields.pop("celery_task_id", str(uuid.uuid4())),
+        **fields,
     )
 
 
 @contextmanager
 def delivery(task: Any, run: Run | None = None, **headers: Any) -> Iterator[None]:
-    request = {"id": run.celery_task_id if run else str(uuid.uuid4()), "hostname": "worker-1",
-               "delivery_info": {}, "args": [], "kwargs": {}}
+    request = {
+        "id": run.celery_task_id if run else str(uuid.uuid4()),
+        "hostname": "worker-1",
+        "delivery_info": {},
+        "args": [],
+        "kwargs": {},
+    }
     if run is not None:
-        request.update(driftsafe_run_id=run.pk, driftsafe_fencing_token=0,
-                       driftsafe_periodic_task_id=run.periodic_task_id)
+        request.update(
+            driftsafe_run_id=run.pk,
+            driftsafe_fencing_token=0,
+            driftsafe_periodic_task_id=run.periodic_task_id,
+        )
     request.update(headers)
     task.push_request(**request)
     try:
@@ -117,12 +127,14 @@ def test_failure_is_recorded_with_the_error_and_raised(record: Any) -> None:
     ],
 )
 def test_forged_or_malformed_headers_are_rejected_never_executed(
-    record: Any, calls: list[Any], caplog: pytest.LogCaptureFixture,
-    headers: dict[str, Any], reason: str,
+    record: Any,
+    calls: list[Any],
+    caplog: pytest.LogCaptureFixture,
+    headers: dict[str, Any],
+    reason: str,
 ) -> None:
     run = _run()
-    with caplog.at_level(logging.ERROR), delivery(record, run, **headers), \
-            pytest.raises(Ignore):
+    with caplog.at_level(logging.ERROR), delivery(record, run, **headers), pytest.raises(Ignore):
         record("a")
     assert calls == []
     assert reason in caplog.text
@@ -130,8 +142,9 @@ def test_forged_or_malformed_headers_are_rejected_never_executed(
     assert run.status == RunStatus.DISPATCHED
 
 
-def test_run_of_another_task_is_rejected(record: Any, calls: list[Any],
-                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_run_of_another_task_is_rejected(
+    record: Any, calls: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
     run = _run(task_name="tests.other")
     with delivery(record, run), pytest.raises(Ignore):
         record("a")
@@ -207,8 +220,9 @@ def test_outcome_of_a_fenced_out_holder_is_discarded(
     first.start()
     _wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.STARTED)
     token = Run.objects.get(pk=run.pk).fencing_token
-    Run.objects.filter(pk=run.pk).update(fencing_token=token + 1, status=RunStatus.SUCCEEDED,
-                                         error="recorded by the successor")
+    Run.objects.filter(pk=run.pk).update(
+        fencing_token=token + 1, status=RunStatus.SUCCEEDED, error="recorded by the successor"
+    )
     record.gate.set()
     first.join()
     run.refresh_from_db()
@@ -222,10 +236,21 @@ def test_overlap_skip_records_skipped_slot_while_previous_runs(
 ) -> None:
     from datetime import UTC, datetime
 
-    periodic = interval_task("slow", 1, anchor=datetime(2026, 3, 1, tzinfo=UTC),
-                             task="tests.record", overlap_policy="skip")
-    first, second = (_run(periodic_task=periodic, kind=RunKind.SCHEDULED,
-                          slot=datetime(2026, 3, 1, 0, 0, s, tzinfo=UTC)) for s in (1, 2))
+    periodic = interval_task(
+        "slow",
+        1,
+        anchor=datetime(2026, 3, 1, tzinfo=UTC),
+        task="tests.record",
+        overlap_policy="skip",
+    )
+    first, second = (
+        _run(
+            periodic_task=periodic,
+            kind=RunKind.SCHEDULED,
+            slot=datetime(2026, 3, 1, 0, 0, s, tzinfo=UTC),
+        )
+        for s in (1, 2)
+    )
     record.gate.clear()
     worker = threading.Thread(target=lambda: _deliver(record, first))
     worker.start()
@@ -244,11 +269,18 @@ def test_overlap_skip_records_skipped_slot_while_previous_runs(
 def test_overlap_allow_runs_side_by_side(record: Any, calls: list[Any]) -> None:
     from datetime import UTC, datetime
 
-    periodic = interval_task("fast", 1, anchor=datetime(2026, 3, 1, tzinfo=UTC),
-                             task="tests.record")
+    periodic = interval_task(
+        "fast", 1, anchor=datetime(2026, 3, 1, tzinfo=UTC), task="tests.record"
+    )
     assert periodic.overlap_policy == "allow"
-    first, second = (_run(periodic_task=periodic, kind=RunKind.SCHEDULED,
-                          slot=datetime(2026, 3, 1, 0, 0, s, tzinfo=UTC)) for s in (1, 2))
+    first, second = (
+        _run(
+            periodic_task=periodic,
+            kind=RunKind.SCHEDULED,
+            slot=datetime(2026, 3, 1, 0, 0, s, tzinfo=UTC),
+        )
+        for s in (1, 2)
+    )
     record.gate.clear()
     worker = threading.Thread(target=lambda: _deliver(record, first))
     worker.start()
@@ -286,8 +318,11 @@ def test_without_key_apply_async_is_plain(record: Any) -> None:
     assert Run.objects.count() == 0
 
 
-_DEAD_REDIS = {**test_settings.DRIFTSAFE, "REDIS_URL": "redis://127.0.0.1:1/0",
-               "TIME_AUTHORITY": "database"}
+_DEAD_REDIS = {
+    **test_settings.DRIFTSAFE,
+    "REDIS_URL": "redis://127.0.0.1:1/0",
+    "TIME_AUTHORITY": "database",
+}
 
 
 def test_redis_unreachable_fail_closed_resends_and_does_not_execute(
@@ -323,15 +358,12 @@ def test_read_headers_none_without_run_header() -> None:
     assert read_headers(Request()) is None
 
 
-
-
 def test_run_links_to_its_celery_result_without_copying() -> None:
     from django_celery_results.models import TaskResult
 
     run = _run()
     assert run.task_result is None
-    stored = TaskResult.objects.create(task_id=run.celery_task_id, status="SUCCESS",
-                                       result='"a"')
+    stored = TaskResult.objects.create(task_id=run.celery_task_id, status="SUCCESS", result='"a"')
     assert run.task_result == stored
     assert _run(celery_task_id="").task_result is None
 
@@ -355,8 +387,10 @@ def test_lost_fence_counter_continues_the_runs_sequence(
 
 def test_fail_open_continues_the_same_sequence(record: Any, calls: list[Any]) -> None:
     run = _run(fencing_token=4)
-    with override_settings(DRIFTSAFE={**_DEAD_REDIS, "REDIS_UNAVAILABLE": "fail_open"}), \
-            delivery(record, run):
+    with (
+        override_settings(DRIFTSAFE={**_DEAD_REDIS, "REDIS_UNAVAILABLE": "fail_open"}),
+        delivery(record, run),
+    ):
         assert record("a") == "a"
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED and run.fencing_token == 5
@@ -368,30 +402,44 @@ def test_fail_open_applies_the_overlap_policy_on_the_ledger(
 ) -> None:
     from datetime import UTC, datetime
 
-    periodic = interval_task("slow-open", 1, anchor=datetime(2026, 3, 1, tzinfo=UTC),
-                             task="tests.record", overlap_policy="skip")
-    running, late = (_run(periodic_task=periodic, kind=RunKind.SCHEDULED,
-                          slot=datetime(2026, 3, 1, 0, 0, s, tzinfo=UTC)) for s in (1, 2))
+    periodic = interval_task(
+        "slow-open",
+        1,
+        anchor=datetime(2026, 3, 1, tzinfo=UTC),
+        task="tests.record",
+        overlap_policy="skip",
+    )
+    running, late = (
+        _run(
+            periodic_task=periodic,
+            kind=RunKind.SCHEDULED,
+            slot=datetime(2026, 3, 1, 0, 0, s, tzinfo=UTC),
+        )
+        for s in (1, 2)
+    )
     Run.objects.filter(pk=running.pk).update(status=RunStatus.STARTED, worker="other")
-    with caplog.at_level(logging.INFO), \
-            override_settings(DRIFTSAFE={**_DEAD_REDIS, "REDIS_UNAVAILABLE": "fail_open"}):
+    with (
+        caplog.at_level(logging.INFO),
+        override_settings(DRIFTSAFE={**_DEAD_REDIS, "REDIS_UNAVAILABLE": "fail_open"}),
+    ):
         with delivery(record, late), pytest.raises(Ignore):
             record("a")
         late.refresh_from_db()
         assert late.status == RunStatus.SKIPPED
         assert "previous run of this task is still running" in late.error
         Run.objects.filter(pk=running.pk).update(status=RunStatus.SUCCEEDED)
-        third = _run(periodic_task=periodic, kind=RunKind.SCHEDULED,
-                     slot=datetime(2026, 3, 1, 0, 0, 3, tzinfo=UTC))
+        third = _run(
+            periodic_task=periodic,
+            kind=RunKind.SCHEDULED,
+            slot=datetime(2026, 3, 1, 0, 0, 3, tzinfo=UTC),
+        )
         with delivery(record, third):
             assert record("b") == "b"
     assert calls == ["b"]
     assert "overlap checked on the ledger only (fail_open)" in caplog.text
 
 
-def test_a_run_started_without_a_lock_is_never_taken_over(
-    record: Any, calls: list[Any]
-) -> None:
+def test_a_run_started_without_a_lock_is_never_taken_over(record: Any, calls: list[Any]) -> None:
     """A lock holder cannot tell whether an unlocked (fail_open, eager) start still runs."""
     run = _run(status=RunStatus.STARTED, fencing_token=3, worker="w9 (no lock)")
     with delivery(record, run), pytest.raises(Ignore):
@@ -416,7 +464,8 @@ def test_unreachable_lock_backend_is_recorded_on_the_run_and_expiry_ends_it(
         assert run.status == RunStatus.DISPATCHED
         assert run.error.startswith("waiting: lock backend unreachable")
         Run.objects.filter(pk=run.pk).update(
-            expires_at=authority_clock().now() - timedelta(seconds=1))
+            expires_at=authority_clock().now() - timedelta(seconds=1)
+        )
         with delivery(record, run), pytest.raises(Ignore):
             record("a")
     run.refresh_from_db()
@@ -444,8 +493,13 @@ def test_admin_run_page_shows_the_attempts(admin_client: Any) -> None:
 
     run = _run(status=RunStatus.SUCCEEDED, attempt=2)
     for number, outcome in ((0, "retrying"), (1, "retrying"), (2, "succeeded")):
-        RunAttempt.objects.create(run=run, number=number, outcome=outcome, worker="w1@host",
-                                  error=f"attempt {number} said so")
+        RunAttempt.objects.create(
+            run=run,
+            number=number,
+            outcome=outcome,
+            worker="w1@host",
+            error=f"attempt {number} said so",
+        )
     page = admin_client.get(reverse("admin:celery_driftsafe_run_change", args=[run.pk]))
     assert page.status_code == 200
     html = page.content.decode()

@@ -35,7 +35,8 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning"),
     # The in-process worker's threads keep their own result-backend clients, unclosed.
     pytest.mark.filterwarnings(
-        "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"),
+        "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"
+    ),
 ]
 
 BROKER_URL = f"{test_settings.REDIS_SERVER}/{test_settings.REDIS_DB + 1}"
@@ -54,22 +55,34 @@ class Env:
 
     def publish_run(self, run: Run, args: list[Any], **options: Any) -> None:
         """Publish a run by name, as the beat does (headers, deterministic id)."""
-        headers = {"driftsafe_run_id": run.pk, "driftsafe_fencing_token": 0,
-                   "driftsafe_periodic_task_id": run.periodic_task_id}
-        self.app.send_task(run.task_name, args=args, task_id=run.celery_task_id,
-                           headers=headers, queue=self.queue, **options)
+        headers = {
+            "driftsafe_run_id": run.pk,
+            "driftsafe_fencing_token": 0,
+            "driftsafe_periodic_task_id": run.periodic_task_id,
+        }
+        self.app.send_task(
+            run.task_name,
+            args=args,
+            task_id=run.celery_task_id,
+            headers=headers,
+            queue=self.queue,
+            **options,
+        )
 
     def bodies(self, name: str) -> list[tuple[Any, int]]:
         return [(value, retries) for task, value, retries in self.seen if task == name]
 
 
-def _make_app(queue: str, backend: str | None, seen: list[Any], gate: threading.Event,
-              tasks: dict[str, Any]) -> Celery:
-    app = Celery("driftsafe-semantics", broker=BROKER_URL, backend=backend,
-                 set_as_current=False)
+def _make_app(
+    queue: str, backend: str | None, seen: list[Any], gate: threading.Event, tasks: dict[str, Any]
+) -> Celery:
+    app = Celery("driftsafe-semantics", broker=BROKER_URL, backend=backend, set_as_current=False)
     app.conf.update(
-        task_default_queue=queue, broker_connection_retry_on_startup=False,
-        worker_hijack_root_logger=False, result_expires=600, task_store_eager_result=False,
+        task_default_queue=queue,
+        broker_connection_retry_on_startup=False,
+        worker_hijack_root_logger=False,
+        result_expires=600,
+        task_store_eager_result=False,
     )
 
     @app.task(name="sem.flaky", base=DriftSafeTask, bind=True, shared=False, acks_late=True)
@@ -79,9 +92,16 @@ def _make_app(queue: str, backend: str | None, seen: list[Any], gate: threading.
             raise self.retry(countdown=0.2, max_retries=5)
         return f"{marker}:{self.request.retries}"
 
-    @app.task(name="sem.auto", base=DriftSafeTask, bind=True, shared=False,
-              autoretry_for=(ValueError,), retry_backoff=True, retry_jitter=False,
-              max_retries=2)
+    @app.task(
+        name="sem.auto",
+        base=DriftSafeTask,
+        bind=True,
+        shared=False,
+        autoretry_for=(ValueError,),
+        retry_backoff=True,
+        retry_jitter=False,
+        max_retries=2,
+    )
     def auto(self: Any, marker: str) -> str:
         seen.append(("sem.auto", marker, self.request.retries))
         raise ValueError(f"{marker} attempt {self.request.retries} fails")
@@ -117,8 +137,13 @@ def make_env(redis_client: Any) -> Iterator[Callable[..., Env]]:
     queues: list[str] = []
     apps: list[Celery] = []
 
-    def make(backend: str | None = BROKER_URL, *, worker: bool = True,
-             pool: str = "threads", eager: bool = False) -> Env:
+    def make(
+        backend: str | None = BROKER_URL,
+        *,
+        worker: bool = True,
+        pool: str = "threads",
+        eager: bool = False,
+    ) -> Env:
         queue = f"sem-{uuid.uuid4().hex[:8]}"
         queues.append(queue)
         seen: list[Any] = []
@@ -130,8 +155,14 @@ def make_env(redis_client: Any) -> Iterator[Callable[..., Env]]:
         if eager:
             env.app.conf.task_always_eager = True
         if worker:
-            context = start_worker(env.app, pool=pool, concurrency=4, perform_ping_check=False,
-                                   loglevel="WARNING", shutdown_timeout=30)
+            context = start_worker(
+                env.app,
+                pool=pool,
+                concurrency=4,
+                perform_ping_check=False,
+                loglevel="WARNING",
+                shutdown_timeout=30,
+            )
             context.__enter__()
             stack.append(context)
         return env
@@ -164,10 +195,13 @@ def wait_for(condition: Callable[[], Any], timeout: float = 20.0, what: str = ""
 
 def finished(run: Run) -> Run:
     """Wait until the run has a final status; return it fresh."""
+
     def done() -> Run | None:
         fresh = Run.objects.get(pk=run.pk)
-        return fresh if fresh.status not in ("claimed", "dispatched", "started", "retrying") \
-            else None
+        return (
+            fresh if fresh.status not in ("claimed", "dispatched", "started", "retrying") else None
+        )
+
     result: Run = wait_for(done, what=f"run {run.pk} to finish")
     return result
 
@@ -176,15 +210,20 @@ def new_run(task_name: str, kind: str) -> Run:
     fields: dict[str, Any] = {}
     if kind == "scheduled":
         anchor = datetime(2026, 3, 1, tzinfo=UTC)
-        fields = {"periodic_task": interval_task(f"p-{uuid.uuid4().hex[:6]}", 60, anchor=anchor,
-                                                 task=task_name),
-                  "slot": anchor + timedelta(minutes=1), "kind": RunKind.SCHEDULED}
+        fields = {
+            "periodic_task": interval_task(
+                f"p-{uuid.uuid4().hex[:6]}", 60, anchor=anchor, task=task_name
+            ),
+            "slot": anchor + timedelta(minutes=1),
+            "kind": RunKind.SCHEDULED,
+        }
     elif kind == "manual":
         fields = {"kind": RunKind.MANUAL, "claimed_by": "admin:tester"}
     else:
         fields = {"kind": RunKind.ADHOC}
-    return Run.objects.create(task_name=task_name, status=RunStatus.DISPATCHED,
-                              celery_task_id=str(uuid.uuid4()), **fields)
+    return Run.objects.create(
+        task_name=task_name, status=RunStatus.DISPATCHED, celery_task_id=str(uuid.uuid4()), **fields
+    )
 
 
 def start(env: Env, kind: str, task: str, args: list[Any]) -> Run:
@@ -244,7 +283,9 @@ def test_retry_in_eager_mode_records_each_attempt(make_env: Any) -> None:
     assert run.status == RunStatus.SUCCEEDED and run.attempt == 1
     assert env.bodies("sem.flaky") == [("e", 0), ("e", 1)]
     assert list(RunAttempt.objects.filter(run=run).values_list("number", "outcome")) == [
-        (0, "retrying"), (1, "succeeded")]
+        (0, "retrying"),
+        (1, "succeeded"),
+    ]
     again = env.tasks["flaky"].apply_async(["e", 1], idempotency_key=KEY + "eager-retry")
     assert again.id == run.celery_task_id
     assert len(env.bodies("sem.flaky")) == 2, "the key ran once"
@@ -254,8 +295,9 @@ def test_retry_in_eager_mode_records_each_attempt(make_env: Any) -> None:
 
 
 @pytest.mark.parametrize("backend", ["redis", "django-db", None])
-def test_duplicates_never_write_the_result(make_env: Any, backend: str | None,
-                                          caplog: pytest.LogCaptureFixture) -> None:
+def test_duplicates_never_write_the_result(
+    make_env: Any, backend: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
     """Three copies arrive while the body runs (re-sent for after the lease), two after it
     finished: the result is the body's, never an early or late None."""
     url = {"redis": BROKER_URL, "django-db": "django-db", None: None}[backend]
@@ -274,8 +316,11 @@ def test_duplicates_never_write_the_result(make_env: Any, backend: str | None,
         run = finished(run)
         for _ in range(2):
             env.publish_run(run, [21])
-        wait_for(lambda: Run.objects.get(pk=run.pk).duplicate_deliveries == 5, timeout=30,
-                 what="5 duplicates")
+        wait_for(
+            lambda: Run.objects.get(pk=run.pk).duplicate_deliveries == 5,
+            timeout=30,
+            what="5 duplicates",
+        )
     assert run.status == RunStatus.SUCCEEDED
     assert env.bodies("sem.double") == [(21, 0)]
     if url is not None:
@@ -351,8 +396,7 @@ def test_expiry_is_the_authoritys_not_the_workers_clock(make_env: Any) -> None:
     ``expires_at`` on the authority's clock is still ahead: the run runs."""
     env = make_env()
     run = new_run("sem.double", "manual")
-    Run.objects.filter(pk=run.pk).update(
-        expires_at=authority_clock().now() + timedelta(minutes=5))
+    Run.objects.filter(pk=run.pk).update(expires_at=authority_clock().now() + timedelta(minutes=5))
     env.publish_run(run, [2], expires=datetime.now(UTC) - timedelta(minutes=1))
     assert env.app.AsyncResult(run.celery_task_id).get(timeout=20) == 4
     assert finished(run).status == RunStatus.SUCCEEDED
@@ -377,8 +421,9 @@ def test_explicit_expires_of_a_keyed_call_is_judged_by_the_authority(make_env: A
     assert run.expires_at is not None
     assert timedelta(0) < run.expires_at - run.claimed_at <= timedelta(seconds=0.5)
     time.sleep(0.7)
-    with start_worker(env.app, pool="threads", concurrency=2, perform_ping_check=False,
-                      loglevel="WARNING"):
+    with start_worker(
+        env.app, pool="threads", concurrency=2, perform_ping_check=False, loglevel="WARNING"
+    ):
         run = finished(run)
     assert run.status == RunStatus.EXPIRED
     assert env.seen == []
@@ -422,4 +467,5 @@ def test_chain_group_and_chord_with_driftsafe_tasks(make_env: Any) -> None:
     run = finished(Run.objects.get(idempotency_key=KEY + "in-a-chain"))
     assert run.status == RunStatus.SUCCEEDED
     assert sorted(env.bodies("sem.double")) == sorted(
-        [(1, 0), (0, 0), (1, 0), (2, 0), (0, 0), (1, 0), (2, 0), (5, 0)])
+        [(1, 0), (0, 0), (1, 0), (2, 0), (0, 0), (1, 0), (2, 0), (5, 0)]
+    )

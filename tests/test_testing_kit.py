@@ -138,8 +138,9 @@ def _user_project(pytester: pytest.Pytester) -> None:
     # The app the how-to's tests expect, routing its reports to a queue of their own.
     pytester.makepyfile(proj_celery=app + ROUTES)
     pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_howto_dst=dst_tests, test_howto_tasks=task_tests,
-                        test_user_schedules=USER_TESTS)
+    pytester.makepyfile(
+        test_howto_dst=dst_tests, test_howto_tasks=task_tests, test_user_schedules=USER_TESTS
+    )
     folder = pytester.mkpydir("overrides")
     (folder / "conftest.py").write_text(overrides)
     (folder / "test_overrides.py").write_text(OVERRIDDEN)
@@ -164,16 +165,18 @@ def test_user_tests_of_schedules_pass_and_a_wrong_expectation_fails_clearly(
     _user_project(pytester)
     result = pytester.runpytest_subprocess("-v", "-p", "no:xdist", "--no-migrations")
     result.assert_outcomes(passed=11, failed=1)
-    result.stdout.fnmatch_lines([
-        "*test_wrong_expectation_fails_clearly FAILED*",
-        "E*AssertionError: periodic task 'nightly-report' fired 1 time(s) between "
-        "2026-03-28 23:00:00 UTC (2026-03-29 00:00:00 CET Europe/Berlin) and "
-        "2026-03-29 22:00:00 UTC (2026-03-30 00:00:00 CEST Europe/Berlin), expected 1:",
-        "E*expected: 2026-03-29 01:30:00 UTC (2026-03-29 03:30:00 CEST Europe/Berlin)",
-        "E*fired:    2026-03-29 01:00:00 UTC (2026-03-29 03:00:00 CEST Europe/Berlin)",
-        "E*missing:  2026-03-29 01:30:00 UTC (2026-03-29 03:30:00 CEST Europe/Berlin)",
-        "E*extra:    2026-03-29 01:00:00 UTC (2026-03-29 03:00:00 CEST Europe/Berlin)",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*test_wrong_expectation_fails_clearly FAILED*",
+            "E*AssertionError: periodic task 'nightly-report' fired 1 time(s) between "
+            "2026-03-28 23:00:00 UTC (2026-03-29 00:00:00 CET Europe/Berlin) and "
+            "2026-03-29 22:00:00 UTC (2026-03-30 00:00:00 CEST Europe/Berlin), expected 1:",
+            "E*expected: 2026-03-29 01:30:00 UTC (2026-03-29 03:30:00 CEST Europe/Berlin)",
+            "E*fired:    2026-03-29 01:00:00 UTC (2026-03-29 03:00:00 CEST Europe/Berlin)",
+            "E*missing:  2026-03-29 01:30:00 UTC (2026-03-29 03:30:00 CEST Europe/Berlin)",
+            "E*extra:    2026-03-29 01:00:00 UTC (2026-03-29 03:00:00 CEST Europe/Berlin)",
+        ]
+    )
     # The how-to shows this failure: word for word.
     howto = (DOCS / "howto/test-your-schedules.md").read_text()
     message = next(line for line in result.stdout.lines if "AssertionError: periodic" in line)
@@ -185,16 +188,17 @@ def test_the_plugin_loads_without_django_configured(
 ) -> None:
     _environment(monkeypatch, django=False)
     pytester.makeini(INI)
-    pytester.makepyfile(test_clock="""
+    pytester.makepyfile(
+        test_clock="""
         from datetime import UTC, datetime, timedelta
 
         def test_fake_clock(driftsafe_clock):
             assert driftsafe_clock.now() == datetime(2026, 1, 1, tzinfo=UTC)
             driftsafe_clock.advance(timedelta(minutes=5))
             assert driftsafe_clock.now() == datetime(2026, 1, 1, 0, 5, tzinfo=UTC)
-    """)
+    """
+    )
     result = pytester.runpytest_subprocess("-p", "no:xdist", "--fixtures")
     result.stdout.fnmatch_lines(["*fixtures defined from celery_driftsafe.testing.pytest_plugin*"])
     result = pytester.runpytest_subprocess("-p", "no:xdist")
     result.assert_outcomes(passed=1)
-

@@ -48,8 +48,7 @@ def executed(celery_app: Any, redis_client: Any) -> Iterator[list[str]]:
 
     task_postrun.connect(close_connections, weak=False, dispatch_uid="kit-close-postrun")
     try:
-        with start_worker(celery_app, pool="solo", perform_ping_check=False,
-                          loglevel="WARNING"):
+        with start_worker(celery_app, pool="solo", perform_ping_check=False, loglevel="WARNING"):
             yield seen
     finally:
         task_postrun.disconnect(dispatch_uid="kit-close-postrun")
@@ -59,8 +58,13 @@ def test_what_the_stepped_beat_publishes_runs_once_per_slot_on_a_worker(
     driftsafe: Any, executed: list[str]
 ) -> None:
     driftsafe.clock.set(datetime(2026, 3, 29, 0, 0, tzinfo=UTC))
-    PeriodicTask.objects.create(name="tick", task="kit.tick", schedule_kind="interval",
-                                interval_every=10, interval_unit="minutes")
+    PeriodicTask.objects.create(
+        name="tick",
+        task="kit.tick",
+        schedule_kind="interval",
+        interval_every=10,
+        interval_unit="minutes",
+    )
     driftsafe.advance(timedelta(hours=1))
     published = driftsafe.messages("tick")
     assert [m.slot for m in published] == [

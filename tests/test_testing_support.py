@@ -28,21 +28,31 @@ from celery_driftsafe.testing.processes import (
 from celery_driftsafe.testing.recording import QueueRecorder, percentile
 from tests import settings as test_settings
 
-CLEAN = ("import signal, sys, time\n"
-         "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
-         "print('up', flush=True)\n"
-         "time.sleep(60)\n")
-STUBBORN = ("import signal, time\n"
-            "signal.signal(signal.SIGTERM, lambda *_: None)\n"
-            "print('up', flush=True)\n"
-            "time.sleep(60)\n")
+CLEAN = (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+    "print('up', flush=True)\n"
+    "time.sleep(60)\n"
+)
+STUBBORN = (
+    "import signal, time\n"
+    "signal.signal(signal.SIGTERM, lambda *_: None)\n"
+    "print('up', flush=True)\n"
+    "time.sleep(60)\n"
+)
 
 
 @pytest.mark.parametrize(
     ("values", "q", "expected"),
-    [([3.0, 1.0, 2.0], 50, 2.0), ([1.0, 2.0, 3.0, 4.0], 50, 2.0), ([1.0, 2.0, 3.0, 4.0], 75, 3.0),
-     (list(map(float, range(1, 101))), 99, 99.0), ([5.0], 99, 5.0), ([1.0, 9.0], 100, 9.0),
-     ([1.0, 9.0], 0, 1.0)],
+    [
+        ([3.0, 1.0, 2.0], 50, 2.0),
+        ([1.0, 2.0, 3.0, 4.0], 50, 2.0),
+        ([1.0, 2.0, 3.0, 4.0], 75, 3.0),
+        (list(map(float, range(1, 101))), 99, 99.0),
+        ([5.0], 99, 5.0),
+        ([1.0, 9.0], 100, 9.0),
+        ([1.0, 9.0], 0, 1.0),
+    ],
 )
 def test_percentile_is_nearest_rank(values: list[float], q: float, expected: float) -> None:
     assert percentile(values, q) == expected
@@ -63,8 +73,7 @@ def test_children_stop_with_sigterm_and_kill_what_ignores_it(tmp_path: Path) -> 
     children = Children(tmp_path)
     try:
         clean = children.start("clean", [], {}, command=[sys.executable, "-c", CLEAN])
-        stubborn = children.start("stubborn", [], {},
-                                  command=[sys.executable, "-c", STUBBORN])
+        stubborn = children.start("stubborn", [], {}, command=[sys.executable, "-c", STUBBORN])
         for child in (clean, stubborn):
             _wait_for(child.log, "up")
         rss, cpu = proc_stats(clean.pid)
@@ -96,8 +105,11 @@ def test_queue_recorder_keeps_arrival_order_and_its_clock(redis_client: Any) -> 
     queue = "recorder-test"
     ticks = itertools.count(1000)
     recorder: QueueRecorder[tuple[bytes, float]] = QueueRecorder(
-        test_settings.REDIS_URL, queue, lambda raw, stamp: None if raw == b"skip" else
-        (raw, stamp), clock=lambda: float(next(ticks)))
+        test_settings.REDIS_URL,
+        queue,
+        lambda raw, stamp: None if raw == b"skip" else (raw, stamp),
+        clock=lambda: float(next(ticks)),
+    )
     recorder.start()
     try:
         redis_client.lpush(queue, b"first")
@@ -140,7 +152,8 @@ def test_every_registered_benchmark_resolves(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setattr(os, "environ", dict(os.environ))
     assert {"compare", "burst", "recovery", "skew", "burst-profile", "task", "slots"} <= set(
-        REGISTRY)
+        REGISTRY
+    )
     for name in REGISTRY:
         assert callable(resolve(name)), name
     with pytest.raises(LookupError):

@@ -129,8 +129,10 @@ class Timeline:
     def marks_svg(self) -> SafeString:
         """Every mark as SVG (built here, not in a template loop: there may be thousands)."""
         circle = '<circle class="ds-mark {}" cx="{}" cy="{}" r="4"><title>{}</title></circle>'
-        square = ('<rect class="ds-mark missed" x="{}" y="{}" width="8" height="8">'
-                  "<title>{}</title></rect>")
+        square = (
+            '<rect class="ds-mark missed" x="{}" y="{}" width="8" height="8">'
+            "<title>{}</title></rect>"
+        )
         parts = []
         for lane in self.lanes:
             for mark in lane.marks:
@@ -182,8 +184,9 @@ def _short(node_id: str) -> str:
     return ":".join(parts[:2]) if len(parts) >= 3 else node_id
 
 
-def timeline(runs: Sequence[cluster.RecentRun], nodes: Sequence[BeatNode],
-             now: datetime) -> Timeline:
+def timeline(
+    runs: Sequence[cluster.RecentRun], nodes: Sequence[BeatNode], now: datetime
+) -> Timeline:
     """Lanes (one per claimer, nodes first in their order) with a mark per run at its slot."""
     start = now - WINDOW
     span = WINDOW.total_seconds()
@@ -194,7 +197,7 @@ def timeline(runs: Sequence[cluster.RecentRun], nodes: Sequence[BeatNode],
     names = [n for n in order if n in claimers]
     names += sorted(claimers - set(names))
     if len(names) > MAX_LANES:
-        names = [*names[:MAX_LANES - 1], "other"]
+        names = [*names[: MAX_LANES - 1], "other"]
     lanes: dict[str, Lane] = {}
     for index, name in enumerate(names):
         label = "other claimers" if name == "other" else _short(name)
@@ -214,8 +217,10 @@ def timeline(runs: Sequence[cluster.RecentRun], nodes: Sequence[BeatNode],
             what = f"{run.status}, not published yet"
         else:
             what = f"published {'+' if late >= 0 else ''}{seconds_text(late)} after its slot"
-        title = (f"{run.task_name} · slot {local_text(instant, milliseconds=True)} · "
-                 f"{run.claimed_by} · {what} · {run.status}")
+        title = (
+            f"{run.task_name} · slot {local_text(instant, milliseconds=True)} · "
+            f"{run.claimed_by} · {what} · {run.status}"
+        )
         lane.marks.append(Mark(round(x, 1), lane.y, lateness_class(late, run.status), title))
     ticks = []
     first = (start + timedelta(minutes=10)).replace(second=0, microsecond=0)
@@ -227,25 +232,40 @@ def timeline(runs: Sequence[cluster.RecentRun], nodes: Sequence[BeatNode],
             ticks.append(Tick(round(x, 1), f"{timezone.localtime(tick):%H:%M}"))
         tick += timedelta(minutes=10)
     height = TOP + LANE * max(len(lanes), 1) + AXIS
-    return Timeline(WIDTH, height, LEFT, right_edge, list(lanes.values()), ticks,
-                    sum(len(lane.marks) for lane in lanes.values()))
+    return Timeline(
+        WIDTH,
+        height,
+        LEFT,
+        right_edge,
+        list(lanes.values()),
+        ticks,
+        sum(len(lane.marks) for lane in lanes.values()),
+    )
 
 
-def bars(buckets: Sequence[cluster.Bucket], *, width: int = 560,
-         height: int = 160) -> list[Bar]:
+def bars(buckets: Sequence[cluster.Bucket], *, width: int = 560, height: int = 160) -> list[Bar]:
     """The histogram's bars, scaled to the tallest."""
     top = max((b.count for b in buckets), default=0) or 1
     slot = width / max(len(buckets), 1)
     out = []
     for i, bucket in enumerate(buckets):
         h = bucket.count / top * height
-        out.append(Bar(bucket.label, bucket.count, round(i * slot + 4, 1),
-                       round(height - h + 18, 1), round(slot - 8, 1), round(h, 1)))
+        out.append(
+            Bar(
+                bucket.label,
+                bucket.count,
+                round(i * slot + 4, 1),
+                round(height - h + 18, 1),
+                round(slot - 8, 1),
+                round(h, 1),
+            )
+        )
     return out
 
 
-def node_rows(nodes: Sequence[BeatNode], runs: Sequence[cluster.RecentRun],
-              now: datetime) -> list[NodeRow]:
+def node_rows(
+    nodes: Sequence[BeatNode], runs: Sequence[cluster.RecentRun], now: datetime
+) -> list[NodeRow]:
     settings = get_settings()
     dead_after = timedelta(seconds=settings.node_dead_after_seconds)
     bound = settings.max_clock_offset_seconds
@@ -270,16 +290,21 @@ def node_rows(nodes: Sequence[BeatNode], runs: Sequence[cluster.RecentRun],
         values = late_by_node.get(node.node_id, [])
         p50 = cluster.quantile(values, 0.5)
         worst = max(values) if values else None
-        rows.append(NodeRow(
-            node=node, state=node.state_at(now, dead_after), offset_text=text,
-            offset_exceeded=node.offset_exceeds(bound), bar_left=round(left, 2),
-            bar_width=round(width, 2),
-            heartbeat=relative(node.last_heartbeat_at, now),
-            lag="—" if node.lag_seconds is None else seconds_text(node.lag_seconds),
-            fired=fired.get(node.node_id, 0),
-            p50="—" if p50 is None else f"+{seconds_text(p50)}",
-            worst="—" if worst is None else f"+{seconds_text(worst)}",
-        ))
+        rows.append(
+            NodeRow(
+                node=node,
+                state=node.state_at(now, dead_after),
+                offset_text=text,
+                offset_exceeded=node.offset_exceeds(bound),
+                bar_left=round(left, 2),
+                bar_width=round(width, 2),
+                heartbeat=relative(node.last_heartbeat_at, now),
+                lag="—" if node.lag_seconds is None else seconds_text(node.lag_seconds),
+                fired=fired.get(node.node_id, 0),
+                p50="—" if p50 is None else f"+{seconds_text(p50)}",
+                worst="—" if worst is None else f"+{seconds_text(worst)}",
+            )
+        )
     return rows
 
 
@@ -293,15 +318,24 @@ def context(now: datetime) -> dict[str, Any]:
     for task in cluster.next_fires(limit=NEXT_FIRES):
         due = task.due_at or task.next_slot_at
         assert due is not None and task.next_slot_at is not None
-        upcoming.append({"task": task, "at": local_text(task.next_slot_at, same_day_as=now),
-                         "relative": relative(due, now), "overdue": due <= now,
-                         "jitter": (due - task.next_slot_at).total_seconds()})
+        upcoming.append(
+            {
+                "task": task,
+                "at": local_text(task.next_slot_at, same_day_as=now),
+                "relative": relative(due, now),
+                "overdue": due <= now,
+                "jitter": (due - task.next_slot_at).total_seconds(),
+            }
+        )
     settings = get_settings()
     return {
         "now_text": local_text(now, milliseconds=True),
         "nodes": node_rows(nodes, runs, now),
-        "alive": sum(1 for n in nodes if n.state_at(
-            now, timedelta(seconds=settings.node_dead_after_seconds)) == "alive"),
+        "alive": sum(
+            1
+            for n in nodes
+            if n.state_at(now, timedelta(seconds=settings.node_dead_after_seconds)) == "alive"
+        ),
         "offset_bound": seconds_text(settings.max_clock_offset_seconds),
         "bars": bars(buckets),
         "published": len(late),
@@ -309,9 +343,11 @@ def context(now: datetime) -> dict[str, Any]:
         "runs_shown": len(runs),
         "runs_capped": len(runs) >= MAX_RUNS,
         "oldest_shown": local_text(runs[-1].claimed_at, same_day_as=now)
-        if runs and runs[-1].claimed_at else "",
+        if runs and runs[-1].claimed_at
+        else "",
         "max_runs": MAX_RUNS,
-        "p50": _q(late, 0.5), "p99": _q(late, 0.99),
+        "p50": _q(late, 0.5),
+        "p99": _q(late, 0.99),
         "worst": f"+{seconds_text(max(late))}" if late else "—",
         "timeline": timeline(runs, nodes, now),
         "classes": [(name, legend) for _, name, legend in LATENESS_CLASSES],

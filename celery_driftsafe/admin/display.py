@@ -43,8 +43,9 @@ def read_authority() -> datetime | None:
     try:
         return authority_clock().now()
     except (ClockError, ConfigurationError) as exc:
-        logger.warning("admin page without the authority's time: %s", exc,
-                       extra={"action": "admin-clock"})
+        logger.warning(
+            "admin page without the authority's time: %s", exc, extra={"action": "admin-clock"}
+        )
         return None
 
 
@@ -73,12 +74,14 @@ class AuthorityNowMixin:
         return self._with_now(super().changelist_view, request, extra_context)  # type: ignore[misc]
 
     def changeform_view(
-        self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
-        return self._with_now(
-            super().changeform_view, request, object_id, form_url, extra_context  # type: ignore[misc]
-        )
+        view = super().changeform_view  # type: ignore[misc]
+        return self._with_now(view, request, object_id, form_url, extra_context)
 
 
 # -- instants and durations ------------------------------------------------------------------
@@ -106,7 +109,9 @@ def instant(
         return "—"
     utc = value.astimezone(UTC).isoformat()
     return format_html(
-        '<time datetime="{}" title="{} UTC">{}</time>', utc, utc.removesuffix("+00:00"),
+        '<time datetime="{}" title="{} UTC">{}</time>',
+        utc,
+        utc.removesuffix("+00:00"),
         local_text(value, milliseconds=milliseconds, same_day_as=same_day_as),
     )
 
@@ -142,7 +147,8 @@ def lateness(value: timedelta | None) -> SafeString | str:
     if seconds < 0:
         return format_html(
             '<span class="driftsafe-early" style="color:#ba2121;font-weight:bold" '
-            'title="claimed before its slot">{}</span>', seconds_text(seconds),
+            'title="claimed before its slot">{}</span>',
+            seconds_text(seconds),
         )
     return f"+{seconds_text(seconds)}"
 
@@ -162,7 +168,9 @@ def status_badge(status: str | None) -> SafeString | str:
     return format_html(
         '<span class="driftsafe-status driftsafe-status-{}" style="color:#fff;background:{};'
         'padding:1px 6px;border-radius:8px;white-space:nowrap">{}</span>',
-        status, STATUS_COLOURS.get(status, "#777777"), label,
+        status,
+        STATUS_COLOURS.get(status, "#777777"),
+        label,
     )
 
 
@@ -192,8 +200,7 @@ def describe_schedule(task: PeriodicTask) -> str:
         # cron-descriptor reads six fields with the seconds first, like us.
         expression = " ".join(
             str(getattr(task, f"crontab_{name}")).strip()
-            for name in ("second", "minute", "hour", "day_of_month", "month_of_year",
-                         "day_of_week")
+            for name in ("second", "minute", "hour", "day_of_month", "month_of_year", "day_of_week")
             if name != "second" or str(task.crontab_second or "0").strip() != "0"
         )
         text = _cron_description(expression)

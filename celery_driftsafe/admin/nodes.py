@@ -55,16 +55,37 @@ class NodeStateFilter(admin.SimpleListFilter):
 
 class BeatNodeAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = (
-        "node_id", "hostname", "pid", "version", "state", "heartbeat", "offset", "rtt",
-        "clock_measured", "claiming", "lag",
+        "node_id",
+        "hostname",
+        "pid",
+        "version",
+        "state",
+        "heartbeat",
+        "offset",
+        "rtt",
+        "clock_measured",
+        "claiming",
+        "lag",
     )
     list_filter = (NodeStateFilter, "hostname")
     show_full_result_count = False
     search_fields = ("node_id", "hostname")
     list_per_page = 100
     readonly_fields = (
-        "node_id", "hostname", "pid", "version", "state", "started", "heartbeat", "offset",
-        "rtt", "clock_measured", "stopped", "claiming", "lag", "claiming_since",
+        "node_id",
+        "hostname",
+        "pid",
+        "version",
+        "state",
+        "started",
+        "heartbeat",
+        "offset",
+        "rtt",
+        "clock_measured",
+        "stopped",
+        "claiming",
+        "lag",
+        "claiming_since",
     )
     fields = readonly_fields
 
@@ -82,8 +103,9 @@ class BeatNodeAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-a
                 raise PermissionDenied
             return dashboard_view(self, request)
 
-        dashboard = path("dashboard/", self.admin_site.admin_view(view),
-                         name="celery_driftsafe_dashboard")
+        dashboard = path(
+            "dashboard/", self.admin_site.admin_view(view), name="celery_driftsafe_dashboard"
+        )
         return [dashboard, *super().get_urls()]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -99,14 +121,17 @@ class BeatNodeAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-a
             return "unknown (time authority unreachable)"
         state = node.state_at(now, _dead_after())
         return format_html(
-            '<strong class="driftsafe-node-{}" style="color:{}">{}</strong>', state,
-            _STATE_COLOURS[state], state,
+            '<strong class="driftsafe-node-{}" style="color:{}">{}</strong>',
+            state,
+            _STATE_COLOURS[state],
+            state,
         )
 
     @admin.display(description="last heartbeat", ordering="last_heartbeat_at")
     def heartbeat(self, node: BeatNode) -> SafeString | str:
         return format_html(
-            "{}<br><small>{}</small>", instant(node.last_heartbeat_at),
+            "{}<br><small>{}</small>",
+            instant(node.last_heartbeat_at),
             relative(node.last_heartbeat_at, page_now()),
         )
 
@@ -129,7 +154,9 @@ class BeatNodeAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-a
             return format_html(
                 '<strong class="driftsafe-offset-exceeded" style="color:#ba2121" '
                 'title="beyond MAX_CLOCK_OFFSET_SECONDS = {} s: check NTP on this host">'
-                "⚠ {}</strong>", bound, text,
+                "⚠ {}</strong>",
+                bound,
+                text,
             )
         return format_html('<span class="driftsafe-offset-ok">{}</span>', text)
 
@@ -154,13 +181,16 @@ class BeatNodeAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-a
             return format_html(
                 '<strong class="driftsafe-saturated" style="color:#ba2121" '
                 'title="past MISFIRE_GRACE_SECONDS = {} s: add beats or spread the schedule">'
-                "⚠ saturated: {} behind</strong>", grace, seconds_text(value),
+                "⚠ saturated: {} behind</strong>",
+                grace,
+                seconds_text(value),
             )
         return seconds_text(value)
 
     @admin.display(description="claiming")
     def claiming(self, node: BeatNode) -> SafeString | str:
         if node.claiming_paused_reason:
-            return format_html('<span style="color:#ba2121">paused: {}</span>',
-                               node.claiming_paused_reason)
+            return format_html(
+                '<span style="color:#ba2121">paused: {}</span>', node.claiming_paused_reason
+            )
         return "active"

@@ -105,8 +105,7 @@ class RunAttemptInline(admin.TabularInline):  # type: ignore[type-arg]
     model = RunAttempt
     extra = 0
     can_delete = False
-    fields = ("number", "outcome_badge", "worker", "started", "finished", "fencing_token",
-              "error")
+    fields = ("number", "outcome_badge", "worker", "started", "finished", "fencing_token", "error")
     readonly_fields = fields
     ordering = ("number",)
     verbose_name_plural = "attempts (Celery retries of this run)"
@@ -132,8 +131,19 @@ class RunAttemptInline(admin.TabularInline):  # type: ignore[type-arg]
 
 class RunAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = (
-        "run", "task_name", "kind", "slot_at", "status_badge", "claimed_by", "claimed",
-        "dispatched", "started", "finished", "lateness_text", "duration_text", "attempts",
+        "run",
+        "task_name",
+        "kind",
+        "slot_at",
+        "status_badge",
+        "claimed_by",
+        "claimed",
+        "dispatched",
+        "started",
+        "finished",
+        "lateness_text",
+        "duration_text",
+        "attempts",
         "result",
     )
     list_filter = ("status", AttentionFilter, "kind", PeriodicTaskFilter, NodeFilter)
@@ -142,10 +152,28 @@ class RunAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     show_full_result_count = False
     paginator = EstimatedCountPaginator
     readonly_fields = (
-        "task_name", "periodic_task", "kind", "slot_at", "status_badge", "claimed_by",
-        "claimed", "dispatched", "started", "finished", "lateness_text", "duration_text",
-        "celery_task_id", "result", "idempotency_key", "fencing_token", "dispatch_attempts",
-        "attempts", "duplicate_deliveries", "expires_at", "worker", "error",
+        "task_name",
+        "periodic_task",
+        "kind",
+        "slot_at",
+        "status_badge",
+        "claimed_by",
+        "claimed",
+        "dispatched",
+        "started",
+        "finished",
+        "lateness_text",
+        "duration_text",
+        "celery_task_id",
+        "result",
+        "idempotency_key",
+        "fencing_token",
+        "dispatch_attempts",
+        "attempts",
+        "duplicate_deliveries",
+        "expires_at",
+        "worker",
+        "error",
     )
     fields = readonly_fields
     inlines = (RunAttemptInline,)

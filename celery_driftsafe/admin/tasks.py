@@ -90,8 +90,15 @@ def _schedulable(tasks: list[PeriodicTask]) -> tuple[list[PeriodicTask], list[st
 class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     form = PeriodicTaskForm
     list_display = (
-        "name", "task", "schedule_text", "timezone", "enabled", "limits", "next_slot",
-        "last_run", "last_lateness",
+        "name",
+        "task",
+        "schedule_text",
+        "timezone",
+        "enabled",
+        "limits",
+        "next_slot",
+        "last_run",
+        "last_lateness",
     )
     list_display_links = ("name",)
     list_filter = ("enabled", "schedule_kind", LastRunStatusFilter, "source", "timezone")
@@ -100,36 +107,78 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
     show_full_result_count = False
     actions = ("enable_tasks", "disable_tasks", "run_now", "reset_schedule")
     readonly_fields = (
-        "schedule_text", "next_slot", "due_at", "last_slot_at", "run_count", "interval_anchor",
-        "source", "created_at", "changed_at",
+        "schedule_text",
+        "next_slot",
+        "due_at",
+        "last_slot_at",
+        "run_count",
+        "interval_anchor",
+        "source",
+        "created_at",
+        "changed_at",
     )
     fieldsets = (
-        (None, {"fields": ("name", "description", "task", "args", "kwargs", "enabled",
-                           "disabled_reason")}),
-        ("Schedule", {
-            "fields": (
-                "schedule_kind", ("interval_every", "interval_unit"), tuple(CRONTAB_FIELDS),
-                "timezone", *ONE_OFF_FIELDS, SOLAR_FIELDS,
-            ),
-            "description": "Fill in the fields of the chosen kind: interval (every N units), "
-                           "crontab (cron fields evaluated in the time zone; seconds are "
-                           "optional), one-off, "
-                           "or solar (an event of the sun at a latitude and longitude).",
-        }),
-        ("Bounds and limits", {
-            "fields": (("valid_from", "valid_until"), ("run_once", "max_runs"), "jitter_seconds"),
-            "description": "Optional. Slots outside [valid from, valid until) never fire; a "
-                           "task that fired its one run (run once) or reached max runs, or "
-                           "whose valid until has passed, is disabled by the scheduler with "
-                           "the reason. Jitter spreads each run over the first seconds of its "
-                           "slot, at an instant every beat computes alike.",
-        }),
+        (
+            None,
+            {
+                "fields": (
+                    "name",
+                    "description",
+                    "task",
+                    "args",
+                    "kwargs",
+                    "enabled",
+                    "disabled_reason",
+                )
+            },
+        ),
+        (
+            "Schedule",
+            {
+                "fields": (
+                    "schedule_kind",
+                    ("interval_every", "interval_unit"),
+                    tuple(CRONTAB_FIELDS),
+                    "timezone",
+                    *ONE_OFF_FIELDS,
+                    SOLAR_FIELDS,
+                ),
+                "description": "Fill in the fields of the chosen kind: interval (every N units), "
+                "crontab (cron fields evaluated in the time zone; seconds are "
+                "optional), one-off, "
+                "or solar (an event of the sun at a latitude and longitude).",
+            },
+        ),
+        (
+            "Bounds and limits",
+            {
+                "fields": (
+                    ("valid_from", "valid_until"),
+                    ("run_once", "max_runs"),
+                    "jitter_seconds",
+                ),
+                "description": "Optional. Slots outside [valid from, valid until) never fire; a "
+                "task that fired its one run (run once) or reached max runs, or "
+                "whose valid until has passed, is disabled by the scheduler with "
+                "the reason. Jitter spreads each run over the first seconds of its "
+                "slot, at an instant every beat computes alike.",
+            },
+        ),
         ("Policies", {"fields": ("misfire_policy", "misfire_grace_seconds", "overlap_policy")}),
-        ("Publishing", {
-            "classes": ("collapse",),
-            "fields": ("queue", "exchange", "routing_key", "priority", "expires_seconds",
-                       "headers"),
-        }),
+        (
+            "Publishing",
+            {
+                "classes": ("collapse",),
+                "fields": (
+                    "queue",
+                    "exchange",
+                    "routing_key",
+                    "priority",
+                    "expires_seconds",
+                    "headers",
+                ),
+            },
+        ),
         ("State", {"fields": readonly_fields}),
     )
 
@@ -176,7 +225,9 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
         when = relative(task.next_slot_at, page_now())
         style = "" if task.enabled else "color:#999"
         return format_html(
-            '<span style="{}">{}</span><br><small>{}</small>', style, instant(task.next_slot_at),
+            '<span style="{}">{}</span><br><small>{}</small>',
+            style,
+            instant(task.next_slot_at),
             when if task.enabled else "disabled",
         )
 
@@ -187,7 +238,9 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
             return "never"
         node = getattr(task, "last_run_node", "") or "?"
         return format_html(
-            '{}<br><small title="claimed by {}">{}</small>', status_badge(status), node,
+            '{}<br><small title="claimed by {}">{}</small>',
+            status_badge(status),
+            node,
             instant(getattr(task, "last_run_slot", None)),
         )
 
@@ -203,11 +256,11 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
     def enable_tasks(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
         tasks, broken = _schedulable(list(queryset.filter(enabled=False)))
         for text in broken:
-            self.message_user(request, f"Not enabled, it cannot fire: {text}",
-                              messages.ERROR)
+            self.message_user(request, f"Not enabled, it cannot fire: {text}", messages.ERROR)
         if not tasks:
-            self.message_user(request, "No disabled task with a valid schedule was selected.",
-                              messages.WARNING)
+            self.message_user(
+                request, "No disabled task with a valid schedule was selected.", messages.WARNING
+            )
             return
         try:
             with transaction.atomic():
@@ -219,8 +272,11 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
             self.message_user(request, f"Nothing enabled: {exc}", messages.ERROR)
             return
         self._log(request, "enable", tasks, "Enabled (action; next slot after now)")
-        self.message_user(request, f"Enabled {len(tasks)} task(s): "
-                          + ", ".join(t.name for t in tasks), messages.SUCCESS)
+        self.message_user(
+            request,
+            f"Enabled {len(tasks)} task(s): " + ", ".join(t.name for t in tasks),
+            messages.SUCCESS,
+        )
 
     @admin.action(description="Disable selected tasks", permissions=["change"])
     def disable_tasks(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
@@ -256,25 +312,35 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
                 elif result.status == RunStatus.DISPATCHED:
                     level, text = messages.SUCCESS, "dispatched"
                 else:
-                    level, text = messages.WARNING, ("claimed; the broker did not take it, a "
-                                                     "beat will re-publish it after the lease")
+                    level, text = (
+                        messages.WARNING,
+                        (
+                            "claimed; the broker did not take it, a "
+                            "beat will re-publish it after the lease"
+                        ),
+                    )
                 self.message_user(
-                    request, f"Run now {task.name} (task id {result.celery_task_id}): {text}",
+                    request,
+                    f"Run now {task.name} (task id {result.celery_task_id}): {text}",
                     level,
                 )
                 if result.created:
-                    self.log_change(request, task, f"Run now: run #{result.run_id}, Celery "
-                                    f"task id {result.celery_task_id}: {text}")
+                    self.log_change(
+                        request,
+                        task,
+                        f"Run now: run #{result.run_id}, Celery "
+                        f"task id {result.celery_task_id}: {text}",
+                    )
         except (ClockError, ConfigurationError) as exc:
             self.message_user(request, f"Cannot run now: {exc}", messages.ERROR)
 
-    @admin.action(description="Reset schedule (next slot after now, no catch-up)",
-                  permissions=["change"])
+    @admin.action(
+        description="Reset schedule (next slot after now, no catch-up)", permissions=["change"]
+    )
     def reset_schedule(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
         tasks, broken = _schedulable(list(queryset))
         for text in broken:
-            self.message_user(request, f"Not reset, it cannot fire: {text}",
-                              messages.ERROR)
+            self.message_user(request, f"Not reset, it cannot fire: {text}", messages.ERROR)
         if not tasks:
             return
         try:
@@ -286,23 +352,35 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
         self._log(request, "reset", tasks, "Schedule reset (action; next slot after now)")
         self.message_user(request, f"Reset the schedule of {count} task(s).", messages.SUCCESS)
 
-    def _log(self, request: HttpRequest, action: str, tasks: list[PeriodicTask],
-             message: str) -> None:
+    def _log(
+        self, request: HttpRequest, action: str, tasks: list[PeriodicTask], message: str
+    ) -> None:
         """Into the admin history of each task, and the log."""
         for task in tasks:
             self.log_change(request, task, message)
         logger.info(
-            "%s: %s by %s", action, ", ".join(t.name for t in tasks), request.user,
-            extra={"action": f"admin-{action}", "task": [t.name for t in tasks],
-                   "node": admin_actor(request.user.get_username())},
+            "%s: %s by %s",
+            action,
+            ", ".join(t.name for t in tasks),
+            request.user,
+            extra={
+                "action": f"admin-{action}",
+                "task": [t.name for t in tasks],
+                "node": admin_actor(request.user.get_username()),
+            },
         )
 
     # -- "run now" on the change page ----------------------------------------------------------
 
     def get_urls(self) -> list[URLPattern]:
         info = self.opts.app_label, self.opts.model_name
-        own = [path("<path:object_id>/run-now/", self.admin_site.admin_view(self.run_now_view),
-                     name="{}_{}_run_now".format(*info))]
+        own = [
+            path(
+                "<path:object_id>/run-now/",
+                self.admin_site.admin_view(self.run_now_view),
+                name="{}_{}_run_now".format(*info),
+            )
+        ]
         return own + super().get_urls()
 
     def run_now_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
@@ -312,26 +390,31 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
         task = self.get_object(request, unquote(object_id))
         info = self.opts.app_label, self.opts.model_name
         if task is None:
-            self.message_user(request, f"No periodic task with id {object_id!r}.",
-                              messages.WARNING)
-            return HttpResponseRedirect(reverse("admin:{}_{}_changelist".format(*info),
-                                                current_app=self.admin_site.name))
+            self.message_user(request, f"No periodic task with id {object_id!r}.", messages.WARNING)
+            return HttpResponseRedirect(
+                reverse("admin:{}_{}_changelist".format(*info), current_app=self.admin_site.name)
+            )
         if not self.has_change_permission(request, task):
             raise PermissionDenied
         self._run_now(request, [task])
         return HttpResponseRedirect(
-            reverse("admin:{}_{}_change".format(*info), args=[task.pk],
-                    current_app=self.admin_site.name)
+            reverse(
+                "admin:{}_{}_change".format(*info), args=[task.pk], current_app=self.admin_site.name
+            )
         )
 
     def change_view(
-        self, request: HttpRequest, object_id: str, form_url: str = "",
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         info = self.opts.app_label, self.opts.model_name
         context = dict(extra_context or {})
         context["driftsafe_run_now_url"] = reverse(
-            "admin:{}_{}_run_now".format(*info), args=[object_id],
+            "admin:{}_{}_run_now".format(*info),
+            args=[object_id],
             current_app=self.admin_site.name,
         )
         return super().change_view(request, object_id, form_url, context)

@@ -3,11 +3,11 @@
 Two backends keep one contract (:class:`DistributedLock`); :func:`lock_backend` picks one from
 the settings::
 
-    locks = lock_backend()                  # Redis if REDIS_URL is set, else the database
+    locks = lock_backend()  # Redis if REDIS_URL is set, else the database
     lock = locks.lock("run:42", ttl=30)
     with lock.hold(watchdog=True, on_lost=alert) as held:
-        do_work(fencing_token=held.fencing_token)   # storage refuses older tokens
-        held.check()                                # raises LockLost if the lease is gone
+        do_work(fencing_token=held.fencing_token)  # storage refuses older tokens
+        held.check()  # raises LockLost if the lease is gone
 
 * :class:`RedisLockBackend`: ``SET <prefix>:lock:<name> token NX PX ttl`` and ``INCR
   <prefix>:fence:<name>`` in one Lua script; release and extend are compare-token scripts. The
@@ -68,6 +68,10 @@ def lock_backend(
         from celery_driftsafe.redis_client import get_redis, key_prefix
         from celery_driftsafe.retention import fence_ttl_seconds
 
-        return RedisLockBackend(get_redis(settings), key_prefix(settings), clock=clock,
-                                fence_ttl=fence_ttl_seconds(settings))
+        return RedisLockBackend(
+            get_redis(settings),
+            key_prefix(settings),
+            clock=clock,
+            fence_ttl=fence_ttl_seconds(settings),
+        )
     return DatabaseLockBackend(clock=clock, using=using)

@@ -27,9 +27,7 @@ class DatabaseLockBackend:
         self.using = using
         self.clock: Clock = clock if clock is not None else AuthorityClock(DatabaseAuthority(using))
 
-    def lock(
-        self, name: str, ttl: float = DEFAULT_TTL, *, fencing_floor: int = 0
-    ) -> DatabaseLock:
+    def lock(self, name: str, ttl: float = DEFAULT_TTL, *, fencing_floor: int = 0) -> DatabaseLock:
         return DatabaseLock(self, name, ttl, fencing_floor=fencing_floor)
 
 
@@ -37,8 +35,12 @@ class DatabaseLock(_LeaseLock):
     """A :class:`DistributedLock` in the database; see :class:`DatabaseLockBackend`."""
 
     def __init__(
-        self, backend: DatabaseLockBackend, name: str, ttl: float = DEFAULT_TTL,
-        *, fencing_floor: int = 0,
+        self,
+        backend: DatabaseLockBackend,
+        name: str,
+        ttl: float = DEFAULT_TTL,
+        *,
+        fencing_floor: int = 0,
     ) -> None:
         super().__init__(name, ttl, backend.clock, fencing_floor)
         self.using = backend.using
@@ -76,8 +78,9 @@ class DatabaseLock(_LeaseLock):
                     .filter(Q(token="") | Q(expires_at__lte=now))
                     .update(
                         token=token,
-                        fencing_token=Greatest(F("fencing_token") + 1,
-                                               Value(self.fencing_floor + 1)),
+                        fencing_token=Greatest(
+                            F("fencing_token") + 1, Value(self.fencing_floor + 1)
+                        ),
                         expires_at=expires_at,
                     )
                 )
@@ -85,8 +88,10 @@ class DatabaseLock(_LeaseLock):
                     LockRow.objects.using(self.using).bulk_create(
                         [
                             LockRow(
-                                name=self.name, token=token,
-                                fencing_token=self.fencing_floor + 1, expires_at=expires_at,
+                                name=self.name,
+                                token=token,
+                                fencing_token=self.fencing_floor + 1,
+                                expires_at=expires_at,
                             )
                         ],
                         ignore_conflicts=True,

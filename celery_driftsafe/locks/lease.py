@@ -232,8 +232,9 @@ class _DeferredStarter:
             if self._pid != os.getpid():  # first use, or a forked child: no thread yet
                 self._pid = os.getpid()
                 self._pending.clear()
-                threading.Thread(target=self._loop, name="driftsafe-lock-watchdog-starter",
-                                 daemon=True).start()
+                threading.Thread(
+                    target=self._loop, name="driftsafe-lock-watchdog-starter", daemon=True
+                ).start()
             self._pending[id(dog)] = (time.monotonic() + delay, dog)
             self._condition.notify()
 

@@ -57,7 +57,11 @@ class RedisLockBackend:
     """
 
     def __init__(
-        self, client: Any, key_prefix: str = "driftsafe", *, clock: Clock | None = None,
+        self,
+        client: Any,
+        key_prefix: str = "driftsafe",
+        *,
+        clock: Clock | None = None,
         fence_ttl: float | None = None,
     ) -> None:
         self.client = client
@@ -88,8 +92,12 @@ class RedisLock(_LeaseLock):
     """A :class:`DistributedLock` in Redis; see :class:`RedisLockBackend`."""
 
     def __init__(
-        self, backend: RedisLockBackend, name: str, ttl: float = DEFAULT_TTL,
-        *, fencing_floor: int = 0,
+        self,
+        backend: RedisLockBackend,
+        name: str,
+        ttl: float = DEFAULT_TTL,
+        *,
+        fencing_floor: int = 0,
     ) -> None:
         super().__init__(name, ttl, backend.clock, fencing_floor)
         self.backend = backend
@@ -107,7 +115,8 @@ class RedisLock(_LeaseLock):
         keys = (self.key, self.backend.fence_key(self.name))
         fence_ttl = self.backend.fence_ttl
         fencing_token = self._call(
-            self.backend.acquire_script, keys,
+            self.backend.acquire_script,
+            keys,
             (token, _ms(ttl), self.fencing_floor, _ms(fence_ttl) if fence_ttl else 0),
         )
         return fencing_token or None

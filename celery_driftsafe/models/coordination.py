@@ -25,15 +25,17 @@ class BeatNode(models.Model):
     clock_measured_at = models.DateTimeField(null=True, blank=True)
     claiming_paused_reason = models.TextField(blank=True)
     claiming_since = models.DateTimeField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="Since when this node has been claiming without a break (authority time). "
-                  "A slot that fell due since then, while any node was claiming, is late "
-                  "rather than missed.",
+        "A slot that fell due since then, while any node was claiming, is late "
+        "rather than missed.",
     )
     lag_seconds = models.FloatField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="How long after its slot the oldest run of this node's recent claim rounds "
-                  "fired: above the misfire grace, the beats are saturated.",
+        "fired: above the misfire grace, the beats are saturated.",
     )
 
     class Meta:

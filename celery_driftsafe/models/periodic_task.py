@@ -27,8 +27,13 @@ from celery_driftsafe.validation import Problem, coerce_json, json_problems, opt
 #: (validation, descriptions); never used to compute a real slot.
 STAND_IN_ANCHOR = datetime(2000, 1, 1, tzinfo=UTC)
 
-_UNIT_MICROSECONDS = {"microseconds": 1, "seconds": 10**6, "minutes": 60 * 10**6,
-                      "hours": 3600 * 10**6, "days": 86400 * 10**6}
+_UNIT_MICROSECONDS = {
+    "microseconds": 1,
+    "seconds": 10**6,
+    "minutes": 60 * 10**6,
+    "hours": 3600 * 10**6,
+    "days": 86400 * 10**6,
+}
 
 #: The columns the claim writes: never written back by a ``save()`` of a loaded instance.
 CLAIM_FIELDS = frozenset({"next_slot_at", "due_at", "last_slot_at", "run_count"})
@@ -49,8 +54,12 @@ class PeriodicTaskQuerySet(models.QuerySet["PeriodicTask"]):
         found and detached like the others) or skips it, instead of inserting a run for a task
         deleted under it (a foreign key violation at commit)."""
         with transaction.atomic(using=self.db):
-            list(self.model._default_manager.using(self.db).select_for_update()
-                 .filter(pk__in=list(self.values_list("pk", flat=True))).values_list("pk"))
+            list(
+                self.model._default_manager.using(self.db)
+                .select_for_update()
+                .filter(pk__in=list(self.values_list("pk", flat=True)))
+                .values_list("pk")
+            )
             return super().delete()
 
     def update(self, **kwargs: Any) -> int:
@@ -99,7 +108,9 @@ class PeriodicTask(models.Model):
         null=True, blank=True, help_text="Slots are anchor + k * every; set once, kept forever."
     )
     crontab_second = models.CharField(
-        max_length=180, default="0", blank=True,
+        max_length=180,
+        default="0",
+        blank=True,
         help_text="Seconds of the minute (0-59; cron syntax). Empty: 0.",
     )
     crontab_minute = models.CharField(max_length=240, default="*", blank=True)
@@ -110,41 +121,49 @@ class PeriodicTask(models.Model):
     timezone = models.CharField(max_length=63, default="UTC", help_text="IANA zone of the crontab.")
     one_off_at = models.DateTimeField(null=True, blank=True)
     solar_event = models.CharField(
-        max_length=24, choices=SolarEvent.choices, blank=True,
+        max_length=24,
+        choices=SolarEvent.choices,
+        blank=True,
         help_text="The sun's event the task fires at (as celery.schedules.solar defines it).",
     )
     solar_latitude = models.FloatField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="Degrees north, -90 to 90 (south is negative).",
     )
     solar_longitude = models.FloatField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="Degrees east, -180 to 180 (west is negative).",
     )
     # Bounds and limits (enforced by the claim; see celery_driftsafe.bounds).
     valid_from = models.DateTimeField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="No slot before this instant fires; an interval without an anchor counts "
-                  "its slots from here. Empty: no lower bound.",
+        "its slots from here. Empty: no lower bound.",
     )
     valid_until = models.DateTimeField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="No slot at or after this instant fires, and no message is delivered after "
-                  "it; the task is then disabled. Empty: no upper bound.",
+        "it; the task is then disabled. Empty: no upper bound.",
     )
     run_once = models.BooleanField(
         default=False,
         help_text="Fire one run, then disable the task (re-enabling it allows one more).",
     )
     max_runs = models.PositiveIntegerField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="Disable the task once its run count reaches this number. Empty: no limit.",
     )
     jitter_seconds = models.FloatField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="Spread each run over this many seconds after its slot, at an instant "
-                  "derived from the task's name and the slot (the same on every beat). "
-                  "Empty: on the slot.",
+        "derived from the task's name and the slot (the same on every beat). "
+        "Empty: on the slot.",
     )
     # State and policies.
     enabled = models.BooleanField(default=True)
@@ -163,7 +182,8 @@ class PeriodicTask(models.Model):
     )
     next_slot_at = models.DateTimeField(null=True, blank=True)
     due_at = models.DateTimeField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="When the next slot is due: the slot plus its jitter (the claim reads this).",
     )
     last_slot_at = models.DateTimeField(null=True, blank=True)
@@ -230,12 +250,17 @@ class PeriodicTask(models.Model):
         ``schedule=False`` leaves the schedule out (a caller about to evaluate it anyway)."""
         found = json_problems(self.args, self.kwargs, self.headers)
         found += option_problems(
-            task=self.task, priority=self.priority, expires_seconds=self.expires_seconds,
+            task=self.task,
+            priority=self.priority,
+            expires_seconds=self.expires_seconds,
             misfire_grace_seconds=self.misfire_grace_seconds,
-            misfire_policy=self.misfire_policy, overlap_policy=self.overlap_policy,
+            misfire_policy=self.misfire_policy,
+            overlap_policy=self.overlap_policy,
         )
         found += bound_problems(
-            valid_from=self.valid_from, valid_until=self.valid_until, max_runs=self.max_runs,
+            valid_from=self.valid_from,
+            valid_until=self.valid_until,
+            max_runs=self.max_runs,
             jitter_seconds=self.jitter_seconds,
         )
         if not schedule:
@@ -247,8 +272,9 @@ class PeriodicTask(models.Model):
         except ScheduleError as exc:
             found.append(schedule_problem(exc))
         except (ValueError, OverflowError, TypeError, KeyError) as exc:
-            found.append(Problem(self.schedule_field(),
-                                 f"the schedule cannot be evaluated: {exc!r}"))
+            found.append(
+                Problem(self.schedule_field(), f"the schedule cannot be evaluated: {exc!r}")
+            )
         return found
 
     def schedule_field(self) -> str:
@@ -270,8 +296,12 @@ class PeriodicTask(models.Model):
         """Delete, with the row locked first (see :meth:`PeriodicTaskQuerySet.delete`)."""
         using = using or router.db_for_write(PeriodicTask, instance=self)
         with transaction.atomic(using=using):
-            list(PeriodicTask.objects.using(using).select_for_update().filter(pk=self.pk)
-                 .values_list("pk"))
+            list(
+                PeriodicTask.objects.using(using)
+                .select_for_update()
+                .filter(pk=self.pk)
+                .values_list("pk")
+            )
             return super().delete(using=using, keep_parents=keep_parents)
 
     def save(self, *args: Any, **kwargs: Any) -> None:

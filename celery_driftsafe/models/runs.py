@@ -41,30 +41,34 @@ class Run(models.Model):
     worker = models.CharField(max_length=255, blank=True)
     error = models.TextField(blank=True)
     message = models.JSONField(
-        default=dict, blank=True,
+        default=dict,
+        blank=True,
         help_text="What the run is published with, captured at claim time: args, kwargs and "
-                  "publish options. The outbox re-publishes exactly this.",
+        "publish options. The outbox re-publishes exactly this.",
     )
     expires_at = models.DateTimeField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="The run's message expires at this instant of the time authority.",
     )
     retry_at = models.DateTimeField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="A refused publish is tried again at this instant (backoff).",
     )
     attempt = models.PositiveIntegerField(
         default=0,
         help_text="Celery's retry count of the current (or last) attempt: 0 for the first. "
-                  "Earlier attempts are kept as RunAttempt rows.",
+        "Earlier attempts are kept as RunAttempt rows.",
     )
     missed_count = models.PositiveIntegerField(
         default=1,
         help_text="A missed row may stand for a span of missed slots: how many, from its slot "
-                  "to missed_until.",
+        "to missed_until.",
     )
     missed_until = models.DateTimeField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="The last slot of the span a missed row stands for (empty for one slot).",
     )
 
@@ -83,8 +87,11 @@ class Run(models.Model):
             models.Index(fields=["-slot", "-id"], name="driftsafe_run_recent"),
             models.Index(fields=["status", "-slot", "-id"], name="driftsafe_run_status_recent"),
             models.Index(fields=["claimed_by", "-slot", "-id"], name="driftsafe_run_node_recent"),
-            models.Index(fields=["-slot", "-id"], name="driftsafe_run_unscheduled",
-                         condition=models.Q(kind__in=["manual", "adhoc"])),
+            models.Index(
+                fields=["-slot", "-id"],
+                name="driftsafe_run_unscheduled",
+                condition=models.Q(kind__in=["manual", "adhoc"]),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -14,7 +14,7 @@ boundary cases (a slot exactly at ``now``) are exact rather than hoped for::
 outside a beat (the task base class, run now, the admin, schedule edits)::
 
     with inject_authority_clock(FakeClock(start)):
-        task.save()   # its first slot is computed from ``start``
+        task.save()  # its first slot is computed from ``start``
 
 The pytest plugin (:mod:`celery_driftsafe.testing.pytest_plugin`) does that for a whole test,
 and its ``driftsafe`` fixture (:class:`~celery_driftsafe.testing.beat.SteppedBeat`) runs the

@@ -37,10 +37,19 @@ from celery_driftsafe.testing import FakeClock
 #: Settings copied from the application's Celery app to the beat's own in-memory one: what
 #: decides which entries exist, their time zone, and where their messages are routed.
 COPIED_SETTINGS = (
-    "beat_schedule", "timezone", "enable_utc", "task_routes", "task_queues",
-    "task_default_queue", "task_default_exchange", "task_default_exchange_type",
-    "task_default_routing_key", "task_default_priority", "task_create_missing_queues",
-    "task_protocol", "task_serializer",
+    "beat_schedule",
+    "timezone",
+    "enable_utc",
+    "task_routes",
+    "task_queues",
+    "task_default_queue",
+    "task_default_exchange",
+    "task_default_exchange_type",
+    "task_default_routing_key",
+    "task_default_priority",
+    "task_create_missing_queues",
+    "task_protocol",
+    "task_serializer",
 )
 #: A test advancing further than this many rounds at once is stopped (a schedule firing every
 #: second for a year is more likely a mistake than a test).
@@ -90,8 +99,13 @@ def memory_app(source: Any) -> Celery:
     (:data:`COPIED_SETTINGS`); never eager, so the beat publishes rather than runs."""
     app = Celery("driftsafe-testing", broker="memory://localhost/", set_as_current=False)
     if source is not None:
-        app.conf.update({name: source.conf.get(name) for name in COPIED_SETTINGS
-                         if source.conf.get(name) is not None})
+        app.conf.update(
+            {
+                name: source.conf.get(name)
+                for name in COPIED_SETTINGS
+                if source.conf.get(name) is not None
+            }
+        )
     app.conf.task_always_eager = False
     app.conf.broker_connection_retry_on_startup = False
     return app
@@ -109,7 +123,11 @@ class SteppedBeat:
     """
 
     def __init__(
-        self, clock: FakeClock, app: Any = None, *, publish_app: Any = None,
+        self,
+        clock: FakeClock,
+        app: Any = None,
+        *,
+        publish_app: Any = None,
         using: str = "default",
     ) -> None:
         self.clock = clock
@@ -133,7 +151,10 @@ class SteppedBeat:
             app = self.publish_app if self.publish_app is not None else memory_app(self.source_app)
             try:
                 self._scheduler = _SteppedScheduler(
-                    app=app, clock=self.clock, authority=self.clock, using=self.using,
+                    app=app,
+                    clock=self.clock,
+                    authority=self.clock,
+                    using=self.using,
                     install_signal_handlers=False,
                 )
             except SystemExit as exc:  # the scheduler refuses a bad configuration this way
@@ -147,8 +168,14 @@ class SteppedBeat:
         thread = threading.get_ident()
         at = self.clock.now()
 
-        def record(sender: Any = None, body: Any = None, headers: Any = None,
-                   exchange: str = "", routing_key: str = "", **_: Any) -> None:
+        def record(
+            sender: Any = None,
+            body: Any = None,
+            headers: Any = None,
+            exchange: str = "",
+            routing_key: str = "",
+            **_: Any,
+        ) -> None:
             if threading.get_ident() == thread:
                 self._record(body, headers or {}, exchange, routing_key, at)
 
@@ -168,8 +195,10 @@ class SteppedBeat:
         way (in order) and one at ``instant``; returns what was published meanwhile."""
         _require_aware(instant, "advance_to")
         if instant < self.clock.now():
-            raise ValueError(f"advance_to({instant.isoformat()}): the clock is already at "
-                             f"{self.clock.now().isoformat()} and does not go back")
+            raise ValueError(
+                f"advance_to({instant.isoformat()}): the clock is already at "
+                f"{self.clock.now().isoformat()} and does not go back"
+            )
         before = len(self.published)
         scheduler = self.scheduler
         for _ in range(MAX_ROUNDS):
@@ -183,8 +212,10 @@ class SteppedBeat:
                 # connection holds, say). Do not spin.
                 break
         else:
-            raise RuntimeError(f"advance_to({instant.isoformat()}) stopped after {MAX_ROUNDS} "
-                               "rounds; advance in shorter steps")
+            raise RuntimeError(
+                f"advance_to({instant.isoformat()}) stopped after {MAX_ROUNDS} "
+                "rounds; advance in shorter steps"
+            )
         if instant > self.clock.now():
             self.clock.advance(instant - self.clock.now())
         self.run_round()
@@ -207,8 +238,9 @@ class SteppedBeat:
         """The slots (aware UTC) published so far for the periodic task named ``name``, in
         the order they were published; a slot published twice appears twice."""
         task_id = self._task_id(name)
-        return [m.slot for m in self.published
-                if m.periodic_task_id == task_id and m.slot is not None]
+        return [
+            m.slot for m in self.published if m.periodic_task_id == task_id and m.slot is not None
+        ]
 
     def messages(self, name: str) -> list[Published]:
         """The messages published so far for the periodic task named ``name``."""
@@ -220,11 +252,17 @@ class SteppedBeat:
         fired, missed, expired."""
         from celery_driftsafe.models import Run
 
-        return Run.objects.using(self.using).filter(
-            periodic_task_id=self._task_id(name)).order_by("slot", "pk")
+        return (
+            Run.objects.using(self.using)
+            .filter(periodic_task_id=self._task_id(name))
+            .order_by("slot", "pk")
+        )
 
     def assert_fires(
-        self, name: str, expected: Iterable[datetime], *,
+        self,
+        name: str,
+        expected: Iterable[datetime],
+        *,
         between: tuple[datetime, datetime] | None = None,
     ) -> None:
         """Assert that the periodic task ``name`` fired exactly at ``expected`` (aware
@@ -246,8 +284,9 @@ class SteppedBeat:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _record(self, body: Any, headers: dict[str, Any], exchange: str, routing_key: str,
-                at: datetime) -> None:
+    def _record(
+        self, body: Any, headers: dict[str, Any], exchange: str, routing_key: str, at: datetime
+    ) -> None:
         if HEADER_RUN_ID not in headers:
             return
         args: Any = []
@@ -256,14 +295,21 @@ class SteppedBeat:
             args, kwargs = body[0], body[1]
         slot = headers.get(HEADER_SLOT)
         periodic = headers.get(HEADER_PERIODIC_TASK_ID)
-        self.published.append(Published(
-            task=str(headers.get("task", "")), task_id=str(headers.get("id", "")),
-            args=list(args), kwargs=dict(kwargs), run_id=int(headers[HEADER_RUN_ID]),
-            periodic_task_id=None if periodic is None else int(periodic),
-            slot=None if slot is None else datetime.fromisoformat(slot).astimezone(UTC),
-            published_at=at, routing_key=routing_key or "", exchange=exchange or "",
-            headers=dict(headers),
-        ))
+        self.published.append(
+            Published(
+                task=str(headers.get("task", "")),
+                task_id=str(headers.get("id", "")),
+                args=list(args),
+                kwargs=dict(kwargs),
+                run_id=int(headers[HEADER_RUN_ID]),
+                periodic_task_id=None if periodic is None else int(periodic),
+                slot=None if slot is None else datetime.fromisoformat(slot).astimezone(UTC),
+                published_at=at,
+                routing_key=routing_key or "",
+                exchange=exchange or "",
+                headers=dict(headers),
+            )
+        )
 
     def _task(self, name: str) -> Any:
         from celery_driftsafe.models import PeriodicTask
@@ -273,20 +319,31 @@ class SteppedBeat:
         task = tasks.filter(name=name).first()
         if task is None:
             known = sorted(tasks.values_list("name", flat=True))
-            raise LookupError(f"no periodic task named {name!r}; the database has: "
-                              f"{', '.join(map(repr, known)) or 'none'}")
+            raise LookupError(
+                f"no periodic task named {name!r}; the database has: "
+                f"{', '.join(map(repr, known)) or 'none'}"
+            )
         return task
 
     def _task_id(self, name: str) -> int:
         return int(self._task(name).pk)
 
-    def _explain(self, name: str, wanted: Sequence[datetime], fired: Sequence[datetime],
-                 between: tuple[datetime, datetime] | None) -> str:
+    def _explain(
+        self,
+        name: str,
+        wanted: Sequence[datetime],
+        fired: Sequence[datetime],
+        between: tuple[datetime, datetime] | None,
+    ) -> str:
         zone = ZoneInfo(self._task(name).timezone or "UTC")
-        span = "" if between is None else (
-            f" between {_show(between[0], zone)} and {_show(between[1], zone)}")
-        lines = [f"periodic task {name!r} fired {len(fired)} time(s){span}, expected "
-                 f"{len(wanted)}:"]
+        span = (
+            ""
+            if between is None
+            else (f" between {_show(between[0], zone)} and {_show(between[1], zone)}")
+        )
+        lines = [
+            f"periodic task {name!r} fired {len(fired)} time(s){span}, expected {len(wanted)}:"
+        ]
         lines.append("  expected: " + (", ".join(_show(t, zone) for t in wanted) or "nothing"))
         lines.append("  fired:    " + (", ".join(_show(t, zone) for t in fired) or "nothing"))
         missing = _minus(wanted, fired)
@@ -331,6 +388,8 @@ def _require_aware(instant: datetime, where: str) -> datetime:
     """``instant`` in UTC. (Aware datetimes in different zones compare by instant, except
     that one in a repeated hour never equals anything: PEP 495. In UTC they all do.)"""
     if not isinstance(instant, datetime) or instant.tzinfo is None:
-        raise ValueError(f"{where} needs aware datetimes (e.g. tzinfo=UTC or "
-                         f"ZoneInfo('Europe/Berlin')), not {instant!r}")
+        raise ValueError(
+            f"{where} needs aware datetimes (e.g. tzinfo=UTC or "
+            f"ZoneInfo('Europe/Berlin')), not {instant!r}"
+        )
     return instant.astimezone(UTC)

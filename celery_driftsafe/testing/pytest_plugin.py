@@ -56,8 +56,9 @@ def driftsafe_publish_app() -> Any:
 
 
 @pytest.fixture
-def driftsafe(db: None, driftsafe_clock: FakeClock, driftsafe_celery_app: Any,
-              driftsafe_publish_app: Any) -> Iterator[Any]:
+def driftsafe(
+    db: None, driftsafe_clock: FakeClock, driftsafe_celery_app: Any, driftsafe_publish_app: Any
+) -> Iterator[Any]:
     """A beat stepped by the test on the fake clock (see the module docstring). ``db`` is
     pytest-django's: the plugin needs pytest-django for this fixture."""
     from celery_driftsafe.testing.beat import SteppedBeat

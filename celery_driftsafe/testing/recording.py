@@ -42,8 +42,14 @@ class QueueRecorder(Generic[T]):
     """Drains one Redis list in a thread; ``parse(raw, stamp)`` turns each item into a ``T``
     (None: not counted)."""
 
-    def __init__(self, url: str, queue: str, parse: Callable[[bytes, float], T | None], *,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        url: str,
+        queue: str,
+        parse: Callable[[bytes, float], T | None],
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.client = redis.Redis.from_url(url)
         self.queue = queue
         self._parse = parse

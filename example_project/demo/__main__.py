@@ -42,10 +42,20 @@ ROOT = PROJECT.parent
 BEATS = (("A", 0.0), ("B", 2.5), ("C", -4.0))
 #: Tasks added as an operator would in the admin (the others come from CELERY_BEAT_SCHEDULE).
 SEEDED = (
-    {"name": "sync-inventory-every-5s", "task": "shop.tasks.sync_inventory",
-     "schedule_kind": "interval", "interval_every": 5, "kwargs": {"warehouse": "berlin"}},
-    {"name": "expire-carts-every-3s", "task": "shop.tasks.expire_carts",
-     "schedule_kind": "interval", "interval_every": 3, "kwargs": {"older_than_minutes": 30}},
+    {
+        "name": "sync-inventory-every-5s",
+        "task": "shop.tasks.sync_inventory",
+        "schedule_kind": "interval",
+        "interval_every": 5,
+        "kwargs": {"warehouse": "berlin"},
+    },
+    {
+        "name": "expire-carts-every-3s",
+        "task": "shop.tasks.expire_carts",
+        "schedule_kind": "interval",
+        "interval_every": 3,
+        "kwargs": {"older_than_minutes": 30},
+    },
 )
 SETTLE_SECONDS = 2.0  # after the window: let its last slots be claimed before beats stop
 SEAM_SCHEDULER = "example_project.skewed_clock:SkewedClockScheduler"
@@ -181,9 +191,7 @@ def beats_registered(pids: list[int]) -> bool:
     return measured.count() == len(pids)
 
 
-def progress_line(
-    clock: Any, start: datetime, end: datetime, beats: list[demo_report.Beat]
-) -> str:
+def progress_line(clock: Any, start: datetime, end: datetime, beats: list[demo_report.Beat]) -> str:
     from django.db.models import Count, Q
     from shop.models import Execution
 
@@ -191,17 +199,20 @@ def progress_line(
 
     now = min(clock.now(), end)
     due = sum(len(list(t.schedule.slots_between(start, now))) for t in PeriodicTask.objects.all())
-    runs = Run.objects.filter(Q(dispatched_at__isnull=False) | Q(started_at__isnull=False),
-                              slot__gte=start, slot__lt=end)
+    runs = Run.objects.filter(
+        Q(dispatched_at__isnull=False) | Q(started_at__isnull=False), slot__gte=start, slot__lt=end
+    )
     per_node = dict(runs.values_list("claimed_by").annotate(n=Count("id")))
     ran = Execution.objects.filter(slot__gte=start, slot__lt=end)
     doubled = ran.values("run_id").annotate(n=Count("id")).filter(n__gt=1).count()
     node_ids = dict(BeatNode.objects.values_list("pid", "node_id"))
     by_beat = "  ".join(f"{b.label} {per_node.get(node_ids.get(b.pid), 0)}" for b in beats)
     elapsed = (now - start).total_seconds()
-    return (f"  {elapsed:4.0f}/{(end - start).total_seconds():.0f} s   due {due:4}   fired "
-            f"{sum(per_node.values()):4}   ran {ran.count():4}   doubled {doubled}   "
-            f"fired by beat: {by_beat}")
+    return (
+        f"  {elapsed:4.0f}/{(end - start).total_seconds():.0f} s   due {due:4}   fired "
+        f"{sum(per_node.values()):4}   ran {ran.count():4}   doubled {doubled}   "
+        f"fired by beat: {by_beat}"
+    )
 
 
 def watch(
@@ -263,13 +274,26 @@ def run_demo(seconds: float, output: Path) -> int:
     processes = Processes(output)
     beats: list[demo_report.Beat] = []
     try:
-        processes.start("worker", ["worker", "--loglevel", "INFO", "--concurrency", "2",
-                                   "--hostname", "demo-worker@%h", "--without-gossip",
-                                   "--without-mingle"], base)
+        processes.start(
+            "worker",
+            [
+                "worker",
+                "--loglevel",
+                "INFO",
+                "--concurrency",
+                "2",
+                "--hostname",
+                "demo-worker@%h",
+                "--without-gossip",
+                "--without-mingle",
+            ],
+            base,
+        )
         scheduler = ["-S", SEAM_SCHEDULER] if skew.seam else []
         for label, offset in BEATS:
-            process = processes.start(f"beat-{label}", ["beat", "--loglevel", "INFO",
-                                                         *scheduler], skew.envs[label])
+            process = processes.start(
+                f"beat-{label}", ["beat", "--loglevel", "INFO", *scheduler], skew.envs[label]
+            )
             beats.append(demo_report.Beat(label, offset, skew.verified[label], process.pid))
         say("  starting  worker and 3 beats ...")
         wait_until("the worker", lambda: " ready." in processes.log("worker"), processes)
@@ -316,8 +340,11 @@ def open_admin(port: int) -> int:
         user.save()
     say(f"\n  Admin: http://127.0.0.1:{port}/admin/   user {username!r}, password {password!r}")
     say("  (DJANGO_SUPERUSER_USERNAME / DJANGO_SUPERUSER_PASSWORD choose others; Ctrl-C stops)\n")
-    server = subprocess.Popen([sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}",
-                               "--noreload"], cwd=PROJECT, env={**os.environ})
+    server = subprocess.Popen(
+        [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+        cwd=PROJECT,
+        env={**os.environ},
+    )
     try:
         return server.wait()
     except KeyboardInterrupt:  # a terminal's Ctrl-C reaches the server too; a kill -INT not
@@ -341,16 +368,20 @@ def main(argv: list[str]) -> int:
     output = Path(os.environ.get("DEMO_OUTPUT", PROJECT / "demo-output")).resolve()
     output.mkdir(parents=True, exist_ok=True)
     if command == "demo":
-        say(f"celery_driftsafe demo: {len(BEATS)} beats with skewed clocks, 1 worker, "
-            f"{seconds:g} s")
+        say(
+            f"celery_driftsafe demo: {len(BEATS)} beats with skewed clocks, 1 worker, {seconds:g} s"
+        )
     try:
-        redis = provide_redis(os.environ.get("EXAMPLE_REDIS_URL"), output,
-                              cache=ROOT / ".cache" / "redis-server", label="EXAMPLE_REDIS_URL")
+        redis = provide_redis(
+            os.environ.get("EXAMPLE_REDIS_URL"),
+            output,
+            cache=ROOT / ".cache" / "redis-server",
+            label="EXAMPLE_REDIS_URL",
+        )
     except NoRedis as exc:
         say(f"No Redis for the demo: {exc}")
         return 2
-    say(f"  redis     {redis.description}"
-        + ("; stopped at the end" if redis.process else ""))
+    say(f"  redis     {redis.description}" + ("; stopped at the end" if redis.process else ""))
     os.environ["EXAMPLE_REDIS_URL"] = redis.url
     try:
         setup_django()

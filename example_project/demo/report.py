@@ -123,30 +123,36 @@ def count(start: datetime, end: datetime, beats: list[Beat]) -> Count:
                 row.fired += 1
                 run = fired[0]
                 sent = run.dispatched_at or run.started_at
-                row.firings.append(Firing(
-                    slot, label_of.get(run.claimed_by, "?"), (sent - slot).total_seconds(), ran,
-                    dispatch_recorded=run.dispatched_at is not None,
-                ))
+                row.firings.append(
+                    Firing(
+                        slot,
+                        label_of.get(run.claimed_by, "?"),
+                        (sent - slot).total_seconds(),
+                        ran,
+                        dispatch_recorded=run.dispatched_at is not None,
+                    )
+                )
             row.ran += 1 if ran else 0
             if any(
                 moment is not None and moment < slot
-                for r in runs for moment in (r.claimed_at, r.dispatched_at, r.started_at)
+                for r in runs
+                for moment in (r.claimed_at, r.dispatched_at, r.started_at)
             ):
                 row.early.append(slot)
-        row.missed = sorted(s for s in due if not any(
-            executions[r.pk] for r in by_slot.get(s, [])
-        ))
+        row.missed = sorted(s for s in due if not any(executions[r.pk] for r in by_slot.get(s, [])))
         result.tasks.append(row)
     fired_by = Counter(f.node for t in result.tasks for f in t.firings)
     for beat in beats:
         node = nodes.get(beat.pid)
-        result.nodes.append(NodeCount(
-            beat,
-            offset=node.clock_offset_seconds if node else None,
-            rtt=node.clock_rtt_seconds if node else None,
-            fired=fired_by[beat.label],
-            stopped=bool(node and node.stopped_at),
-        ))
+        result.nodes.append(
+            NodeCount(
+                beat,
+                offset=node.clock_offset_seconds if node else None,
+                rtt=node.clock_rtt_seconds if node else None,
+                fired=fired_by[beat.label],
+                stopped=bool(node and node.stopped_at),
+            )
+        )
     return result
 
 
@@ -161,12 +167,17 @@ def _ms(seconds: float | None) -> str:
 
 def table(result: Count) -> str:
     """The per-task table and the per-node table, as text."""
-    header = (f"{'task':<24} {'schedule':<19} {'due':>4} {'fired':>5} {'ran':>4} {'doubled':>7} "
-              f"{'missed':>6}  {'never early':<11} {'p50 late':>8} {'p99 late':>8}")
+    header = (
+        f"{'task':<24} {'schedule':<19} {'due':>4} {'fired':>5} {'ran':>4} {'doubled':>7} "
+        f"{'missed':>6}  {'never early':<11} {'p50 late':>8} {'p99 late':>8}"
+    )
     lines = [
         f"Slots due from {result.start:%H:%M:%S.%f}"[:-3]
-        + f" to {result.end:%H:%M:%S.%f}"[:-3] + " UTC (time authority), per task:",
-        "", header, "-" * len(header),
+        + f" to {result.end:%H:%M:%S.%f}"[:-3]
+        + " UTC (time authority), per task:",
+        "",
+        header,
+        "-" * len(header),
     ]
     for row in result.tasks:
         lines.append(
@@ -181,20 +192,23 @@ def table(result: Count) -> str:
     doubled = sum(len(r.doubled) for r in result.tasks)
     missed = sum(len(r.missed) for r in result.tasks)
     early = sum(len(r.early) for r in result.tasks)
-    lines += ["-" * len(header),
-              f"{'all tasks':<44} {due:>4} {fired:>5} {ran:>4} {doubled:>7} {missed:>6}  "
-              f"{'ok' if not early else f'{early} EARLY':<11}"]
+    lines += [
+        "-" * len(header),
+        f"{'all tasks':<44} {due:>4} {fired:>5} {ran:>4} {doubled:>7} {missed:>6}  "
+        f"{'ok' if not early else f'{early} EARLY':<11}",
+    ]
     unexpected = sum(len(r.unexpected) for r in result.tasks)
     if unexpected:
         lines.append(f"{unexpected} runs at instants that are not slots of their schedule!")
     unrecorded = sum(not f.dispatch_recorded for r in result.tasks for f in r.firings)
     if unrecorded:
-        lines.append(f"Runs the worker started before their beat recorded dispatched_at: "
-                     f"{unrecorded} (their lateness is started_at - slot)")
+        lines.append(
+            f"Runs the worker started before their beat recorded dispatched_at: "
+            f"{unrecorded} (their lateness is started_at - slot)"
+        )
     lines += [
         "",
-        f"Slots doubled before or after the window (start-up, shut-down): "
-        f"{result.doubled_outside}",
+        f"Slots doubled before or after the window (start-up, shut-down): {result.doubled_outside}",
         f"Redeliveries DriftSafeTask caught and did not execute: {result.caught_redeliveries}",
         "",
         "Beats (offset = authority - node wall clock, measured NTP-style by the node itself):",
@@ -228,13 +242,18 @@ def picture(result: Count, path: Path) -> str | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return ("no picture: matplotlib is not installed (pip install "
-                "'celery-driftsafe[demo]', or run bash example_project/demo/demo.sh)")
+        return (
+            "no picture: matplotlib is not installed (pip install "
+            "'celery-driftsafe[demo]', or run bash example_project/demo/demo.sh)"
+        )
     colors = {n.beat.label: _COLORS[i % len(_COLORS)] for i, n in enumerate(result.nodes)}
     colors["?"] = "#7f7f7f"
     names = [t.name for t in result.tasks]
     fig, (top, bottom) = plt.subplots(
-        2, 1, sharex=True, figsize=(12, 2.2 + 0.55 * len(names) + 2.4),
+        2,
+        1,
+        sharex=True,
+        figsize=(12, 2.2 + 0.55 * len(names) + 2.4),
         gridspec_kw={"height_ratios": [max(len(names), 2) * 0.55, 2.4]},
     )
 
@@ -244,11 +263,17 @@ def picture(result: Count, path: Path) -> str | None:
     for row, task in enumerate(result.tasks):
         for firing in task.firings:
             top.scatter(x(firing.slot), row, s=70, color=colors[firing.node], zorder=3)
-            bottom.scatter(x(firing.slot), firing.lateness * 1000, zorder=3,
-                           color=colors[firing.node], **_LATENESS_MARKS[firing.dispatch_recorded])
+            bottom.scatter(
+                x(firing.slot),
+                firing.lateness * 1000,
+                zorder=3,
+                color=colors[firing.node],
+                **_LATENESS_MARKS[firing.dispatch_recorded],
+            )
         for slot in task.doubled:
-            top.scatter(x(slot), row, s=260, facecolors="none", edgecolors="black",
-                        linewidths=2, zorder=4)
+            top.scatter(
+                x(slot), row, s=260, facecolors="none", edgecolors="black", linewidths=2, zorder=4
+            )
         for slot in task.missed:
             top.scatter(x(slot), row, s=140, marker="x", color="#d62728", linewidths=3, zorder=4)
     top.set_yticks(range(len(names)), names)
@@ -256,32 +281,55 @@ def picture(result: Count, path: Path) -> str | None:
     top.grid(axis="x", alpha=0.3)
     for node in result.nodes:
         offset = "" if node.offset is None else f", measured offset {_signed(node.offset, 2)} s"
-        top.scatter([], [], s=70, color=colors[node.beat.label],
-                    label=f"beat {node.beat.label}: clock {node.beat.skew:+.1f} s{offset}, "
-                          f"fired {node.fired}")
+        top.scatter(
+            [],
+            [],
+            s=70,
+            color=colors[node.beat.label],
+            label=f"beat {node.beat.label}: clock {node.beat.skew:+.1f} s{offset}, "
+            f"fired {node.fired}",
+        )
     top.scatter([], [], s=140, marker="x", color="#d62728", linewidths=3, label="missed")
-    top.scatter([], [], s=260, facecolors="none", edgecolors="black", linewidths=2,
-                label="doubled")
-    top.legend(loc="upper center", bbox_to_anchor=(0.5, -0.02 - 0.1 / max(len(names), 1)),
-               ncol=3, fontsize=8, frameon=False)
+    top.scatter([], [], s=260, facecolors="none", edgecolors="black", linewidths=2, label="doubled")
+    top.legend(
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.02 - 0.1 / max(len(names), 1)),
+        ncol=3,
+        fontsize=8,
+        frameon=False,
+    )
     doubled = sum(len(t.doubled) for t in result.tasks)
     missed = sum(len(t.missed) for t in result.tasks)
     due = sum(t.due for t in result.tasks)
-    top.set_title(f"Which beat fired which slot: {due} slots due, {doubled} doubled, "
-                  f"{missed} missed", fontsize=11)
+    top.set_title(
+        f"Which beat fired which slot: {due} slots due, {doubled} doubled, {missed} missed",
+        fontsize=11,
+    )
     if any(not f.dispatch_recorded for t in result.tasks for f in t.firings):
-        bottom.scatter([], [], color="#7f7f7f", **_LATENESS_MARKS[False],
-                       label="dispatch not recorded: started_at - slot")
+        bottom.scatter(
+            [],
+            [],
+            color="#7f7f7f",
+            **_LATENESS_MARKS[False],
+            label="dispatch not recorded: started_at - slot",
+        )
         bottom.legend(loc="best", fontsize=8)
     bottom.axhline(0, color="#d62728", linewidth=1)
-    bottom.text(0, 0, " slot instant: a run below this line would be early", color="#d62728",
-                fontsize=8, va="bottom")
+    bottom.text(
+        0,
+        0,
+        " slot instant: a run below this line would be early",
+        color="#d62728",
+        fontsize=8,
+        va="bottom",
+    )
     bottom.set_ylabel("dispatched after\nits slot (ms)")
     bottom.set_ylim(bottom=min(-5.0, bottom.get_ylim()[0]))
     bottom.set_xlabel(f"seconds after {result.start:%H:%M:%S} UTC (time authority)")
     bottom.grid(alpha=0.3)
-    fig.suptitle("celery_driftsafe demo: beats with skewed clocks, every slot exactly once",
-                 fontsize=13)
+    fig.suptitle(
+        "celery_driftsafe demo: beats with skewed clocks, every slot exactly once", fontsize=13
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -293,7 +341,7 @@ def verdict(result: Count) -> str:
     doubled = sum(len(t.doubled) for t in result.tasks) + result.doubled_outside
     missed = sum(len(t.missed) for t in result.tasks)
     early = sum(len(t.early) for t in result.tasks)
-    return (f"{due} slots due, {doubled} doubled, {missed} missed, {early} early "
-            f"({len(result.nodes)} beats)")
-
-
+    return (
+        f"{due} slots due, {doubled} doubled, {missed} missed, {early} early "
+        f"({len(result.nodes)} beats)"
+    )

@@ -29,14 +29,17 @@ def work(marker: str, seconds: float = 0.0) -> str:
 
     time.sleep(seconds)
     client = redis.Redis.from_url(os.environ["DRIFTSAFE_E2E_REDIS"])
-    client.rpush(f"{os.environ['DRIFTSAFE_E2E_PREFIX']}:executions",
-                 json.dumps({"marker": marker, "pid": os.getpid()}))
+    client.rpush(
+        f"{os.environ['DRIFTSAFE_E2E_PREFIX']}:executions",
+        json.dumps({"marker": marker, "pid": os.getpid()}),
+    )
     client.close()
     return marker
 
 
-@app.task(name="e2e.slot_work", base=DriftSafeTask, bind=True, acks_late=True,
-          reject_on_worker_lost=True)
+@app.task(
+    name="e2e.slot_work", base=DriftSafeTask, bind=True, acks_late=True, reject_on_worker_lost=True
+)
 def slot_work(self: Any, seconds: float = 0.0) -> None:
     """Sleeps, then appends "<periodic task id> <slot> <pid>" to a file (a file, because the
     chaos test restarts Redis)."""
@@ -55,13 +58,16 @@ def _executed(marker: str, **extra: Any) -> None:
     import redis
 
     client = redis.Redis.from_url(os.environ["DRIFTSAFE_E2E_REDIS"])
-    client.rpush(f"{os.environ['DRIFTSAFE_E2E_PREFIX']}:executions",
-                 json.dumps({"marker": marker, "pid": os.getpid(), **extra}))
+    client.rpush(
+        f"{os.environ['DRIFTSAFE_E2E_PREFIX']}:executions",
+        json.dumps({"marker": marker, "pid": os.getpid(), **extra}),
+    )
     client.close()
 
 
-@app.task(name="e2e.flaky", base=DriftSafeTask, bind=True, acks_late=True,
-          reject_on_worker_lost=True)
+@app.task(
+    name="e2e.flaky", base=DriftSafeTask, bind=True, acks_late=True, reject_on_worker_lost=True
+)
 def flaky(self: Any, marker: str, fail_times: int) -> str:
     """Retries itself ``fail_times`` times, recording every attempt that reaches the end."""
     _executed(marker, retries=self.request.retries, worker=self.request.hostname)
@@ -79,29 +85,40 @@ def phased(marker: str, seconds: float) -> str:
     return marker
 
 
-@app.task(name="e2e.retry_once", base=DriftSafeTask, bind=True, acks_late=True,
-          reject_on_worker_lost=True)
+@app.task(
+    name="e2e.retry_once", base=DriftSafeTask, bind=True, acks_late=True, reject_on_worker_lost=True
+)
 def retry_once(self: Any, marker: str) -> str:
     """A scheduled body that retries its first attempt (``countdown=1``); records every
     attempt with its run, slot and retry count."""
     slot = self.request.driftsafe_slot
-    _executed(marker, run=self.request.driftsafe_run_id, slot=slot,
-              retries=self.request.retries)
+    _executed(marker, run=self.request.driftsafe_run_id, slot=slot, retries=self.request.retries)
     if self.request.retries == 0:
         raise self.retry(countdown=1, max_retries=1)
     return f"{marker}:{slot}:{self.request.retries}"
 
 
-@app.task(name="e2e.soft_limited", base=DriftSafeTask, acks_late=True,
-          reject_on_worker_lost=True, soft_time_limit=1, time_limit=30)
+@app.task(
+    name="e2e.soft_limited",
+    base=DriftSafeTask,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    soft_time_limit=1,
+    time_limit=30,
+)
 def soft_limited(marker: str, seconds: float) -> str:
     time.sleep(seconds)
     _executed(marker)
     return marker
 
 
-@app.task(name="e2e.hard_limited", base=DriftSafeTask, acks_late=True,
-          reject_on_worker_lost=True, time_limit=1)
+@app.task(
+    name="e2e.hard_limited",
+    base=DriftSafeTask,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    time_limit=1,
+)
 def hard_limited(marker: str, seconds: float) -> str:
     time.sleep(seconds)
     _executed(marker)

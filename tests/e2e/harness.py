@@ -34,8 +34,16 @@ from celery_driftsafe.testing.processes import (
 from celery_driftsafe.testing.recording import QueueRecorder, percentile
 from tests import settings as test_settings
 
-__all__ = ["E2ERun", "Received", "TaskReport", "analyse", "handles_sigterm", "real_now",
-           "table", "wait_until_handles_sigterm"]
+__all__ = [
+    "E2ERun",
+    "Received",
+    "TaskReport",
+    "analyse",
+    "handles_sigterm",
+    "real_now",
+    "table",
+    "wait_until_handles_sigterm",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 BROKER_DB = test_settings.REDIS_DB + 2
@@ -88,9 +96,18 @@ class TaskReport:
 class E2ERun:
     """One end-to-end run: its own database, key prefix and broker list."""
 
-    def __init__(self, backend: str, workdir: Path, *, authority: str | None = None,
-                 beat_schedule: dict[str, float] | None = None, max_loop: float = 1.0,
-                 lease: float = 5.0, broker: str = "redis", dead_after: float = 5.0) -> None:
+    def __init__(
+        self,
+        backend: str,
+        workdir: Path,
+        *,
+        authority: str | None = None,
+        beat_schedule: dict[str, float] | None = None,
+        max_loop: float = 1.0,
+        lease: float = 5.0,
+        broker: str = "redis",
+        dead_after: float = 5.0,
+    ) -> None:
         self.backend = backend
         self.workdir = workdir
         self.token = uuid.uuid4().hex[:8]
@@ -135,9 +152,13 @@ class E2ERun:
 
     def tool(self, command: str, payload: Any = None) -> Any:
         result = subprocess.run(
-            [sys.executable, "-m", "tests.e2e.tool", command], cwd=ROOT, env=self.env,
+            [sys.executable, "-m", "tests.e2e.tool", command],
+            cwd=ROOT,
+            env=self.env,
             input=json.dumps(payload).encode() if payload is not None else None,
-            capture_output=True, timeout=120, check=False,
+            capture_output=True,
+            timeout=120,
+            check=False,
         )
         if result.returncode != 0:
             raise RuntimeError(f"tests.e2e.tool {command} failed:\n{result.stderr.decode()}")
@@ -151,27 +172,67 @@ class E2ERun:
     def seed(self, specs: list[dict[str, Any]], start: datetime) -> None:
         self.tool("seed", [{**spec, "start": start.isoformat()} for spec in specs])
 
-    def start_beat(self, offset: float, *, scheduler: str = SCHEDULER,
-                   app: str = "tests.e2e.celery_app", env: dict[str, str] | None = None) -> Beat:
+    def start_beat(
+        self,
+        offset: float,
+        *,
+        scheduler: str = SCHEDULER,
+        app: str = "tests.e2e.celery_app",
+        env: dict[str, str] | None = None,
+    ) -> Beat:
         """Start one beat whose wall clock is ``offset`` seconds off; the skew is verified in
         a child with the very same environment first."""
         n = len(self.beats)
         beat = self.children.start(
-            f"beat-{n}", ["-A", app, "beat", "-S", scheduler, "--loglevel", "INFO", "-s",
-                          str(self.workdir / f"beat-{n}")],
-            {**self.env, **(env or {})}, offset=offset)
+            f"beat-{n}",
+            [
+                "-A",
+                app,
+                "beat",
+                "-S",
+                scheduler,
+                "--loglevel",
+                "INFO",
+                "-s",
+                str(self.workdir / f"beat-{n}"),
+            ],
+            {**self.env, **(env or {})},
+            offset=offset,
+        )
         self.beats.append(beat)
         return beat
 
-    def start_worker(self, name: str, *, pool: str = "solo", concurrency: int = 1,
-                     env: dict[str, str] | None = None) -> Beat:
+    def start_worker(
+        self,
+        name: str,
+        *,
+        pool: str = "solo",
+        concurrency: int = 1,
+        env: dict[str, str] | None = None,
+    ) -> Beat:
         """Start one ``celery worker`` on this run's queue (``env``: more environment)."""
         worker = self.children.start(
-            f"worker-{name}", ["-A", "tests.e2e.celery_app", "worker", "-P", pool, "-c",
-                               str(concurrency), "-n", f"{name}@e2e", "-Q", self.queue,
-                               "--loglevel", "INFO", "--without-gossip", "--without-mingle",
-                               "--without-heartbeat"],
-            {**self.env, **(env or {})})
+            f"worker-{name}",
+            [
+                "-A",
+                "tests.e2e.celery_app",
+                "worker",
+                "-P",
+                pool,
+                "-c",
+                str(concurrency),
+                "-n",
+                f"{name}@e2e",
+                "-Q",
+                self.queue,
+                "--loglevel",
+                "INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ],
+            {**self.env, **(env or {})},
+        )
         self.workers.append(worker)
         return worker
 
@@ -179,8 +240,7 @@ class E2ERun:
         """A Celery app in this process that publishes to the run's broker and queue."""
         from celery import Celery
 
-        app = Celery("e2e-publisher", broker=self.env["DRIFTSAFE_E2E_BROKER"],
-                     set_as_current=False)
+        app = Celery("e2e-publisher", broker=self.env["DRIFTSAFE_E2E_BROKER"], set_as_current=False)
         app.conf.task_default_queue = self.queue
         return app
 
@@ -236,7 +296,11 @@ def schedule_of(task: dict[str, Any]) -> Schedule:
 
 
 def analyse(
-    dump: dict[str, Any], received: list[Received], *, start: datetime, until: datetime,
+    dump: dict[str, Any],
+    received: list[Received],
+    *,
+    start: datetime,
+    until: datetime,
 ) -> dict[int, TaskReport]:
     """Compare what arrived with every slot due in ``[start, until]`` (beat_schedule tasks:
     after their anchor). Slots after ``until`` may or may not have fired, but never twice."""
@@ -267,8 +331,10 @@ def analyse(
 
 
 def table(reports: dict[int, TaskReport]) -> str:
-    lines = [f"{'task':<22}{'due':>5}{'fired':>7}{'dup':>5}{'missed':>8}{'early':>7}"
-             f"{'p50 late':>10}{'max late':>10}"]
+    lines = [
+        f"{'task':<22}{'due':>5}{'fired':>7}{'dup':>5}{'missed':>8}{'early':>7}"
+        f"{'p50 late':>10}{'max late':>10}"
+    ]
     for report in reports.values():
         late = sorted(report.lateness) or [0.0]
         lines.append(

@@ -56,14 +56,25 @@ def main(command: str) -> None:
 
         from celery_driftsafe.models import RunKind, RunStatus
 
-        run = Run.objects.create(kind=RunKind.MANUAL, task_name=json.load(sys.stdin)["task"],
-                                 status=RunStatus.DISPATCHED, celery_task_id=str(uuid.uuid4()))
+        run = Run.objects.create(
+            kind=RunKind.MANUAL,
+            task_name=json.load(sys.stdin)["task"],
+            status=RunStatus.DISPATCHED,
+            celery_task_id=str(uuid.uuid4()),
+        )
         json.dump({"id": run.pk, "celery_task_id": run.celery_task_id}, sys.stdout)
     elif command == "run":
         run = Run.objects.get(pk=json.load(sys.stdin)["id"])
-        json.dump({"status": run.status, "fencing_token": run.fencing_token,
-                   "worker": run.worker, "duplicates": run.duplicate_deliveries,
-                   "error": run.error}, sys.stdout)
+        json.dump(
+            {
+                "status": run.status,
+                "fencing_token": run.fencing_token,
+                "worker": run.worker,
+                "duplicates": run.duplicate_deliveries,
+                "error": run.error,
+            },
+            sys.stdout,
+        )
     elif command == "stale_saves":  # save from instances read a while ago, as forms do
         stale_saves(**json.load(sys.stdin))
     elif command == "corrupt":  # raw SQL, as a data migration or a psql session would
@@ -72,35 +83,59 @@ def main(command: str) -> None:
         table = PeriodicTask._meta.db_table
         with connection.cursor() as cursor:
             for change in json.load(sys.stdin):
-                cursor.execute(f"UPDATE {table} SET {change['set']} WHERE name = %s",
-                               [change["name"]])
+                cursor.execute(
+                    f"UPDATE {table} SET {change['set']} WHERE name = %s", [change["name"]]
+                )
     elif command == "dump":
+
         def iso(value: datetime | None) -> str | None:
             return value.isoformat() if value else None
 
         tasks = [
-            {"id": t.pk, "name": t.name, "kind": t.schedule_kind, "every": t.interval_every,
-             "anchor": iso(t.interval_anchor), "minute": t.crontab_minute,
-             "hour": t.crontab_hour, "timezone": t.timezone, "source": t.source,
-             "enabled": t.enabled, "disabled_reason": t.disabled_reason}
+            {
+                "id": t.pk,
+                "name": t.name,
+                "kind": t.schedule_kind,
+                "every": t.interval_every,
+                "anchor": iso(t.interval_anchor),
+                "minute": t.crontab_minute,
+                "hour": t.crontab_hour,
+                "timezone": t.timezone,
+                "source": t.source,
+                "enabled": t.enabled,
+                "disabled_reason": t.disabled_reason,
+            }
             for t in PeriodicTask.objects.all()
         ]
         attempt_rows: dict[int, list[list[Any]]] = {}
         for a in RunAttempt.objects.order_by("run_id", "number"):
             attempt_rows.setdefault(a.run_id, []).append([a.number, a.outcome])
         runs = [
-            {"task_id": r.periodic_task_id, "slot": iso(r.slot), "status": r.status,
-             "celery_task_id": r.celery_task_id, "attempts": r.dispatch_attempts,
-             "claimed_by": r.claimed_by, "started": iso(r.started_at),
-             "finished": iso(r.finished_at), "error": r.error, "id": r.pk,
-             "attempt": r.attempt, "missed_count": r.missed_count,
-             "missed_until": iso(r.missed_until),
-             "attempt_rows": attempt_rows.get(r.pk, [])}
+            {
+                "task_id": r.periodic_task_id,
+                "slot": iso(r.slot),
+                "status": r.status,
+                "celery_task_id": r.celery_task_id,
+                "attempts": r.dispatch_attempts,
+                "claimed_by": r.claimed_by,
+                "started": iso(r.started_at),
+                "finished": iso(r.finished_at),
+                "error": r.error,
+                "id": r.pk,
+                "attempt": r.attempt,
+                "missed_count": r.missed_count,
+                "missed_until": iso(r.missed_until),
+                "attempt_rows": attempt_rows.get(r.pk, []),
+            }
             for r in Run.objects.all()
         ]
         nodes = [
-            {"node_id": n.node_id, "offset": n.clock_offset_seconds, "rtt": n.clock_rtt_seconds,
-             "stopped": iso(n.stopped_at)}
+            {
+                "node_id": n.node_id,
+                "offset": n.clock_offset_seconds,
+                "rtt": n.clock_rtt_seconds,
+                "stopped": iso(n.stopped_at),
+            }
             for n in BeatNode.objects.all()
         ]
         json.dump({"tasks": tasks, "runs": runs, "nodes": nodes}, sys.stdout)
@@ -126,8 +161,11 @@ def stale_saves(name: str, seconds: float, pause: float) -> None:
         time.sleep(pause)
         if saves % 2:
             data = {k: v for k, v in model_to_dict(stale).items() if v is not None}
-            data.update(args=json.dumps(stale.args), kwargs=json.dumps({"save": saves}),
-                        headers=json.dumps(stale.headers))
+            data.update(
+                args=json.dumps(stale.args),
+                kwargs=json.dumps({"save": saves}),
+                headers=json.dumps(stale.headers),
+            )
             form = PeriodicTaskForm(data=data, instance=stale)
             if not form.is_valid():
                 raise SystemExit(f"the admin form refused the edit: {form.errors.as_json()}")

@@ -94,9 +94,13 @@ def from_beat_schedule(app: Any) -> list[Entry]:
     return entries
 
 
-_DCB_UNITS = {"days": IntervalUnit.DAYS, "hours": IntervalUnit.HOURS,
-              "minutes": IntervalUnit.MINUTES, "seconds": IntervalUnit.SECONDS,
-              "microseconds": IntervalUnit.MICROSECONDS}
+_DCB_UNITS = {
+    "days": IntervalUnit.DAYS,
+    "hours": IntervalUnit.HOURS,
+    "minutes": IntervalUnit.MINUTES,
+    "seconds": IntervalUnit.SECONDS,
+    "microseconds": IntervalUnit.MICROSECONDS,
+}
 
 
 def _json(text: str | None, default: Any, what: str) -> Any:
@@ -109,19 +113,32 @@ def _json(text: str | None, default: Any, what: str) -> Any:
 def _dcb_schedule(row: Any, entry: Entry) -> dict[str, Any]:
     carried = entry.carried
     if row.clocked_id is not None:
-        carried.append((f"clocked {row.clocked.clocked_time.isoformat()}",
-                        "schedule_kind one_off, one_off_at"))
+        carried.append(
+            (f"clocked {row.clocked.clocked_time.isoformat()}", "schedule_kind one_off, one_off_at")
+        )
         return {"schedule_kind": ScheduleKind.ONE_OFF, "one_off_at": row.clocked.clocked_time}
     if row.solar_id is not None:
         sun = row.solar
-        carried.append((f"solar {sun.event} {sun.latitude} {sun.longitude}",
-                         "schedule_kind solar, solar_event, solar_latitude, solar_longitude"))
-        return {"schedule_kind": ScheduleKind.SOLAR, "solar_event": sun.event,
-                "solar_latitude": float(sun.latitude), "solar_longitude": float(sun.longitude)}
+        carried.append(
+            (
+                f"solar {sun.event} {sun.latitude} {sun.longitude}",
+                "schedule_kind solar, solar_event, solar_latitude, solar_longitude",
+            )
+        )
+        return {
+            "schedule_kind": ScheduleKind.SOLAR,
+            "solar_event": sun.event,
+            "solar_latitude": float(sun.latitude),
+            "solar_longitude": float(sun.longitude),
+        }
     if row.interval_id is not None:
         every, period = row.interval.every, row.interval.period
-        carried.append((f"interval every {every} {period}",
-                        "schedule_kind interval, interval_every, interval_unit"))
+        carried.append(
+            (
+                f"interval every {every} {period}",
+                "schedule_kind interval, interval_every, interval_unit",
+            )
+        )
         if period == "microseconds" and every % 1_000_000 == 0:
             every, period = every // 1_000_000, "seconds"
         if every <= 0 or period not in _DCB_UNITS:
@@ -129,20 +146,34 @@ def _dcb_schedule(row: Any, entry: Entry) -> dict[str, Any]:
         anchor = row.start_time or row.last_run_at
         if anchor is not None:
             entry.on_create["interval_anchor"] = anchor
-            carried.append(("start_time" if row.start_time else "last_run_at",
-                            f"interval_anchor {anchor.isoformat()} (slots count from it)"))
-        return {"schedule_kind": ScheduleKind.INTERVAL, "interval_every": every,
-                "interval_unit": _DCB_UNITS[period]}
+            carried.append(
+                (
+                    "start_time" if row.start_time else "last_run_at",
+                    f"interval_anchor {anchor.isoformat()} (slots count from it)",
+                )
+            )
+        return {
+            "schedule_kind": ScheduleKind.INTERVAL,
+            "interval_every": every,
+            "interval_unit": _DCB_UNITS[period],
+        }
     if row.crontab_id is not None:
         cron = row.crontab
         zone = str(cron.timezone or "UTC")
-        carried.append((f"crontab {cron.minute} {cron.hour} {cron.day_of_month} "
-                        f"{cron.month_of_year} {cron.day_of_week} ({zone})",
-                        "schedule_kind crontab, crontab_*, timezone"))
+        carried.append(
+            (
+                f"crontab {cron.minute} {cron.hour} {cron.day_of_month} "
+                f"{cron.month_of_year} {cron.day_of_week} ({zone})",
+                "schedule_kind crontab, crontab_*, timezone",
+            )
+        )
         return {
-            "schedule_kind": ScheduleKind.CRONTAB, "crontab_minute": cron.minute,
-            "crontab_hour": cron.hour, "crontab_day_of_month": cron.day_of_month,
-            "crontab_month_of_year": cron.month_of_year, "crontab_day_of_week": cron.day_of_week,
+            "schedule_kind": ScheduleKind.CRONTAB,
+            "crontab_minute": cron.minute,
+            "crontab_hour": cron.hour,
+            "crontab_day_of_month": cron.day_of_month,
+            "crontab_month_of_year": cron.month_of_year,
+            "crontab_day_of_week": cron.day_of_week,
             "timezone": zone,
         }
     raise ValueError("it has no schedule")
@@ -153,18 +184,29 @@ def _dcb_row(row: Any, entry: Entry) -> dict[str, Any]:
     fields = _dcb_schedule(row, entry)
     carried = entry.carried
     fields.update(
-        task=row.task, args=_json(row.args, [], "args"),
-        kwargs=_json(row.kwargs, {}, "kwargs"), headers=_json(row.headers, {}, "headers"),
-        queue=row.queue or "", exchange=row.exchange or "",
-        routing_key=row.routing_key or "", priority=row.priority,
+        task=row.task,
+        args=_json(row.args, [], "args"),
+        kwargs=_json(row.kwargs, {}, "kwargs"),
+        headers=_json(row.headers, {}, "headers"),
+        queue=row.queue or "",
+        exchange=row.exchange or "",
+        routing_key=row.routing_key or "",
+        priority=row.priority,
         expires_seconds=(float(row.expire_seconds) if row.expire_seconds is not None else None),
-        enabled=row.enabled, source=TaskSource.DATABASE, description=row.description or "",
-        valid_from=row.start_time, valid_until=row.expires, run_once=bool(row.one_off),
+        enabled=row.enabled,
+        source=TaskSource.DATABASE,
+        description=row.description or "",
+        valid_from=row.start_time,
+        valid_until=row.expires,
+        run_once=bool(row.one_off),
     )
     carried[:0] = [("name", "name")]
     carried.append(("task", "task"))
-    for name, value in (("args", fields["args"]), ("kwargs", fields["kwargs"]),
-                        ("headers", fields["headers"])):
+    for name, value in (
+        ("args", fields["args"]),
+        ("kwargs", fields["kwargs"]),
+        ("headers", fields["headers"]),
+    ):
         if value:
             carried.append((name, f"{name} {json.dumps(value)[:40]}"))
     for name in ("queue", "exchange", "routing_key", "priority", "description"):
@@ -177,15 +219,21 @@ def _dcb_row(row: Any, entry: Entry) -> dict[str, Any]:
     if row.start_time is not None:
         carried.append(("start_time", f"valid_from {row.start_time.isoformat()}"))
     if row.expires is not None:
-        carried.append(("expires", f"valid_until {row.expires.isoformat()} (no slot at or "
-                                   "after it; messages expire by then)"))
+        carried.append(
+            (
+                "expires",
+                f"valid_until {row.expires.isoformat()} (no slot at or "
+                "after it; messages expire by then)",
+            )
+        )
     if row.one_off:
         carried.append(("one_off", "run_once (disabled after its next run)"))
     carried.append(("enabled", f"enabled {row.enabled}"))
     if row.last_run_at is not None:
         entry.on_create["last_slot_at"] = row.last_run_at
-        carried.append(("last_run_at", f"last_slot_at {row.last_run_at.isoformat()} "
-                                       "(when created)"))
+        carried.append(
+            ("last_run_at", f"last_slot_at {row.last_run_at.isoformat()} (when created)")
+        )
     if row.total_run_count:
         entry.on_create["run_count"] = int(row.total_run_count)
         carried.append(("total_run_count", f"run_count {row.total_run_count} (when created)"))
@@ -196,8 +244,9 @@ def from_django_celery_beat() -> list[Entry]:
     """django-celery-beat's periodic tasks (not its internal ``celery.backend_cleanup``)."""
     from django_celery_beat.models import PeriodicTask as BeatTask
 
-    rows = (BeatTask.objects.select_related("interval", "crontab", "clocked", "solar")
-            .order_by("name"))
+    rows = BeatTask.objects.select_related("interval", "crontab", "clocked", "solar").order_by(
+        "name"
+    )
     entries = []
     for row in rows:
         entry = Entry(name=row.name, origin=DJANGO_CELERY_BEAT)
@@ -235,17 +284,22 @@ def plan(entries: list[Entry], *, update: bool) -> list[Outcome]:
             outcomes.append(Outcome(entry, "create"))
             continue
         differing = sorted(
-            k for k, v in entry.fields.items()
+            k
+            for k, v in entry.fields.items()
             if k not in _NOT_COMPARED and k != "source" and getattr(current, k) != v
         )
         if not differing:
             outcomes.append(Outcome(entry, "unchanged"))
-        elif update or (entry.origin == BEAT_SCHEDULE
-                        and current.source == TaskSource.BEAT_SCHEDULE):
+        elif update or (
+            entry.origin == BEAT_SCHEDULE and current.source == TaskSource.BEAT_SCHEDULE
+        ):
             outcomes.append(Outcome(entry, "update", "changes " + ", ".join(differing)))
         else:
-            why = ("it is managed in the database" if entry.origin == BEAT_SCHEDULE
-                   else "use --update to overwrite it")
+            why = (
+                "it is managed in the database"
+                if entry.origin == BEAT_SCHEDULE
+                else "use --update to overwrite it"
+            )
             outcomes.append(Outcome(entry, "kept", f"differs in {', '.join(differing)}; {why}"))
     return outcomes
 
@@ -257,8 +311,12 @@ def apply(outcomes: list[Outcome], now: datetime) -> None:
         if outcome.action not in ("create", "update"):
             continue
         written = upsert_by_name(
-            entry.name, entry.fields, now=now, on_create=entry.on_create,
-            create=outcome.action == "create", update=outcome.action == "update",
+            entry.name,
+            entry.fields,
+            now=now,
+            on_create=entry.on_create,
+            create=outcome.action == "create",
+            update=outcome.action == "update",
         )
         if written == Upserted.MISSING:
             outcome.action, outcome.detail = "error", "deleted meanwhile"
@@ -267,27 +325,41 @@ def apply(outcomes: list[Outcome], now: datetime) -> None:
             outcome.action, outcome.detail = "unchanged", "created meanwhile"
         elif written == Upserted.UNCHANGED:
             outcome.action, outcome.detail = "unchanged", "changed to the same meanwhile"
-        logger.info("imported %s from %s: %s", entry.name, entry.origin, outcome.action,
-                    extra={"action": "import", "task": entry.name})
+        logger.info(
+            "imported %s from %s: %s",
+            entry.name,
+            entry.origin,
+            outcome.action,
+            extra={"action": "import", "task": entry.name},
+        )
 
 
 class Command(BaseCommand):
-    help = ("Import periodic tasks from Celery's beat_schedule and django-celery-beat, "
-            "idempotently (see --dry-run).")
+    help = (
+        "Import periodic tasks from Celery's beat_schedule and django-celery-beat, "
+        "idempotently (see --dry-run)."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--source", action="append", choices=[BEAT_SCHEDULE, DJANGO_CELERY_BEAT],
+            "--source",
+            action="append",
+            choices=[BEAT_SCHEDULE, DJANGO_CELERY_BEAT],
             help="import only from this source (repeatable); default: every available source",
         )
-        parser.add_argument("--app", metavar="MODULE:APP",
-                            help="the Celery app whose beat_schedule to import (default: "
-                                 "the project's app)")
-        parser.add_argument("--dry-run", action="store_true",
-                            help="show what would be done, write nothing")
-        parser.add_argument("--update", action="store_true",
-                            help="overwrite existing tasks that differ (not only beat_schedule "
-                                 "ones)")
+        parser.add_argument(
+            "--app",
+            metavar="MODULE:APP",
+            help="the Celery app whose beat_schedule to import (default: the project's app)",
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="show what would be done, write nothing"
+        )
+        parser.add_argument(
+            "--update",
+            action="store_true",
+            help="overwrite existing tasks that differ (not only beat_schedule ones)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         sources = options["source"] or [BEAT_SCHEDULE, DJANGO_CELERY_BEAT]
@@ -300,8 +372,9 @@ class Command(BaseCommand):
             if apps.is_installed("django_celery_beat"):
                 entries += from_django_celery_beat()
             elif explicit:
-                raise CommandError("django_celery_beat is not in INSTALLED_APPS: nothing to "
-                                   "import from it")
+                raise CommandError(
+                    "django_celery_beat is not in INSTALLED_APPS: nothing to import from it"
+                )
             else:
                 self.stdout.write("django_celery_beat is not installed: skipped")
         names = [e.name for e in entries]
@@ -334,8 +407,11 @@ class Command(BaseCommand):
             self.stdout.write(style(line))
             task = entry.fields.get("task")
             if known is not None and task and outcome.action != "error" and task not in known:
-                self.stdout.write(self.style.WARNING(
-                    f"  warning: task {task!r} is not registered with the Celery app"))
+                self.stdout.write(
+                    self.style.WARNING(
+                        f"  warning: task {task!r} is not registered with the Celery app"
+                    )
+                )
             for note in entry.notes:
                 self.stdout.write(f"  note: {note}")
             if outcome.action != "error":
@@ -349,10 +425,13 @@ class Command(BaseCommand):
         rows += [(option, "", f"NOT brought over: {why}") for option, why in entry.dropped]
         width = max([len("option"), *(len(r[0]) for r in rows)])
         held_width = max([len("brought over as"), *(len(r[1]) for r in rows)])
-        self.stdout.write(f"  | {'option':<{width}} | {'brought over as':<{held_width}} | not "
-                          "brought over")
+        self.stdout.write(
+            f"  | {'option':<{width}} | {'brought over as':<{held_width}} | not brought over"
+        )
         for option, held, why in rows:
-            self.stdout.write(f"  | {option:<{width}} | {held:<{held_width}} | "
-                              f"{why.removeprefix('NOT brought over: ') or '-'}")
+            self.stdout.write(
+                f"  | {option:<{width}} | {held:<{held_width}} | "
+                f"{why.removeprefix('NOT brought over: ') or '-'}"
+            )
         if not entry.dropped:
             self.stdout.write("  everything was brought over")

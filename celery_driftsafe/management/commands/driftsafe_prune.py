@@ -23,14 +23,30 @@ class Command(BaseCommand):
     help = "Delete finished runs older than RUN_RETENTION_SECONDS / FAILED_RUN_RETENTION_SECONDS."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--dry-run", action="store_true",
-                            help="count what would be deleted; delete nothing")
-        parser.add_argument("--batch-size", type=int, default=None, metavar="N",
-                            help="runs per statement (default: PRUNE_BATCH_SIZE)")
-        parser.add_argument("--max-batches", type=int, default=None, metavar="N",
-                            help="stop after N batches (default: until nothing is left)")
-        parser.add_argument("--pause", type=float, default=None, metavar="SECONDS",
-                            help="pause between batches (default: as long as a batch took)")
+        parser.add_argument(
+            "--dry-run", action="store_true", help="count what would be deleted; delete nothing"
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=int,
+            default=None,
+            metavar="N",
+            help="runs per statement (default: PRUNE_BATCH_SIZE)",
+        )
+        parser.add_argument(
+            "--max-batches",
+            type=int,
+            default=None,
+            metavar="N",
+            help="stop after N batches (default: until nothing is left)",
+        )
+        parser.add_argument(
+            "--pause",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help="pause between batches (default: as long as a batch took)",
+        )
         parser.add_argument("--json", action="store_true", help="print one JSON document")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -48,8 +64,11 @@ class Command(BaseCommand):
             raise CommandError(f"cannot read the time authority: {exc}") from exc
         pruner = Pruner(settings, batch_size=options["batch_size"])
         cutoffs = {status: cutoff.isoformat() for status, cutoff in pruner.retention.cutoffs(now)}
-        report: dict[str, Any] = {"now": now.isoformat(), "dry_run": options["dry_run"],
-                                  "cutoffs": cutoffs}
+        report: dict[str, Any] = {
+            "now": now.isoformat(),
+            "dry_run": options["dry_run"],
+            "cutoffs": cutoffs,
+        }
         if options["dry_run"]:
             report["would_delete"] = pruner.pending(now)
         else:
@@ -63,20 +82,26 @@ class Command(BaseCommand):
     def _print(self, report: dict[str, Any]) -> None:
         out = self.stdout.write
         if not report["cutoffs"]:
-            out("retention is off (RUN_RETENTION_SECONDS and FAILED_RUN_RETENTION_SECONDS are "
-                "None): nothing to prune")
+            out(
+                "retention is off (RUN_RETENTION_SECONDS and FAILED_RUN_RETENTION_SECONDS are "
+                "None): nothing to prune"
+            )
             return
         out(f"time authority now: {report['now']}")
         for status, cutoff in report["cutoffs"].items():
             out(f"  {status:<10} runs claimed before {cutoff}")
         if report["dry_run"]:
             counts = report["would_delete"]
-            out(f"dry run: would delete {sum(counts.values())} runs "
-                + ", ".join(f"{status} {count}" for status, count in counts.items()))
+            out(
+                f"dry run: would delete {sum(counts.values())} runs "
+                + ", ".join(f"{status} {count}" for status, count in counts.items())
+            )
             return
         done = report["deleted"]
         by_status = ", ".join(f"{s} {n}" for s, n in sorted(done["by_status"].items()))
-        out(f"deleted {done['runs']} runs{f' ({by_status})' if by_status else ''}, "
+        out(
+            f"deleted {done['runs']} runs{f' ({by_status})' if by_status else ''}, "
             f"{done['attempts']} attempts, {done['lock_rows']} lock rows, {done['fences']} "
             f"fencing counters in {done['batches']} batches, {done['seconds']:.2f} s of "
-            "statements")
+            "statements"
+        )

@@ -65,21 +65,27 @@ def collect(now: datetime, *, since: timedelta, limit: int, authority: str) -> S
     status = Status(authority=authority, now=now.isoformat(), max_clock_offset_seconds=bound)
     for node in BeatNode.objects.order_by("hostname", "pid"):
         state = node.state_at(now, dead_after)
-        status.nodes.append(NodeReport(
-            node_id=node.node_id, hostname=node.hostname, pid=node.pid, state=state,
-            heartbeat_age_seconds=(now - node.last_heartbeat_at).total_seconds(),
-            clock_offset_seconds=node.clock_offset_seconds,
-            clock_rtt_seconds=node.clock_rtt_seconds,
-            offset_exceeds_bound=node.offset_exceeds(bound),
-            claiming_paused_reason=node.claiming_paused_reason,
-        ))
+        status.nodes.append(
+            NodeReport(
+                node_id=node.node_id,
+                hostname=node.hostname,
+                pid=node.pid,
+                state=state,
+                heartbeat_age_seconds=(now - node.last_heartbeat_at).total_seconds(),
+                clock_offset_seconds=node.clock_offset_seconds,
+                clock_rtt_seconds=node.clock_rtt_seconds,
+                offset_exceeds_bound=node.offset_exceeds(bound),
+                claiming_paused_reason=node.claiming_paused_reason,
+            )
+        )
     status.alive = sum(1 for n in status.nodes if n.state == "alive")
     counts = PeriodicTask.objects.aggregate(
         n_enabled=Count("pk", filter=Q(enabled=True)),
         n_disabled=Count("pk", filter=Q(enabled=False)),
         due_now=Count("pk", filter=Q(enabled=True, due_at__lte=now)),
-        due_soon=Count("pk", filter=Q(enabled=True, due_at__gt=now,
-                                      due_at__lte=now + timedelta(minutes=1))),
+        due_soon=Count(
+            "pk", filter=Q(enabled=True, due_at__gt=now, due_at__lte=now + timedelta(minutes=1))
+        ),
         oldest=Min("next_slot_at", filter=Q(enabled=True, due_at__lte=now)),
     )
     status.tasks_enabled, status.tasks_disabled = counts["n_enabled"], counts["n_disabled"]
@@ -91,12 +97,16 @@ def collect(now: datetime, *, since: timedelta, limit: int, authority: str) -> S
     status.failures_since = start.isoformat()
     status.failure_count = failures.count()
     for run in failures.order_by("-slot", "-id")[:limit]:
-        status.recent_failures.append({
-            "run": run.pk, "task": run.task_name,
-            "slot": run.slot.isoformat() if run.slot else None,
-            "status": run.status, "node": run.claimed_by,
-            "error": (run.error.splitlines() or [""])[0],
-        })
+        status.recent_failures.append(
+            {
+                "run": run.pk,
+                "task": run.task_name,
+                "slot": run.slot.isoformat() if run.slot else None,
+                "status": run.status,
+                "node": run.claimed_by,
+                "error": (run.error.splitlines() or [""])[0],
+            }
+        )
     return status
 
 
@@ -105,15 +115,27 @@ def _seconds(value: float | None) -> str:
 
 
 class Command(BaseCommand):
-    help = ("Show beat nodes (alive/dead, clock offsets), due counts and recent failures. "
-            f"Exits {NO_NODE_ALIVE} when no beat node is alive.")
+    help = (
+        "Show beat nodes (alive/dead, clock offsets), due counts and recent failures. "
+        f"Exits {NO_NODE_ALIVE} when no beat node is alive."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="print one JSON document")
-        parser.add_argument("--since", type=float, default=24.0, metavar="HOURS",
-                            help="failures of the last HOURS hours (default 24)")
-        parser.add_argument("--failures", type=int, default=10, metavar="N",
-                            help="list at most N recent failures (default 10)")
+        parser.add_argument(
+            "--since",
+            type=float,
+            default=24.0,
+            metavar="HOURS",
+            help="failures of the last HOURS hours (default 24)",
+        )
+        parser.add_argument(
+            "--failures",
+            type=int,
+            default=10,
+            metavar="N",
+            help="list at most N recent failures (default 10)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         from celery_driftsafe.clock import authority_from_settings
@@ -123,8 +145,12 @@ class Command(BaseCommand):
             now = authority.read()
         except (ClockError, ConfigurationError) as exc:
             raise CommandError(f"cannot read the time authority: {exc}") from exc
-        status = collect(now, since=timedelta(hours=options["since"]),
-                         limit=max(options["failures"], 0), authority=authority.name)
+        status = collect(
+            now,
+            since=timedelta(hours=options["since"]),
+            limit=max(options["failures"], 0),
+            authority=authority.name,
+        )
         if options["json"]:
             self.stdout.write(json.dumps(asdict(status), indent=2))
         else:
@@ -132,14 +158,17 @@ class Command(BaseCommand):
         if status.alive == 0:
             raise CommandError(
                 "no beat node is alive: nothing is claiming slots (start `celery beat -S "
-                "celery_driftsafe.scheduler:DriftSafeScheduler`)", returncode=NO_NODE_ALIVE,
+                "celery_driftsafe.scheduler:DriftSafeScheduler`)",
+                returncode=NO_NODE_ALIVE,
             )
 
     def _print(self, status: Status) -> None:
         out, style = self.stdout.write, self.style
         out(f"time authority: {status.authority}, now {status.now}")
-        out(f"\nbeat nodes ({status.alive} alive of {len(status.nodes)}; offset bound "
-            f"±{status.max_clock_offset_seconds} s):")
+        out(
+            f"\nbeat nodes ({status.alive} alive of {len(status.nodes)}; offset bound "
+            f"±{status.max_clock_offset_seconds} s):"
+        )
         if not status.nodes:
             out("  (none registered)")
         for node in status.nodes:
@@ -148,18 +177,25 @@ class Command(BaseCommand):
                 offset += f" ±{node.clock_rtt_seconds / 2 * 1000:.1f} ms"
             if node.offset_exceeds_bound:
                 offset = style.WARNING(offset + "  EXCEEDS BOUND")
-            state = {"alive": style.SUCCESS, "dead": style.ERROR}.get(
-                node.state, style.NOTICE)(node.state)
-            line = (f"  {node.node_id:<40} {state:<7} heartbeat "
-                    f"{node.heartbeat_age_seconds:.1f} s ago  offset {offset}")
+            state = {"alive": style.SUCCESS, "dead": style.ERROR}.get(node.state, style.NOTICE)(
+                node.state
+            )
+            line = (
+                f"  {node.node_id:<40} {state:<7} heartbeat "
+                f"{node.heartbeat_age_seconds:.1f} s ago  offset {offset}"
+            )
             if node.claiming_paused_reason:
                 line += style.ERROR(f"  PAUSED: {node.claiming_paused_reason}")
             out(line)
-        out(f"\ntasks: {status.tasks_enabled} enabled, {status.tasks_disabled} disabled; "
+        out(
+            f"\ntasks: {status.tasks_enabled} enabled, {status.tasks_disabled} disabled; "
             f"due now {status.due_now} (oldest slot {status.oldest_due_slot or '-'}), "
-            f"due within a minute {status.due_within_minute}")
+            f"due within a minute {status.due_within_minute}"
+        )
         out(f"runs claimed but not yet dispatched: {status.undispatched_runs}")
         out(f"\nfailed or missed runs since {status.failures_since}: {status.failure_count}")
         for failure in status.recent_failures:
-            out(f"  #{failure['run']} {failure['task']} slot {failure['slot']} "
-                f"{failure['status']} on {failure['node'] or '-'}: {failure['error']}")
+            out(
+                f"  #{failure['run']} {failure['task']} slot {failure['slot']} "
+                f"{failure['status']} on {failure['node'] or '-'}: {failure['error']}"
+            )
