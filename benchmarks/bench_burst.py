@@ -15,15 +15,13 @@ services (PostgreSQL, Redis) and the test dependencies installed.
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import time
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-os.environ.setdefault("DRIFTSAFE_TEST_DB", "postgres")
+from benchmarks.django_db import fresh_databases
 
 
 def main() -> None:
@@ -55,18 +53,15 @@ def main() -> None:
         help="Redis database of the broker (emptied before and after)",
     )
     args = parser.parse_args()
+    with fresh_databases():
+        _measure(args)
 
-    import django
 
-    django.setup()
+def _measure(args: Any) -> None:
     import redis
     from celery import Celery
     from django.conf import settings
-    from django.test.utils import get_runner, setup_test_environment
 
-    setup_test_environment()
-    runner = get_runner(settings)(verbosity=0, interactive=False)
-    old = runner.setup_databases()
     broker_url = f"{settings.DRIFTSAFE['REDIS_URL'].rsplit('/', 1)[0]}/{args.broker_db}"
     broker = redis.Redis.from_url(broker_url)
     broker.flushdb()
@@ -159,7 +154,6 @@ def main() -> None:
     finally:
         broker.flushdb()
         broker.close()
-        runner.teardown_databases(old)
 
 
 def _wave(
