@@ -10,36 +10,22 @@ a result under the run's task id.
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import traceback
-from contextlib import ExitStack, suppress
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any
 
-from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 
 from celery_driftsafe import metrics
-from celery_driftsafe.clock import authority_clock
-from celery_driftsafe.conf import get_settings
-from celery_driftsafe.exceptions import LedgerUnavailable, LockError, LockLost
-from celery_driftsafe.headers import RunHeaders
-from celery_driftsafe.ledger import Ledger, RunRow
+from celery_driftsafe.exceptions import LockError
+from celery_driftsafe.execution_outcomes import SKIPPED_WHY, ExecutionOutcomes, log_run
+from celery_driftsafe.ledger import RunRow
 from celery_driftsafe.locks import lock_backend
 from celery_driftsafe.names import FINISHED, RunStatus
 
-if TYPE_CHECKING:
-    pass
-
-logger = logging.getLogger("celery_driftsafe.task")
-
-#: How long a worker keeps retrying to record an outcome while the database is away.
-FINISH_RETRY_SECONDS = 60.0
 #: A delivery that finds the lock backend or the database unreachable comes back this late.
 UNREACHABLE_RESEND_SECONDS = 5.0
-
-SKIPPED_WHY = "skipped: the previous run of this task is still running (overlap policy 'skip')"
 
 _active = threading.local()
 
@@ -50,27 +36,8 @@ def current_execution() -> Execution | None:
     return stack[-1] if stack else None
 
 
-def _log(level: int, message: str, *args: Any, run_id: int, action: str, **extra: Any) -> None:
-    logger.log(level, message, *args, extra={"action": action, "run": run_id, **extra})
-
-
-class Execution:
+class Execution(ExecutionOutcomes):
     """One delivery of one run (see the module docstring)."""
-
-    def __init__(self, task: Task, headers: RunHeaders) -> None:
-        self.task = task
-        self.request = task.request
-        self.headers = headers
-        self.run_id = headers.run_id
-        self.settings = get_settings()
-        self.ledger = Ledger()
-        self.attempt = int(self.request.retries or 0)
-        self.worker = self.request.hostname or socket.gethostname()
-        self.token: int | None = None
-        self.started_at: datetime | None = None
-        self.handed_over = False
-        self.retry_reason = ""
-        self.locks = ExitStack()
 
     # -- the delivery ---------------------------------------------------------------------------
 
@@ -95,7 +62,7 @@ class Execution:
         row = self.ledger.load(self.run_id)
         problem = self._mismatch(row)
         if problem:
-            _log(
+            log_run(
                 logging.ERROR,
                 "rejected %s[%s]: %s; not executed",
                 self.task.name,
@@ -136,7 +103,7 @@ class Execution:
                     args,
                     kwargs,
                 )
-            _log(
+            log_run(
                 logging.WARNING,
                 "run %s: lock backend unreachable (%s); REDIS_UNAVAILABLE="
                 "fail_open, so only the database decides",
@@ -205,7 +172,7 @@ class Execution:
         if not acquired:
             self.ledger.finish(self.run_id, token, RunStatus.SKIPPED, self._now(), SKIPPED_WHY)
             metrics.execution(self.task.name, "skipped")
-            _log(
+            log_run(
                 logging.INFO,
                 "run %s skipped: the previous run is still running",
                 self.run_id,
@@ -224,7 +191,7 @@ class Execution:
             assert row.periodic_task_id is not None
             if self.ledger.other_started(row.periodic_task_id, self.run_id):
                 self._skip(None)
-            _log(
+            log_run(
                 logging.INFO,
                 "run %s: overlap checked on the ledger only (%s)",
                 self.run_id,
@@ -290,89 +257,6 @@ class Execution:
             self._skip(token)
         self.locks.enter_context(task_lock.watch())
 
-    # -- outcomes without the body --------------------------------------------------------------
-
-    def _suppress(self, why: str) -> NoReturn:
-        metrics.duplicate(self.task.name)
-        with suppress(LedgerUnavailable):  # only a counter
-            self.ledger.count_duplicate(self.run_id)
-        _log(
-            logging.WARNING,
-            "duplicate delivery of run %s (%s[%s]) skipped: %s",
-            self.run_id,
-            self.task.name,
-            self.request.id,
-            why,
-            run_id=self.run_id,
-            action="duplicate",
-        )
-        raise Ignore()
-
-    def _skip(self, token: int | None) -> NoReturn:
-        self.ledger.end_waiting(
-            self.run_id, RunStatus.SKIPPED, self._now(), SKIPPED_WHY, token=token
-        )
-        metrics.execution(self.task.name, "skipped")
-        _log(
-            logging.INFO,
-            "run %s skipped: the previous run is still running",
-            self.run_id,
-            run_id=self.run_id,
-            action="overlap-skip",
-        )
-        raise Ignore()
-
-    def _expire(self, now: datetime, expires_at: datetime) -> NoReturn:
-        why = (
-            f"expired: the run expired at {expires_at.isoformat()}, the time authority "
-            f"said {now.isoformat()} when it was delivered"
-        )
-        if self.ledger.end_waiting(self.run_id, RunStatus.EXPIRED, now, why):
-            metrics.execution(self.task.name, "expired")
-            _log(
-                logging.WARNING,
-                "run %s (%s[%s]) %s; not executed",
-                self.run_id,
-                self.task.name,
-                self.request.id,
-                why,
-                run_id=self.run_id,
-                action="expired",
-            )
-            self._store_revoked(RunStatus.EXPIRED.value)
-        else:
-            self._suppress("it expired, and another delivery is handling it")
-        raise Ignore()
-
-    def _store_revoked(self, reason: str) -> None:
-        """Store REVOKED as Celery does for a message it expires itself (never for eager
-        calls, nor when results are ignored)."""
-        if self.request.is_eager or self.task.ignore_result:
-            return
-        with suppress(NotImplementedError):  # no result backend
-            self.task.backend.mark_as_revoked(self.request.id, reason, request=self.request)
-
-    def resend(self, why: str, countdown: float, args: Any, kwargs: Any) -> NoReturn:
-        """Acknowledge this delivery and send the same message (same task id, headers, attempt
-        number, links) again in ``countdown`` seconds."""
-        request = self.request
-        signature = self.task.signature_from_request(request, args, kwargs, countdown=countdown)
-        Task.apply_async(self.task, args, kwargs, **signature.options)
-        with suppress(LedgerUnavailable):  # the reason is logged below too
-            self.ledger.note(self.run_id, f"waiting: {why}")
-        _log(
-            logging.WARNING,
-            "run %s (%s[%s]) re-sent for %.1f s later: %s",
-            self.run_id,
-            self.task.name,
-            request.id,
-            countdown,
-            why,
-            run_id=self.run_id,
-            action="resend",
-        )
-        raise Ignore()
-
     # -- the body and its outcome ---------------------------------------------------------------
 
     def _body(self, args: Any, kwargs: Any) -> Any:
@@ -399,111 +283,3 @@ class Execution:
             stack.pop()
         self._finish(RunStatus.SUCCEEDED)
         return result
-
-    def is_retry(self, task: Task, task_id: str | None, options: dict[str, Any]) -> bool:
-        """Whether a publish is this execution's ``retry()`` sending the next attempt."""
-        retries = options.get("retries")
-        return (
-            task is self.task
-            and task_id == self.request.id
-            and not self.handed_over
-            and isinstance(retries, int)
-            and retries > self.attempt
-        )
-
-    def hand_over(self, next_attempt: int, reason: str) -> None:
-        """End this attempt with a retry, before the next attempt's message is sent: the run
-        waits for ``next_attempt`` and its locks are free for it."""
-        assert self.token is not None
-        now = self._now()
-        reason = reason or self.retry_reason
-        if not self.ledger.hand_over(self.run_id, self.token, next_attempt, f"retry: {reason}"):
-            metrics.fenced_out(self.task.name)
-            _log(
-                logging.ERROR,
-                "run %s: retry not sent, a newer holder (fencing token above %s) took the run over",
-                self.run_id,
-                self.token,
-                run_id=self.run_id,
-                action="fenced-out",
-            )
-            raise LockLost(f"run {self.run_id} was taken over; its retry is not sent")
-        self.handed_over = True
-        metrics.execution(self.task.name, "retrying")
-        self.ledger.record_attempt(
-            self.run_id,
-            self.attempt,
-            RunStatus.RETRYING,
-            self.worker,
-            self.started_at,
-            now,
-            self.token,
-            reason,
-        )
-        self.locks.close()
-        _log(
-            logging.INFO,
-            "run %s attempt %s ends in a retry (%s); attempt %s is next",
-            self.run_id,
-            self.attempt,
-            reason,
-            next_attempt,
-            run_id=self.run_id,
-            action="retry",
-        )
-
-    def _now(self) -> datetime:
-        return authority_clock().now()
-
-    def _finish(self, status: str, error: str = "") -> bool:
-        """Record the outcome under the token; while the database is away, keep trying (with
-        backoff, up to ``FINISH_RETRY_SECONDS``) rather than lose it or run the body again."""
-        assert self.token is not None
-        waited, delay = 0.0, 0.5
-        while True:
-            try:
-                now = self._now()
-                written = self.ledger.finish(self.run_id, self.token, status, now, error)
-                break
-            except LedgerUnavailable as exc:
-                if waited >= FINISH_RETRY_SECONDS:
-                    _log(
-                        logging.ERROR,
-                        "run %s: outcome %s not recorded, the database stayed "
-                        "unreachable for %.0f s: %s; the run stays 'started'",
-                        self.run_id,
-                        status,
-                        waited,
-                        exc,
-                        run_id=self.run_id,
-                        action="outcome-lost",
-                    )
-                    return False
-                authority_clock().sleep(delay)
-                waited, delay = waited + delay, min(delay * 2, 5.0)
-        if not written:
-            metrics.fenced_out(self.task.name)
-            _log(
-                logging.ERROR,
-                "run %s: outcome %s discarded, a newer holder (fencing token "
-                "above %s) took the run over while this worker was paused past its lease",
-                self.run_id,
-                status,
-                self.token,
-                run_id=self.run_id,
-                action="fenced-out",
-            )
-            return False
-        metrics.execution(self.task.name, status)
-        if self.attempt > 0:
-            self.ledger.record_attempt(
-                self.run_id,
-                self.attempt,
-                status,
-                self.worker,
-                self.started_at,
-                now,
-                self.token,
-                error,
-            )
-        return True

@@ -8,6 +8,9 @@ outbox), read the authority's clock, claim what is due at that reading, publish,
 waits on the local monotonic clock for the authority's time until the next slot (at most
 ``MAX_LOOP_INTERVAL_SECONDS``), woken early by a schedule-change notification. The node's wall
 clock is read only to report its offset.
+
+The node's side of the beat (start-up through an outage, heartbeat, clock check, signals,
+stop) is :class:`~celery_driftsafe.beat_node.BeatNode`, which this scheduler extends.
 """
 
 from __future__ import annotations
@@ -15,18 +18,17 @@ from __future__ import annotations
 import logging
 import math
 import random
-import signal
 import threading
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import partial
 from typing import Any
 
 from celery.beat import Scheduler
-from django.db import DatabaseError, InterfaceError, close_old_connections, connections
+from django.db import close_old_connections, connections
 
 from celery_driftsafe import checks, metrics, nodes, retention
 from celery_driftsafe.apps import ensure_django
-from celery_driftsafe.beat_schedule import SyncReport, sync_beat_schedule
+from celery_driftsafe.beat_node import OUTAGE_ERRORS, BeatNode
 from celery_driftsafe.claim import Claimer, ClaimResult, claimer_for, next_due
 from celery_driftsafe.clock import (
     Authority,
@@ -37,7 +39,6 @@ from celery_driftsafe.clock import (
 )
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.dispatch import Dispatcher
-from celery_driftsafe.exceptions import ClockError
 from celery_driftsafe.prefetch import Prefetcher
 from celery_driftsafe.reconcile import recover
 from celery_driftsafe.wakeup import Wakeup, start_change_listener
@@ -52,10 +53,9 @@ MIN_WAIT = 0.01
 CONTINUITY_GAP_SECONDS = 5.0
 #: The "beats are saturated" warning is repeated at most this often.
 SATURATION_LOG_SECONDS = 30.0
-_OUTAGE_ERRORS = (DatabaseError, InterfaceError, ClockError)
 
 
-class DriftSafeScheduler(Scheduler):
+class DriftSafeScheduler(BeatNode, Scheduler):
     """The drift-safe beat scheduler (see the module docstring)."""
 
     def __init__(
@@ -136,101 +136,6 @@ class DriftSafeScheduler(Scheduler):
     def _start_listener(self) -> threading.Thread | None:  # a test's stepped beat has none
         return start_change_listener(self.settings, self._wake, self._shutdown)
 
-    def _start_up(self) -> SyncReport:
-        """Measure the clock, register the node, mirror ``beat_schedule`` (all idempotent).
-
-        Through an outage of the database or the time authority it retries with backoff, so
-        a beat started while they restart waits for them instead of crashing; a signal while
-        it waits stops it (exit 0), recording the node stopped if it was registered."""
-        backoff = 0.0
-        registered = False
-        while True:
-            try:
-                self._check_clock()
-                nodes.register(self.node_id, self.clock.now(), using=self.using)
-                registered = True
-                return sync_beat_schedule(self.app, now=self.authority.read(), using=self.using)
-            except _OUTAGE_ERRORS as exc:
-                if not backoff:
-                    logger.error(
-                        "start-up waiting: the database or time authority is "
-                        "unreachable: %s; retrying with backoff",
-                        exc,
-                        extra={"action": "outage", "node": self.node_id},
-                    )
-                connections[self.using].close()
-                backoff = min(max(backoff * 2, 0.5), 10.0)
-                self._wake.wait(backoff * random.uniform(0.5, 1.0))
-                self._wake.clear()
-            if self._terminating is not None:
-                if registered:
-                    self._mark_stopped(attempts=1)
-                raise SystemExit()
-
-    def _install_signal_handlers(self) -> None:
-        if self._install_signals and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._on_terminate)
-            signal.signal(signal.SIGINT, self._on_terminate)
-
-    def _on_terminate(self, signum: int, frame: Any) -> None:
-        """SIGTERM / SIGINT: stop after the set-up or round in flight; at once when waiting.
-
-        It may run between any two bytecodes of the main thread, so it only writes a flag and
-        wakes the wait (see :class:`Wakeup`): no lock, no database, no exception. ``tick``
-        raises ``SystemExit`` outside any round, celery's beat service then calls
-        :meth:`close`, which records the node stopped."""
-        self._terminating = signum
-        self._wake.set()
-
-    def _stopping(self) -> bool:
-        if self._terminating is not None and not self._shutdown.is_set():
-            logger.info(
-                "driftsafe node %s stopping on signal %d",
-                self.node_id,
-                self._terminating,
-                extra={"action": "stop", "node": self.node_id},
-            )
-            self._shutdown.set()
-        return self._shutdown.is_set()
-
-    def request_shutdown(self) -> None:
-        """Ask the scheduler (for example one run in a thread) to stop after this round."""
-        self._shutdown.set()
-        self._wake.set()
-
-    def close(self) -> None:
-        """Record the node stopped (a few tries through a short outage) and let go of
-        connections. Idempotent; a signal during it changes nothing."""
-        self._shutdown.set()
-        self._wake.set()
-        if self._closed:
-            return
-        self._closed = True
-        if self._ready:
-            self._prefetcher.finish(self.dispatcher.dispatch, self.node_id)
-            self.pruner.close()
-            self._mark_stopped()
-        if self._listener is not None:
-            self._listener.join(timeout=2)
-        connections.close_all()
-
-    def _mark_stopped(self, attempts: int = 3) -> None:
-        for attempt in range(1, attempts + 1):
-            try:
-                nodes.mark_stopped(self.node_id, self.clock.now(), using=self.using)
-                return
-            except _OUTAGE_ERRORS as exc:
-                connections[self.using].close()
-                if attempt == attempts:
-                    logger.warning(
-                        "could not mark node %s stopped: %s",
-                        self.node_id,
-                        exc,
-                        extra={"action": "stop", "node": self.node_id},
-                    )
-                    return
-                self.clock.sleep(0.5 * attempt)
-
     def sync(self) -> None:
         """Nothing to persist: every claim is committed when made."""
 
@@ -270,7 +175,7 @@ class DriftSafeScheduler(Scheduler):
         try:
             close_old_connections()
             wait = self.run_round()
-        except _OUTAGE_ERRORS as exc:
+        except OUTAGE_ERRORS as exc:
             if self._outage is None:
                 logger.error(
                     "claiming paused, the database or time authority is unreachable: "
@@ -403,50 +308,3 @@ class DriftSafeScheduler(Scheduler):
                 result.missed,
                 extra={"action": "saturated", "node": self.node_id},
             )
-
-    # -- clock and heartbeat ----------------------------------------------------------------
-
-    def _check_clock(self) -> None:
-        """Re-measure the offset when due; warn past the soft bound, pause past the hard one."""
-        if not isinstance(self.clock, AuthorityClock) or not self.clock.needs_sync():
-            return
-        self._paused_reason = nodes.check_offset(
-            self.clock.sync(),
-            self.authority.name,
-            self.settings,
-            self._paused_reason,
-            self.node_id,
-        )
-
-    def _heartbeat(self) -> None:
-        self._check_clock()
-        sample = self.clock.last_sample if isinstance(self.clock, AuthorityClock) else None
-        now = self.clock.now()
-        alive = nodes.heartbeat(
-            self.node_id,
-            now,
-            sample,
-            paused_reason=self._paused_reason,
-            # a stretch that starts with this round starts now
-            claiming_since=None if self._paused_reason else (self._claiming_since or now),
-            lag_seconds=self._lag,
-            using=self.using,
-        )
-        self._lag = None
-        self._others_since = nodes.others_claiming_since(
-            self.node_id,
-            now,
-            timedelta(seconds=self.settings.node_dead_after_seconds),
-            using=self.using,
-        )
-        if not alive:
-            # Another beat marked this node dead while it was paused (SIGSTOP, a VM pause, a
-            # long GC) and took over its unpublished claims; publishing re-checks ownership,
-            # so nothing it held goes out twice. Come back as alive.
-            logger.warning(
-                "node %s was marked dead while it was paused; its unpublished claims were "
-                "taken over; re-registering",
-                self.node_id,
-                extra={"action": "re-register", "node": self.node_id},
-            )
-            nodes.register(self.node_id, self.clock.now(), using=self.using)

@@ -18,12 +18,8 @@ from hypothesis import strategies as st
 
 from celery_driftsafe import changes
 from celery_driftsafe.bounds import Bounded, bounded, limit_plan, run_budget
-from celery_driftsafe.claim import (
-    Claimer,
-    CompareAndSwapClaimer,
-    SkipLockedClaimer,
-    celery_task_id,
-)
+from celery_driftsafe.claim import Claimer, CompareAndSwapClaimer, SkipLockedClaimer
+from celery_driftsafe.dispatch import celery_task_id
 from celery_driftsafe.jitter import due_instant, offset
 from celery_driftsafe.misfire import ClaimPlan, Jitter, plan_claim
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus, ScheduleKind
