@@ -68,8 +68,8 @@ def _measure(args: Any) -> None:
     try:
         from celery_driftsafe.claim import claimer_for
         from celery_driftsafe.clock import SystemClock
-        from celery_driftsafe.dispatch import Dispatcher
         from celery_driftsafe.models import PeriodicTask
+        from celery_driftsafe.publisher import Dispatcher
 
         app = Celery("burst", broker=broker_url, set_as_current=False)
         app.conf.task_default_queue = "burst"

@@ -223,7 +223,7 @@ class Claims:
     def __init__(self, app: Any) -> None:
         from celery_driftsafe.claim import claimer_for
         from celery_driftsafe.clock import SystemClock
-        from celery_driftsafe.dispatch import Dispatcher
+        from celery_driftsafe.publisher import Dispatcher
 
         self.claimer = claimer_for()
         self.dispatcher = Dispatcher(app, SystemClock())

@@ -16,7 +16,7 @@ class DriftSafeConfig(AppConfig):
         from django.core.signals import setting_changed
         from django.db.models.signals import post_delete, post_save
 
-        from celery_driftsafe import changes, conf, metrics, worker
+        from celery_driftsafe import changes, conf, metrics_server, worker
         from celery_driftsafe import checks as driftsafe_checks
         from celery_driftsafe.models import PeriodicTask
 
@@ -31,8 +31,10 @@ class DriftSafeConfig(AppConfig):
         # Worker side: a revoked or expired run message is recorded (runs' messages only).
         task_revoked.connect(worker.on_task_revoked, dispatch_uid="driftsafe-revoked")
         # Worker side: serve metrics on WORKER_METRICS_PORT (a no-op when it is not set).
-        worker_init.connect(metrics.on_worker_init, dispatch_uid="driftsafe-metrics-init")
-        worker_shutdown.connect(metrics.on_worker_shutdown, dispatch_uid="driftsafe-metrics-stop")
+        worker_init.connect(metrics_server.on_worker_init, dispatch_uid="driftsafe-metrics-init")
+        worker_shutdown.connect(
+            metrics_server.on_worker_shutdown, dispatch_uid="driftsafe-metrics-stop"
+        )
 
 
 def ensure_django() -> None:

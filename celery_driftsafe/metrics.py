@@ -3,7 +3,8 @@
 Metrics are on in a process when ``METRICS_PORT`` (beats) or ``WORKER_METRICS_PORT`` (workers)
 is set. Then the hooks below, called from the claim round, the dispatcher, the heartbeat and a
 run's execution, count into prometheus-client's default registry; a beat serves it on
-``METRICS_PORT``, a worker's main process on ``WORKER_METRICS_PORT``. With both unset every
+``METRICS_PORT``, a worker's main process on ``WORKER_METRICS_PORT``
+(:mod:`celery_driftsafe.metrics_server`). With both unset every
 hook returns after one look at the cached settings, and prometheus-client is never imported.
 
 Workers: a prefork pool runs bodies in child processes, whose counters the main process cannot
@@ -18,8 +19,6 @@ status) are served by a Django view, :mod:`celery_driftsafe.views`, so they outl
 
 from __future__ import annotations
 
-import logging
-import os
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -32,9 +31,8 @@ from celery_driftsafe.exceptions import ConfigurationError
 if TYPE_CHECKING:
     from celery_driftsafe.claim import ClaimResult
     from celery_driftsafe.clock import OffsetSample
-    from celery_driftsafe.dispatch import ClaimedRun, DispatchResult
-
-logger = logging.getLogger(__name__)
+    from celery_driftsafe.dispatch import ClaimedRun
+    from celery_driftsafe.publisher import DispatchResult
 
 #: What to install when metrics are switched on without prometheus-client.
 EXTRA_HINT = "pip install 'celery-driftsafe[metrics]'"
@@ -106,7 +104,8 @@ _beat: BeatMetrics | None = None
 _worker: WorkerMetrics | None = None
 
 
-def _import() -> Any:
+def import_prometheus() -> Any:
+    """prometheus-client, or a ConfigurationError naming ``METRICS_PORT`` and the extra."""
     try:
         import prometheus_client
     except ImportError as exc:
@@ -134,7 +133,7 @@ def beat_metrics() -> BeatMetrics | None:
         return _beat
     with _lock:
         if _beat is None:
-            pc = _import()
+            pc = import_prometheus()
             _beat = BeatMetrics(
                 claimed=pc.Counter(
                     "driftsafe_beat_slots_claimed", "Slots this beat claimed to fire"
@@ -212,7 +211,7 @@ def worker_metrics() -> WorkerMetrics | None:
         return _worker
     with _lock:
         if _worker is None:
-            pc = _import()
+            pc = import_prometheus()
             _worker = WorkerMetrics(
                 executions=pc.Counter(
                     "driftsafe_worker_executions",
@@ -313,129 +312,6 @@ def lock_error(task: str) -> None:
     m = worker_metrics()
     if m is not None:
         m.lock_errors.labels(task=task).inc()
-
-
-# -- serving -----------------------------------------------------------------------------------
-
-
-@dataclass
-class Server:
-    """A running metrics HTTP server (prometheus-client's, in a daemon thread)."""
-
-    httpd: Any
-    thread: threading.Thread
-    port: int
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=5)
-
-
-def _serve(setting: str, port: int, address: str, registry: Any) -> Server:
-    pc = _import()
-    try:
-        httpd, thread = pc.start_http_server(port, addr=address, registry=registry)
-    except OSError as exc:
-        raise ConfigurationError(
-            setting,
-            port,
-            f"cannot serve metrics on {address}:{port}: {exc}",
-            "pick a free port (each beat or worker on one host needs its own)",
-        ) from exc
-    server = Server(httpd, thread, int(httpd.server_port))
-    logger.info(
-        "serving Prometheus metrics on %s:%d (%s)",
-        address,
-        server.port,
-        setting,
-        extra={"action": "metrics-serve"},
-    )
-    return server
-
-
-def serve_beat(settings: DriftSafeSettings) -> Server | None:
-    """Serve the beat's metrics on ``METRICS_PORT`` (None when it is not set)."""
-    if settings.metrics_port is None:
-        return None
-    beat_metrics()  # defined before the first scrape, so every series is there from the start
-    pc = _import()
-    return _serve("METRICS_PORT", settings.metrics_port, settings.metrics_address, pc.REGISTRY)
-
-
-_node_servers: dict[str, Server] = {}
-_servers_lock = threading.Lock()
-
-
-def serve_node(node_id: str) -> Server | None:
-    """A beat node registered: serve its metrics on ``METRICS_PORT``, once per node (a node
-    registered again after being marked dead keeps its server)."""
-    with _servers_lock:
-        server = _node_servers.get(node_id)
-        if server is None and (server := serve_beat(get_settings())) is not None:
-            _node_servers[node_id] = server
-        return server
-
-
-def node_server(node_id: str) -> Server | None:
-    """The metrics server of a beat node, if it serves one."""
-    return _node_servers.get(node_id)
-
-
-def stop_node(node_id: str) -> None:
-    """A beat node stopped: stop serving its metrics."""
-    with _servers_lock:
-        server = _node_servers.pop(node_id, None)
-    if server is not None:
-        server.stop()
-
-
-_worker_server: Server | None = None
-
-
-def worker_registry() -> Any:
-    """The registry a worker's main process serves: the multiprocess collector over
-    ``PROMETHEUS_MULTIPROC_DIR`` when set, else the process's own."""
-    pc = _import()
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
-
-        registry = pc.CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
-        return registry
-    return pc.REGISTRY
-
-
-def on_worker_init(sender: Any = None, **kwargs: Any) -> None:
-    """``worker_init`` receiver (the worker's main process, before its pool starts): serve
-    on ``WORKER_METRICS_PORT``."""
-    global _worker_server
-    settings = get_settings()
-    if settings.worker_metrics_port is None or _worker_server is not None:
-        return
-    pool = str(getattr(sender, "pool_cls", "") or "")
-    if "prefork" in pool and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        logger.warning(
-            "WORKER_METRICS_PORT is set on a prefork worker without PROMETHEUS_MULTIPROC_DIR: "
-            "the bodies run in child processes whose counters this process cannot see; set "
-            "PROMETHEUS_MULTIPROC_DIR to an empty directory (see the monitoring how-to)",
-            extra={"action": "metrics-serve"},
-        )
-    worker_metrics()
-    _worker_server = _serve(
-        "WORKER_METRICS_PORT",
-        settings.worker_metrics_port,
-        settings.metrics_address,
-        worker_registry(),
-    )
-
-
-def on_worker_shutdown(sender: Any = None, **kwargs: Any) -> None:
-    """``worker_shutdown`` receiver: stop serving."""
-    global _worker_server
-    server, _worker_server = _worker_server, None
-    if server is not None:
-        server.stop()
 
 
 def sample_values(registry: Any, name: str) -> Iterable[tuple[dict[str, str], float]]:

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 from django.db.models import Min
 
-from celery_driftsafe import __version__, metrics
+from celery_driftsafe import __version__, metrics, metrics_server
 from celery_driftsafe.clock import OffsetSample
 from celery_driftsafe.conf import DriftSafeSettings
 from celery_driftsafe.models import BeatNode
@@ -27,7 +27,7 @@ def new_node_id() -> str:
 
 def register(node_id: str, now: datetime, *, using: str = "default") -> BeatNode:
     """Record the node running; it serves its metrics from now on (``METRICS_PORT``)."""
-    metrics.serve_node(node_id)
+    metrics_server.serve_node(node_id)
     node, _ = BeatNode.objects.using(using).update_or_create(
         node_id=node_id,
         defaults={
@@ -76,7 +76,7 @@ def heartbeat(
 
 
 def mark_stopped(node_id: str, now: datetime, *, using: str = "default") -> None:
-    metrics.stop_node(node_id)
+    metrics_server.stop_node(node_id)
     BeatNode.objects.using(using).filter(node_id=node_id).update(stopped_at=now)
 
 

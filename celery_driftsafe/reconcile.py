@@ -32,7 +32,7 @@ from celery_driftsafe.exceptions import LockError
 from celery_driftsafe.models import Run, RunStatus
 
 if TYPE_CHECKING:
-    from celery_driftsafe.dispatch import Dispatcher
+    from celery_driftsafe.publisher import Dispatcher
 
 logger = logging.getLogger(__name__)
 

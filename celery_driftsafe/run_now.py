@@ -8,7 +8,7 @@ exactly like a scheduled one:
    of ``(task, slot)``. The unique ``(task, slot)`` constraint refuses a second run at the same
    instant (a replayed request carrying the same clock reading is recorded and published once),
    and a re-publish by the outbox reuses the id. Two clicks are two readings, so two runs;
-3. publish it with :class:`~celery_driftsafe.dispatch.Dispatcher` through the project's Celery
+3. publish it with :class:`~celery_driftsafe.publisher.Dispatcher` through the project's Celery
    app, by name, which marks it ``dispatched``. If the broker is down the run stays
    ``claimed`` and a beat's outbox re-publishes it after the lease, under the same task id; if
    the broker refuses the message, the outbox tries again with backoff.
@@ -32,14 +32,9 @@ from django.db import IntegrityError, connections, transaction
 
 from celery_driftsafe.celery_app import get_celery_app
 from celery_driftsafe.clock import Clock, authority_clock
-from celery_driftsafe.dispatch import (
-    Dispatcher,
-    DispatchResult,
-    celery_task_id,
-    claimed_run,
-    run_message,
-)
+from celery_driftsafe.dispatch import celery_task_id, claimed_run, run_message
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
+from celery_driftsafe.publisher import Dispatcher, DispatchResult
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,9 @@ import pytest
 
 from celery_driftsafe import nodes
 from celery_driftsafe.claim import claimer_for
-from celery_driftsafe.dispatch import Dispatcher, reclaim_stale
+from celery_driftsafe.dispatch import reclaim_stale
 from celery_driftsafe.models import BeatNode, Run, RunStatus
+from celery_driftsafe.publisher import Dispatcher
 from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.testing import FakeClock
 from tests.conftest import T0, drain

@@ -28,8 +28,8 @@ from kombu import Exchange, Queue
 
 from celery_driftsafe import nodes
 from celery_driftsafe.claim import ClaimedRun, claimer_for
-from celery_driftsafe.dispatch import Dispatcher
 from celery_driftsafe.models import Run, RunStatus
+from celery_driftsafe.publisher import Dispatcher
 from celery_driftsafe.reprs import display_form
 from celery_driftsafe.task import DriftSafeTask
 from celery_driftsafe.testing import FakeClock

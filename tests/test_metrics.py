@@ -31,7 +31,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db.models import F, Sum
 from django.test import override_settings
 
-from celery_driftsafe import changes, checks, metrics
+from celery_driftsafe import changes, checks, metrics, metrics_server
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.exceptions import ConfigurationError
 from celery_driftsafe.headers import read_headers
@@ -86,7 +86,7 @@ def test_claim_rounds_move_the_beat_figures_served_on_the_metrics_port(
             app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
         )
         try:
-            server = metrics.node_server(sched.node_id)  # serving since it registered
+            server = metrics_server.node_server(sched.node_id)  # serving since it registered
             assert server is not None and server.port > 0
             before = scrape(server.port)
             # one task due now, one a quarter of an hour behind with a 5 s grace: it fires
@@ -161,7 +161,7 @@ def test_claim_rounds_move_the_beat_figures_served_on_the_metrics_port(
             port = server.port
         finally:
             sched.close()
-        assert metrics.node_server(sched.node_id) is None
+        assert metrics_server.node_server(sched.node_id) is None
         with pytest.raises(OSError, match="refused"):  # a stopped node stops serving
             scrape(port)
 
@@ -172,7 +172,7 @@ def test_with_metrics_off_the_hooks_record_nothing(scheduler: DriftSafeScheduler
 
     assert not metrics.enabled()
     assert metrics.beat_metrics() is None and metrics.worker_metrics() is None
-    assert metrics.node_server(scheduler.node_id) is None
+    assert metrics_server.node_server(scheduler.node_id) is None
     before = REGISTRY.get_sample_value("driftsafe_beat_slots_claimed_total")
     interval_task("quiet", 10, anchor=T0, next_slot_at=T0)
     scheduler.run_round()
@@ -189,7 +189,7 @@ def test_with_metrics_off_prometheus_client_is_never_imported() -> None:
         "from datetime import datetime, UTC\n"
         "from celery_driftsafe import metrics\n"
         "from celery_driftsafe.claim import ClaimResult\n"
-        "from celery_driftsafe.dispatch import DispatchResult\n"
+        "from celery_driftsafe.publisher import DispatchResult\n"
         "now = datetime.now(UTC)\n"
         "metrics.round_done(ClaimResult(), now, 0.0, 0.1)\n"
         "metrics.dispatched(DispatchResult(published=[1]), {}, now)\n"
@@ -217,7 +217,7 @@ def test_serving_on_a_port_in_use_names_the_setting() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         with metrics_on(METRICS_PORT=port), pytest.raises(ConfigurationError) as info:
-            metrics.serve_beat(get_settings())
+            metrics_server.serve_beat(get_settings())
     assert "METRICS_PORT" in str(info.value) and str(port) in str(info.value)
 
 
@@ -228,9 +228,9 @@ def test_a_prefork_worker_without_multiprocess_dir_is_warned(
 
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     with metrics_on(WORKER_METRICS_PORT=0):
-        metrics.on_worker_init(sender=SimpleNamespace(pool_cls="prefork"))
+        metrics_server.on_worker_init(sender=SimpleNamespace(pool_cls="prefork"))
         try:
-            server = metrics._worker_server
+            server = metrics_server._worker_server
             assert server is not None
             assert (
                 "driftsafe_worker_executions"
@@ -239,13 +239,13 @@ def test_a_prefork_worker_without_multiprocess_dir_is_warned(
                 .decode()
             )
         finally:
-            metrics.on_worker_shutdown()
-    assert metrics._worker_server is None
+            metrics_server.on_worker_shutdown()
+    assert metrics_server._worker_server is None
     assert any("PROMETHEUS_MULTIPROC_DIR" in r.getMessage() for r in caplog.records)
     caplog.clear()
     with metrics_on(WORKER_METRICS_PORT=0):
-        metrics.on_worker_init(sender=SimpleNamespace(pool_cls="threads"))
-        metrics.on_worker_shutdown()
+        metrics_server.on_worker_init(sender=SimpleNamespace(pool_cls="threads"))
+        metrics_server.on_worker_shutdown()
     assert not any("PROMETHEUS_MULTIPROC_DIR" in r.getMessage() for r in caplog.records)
 
 
@@ -426,7 +426,7 @@ def worker_env(redis_client: Any) -> Iterator[tuple[Celery, str]]:
     # The test worker's thread ends without WorkController.stop(), which sends worker_shutdown
     # in a real worker: send it here.
     worker_shutdown.send(sender=None)
-    assert metrics._worker_server is None
+    assert metrics_server._worker_server is None
     task_postrun.disconnect(dispatch_uid="metrics-close")
     app.close()
     client = redis.Redis.from_url(BROKER_URL)
@@ -471,7 +471,7 @@ def _ended(run: Run) -> Run:
 )
 def test_worker_figures_move_as_runs_execute(worker_env: tuple[Celery, str]) -> None:
     app, queue = worker_env
-    server = metrics._worker_server
+    server = metrics_server._worker_server
     assert server is not None
     before = scrape(server.port)
 

@@ -17,8 +17,9 @@ from django.db import connection
 
 from celery_driftsafe import nodes
 from celery_driftsafe.claim import claimer_for
-from celery_driftsafe.dispatch import Dispatcher, reclaim_stale
+from celery_driftsafe.dispatch import reclaim_stale
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
+from celery_driftsafe.publisher import Dispatcher
 from celery_driftsafe.reconcile import reconcile
 from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.testing import FakeClock
@@ -334,7 +335,7 @@ def test_a_message_the_broker_refuses_is_retried_alone_with_backoff(
 def test_after_the_last_attempt_a_refused_run_is_recorded_failed(
     amqp_app: tuple[Any, str, str], clock: FakeClock
 ) -> None:
-    from celery_driftsafe.dispatch import MAX_PUBLISH_ATTEMPTS
+    from celery_driftsafe.publisher import MAX_PUBLISH_ATTEMPTS
 
     app, _, _ = amqp_app
     task = interval_task("refused", 60, anchor=T0, next_slot_at=T0, task="refused.job")

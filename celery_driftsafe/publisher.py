@@ -1,0 +1,271 @@
+"""Publishing claimed runs (the outbox's second half) and recording that they went out: the
+``Dispatcher`` confirms each run's claim, publishes in pipelined batches over one producer
+connection, and marks what went out ``dispatched`` (refused messages retried with backoff,
+expired ones recorded). What a run is published with is :mod:`celery_driftsafe.dispatch`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from celery import Task
+from django.db.models import Case, F, Q, TextField, Value, When
+
+from celery_driftsafe import metrics
+from celery_driftsafe.broker import connection_errors, describe_error, pipelined, refused
+from celery_driftsafe.clock import Clock
+from celery_driftsafe.conf import get_settings
+from celery_driftsafe.fastpublish import FastPublisher
+from celery_driftsafe.headers import message_headers
+from celery_driftsafe.models import Run, RunStatus
+from celery_driftsafe.reprs import argument_reprs
+from celery_driftsafe.task import DriftSafeTask
+
+if TYPE_CHECKING:
+    from celery_driftsafe.dispatch import ClaimedRun
+
+logger = logging.getLogger(__name__)
+
+
+#: A run whose publish the broker refused this many times is recorded ``failed``.
+MAX_PUBLISH_ATTEMPTS = 8
+#: Tasks whose argument display forms a dispatcher keeps (then it starts afresh).
+REPR_CACHE_SIZE = 200_000
+#: Longest wait before another try of a refused publish.
+MAX_PUBLISH_BACKOFF = timedelta(minutes=5)
+
+
+@dataclass
+class DispatchResult:
+    published: list[int] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)
+    #: Runs left ``claimed`` because the broker could not be reached: the outbox retries them
+    #: after the lease.
+    deferred: list[int] = field(default_factory=list)
+    #: Runs whose message the broker refused (the others went out): retried with backoff.
+    refused: dict[int, str] = field(default_factory=dict)
+    #: Runs not published because this publisher no longer owns their claim (another node
+    #: took them over while this one was paused, or this node was marked dead).
+    lost: list[int] = field(default_factory=list)
+    #: Runs not published because their message had expired already (a long outage).
+    expired: list[int] = field(default_factory=list)
+
+
+class Dispatcher:
+    """Publishes runs through a Celery app over one producer connection per batch."""
+
+    def __init__(
+        self, app: Any, clock: Clock, *, using: str = "default", batch_size: int | None = None
+    ) -> None:
+        self.app = app
+        self.clock = clock
+        self.using = using
+        self.batch_size = batch_size or get_settings().publish_batch_size
+        self._repr_cache: dict[int | str, tuple[list[Any], dict[str, Any], str, str]] = {}
+        self.fast = FastPublisher(app)
+
+    def dispatch(self, runs: Sequence[ClaimedRun]) -> DispatchResult:
+        """Publish ``runs``, then mark what went out ``dispatched``.
+
+        First the claims are confirmed: only runs still ``claimed`` by the node that claimed
+        them, while that node is not marked dead, are published. A run taken over meanwhile
+        (this beat was paused past ``NODE_DEAD_AFTER_SECONDS``) is left to its new owner.
+
+        Each message is published on its own: one the broker refuses is recorded with its
+        error and tried again with backoff, and the rest of the batch goes out once. If the
+        broker cannot be reached, every run not known to be out stays ``claimed`` for the
+        outbox, under the same task id.
+        """
+        result = DispatchResult()
+        if not runs:
+            return result
+        owned = self._confirm(runs)
+        result.lost = [r.run_id for r in runs if r.run_id not in owned]
+        if result.lost:
+            logger.warning(
+                "%d claimed runs were taken over by another node before this one published "
+                "them (it was paused or marked dead); not publishing them",
+                len(result.lost),
+                extra={"action": "claim-lost"},
+            )
+        now = self.clock.now()
+        todo = []
+        for run in runs:
+            if run.run_id not in owned:
+                continue
+            if run.expires_at is not None and run.expires_at <= now:
+                result.expired.append(run.run_id)
+            else:
+                todo.append(run)
+        fast = self.fast if self.fast.active() else None
+        try:
+            with self.app.producer_or_acquire() as producer:
+                for start in range(0, len(todo), self.batch_size):
+                    self._publish_batch(
+                        todo[start : start + self.batch_size], producer, result, fast
+                    )
+        except Exception as exc:  # broker unreachable: nothing more is known to be out
+            done = set(result.published) | set(result.refused) | set(result.failed)
+            result.deferred = [r.run_id for r in todo if r.run_id not in done]
+            logger.error(
+                "publishing failed after %d of %d runs; %d runs stay claimed for the outbox: %s",
+                len(result.published),
+                len(todo),
+                len(result.deferred),
+                exc,
+                extra={"action": "publish-failed"},
+            )
+        self._record(result, {r.run_id: r for r in todo})
+        return result
+
+    def _publish_batch(
+        self,
+        runs: Sequence[ClaimedRun],
+        producer: Any,
+        result: DispatchResult,
+        fast: FastPublisher | None = None,
+    ) -> None:
+        """Publish ``runs`` in one pipelined broker write where the transport can (kombu's
+        publish batch); they count as published once the write returns. A message refused on
+        its own (a signature error, a negative confirm on a transport that publishes one by
+        one) is recorded and the others go on; a failed write raises, leaving the batch's
+        runs unknown, so they stay claimed for the outbox."""
+        unreachable = connection_errors(producer)
+        sent: list[int] = []
+        with pipelined(producer, len(runs)):
+            for run in runs:
+                try:
+                    self._publish(run, producer, fast)
+                except unreachable as exc:
+                    if not refused(exc):
+                        raise
+                    result.refused[run.run_id] = describe_error(exc)
+                except TypeError as exc:
+                    # Celery checks the arguments against the task's signature (a task this
+                    # beat registered): no later try can fix the captured ones.
+                    result.failed[run.run_id] = (
+                        f"the arguments do not fit the task's signature: {exc}"
+                    )
+                except Exception as exc:
+                    result.refused[run.run_id] = describe_error(exc)
+                else:
+                    sent.append(run.run_id)
+        result.published.extend(sent)
+
+    def _confirm(self, runs: Sequence[ClaimedRun]) -> set[int]:
+        """The ids of ``runs`` whose claims their claimer still holds."""
+        from celery_driftsafe.models import BeatNode
+
+        dead = BeatNode.objects.using(self.using).filter(stopped_at__isnull=False)
+        by_claimer: dict[str, list[int]] = {}
+        for run in runs:
+            by_claimer.setdefault(run.claimed_by, []).append(run.run_id)
+        owned: set[int] = set()
+        table = Run.objects.using(self.using)
+        for claimer, ids in by_claimer.items():
+            if dead.filter(node_id=claimer).exists():
+                continue
+            owned.update(
+                table.filter(pk__in=ids, status=RunStatus.CLAIMED, claimed_by=claimer)
+                .order_by()
+                .values_list("pk", flat=True)
+            )
+        return owned
+
+    def _publish(self, run: ClaimedRun, producer: Any, fast: FastPublisher | None = None) -> None:
+        """Publish by name, as Celery beat does: a task this process has registered gets its
+        own options (``apply_async``), any other goes out with ``send_task``; either way the
+        app's routing (``task_routes``) applies. With ``fast``, the same message is built
+        from the task's prebuilt one where it can be."""
+        if fast is not None and fast.publish_run(run, producer, message_headers(run)):
+            return
+        self.fast.declined += 1
+        options = {k: v for k, v in run.options.items() if k != "headers"}
+        if run.expires_at is not None:
+            options["expires"] = run.expires_at
+        options["argsrepr"], options["kwargsrepr"] = self._reprs(run)
+        task = self.app.tasks.get(run.task_name)
+        if task is None:
+            send = partial(self.app.send_task, run.task_name)
+        elif isinstance(task, DriftSafeTask):
+            # Its apply_async would wait for a transaction's commit: a beat publishes now.
+            send = partial(Task.apply_async, task)
+        else:
+            send = task.apply_async
+        send(
+            args=run.args,
+            kwargs=run.kwargs,
+            task_id=run.celery_task_id,
+            headers=message_headers(run),
+            producer=producer,
+            **options,
+        )
+
+    def _reprs(self, run: ClaimedRun) -> tuple[str, str]:
+        """The arguments' display forms (``argsrepr``/``kwargsrepr``, as Celery writes them),
+        built once per task and reused while its arguments stay the same: they cost more than
+        the rest of the message."""
+        key = run.periodic_task_id if run.periodic_task_id is not None else run.task_name
+        cached = self._repr_cache.get(key)
+        if cached is not None and cached[0] == run.args and cached[1] == run.kwargs:
+            return cached[2], cached[3]
+        if len(self._repr_cache) >= REPR_CACHE_SIZE:
+            self._repr_cache.clear()
+        reprs = argument_reprs(self.app, run.args, run.kwargs)
+        self._repr_cache[key] = (run.args, run.kwargs, *reprs)
+        return reprs
+
+    def _record(self, result: DispatchResult, runs: dict[int, ClaimedRun]) -> None:
+        now = self.clock.now()
+        table = Run.objects.using(self.using)
+        if result.published:
+            # A fast worker may have started or even ended the run already (skipped, say):
+            # keep its status and what it recorded, stamp the time.
+            claimed = Q(status=RunStatus.CLAIMED)
+            table.filter(pk__in=result.published, dispatched_at__isnull=True).update(
+                dispatched_at=now,
+                retry_at=None,
+                error=Case(
+                    When(claimed, then=Value("")), default=F("error"), output_field=TextField()
+                ),
+                status=Case(When(claimed, then=Value(RunStatus.DISPATCHED)), default=F("status")),
+            )
+        for run_id, reason in result.refused.items():
+            attempts = runs[run_id].dispatch_attempts
+            if attempts >= MAX_PUBLISH_ATTEMPTS:
+                result.failed[run_id] = f"publishing was refused {attempts} times; last: {reason}"
+                continue
+            delay = min(timedelta(seconds=2**attempts), MAX_PUBLISH_BACKOFF)
+            logger.error(
+                "could not publish run %s (attempt %d); trying again in %s: %s",
+                run_id,
+                attempts,
+                delay,
+                reason,
+                extra={"action": "publish-refused", "run": run_id},
+            )
+            table.filter(pk=run_id, status=RunStatus.CLAIMED).update(
+                retry_at=now + delay, error=f"publish attempt {attempts} refused: {reason}"
+            )
+        if result.expired:
+            table.filter(pk__in=result.expired, status=RunStatus.CLAIMED).update(
+                status=RunStatus.EXPIRED,
+                finished_at=now,
+                error="expired before it could be published",
+            )
+        for run_id, reason in result.failed.items():
+            logger.error(
+                "run %s failed before publishing: %s",
+                run_id,
+                reason,
+                extra={"action": "dispatch-failed", "run": run_id},
+            )
+            table.filter(pk=run_id, status=RunStatus.CLAIMED).update(
+                status=RunStatus.FAILED, finished_at=now, error=reason
+            )
+        metrics.dispatched(result, runs, now)
