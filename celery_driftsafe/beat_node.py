@@ -28,8 +28,8 @@ from celery_driftsafe.wakeup import Wakeup
 
 if TYPE_CHECKING:
     from celery_driftsafe import retention
-    from celery_driftsafe.dispatch import Dispatcher
     from celery_driftsafe.prefetch import Prefetcher
+    from celery_driftsafe.publisher import Dispatcher
 
 logger = logging.getLogger("celery_driftsafe.scheduler")
 

@@ -21,11 +21,6 @@ from django.db.models import F, Q
 
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 
-# Kept importable from here until scheduler.py (another helper's split, in flight) imports
-# them from their new home; nothing else in the package uses this path.
-from celery_driftsafe.publisher import Dispatcher as Dispatcher
-from celery_driftsafe.publisher import DispatchResult as DispatchResult
-
 logger = logging.getLogger(__name__)
 
 

@@ -38,8 +38,8 @@ from celery_driftsafe.clock import (
     authority_from_settings,
 )
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
-from celery_driftsafe.dispatch import Dispatcher
 from celery_driftsafe.prefetch import Prefetcher
+from celery_driftsafe.publisher import Dispatcher
 from celery_driftsafe.reconcile import recover
 from celery_driftsafe.wakeup import Wakeup, start_change_listener
 
