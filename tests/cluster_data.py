@@ -21,6 +21,25 @@ BEATS = (  # host, pid, clock offset, seconds since the last heartbeat
 )
 
 
+def beat_node(
+    now: datetime, host: str, pid: int, offset: float, age: float, **fields: object
+) -> BeatNode:
+    """A beat node started three hours ago whose clock is ``offset`` s off, last heard from
+    ``age`` s before ``now``."""
+    return BeatNode.objects.create(
+        node_id=f"{host}:{pid}:5f2a",
+        hostname=host,
+        pid=pid,
+        version="0.1.0",
+        started_at=now - timedelta(hours=3),
+        last_heartbeat_at=now - timedelta(seconds=age),
+        clock_offset_seconds=offset,
+        clock_rtt_seconds=0.0009,
+        clock_measured_at=now - timedelta(seconds=age),
+        **fields,
+    )
+
+
 @dataclass
 class Seeded:
     nodes: list[BeatNode]
@@ -31,18 +50,7 @@ class Seeded:
 def seed_cluster(now: datetime, *, seed: int = 7) -> Seeded:
     rng = random.Random(seed)
     nodes = [
-        BeatNode.objects.create(
-            node_id=f"{host}:{pid}:5f2a",
-            hostname=host,
-            pid=pid,
-            version="0.1.0",
-            started_at=now - timedelta(hours=3),
-            last_heartbeat_at=now - timedelta(seconds=age),
-            clock_offset_seconds=offset,
-            clock_rtt_seconds=0.0009,
-            clock_measured_at=now - timedelta(seconds=age),
-            lag_seconds=0.004,
-        )
+        beat_node(now, host, pid, offset, age, lag_seconds=0.004)
         for host, pid, offset, age in BEATS
     ]
     anchor = (now - timedelta(hours=2)).replace(second=0, microsecond=0)

@@ -23,7 +23,8 @@ from django.test import override_settings
 
 from celery_driftsafe import changes
 from celery_driftsafe.admin.display import local_text
-from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunKind, RunStatus
+from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
+from tests.cluster_data import beat_node
 from tests.conftest import drain
 from tests.factories import interval_task
 
@@ -113,17 +114,7 @@ def _history() -> None:
         ("beat-c", 4103, -1.284, 3.1),
         ("beat-d", 3999, 0.002, 420),
     ):
-        BeatNode.objects.create(
-            node_id=f"{host}:{pid}:5f2a",
-            hostname=host,
-            pid=pid,
-            version="0.1.0",
-            started_at=now - timedelta(hours=3),
-            last_heartbeat_at=now - timedelta(seconds=age),
-            clock_offset_seconds=offset,
-            clock_rtt_seconds=0.0009,
-            clock_measured_at=now - timedelta(seconds=age),
-        )
+        beat_node(now, host, pid, offset, age)
     task = interval_task("cleanup-sessions", 300, anchor=now - timedelta(hours=2), task="tests.add")
     statuses = [RunStatus.SUCCEEDED] * 5 + [RunStatus.FAILED, RunStatus.MISSED]
     for i, status in enumerate(statuses):
