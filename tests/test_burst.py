@@ -6,12 +6,9 @@ publishing sends each message once and a failed pipelined write leaves its runs 
 from __future__ import annotations
 
 import logging
-import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +20,7 @@ from celery_driftsafe.models import BeatNode, Run, RunStatus
 from celery_driftsafe.publisher import Dispatcher
 from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.testing import FakeClock
+from celery_driftsafe.testing.processes import NoRedis, start_redis
 from tests.conftest import T0, drain
 from tests.factories import interval_task
 
@@ -133,50 +131,16 @@ def test_pipelined_batches_publish_each_run_once_in_order(
     assert Run.objects.filter(status=RunStatus.DISPATCHED).count() == 30
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
-def tight_redis() -> Iterator[str]:
+def tight_redis(tmp_path: Path) -> Iterator[str]:
     """A private redis-server without eviction, whose memory limit a test can lower so that
     it refuses every write, without touching the shared server."""
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.fail("redis-server is not installed (apt-get install redis-server)")
-    port = _free_port()
-    process = subprocess.Popen(
-        [
-            server,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--maxmemory-policy",
-            "noeviction",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    import redis
-
-    client = redis.Redis.from_url(url)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    yield url
-    client.close()
-    process.terminate()
-    process.wait(timeout=10)
+    try:
+        server = start_redis(tmp_path / "redis", options=["--maxmemory-policy", "noeviction"])
+    except NoRedis as exc:
+        pytest.fail(f"{exc} (apt-get install redis-server)")
+    yield f"{server.url}/0"
+    server.stop()
 
 
 def test_a_failed_pipelined_write_leaves_its_runs_to_the_outbox(

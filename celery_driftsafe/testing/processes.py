@@ -102,10 +102,13 @@ def wait_for_redis(
 
 
 def start_redis(
-    workdir: Path, binary: Path | None = None, origin: str = "from PATH"
+    workdir: Path,
+    binary: Path | None = None,
+    origin: str = "from PATH",
+    options: Sequence[str] = (),
 ) -> RedisServer:
     """A ``redis-server`` on a free loopback port, nothing saved to disk, its log in
-    ``workdir``. ``binary`` defaults to the one on ``PATH``."""
+    ``workdir``, ``options`` added to its command line; ``binary``: default from ``PATH``."""
     if binary is None:
         found = shutil.which("redis-server")
         if found is None:
@@ -134,6 +137,7 @@ def start_redis(
                 str(workdir),
                 "--logfile",
                 str(log),
+                *options,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
