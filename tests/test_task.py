@@ -8,6 +8,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -54,6 +55,29 @@ def _run(task_name: str = "tests.record", **fields: Any) -> Run:
         celery_task_id=fields.pop("celery_task_id", str(uuid.uuid4())),
         **fields,
     )
+
+
+def _two_slots_of_a_skipping_task(name: str) -> tuple[Run, Run]:
+    """Runs of the slots 00:00:01 and 00:00:02 of a 1-second task whose overlap policy is
+    ``skip``."""
+    from datetime import UTC, datetime
+
+    periodic = interval_task(
+        name,
+        1,
+        anchor=datetime(2026, 3, 1, tzinfo=UTC),
+        task="tests.record",
+        overlap_policy="skip",
+    )
+    first, second = (
+        _run(
+            periodic_task=periodic,
+            kind=RunKind.SCHEDULED,
+            slot=datetime(2026, 3, 1, 0, 0, s, tzinfo=UTC),
+        )
+        for s in (1, 2)
+    )
+    return first, second
 
 
 @contextmanager
@@ -234,23 +258,7 @@ def test_outcome_of_a_fenced_out_holder_is_discarded(
 def test_overlap_skip_records_skipped_slot_while_previous_runs(
     record: Any, calls: list[Any]
 ) -> None:
-    from datetime import UTC, datetime
-
-    periodic = interval_task(
-        "slow",
-        1,
-        anchor=datetime(2026, 3, 1, tzinfo=UTC),
-        task="tests.record",
-        overlap_policy="skip",
-    )
-    first, second = (
-        _run(
-            periodic_task=periodic,
-            kind=RunKind.SCHEDULED,
-            slot=datetime(2026, 3, 1, 0, 0, s, tzinfo=UTC),
-        )
-        for s in (1, 2)
-    )
+    first, second = _two_slots_of_a_skipping_task("slow")
     record.gate.clear()
     worker = threading.Thread(target=lambda: _deliver(record, first))
     worker.start()
@@ -400,23 +408,7 @@ def test_fail_open_continues_the_same_sequence(record: Any, calls: list[Any]) ->
 def test_fail_open_applies_the_overlap_policy_on_the_ledger(
     record: Any, calls: list[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    from datetime import UTC, datetime
-
-    periodic = interval_task(
-        "slow-open",
-        1,
-        anchor=datetime(2026, 3, 1, tzinfo=UTC),
-        task="tests.record",
-        overlap_policy="skip",
-    )
-    running, late = (
-        _run(
-            periodic_task=periodic,
-            kind=RunKind.SCHEDULED,
-            slot=datetime(2026, 3, 1, 0, 0, s, tzinfo=UTC),
-        )
-        for s in (1, 2)
-    )
+    running, late = _two_slots_of_a_skipping_task("slow-open")
     Run.objects.filter(pk=running.pk).update(status=RunStatus.STARTED, worker="other")
     with (
         caplog.at_level(logging.INFO),
@@ -429,9 +421,9 @@ def test_fail_open_applies_the_overlap_policy_on_the_ledger(
         assert "previous run of this task is still running" in late.error
         Run.objects.filter(pk=running.pk).update(status=RunStatus.SUCCEEDED)
         third = _run(
-            periodic_task=periodic,
+            periodic_task=running.periodic_task,
             kind=RunKind.SCHEDULED,
-            slot=datetime(2026, 3, 1, 0, 0, 3, tzinfo=UTC),
+            slot=running.slot + timedelta(seconds=2),
         )
         with delivery(record, third):
             assert record("b") == "b"
