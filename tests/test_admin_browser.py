@@ -73,7 +73,11 @@ def browser() -> Iterator[Any]:
         "--lang=en-GB",
     ):
         options.add_argument(argument)
-    service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
+    # the browser in the admin's zone (the tests' TIME_ZONE), so the date/time widgets do not
+    # add "Note: You are 1 hour behind server time." to the forms and their screenshots
+    service = webdriver.ChromeService(
+        executable_path=CHROMEDRIVER, env={**os.environ, "TZ": "Europe/Berlin"}
+    )
     driver = webdriver.Chrome(options=options, service=service)
     driver.implicitly_wait(5)
     yield driver
@@ -98,7 +102,7 @@ def _shoot(driver: Any, name: str, tmp_path: Path) -> None:
         "return [document.documentElement.scrollHeight, window.outerHeight - window.innerHeight]"
     )
     # the window's size includes the browser's own bars: add them to the page's height
-    driver.set_window_size(1700, max(600, min(int(height) + int(chrome) + 40, 2400)))
+    driver.set_window_size(1700, max(600, min(int(height) + int(chrome) + 40, 3600)))
     target = SCREENSHOTS if os.environ.get("DRIFTSAFE_SCREENSHOTS") else tmp_path
     target.mkdir(parents=True, exist_ok=True)
     assert driver.save_screenshot(str(target / f"{name}.png"))
@@ -115,7 +119,16 @@ def _history() -> None:
         ("beat-d", 3999, 0.002, 420),
     ):
         beat_node(now, host, pid, offset, age)
-    task = interval_task("cleanup-sessions", 300, anchor=now - timedelta(hours=2), task="tests.add")
+    task = interval_task(  # with bounds and limits, for the list's column
+        "cleanup-sessions",
+        300,
+        anchor=now - timedelta(hours=2),
+        task="tests.add",
+        valid_until=(now + timedelta(days=30)).replace(hour=0, minute=0, second=0, microsecond=0),
+        max_runs=1000,
+        run_count=6,
+        jitter_seconds=2.0,
+    )
     statuses = [RunStatus.SUCCEEDED] * 5 + [RunStatus.FAILED, RunStatus.MISSED]
     for i, status in enumerate(statuses):
         slot = now - timedelta(minutes=5 * (i + 1))
