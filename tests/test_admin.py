@@ -875,8 +875,8 @@ def test_bounds_limits_and_jitter_are_saved_and_listed(admin_client: Any, app: A
     assert task.next_slot_at <= task.due_at < task.next_slot_at + timedelta(seconds=30)
     listing = admin_client.get(TASKS).content.decode()
     assert (
-        "from 2030-05-01 00:00 · until 2030-06-01 00:00 · 0 of 5 runs · once · jitter 30 s"
-        in listing
+        "from 2030-05-01 00:00:00 UTC · until 2030-06-01 00:00:00 UTC · 0 of 5 runs · once · "
+        "jitter 30 s" in listing
     )
     change = admin_client.get(
         reverse("admin:celery_driftsafe_periodictask_change", args=[task.pk])

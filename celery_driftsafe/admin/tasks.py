@@ -22,6 +22,7 @@ from celery_driftsafe.admin.display import (
     AuthorityNowMixin,
     instant,
     lateness,
+    local_text,
     page_now,
     relative,
     schedule_cell,
@@ -177,12 +178,13 @@ class PeriodicTaskAdmin(AuthorityNowMixin, PeriodicTaskActions):
 
     @admin.display(description="bounds and limits")
     def limits(self, task: PeriodicTask) -> str:
-        """E.g. ``from 2026-05-01 00:00 · until 2026-06-01 00:00 · 3 of 10 runs · once``."""
+        """E.g. ``from 2026-05-01 00:00:00 CEST · until … · 3 of 10 runs · once``, in the
+        admin's time zone like the other columns."""
         parts = []
         if task.valid_from is not None:
-            parts.append(f"from {task.valid_from:%Y-%m-%d %H:%M}")
+            parts.append(f"from {local_text(task.valid_from)}")
         if task.valid_until is not None:
-            parts.append(f"until {task.valid_until:%Y-%m-%d %H:%M}")
+            parts.append(f"until {local_text(task.valid_until)}")
         if task.max_runs is not None:
             parts.append(f"{task.run_count} of {task.max_runs} runs")
         if task.run_once:
