@@ -212,10 +212,7 @@ def scale(
         entries = [
             Entry(i, 60, launch_at + timedelta(seconds=60.0 * i / tasks)) for i in range(tasks)
         ]
-        if sql_seed:
-            seeded_in = trial.sql_seed(tasks, 60, launch_at, 60.0)
-        else:
-            seeded_in = trial.seed(entries)
+        seeded_in = trial.sql_seed(tasks, 60, launch_at, 60.0) if sql_seed else trial.seed(entries)
         launch = launch_at.timestamp()
         overran = max(0.0, time.time() - launch)
         _sleep_until(launch)
