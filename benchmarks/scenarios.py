@@ -217,11 +217,13 @@ def scale(
         overran = max(0.0, time.time() - launch)
         _sleep_until(launch)
         c0 = trial.counters()
+        servers0 = trial.server_cpu()
         for _ in range(beats):
             trial.start_beat(0.0)
         end = launch + seconds
         _sleep_until(end)
         c1 = trial.counters()
+        servers1 = trial.server_cpu()
         cpu = sum(b.cpu for b in trial.beats)
         alive = all(b.process.poll() is None for b in trial.beats)
         trial.stop()
@@ -268,6 +270,9 @@ def scale(
             "steady_sent": steady.fired,
             "cpu_percent": 100.0 * cpu / seconds,
             "rss_mb": max(b.peak_rss_kb for b in trial.beats) / 1024,
+            "cpu_s": cpu,
+            "pg_cpu_s": servers1["pg"] - servers0["pg"],
+            "redis_cpu_s": servers1["redis"] - servers0["redis"] if services.own_redis else None,
             "db_xacts_per_s": (c1.xacts - c0.xacts) / elapsed,
             "db_rows_read_per_s": (c1.rows_read - c0.rows_read) / elapsed,
             "db_rows_written_per_s": (c1.rows_written - c0.rows_written) / elapsed,
@@ -280,6 +285,12 @@ def scale(
             f"{result['startup'] if first is None else round(result['startup'], 2)} s, "
             f"{sustained:.0f}/s, p99 {result['late_p99']:.3f} s, CPU "
             f"{result['cpu_percent']:.0f}%, RSS {result['rss_mb']:.0f} MB"
+        )
+        redis_cpu = result["redis_cpu_s"]
+        log(
+            f"    seeded by {result['seeded_by']} in {seeded_in:.1f} s; CPU s in the window: "
+            f"beats {cpu:.1f}, PostgreSQL backends {result['pg_cpu_s']:.1f}, Redis "
+            f"{'(shared, not sampled)' if redis_cpu is None else f'{redis_cpu:.1f}'}"
         )
         return result
     finally:

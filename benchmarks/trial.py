@@ -190,6 +190,8 @@ class Trial:
         self.recorder = Recorder(self.services.broker_url, self.queue)
         self.recorder.start()
         self.store = redis.Redis.from_url(self.services.store_url)
+        self._server_first: dict[int, float] = {}
+        self._server_last: dict[int, tuple[str, float]] = {}
         self._sampling = threading.Event()
         self._sampler = threading.Thread(target=self._sample_loop, daemon=True)
         self._sampler.start()
@@ -342,8 +344,45 @@ class Trial:
 
     # -- measurements -----------------------------------------------------------------------
 
+    def _sample_servers(self) -> None:
+        """Record the CPU seconds of this trial's PostgreSQL backends (a backend's process
+        title names its database; the beats open and close connections, so a backend first
+        seen after the start counts from zero, and one that ends between two samples loses
+        its last half second) and of the run's own Redis servers (store and broker)."""
+        redis_pids = {
+            s.process.pid: "redis"
+            for s in self.services.redis_servers
+            if s.process is not None and s.process.poll() is None
+        }
+        found: dict[int, str] = dict(redis_pids)
+        marker = f" {self.db} ".encode()
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or int(entry.name) in found:
+                continue
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    title = f.read().replace(b"\0", b" ")
+                if title.startswith(b"postgres") and marker in title:
+                    found[int(entry.name)] = "pg"
+        for pid, kind in found.items():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                used = proc_stats(pid)[1]
+                self._server_first.setdefault(pid, used if not self._server_last else 0.0)
+                self._server_last[pid] = (kind, used)
+
+    def server_cpu(self) -> dict[str, float]:
+        """CPU seconds so far of this trial's PostgreSQL backends (``pg``) and of the run's
+        own Redis servers (``redis``; 0 when the run uses a shared Redis)."""
+        self._sample_servers()
+        totals = {"pg": 0.0, "redis": 0.0}
+        for pid, (kind, used) in list(self._server_last.items()):
+            totals[kind] += used - self._server_first.get(pid, 0.0)
+        return totals
+
     def _sample_loop(self) -> None:
         while not self._sampling.wait(0.5):
+            with contextlib.suppress(OSError):
+                self._sample_servers()
             for beat in list(self.beats):
                 if beat.process.poll() is not None:
                     continue
