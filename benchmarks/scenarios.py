@@ -289,7 +289,8 @@ def scale(
         redis_cpu = result["redis_cpu_s"]
         log(
             f"    seeded by {result['seeded_by']} in {seeded_in:.1f} s; CPU s in the window: "
-            f"beats {cpu:.1f}, PostgreSQL backends {result['pg_cpu_s']:.1f}, Redis "
+            f"beats {cpu:.1f}, PostgreSQL backends (exited ones of every database included) "
+            f"{result['pg_cpu_s']:.1f}, Redis "
             f"{'(shared, not sampled)' if redis_cpu is None else f'{redis_cpu:.1f}'}"
         )
         return result

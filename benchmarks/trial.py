@@ -192,6 +192,10 @@ class Trial:
         self.store = redis.Redis.from_url(self.services.store_url)
         self._server_first: dict[int, float] = {}
         self._server_last: dict[int, tuple[str, float]] = {}
+        self._server_seen = False
+        self._postmaster: int | None = None
+        self._reaped_first: float | None = None
+        self._reaped = 0.0
         self._sampling = threading.Event()
         self._sampler = threading.Thread(target=self._sample_loop, daemon=True)
         self._sampler.start()
@@ -345,16 +349,16 @@ class Trial:
     # -- measurements -----------------------------------------------------------------------
 
     def _sample_servers(self) -> None:
-        """Record the CPU seconds of this trial's PostgreSQL backends (a backend's process
-        title names its database; the beats open and close connections, so a backend first
-        seen after the start counts from zero, and one that ends between two samples loses
-        its last half second) and of the run's own Redis servers (store and broker)."""
-        redis_pids = {
+        """Record the CPU seconds of this trial's live PostgreSQL backends (a backend's process
+        title names its database; one first seen after the start counts from zero), of the
+        PostgreSQL server's exited children (the postmaster's ``cutime + cstime``: the beats
+        reconnect every round, so most backends live too short to be sampled) and of the
+        run's own Redis servers (store and broker)."""
+        found: dict[int, str] = {
             s.process.pid: "redis"
             for s in self.services.redis_servers
             if s.process is not None and s.process.poll() is None
         }
-        found: dict[int, str] = dict(redis_pids)
         marker = f" {self.db} ".encode()
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit() or int(entry.name) in found:
@@ -364,18 +368,33 @@ class Trial:
                     title = f.read().replace(b"\0", b" ")
                 if title.startswith(b"postgres") and marker in title:
                     found[int(entry.name)] = "pg"
+                    if self._postmaster is None:
+                        with open(f"/proc/{entry.name}/stat") as stat:
+                            self._postmaster = int(stat.read().rsplit(")", 1)[1].split()[1])
+        alive: dict[int, tuple[str, float]] = {}
         for pid, kind in found.items():
             with contextlib.suppress(OSError, ValueError, IndexError):
                 used = proc_stats(pid)[1]
-                self._server_first.setdefault(pid, used if not self._server_last else 0.0)
-                self._server_last[pid] = (kind, used)
+                self._server_first.setdefault(pid, used if not self._server_seen else 0.0)
+                alive[pid] = (kind, used)
+        if self._postmaster is not None:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{self._postmaster}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+                reaped = (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+                if self._reaped_first is None:
+                    self._reaped_first = reaped
+                self._reaped = reaped
+        self._server_seen = True
+        self._server_last = alive
 
     def server_cpu(self) -> dict[str, float]:
-        """CPU seconds so far of this trial's PostgreSQL backends (``pg``) and of the run's
-        own Redis servers (``redis``; 0 when the run uses a shared Redis)."""
+        """CPU seconds so far: ``pg``, this trial's live PostgreSQL backends plus every
+        PostgreSQL child that exited meanwhile (of any database: an upper bound on a shared
+        server); ``redis``, the run's own Redis servers (0 when the run uses a shared one)."""
         self._sample_servers()
-        totals = {"pg": 0.0, "redis": 0.0}
-        for pid, (kind, used) in list(self._server_last.items()):
+        totals = {"pg": self._reaped - (self._reaped_first or 0.0), "redis": 0.0}
+        for pid, (kind, used) in self._server_last.items():
             totals[kind] += used - self._server_first.get(pid, 0.0)
         return totals
 
