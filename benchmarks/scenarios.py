@@ -196,28 +196,34 @@ def scale(
     settle: float,
     log: Log,
     beats: int = 1,
+    sql_seed: bool = False,
 ) -> dict[str, Any]:
     """One beat (``beats`` unskewed ones), ``tasks`` entries every 60 s whose first due
     instants are spread evenly over the minute after launch (tasks/60 slots due per second
     from the start); a bounded window of ``seconds``. Lateness and the sustained rate are
-    taken after ``settle`` seconds. CPU is summed over the beats, RSS is the largest."""
+    taken after ``settle`` seconds. CPU is summed over the beats, RSS is the largest.
+    ``sql_seed`` (celery_driftsafe only): the same rows written by one ``INSERT … SELECT``
+    (:meth:`Trial.sql_seed`) instead of the ORM."""
     trial = Trial(services, peer)
     try:
-        pad = 5.0 + tasks * 0.3e-3  # seeding time, measured: ~0.2 ms per entry
+        # seeding time, measured: ~0.2 ms per entry by the ORM, ~0.04 ms by SQL
+        pad = 5.0 + tasks * (0.08e-3 if sql_seed else 0.3e-3)
         launch_at = _at(pad)
         entries = [
             Entry(i, 60, launch_at + timedelta(seconds=60.0 * i / tasks)) for i in range(tasks)
         ]
-        seeded_in = trial.seed(entries)
+        seeded_in = trial.sql_seed(tasks, 60, launch_at, 60.0) if sql_seed else trial.seed(entries)
         launch = launch_at.timestamp()
         overran = max(0.0, time.time() - launch)
         _sleep_until(launch)
         c0 = trial.counters()
+        servers0 = trial.server_cpu()
         for _ in range(beats):
             trial.start_beat(0.0)
         end = launch + seconds
         _sleep_until(end)
         c1 = trial.counters()
+        servers1 = trial.server_cpu()
         cpu = sum(b.cpu for b in trial.beats)
         alive = all(b.process.poll() is None for b in trial.beats)
         trial.stop()
@@ -244,6 +250,7 @@ def scale(
             "seconds": seconds,
             "settle": settle,
             "seeded_in": seeded_in,
+            "seeded_by": "sql" if sql_seed else "orm",
             "seed_overran": overran,
             "alive_at_end": alive,
             "due_rate": tasks / 60.0,
@@ -263,6 +270,9 @@ def scale(
             "steady_sent": steady.fired,
             "cpu_percent": 100.0 * cpu / seconds,
             "rss_mb": max(b.peak_rss_kb for b in trial.beats) / 1024,
+            "cpu_s": cpu,
+            "pg_cpu_s": servers1["pg"] - servers0["pg"],
+            "redis_cpu_s": servers1["redis"] - servers0["redis"] if services.own_redis else None,
             "db_xacts_per_s": (c1.xacts - c0.xacts) / elapsed,
             "db_rows_read_per_s": (c1.rows_read - c0.rows_read) / elapsed,
             "db_rows_written_per_s": (c1.rows_written - c0.rows_written) / elapsed,
@@ -275,6 +285,13 @@ def scale(
             f"{result['startup'] if first is None else round(result['startup'], 2)} s, "
             f"{sustained:.0f}/s, p99 {result['late_p99']:.3f} s, CPU "
             f"{result['cpu_percent']:.0f}%, RSS {result['rss_mb']:.0f} MB"
+        )
+        redis_cpu = result["redis_cpu_s"]
+        log(
+            f"    seeded by {result['seeded_by']} in {seeded_in:.1f} s; CPU s in the window: "
+            f"beats {cpu:.1f}, PostgreSQL backends (exited ones of every database included) "
+            f"{result['pg_cpu_s']:.1f}, Redis "
+            f"{'(shared, not sampled)' if redis_cpu is None else f'{redis_cpu:.1f}'}"
         )
         return result
     finally:

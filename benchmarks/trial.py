@@ -34,7 +34,7 @@ from typing import Any
 
 import redis
 
-from benchmarks.peers import BEAT_ARGS, Entry, Peer
+from benchmarks.peers import BEAT_ARGS, Entry, Peer, entry_name
 from benchmarks.recorder import Recorder
 from celery_driftsafe.testing.processes import (
     Child,
@@ -190,6 +190,12 @@ class Trial:
         self.recorder = Recorder(self.services.broker_url, self.queue)
         self.recorder.start()
         self.store = redis.Redis.from_url(self.services.store_url)
+        self._server_first: dict[int, float] = {}
+        self._server_last: dict[int, tuple[str, float]] = {}
+        self._server_seen = False
+        self._postmaster: int | None = None
+        self._reaped_first: float | None = None
+        self._reaped = 0.0
         self._sampling = threading.Event()
         self._sampler = threading.Thread(target=self._sample_loop, daemon=True)
         self._sampler.start()
@@ -215,6 +221,52 @@ class Trial:
         """Store ``entries`` the scheduler's documented way; returns the seconds it took."""
         began = time.time()
         self._child("seed", {"entries": [e.to_json() for e in entries]}, timeout=900)
+        return time.time() - began
+
+    def sql_seed(self, tasks: int, every: int, start: datetime, spread: float) -> float:
+        """celery_driftsafe only: the rows :meth:`seed` would store for ``Entry(i, every,
+        start + spread * i / tasks)``, i = 0 .. tasks - 1, written by ONE ``INSERT … SELECT …
+        FROM generate_series`` in PostgreSQL (a million rows in well under a minute; the ORM
+        takes ~0.2 ms a row). Entry 0 is stored the documented way; every other row copies
+        its columns and sets its own name, args and instants (``interval_anchor``,
+        ``next_slot_at`` and ``due_at``: the first slot, no jitter, as ``bulk_create`` does).
+        Returns the seconds it took."""
+        if self.peer.key != "driftsafe":
+            raise ValueError(f"--sql-seed seeds celery_driftsafe only, not {self.peer.key}")
+        began = time.time()
+        self.seed([Entry(0, every, start)])
+        table = "celery_driftsafe_periodictask"
+        columns = [
+            r[0]
+            for r in pg_exec(
+                "SELECT column_name FROM information_schema.columns "
+                f"WHERE table_name = '{table}' AND column_name <> 'id' ORDER BY ordinal_position",
+                self.db,
+            )
+        ]
+        # whole microseconds, rounded as Python's timedelta rounds (exact but for a tie)
+        instant = (
+            f"'{start.isoformat()}'::timestamptz + make_interval(secs => "
+            f"round(i::numeric * {round(spread * 1_000_000)} / {tasks}) / 1000000)"
+        )
+        values = {
+            "name": "'bench-' || lpad(i::text, 6, '0')",
+            "args": "jsonb_build_array(i, 0)",
+            "interval_anchor": instant,
+            "next_slot_at": instant,
+            "due_at": instant,
+        }
+        missing = set(values) - set(columns)
+        if missing:
+            raise RuntimeError(f"{table} has no column(s) {sorted(missing)}: update sql_seed")
+        pg_exec(
+            f"INSERT INTO {table} ({', '.join(columns)}) "
+            f"SELECT {', '.join(values.get(c, f't.{c}') for c in columns)} "
+            f"FROM (SELECT * FROM {table} WHERE name = '{entry_name(0)}') AS t, "
+            f"generate_series(1, {tasks - 1}) AS i",
+            self.db,
+        )
+        pg_exec(f"ANALYZE {table}", self.db)
         return time.time() - began
 
     def set_intervals(self, edits: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -296,8 +348,60 @@ class Trial:
 
     # -- measurements -----------------------------------------------------------------------
 
+    def _sample_servers(self) -> None:
+        """Record the CPU seconds of this trial's live PostgreSQL backends (a backend's process
+        title names its database; one first seen after the start counts from zero), of the
+        PostgreSQL server's exited children (the postmaster's ``cutime + cstime``: the beats
+        reconnect every round, so most backends live too short to be sampled) and of the
+        run's own Redis servers (store and broker)."""
+        found: dict[int, str] = {
+            s.process.pid: "redis"
+            for s in self.services.redis_servers
+            if s.process is not None and s.process.poll() is None
+        }
+        marker = f" {self.db} ".encode()
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or int(entry.name) in found:
+                continue
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    title = f.read().replace(b"\0", b" ")
+                if title.startswith(b"postgres") and marker in title:
+                    found[int(entry.name)] = "pg"
+                    if self._postmaster is None:
+                        with open(f"/proc/{entry.name}/stat") as stat:
+                            self._postmaster = int(stat.read().rsplit(")", 1)[1].split()[1])
+        alive: dict[int, tuple[str, float]] = {}
+        for pid, kind in found.items():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                used = proc_stats(pid)[1]
+                self._server_first.setdefault(pid, used if not self._server_seen else 0.0)
+                alive[pid] = (kind, used)
+        if self._postmaster is not None:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{self._postmaster}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+                reaped = (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+                if self._reaped_first is None:
+                    self._reaped_first = reaped
+                self._reaped = reaped
+        self._server_seen = True
+        self._server_last = alive
+
+    def server_cpu(self) -> dict[str, float]:
+        """CPU seconds so far: ``pg``, this trial's live PostgreSQL backends plus every
+        PostgreSQL child that exited meanwhile (of any database: an upper bound on a shared
+        server); ``redis``, the run's own Redis servers (0 when the run uses a shared one)."""
+        self._sample_servers()
+        totals = {"pg": self._reaped - (self._reaped_first or 0.0), "redis": 0.0}
+        for pid, (kind, used) in self._server_last.items():
+            totals[kind] += used - self._server_first.get(pid, 0.0)
+        return totals
+
     def _sample_loop(self) -> None:
         while not self._sampling.wait(0.5):
+            with contextlib.suppress(OSError):
+                self._sample_servers()
             for beat in list(self.beats):
                 if beat.process.poll() is not None:
                     continue
