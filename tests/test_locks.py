@@ -49,6 +49,7 @@ from celery_driftsafe.redis_client import (
     parse_sentinel_url,
 )
 from celery_driftsafe.testing import FakeClock
+from celery_driftsafe.testing.processes import free_port
 from tests import settings as test_settings
 from tests.conftest import T0
 
@@ -633,12 +634,6 @@ class TestGetRedis:
 
 
 # -- helpers: throw-away Redis servers ----------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @contextmanager
