@@ -50,7 +50,15 @@ def main() -> None:
         default=300.0,
         help="the pruning phase ends after this long (or when done)",
     )
-    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="runs a batch (default: PRUNE_BATCH_SIZE)"
+    )
+    parser.add_argument(
+        "--duty",
+        type=float,
+        default=None,
+        help="share of the pass spent deleting (default: PRUNE_DUTY_CYCLE)",
+    )
     parser.add_argument(
         "--incremental",
         action="store_true",
@@ -150,18 +158,26 @@ def _run(args: argparse.Namespace, broker_url: str, fences: Any) -> None:
                                 FROM celery_driftsafe_periodictask) AS grid
                           WHERE id = grid.task""")
     claims = Claims(app)
-    retention = {
+    retention: dict[str, Any] = {
         "RUN_RETENTION_SECONDS": args.keep_hours * 3600,
         "FAILED_RUN_RETENTION_SECONDS": args.keep_hours * 3600,
     }
+    if args.batch_size is not None:
+        retention["PRUNE_BATCH_SIZE"] = args.batch_size
+    if args.duty is not None:
+        retention["PRUNE_DUTY_CYCLE"] = args.duty
     from django.test import override_settings
 
     with override_settings(DRIFTSAFE={**_driftsafe(), **retention}):
         before = claims.measure(args.phase)
         pruned, prune_seconds, during = _prune_while_claiming(claims, args)
         after = claims.measure(args.phase)
+    from celery_driftsafe.conf import build_settings
+
+    merged = build_settings({**_driftsafe(), **retention})
     print(
-        f"\npruning (batches of {args.batch_size}, keep {args.keep_hours:g} h): "
+        f"\npruning (batches of {merged.prune_batch_size}, duty cycle "
+        f"{merged.prune_duty_cycle:g}, keep {args.keep_hours:g} h): "
         f"{pruned.runs:,} runs deleted in {prune_seconds:.0f} s = "
         f"{pruned.runs / max(prune_seconds, 1e-9):,.0f} runs/s "
         f"({pruned.batches} batches, {pruned.seconds:.1f} s in statements, "
@@ -274,7 +290,7 @@ def _prune_while_claiming(claims: Claims, args: argparse.Namespace) -> tuple[Any
 
     def prune() -> None:
         try:
-            pruner = Pruner(batch_size=args.batch_size)
+            pruner = Pruner()
             done.append(pruner.prune(datetime.now(UTC), stop=stop.wait))
         finally:
             connections.close_all()

@@ -17,6 +17,7 @@ Stable ids (documented in the settings reference):
 ``celery_driftsafe.E020``  ``METRICS_PORT`` / ``WORKER_METRICS_PORT`` is not a port number
 ``celery_driftsafe.E021``  metrics are switched on but prometheus-client is not installed
 ``celery_driftsafe.E022``  ``METRICS_ADDRESS`` is not a non-empty string
+``celery_driftsafe.E023``  ``PRUNE_DUTY_CYCLE`` is not a number above 0 and at most 1
 ``celery_driftsafe.W001``  ``TIME_AUTHORITY`` is ``database`` on SQLite (no shared clock)
 ``celery_driftsafe.W002``  ``MAX_CLOCK_OFFSET_SECONDS`` is not below the hard bound
 ========================  ==============================================================
@@ -59,9 +60,9 @@ def _choices() -> dict[str, tuple[str, ...]]:
 
 def _of_type(kind: type) -> tuple[str, ...]:
     """Settings declared exactly ``kind`` (not optional) that must be positive; a setting
-    with a check of its own (``ZERO_ALLOWED``) is left out."""
+    with a check of its own (``OWN_CHECK``) is left out."""
     return tuple(
-        key for key, declared in _declared().items() if declared is kind and key not in ZERO_ALLOWED
+        key for key, declared in _declared().items() if declared is kind and key not in OWN_CHECK
     )
 
 
@@ -79,7 +80,7 @@ _POSITIVE_OR_NONE = {
     "PRUNE_INTERVAL_SECONDS": "for example 60, or None when driftsafe_prune runs from cron",
 }
 #: Number settings that accept 0 (checked on their own).
-ZERO_ALLOWED = ("MISFIRE_GRACE_SECONDS",)
+OWN_CHECK = ("MISFIRE_GRACE_SECONDS", "PRUNE_DUTY_CYCLE")
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
 
 
@@ -205,6 +206,15 @@ def _check_raw(raw: dict[str, Any]) -> Iterable[CheckMessage]:
             "must be a number of seconds >= 0",
             "for example 60",
             "celery_driftsafe.E008",
+        )
+    duty = raw.get("PRUNE_DUTY_CYCLE", defaults.prune_duty_cycle)
+    if not (_is_number(duty) and 0 < duty <= 1):
+        yield _error(
+            "PRUNE_DUTY_CYCLE",
+            duty,
+            "must be a number above 0 and at most 1 (the share of a pass spent deleting)",
+            f"for example {defaults.prune_duty_cycle}; 1 deletes without pausing",
+            "celery_driftsafe.E023",
         )
     yield from _check_metrics(raw)
     warn = raw.get("MAX_CLOCK_OFFSET_SECONDS", defaults.max_clock_offset_seconds)

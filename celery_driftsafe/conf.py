@@ -111,8 +111,12 @@ class DriftSafeSettings:
     #: How often a beat prunes the ledger (one beat at a time, in a thread of its own).
     #: ``None``: beats never prune; run ``manage.py driftsafe_prune`` from cron instead.
     prune_interval_seconds: float | None = 60.0
-    #: Runs one pruning statement deletes.
-    prune_batch_size: int = 1000
+    #: Runs one pruning statement deletes (with their attempts, lock rows and counters).
+    prune_batch_size: int = 500
+    #: The share of a pruning pass's time spent deleting (0 < share <= 1): after a batch that
+    #: took ``t`` seconds the pass pauses ``t * (1 - share) / share``. Lower is gentler on
+    #: the claim loop and slower to clear a backlog.
+    prune_duty_cycle: float = 0.25
     #: Dotted path of the project's Celery app (``"proj.celery:app"``), for the admin's task
     #: name checks and "run now". ``None``: Celery's current app.
     celery_app: str | None = None

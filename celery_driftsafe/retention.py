@@ -18,8 +18,9 @@ counter in Redis (``<prefix>:fence:run:<id>``) or a :class:`~celery_driftsafe.mo
 
 A batch is one short transaction: the candidates are read in ``claimed_at`` order on the
 ``(status, claimed_at)`` index, one status at a time, locked with ``SKIP LOCKED`` where the
-database has it, and deleted by primary key. Between two batches a pass pauses as long as the
-batch took, so pruning uses at most half of one connection's time.
+database has it, and deleted by primary key. Between two batches a pass pauses so that it
+spends at most ``PRUNE_DUTY_CYCLE`` of its time in statements (a quarter by default): small
+batches and long pauses keep a claim from queueing behind a batch for long.
 
 The beats prune with :class:`BackgroundPruner` (one beat at a time, under the ``prune`` lock,
 in a thread of their own, every ``PRUNE_INTERVAL_SECONDS``); cron users run
@@ -244,6 +245,12 @@ class Pruner:
             )
             return 0
 
+    def pause_after(self, batch_seconds: float) -> float:
+        """The pause after a batch that took ``batch_seconds``: the pass then spends
+        ``PRUNE_DUTY_CYCLE`` of its time in statements."""
+        duty = self.settings.prune_duty_cycle
+        return batch_seconds * (1.0 - duty) / duty
+
     def prune(
         self,
         now: datetime,
@@ -253,7 +260,7 @@ class Pruner:
         stop: Callable[[float], bool] | None = None,
     ) -> Pruned:
         """Batches until nothing is left to delete at ``now`` (or ``max_batches``). Between
-        two batches it pauses ``pause`` seconds (default: as long as the batch took);
+        two batches it pauses ``pause`` seconds (default: :meth:`pause_after` the batch);
         ``stop(seconds)`` waits and says whether to stop (default: a plain sleep)."""
         total = Pruned()
         if not self.has_candidates(now):
@@ -263,7 +270,7 @@ class Pruner:
             total.add(batch)
             if batch.runs < self.batch_size:
                 break
-            wait = batch.seconds if pause is None else pause
+            wait = self.pause_after(batch.seconds) if pause is None else pause
             if stop is not None:
                 if stop(wait):
                     break

@@ -17,7 +17,7 @@ from django.core.management import call_command
 from django.test import override_settings
 
 from celery_driftsafe import checks
-from celery_driftsafe.conf import get_settings
+from celery_driftsafe.conf import build_settings, get_settings
 from celery_driftsafe.ledger import Ledger
 from celery_driftsafe.locks import RedisLockBackend, lock_backend
 from celery_driftsafe.models import Lock, PeriodicTask, Run, RunAttempt, RunKind, RunStatus
@@ -376,3 +376,20 @@ def test_retention_settings_must_be_positive_or_none(key: str) -> None:
         assert checks.check_settings() == []
     with override_settings(DRIFTSAFE={"PRUNE_BATCH_SIZE": 0}):
         assert [e.id for e in checks.check_settings()] == ["celery_driftsafe.E004"]
+
+
+@pytest.mark.parametrize("duty", [0, -0.5, 1.5, "0.5", None, True])
+def test_prune_duty_cycle_must_be_a_share(duty: Any) -> None:
+    with override_settings(DRIFTSAFE={"PRUNE_DUTY_CYCLE": duty}):
+        errors = checks.check_settings()
+    assert [e.id for e in errors] == ["celery_driftsafe.E023"]
+    assert "PRUNE_DUTY_CYCLE" in errors[0].msg and "at most 1" in errors[0].msg
+    for fine in (1, 0.1, 0.25):
+        with override_settings(DRIFTSAFE={"PRUNE_DUTY_CYCLE": fine}):
+            assert checks.check_settings() == []
+
+
+def test_the_pause_after_a_batch_follows_the_duty_cycle() -> None:
+    for duty, pause in ((1.0, 0.0), (0.5, 0.2), (0.25, 0.6), (0.1, 1.8)):
+        pruner = Pruner(build_settings({"PRUNE_DUTY_CYCLE": duty}))
+        assert pruner.pause_after(0.2) == pytest.approx(pause)

@@ -45,7 +45,8 @@ class Command(BaseCommand):
             type=float,
             default=None,
             metavar="SECONDS",
-            help="pause between batches (default: as long as a batch took)",
+            help="pause between batches (default: from PRUNE_DUTY_CYCLE, three times as long as "
+            "a batch took at the default 0.25)",
         )
         parser.add_argument("--json", action="store_true", help="print one JSON document")
 
