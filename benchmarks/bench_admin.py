@@ -93,6 +93,8 @@ def _run(args: argparse.Namespace) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT max(id) FROM celery_driftsafe_run")
         (last_run,) = cursor.fetchone()
+        cursor.execute("SELECT celery_task_id FROM celery_driftsafe_run WHERE id = %s", [last_run])
+        (last_task_id,) = cursor.fetchone()
     pages = [
         ("run list", runs),
         ("run list, page 2", runs + "?p=1"),
@@ -107,6 +109,10 @@ def _run(args: argparse.Namespace) -> None:
         ("runs: one task", runs + f"?periodic_task={task.pk}"),
         ("runs: one task, failed", runs + f"?periodic_task={failing.pk}&status__exact=failed"),
         ("runs: search task name", runs + f"?q={task.name}"),
+        ("runs: search 1,000 tasks", runs + "?q=task-05"),
+        ("runs: search Celery name", runs + "?q=bench.tick"),
+        ("runs: search a task id", runs + f"?q={last_task_id}"),
+        ("runs: search, no match", runs + "?q=no-such-run"),
         ("run change page", reverse("admin:celery_driftsafe_run_change", args=[last_run])),
         ("task list", tasks),
         ("task list, last page", tasks + f"?p={max(args.tasks // 100 - 1, 0)}"),

@@ -686,6 +686,55 @@ def test_run_list_shows_the_ledger_read_only(admin_client: Any, app: Any) -> Non
 
 
 @pytest.mark.django_db
+def test_run_search_finds_each_kind_of_term(admin_client: Any, app: Any) -> None:
+    """Every part of the run search (all on indexes, see search_runs): a task's name or Celery
+    name in part, a manual or ad hoc run's task name in part, exactly a Celery task id, an
+    idempotency key or a node; nothing else."""
+    nightly = interval_task("nightly-report", 60, anchor=T0, task="tests.add")
+    hourly = interval_task("hourly-sync", 60, anchor=T0, task="tests.other")
+    Run.objects.bulk_create(_runs(nightly, 3, node="host-a:1:aa", start=T0))
+    Run.objects.bulk_create(_runs(hourly, 2, node="host-b:2:bb", start=T0))
+    Run.objects.create(
+        task_name="billing.charge",
+        kind=RunKind.ADHOC,
+        status=RunStatus.SUCCEEDED,
+        claimed_by="worker-x",
+        claimed_at=T0,
+        celery_task_id="c0ffee00-0000-4000-8000-000000000001",
+        idempotency_key="invoice-42",
+    )
+    Run.objects.create(
+        periodic_task=hourly,
+        task_name="tests.other",
+        kind=RunKind.MANUAL,
+        status=RunStatus.DISPATCHED,
+        claimed_by="admin:alice",
+        claimed_at=T0,
+        celery_task_id="manual-1",
+    )
+    one = Run.objects.filter(periodic_task=nightly).order_by("slot").first()
+    assert one is not None
+
+    def found(term: str) -> list[str]:
+        listed = admin_client.get(RUNS, {"q": term}).context["cl"].result_list
+        return sorted(f"{run.task_name}/{run.kind}" for run in listed)
+
+    assert found("nightly") == ["tests.add/scheduled"] * 3
+    assert found("  HOURLY-sync ") == ["tests.other/manual"] + ["tests.other/scheduled"] * 2
+    assert found("tests.oth") == ["tests.other/manual"] + ["tests.other/scheduled"] * 2
+    assert found("billing") == ["billing.charge/adhoc"]
+    assert found(one.celery_task_id) == ["tests.add/scheduled"]
+    assert found("invoice-42") == ["billing.charge/adhoc"]
+    assert found("host-b:2:bb") == ["tests.other/scheduled"] * 2
+    assert found("admin:alice") == ["tests.other/manual"]
+    # exact fields are not searched in part; nothing is found for a term that matches nothing
+    assert found("invoice") == []
+    assert found("host-b") == []
+    assert found("no-such-run") == []
+    assert len(found("")) == 7
+
+
+@pytest.mark.django_db
 def test_node_list_shows_liveness_and_highlights_offsets_beyond_the_bound(
     admin_client: Any, app: Any
 ) -> None:
