@@ -638,6 +638,33 @@ def test_task_list_search_and_filters(admin_client: Any, app: Any) -> None:
 
 
 @pytest.mark.django_db
+def test_task_list_sorts_by_last_run_and_reads_each_page_s_runs_once(
+    admin_client: Any, app: Any, django_assert_max_num_queries: Any
+) -> None:
+    """The "last run" column sorts by the latest run's slot (never-run tasks at one end), and
+    its cells come from one query for the page (LastRunChangeList), not per row."""
+    early = interval_task("early", 60, anchor=T0)
+    late = interval_task("late", 60, anchor=T0)
+    interval_task("never", 60, anchor=T0)
+    Run.objects.bulk_create(_runs(early, 3, node="n", start=T0))
+    Run.objects.bulk_create(_runs(late, 1, node="n", start=T0 + 3600 * S, status="failed"))
+    column = admin_client.get(TASKS).context["cl"].list_display.index("last_run")
+
+    def order(query: str) -> list[str]:
+        with django_assert_max_num_queries(8):
+            response = admin_client.get(TASKS + query)
+        return [t.name for t in response.context["cl"].result_list]
+
+    ascending, descending = order(f"?o={column}"), order(f"?o=-{column}")
+    assert [n for n in ascending if n != "never"] == ["early", "late"]
+    assert [n for n in descending if n != "never"] == ["late", "early"]
+    assert "never" in (ascending[0], ascending[-1]) and descending == ascending[::-1]
+    page = admin_client.get(TASKS + f"?o={column}").content.decode()
+    assert page.count("driftsafe-status-failed") == 1
+    assert page.count("driftsafe-status-succeeded") == 1
+
+
+@pytest.mark.django_db
 def test_run_list_shows_the_ledger_read_only(admin_client: Any, app: Any) -> None:
     task = interval_task("tick", 60, anchor=T0)
     other = interval_task("tock", 60, anchor=T0)
