@@ -9,7 +9,6 @@ a round may take and how it learns that it won them.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
@@ -32,6 +31,7 @@ from celery_driftsafe.exceptions import ScheduleError
 from celery_driftsafe.jitter import due_instant, offset
 from celery_driftsafe.misfire import ClaimPlan
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus, schedule_problem
+from celery_driftsafe.pg_loaders import load_models
 
 if TYPE_CHECKING:
     from celery_driftsafe.claim import ClaimResult
@@ -72,7 +72,7 @@ class ClaimSteps:
         """The due rows. A row the ORM cannot even load (text that is not JSON or not a date,
         stored by raw SQL on SQLite) is disabled by id, and the others are loaded one by one."""
         try:
-            return list(due[: self.batch_size])
+            return load_models(due[: self.batch_size])
         except _OUTAGE:
             raise
         except Exception:
@@ -179,7 +179,6 @@ class ClaimSteps:
                 rows.append(span_row(task, plan.missed_span))
             if plan.fire:
                 message = run_message(task)
-                text = json.dumps(message)
                 for slot in plan.fire:
                     rows.append(
                         NewRun(
@@ -188,7 +187,6 @@ class ClaimSteps:
                             RunStatus.CLAIMED,
                             celery_task_id(task.pk, slot),
                             message,
-                            text,
                             self._expires_at(task, slot),
                         )
                     )

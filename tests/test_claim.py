@@ -230,3 +230,47 @@ def test_stale_claims_are_reclaimed_once_with_same_task_id() -> None:
     assert reclaim_stale(T0 + 31 * S, "other", lease=lease) == []
     run = Run.objects.get()
     assert run.claimed_by == "alive" and run.dispatch_attempts == 2
+
+
+@pytest.mark.django_db
+def test_due_tasks_read_with_the_c_loader_equal_djangos_reading() -> None:
+    """pg_loaders.load_models reads what ``list(queryset)`` reads (every field, each instant's
+    tzinfo object included), with psycopg's C ``timestamptz`` loader on PostgreSQL in UTC and
+    only on that cursor; elsewhere it is ``list(queryset)``."""
+    from django.db import transaction
+
+    from celery_driftsafe.pg_loaders import _loader_for, load_models
+
+    instants = [
+        datetime(2026, 3, 29, 0, 59, 59, 999999, tzinfo=UTC),
+        datetime(1, 1, 2, tzinfo=UTC),
+        datetime(9999, 12, 30, 23, 59, 59, tzinfo=UTC),
+    ]
+    for i, when in enumerate(instants):
+        interval_task(
+            f"probe-{i}",
+            60,
+            anchor=when,
+            next_slot_at=when,
+            valid_until=when if i else None,
+            kwargs={"n": i, "s": "é"},
+        )
+    with transaction.atomic():
+        due = PeriodicTask.objects.order_by("id").select_for_update()
+        loader = _loader_for(connection)
+        ours = load_models(due)
+        djangos = list(due)
+    assert (loader is not None) == (connection.vendor == "postgresql")
+    if loader is not None:
+        assert "psycopg" in loader.__module__
+        with connection.cursor() as cursor:  # the connection keeps Django's own loader
+            assert cursor.cursor.adapters.get_loader(1184, 0).__module__.startswith("django")
+    fields = [f.attname for f in PeriodicTask._meta.concrete_fields]
+    assert len(ours) == len(djangos) == 3
+    for mine, theirs in zip(ours, djangos, strict=True):
+        for name in fields:
+            a, b = getattr(mine, name), getattr(theirs, name)
+            assert a == b and type(a) is type(b), name
+            if isinstance(a, datetime):
+                assert a.tzinfo is b.tzinfo is UTC, name
+        assert mine._state.db == theirs._state.db and not mine._state.adding
