@@ -170,10 +170,13 @@ class Dispatcher:
         for claimer, ids in by_claimer.items():
             if dead.filter(node_id=claimer).exists():
                 continue
+            # Read by primary key only and compared here: with the status or the claimer in
+            # the query, PostgreSQL chose their indexes (a new beat's node id is in no
+            # statistics yet, so it looked rare) and read every run this node ever claimed,
+            # or every claimed entry left in the outbox index, for each batch.
+            rows = table.filter(pk__in=ids).order_by().values_list("pk", "status", "claimed_by")
             owned.update(
-                table.filter(pk__in=ids, status=RunStatus.CLAIMED, claimed_by=claimer)
-                .order_by()
-                .values_list("pk", flat=True)
+                pk for pk, status, by in rows if status == RunStatus.CLAIMED and by == claimer
             )
         return owned
 
