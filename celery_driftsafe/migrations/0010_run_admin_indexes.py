@@ -6,27 +6,7 @@ claims while they are built (the migration is therefore not atomic)."""
 
 from django.db import migrations, models
 
-
-class AddIndexConcurrently(migrations.AddIndex):
-    """``AddIndex``, built without blocking writes on PostgreSQL; plain elsewhere."""
-
-    def database_forwards(self, app_label, schema_editor, from_state, to_state):
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        if schema_editor.connection.vendor == "postgresql":
-            schema_editor.add_index(model, self.index, concurrently=True)
-        else:
-            schema_editor.add_index(model, self.index)
-
-    def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        model = from_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        if schema_editor.connection.vendor == "postgresql":
-            schema_editor.remove_index(model, self.index, concurrently=True)
-        else:
-            schema_editor.remove_index(model, self.index)
+from celery_driftsafe.migration_operations import AddIndexConcurrently
 
 
 class Migration(migrations.Migration):

@@ -19,8 +19,14 @@ class Run(models.Model):
     older token is refused.
     """
 
+    # No index of its own: the unique (periodic_task, slot) constraint's index leads with it.
     periodic_task = models.ForeignKey(
-        PeriodicTask, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
+        PeriodicTask,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="runs",
+        db_index=False,
     )
     task_name = models.CharField(max_length=200, help_text="Celery task name at claim time.")
     kind = models.CharField(max_length=16, choices=RunKind.choices, default=RunKind.SCHEDULED)
@@ -32,7 +38,7 @@ class Run(models.Model):
     dispatched_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    celery_task_id = models.CharField(max_length=255, blank=True, db_index=True)
+    celery_task_id = models.CharField(max_length=255, blank=True)
     fencing_token = models.BigIntegerField(default=0)
     dispatch_attempts = models.PositiveIntegerField(default=0)
     duplicate_deliveries = models.PositiveIntegerField(
@@ -81,7 +87,10 @@ class Run(models.Model):
         ]
         indexes = [
             models.Index(fields=["status", "claimed_at"], name="driftsafe_run_outbox"),
-            models.Index(fields=["periodic_task", "-slot"], name="driftsafe_run_task_recent"),
+            # Looked up by exact id only: a plain index (``db_index`` would add a second one,
+            # for LIKE, on PostgreSQL). A task's runs newest first read the unique
+            # (periodic_task, slot) index backwards.
+            models.Index(fields=["celery_task_id"], name="driftsafe_run_celery_id"),
             # The admin's run list (newest first) and its filters, without a sort or a scan of
             # the ledger (see docs/explanation/performance.md).
             models.Index(fields=["-slot", "-id"], name="driftsafe_run_recent"),
