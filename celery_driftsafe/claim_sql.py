@@ -199,9 +199,6 @@ def insert_runs_postgresql(
 _FIELDS = ("next_slot_at", "due_at", "last_slot_at", "run_count", "enabled", "disabled_reason")
 
 
-_PG_TYPES = ("timestamptz", "timestamptz", "timestamptz", "bigint", "boolean", "text")
-
-
 def advance_tasks(
     using: str, tasks: Sequence[PeriodicTask], seen: dict[int, Any] | None = None
 ) -> set[int]:
@@ -248,22 +245,32 @@ def advance_tasks(
 def _advance_postgresql(
     connection: Any, table: str, tasks: Sequence[PeriodicTask], seen: dict[int, Any] | None
 ) -> set[int]:
-    columns = ["id", *_FIELDS]
-    types = ["bigint", *_PG_TYPES]
-    arrays: list[list[Any]] = [[task.pk for task in tasks]]
-    arrays += [[getattr(task, name) for task in tasks] for name in _FIELDS]
-    where = f"{table}.id = v.id"
+    """``UPDATE … FROM jsonb_array_elements(…)``: the tasks' new state as one JSON document
+    (one ``json.dumps`` in C rather than seven arrays quoted element by element in Python)."""
+    reads = [
+        "(r->>1)::timestamptz",
+        "(r->>2)::timestamptz",
+        "(r->>3)::timestamptz",
+        "(r->>4)::bigint",
+        "(r->>5)::boolean",
+        "r->>6",
+    ]
+    sets = ", ".join(f"{name} = {read}" for name, read in zip(_FIELDS, reads, strict=True))
+    where = f"{table}.id = (r->>0)::bigint"
+    rows = []
+    for task in tasks:
+        row = [task.pk, *(getattr(task, name) for name in _FIELDS)]
+        row[1:4] = [None if v is None else v.isoformat() for v in row[1:4]]
+        if seen is not None:
+            slot = seen[task.pk]
+            row.append(None if slot is None else slot.isoformat())
+        rows.append(row)
     if seen is not None:
-        columns.append("seen")
-        types.append("timestamptz")
-        arrays.append([seen[task.pk] for task in tasks])
-        where += f" AND {table}.enabled AND {table}.next_slot_at = v.seen"
-    sets = ", ".join(f"{name} = v.{name}" for name in _FIELDS)
-    unnest = ", ".join(f"%s::{t}[]" for t in types)
+        where += f" AND {table}.enabled AND {table}.next_slot_at = (r->>7)::timestamptz"
     sql = (
-        f"UPDATE {table} SET {sets} FROM unnest({unnest}) AS v({', '.join(columns)}) "
+        f"UPDATE {table} SET {sets} FROM jsonb_array_elements(%s::jsonb) AS r "
         f"WHERE {where} RETURNING {table}.id"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, arrays)
+        cursor.execute(sql, [json.dumps(rows, separators=(",", ":"))])
         return {row[0] for row in cursor.fetchall()}
