@@ -274,3 +274,15 @@ def _advance_postgresql(
     with connection.cursor() as cursor:
         cursor.execute(sql, [json.dumps(rows, separators=(",", ":"))])
         return {row[0] for row in cursor.fetchall()}
+
+
+def id_set(ids: Sequence[int], using: str) -> Any:
+    """For ``pk__in``: on PostgreSQL one array parameter (``IN (SELECT unnest(…))``, built as
+    text in one join), where a list of 500 ids is 500 parameters Django prepares and psycopg
+    quotes one by one; elsewhere the list itself."""
+    if connections[using].vendor != "postgresql":
+        return list(ids)
+    from django.db.models.expressions import RawSQL
+
+    text = "{" + ",".join(map(str, map(int, ids))) + "}"
+    return RawSQL("SELECT unnest(%s::bigint[])", [text])

@@ -18,6 +18,7 @@ from django.db.models import Case, F, Q, TextField, Value, When
 
 from celery_driftsafe import metrics
 from celery_driftsafe.broker import connection_errors, describe_error, pipelined, refused
+from celery_driftsafe.claim_sql import id_set
 from celery_driftsafe.clock import Clock
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.fastpublish import FastPublisher
@@ -174,7 +175,11 @@ class Dispatcher:
             # the query, PostgreSQL chose their indexes (a new beat's node id is in no
             # statistics yet, so it looked rare) and read every run this node ever claimed,
             # or every claimed entry left in the outbox index, for each batch.
-            rows = table.filter(pk__in=ids).order_by().values_list("pk", "status", "claimed_by")
+            rows = (
+                table.filter(pk__in=id_set(ids, self.using))
+                .order_by()
+                .values_list("pk", "status", "claimed_by")
+            )
             owned.update(
                 pk for pk, status, by in rows if status == RunStatus.CLAIMED and by == claimer
             )
@@ -230,7 +235,9 @@ class Dispatcher:
             # A fast worker may have started or even ended the run already (skipped, say):
             # keep its status and what it recorded, stamp the time.
             claimed = Q(status=RunStatus.CLAIMED)
-            table.filter(pk__in=result.published, dispatched_at__isnull=True).update(
+            table.filter(
+                pk__in=id_set(result.published, self.using), dispatched_at__isnull=True
+            ).update(
                 dispatched_at=now,
                 retry_at=None,
                 error=Case(
