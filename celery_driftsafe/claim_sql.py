@@ -130,23 +130,11 @@ def _instant(value: datetime | None) -> str | None:
 
 
 def _row_values(row: NewRun) -> list[Any]:
+    """A row of the insert's JSON document, in the order of :data:`_ROW_COLUMNS`."""
+    values: list[Any] = [row.task.pk, row.task.task, row.slot.isoformat()]
     if row.status == RunStatus.CLAIMED:
-        return [
-            row.task.pk,
-            row.task.task,
-            row.slot.isoformat(),
-            row.celery_task_id,
-            row.message,
-            _instant(row.expires_at),
-        ]
-    return [
-        row.task.pk,
-        row.task.task,
-        row.slot.isoformat(),
-        row.error,
-        row.missed_count,
-        _instant(row.missed_until),
-    ]
+        return [*values, row.celery_task_id, row.message, _instant(row.expires_at)]
+    return [*values, row.error, row.missed_count, _instant(row.missed_until)]
 
 
 def insert_runs_postgresql(
