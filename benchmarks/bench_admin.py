@@ -22,7 +22,7 @@ from typing import Any
 from benchmarks.django_db import fresh_databases
 from benchmarks.run_table import fill_fast, insert_runs
 
-os.environ.setdefault("DRIFTSAFE_TEST_REDIS_DB", "80")
+os.environ.setdefault("DRIFTSAFE_TEST_REDIS_DB", "14")  # within a default Redis's 16
 
 NODES = ("beat-a:101:0a1b2c3d", "beat-b:202:1b2c3d4e", "beat-c:303:2c3d4e5f")
 

@@ -26,7 +26,7 @@ from typing import Any
 from benchmarks.django_db import fresh_databases
 from benchmarks.run_table import fill_fast, insert_runs
 
-os.environ.setdefault("DRIFTSAFE_TEST_REDIS_DB", "80")
+os.environ.setdefault("DRIFTSAFE_TEST_REDIS_DB", "14")  # and 15: within a default Redis's 16
 
 MINUTE = timedelta(minutes=1)
 
