@@ -97,6 +97,14 @@ def _parser() -> argparse.ArgumentParser:
         help="window of every scale run (default 60/90/150 s by size)",
     )
     parser.add_argument(
+        "--scale-settle",
+        type=float,
+        default=None,
+        help="lateness and the sustained rate of the scale runs are taken after this many "
+        "seconds of the window (default 10; e.g. 70 with a 130 s window: the second minute, "
+        "when every task's message has been built once)",
+    )
+    parser.add_argument(
         "--offsets",
         type=float,
         nargs="+",
@@ -196,12 +204,18 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
     windows = {
         t: args.scale_seconds or (12.0 if quick else SCALE_WINDOWS.get(t, 120.0)) for t in tasks
     }
+    settle = args.scale_settle or (4.0 if quick else 10.0)
+    if settle >= min(windows.values()):
+        raise SystemExit(
+            f"--scale-settle {settle:g} must be shorter than every scale window "
+            f"({min(windows.values()):g} s): set --scale-seconds longer"
+        )
     return {
         "beats": args.beats or ([1, 3] if quick else [1, 2, 3]),
         "skew_seconds": args.skew_seconds or (6.0 if quick else 45.0),
         "tasks": tasks,
         "windows": windows,
-        "settle": 4.0 if quick else 10.0,
+        "settle": settle,
         "failover_before": 4.0 if quick else 15.0,
         "failover_after": args.failover_after or (6.0 if quick else 45.0),
         "tuned": not (args.no_tuned or quick),
