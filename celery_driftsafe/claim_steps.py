@@ -219,10 +219,7 @@ class ClaimSteps:
         return refused
 
     def _expires_at(self, task: PeriodicTask, slot: datetime) -> datetime | None:
-        seconds = task.expires_seconds
-        if seconds is None:
-            seconds = self.settings.run_expires_seconds
-        return message_expiry(slot, _limits(task), seconds)
+        return run_expiry(task, slot, self.settings)
 
     def _insert(self, rows: list[NewRun], now: datetime, node_id: str) -> list[PeriodicTask]:
         """Insert ``rows``, skipping those whose slot already has a run. Should the database
@@ -313,6 +310,14 @@ class ClaimSteps:
                 extra={"action": "finish", "task": task.name},
             )
             result.finished.append(task.name)
+
+
+def run_expiry(task: PeriodicTask, slot: datetime, settings: DriftSafeSettings) -> datetime | None:
+    """When the message of ``task``'s run of ``slot`` expires (None: never)."""
+    seconds = task.expires_seconds
+    if seconds is None:
+        seconds = settings.run_expires_seconds
+    return message_expiry(slot, _limits(task), seconds)
 
 
 def _limits(task: PeriodicTask) -> Limits:

@@ -145,6 +145,31 @@ class FastPublisher:
         self.published += done
         return done
 
+    def prebuild(
+        self,
+        cache_key: int | str,
+        name: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        options: dict[str, Any],
+        expires: datetime | None,
+    ) -> bool:
+        """Build (and keep) the template of a task's message ahead of its run
+        (:mod:`celery_driftsafe.prebuild`); whether one was built (False: it was there)."""
+        cached = self._templates.get(cache_key)
+        if cached is not None and cached.matches(name, args, kwargs, options, expires is not None):
+            return False
+        self._template(
+            cache_key,
+            name,
+            args,
+            kwargs,
+            options,
+            expires,
+            lambda: argument_reprs(self.app, args, kwargs),
+        )
+        return True
+
     def declines(self) -> str | None:
         """Why no message can take the fast path now (None: the fast path may be used).
         Asked once per batch: these conditions concern the app and process, not a run."""

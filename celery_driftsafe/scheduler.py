@@ -30,6 +30,7 @@ from celery_driftsafe import checks, metrics, nodes, retention
 from celery_driftsafe.apps import ensure_django
 from celery_driftsafe.beat_node import OUTAGE_ERRORS, BeatNode
 from celery_driftsafe.claim import Claimer, ClaimResult, claimer_for, next_due
+from celery_driftsafe.claim_steps import run_expiry
 from celery_driftsafe.clock import (
     Authority,
     AuthorityClock,
@@ -38,6 +39,7 @@ from celery_driftsafe.clock import (
     authority_from_settings,
 )
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
+from celery_driftsafe.prebuild import Prebuilder
 from celery_driftsafe.prefetch import Prefetcher
 from celery_driftsafe.publisher import Dispatcher
 from celery_driftsafe.reconcile import recover
@@ -48,6 +50,10 @@ logger = logging.getLogger(__name__)
 #: Shortest wait when something looks due but this beat could not claim it (another beat
 #: holds the row), so a beat never spins.
 MIN_WAIT = 0.01
+#: Messages are built ahead (prebuild.py) only when the next slot is at least this far off,
+#: for at most half the wait and at most PREBUILD_BUDGET seconds a round.
+PREBUILD_MIN_WAIT = 0.1
+PREBUILD_BUDGET = 0.2
 #: A beat whose rounds stop for longer than this (or three loop intervals) starts a new stretch
 #: of claiming: slots that fell due meanwhile were missed, not late (see misfire).
 CONTINUITY_GAP_SECONDS = 5.0
@@ -118,6 +124,13 @@ class DriftSafeScheduler(BeatNode, Scheduler):
         self._saturation_logged = -math.inf
         #: While a wave is worked through, the next batch is claimed ahead.
         self._prefetcher = Prefetcher(self.using)
+        #: While nothing is due, the messages of the tasks due soonest are built ahead.
+        self._prebuilder = Prebuilder(
+            self.dispatcher.fast,
+            partial(run_expiry, settings=self.settings),
+            using=self.using,
+            monotonic=self.clock.monotonic,
+        )
         report = self._start_up()
         logger.info(
             "driftsafe node %s up (authority %s): beat_schedule %d created, %d updated, "
@@ -249,7 +262,15 @@ class DriftSafeScheduler(BeatNode, Scheduler):
         if full:
             return 0.0  # a full batch: more may be due right now
         self.pruner.maybe_start(reading.at)  # low priority: in its own thread, when due
-        return self._wait_after(reading, claimed=bool(result.tasks_seen))
+        wait = self._wait_after(reading, claimed=bool(result.tasks_seen))
+        if wait >= PREBUILD_MIN_WAIT:
+            started = self.clock.monotonic()
+            try:
+                self._prebuilder.run(reading.at, min(wait / 2, PREBUILD_BUDGET))
+            except OUTAGE_ERRORS as exc:  # the next round meets it, and reports it
+                logger.debug("not building messages ahead: %s", exc)
+            wait = max(wait - (self.clock.monotonic() - started), 0.0)
+        return wait
 
     def _note_continuity(self, mono: float) -> bool:
         """Whether this beat's claiming was broken since its last round (it was paused, the

@@ -1,0 +1,156 @@
+"""Building messages ahead (``celery_driftsafe.prebuild``): while nothing is due, a beat builds
+the fast-path templates of the tasks due soonest; their runs then publish without building,
+and what is published is exactly what would have been built then (an edit after the build
+gets a new message)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_driftsafe import nodes
+from celery_driftsafe.claim import claimer_for
+from celery_driftsafe.claim_steps import run_expiry
+from celery_driftsafe.conf import get_settings
+from celery_driftsafe.fastpublish import FastPublisher
+from celery_driftsafe.prebuild import CHUNK, HORIZON_SECONDS, Prebuilder
+from celery_driftsafe.publisher import Dispatcher
+from celery_driftsafe.testing import FakeClock
+from tests.factories import interval_task
+from tests.test_fastpublish import T0, make_app, queue, raw_messages  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def builds(monkeypatch: pytest.MonkeyPatch) -> list[int | str]:
+    """The cache keys of every template built, in order."""
+    seen: list[int | str] = []
+    original = FastPublisher._template
+
+    def counting(self: FastPublisher, cache_key: int | str, *args: Any) -> Any:
+        if cache_key not in self._templates:
+            seen.append(cache_key)
+        return original(self, cache_key, *args)
+
+    monkeypatch.setattr(FastPublisher, "_template", counting)
+    return seen
+
+
+def prebuilder(dispatcher: Dispatcher, clock: Callable[[], float] | None = None) -> Prebuilder:
+    return Prebuilder(
+        dispatcher.fast,
+        partial(run_expiry, settings=get_settings()),
+        monotonic=clock or (lambda: 0.0),
+    )
+
+
+def test_runs_of_prebuilt_tasks_publish_without_building(
+    make_app: Callable[..., Celery],  # noqa: F811
+    queue: str,  # noqa: F811
+    builds: list[int | str],
+) -> None:
+    app = make_app()
+    nodes.register("n1", T0)
+    soon = [
+        interval_task(
+            f"t{i}",
+            60,
+            anchor=T0,
+            next_slot_at=T0,
+            task="fast.add",
+            args=[i, 1],
+        )
+        for i in range(5)
+    ]
+    later = interval_task(
+        "later", 3600, anchor=T0, next_slot_at=T0 + timedelta(hours=1), task="fast.add", args=[9, 9]
+    )
+    dispatcher = Dispatcher(app, FakeClock(T0))
+    ahead = prebuilder(dispatcher)
+    before = T0 - timedelta(seconds=30)
+    assert ahead.run(before, budget=1.0) == 5
+    assert sorted(builds) == sorted(t.pk for t in soon)  # not "later": beyond the horizon
+    assert later.pk not in dispatcher.fast._templates
+    assert ahead.run(before, budget=1.0) == 0  # resting after a full pass
+
+    builds.clear()
+    runs = claimer_for().claim(T0, "n1").runs
+    assert len(runs) == 5
+    assert len(dispatcher.dispatch(runs).published) == 5
+    assert builds == []  # every message from a template built ahead
+    sent = [m for _, m in raw_messages(queue)]
+    assert sorted(json.loads(base64.b64decode(m["body"]))[0] for m in sent) == [
+        [i, 1] for i in range(5)
+    ]
+    assert {m["headers"]["id"] for m in sent} == {r.celery_task_id for r in runs}
+
+
+def test_an_edit_after_the_build_publishes_the_new_arguments(
+    make_app: Callable[..., Celery],  # noqa: F811
+    queue: str,  # noqa: F811
+    builds: list[int | str],
+) -> None:
+    app = make_app()
+    nodes.register("n1", T0)
+    task = interval_task("t", 60, anchor=T0, next_slot_at=T0, task="fast.add", args=[1, 2])
+    dispatcher = Dispatcher(app, FakeClock(T0))
+    assert prebuilder(dispatcher).run(T0 - timedelta(seconds=10), budget=1.0) == 1
+    task.args = [7, 7]
+    task.save()
+    runs = claimer_for().claim(T0, "n1").runs
+    dispatcher.dispatch(runs)
+    (message,) = [m for _, m in raw_messages(queue)]
+    assert json.loads(base64.b64decode(message["body"]))[0] == [7, 7]
+    assert message["headers"]["argsrepr"] == "[7, 7]"
+    assert builds == [task.pk]  # built ahead; the edited arguments replaced that template
+    assert dispatcher.fast._templates[task.pk].args == [7, 7]
+
+
+def test_building_ahead_keeps_to_its_budget_and_goes_on_where_it_stopped(
+    make_app: Callable[..., Celery],  # noqa: F811
+    builds: list[int | str],
+) -> None:
+    app = make_app()
+    count = CHUNK + 30
+    for i in range(count):
+        interval_task(
+            f"t{i:04d}",
+            60,
+            anchor=T0,
+            next_slot_at=T0 + timedelta(seconds=i % 60),
+            task="fast.add",
+            args=[i, 0],
+        )
+    interval_task(
+        "beyond",
+        60,
+        anchor=T0,
+        next_slot_at=T0 + timedelta(seconds=HORIZON_SECONDS + 1),
+        task="fast.add",
+    )
+    ticks = iter(range(10_000))
+    ahead = prebuilder(Dispatcher(app, FakeClock(T0)), clock=lambda: float(next(ticks)))
+    # a budget of 0.5 s on a clock that moves 1 s a reading: one chunk, then it stops
+    assert ahead.run(T0, budget=0.5) == CHUNK
+    assert ahead.run(T0, budget=0.5) == 30  # the rest, from where it stopped
+    assert len(builds) == count == len(set(builds))
+
+
+def test_nothing_is_built_ahead_without_the_fast_path(
+    make_app: Callable[..., Celery],  # noqa: F811
+    settings: Any,
+    builds: list[int | str],
+) -> None:
+    app = make_app()
+    interval_task("t", 60, anchor=T0, next_slot_at=T0 + timedelta(seconds=5), task="fast.add")
+    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "FAST_PUBLISH": False}
+    assert prebuilder(Dispatcher(app, FakeClock(T0))).run(T0, budget=1.0) == 0
+    assert builds == []
