@@ -157,9 +157,7 @@ class FastPublisher:
         """Build (and keep) the template of a task's message ahead of its run
         (:mod:`celery_driftsafe.prebuild`); whether one was built (False: it was there)."""
         cached = self._templates.get(cache_key)
-        if cached is not None and cached.matches(name, args, kwargs, options, expires is not None):
-            return False
-        self._template(
+        template = self._template(
             cache_key,
             name,
             args,
@@ -168,7 +166,7 @@ class FastPublisher:
             expires,
             lambda: argument_reprs(self.app, args, kwargs),
         )
-        return True
+        return template is not cached
 
     def declines(self) -> str | None:
         """Why no message can take the fast path now (None: the fast path may be used).

@@ -94,10 +94,10 @@ class AttentionFilter(admin.SimpleListFilter):
 
 def search_runs(queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
     """The runs a search term finds, each part answered by an index rather than a scan of the
-    ledger: the runs of the periodic tasks whose name or Celery task name contains the term (the
-    task table is small; the runs come from the ``(periodic_task, -slot)`` index), manual and ad
-    hoc runs whose task name contains it (their partial index), and runs whose Celery task id,
-    idempotency key or node is exactly the term.
+    ledger: the runs of the periodic tasks whose name or Celery task name contains the term
+    (the task table is small; the runs come from the unique ``(periodic_task, slot)`` index),
+    manual and ad hoc runs whose task name contains it (their partial index), and runs whose
+    Celery task id, idempotency key or node is exactly the term.
 
     The tasks and the exact matches are looked up first and passed as values: a filter that
     names them outright lets the database plan the page from those indexes, where one

@@ -1,7 +1,8 @@
 """Admin of periodic tasks: what runs next, what ran last and how late, and the form.
 
-The list is one query however many runs the ledger holds: the last run's status, slot, claim
-instant and node come from correlated subqueries on the ``(periodic_task, -slot)`` index.
+The list costs a fixed number of queries however many runs the ledger holds: each task's latest
+run is found by a correlated sub-query on the unique ``(periodic_task, slot)`` index (read
+backwards), and the page's runs are then read in one query (:class:`LastRunChangeList`).
 
 Every write goes through :mod:`celery_driftsafe.changes`: the form saves the model (its signals
 recompute the next slot once and wake the beats). The common chores (enable, disable, run now,
@@ -36,7 +37,7 @@ from celery_driftsafe.schedule_fields import CRONTAB_FIELDS, ONE_OFF_FIELDS, SOL
 
 
 def _last_run(field: str) -> Subquery:
-    # In the order of the (periodic_task, -slot) index: one index probe a task, where
+    # The unique (periodic_task, slot) index read backwards: one index probe a task, where
     # "NULLS LAST" (not the index's order) sorted every run of the task.
     runs = Run.objects.filter(periodic_task=OuterRef("pk"), slot__isnull=False).order_by(
         "-slot", "-id"
