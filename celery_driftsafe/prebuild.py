@@ -7,7 +7,10 @@ beat that has just started (a deploy, a restart) would pay it for every task of 
 wave, while the wave is waiting: with 100,000 tasks due at midnight, seconds of lateness. So
 between rounds, when the next slot is far enough off, the beat spends part of the wait
 building the templates of the tasks due within :data:`HORIZON_SECONDS`, earliest first, in
-chunks, never longer than the budget it is given: the wave then finds them built. It builds
+chunks, never longer than the budget it is given, and while a pass is unfinished the beat
+comes back after as long again (:attr:`Prebuilder.pending`; it then builds half the time it
+waits), so that a restarted beat has built its first two minutes within seconds, not only by
+the time they fall due: the wave then finds them built. It builds
 nothing a slot is waiting for (it runs only when nothing is due before the wait ends) and
 nothing that changes what is published: a template is used only while the run's task name,
 arguments and options equal the ones it was built from.
@@ -57,6 +60,11 @@ class Prebuilder:
         self._after: tuple[datetime, int] | None = None
         self._rest_until = 0.0
 
+    @property
+    def pending(self) -> bool:
+        """Whether a pass stopped for its budget with tasks left to build."""
+        return self._after is not None
+
     def run(self, now: datetime, budget: float) -> int:
         """Build templates for at most ``budget`` seconds (a chunk at least); how many."""
         started = self.monotonic()
@@ -65,12 +73,12 @@ class Prebuilder:
         built = 0
         while built == 0 or self.monotonic() - started < budget:
             tasks = self._next_chunk(now)
-            if not tasks:
+            for task in tasks:
+                built += self._build(task)
+            if len(tasks) < CHUNK:  # the pass is done
                 self._after = None
                 self._rest_until = self.monotonic() + RESCAN_SECONDS
                 break
-            for task in tasks:
-                built += self._build(task)
             last = tasks[-1]
             assert last.due_at is not None
             self._after = (last.due_at, last.pk)

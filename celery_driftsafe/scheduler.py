@@ -51,7 +51,8 @@ logger = logging.getLogger(__name__)
 #: holds the row), so a beat never spins.
 MIN_WAIT = 0.01
 #: Messages are built ahead (prebuild.py) only when the next slot is at least this far off,
-#: for at most half the wait and at most PREBUILD_BUDGET seconds a round.
+#: for at most half the wait and at most PREBUILD_BUDGET seconds a round; while a pass is
+#: unfinished the round's wait is cut to the time it built (half the time building).
 PREBUILD_MIN_WAIT = 0.1
 PREBUILD_BUDGET = 0.2
 #: A beat whose rounds stop for longer than this (or three loop intervals) starts a new stretch
@@ -269,7 +270,10 @@ class DriftSafeScheduler(BeatNode, Scheduler):
                 self._prebuilder.run(reading.at, min(wait / 2, PREBUILD_BUDGET))
             except OUTAGE_ERRORS as exc:  # the next round meets it, and reports it
                 logger.debug("not building messages ahead: %s", exc)
-            wait = max(wait - (self.clock.monotonic() - started), 0.0)
+            spent = self.clock.monotonic() - started
+            wait = max(wait - spent, 0.0)
+            if self._prebuilder.pending:
+                wait = min(wait, max(spent, PREBUILD_MIN_WAIT / 2))  # more to build: come back
         return wait
 
     def _note_continuity(self, mono: float) -> bool:

@@ -139,8 +139,11 @@ def test_building_ahead_keeps_to_its_budget_and_goes_on_where_it_stopped(
     ticks = iter(range(10_000))
     ahead = prebuilder(Dispatcher(app, FakeClock(T0)), clock=lambda: float(next(ticks)))
     # a budget of 0.5 s on a clock that moves 1 s a reading: one chunk, then it stops
+    assert not ahead.pending
     assert ahead.run(T0, budget=0.5) == CHUNK
+    assert ahead.pending  # the scheduler comes back soon for the rest
     assert ahead.run(T0, budget=0.5) == 30  # the rest, from where it stopped
+    assert not ahead.pending  # a full pass: nothing more until the next
     assert len(builds) == count == len(set(builds))
 
 
@@ -154,3 +157,20 @@ def test_nothing_is_built_ahead_without_the_fast_path(
     settings.DRIFTSAFE = {**settings.DRIFTSAFE, "FAST_PUBLISH": False}
     assert prebuilder(Dispatcher(app, FakeClock(T0))).run(T0, budget=1.0) == 0
     assert builds == []
+
+
+def test_a_beat_comes_back_soon_while_building_ahead_is_unfinished(
+    scheduler: Any, builds: list[int | str]
+) -> None:
+    """The round's wait is cut while a pass stopped for its budget (so a restarted beat builds
+    its first two minutes within seconds), and is the plain wait again once the pass is done."""
+    from tests.conftest import T0 as START
+
+    for i in range(CHUNK + 10):
+        interval_task(f"t{i:04d}", 60, anchor=START, next_slot_at=START + timedelta(seconds=30))
+    ticks = iter(range(10_000))
+    scheduler._prebuilder.monotonic = lambda: 0.25 * next(ticks)  # a chunk spends the budget
+    assert scheduler.run_round() == pytest.approx(0.05)  # back soon: more to build
+    assert len(builds) == CHUNK
+    assert scheduler.run_round() == pytest.approx(1.0)  # done: MAX_LOOP_INTERVAL_SECONDS
+    assert len(builds) == CHUNK + 10
