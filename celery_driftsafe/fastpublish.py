@@ -36,17 +36,17 @@ import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from celery import signals
 from celery.app.routes import MapRoute
 from celery.utils.nodenames import anon_nodename
-from celery.utils.time import subtract_datetimes
 from kombu import serialization
 from kombu.compression import compress
 
 from celery_driftsafe.conf import get_settings
+from celery_driftsafe.redis_writer import RedisWriter
 from celery_driftsafe.reprs import argument_reprs
 from celery_driftsafe.skeleton import Skeleton, build_skeleton
 
@@ -109,6 +109,8 @@ class FastPublisher:
         #: Messages this path published, and messages left to ``apply_async`` (for figures).
         self.published = 0
         self.declined = 0
+        #: Of the published, those written straight to Redis (redis_writer.py).
+        self.direct = 0
         self._skeletons: dict[tuple[Any, ...], Skeleton | None] = {}
         self._origin = anon_nodename()
 
@@ -126,9 +128,16 @@ class FastPublisher:
             )
         return reason is None
 
-    def publish_run(self, run: ClaimedRun, producer: Any, headers: dict[str, Any]) -> bool:
-        """Publish a claimed run's message (with these custom ``headers``); False, nothing
-        published, when it cannot take the fast path."""
+    def publish_run(
+        self,
+        run: ClaimedRun,
+        producer: Any,
+        headers: dict[str, Any],
+        writer: RedisWriter | None = None,
+    ) -> bool:
+        """Publish a claimed run's message (with these custom ``headers``; on ``writer``
+        where it can go there); False, nothing published, when it cannot take the fast
+        path."""
         key = run.periodic_task_id if run.periodic_task_id is not None else run.task_name
         done = self.publish(
             producer,
@@ -141,6 +150,7 @@ class FastPublisher:
             headers=headers,
             expires=run.expires_at,
             reprs=lambda: argument_reprs(self.app, run.args, run.kwargs),
+            writer=writer,
         )
         self.published += done
         return done
@@ -201,11 +211,12 @@ class FastPublisher:
         headers: dict[str, Any],
         expires: datetime | None,
         reprs: Callable[[], tuple[str, str]],
+        writer: RedisWriter | None = None,
     ) -> bool:
-        """Publish one run's message through ``producer``; False (nothing published) when
-        this message cannot take the fast path. ``options`` are the run's publish options
-        (their ``headers`` are ignored: ``headers`` are the custom headers the message
-        carries)."""
+        """Publish one run's message through ``producer`` (or queue it on ``writer``, which
+        the caller flushes); False (nothing published) when this message cannot take the
+        fast path. ``options`` are the run's publish options (their ``headers`` are ignored:
+        ``headers`` are the custom headers the message carries)."""
         template = self._template(cache_key, name, args, kwargs, options, expires, reprs)
         skeleton = template.skeleton
         if skeleton is None:
@@ -222,19 +233,35 @@ class FastPublisher:
         properties["kwargsrepr"] = template.kwargsrepr
         if expires is not None:
             message_headers["expires"] = expires.isoformat()
-            seconds = subtract_datetimes(expires, app.now()).total_seconds()
+            # as send_task: the seconds from now to the expiry (both instants in UTC there;
+            # an aware difference is the same, without the app's time zone and dateutil)
+            seconds = (expires - datetime.now(UTC)).total_seconds()
             properties["expiration"] = max(seconds, 0)
         message_headers.update(headers)
         if template.compression is not None:
             message_headers["compression"] = template.compression
         if skeleton.notify_backend:
             app.backend.on_task_call(producer, task_id)
+        declare = _to_declare(producer, skeleton)
+        route = writer.route(skeleton) if writer is not None and declare is None else None
+        if route is not None:
+            assert writer is not None
+            writer.put(
+                route,
+                template.body,
+                template.content_type,
+                template.content_encoding,
+                message_headers,
+                properties,
+            )
+            self.direct += 1
+            return True
         producer.publish(
             template.body,
             content_type=template.content_type,
             content_encoding=template.content_encoding,
             headers=message_headers,
-            declare=_to_declare(producer, skeleton),
+            declare=declare,
             **skeleton.publish_kwargs,
             **properties,
         )

@@ -24,6 +24,7 @@ from celery_driftsafe.conf import get_settings
 from celery_driftsafe.fastpublish import FastPublisher
 from celery_driftsafe.headers import message_headers
 from celery_driftsafe.models import Run, RunStatus
+from celery_driftsafe.redis_writer import RedisWriter
 from celery_driftsafe.reprs import argument_reprs
 from celery_driftsafe.task import DriftSafeTask
 
@@ -138,10 +139,11 @@ class Dispatcher:
         runs unknown, so they stay claimed for the outbox."""
         unreachable = connection_errors(producer)
         sent: list[int] = []
+        writer = RedisWriter.open(producer) if fast is not None else None
         with pipelined(producer, len(runs)):
             for run in runs:
                 try:
-                    self._publish(run, producer, fast)
+                    self._publish(run, producer, fast, writer)
                 except unreachable as exc:
                     if not refused(exc):
                         raise
@@ -156,6 +158,8 @@ class Dispatcher:
                     result.refused[run.run_id] = describe_error(exc)
                 else:
                     sent.append(run.run_id)
+            if writer is not None:
+                writer.flush()  # raises: none of the batch is known to be out
         result.published.extend(sent)
 
     def _confirm(self, runs: Sequence[ClaimedRun]) -> set[int]:
@@ -185,12 +189,18 @@ class Dispatcher:
             )
         return owned
 
-    def _publish(self, run: ClaimedRun, producer: Any, fast: FastPublisher | None = None) -> None:
+    def _publish(
+        self,
+        run: ClaimedRun,
+        producer: Any,
+        fast: FastPublisher | None = None,
+        writer: RedisWriter | None = None,
+    ) -> None:
         """Publish by name, as Celery beat does: a task this process has registered gets its
         own options (``apply_async``), any other goes out with ``send_task``; either way the
         app's routing (``task_routes``) applies. With ``fast``, the same message is built
         from the task's prebuilt one where it can be."""
-        if fast is not None and fast.publish_run(run, producer, message_headers(run)):
+        if fast is not None and fast.publish_run(run, producer, message_headers(run), writer):
             return
         self.fast.declined += 1
         options = {k: v for k, v in run.options.items() if k != "headers"}

@@ -226,6 +226,8 @@ def test_the_fast_message_is_celerys_message(
     runs = claim(**fields)
     celery_sent, fast_sent, dispatcher = both_ways(app, settings, runs, queue, clock)
     assert dispatcher.fast.published == 2 and dispatcher.fast.declined == 0
+    # every one of them written straight to the queue's Redis list (redis_writer.py)
+    assert dispatcher.fast.direct == 2
     assert len(celery_sent) == len(fast_sent) == 2
     for (key, celery_msg), (fast_key, fast_msg) in zip(celery_sent, fast_sent, strict=True):
         assert comparable(fast_key, fast_msg) == comparable(key, celery_msg)
@@ -266,12 +268,73 @@ def test_a_named_exchange_and_routing_key(
         app, settings, runs, f"{queue}-bound", FakeClock(T0)
     )
     assert dispatcher.fast.published == 2
+    assert dispatcher.fast.direct == 0  # a named exchange: kombu looks up its bindings
     assert [comparable(*m) for m in fast_sent] == [comparable(*m) for m in celery_sent]
     assert all(same_expiry(f[1], c[1]) for f, c in zip(fast_sent, celery_sent, strict=True))
     assert fast_sent[0][1]["properties"]["delivery_info"] == {
         "exchange": f"{queue}-ex",
         "routing_key": f"{queue}-rk",
     }
+
+
+def test_with_a_global_key_prefix_the_messages_land_in_the_prefixed_lists(
+    make_app: Callable[..., Celery], queue: str, settings: Any
+) -> None:
+    """kombu's ``global_keyprefix`` transport option: written straight to Redis, the message
+    lands in the prefixed list, where Celery's lands."""
+    prefix = f"pfx-{uuid.uuid4().hex[:6]}-"
+    app = make_app(broker_transport_options={"global_keyprefix": prefix})
+    runs = claim(task="fast.add")
+    celery_sent, fast_sent, dispatcher = both_ways(
+        app, settings, runs, prefix + queue, FakeClock(T0)
+    )
+    assert dispatcher.fast.direct == 2
+    assert [key for key, _ in fast_sent] == [prefix + queue] * 2
+    assert [comparable(*m) for m in fast_sent] == [comparable(*m) for m in celery_sent]
+    client = redis.Redis.from_url(BROKER_URL)
+    client.delete(*client.keys(f"{prefix}*") or ["-"])
+    client.close()
+
+
+def test_a_queue_with_an_expiry_of_its_own_is_left_to_kombu(
+    make_app: Callable[..., Celery], queue: str, settings: Any
+) -> None:
+    """A queue declared with ``x-expires``: kombu renews the expiry of its lists with every
+    message, so its messages go through kombu."""
+    app = make_app(task_queues=[Queue(queue, expires=600)])
+    runs = claim(task="fast.add")
+    celery_sent, fast_sent, dispatcher = both_ways(app, settings, runs, queue, FakeClock(T0))
+    assert dispatcher.fast.published == 2 and dispatcher.fast.direct == 0
+    assert [comparable(*m) for m in fast_sent] == [comparable(*m) for m in celery_sent]
+
+
+def test_a_write_redis_refuses_leaves_the_batch_claimed_for_the_outbox(
+    make_app: Callable[..., Celery], queue: str
+) -> None:
+    """Redis refuses the batch's write (here a real ACL user without ``LPUSH``): none of the
+    batch counts as published, every run stays claimed under its task id, nothing is in the
+    queue, and the next dispatch (Redis accepting again) publishes them once."""
+    user = f"driftsafe-{uuid.uuid4().hex[:6]}"
+    admin = redis.Redis.from_url(BROKER_URL)
+    admin.execute_command("ACL", "SETUSER", user, "on", "nopass", "~*", "&*", "+@all", "-lpush")
+    try:
+        url = BROKER_URL.replace("redis://", f"redis://{user}:@", 1)
+        refused_app = make_app(broker=url, broker_url=url)
+        runs = claim(task="fast.add")
+        dispatcher = Dispatcher(refused_app, FakeClock(T0))
+        result = dispatcher.dispatch(runs)
+        assert dispatcher.fast.direct >= 1  # the writer was used, and its write failed
+        assert result.published == [] and sorted(result.deferred) == sorted(r.run_id for r in runs)
+        assert set(Run.objects.values_list("status", flat=True)) == {RunStatus.CLAIMED}
+        assert raw_messages(queue) == []
+    finally:
+        admin.execute_command("ACL", "DELUSER", user)
+        admin.close()
+    again = Dispatcher(make_app(), FakeClock(T0)).dispatch(runs)
+    assert sorted(again.published) == sorted(r.run_id for r in runs)
+    assert sorted(m["headers"]["id"] for _, m in raw_messages(queue)) == sorted(
+        r.celery_task_id for r in runs
+    )
 
 
 def test_each_slot_gets_its_own_ids_and_an_edited_task_a_new_message(

@@ -1,0 +1,181 @@
+"""Fast-path messages written straight into the Redis lists kombu's Redis transport would push
+them onto (see docs/explanation/performance.md, "the fast publish path").
+
+With a prebuilt message (:mod:`celery_driftsafe.fastpublish`), what is left of a publish is
+kombu's: ``Producer.publish`` (its arguments, the retry wrapper, the declarations), the
+virtual channel's envelope (``prepare_message``, the base64 body, a delivery tag) and one
+``LPUSH`` command queued on a pipeline per message: about 65 µs of a beat's CPU a message,
+where the envelope and its JSON are 20. :class:`RedisWriter` builds the same envelope with the
+channel's own methods (``prepare_message``, ``_inplace_augment_message``, the priority list of
+``_put``) and kombu's JSON, gathers a batch's envelopes per list, and writes each list's with
+one ``LPUSH key m1 m2 …`` (the order ``LPUSH`` one by one gives; atomic, where a pipeline can
+stop half-way).
+
+It is used only where that is kombu's own path to the byte: kombu's Redis channel (or the
+Sentinel one) with none of those methods overridden, a message to the default (nameless)
+exchange, that is to a queue by name (Celery's routing by queue; a named exchange goes
+through kombu, which looks its bindings up), a queue without an ``x-expires`` of its own, a
+producer without compression or an exchange of its own to declare, and nothing left to
+declare for the message. Anything else is published through kombu as before.
+``tests/test_fastpublish.py`` compares the envelopes with Celery's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: ``Producer.publish``'s own parameters that a message property of the same name would be
+#: taken for and that change a Redis message: such a property declines. (``priority`` and
+#: ``expiration`` are handled; ``mandatory``, ``immediate`` and the timeouts reach kombu's
+#: Redis channel and change nothing there: they are dropped, as kombu drops them.)
+_PUBLISH_PARAMETERS = frozenset(
+    {
+        "routing_key",
+        "delivery_mode",
+        "content_type",
+        "content_encoding",
+        "serializer",
+        "headers",
+        "compression",
+        "exchange",
+        "retry",
+        "retry_policy",
+        "declare",
+    }
+)
+_IGNORED_BY_REDIS = ("mandatory", "immediate", "timeout", "confirm_timeout")
+_KNOWN_PUBLISH_KWARGS = frozenset(
+    {"exchange", "routing_key", "retry", "retry_policy", "delivery_mode", "timeout"}
+    | {"confirm_timeout"}
+)
+
+
+def _stock_redis_channel(channel: Any) -> bool:
+    """Whether ``channel`` is kombu's Redis channel with its publishing methods as kombu has
+    them (a subclass that changes them gets kombu's path)."""
+    try:
+        from kombu.transport import redis as kombu_redis
+        from kombu.transport import virtual
+    except ImportError:  # redis-py missing: no Redis transport
+        return False
+    kind = type(channel)
+    return (
+        isinstance(channel, kombu_redis.Channel)
+        and kind.basic_publish is virtual.Channel.basic_publish
+        and kind.prepare_message is virtual.Channel.prepare_message
+        and kind._inplace_augment_message is virtual.Channel._inplace_augment_message
+        and kind._put is kombu_redis.Channel._put
+    )
+
+
+class RedisWriter:
+    """A batch's fast-path envelopes for one producer's Redis channel, written on
+    :meth:`flush`."""
+
+    def __init__(self, producer: Any, channel: Any) -> None:
+        self.producer = producer
+        self.channel = channel
+        #: Redis list -> envelopes (JSON), in publishing order.
+        self._lists: dict[str, list[str]] = {}
+        #: id(skeleton) -> (exchange name, routing key, delivery mode), or None: kombu's path.
+        self._routes: dict[int, tuple[str, str, Any] | None] = {}
+        from kombu.utils.json import dumps
+
+        self._dumps = dumps
+
+    @classmethod
+    def open(cls, producer: Any) -> RedisWriter | None:
+        """A writer for ``producer``, or None where its messages must go through kombu."""
+        from kombu.messaging import Producer
+
+        kind = type(producer)
+        if (
+            kind.publish is not Producer.publish
+            or kind._publish is not Producer._publish
+            or kind._prepare is not Producer._prepare
+            or producer.compression
+            or (producer.auto_declare and producer.exchange.name)
+        ):
+            return None
+        channel = producer.channel
+        if not _stock_redis_channel(channel):
+            return None
+        return cls(producer, channel)
+
+    def route(self, skeleton: Any) -> tuple[str, str, Any] | None:
+        """Where messages of ``skeleton`` go (exchange name, queue, delivery mode), or None
+        when they must take kombu's path. Asked once per skeleton and batch."""
+        key = id(skeleton)
+        if key not in self._routes:
+            self._routes[key] = self._route(skeleton)
+        return self._routes[key]
+
+    def _route(self, skeleton: Any) -> tuple[str, str, Any] | None:
+        publish = skeleton.publish_kwargs
+        if not _KNOWN_PUBLISH_KWARGS.issuperset(publish):
+            return None
+        if not _PUBLISH_PARAMETERS.isdisjoint(skeleton.properties):
+            return None
+        producer = self.producer
+        # as Producer.publish: the exchange's name and the delivery mode
+        exchange, delivery_mode = producer._delivery_details(
+            publish.get("exchange") or producer.exchange, publish.get("delivery_mode")
+        )
+        routing_key = publish.get("routing_key")
+        if routing_key is None:
+            routing_key = producer.routing_key
+        if exchange or not isinstance(routing_key, str) or not routing_key:
+            return None  # a named exchange: its bindings decide (kombu's path)
+        expires = self.channel._expires
+        if expires and routing_key in expires:
+            return None
+        return "", routing_key, delivery_mode
+
+    def put(
+        self,
+        route: tuple[str, str, Any],
+        body: bytes,
+        content_type: str,
+        content_encoding: str,
+        headers: dict[str, Any],
+        properties: dict[str, Any],
+    ) -> None:
+        """Queue one message (``properties`` is the message's own dict, taken over), the
+        envelope ``Producer.publish`` and the channel's ``basic_publish`` would build."""
+        exchange, routing_key, delivery_mode = route
+        channel = self.channel
+        for name in _IGNORED_BY_REDIS:
+            properties.pop(name, None)
+        priority = properties.pop("priority", 0)
+        expiration = properties.pop("expiration", None)
+        properties["delivery_mode"] = delivery_mode
+        if expiration is not None:
+            properties["expiration"] = str(int(expiration * 1000))
+        message = channel.prepare_message(
+            body, priority, content_type, content_encoding or "binary", headers, properties
+        )
+        channel._inplace_augment_message(message, exchange, routing_key)
+        key = channel._q_for_pri(routing_key, channel._get_message_priority(message, reverse=False))
+        envelopes = self._lists.get(key)
+        if envelopes is None:
+            envelopes = self._lists[key] = []
+        envelopes.append(self._dumps(message))
+
+    def flush(self) -> None:
+        """Write what is queued: one ``LPUSH`` a list (raises if Redis cannot be reached;
+        then none of the batch is known to be out)."""
+        if not self._lists:
+            return
+        lists, self._lists = self._lists, {}
+        with self.channel.conn_or_acquire() as client:
+            if len(lists) == 1:
+                ((key, envelopes),) = lists.items()
+                client.lpush(key, *envelopes)
+            else:
+                with client.pipeline(transaction=False) as pipe:
+                    for key, envelopes in lists.items():
+                        pipe.lpush(key, *envelopes)
+                    pipe.execute()
+
+    def discard(self) -> None:
+        self._lists = {}
