@@ -268,9 +268,35 @@ def test_due_tasks_read_with_the_c_loader_equal_djangos_reading() -> None:
     fields = [f.attname for f in PeriodicTask._meta.concrete_fields]
     assert len(ours) == len(djangos) == 3
     for mine, theirs in zip(ours, djangos, strict=True):
+        assert type(mine) is PeriodicTask and vars(mine).keys() == vars(theirs).keys()
+        assert (mine._state.adding, mine._state.db) == (theirs._state.adding, theirs._state.db)
         for name in fields:
             a, b = getattr(mine, name), getattr(theirs, name)
             assert a == b and type(a) is type(b), name
             if isinstance(a, datetime):
                 assert a.tzinfo is b.tzinfo is UTC, name
-        assert mine._state.db == theirs._state.db and not mine._state.adding
+
+
+@pytest.mark.django_db
+def test_due_tasks_reach_a_projects_post_init_receiver() -> None:
+    """A project listening to ``post_init`` for the task model (a field tracker, say) sees
+    every task the claim reads: the instances are then built by Django's ``from_db``."""
+    from django.db import transaction
+    from django.db.models.signals import post_init
+
+    from celery_driftsafe.pg_loaders import load_models
+
+    for i in range(3):
+        interval_task(f"probe-{i}", 60, anchor=T0, next_slot_at=T0)
+    seen: list[int] = []
+
+    def receiver(sender: Any, instance: PeriodicTask, **kwargs: Any) -> None:
+        seen.append(instance.pk)
+
+    post_init.connect(receiver, sender=PeriodicTask)
+    try:
+        with transaction.atomic():
+            loaded = load_models(PeriodicTask.objects.order_by("id").select_for_update())
+    finally:
+        post_init.disconnect(receiver, sender=PeriodicTask)
+    assert seen == [task.pk for task in loaded] and len(seen) == 3
