@@ -139,7 +139,9 @@ class Dispatcher:
         runs unknown, so they stay claimed for the outbox."""
         unreachable = connection_errors(producer)
         sent: list[int] = []
-        writer = RedisWriter.open(producer) if fast is not None else None
+        # one message goes through kombu with its publish retry, as a batch kombu would not
+        # pipeline does (broker.pipelined); the writer takes the batches kombu pipelines
+        writer = RedisWriter.open(producer) if fast is not None and len(runs) > 1 else None
         with pipelined(producer, len(runs)):
             for run in runs:
                 try:

@@ -11,13 +11,15 @@ channel's own methods (``prepare_message``, ``_inplace_augment_message``, the pr
 one ``LPUSH key m1 m2 …`` (the order ``LPUSH`` one by one gives; atomic, where a pipeline can
 stop half-way).
 
-It is used only where that is kombu's own path to the byte: kombu's Redis channel (or the
-Sentinel one) with none of those methods overridden, a message to the default (nameless)
-exchange, that is to a queue by name (Celery's routing by queue; a named exchange goes
-through kombu, which looks its bindings up), a queue without an ``x-expires`` of its own, a
-producer without compression or an exchange of its own to declare, and nothing left to
-declare for the message. Anything else is published through kombu as before.
-``tests/test_fastpublish.py`` compares the envelopes with Celery's.
+It is used only where that is kombu's own path to the byte: for a batch kombu would write in
+one pipeline (two messages or more, on a channel whose ``supports_batch_publish`` is true, so
+not when the Redis client retries writes: kombu then publishes one by one, each with its
+retry), on kombu's Redis channel (or the Sentinel one) with none of those methods overridden,
+for a message to the default (nameless) exchange, that is to a queue by name (Celery's routing
+by queue; a named exchange goes through kombu, which looks its bindings up), a queue without
+an ``x-expires`` of its own, from a producer without compression or an exchange of its own to
+declare, with nothing left to declare for the message. Anything else is published through
+kombu as before. ``tests/test_fastpublish.py`` compares the envelopes with Celery's.
 """
 
 from __future__ import annotations
@@ -99,6 +101,10 @@ class RedisWriter:
             return None
         channel = producer.channel
         if not _stock_redis_channel(channel):
+            return None
+        if not getattr(channel, "supports_batch_publish", False):
+            # kombu publishes one by one here (the Redis client retries on timeouts or
+            # errors, and a retried batch could land twice): so does the beat
             return None
         return cls(producer, channel)
 

@@ -308,6 +308,24 @@ def test_a_queue_with_an_expiry_of_its_own_is_left_to_kombu(
     assert [comparable(*m) for m in fast_sent] == [comparable(*m) for m in celery_sent]
 
 
+def test_where_kombu_would_not_pipeline_it_publishes_through_kombu(
+    make_app: Callable[..., Celery], queue: str, settings: Any
+) -> None:
+    """One message (kombu publishes it at once, with its retry), or a Redis client that
+    retries writes (kombu then publishes one by one: a retried batch could land twice): not
+    written straight to Redis, and still Celery's message."""
+    app = make_app(broker_transport_options={"retry_on_timeout": True})
+    runs = claim(task="fast.add")
+    celery_sent, fast_sent, dispatcher = both_ways(app, settings, runs, queue, FakeClock(T0))
+    assert dispatcher.fast.published == 2 and dispatcher.fast.direct == 0
+    assert [comparable(*m) for m in fast_sent] == [comparable(*m) for m in celery_sent]
+    Run.objects.update(status=RunStatus.CLAIMED, dispatched_at=None)
+    single = Dispatcher(make_app(), FakeClock(T0))
+    assert single.dispatch(runs[:1]).published == [runs[0].run_id]
+    assert single.fast.published == 1 and single.fast.direct == 0
+    assert [m["headers"]["id"] for _, m in raw_messages(queue)] == [runs[0].celery_task_id]
+
+
 def test_a_write_redis_refuses_leaves_the_batch_claimed_for_the_outbox(
     make_app: Callable[..., Celery], queue: str
 ) -> None:
