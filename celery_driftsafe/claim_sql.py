@@ -185,6 +185,16 @@ def insert_runs_postgresql(
 
 
 _FIELDS = ("next_slot_at", "due_at", "last_slot_at", "run_count", "enabled", "disabled_reason")
+#: Each of :data:`_FIELDS`' PostgreSQL type, for reading it back from a JSON document (text
+#: needs no cast); an instant (``timestamptz``) is sent as ISO 8601.
+_PG_TYPES = {
+    "next_slot_at": "timestamptz",
+    "due_at": "timestamptz",
+    "last_slot_at": "timestamptz",
+    "run_count": "bigint",
+    "enabled": "boolean",
+    "disabled_reason": "",
+}
 
 
 def advance_tasks(
@@ -235,26 +245,22 @@ def _advance_postgresql(
 ) -> set[int]:
     """``UPDATE … FROM jsonb_array_elements(…)``: the tasks' new state as one JSON document
     (one ``json.dumps`` in C rather than seven arrays quoted element by element in Python)."""
-    reads = [
-        "(r->>1)::timestamptz",
-        "(r->>2)::timestamptz",
-        "(r->>3)::timestamptz",
-        "(r->>4)::bigint",
-        "(r->>5)::boolean",
-        "r->>6",
-    ]
+    types = [_PG_TYPES[name] for name in _FIELDS]
+    reads = [f"(r->>{i})::{kind}" if kind else f"r->>{i}" for i, kind in enumerate(types, start=1)]
     sets = ", ".join(f"{name} = {read}" for name, read in zip(_FIELDS, reads, strict=True))
     where = f"{table}.id = (r->>0)::bigint"
+    instants = [i for i, kind in enumerate(types, start=1) if kind == "timestamptz"]
     rows = []
     for task in tasks:
         row = [task.pk, *(getattr(task, name) for name in _FIELDS)]
-        row[1:4] = [None if v is None else v.isoformat() for v in row[1:4]]
+        for i in instants:
+            row[i] = _instant(row[i])
         if seen is not None:
-            slot = seen[task.pk]
-            row.append(None if slot is None else slot.isoformat())
+            row.append(_instant(seen[task.pk]))
         rows.append(row)
     if seen is not None:
-        where += f" AND {table}.enabled AND {table}.next_slot_at = (r->>7)::timestamptz"
+        seen_at = len(_FIELDS) + 1
+        where += f" AND {table}.enabled AND {table}.next_slot_at = (r->>{seen_at})::timestamptz"
     sql = (
         f"UPDATE {table} SET {sets} FROM jsonb_array_elements(%s::jsonb) AS r "
         f"WHERE {where} RETURNING {table}.id"

@@ -46,9 +46,17 @@ _PUBLISH_PARAMETERS = frozenset(
     }
 )
 _IGNORED_BY_REDIS = ("mandatory", "immediate", "timeout", "confirm_timeout")
+#: The ``Producer.publish`` arguments a skeleton may carry (skeleton._publish_arguments).
 _KNOWN_PUBLISH_KWARGS = frozenset(
-    {"exchange", "routing_key", "retry", "retry_policy", "delivery_mode", "timeout"}
-    | {"confirm_timeout"}
+    {
+        "exchange",
+        "routing_key",
+        "retry",
+        "retry_policy",
+        "delivery_mode",
+        "timeout",
+        "confirm_timeout",
+    }
 )
 
 
@@ -182,6 +190,3 @@ class RedisWriter:
                     for key, envelopes in lists.items():
                         pipe.lpush(key, *envelopes)
                     pipe.execute()
-
-    def discard(self) -> None:
-        self._lists = {}
