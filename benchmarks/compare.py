@@ -486,6 +486,16 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     return results
 
 
+def _measured_at(meta: dict[str, Any], scenario: str) -> str:
+    """When the saved measurement of ``scenario`` was started: its latest re-run's start, or
+    the whole run's."""
+    started = meta["started"]
+    for rerun in meta.get("rerun", []):
+        if scenario in rerun["scenarios"]:
+            started = rerun["started"]
+    return str(started)
+
+
 def _merge(saved: dict[str, Any], fresh: dict[str, Any], rerun: list[str]) -> dict[str, Any]:
     """``saved`` with the scenarios in ``rerun`` replaced by ``fresh`` ones (all peers of a
     scenario are always measured together, so every table stays side by side)."""
@@ -497,7 +507,7 @@ def _merge(saved: dict[str, Any], fresh: dict[str, Any], rerun: list[str]) -> di
         if saved.get(scenario):
             earlier[scenario] = {
                 "rows": saved[scenario],
-                "started": saved["meta"]["started"],
+                "started": _measured_at(saved["meta"], scenario),
                 "load": saved["meta"]["load"].get(scenario),
             }
         merged[scenario] = fresh[scenario]
