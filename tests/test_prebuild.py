@@ -114,10 +114,15 @@ def test_an_edit_after_the_build_publishes_the_new_arguments(
     assert dispatcher.fast._templates[task.pk].args == [7, 7]
 
 
+@pytest.mark.parametrize("spread", [60, 1], ids=["over a minute", "one instant"])
 def test_building_ahead_keeps_to_its_budget_and_goes_on_where_it_stopped(
     make_app: Callable[..., Celery],  # noqa: F811
     builds: list[int | str],
+    spread: int,
 ) -> None:
+    """A pass stops for its budget and the next goes on after the last task built, whether
+    the tasks are spread over a minute or all due at one instant (a burst: the chunks are
+    read after the last (due_at, id) read)."""
     app = make_app()
     count = CHUNK + 30
     for i in range(count):
@@ -125,7 +130,7 @@ def test_building_ahead_keeps_to_its_budget_and_goes_on_where_it_stopped(
             f"t{i:04d}",
             60,
             anchor=T0,
-            next_slot_at=T0 + timedelta(seconds=i % 60),
+            next_slot_at=T0 + timedelta(seconds=i % spread),
             task="fast.add",
             args=[i, 0],
         )
