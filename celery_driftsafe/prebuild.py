@@ -28,6 +28,7 @@ from django.db import connections
 
 from celery_driftsafe.dispatch import message_parts, run_message
 from celery_driftsafe.models import PeriodicTask
+from celery_driftsafe.pg_loaders import load_models
 
 if TYPE_CHECKING:
     from celery_driftsafe.fastpublish import FastPublisher
@@ -103,7 +104,8 @@ class Prebuilder:
                 where=[f"({quote('due_at')}, {quote('id')}) > (%s, %s)"],
                 params=[connection.ops.adapt_datetimefield_value(due_at), pk],
             )
-        return list(tasks.order_by("due_at", "id")[:CHUNK])
+        connections[self.using].ensure_connection()  # for psycopg's C loader (pg_loaders)
+        return load_models(tasks.order_by("due_at", "id")[:CHUNK])
 
     def _build(self, task: PeriodicTask) -> int:
         try:
