@@ -242,7 +242,7 @@ class FastPublisher:
             message_headers["compression"] = template.compression
         if skeleton.notify_backend:
             app.backend.on_task_call(producer, task_id)
-        declare = _to_declare(producer, skeleton)
+        declare = skeleton.to_declare(producer)
         route = writer.route(skeleton) if writer is not None and declare is None else None
         if route is not None:
             assert writer is not None
@@ -394,16 +394,3 @@ def _short(text: str) -> str:
 
 
 _EMPTY_FORMS = {"[]": "[]", "{}": "{}", "()": "()"}
-
-
-def _to_declare(producer: Any, template: Skeleton) -> list[Any] | None:
-    """The entities kombu must declare before this message: none when the connection has
-    declared them all already (what kombu's ``maybe_declare`` finds out itself, after
-    binding a copy of each entity to the channel: a third of a publish's time)."""
-    if template.declare is None:
-        return None
-    if template.declare_idents is not None:
-        declared = getattr(producer.connection, "declared_entities", None)
-        if declared is not None and all(i in declared for i in template.declare_idents):
-            return None
-    return list(template.declare)
