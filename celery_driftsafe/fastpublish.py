@@ -256,6 +256,8 @@ class FastPublisher:
             )
             self.direct += 1
             return True
+        if writer is not None:
+            writer.via_kombu()
         producer.publish(
             template.body,
             content_type=template.content_type,

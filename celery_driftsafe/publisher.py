@@ -24,7 +24,7 @@ from celery_driftsafe.conf import get_settings
 from celery_driftsafe.fastpublish import FastPublisher
 from celery_driftsafe.headers import message_headers
 from celery_driftsafe.models import Run, RunStatus
-from celery_driftsafe.redis_writer import RedisWriter
+from celery_driftsafe.redis_writer import BatchWriteError, RedisWriter
 from celery_driftsafe.reprs import argument_reprs
 from celery_driftsafe.task import DriftSafeTask
 
@@ -139,13 +139,17 @@ class Dispatcher:
         runs unknown, so they stay claimed for the outbox."""
         unreachable = connection_errors(producer)
         sent: list[int] = []
-        # one message goes through kombu with its publish retry, as a batch kombu would not
-        # pipeline does (broker.pipelined); the writer takes the batches kombu pipelines
-        writer = RedisWriter.open(producer) if fast is not None and len(runs) > 1 else None
-        with pipelined(producer, len(runs)):
+        with pipelined(producer, len(runs)) as batch:
+            # one message goes through kombu with its publish retry, as a batch kombu would
+            # not pipeline does; the writer takes the batches kombu pipelines
+            writer = None
+            if fast is not None and batch is not None and len(runs) > 1:
+                writer = RedisWriter.open(producer, batch)
             for run in runs:
                 try:
                     self._publish(run, producer, fast, writer)
+                except BatchWriteError:
+                    raise  # the batch's write, not this message: nothing of it is known out
                 except unreachable as exc:
                     if not refused(exc):
                         raise
@@ -205,6 +209,8 @@ class Dispatcher:
         if fast is not None and fast.publish_run(run, producer, message_headers(run), writer):
             return
         self.fast.declined += 1
+        if writer is not None:
+            writer.via_kombu()
         options = {k: v for k, v in run.options.items() if k != "headers"}
         if run.expires_at is not None:
             options["expires"] = run.expires_at

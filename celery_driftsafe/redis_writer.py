@@ -78,13 +78,22 @@ def _stock_redis_channel(channel: Any) -> bool:
     )
 
 
+class BatchWriteError(Exception):
+    """Writing the batch's earlier messages failed (its own or kombu's, flushed in turn to
+    keep their order): none of the batch is known to be out."""
+
+
 class RedisWriter:
     """A batch's fast-path envelopes for one producer's Redis channel, written on
     :meth:`flush`."""
 
-    def __init__(self, producer: Any, channel: Any) -> None:
+    def __init__(self, producer: Any, channel: Any, batch: Any) -> None:
         self.producer = producer
         self.channel = channel
+        #: kombu's publish batch of the same messages, and whether it holds some written
+        #: after this writer's (the two are flushed in turn, so the lists keep their order).
+        self._batch = batch
+        self._kombu_queued = False
         #: Redis list -> envelopes (JSON), in publishing order.
         self._lists: dict[str, list[str]] = {}
         #: id(skeleton) -> (exchange name, routing key, delivery mode), or None: kombu's path.
@@ -94,8 +103,9 @@ class RedisWriter:
         self._dumps = dumps
 
     @classmethod
-    def open(cls, producer: Any) -> RedisWriter | None:
-        """A writer for ``producer``, or None where its messages must go through kombu."""
+    def open(cls, producer: Any, batch: Any) -> RedisWriter | None:
+        """A writer for ``producer`` beside kombu's publish ``batch`` (``Producer.batch()``),
+        or None where its messages must go through kombu."""
         from kombu.messaging import Producer
 
         kind = type(producer)
@@ -114,7 +124,7 @@ class RedisWriter:
             # kombu publishes one by one here (the Redis client retries on timeouts or
             # errors, and a retried batch could land twice): so does the beat
             return None
-        return cls(producer, channel)
+        return cls(producer, channel, batch)
 
     def route(self, skeleton: Any) -> tuple[str, str, Any] | None:
         """Where messages of ``skeleton`` go (exchange name, queue, delivery mode), or None
@@ -156,6 +166,12 @@ class RedisWriter:
     ) -> None:
         """Queue one message (``properties`` is the message's own dict, taken over), the
         envelope ``Producer.publish`` and the channel's ``basic_publish`` would build."""
+        if self._kombu_queued:  # kombu holds earlier messages: they go first
+            self._kombu_queued = False
+            try:
+                self._batch.flush()
+            except Exception as exc:
+                raise BatchWriteError(f"{type(exc).__name__}: {exc}") from exc
         exchange, routing_key, delivery_mode = route
         channel = self.channel
         for name in _IGNORED_BY_REDIS:
@@ -174,6 +190,15 @@ class RedisWriter:
         if envelopes is None:
             envelopes = self._lists[key] = []
         envelopes.append(self._dumps(message))
+
+    def via_kombu(self) -> None:
+        """A message of the batch is about to go through kombu: what this writer holds is
+        written first, so that the messages land in the order they were published."""
+        try:
+            self.flush()
+        except Exception as exc:
+            raise BatchWriteError(f"{type(exc).__name__}: {exc}") from exc
+        self._kombu_queued = True
 
     def flush(self) -> None:
         """Write what is queued: one ``LPUSH`` a list (raises if Redis cannot be reached;
