@@ -243,9 +243,7 @@ class FastPublisher:
         if skeleton.notify_backend:
             app.backend.on_task_call(producer, task_id)
         declare = skeleton.to_declare(producer)
-        route = writer.route(skeleton) if writer is not None and declare is None else None
-        if route is not None:
-            assert writer is not None
+        if writer is not None and declare is None and (route := writer.route(skeleton)):
             writer.put(
                 route,
                 template.body,

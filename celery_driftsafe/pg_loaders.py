@@ -68,13 +68,13 @@ def load_models(queryset: Any) -> list[Any]:
     start, end = info["select_fields"][0], info["select_fields"][-1] + 1
     names = [column[0].target.attname for column in compiler.select[start:end]]
     model = info["model"]
-    rows = [row[start:end] for row in compiler.results_iter([rows])]
+    values = [row[start:end] for row in compiler.results_iter([rows])]
     if not _plain_instances(model, names):
-        return [model.from_db(queryset.db, names, row) for row in rows]
+        return [model.from_db(queryset.db, names, row) for row in values]
     # What from_db and Model.__init__ leave for a full row, without their per-field loop
     # (a third of reading a task): the state, then each field's value under its attname.
     new, db, instances = model.__new__, queryset.db, []
-    for row in rows:
+    for row in values:
         instance = new(model)
         state = instance._state = ModelState()
         state.adding, state.db = False, db
