@@ -15,6 +15,7 @@ services (PostgreSQL, Redis) and the test dependencies installed.
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import time
 from collections import defaultdict
@@ -205,6 +206,7 @@ def _wave(
         profiler = cProfile.Profile()
         profiler.enable()
     before = Run.objects.filter(status="dispatched", claimed_by="bench-node").count()
+    server = _ServerCost(connection)
     started = time.perf_counter()
     cpu_started = time.process_time()
     rounds = 0
@@ -242,7 +244,35 @@ def _wave(
         print(f"\n{sql}\n  " + "\n  ".join(plan))
     plans.clear()
     published = Run.objects.filter(status="dispatched", claimed_by="bench-node").count() - before
+    backend_cpu, wal = server.spent()
+    print(
+        f"  PostgreSQL (this connection's backend): {1e6 * backend_cpu / max(published, 1):.1f} "
+        f"µs of CPU and {wal / max(published, 1):,.0f} bytes of WAL a slot"
+    )
     return published, elapsed, cpu, rounds, stages, cpu_stages
+
+
+class _ServerCost:
+    """The CPU this connection's PostgreSQL backend used and the WAL written since it was made
+    (the server runs on this machine: its process's times are read from /proc)."""
+
+    def __init__(self, connection: Any) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid(), pg_current_wal_lsn()")
+            self._pid, self._lsn = cursor.fetchone()
+        self._connection = connection
+        self._cpu = self._backend_cpu()
+
+    def _backend_cpu(self) -> float:
+        with open(f"/proc/{self._pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def spent(self) -> tuple[float, int]:
+        with self._connection.cursor() as cursor:
+            cursor.execute("SELECT pg_current_wal_lsn() - %s::pg_lsn", [self._lsn])
+            (wal,) = cursor.fetchone()
+        return self._backend_cpu() - self._cpu, int(wal)
 
 
 def _fill_ledger(connection: Any, runs: int, before: datetime) -> None:

@@ -7,6 +7,7 @@ not be atomic. Other databases get the plain operations.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import migrations
@@ -52,3 +53,72 @@ class RemoveIndexConcurrently(migrations.RemoveIndex):
         if self.allow_migrate_model(schema_editor.connection.alias, model):
             index = to_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
             schema_editor.add_index(model, index, **_concurrently(schema_editor))
+
+
+class UniqueWhereSet(migrations.AlterField):
+    """``AlterField`` from ``unique=True`` to a plain field whose values stay unique where set:
+    one unique index, ``index``, over the rows where the column is not NULL, so a row without a
+    value adds no entry to it (nor, on PostgreSQL, to the LIKE twin ``unique=True`` made).
+
+    PostgreSQL builds the new index concurrently before the old constraint and its twin are
+    dropped, so uniqueness never lapses. SQLite rebuilds the table, then indexes. A database
+    without partial indexes (MySQL) is left as it is: its unique index allows many NULLs. The
+    index is the database's alone: a conditional ``UniqueConstraint`` would make Django warn on
+    MySQL that it is not created, where the old index still does the work.
+    """
+
+    def __init__(self, model_name: str, name: str, field: Any, index: str) -> None:
+        super().__init__(model_name, name, field)
+        self.index = index
+
+    def deconstruct(self) -> tuple[str, Sequence[Any], dict[str, Any]]:
+        name, args, kwargs = super().deconstruct()
+        return name, args, {**kwargs, "index": self.index}
+
+    def describe(self) -> str:
+        return f"Make {self.model_name}.{self.name} unique where set ({self.index})"
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        connection = schema_editor.connection
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if not connection.features.supports_partial_indexes or not self.allow_migrate_model(
+            connection.alias, model
+        ):
+            return
+        column = model._meta.get_field(self.name).column
+        if connection.vendor != "postgresql":
+            super().database_forwards(app_label, schema_editor, from_state, to_state)
+            self._create(schema_editor, model, column)
+            return
+        self._create(schema_editor, model, column)
+        old = schema_editor._constraint_names(
+            model, [column], unique=True, primary_key=False, exclude={self.index}
+        )
+        for constraint in old:
+            schema_editor.execute(schema_editor._delete_unique_sql(model, constraint))
+        twin = schema_editor._create_index_name(model._meta.db_table, [column], suffix="_like")
+        schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema_editor.quote_name(twin)}")
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        connection = schema_editor.connection
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if not connection.features.supports_partial_indexes or not self.allow_migrate_model(
+            connection.alias, model
+        ):
+            return
+        # AlterField goes back by altering forwards between the swapped states.
+        super().database_forwards(app_label, schema_editor, from_state, to_state)
+        how = " CONCURRENTLY" if connection.vendor == "postgresql" else ""
+        schema_editor.execute(f"DROP INDEX{how} IF EXISTS {schema_editor.quote_name(self.index)}")
+
+    def _create(self, schema_editor: Any, model: Any, column: str) -> None:
+        quote = schema_editor.quote_name
+        how = " CONCURRENTLY" if schema_editor.connection.vendor == "postgresql" else ""
+        schema_editor.execute(
+            f"CREATE UNIQUE INDEX{how} {quote(self.index)} ON {quote(model._meta.db_table)} "
+            f"({quote(column)}) WHERE {quote(column)} IS NOT NULL"
+        )

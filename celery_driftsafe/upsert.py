@@ -58,7 +58,9 @@ def upsert_by_name(
             task = PeriodicTask(name=name, **fields, **(on_create or {}))
             task.driftsafe_now = now  # type: ignore[attr-defined]
             if validate:
-                task.full_clean(exclude=UNCHECKED, validate_unique=False)
+                task.full_clean(
+                    exclude=UNCHECKED, validate_unique=False, validate_constraints=False
+                )
             try:
                 with transaction.atomic(using=using):
                     task.save(using=using)
@@ -76,6 +78,6 @@ def upsert_by_name(
             setattr(task, key, value)
         task.driftsafe_now = now  # type: ignore[attr-defined]
         if validate:
-            task.full_clean(exclude=UNCHECKED, validate_unique=False)
+            task.full_clean(exclude=UNCHECKED, validate_unique=False, validate_constraints=False)
         task.save(using=using)
         return Upserted.UPDATED

@@ -135,6 +135,16 @@ def test_unknown_task_name_is_refused_on_the_task_field(admin_client: Any, app: 
 
 
 @pytest.mark.django_db
+def test_a_name_already_taken_is_refused_on_the_name_field(admin_client: Any, app: Any) -> None:
+    """The name is unique through a constraint (no LIKE twin index): the form still says so on
+    the field, and the first task is left as it was."""
+    assert admin_client.post(ADD, form_data()).status_code == 302
+    errors = form_errors(admin_client.post(ADD, form_data(crontab_minute="5")))
+    assert errors == {"name": ["Periodic task with this Name already exists."]}
+    assert list(PeriodicTask.objects.values_list("crontab_minute", flat=True)) == ["*/15"]
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [

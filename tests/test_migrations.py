@@ -42,3 +42,60 @@ def test_bounds_migration_makes_every_task_due_at_its_next_slot() -> None:
     new = executor.loader.project_state(after).apps.get_model("celery_driftsafe", "PeriodicTask")
     assert dict(new.objects.values_list("name", "due_at")) == {"waiting": slot, "none": None}
     call_command("migrate", "celery_driftsafe", verbosity=0)
+
+
+def _indexes_on(table: str, column: str) -> dict[str, dict]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        found = connection.introspection.get_constraints(cursor, table)
+    return {name: c for name, c in found.items() if c["columns"] == [column]}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_unique_where_set_keeps_keys_unique_and_takes_no_entry_for_a_run_without_one() -> None:
+    """Migration 0012: one unique index for idempotency keys, over the rows that have one, and
+    the task name's uniqueness without a LIKE twin; going back restores the unique field."""
+    from django.db import IntegrityError, connection, transaction
+    from django.db.migrations.executor import MigrationExecutor
+
+    from celery_driftsafe.models import PeriodicTask, Run
+
+    def states() -> tuple[dict, dict]:
+        return (
+            _indexes_on("celery_driftsafe_run", "idempotency_key"),
+            _indexes_on("celery_driftsafe_periodictask", "name"),
+        )
+
+    migrated = runs, names = states()
+    assert all(c["unique"] for c in runs.values()) and all(c["unique"] for c in names.values())
+    if connection.vendor == "postgresql":
+        assert list(runs) == ["driftsafe_run_idempotency_key"]
+        assert list(names) == ["driftsafe_task_name_once"]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT indexdef FROM pg_indexes WHERE indexname = 'driftsafe_run_idempotency_key'"
+            )
+            assert cursor.fetchone()[0].endswith("WHERE (idempotency_key IS NOT NULL)")
+    else:
+        assert len(runs) == 1 and len(names) == 1
+    Run.objects.create(task_name="a", kind="adhoc")
+    Run.objects.create(task_name="a", kind="adhoc")  # many runs without a key
+    Run.objects.create(task_name="a", kind="adhoc", idempotency_key="order-42")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Run.objects.create(task_name="b", kind="adhoc", idempotency_key="order-42")
+    PeriodicTask.objects.create(name="once", task="tests.add", schedule_kind="crontab")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        PeriodicTask.objects.create(name="once", task="tests.add", schedule_kind="crontab")
+    Run.objects.all().delete()
+    PeriodicTask.objects.all().delete()
+
+    executor = MigrationExecutor(connection)
+    executor.migrate([("celery_driftsafe", "0011_run_fewer_indexes")])
+    runs, names = states()
+    assert any(c["unique"] for c in runs.values()) and any(c["unique"] for c in names.values())
+    assert "driftsafe_run_idempotency_key" not in runs
+    if connection.vendor == "postgresql":  # unique=True's LIKE twins are back
+        assert len(runs) == 2 and len(names) == 2
+    call_command("migrate", "celery_driftsafe", verbosity=0)
+    assert states() == migrated

@@ -84,7 +84,9 @@ class PeriodicTask(models.Model):
     authority's clock has reached it, and moves it forward in the same transaction.
     """
 
-    name = models.CharField(max_length=200, unique=True, help_text="Unique, human-chosen name.")
+    # Unique through Meta.constraints: ``unique=True`` would add a second index on PostgreSQL
+    # (``varchar_pattern_ops``, for LIKE) that nothing reads and every task write keeps.
+    name = models.CharField(max_length=200, help_text="Unique, human-chosen name.")
     description = models.TextField(blank=True, help_text="Notes for people; not used to run.")
     task = models.CharField(max_length=200, help_text="Registered Celery task name.")
     args = models.JSONField(default=list, blank=True, help_text="JSON list of arguments.")
@@ -198,6 +200,7 @@ class PeriodicTask(models.Model):
         indexes = [
             models.Index(fields=["enabled", "due_at", "id"], name="driftsafe_task_due_at_id")
         ]
+        constraints = [models.UniqueConstraint(fields=["name"], name="driftsafe_task_name_once")]
 
     def __str__(self) -> str:
         return self.name

@@ -31,7 +31,10 @@ class Run(models.Model):
     task_name = models.CharField(max_length=200, help_text="Celery task name at claim time.")
     kind = models.CharField(max_length=16, choices=RunKind.choices, default=RunKind.SCHEDULED)
     slot = models.DateTimeField(null=True, blank=True)
-    idempotency_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
+    # Unique where set (an ad-hoc run's key): migration 0012 makes the unique index partial,
+    # ``WHERE idempotency_key IS NOT NULL``, so a scheduled run (no key) adds no entry to it.
+    # MySQL, which has no partial indexes, keeps its plain unique index (it allows many NULLs).
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.CLAIMED)
     claimed_by = models.CharField(max_length=255, blank=True, help_text="Node id of the claimer.")
     claimed_at = models.DateTimeField(null=True, blank=True)

@@ -64,7 +64,7 @@ class Outcome:
 def _validate(entry: Entry) -> None:
     task = PeriodicTask(name=entry.name, **entry.fields, **entry.on_create)
     try:
-        task.full_clean(exclude=UNCHECKED, validate_unique=False)
+        task.full_clean(exclude=UNCHECKED, validate_unique=False, validate_constraints=False)
     except ValidationError as exc:
         entry.error = "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
 
