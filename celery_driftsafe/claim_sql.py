@@ -24,6 +24,7 @@ from celery_driftsafe.models import (
     RunKind,
     RunStatus,
 )
+from celery_driftsafe.pg_loaders import read_instants_in_c
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +174,7 @@ def insert_runs_postgresql(
     )
     document = json.dumps([_row_values(row) for row in rows], separators=(",", ":"))
     with connection.cursor() as cursor:
+        read_instants_in_c(connection, cursor)  # the returned slots
         cursor.execute(
             f"INSERT INTO {table} ({names}) SELECT {selects} "
             "FROM jsonb_array_elements(%s::jsonb) AS r "

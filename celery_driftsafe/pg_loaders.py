@@ -49,6 +49,14 @@ def _loader_for(connection: Any) -> type | None:
     return c_timestamp_loader()
 
 
+def read_instants_in_c(connection: Any, cursor: Any) -> None:
+    """Give ``cursor`` (a Django cursor of ``connection``) psycopg's C ``timestamptz`` loader
+    where that changes no value; otherwise leave it as it is."""
+    loader = _loader_for(connection)
+    if loader is not None:
+        cursor.cursor.adapters.register_loader("timestamptz", loader)
+
+
 def load_models(queryset: Any) -> list[Any]:
     """The model instances of ``queryset`` (no ``select_related``, no annotations), the same
     as ``list(queryset)``, read with psycopg's C ``timestamptz`` loader where that changes no

@@ -300,3 +300,17 @@ def test_due_tasks_reach_a_projects_post_init_receiver() -> None:
     finally:
         post_init.disconnect(receiver, sender=PeriodicTask)
     assert seen == [task.pk for task in loaded] and len(seen) == 3
+
+
+def test_celery_task_id_is_the_uuid5_of_task_and_slot() -> None:
+    """The id is computed without ``uuid.UUID``; it must stay the version-5 UUID of
+    ``"{task id}:{slot ISO 8601}"`` that every earlier release gave (a rolling upgrade's beats
+    compute the same ids)."""
+    import uuid
+
+    namespace = uuid.UUID("6f1c2b0e-5d0a-4c55-9a43-3f2f0c1d7e11")
+    for pk in (1, 42, 99_999, 2**40):
+        for slot in (T0, T0 + timedelta(microseconds=1), T0 + timedelta(days=400, seconds=7)):
+            expected = uuid.uuid5(namespace, f"{pk}:{slot.isoformat()}")
+            assert celery_task_id(pk, slot) == str(expected)
+            assert uuid.UUID(celery_task_id(pk, slot)).version == 5
