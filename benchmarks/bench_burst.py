@@ -210,6 +210,7 @@ def _wave(
     started = time.perf_counter()
     cpu_started = time.process_time()
     rounds = 0
+    claim_times: list[float] = []
     while True:
         # The authority's now stays at the wave's instant: one wave is measured, not the
         # waves after it (a slow run would otherwise never end).
@@ -224,6 +225,7 @@ def _wave(
             for wrapper in list(connection.execute_wrappers):
                 connection.execute_wrappers.remove(wrapper)
         stages["claim"] += t1 - t0
+        claim_times.append(t1 - t0)
         stages["publish + mark"] += t2 - t1
         cpu_stages["claim"] += c1 - c0
         cpu_stages["publish + mark"] += c2 - c1
@@ -245,6 +247,14 @@ def _wave(
     plans.clear()
     published = Run.objects.filter(status="dispatched", claimed_by="bench-node").count() - before
     backend_cpu, wal = server.spent()
+    tenth = max(len(claim_times) // 10, 1)
+    print(
+        "  a claim round, ms, by tenth of the wave: "
+        + " ".join(
+            f"{1e3 * sum(claim_times[i : i + tenth]) / len(claim_times[i : i + tenth]):.0f}"
+            for i in range(0, len(claim_times), tenth)
+        )
+    )
     print(
         f"  PostgreSQL (this connection's backend): {1e6 * backend_cpu / max(published, 1):.1f} "
         f"µs of CPU and {wal / max(published, 1):,.0f} bytes of WAL a slot"

@@ -81,14 +81,11 @@ class UniqueWhereSet(migrations.AlterField):
     def database_forwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
-        connection = schema_editor.connection
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if not connection.features.supports_partial_indexes or not self.allow_migrate_model(
-            connection.alias, model
-        ):
+        model = self._model_here(schema_editor, to_state.apps.get_model(app_label, self.model_name))
+        if model is None:
             return
         column = model._meta.get_field(self.name).column
-        if connection.vendor != "postgresql":
+        if schema_editor.connection.vendor != "postgresql":
             super().database_forwards(app_label, schema_editor, from_state, to_state)
             self._create(schema_editor, model, column)
             return
@@ -104,21 +101,30 @@ class UniqueWhereSet(migrations.AlterField):
     def database_backwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
+        if self._model_here(schema_editor, to_state.apps.get_model(app_label, self.model_name)):
+            # AlterField goes back by altering forwards between the swapped states.
+            super().database_forwards(app_label, schema_editor, from_state, to_state)
+            how = _how(schema_editor)
+            quoted = schema_editor.quote_name(self.index)
+            schema_editor.execute(f"DROP INDEX{how} IF EXISTS {quoted}")
+
+    def _model_here(self, schema_editor: Any, model: Any) -> Any | None:
+        """``model`` where this operation changes the database (partial indexes, and the
+        model migrates on this connection), else None."""
         connection = schema_editor.connection
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if not connection.features.supports_partial_indexes or not self.allow_migrate_model(
+        if connection.features.supports_partial_indexes and self.allow_migrate_model(
             connection.alias, model
         ):
-            return
-        # AlterField goes back by altering forwards between the swapped states.
-        super().database_forwards(app_label, schema_editor, from_state, to_state)
-        how = " CONCURRENTLY" if connection.vendor == "postgresql" else ""
-        schema_editor.execute(f"DROP INDEX{how} IF EXISTS {schema_editor.quote_name(self.index)}")
+            return model
+        return None
 
     def _create(self, schema_editor: Any, model: Any, column: str) -> None:
-        quote = schema_editor.quote_name
-        how = " CONCURRENTLY" if schema_editor.connection.vendor == "postgresql" else ""
+        quote, table = schema_editor.quote_name, model._meta.db_table
         schema_editor.execute(
-            f"CREATE UNIQUE INDEX{how} {quote(self.index)} ON {quote(model._meta.db_table)} "
+            f"CREATE UNIQUE INDEX{_how(schema_editor)} {quote(self.index)} ON {quote(table)} "
             f"({quote(column)}) WHERE {quote(column)} IS NOT NULL"
         )
+
+
+def _how(schema_editor: Any) -> str:
+    return " CONCURRENTLY" if schema_editor.connection.vendor == "postgresql" else ""
