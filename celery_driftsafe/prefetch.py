@@ -8,9 +8,10 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from django.db import close_old_connections, connections
+from django.db import connections
 
 from celery_driftsafe.claim import ClaimResult
+from celery_driftsafe.db_connection import refresh_between_rounds
 from celery_driftsafe.dispatch import ClaimedRun
 
 logger = logging.getLogger("celery_driftsafe.scheduler")
@@ -36,7 +37,7 @@ class Prefetcher:
         self._pending = self._executor.submit(self._claim, claim)
 
     def _claim(self, claim: Callable[[], ClaimResult]) -> ClaimResult:
-        close_old_connections()
+        refresh_between_rounds(self.using)
         try:
             return claim()
         except BaseException:

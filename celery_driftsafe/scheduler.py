@@ -24,7 +24,7 @@ from functools import partial
 from typing import Any
 
 from celery.beat import Scheduler
-from django.db import close_old_connections, connections
+from django.db import connections
 
 from celery_driftsafe import checks, metrics, nodes, retention
 from celery_driftsafe.apps import ensure_django
@@ -39,6 +39,7 @@ from celery_driftsafe.clock import (
     authority_from_settings,
 )
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
+from celery_driftsafe.db_connection import refresh_between_rounds
 from celery_driftsafe.prebuild import Prebuilder
 from celery_driftsafe.prefetch import Prefetcher
 from celery_driftsafe.publisher import Dispatcher
@@ -187,7 +188,7 @@ class DriftSafeScheduler(BeatNode, Scheduler):
     def _guarded_round(self) -> float:
         """A round with outage handling: one log line per state change, backoff with jitter."""
         try:
-            close_old_connections()
+            refresh_between_rounds(self.using)
             wait = self.run_round()
         except OUTAGE_ERRORS as exc:
             if self._outage is None:

@@ -395,3 +395,42 @@ def test_run_a_worker_ended_before_it_was_marked_keeps_its_outcome_and_why(
     run = Run.objects.get()
     assert (run.status, run.error) == (RunStatus.SKIPPED, why)
     assert run.dispatched_at == T0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rounds_keep_their_connection_and_replace_a_dead_one_without_an_outage(
+    scheduler: DriftSafeScheduler, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With Django's default CONN_MAX_AGE = 0 a round is not a request: the beat keeps its
+    connection from round to round (it reopened one every round), and one the server ended
+    meanwhile is replaced before the round, which then claims as usual."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the server ends a backend here with pg_terminate_backend")
+    assert connection.settings_dict["CONN_MAX_AGE"] == 0
+
+    def backend() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            pid: int = cursor.fetchone()[0]
+        return pid
+
+    interval_task("add", 10, anchor=T0, next_slot_at=T0)
+    scheduler._guarded_round()
+    first = backend()
+    clock.advance(10 * S)
+    scheduler._guarded_round()
+    assert backend() == first
+    assert [m[HEADER_SLOT] for m in drain()] == [T0.isoformat(), (T0 + 10 * S).isoformat()]
+
+    import psycopg
+
+    params = connection.get_connection_params()
+    with psycopg.connect(**params, autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [first])
+    clock.advance(10 * S)
+    scheduler._guarded_round()
+    assert backend() != first
+    assert [m[HEADER_SLOT] for m in drain()] == [(T0 + 20 * S).isoformat()]
+    assert "claiming paused" not in caplog.text
