@@ -32,4 +32,4 @@ def refresh_between_rounds(alias: str) -> None:
         connection.close()
         return
     connection.errors_occurred = False
-    connection.health_check_done = True
+    connection.health_check_done = True  # type: ignore[attr-defined]  # (Django 4.1+)
