@@ -168,15 +168,18 @@ def recover(
     dispatcher: Dispatcher,
     *,
     using: str = "default",
+    reconcile_runs: bool = True,
 ) -> None:
     """A beat's recovery pass: mark silent nodes dead, reconcile runs that will never hear
-    from a worker, and re-publish stale claims (the outbox) through ``dispatcher``."""
+    from a worker (unless ``reconcile_runs`` is false), and re-publish stale claims (the
+    outbox) through ``dispatcher``."""
     from celery_driftsafe import nodes
     from celery_driftsafe.dispatch import reclaim_stale
 
     dead_after = timedelta(seconds=settings.node_dead_after_seconds)
     nodes.mark_dead(now, dead_after, node_id, using=using)
     lease = timedelta(seconds=settings.lease_seconds)
-    reconcile(now, lease=lease, app=app, using=using)
+    if reconcile_runs:
+        reconcile(now, lease=lease, app=app, using=using)
     stale = reclaim_stale(now, node_id, lease=lease, using=using, dead_after=dead_after)
     dispatcher.dispatch(stale)

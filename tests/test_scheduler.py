@@ -434,3 +434,32 @@ def test_rounds_keep_their_connection_and_replace_a_dead_one_without_an_outage(
     assert backend() != first
     assert [m[HEADER_SLOT] for m in drain()] == [(T0 + 20 * S).isoformat()]
     assert "claiming paused" not in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runs_without_an_outcome_are_reconciled_once_a_minute_not_every_outbox_pass(
+    scheduler: DriftSafeScheduler, clock: FakeClock
+) -> None:
+    """The outbox's pass runs every few seconds; looking for runs that will never hear from a
+    worker (a day-old expiry, an hour-old start) reads every run still waiting for an outcome,
+    so it runs at most once a minute (the beat's first round included)."""
+    from celery_driftsafe.scheduler import RECONCILE_INTERVAL_SECONDS
+
+    scheduler.run_round()
+    old = T0 - timedelta(days=2)
+    run = Run.objects.create(
+        task_name="tests.add",
+        slot=old,
+        status=RunStatus.DISPATCHED,
+        claimed_at=old,
+        claimed_by=scheduler.node_id,
+        expires_at=old + timedelta(days=1),
+    )
+    clock.advance(10 * S)  # the outbox's pass runs again (every 5 s at most) ...
+    scheduler.run_round()
+    run.refresh_from_db()
+    assert run.status == RunStatus.DISPATCHED  # ... without reconciling
+    clock.advance(timedelta(seconds=RECONCILE_INTERVAL_SECONDS) - 10 * S)
+    scheduler.run_round()
+    run.refresh_from_db()
+    assert run.status == RunStatus.EXPIRED
