@@ -19,6 +19,7 @@ import logging
 import math
 import random
 import threading
+import time
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -40,6 +41,7 @@ from celery_driftsafe.clock import (
 )
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.db_connection import refresh_between_rounds
+from celery_driftsafe.heap import HeapKeeper
 from celery_driftsafe.prebuild import Prebuilder
 from celery_driftsafe.prefetch import Prefetcher
 from celery_driftsafe.publisher import Dispatcher
@@ -131,6 +133,7 @@ class DriftSafeScheduler(BeatNode, Scheduler):
         self._saturation_logged = -math.inf
         #: While a wave is worked through, the next batch is claimed ahead.
         self._prefetcher = Prefetcher(self.using)
+        self._heap = HeapKeeper(time.monotonic)
         #: While nothing is due, the messages of the tasks due soonest are built ahead.
         self._prebuilder = Prebuilder(
             self.dispatcher.fast,
@@ -234,6 +237,7 @@ class DriftSafeScheduler(BeatNode, Scheduler):
     def run_round(self) -> float:
         """Claim and publish what is due; return the seconds to wait before the next round."""
         self.rounds += 1
+        self._heap.maybe_freeze()
         mono = self.clock.monotonic()
         if self._note_continuity(mono):
             self._next_heartbeat = 0.0  # learn afresh what the other nodes did meanwhile
