@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from celery_driftsafe import retention
     from celery_driftsafe.prefetch import Prefetcher
     from celery_driftsafe.publisher import Dispatcher
+    from celery_driftsafe.reconcile import BackgroundReconciler
 
 logger = logging.getLogger("celery_driftsafe.scheduler")
 
@@ -49,6 +50,7 @@ class BeatNode:
     clock: Clock
     dispatcher: Dispatcher
     pruner: retention.BackgroundPruner
+    reconciler: BackgroundReconciler
     _prefetcher: Prefetcher
     _install_signals: bool
     _shutdown: threading.Event
@@ -137,6 +139,7 @@ class BeatNode:
         if self._ready:
             self._prefetcher.finish(self.dispatcher.dispatch, self.node_id)
             self.pruner.close()
+            self.reconciler.join(timeout=10)
             self._mark_stopped()
         if self._listener is not None:
             self._listener.join(timeout=2)

@@ -45,7 +45,7 @@ from celery_driftsafe.heap import HeapKeeper
 from celery_driftsafe.prebuild import Prebuilder
 from celery_driftsafe.prefetch import Prefetcher
 from celery_driftsafe.publisher import Dispatcher
-from celery_driftsafe.reconcile import recover
+from celery_driftsafe.reconcile import BackgroundReconciler, recover
 from celery_driftsafe.wakeup import Wakeup, start_change_listener
 
 logger = logging.getLogger(__name__)
@@ -61,11 +61,6 @@ PREBUILD_BUDGET = 0.2
 #: A beat whose rounds stop for longer than this (or three loop intervals) starts a new stretch
 #: of claiming: slots that fell due meanwhile were missed, not late (see misfire).
 CONTINUITY_GAP_SECONDS = 5.0
-#: Runs that will never hear from a worker (reconcile.py) are looked for at most this often:
-#: they are an hour (STUCK_RUN_SECONDS) or a day (RUN_EXPIRES_SECONDS) old, and the look-up reads
-#: every run still waiting for its outcome, which took a steady 100,000-task stream's round
-#: ~200 ms when it ran with the outbox's pass every 5 s.
-RECONCILE_INTERVAL_SECONDS = 60.0
 #: The "beats are saturated" warning is repeated at most this often.
 SATURATION_LOG_SECONDS = 30.0
 
@@ -119,11 +114,14 @@ class DriftSafeScheduler(BeatNode, Scheduler):
         self.claimer: Claimer = claimer_for(self.using, self.settings)
         self.dispatcher = Dispatcher(self.app, self.clock, using=self.using)
         self.pruner = retention.BackgroundPruner(using=self.using, monotonic=self.clock.monotonic)
+        self.reconciler = BackgroundReconciler(
+            app=self.app, using=self.using, monotonic=self.clock.monotonic
+        )
         self._paused_reason = ""
         self._outage: str | None = None
         self._backoff = 0.0
         self._next_heartbeat = 0.0
-        self._next_recovery = self._next_reconcile = 0.0
+        self._next_recovery = 0.0
         #: Since when (authority time) this beat has been claiming without a break, and when
         #: (monotonic) its last round ended; see :meth:`_note_continuity`.
         self._claiming_since: datetime | None = None
@@ -251,19 +249,11 @@ class DriftSafeScheduler(BeatNode, Scheduler):
         if self._claiming_since is None:
             self._claiming_since = reading.at
         if mono >= self._next_recovery:
-            reconcile_runs = mono >= self._next_reconcile
             recover(
-                reading.at,
-                self.node_id,
-                self.settings,
-                self.app,
-                self.dispatcher,
-                using=self.using,
-                reconcile_runs=reconcile_runs,
+                reading.at, self.node_id, self.settings, self.app, self.dispatcher, using=self.using
             )
             self._next_recovery = mono + min(self.settings.lease_seconds / 2, 5.0)
-            if reconcile_runs:
-                self._next_reconcile = mono + RECONCILE_INTERVAL_SECONDS
+        self.reconciler.maybe_start(reading.at)  # in its own thread, when due
         busy_since = self._claiming_since
         if self._others_since is not None and self._others_since < busy_since:
             busy_since = self._others_since

@@ -442,10 +442,12 @@ def test_runs_without_an_outcome_are_reconciled_once_a_minute_not_every_outbox_p
 ) -> None:
     """The outbox's pass runs every few seconds; looking for runs that will never hear from a
     worker (a day-old expiry, an hour-old start) reads every run still waiting for an outcome,
-    so it runs at most once a minute (the beat's first round included)."""
-    from celery_driftsafe.scheduler import RECONCILE_INTERVAL_SECONDS
+    so it runs at most once a minute (the beat's first round included), in a thread of its
+    own."""
+    from celery_driftsafe.reconcile import RECONCILE_INTERVAL_SECONDS
 
     scheduler.run_round()
+    scheduler.reconciler.join()
     old = T0 - timedelta(days=2)
     run = Run.objects.create(
         task_name="tests.add",
@@ -457,9 +459,39 @@ def test_runs_without_an_outcome_are_reconciled_once_a_minute_not_every_outbox_p
     )
     clock.advance(10 * S)  # the outbox's pass runs again (every 5 s at most) ...
     scheduler.run_round()
+    scheduler.reconciler.join()
     run.refresh_from_db()
     assert run.status == RunStatus.DISPATCHED  # ... without reconciling
     clock.advance(timedelta(seconds=RECONCILE_INTERVAL_SECONDS) - 10 * S)
-    scheduler.run_round()
+    scheduler.run_round()  # ... and a minute after the first, in its own thread
+    scheduler.reconciler.join()
     run.refresh_from_db()
     assert run.status == RunStatus.EXPIRED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_slow_reconciliation_does_not_hold_up_the_round(
+    scheduler: DriftSafeScheduler, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+    import time
+
+    from celery_driftsafe import reconcile
+
+    release, passes = threading.Event(), []
+
+    def slow(*args: Any, **kwargs: Any) -> None:
+        passes.append(args[0])
+        release.wait(10)
+
+    monkeypatch.setattr(reconcile, "reconcile", slow)
+    interval_task("add", 10, anchor=T0, next_slot_at=T0)
+    started = time.monotonic()
+    scheduler.run_round()
+    assert time.monotonic() - started < 5  # the round did not wait for the pass
+    assert [m[HEADER_SLOT] for m in drain()] == [T0.isoformat()]
+    clock.advance(120 * S)
+    scheduler.run_round()  # a pass still in flight: no second one
+    release.set()
+    scheduler.reconciler.join(5)
+    assert passes == [T0]
