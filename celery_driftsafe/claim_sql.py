@@ -263,8 +263,13 @@ def _advance_postgresql(
     if seen is not None:
         seen_at = len(_FIELDS) + 1
         where += f" AND {table}.enabled AND {table}.next_slot_at = (r->>{seen_at})::timestamptz"
+    # The LIMIT (the number of rows, so it drops none) tells the planner how many rows the
+    # document holds: it assumes 100 for any jsonb_array_elements, and for a round of a few
+    # tasks on a table it has not analysed yet it chose a hash join over a scan of every task
+    # (10,000 tasks: 740,000 rows read a second in a steady stream).
     sql = (
-        f"UPDATE {table} SET {sets} FROM jsonb_array_elements(%s::jsonb) AS r "
+        f"UPDATE {table} SET {sets} FROM (SELECT value AS r FROM "
+        f"jsonb_array_elements(%s::jsonb) LIMIT {len(rows)}) AS document "
         f"WHERE {where} RETURNING {table}.id"
     )
     with connection.cursor() as cursor:
