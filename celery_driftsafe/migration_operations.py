@@ -127,4 +127,5 @@ class UniqueWhereSet(migrations.AlterField):
 
 
 def _how(schema_editor: Any) -> str:
-    return " CONCURRENTLY" if schema_editor.connection.vendor == "postgresql" else ""
+    """``_concurrently`` as SQL: the word where the index is built without blocking writes."""
+    return " CONCURRENTLY" if _concurrently(schema_editor) else ""

@@ -165,7 +165,6 @@ def recover(
     now: datetime,
     node_id: str,
     settings: DriftSafeSettings,
-    app: Any,
     dispatcher: Dispatcher,
     *,
     using: str = "default",

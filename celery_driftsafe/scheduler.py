@@ -249,9 +249,7 @@ class DriftSafeScheduler(BeatNode, Scheduler):
         if self._claiming_since is None:
             self._claiming_since = reading.at
         if mono >= self._next_recovery:
-            recover(
-                reading.at, self.node_id, self.settings, self.app, self.dispatcher, using=self.using
-            )
+            recover(reading.at, self.node_id, self.settings, self.dispatcher, using=self.using)
             self._next_recovery = mono + min(self.settings.lease_seconds / 2, 5.0)
         self.reconciler.maybe_start(reading.at)  # in its own thread, when due
         busy_since = self._claiming_since

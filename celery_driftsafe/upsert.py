@@ -22,6 +22,12 @@ from celery_driftsafe.models import PeriodicTask
 UNCHECKED = ["interval_anchor", "next_slot_at"]
 
 
+def check_fields(task: PeriodicTask) -> None:
+    """The model's validation of ``task``'s fields (raises ``ValidationError``), without the
+    name's uniqueness: the database decides that, under the row lock or on insert."""
+    task.full_clean(exclude=UNCHECKED, validate_unique=False, validate_constraints=False)
+
+
 class Upserted(StrEnum):
     CREATED = "created"
     UPDATED = "updated"
@@ -58,9 +64,7 @@ def upsert_by_name(
             task = PeriodicTask(name=name, **fields, **(on_create or {}))
             task.driftsafe_now = now  # type: ignore[attr-defined]
             if validate:
-                task.full_clean(
-                    exclude=UNCHECKED, validate_unique=False, validate_constraints=False
-                )
+                check_fields(task)
             try:
                 with transaction.atomic(using=using):
                     task.save(using=using)
@@ -78,6 +82,6 @@ def upsert_by_name(
             setattr(task, key, value)
         task.driftsafe_now = now  # type: ignore[attr-defined]
         if validate:
-            task.full_clean(exclude=UNCHECKED, validate_unique=False, validate_constraints=False)
+            check_fields(task)
         task.save(using=using)
         return Upserted.UPDATED

@@ -47,7 +47,7 @@ from celery_driftsafe.importing import (
     from_django_celery_beat,
 )
 from celery_driftsafe.models import PeriodicTask, TaskSource
-from celery_driftsafe.upsert import UNCHECKED, Upserted, upsert_by_name
+from celery_driftsafe.upsert import Upserted, check_fields, upsert_by_name
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class Outcome:
 def _validate(entry: Entry) -> None:
     task = PeriodicTask(name=entry.name, **entry.fields, **entry.on_create)
     try:
-        task.full_clean(exclude=UNCHECKED, validate_unique=False, validate_constraints=False)
+        check_fields(task)
     except ValidationError as exc:
         entry.error = "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
 
