@@ -15,7 +15,6 @@ services (PostgreSQL, Redis) and the test dependencies installed.
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import time
 from collections import defaultdict
@@ -23,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from benchmarks.django_db import fresh_databases
+from celery_driftsafe.testing.processes import proc_stats
 
 
 def main() -> None:
@@ -271,18 +271,13 @@ class _ServerCost:
             cursor.execute("SELECT pg_backend_pid(), pg_current_wal_lsn()")
             self._pid, self._lsn = cursor.fetchone()
         self._connection = connection
-        self._cpu = self._backend_cpu()
-
-    def _backend_cpu(self) -> float:
-        with open(f"/proc/{self._pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        self._cpu = proc_stats(self._pid)[1]
 
     def spent(self) -> tuple[float, int]:
         with self._connection.cursor() as cursor:
             cursor.execute("SELECT pg_current_wal_lsn() - %s::pg_lsn", [self._lsn])
             (wal,) = cursor.fetchone()
-        return self._backend_cpu() - self._cpu, int(wal)
+        return proc_stats(self._pid)[1] - self._cpu, int(wal)
 
 
 def _fill_ledger(connection: Any, runs: int, before: datetime) -> None:
