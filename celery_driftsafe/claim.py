@@ -17,13 +17,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from functools import partial
+from typing import Any, Protocol
 
 from django.db import OperationalError, connections, transaction
-from django.db.models import Min
 
 from celery_driftsafe.claim_sql import advance_tasks
 from celery_driftsafe.claim_steps import ClaimSteps
+from celery_driftsafe.compiled_sql import select_rows
 from celery_driftsafe.conf import DriftSafeSettings
 from celery_driftsafe.dispatch import ClaimedRun
 from celery_driftsafe.models import PeriodicTask
@@ -76,7 +77,7 @@ class SkipLockedClaimer(ClaimSteps):
     def claim(self, now: datetime, node_id: str, busy_since: datetime | None = None) -> ClaimResult:
         result = ClaimResult()
         with transaction.atomic(using=self.using):
-            tasks = self._load(self._due(now).select_for_update(skip_locked=True), result)
+            tasks = self._load(now, result, lock=True)
             result.tasks_seen = len(tasks)
             if not tasks:
                 return result
@@ -96,7 +97,7 @@ class CompareAndSwapClaimer(ClaimSteps):
 
     def claim(self, now: datetime, node_id: str, busy_since: datetime | None = None) -> ClaimResult:
         result = ClaimResult()
-        tasks = self._load(self._due(now), result)
+        tasks = self._load(now, result, lock=False)
         result.tasks_seen = len(tasks)
         if not tasks:
             return result
@@ -132,9 +133,16 @@ def claimer_for(using: str = "default", settings: DriftSafeSettings | None = Non
 
 def next_due(using: str = "default") -> datetime | None:
     """When the earliest unclaimed slot of any enabled task is due (its jittered instant)."""
-    value: datetime | None = (
+    rows = select_rows(using, ("next-due",), [], partial(_first_due, using))
+    return rows[0][0] if rows else None
+
+
+def _first_due(using: str) -> Any:
+    # The first entry of the (enabled, due_at, id) index: as MIN(due_at), which the ORM
+    # cannot give as a statement to keep (compiled_sql).
+    return (
         PeriodicTask.objects.using(using)
-        .filter(enabled=True)
-        .aggregate(next_due=Min("due_at"))["next_due"]
+        .filter(enabled=True, due_at__isnull=False)
+        .order_by("due_at")
+        .values_list("due_at")[:1]
     )
-    return value

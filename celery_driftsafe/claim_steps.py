@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from django.db import (
@@ -31,7 +32,7 @@ from celery_driftsafe.exceptions import ScheduleError
 from celery_driftsafe.jitter import due_instant, offset
 from celery_driftsafe.misfire import ClaimPlan
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus, schedule_problem
-from celery_driftsafe.pg_loaders import load_models
+from celery_driftsafe.pg_loaders import load_kept_models
 
 if TYPE_CHECKING:
     from celery_driftsafe.claim import ClaimResult
@@ -60,23 +61,32 @@ class ClaimSteps:
         #: Tasks of the current round that reach a bound or limit: id -> why.
         self._finished: dict[int, str] = {}
 
-    def _due(self, now: datetime) -> Any:
-        # due_at is the next slot plus its jitter (the slot itself without jitter).
-        return (
+    def _due(self, now: datetime, *, lock: bool) -> Any:
+        """The first ``batch_size`` due tasks, earliest first; ``lock``: ``FOR UPDATE SKIP
+        LOCKED``. due_at is the next slot plus its jitter (the slot itself without jitter)."""
+        due = (
             PeriodicTask.objects.using(self.using)
             .filter(enabled=True, due_at__lte=now)
             .order_by("due_at", "id")
         )
+        if lock:
+            due = due.select_for_update(skip_locked=True)
+        return due[: self.batch_size]
 
-    def _load(self, due: Any, result: ClaimResult) -> list[PeriodicTask]:
+    def _load(self, now: datetime, result: ClaimResult, *, lock: bool) -> list[PeriodicTask]:
         """The due rows. A row the ORM cannot even load (text that is not JSON or not a date,
         stored by raw SQL on SQLite) is disabled by id, and the others are loaded one by one."""
         try:
-            return load_models(due[: self.batch_size])
+            return load_kept_models(
+                self.using,
+                ("due", lock, self.batch_size),
+                [now],
+                partial(self._due, now, lock=lock),
+            )
         except _OUTAGE:
             raise
         except Exception:
-            ids = list(due.values_list("pk", flat=True)[: self.batch_size])
+            ids = list(self._due(now, lock=lock).values_list("pk", flat=True))
         tasks = []
         for pk in ids:
             try:

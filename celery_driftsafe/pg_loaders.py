@@ -16,11 +16,15 @@ psycopg 2, psycopg without its C extension, another database) it is ``list(query
 
 from __future__ import annotations
 
+import functools
 import inspect
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from django.db import connections
 from django.db.models.base import ModelState
+
+from celery_driftsafe.compiled_sql import compiled
 
 
 def c_timestamp_loader() -> type | None:
@@ -62,26 +66,40 @@ def load_models(queryset: Any) -> list[Any]:
     as ``list(queryset)``, read with psycopg's C ``timestamptz`` loader where that changes no
     value. Call with the connection open (inside the claim's transaction)."""
     connection = connections[queryset.db]
-    loader = _loader_for(connection)
-    if loader is None:
+    if _loader_for(connection) is None:
         return list(queryset)
     compiler = queryset.query.get_compiler(using=queryset.db)
     sql, params = compiler.as_sql()
+    return _read(connection, compiler, sql, params)
+
+
+def load_kept_models(
+    using: str, key: Hashable, values: Sequence[Any], build: Callable[[], Any]
+) -> list[Any]:
+    """:func:`load_models` of the queryset ``build()`` makes for ``values``, its SQL compiled
+    once per connection under ``key`` (:mod:`celery_driftsafe.compiled_sql`)."""
+    connection = connections[using]
+    if _loader_for(connection) is None:
+        return list(build())
+    return _read(connection, *compiled(using, key, values, build))
+
+
+def _read(connection: Any, compiler: Any, sql: str, params: Sequence[Any]) -> list[Any]:
     with connection.cursor() as cursor:
-        cursor.cursor.adapters.register_loader("timestamptz", loader)
+        cursor.cursor.adapters.register_loader("timestamptz", _loader_for(connection))
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     info = compiler.klass_info
     assert info is not None and not compiler.annotation_col_map
     start, end = info["select_fields"][0], info["select_fields"][-1] + 1
     names = [column[0].target.attname for column in compiler.select[start:end]]
-    model = info["model"]
+    model, db = info["model"], connection.alias
     values = [row[start:end] for row in compiler.results_iter([rows])]
-    if not _plain_instances(model, names):
-        return [model.from_db(queryset.db, names, row) for row in values]
+    if not _plain_instances(model, tuple(names)):
+        return [model.from_db(db, names, row) for row in values]
     # What from_db and Model.__init__ leave for a full row, without their per-field loop
     # (a third of reading a task): the state, then each field's value under its attname.
-    new, db, instances = model.__new__, queryset.db, []
+    new, instances = model.__new__, []
     for row in values:
         instance = new(model)
         state = instance._state = ModelState()
@@ -91,24 +109,35 @@ def load_models(queryset: Any) -> list[Any]:
     return instances
 
 
-def _plain_instances(model: Any, names: list[str]) -> bool:
+def _plain_instances(model: Any, names: tuple[str, ...]) -> bool:
     """Whether an instance of ``model`` read with every concrete field (``names``) can be
     built by setting its attributes: ``from_db`` and ``__init__`` are Django's, no receiver
     listens to ``pre_init``/``post_init`` for it, and no field's attribute is a descriptor
     that does more than read the instance's ``__dict__`` (a foreign key's is). Only on the
     Django versions whose ``from_db`` this was compared with (up to 5.2; later ones may keep
     more state on the instance)."""
+    from django.db.models import signals
+
+    return (
+        not signals.pre_init.has_listeners(model)
+        and not signals.post_init.has_listeners(model)
+        and _plain_class(model, names)
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _plain_class(model: Any, names: tuple[str, ...]) -> bool:
+    """The part of :func:`_plain_instances` that a model class settles once (receivers may
+    come and go)."""
     import django
-    from django.db.models import Model, signals
+    from django.db.models import Model
     from django.db.models.query_utils import DeferredAttribute
 
     return (
         django.VERSION[:2] <= (5, 2)
         and inspect.getattr_static(model, "from_db") is inspect.getattr_static(Model, "from_db")
         and model.__init__ is Model.__init__
-        and not signals.pre_init.has_listeners(model)
-        and not signals.post_init.has_listeners(model)
-        and names == [field.attname for field in model._meta.concrete_fields]
+        and names == tuple(field.attname for field in model._meta.concrete_fields)
         and all(
             type(inspect.getattr_static(model, name, None)) is DeferredAttribute for name in names
         )

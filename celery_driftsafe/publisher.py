@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,7 @@ from celery_driftsafe import metrics
 from celery_driftsafe.broker import connection_errors, describe_error, pipelined, refused
 from celery_driftsafe.claim_sql import id_set
 from celery_driftsafe.clock import Clock
+from celery_driftsafe.compiled_sql import select_rows, update, update_query
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.fastpublish import FastPublisher
 from celery_driftsafe.headers import message_headers
@@ -170,25 +171,22 @@ class Dispatcher:
 
     def _confirm(self, runs: Sequence[ClaimedRun]) -> set[int]:
         """The ids of ``runs`` whose claims their claimer still holds."""
-        from celery_driftsafe.models import BeatNode
 
-        dead = BeatNode.objects.using(self.using).filter(stopped_at__isnull=False)
         by_claimer: dict[str, list[int]] = {}
         for run in runs:
             by_claimer.setdefault(run.claimed_by, []).append(run.run_id)
         owned: set[int] = set()
-        table = Run.objects.using(self.using)
+        using = self.using
         for claimer, ids in by_claimer.items():
-            if dead.filter(node_id=claimer).exists():
+            if select_rows(using, ("node-stopped",), [claimer], partial(_stopped, using, claimer)):
                 continue
             # Read by primary key only and compared here: with the status or the claimer in
             # the query, PostgreSQL chose their indexes (a new beat's node id is in no
             # statistics yet, so it looked rare) and read every run this node ever claimed,
             # or every claimed entry left in the outbox index, for each batch.
-            rows = (
-                table.filter(pk__in=id_set(ids, self.using))
-                .order_by()
-                .values_list("pk", "status", "claimed_by")
+            where = id_set(ids, using)
+            rows = select_rows(
+                using, _key("claim-holders", where), _values(where), partial(_holders, using, where)
             )
             owned.update(
                 pk for pk, status, by in rows if status == RunStatus.CLAIMED and by == claimer
@@ -252,16 +250,19 @@ class Dispatcher:
         if result.published:
             # A fast worker may have started or even ended the run already (skipped, say):
             # keep its status and what it recorded, stamp the time.
-            claimed = Q(status=RunStatus.CLAIMED)
-            table.filter(
-                pk__in=id_set(result.published, self.using), dispatched_at__isnull=True
-            ).update(
-                dispatched_at=now,
-                retry_at=None,
-                error=Case(
-                    When(claimed, then=Value("")), default=F("error"), output_field=TextField()
-                ),
-                status=Case(When(claimed, then=Value(RunStatus.DISPATCHED)), default=F("status")),
+            where = id_set(result.published, self.using)
+            update(
+                self.using,
+                _key("mark-dispatched", where),
+                [
+                    now,
+                    RunStatus.CLAIMED,
+                    "",
+                    RunStatus.CLAIMED,
+                    RunStatus.DISPATCHED,
+                    *_values(where),
+                ],
+                partial(_mark_dispatched, self.using, where, now),
             )
         for run_id, reason in result.refused.items():
             attempts = runs[run_id].dispatch_attempts
@@ -297,3 +298,47 @@ class Dispatcher:
                 status=RunStatus.FAILED, finished_at=now, error=reason
             )
         metrics.dispatched(result, runs, now)
+
+
+def _stopped(using: str, node_id: str) -> Any:
+    from celery_driftsafe.models import BeatNode
+
+    return (
+        BeatNode.objects.using(using)
+        .filter(node_id=node_id, stopped_at__isnull=False)
+        .order_by()
+        .values_list("pk")[:1]
+    )
+
+
+def _holders(using: str, ids: Any) -> Any:
+    return (
+        Run.objects.using(using)
+        .filter(pk__in=ids)
+        .order_by()
+        .values_list("pk", "status", "claimed_by")
+    )
+
+
+def _mark_dispatched(using: str, ids: Any, now: datetime) -> Any:
+    # A fast worker may have started or even ended the run already (skipped, say): keep its
+    # status and what it recorded, stamp the time.
+    claimed = Q(status=RunStatus.CLAIMED)
+    return update_query(
+        Run.objects.using(using).filter(pk__in=ids, dispatched_at__isnull=True).order_by(),
+        dispatched_at=now,
+        retry_at=None,
+        error=Case(When(claimed, then=Value("")), default=F("error"), output_field=TextField()),
+        status=Case(When(claimed, then=Value(RunStatus.DISPATCHED)), default=F("status")),
+    )
+
+
+def _key(name: str, ids: Any) -> str | None:
+    """A statement's key (compiled_sql) when :func:`id_set` gave one array: a list of ids
+    (other databases) changes the SQL with its length."""
+    return None if isinstance(ids, list) else name
+
+
+def _values(ids: Any) -> list[Any]:
+    """The parameters :func:`id_set`'s value compiles to (its one array on PostgreSQL)."""
+    return list(getattr(ids, "params", ids))
