@@ -18,6 +18,8 @@ Stable ids (documented in the settings reference):
 ``celery_driftsafe.E021``  metrics are switched on but prometheus-client is not installed
 ``celery_driftsafe.E022``  ``METRICS_ADDRESS`` is not a non-empty string
 ``celery_driftsafe.E023``  ``PRUNE_DUTY_CYCLE`` is not a number above 0 and at most 1
+``celery_driftsafe.E024``  ``MIN_ROUND_INTERVAL_SECONDS`` is not a number from 0 to
+                           ``MAX_LOOP_INTERVAL_SECONDS``
 ``celery_driftsafe.W001``  ``TIME_AUTHORITY`` is ``database`` on SQLite (no shared clock)
 ``celery_driftsafe.W002``  ``MAX_CLOCK_OFFSET_SECONDS`` is not below the hard bound
 ========================  ==============================================================
@@ -80,7 +82,7 @@ _POSITIVE_OR_NONE = {
     "PRUNE_INTERVAL_SECONDS": "for example 60, or None when driftsafe_prune runs from cron",
 }
 #: Number settings that accept 0 (checked on their own).
-OWN_CHECK = ("MISFIRE_GRACE_SECONDS", "PRUNE_DUTY_CYCLE")
+OWN_CHECK = ("MISFIRE_GRACE_SECONDS", "PRUNE_DUTY_CYCLE", "MIN_ROUND_INTERVAL_SECONDS")
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
 
 
@@ -215,6 +217,18 @@ def _check_raw(raw: dict[str, Any]) -> Iterable[CheckMessage]:
             "must be a number above 0 and at most 1 (the share of a pass spent deleting)",
             f"for example {defaults.prune_duty_cycle}; 1 deletes without pausing",
             "celery_driftsafe.E023",
+        )
+    spacing = raw.get("MIN_ROUND_INTERVAL_SECONDS", defaults.min_round_interval_seconds)
+    longest = raw.get("MAX_LOOP_INTERVAL_SECONDS", defaults.max_loop_interval_seconds)
+    if not (
+        _is_number(spacing) and spacing >= 0 and (not _is_number(longest) or spacing <= longest)
+    ):
+        yield _error(
+            "MIN_ROUND_INTERVAL_SECONDS",
+            spacing,
+            f"must be a number of seconds from 0 to MAX_LOOP_INTERVAL_SECONDS ({longest!r})",
+            f"for example {defaults.min_round_interval_seconds}; 0 claims whenever a slot is due",
+            "celery_driftsafe.E024",
         )
     yield from _check_metrics(raw)
     warn = raw.get("MAX_CLOCK_OFFSET_SECONDS", defaults.max_clock_offset_seconds)

@@ -93,6 +93,12 @@ class DriftSafeSettings:
     node_dead_after_seconds: float = 30.0
     #: The longest a beat sleeps between two looks at the schedule.
     max_loop_interval_seconds: float = 1.0
+    #: The shortest time from the start of one claim round to the start of the next, unless
+    #: the last round took a full batch. Slots falling due a few milliseconds apart are then
+    #: claimed and published together: a slot may go out up to this much later, and the beat
+    #: and the database pay for a round (a dozen statements) per this interval, not per slot.
+    #: 0: a round whenever a slot is due.
+    min_round_interval_seconds: float = 0.02
     #: Message expiry of a scheduled run whose task sets no ``expires_seconds``: seconds
     #: after its slot, on the time authority's clock. ``None``: such messages never expire.
     run_expires_seconds: float | None = 86400.0

@@ -281,7 +281,9 @@ class DriftSafeScheduler(BeatNode, Scheduler):
             wait = max(wait - spent, 0.0)
             if self._prebuilder.pending:
                 wait = min(wait, max(spent, PREBUILD_MIN_WAIT / 2))  # more to build: come back
-        return wait
+        # Slots due a few ms apart wait for one round together (MIN_ROUND_INTERVAL_SECONDS).
+        spacing = self.settings.min_round_interval_seconds - (self.clock.monotonic() - mono)
+        return max(wait, spacing)
 
     def _note_continuity(self, mono: float) -> bool:
         """Whether this beat's claiming was broken since its last round (it was paused, the

@@ -62,6 +62,46 @@ def test_wait_is_time_until_next_slot_by_authority(
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("spacing", [0.02, 0.0])
+def test_slots_a_few_ms_apart_share_a_round_after_min_round_interval(
+    settings: Any, broker_app: Any, clock: FakeClock, spacing: float
+) -> None:
+    """MIN_ROUND_INTERVAL_SECONDS: a slot due 5 ms after a round began waits for the next
+    round, 20 ms after the first; with 0 the beat comes back at its instant. Slots are never
+    early either way, and a full batch still comes back at once."""
+    settings.DRIFTSAFE = {
+        **settings.DRIFTSAFE,
+        "MIN_ROUND_INTERVAL_SECONDS": spacing,
+        "CLAIM_BATCH_SIZE": 2,
+    }
+    ms = timedelta(milliseconds=1)
+    for i, at in enumerate((T0, T0 + 5 * ms, T0 + 8 * ms)):
+        interval_task(f"t{i}", 60, anchor=at, next_slot_at=at)
+    sched = DriftSafeScheduler(
+        app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
+    )
+    try:
+        assert sched.run_round() == pytest.approx(max(0.005, spacing))
+        assert [m["task"] for m in drain()] == ["tests.add"]
+        clock.advance(timedelta(seconds=max(0.005, spacing)))
+        if not spacing:
+            assert sched.run_round() == pytest.approx(0.003)  # the third, 3 ms on
+            assert len(drain()) == 1
+            clock.advance(3 * ms)
+            assert sched.run_round() == pytest.approx(1.0)
+            assert len(drain()) == 1
+        else:
+            assert sched.run_round() == 0.0  # both others together: a full batch
+            assert sorted(m[HEADER_SLOT] for m in drain()) == [
+                (T0 + 5 * ms).isoformat(),
+                (T0 + 8 * ms).isoformat(),
+            ]
+        assert Run.objects.filter(status=RunStatus.DISPATCHED).count() == 3
+    finally:
+        sched.close()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_jittered_task_is_published_at_its_jittered_instant_under_its_slot(
     scheduler: DriftSafeScheduler, clock: FakeClock
 ) -> None:

@@ -81,6 +81,13 @@ def test_driftsafe_must_be_a_dict() -> None:
         ({"CELERY_APP": 3}, "celery_driftsafe.E009", "dotted path"),
         ({"FAST_PUBLISH": "yes"}, "celery_driftsafe.E011", "True or False"),
         ({"FAST_PUBLISH": 1}, "celery_driftsafe.E011", "True or False"),
+        ({"MIN_ROUND_INTERVAL_SECONDS": -0.01}, "celery_driftsafe.E024", "from 0 to"),
+        ({"MIN_ROUND_INTERVAL_SECONDS": "0.02"}, "celery_driftsafe.E024", "from 0 to"),
+        (
+            {"MIN_ROUND_INTERVAL_SECONDS": 2, "MAX_LOOP_INTERVAL_SECONDS": 1},
+            "celery_driftsafe.E024",
+            "MAX_LOOP_INTERVAL_SECONDS (1)",
+        ),
     ],
 )
 def test_bad_values_get_stable_ids_and_name_the_setting(
@@ -102,6 +109,7 @@ def test_good_settings_pass() -> None:
         "TIME_AUTHORITY": "redis",
         "LEASE_SECONDS": 10,
         "MISFIRE_GRACE_SECONDS": 0,
+        "MIN_ROUND_INTERVAL_SECONDS": 0,
         "KEY_PREFIX": "app:ds",
     }
     with override_settings(DRIFTSAFE=good):
