@@ -314,3 +314,19 @@ def test_celery_task_id_is_the_uuid5_of_task_and_slot() -> None:
             expected = uuid.uuid5(namespace, f"{pk}:{slot.isoformat()}")
             assert celery_task_id(pk, slot) == str(expected)
             assert uuid.UUID(celery_task_id(pk, slot)).version == 5
+
+
+@pytest.mark.django_db
+def test_next_due_is_the_earliest_due_instant_of_an_enabled_task() -> None:
+    """The first entry of the due index, as MIN(due_at) over enabled tasks: a disabled task
+    and an enabled one with no due instant are not it; None when nothing is due ever."""
+    from celery_driftsafe.claim import next_due
+
+    assert next_due() is None
+    interval_task("off", 60, anchor=T0, next_slot_at=T0, enabled=False)
+    open_ended = interval_task("none", 60, anchor=T0, next_slot_at=T0 + S)
+    PeriodicTask.objects.filter(pk=open_ended.pk).update(next_slot_at=None, due_at=None)
+    assert next_due() is None
+    interval_task("later", 60, anchor=T0, next_slot_at=T0 + 30 * S)
+    interval_task("sooner", 60, anchor=T0, next_slot_at=T0 + 20 * S)
+    assert next_due() == T0 + 20 * S
