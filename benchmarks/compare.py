@@ -310,6 +310,13 @@ def _limits(results: dict[str, Any], own_redis: bool) -> list[str]:
                 + ("" if r["alive_at_end"] else " (the beat process had exited)")
                 + "."
             )
+        if r.get("seed_overran"):
+            limits.append(
+                f"Scale, {report.LABELS[r['peer']]} at {r['tasks']:,} entries: seeding "
+                f"({r['seeded_in']:.1f} s) ran {r['seed_overran']:.1f} s past the launch "
+                "instant, so the beat started after its first slots were due: its start-up "
+                "and lateness include that wait."
+            )
     for r in results.get("errors", []):
         limits.append(
             f"{r['scenario']} / {report.LABELS.get(r['peer'], r['peer'])}: the run "

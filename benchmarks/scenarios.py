@@ -206,8 +206,10 @@ def scale(
     (:meth:`Trial.sql_seed`) instead of the ORM."""
     trial = Trial(services, peer)
     try:
-        # seeding time, measured: ~0.2 ms per entry by the ORM, ~0.04 ms by SQL
-        pad = 5.0 + tasks * (0.08e-3 if sql_seed else 0.3e-3)
+        # seeding time, measured: 0.2-0.4 ms an entry by the ORM (celery_driftsafe's 100,000
+        # took 27.9 s on one day and 40.4 s on another), ~0.04 ms by SQL; a seeding that runs
+        # past the launch is reported (seed_overran)
+        pad = 5.0 + tasks * (0.08e-3 if sql_seed else 0.6e-3)
         launch_at = _at(pad)
         entries = [
             Entry(i, 60, launch_at + timedelta(seconds=60.0 * i / tasks)) for i in range(tasks)
@@ -279,6 +281,8 @@ def scale(
             "store_commands_per_s": (c1.store_commands - c0.store_commands) / elapsed,
             "slot_mismatches": whole.slot_mismatches,
         }
+        if overran:
+            log(f"  seeding ran {overran:.1f} s past the launch instant")
         log(
             f"  {peer.label:<20} {tasks:>7}: sent {whole.fired}/{whole.due} "
             f"({100 * result['sent_fraction']:.1f}%), start-up "
