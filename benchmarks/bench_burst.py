@@ -282,8 +282,21 @@ class _ServerCost:
 
 def _fill_ledger(connection: Any, runs: int, before: datetime) -> None:
     """``runs`` succeeded runs of the tasks, one a minute each, going back from ``before``,
-    written by PostgreSQL itself in chunks of a million."""
+    written by PostgreSQL itself in chunks of a million. The run table's plain indexes are
+    dropped meanwhile and built again at the end (the same definitions, read from
+    pg_indexes): tens of millions of rows are then written in minutes, not hours. Built at
+    once, those indexes are denser than ones grown by a running ledger; the primary key and
+    the unique (task, slot) index grow row by row as in production."""
     with connection.cursor() as cursor:
+        cursor.execute("SET maintenance_work_mem = '1GB'")
+        cursor.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'celery_driftsafe_run' "
+            "AND indexname NOT IN (SELECT conname FROM pg_constraint "
+            "WHERE conrelid = 'celery_driftsafe_run'::regclass)"
+        )
+        plain = cursor.fetchall()
+        for name, _ in plain:
+            cursor.execute(f'DROP INDEX "{name}"')
         cursor.execute("SELECT min(id), count(*) FROM celery_driftsafe_periodictask")
         first, tasks = cursor.fetchone()
         for start in range(0, runs, 1_000_000):
@@ -305,6 +318,8 @@ def _fill_ledger(connection: Any, runs: int, before: datetime) -> None:
                     "before": before,
                 },
             )
+        for _, definition in plain:
+            cursor.execute(definition)
 
 
 class _Explain:
