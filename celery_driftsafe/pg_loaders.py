@@ -66,11 +66,12 @@ def load_models(queryset: Any) -> list[Any]:
     as ``list(queryset)``, read with psycopg's C ``timestamptz`` loader where that changes no
     value. Call with the connection open (inside the claim's transaction)."""
     connection = connections[queryset.db]
-    if _loader_for(connection) is None:
+    loader = _loader_for(connection)
+    if loader is None:
         return list(queryset)
     compiler = queryset.query.get_compiler(using=queryset.db)
     sql, params = compiler.as_sql()
-    return _read(connection, compiler, sql, params)
+    return _read(connection, loader, compiler, sql, params)
 
 
 def load_kept_models(
@@ -79,14 +80,17 @@ def load_kept_models(
     """:func:`load_models` of the queryset ``build()`` makes for ``values``, its SQL compiled
     once per connection under ``key`` (:mod:`celery_driftsafe.compiled_sql`)."""
     connection = connections[using]
-    if _loader_for(connection) is None:
+    loader = _loader_for(connection)
+    if loader is None:
         return list(build())
-    return _read(connection, *compiled(using, key, values, build))
+    return _read(connection, loader, *compiled(using, key, values, build))
 
 
-def _read(connection: Any, compiler: Any, sql: str, params: Sequence[Any]) -> list[Any]:
+def _read(
+    connection: Any, loader: type, compiler: Any, sql: str, params: Sequence[Any]
+) -> list[Any]:
     with connection.cursor() as cursor:
-        cursor.cursor.adapters.register_loader("timestamptz", _loader_for(connection))
+        cursor.cursor.adapters.register_loader("timestamptz", loader)
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     info = compiler.klass_info

@@ -171,7 +171,6 @@ class Dispatcher:
 
     def _confirm(self, runs: Sequence[ClaimedRun]) -> set[int]:
         """The ids of ``runs`` whose claims their claimer still holds."""
-
         by_claimer: dict[str, list[int]] = {}
         for run in runs:
             by_claimer.setdefault(run.claimed_by, []).append(run.run_id)
