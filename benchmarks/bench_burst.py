@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from benchmarks.django_db import fresh_databases
-from benchmarks.run_table import fill_fast
+from benchmarks.run_table import TASK_ID_SQL, fill_fast
 from celery_driftsafe.testing.processes import proc_stats
 
 
@@ -35,6 +35,12 @@ def main() -> None:
         "--ledger", type=int, default=0, help="finished runs put in the ledger first"
     )
     parser.add_argument("--explain", action="store_true")
+    parser.add_argument(
+        "--wal-by-relation",
+        action="store_true",
+        help="after each wave, the WAL it wrote by relation, full-page images apart "
+        "(pg_walinspect, PostgreSQL 15 or later, a superuser)",
+    )
     parser.add_argument(
         "--waves",
         type=int,
@@ -196,6 +202,7 @@ def _wave(
     profile: bool,
 ) -> tuple[int, float, float, int, dict[str, float], dict[str, float]]:
     """One wave, all due at ``due``: claimed and published round by round."""
+    from celery_driftsafe.heap import HeapKeeper
     from celery_driftsafe.models import Run
 
     stages: dict[str, float] = defaultdict(float)
@@ -212,7 +219,9 @@ def _wave(
     cpu_started = time.process_time()
     rounds = 0
     claim_times: list[float] = []
+    heap = HeapKeeper(time.monotonic)  # as a beat does before each round
     while True:
+        heap.maybe_freeze()
         # The authority's now stays at the wave's instant: one wave is measured, not the
         # waves after it (a slow run would otherwise never end).
         now = due
@@ -260,6 +269,8 @@ def _wave(
         f"  PostgreSQL (this connection's backend): {1e6 * backend_cpu / max(published, 1):.1f} "
         f"µs of CPU and {wal / max(published, 1):,.0f} bytes of WAL a slot"
     )
+    if args.wal_by_relation:
+        server.wal_by_relation(max(published, 1))
     return published, elapsed, cpu, rounds, stages, cpu_stages
 
 
@@ -280,6 +291,29 @@ class _ServerCost:
             (wal,) = cursor.fetchone()
         return proc_stats(self._pid)[1] - self._cpu, int(wal)
 
+    def wal_by_relation(self, slots: int) -> None:
+        """Print the WAL written since this was made by relation (each record counted for the
+        first block it touches): bytes a slot, and how much of it full-page images are."""
+        with self._connection.cursor() as cursor:
+            cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+            cursor.execute(
+                """SELECT coalesce(c.relname, w.node), count(*), sum(w.record_length),
+                          sum(w.fpi_length), count(*) FILTER (WHERE w.fpi_length > 0)
+                   FROM (SELECT record_length, fpi_length,
+                                substring(block_ref from 'rel [0-9]+/[0-9]+/([0-9]+)') AS node
+                         FROM pg_get_wal_records_info(%s::pg_lsn, pg_current_wal_flush_lsn())) w
+                   LEFT JOIN pg_class c ON c.relfilenode::text = w.node
+                   GROUP BY 1 ORDER BY 3 DESC LIMIT 15""",
+                [self._lsn],
+            )
+            rows = cursor.fetchall()
+        print(f"  WAL by relation, a slot: {'records':>8}{'bytes':>9}{'FPI bytes':>11}{'FPIs':>7}")
+        for name, records, length, fpi, fpis in rows:
+            print(
+                f"    {str(name)[:36]:<36}{records / slots:8.2f}{length / slots:9.0f}"
+                f"{fpi / slots:11.0f}{fpis / slots:7.3f}"
+            )
+
 
 def _fill_ledger(connection: Any, runs: int, before: datetime) -> None:
     """``runs`` succeeded runs of the tasks, one a minute each, going back from ``before``,
@@ -295,12 +329,12 @@ def _write_ledger(connection: Any, runs: int, before: datetime) -> None:
         first, tasks = cursor.fetchone()
         for start in range(0, runs, 1_000_000):
             cursor.execute(
-                """INSERT INTO celery_driftsafe_run (periodic_task_id, task_name, kind, slot,
+                f"""INSERT INTO celery_driftsafe_run (periodic_task_id, task_name, kind, slot,
                    status, claimed_by, claimed_at, dispatched_at, started_at, finished_at,
                    celery_task_id, fencing_token, dispatch_attempts, duplicate_deliveries,
                    worker, error, message, attempt, missed_count)
                 SELECT %(first)s + i %% %(tasks)s, 'burst.tick', 'scheduled', s, 'succeeded',
-                   'old-node', s, s, s, s, md5(i::text), 1, 1, 0, 'w', '', '{}', 0, 1
+                   'old-node', s, s, s, s, {TASK_ID_SQL}, 1, 1, 0, 'w', '', '{{}}', 0, 1
                 FROM generate_series(%(start)s, %(end)s) AS i,
                      LATERAL (SELECT %(before)s::timestamptz
                               - make_interval(mins => 1 + i / %(tasks)s)) AS t(s)""",

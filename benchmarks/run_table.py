@@ -7,6 +7,13 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+#: A run's Celery task id as the beat makes it (``dispatch.celery_task_id``), in SQL of its
+#: ``slot`` ``s`` and row number ``i``: the slot's Unix milliseconds, then hash bits.
+TASK_ID_SQL = (
+    "overlay(md5(i::text) PLACING lpad(to_hex((extract(epoch FROM s) * 1000)::bigint), 12, '0') "
+    "FROM 1 FOR 12)::uuid::text"
+)
+
 
 def insert_runs(
     connection: Any,
@@ -41,7 +48,7 @@ def insert_runs(
                    worker, error, message, attempt, missed_count)
                 SELECT %(first)s + i %% %(tasks)s, %(task_name)s, {kind}, s, {status},
                    {claimed_by}, s, s, s, s + interval '20 ms',
-                   md5(i::text)::uuid::text, 1, 1, 0, %(worker)s,
+                   {TASK_ID_SQL}, 1, 1, 0, %(worker)s,
                    CASE WHEN {failed} THEN 'Traceback (most recent call last): ...'
                         ELSE '' END,
                    jsonb_build_object('args', '[]'::jsonb, 'kwargs',
