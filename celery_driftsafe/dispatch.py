@@ -15,7 +15,7 @@ import hashlib
 import logging
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db.models import F, Q
@@ -29,19 +29,29 @@ _TASK_ID_NAMESPACE = uuid.UUID("6f1c2b0e-5d0a-4c55-9a43-3f2f0c1d7e11")
 
 
 _NAMESPACE_BYTES = _TASK_ID_NAMESPACE.bytes
-#: RFC 4122's version 5 and variant bits, set on the first 128 bits of the SHA-1 digest.
-_V5_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
-_V5_SET = (0x5000 << 64) | (0x8000 << 48)
+#: RFC 9562's version 8 ("custom") and variant bits, set on the 128 bits of an id.
+_V8_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
+_V8_SET = (0x8000 << 64) | (0x8000 << 48)
+_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+_MAX_MS = 2**48 - 1
 
 
 def celery_task_id(periodic_task_id: int, slot: datetime) -> str:
     """The deterministic Celery task id of a slot: the same on every beat, every time.
 
-    ``str(uuid.uuid5(namespace, f"{id}:{slot.isoformat()}"))``, computed without building a
-    ``UUID`` (7.5 µs a slot where this takes 4.5; a test compares the two)."""
+    A version-8 UUID whose first 48 bits are the slot in milliseconds since 1970 and whose
+    other 74 bits come from SHA-1 of a fixed namespace and ``f"{id}:{slot.isoformat()}"``.
+    Ids of nearby slots sort together, so the indexes on the id (the run table's, a result
+    backend's) grow at their end: random ids put each new run on a random page of an index
+    that a big ledger makes far larger than the database's cache, and after every checkpoint
+    PostgreSQL writes that page whole to its WAL (5 KB a run with 5 million runs kept).
+    Computed once per run, at its claim; every later publish reads the stored id, so runs
+    claimed under the earlier version-5 ids keep them."""
     name = f"{periodic_task_id}:{slot.isoformat()}".encode()
     digest = hashlib.sha1(_NAMESPACE_BYTES + name, usedforsecurity=False).digest()
-    value = "%032x" % (int.from_bytes(digest[:16], "big") & _V5_CLEAR | _V5_SET)
+    ms = min(max((slot - _UNIX_EPOCH) // _MS, 0), _MAX_MS)
+    value = "%032x" % ((ms << 80 | int.from_bytes(digest[:10], "big")) & _V8_CLEAR | _V8_SET)
     return f"{value[:8]}-{value[8:12]}-{value[12:16]}-{value[16:20]}-{value[20:]}"
 
 

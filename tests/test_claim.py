@@ -302,18 +302,34 @@ def test_due_tasks_reach_a_projects_post_init_receiver() -> None:
     assert seen == [task.pk for task in loaded] and len(seen) == 3
 
 
-def test_celery_task_id_is_the_uuid5_of_task_and_slot() -> None:
-    """The id is computed without ``uuid.UUID``; it must stay the version-5 UUID of
-    ``"{task id}:{slot ISO 8601}"`` that every earlier release gave (a rolling upgrade's beats
-    compute the same ids)."""
+def test_celery_task_id_is_a_version_8_uuid_led_by_the_slot() -> None:
+    """The same (task, slot) gives the same id; the first 48 bits are the slot's Unix
+    milliseconds, so ids sort by slot; the rest is SHA-1 of the task and the exact slot, so
+    two tasks (or two slots within one millisecond) never share an id."""
+    import hashlib
     import uuid
 
-    namespace = uuid.UUID("6f1c2b0e-5d0a-4c55-9a43-3f2f0c1d7e11")
+    namespace = uuid.UUID("6f1c2b0e-5d0a-4c55-9a43-3f2f0c1d7e11").bytes
+    slots = [T0, T0 + timedelta(microseconds=1), T0 + timedelta(days=400, seconds=7)]
+    ids = {}
     for pk in (1, 42, 99_999, 2**40):
-        for slot in (T0, T0 + timedelta(microseconds=1), T0 + timedelta(days=400, seconds=7)):
-            expected = uuid.uuid5(namespace, f"{pk}:{slot.isoformat()}")
-            assert celery_task_id(pk, slot) == str(expected)
-            assert uuid.UUID(celery_task_id(pk, slot)).version == 5
+        for slot in slots:
+            value = uuid.UUID(celery_task_id(pk, slot))
+            assert str(value) == celery_task_id(pk, slot)
+            assert value.version == 8 and value.variant == uuid.RFC_4122
+            assert value.int >> 80 == int(slot.timestamp() * 1000)
+            digest = hashlib.sha1(namespace + f"{pk}:{slot.isoformat()}".encode()).digest()
+            kept = (1 << 80) - 1 & ~((0xF000 << 64) | (0xC000 << 48))
+            assert value.int & kept == int.from_bytes(digest[:10], "big") & kept
+            ids[pk, slot] = str(value)
+    assert len(set(ids.values())) == len(ids)
+    for pk in (1, 42):
+        in_order = [ids[pk, slot] for slot in (T0, slots[-1])]  # a millisecond or more apart
+        assert in_order == sorted(in_order)  # as text, the order of the slots
+        minutes = [celery_task_id(pk, T0 + timedelta(minutes=i)) for i in range(200)]
+        assert minutes == sorted(minutes)
+    before_1970 = datetime(1969, 7, 20, 20, 17, tzinfo=UTC)
+    assert uuid.UUID(celery_task_id(1, before_1970)).int >> 80 == 0
 
 
 @pytest.mark.django_db
