@@ -9,6 +9,11 @@ few seconds), the beat collects once and freezes what survived (:func:`gc.freeze
 objects are no longer walked. A frozen object that later becomes garbage is still freed by
 its reference count; only a reference cycle among frozen objects would stay, and the caches
 frozen here make none.
+
+The youngest generation is collected less often in a beat too (:func:`widen_young_generation`):
+a claim round of 500 tasks makes tens of thousands of objects that live until the round ends,
+and with Python's default threshold of 700 the collector walked them again and again while they
+were still in use (about 5% of the beat's CPU in a burst).
 """
 
 from __future__ import annotations
@@ -20,6 +25,20 @@ from collections.abc import Callable
 CHECK_INTERVAL_SECONDS = 10.0
 #: Fewer objects than this in the oldest generation cost a full collection little: not frozen.
 MIN_OBJECTS = 50_000
+#: The youngest generation's threshold in a beat (net allocations between its collections).
+YOUNG_THRESHOLD = 20_000
+
+
+def widen_young_generation() -> bool:
+    """Collect the youngest generation every :data:`YOUNG_THRESHOLD` allocations rather than
+    Python's default 700 (the other thresholds stay); whether it changed anything. A threshold
+    of 0 (collection off) or one already as wide, set by the project, is left as it is.
+    Garbage without reference cycles is freed by its reference count whatever this is."""
+    young, *older = gc.get_threshold()
+    if not 0 < young < YOUNG_THRESHOLD:
+        return False
+    gc.set_threshold(YOUNG_THRESHOLD, *older)
+    return True
 
 
 class HeapKeeper:

@@ -41,7 +41,7 @@ from celery_driftsafe.clock import (
 )
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.db_connection import refresh_between_rounds
-from celery_driftsafe.heap import HeapKeeper
+from celery_driftsafe.heap import HeapKeeper, widen_young_generation
 from celery_driftsafe.prebuild import Prebuilder
 from celery_driftsafe.prefetch import Prefetcher
 from celery_driftsafe.publisher import Dispatcher
@@ -132,6 +132,7 @@ class DriftSafeScheduler(BeatNode, Scheduler):
         #: While a wave is worked through, the next batch is claimed ahead.
         self._prefetcher = Prefetcher(self.using)
         self._heap = HeapKeeper(time.monotonic)
+        widen_young_generation()
         #: While nothing is due, the messages of the tasks due soonest are built ahead.
         self._prebuilder = Prebuilder(
             self.dispatcher.fast,
