@@ -170,6 +170,11 @@ def _measure(args: Any) -> None:
     finally:
         broker.flushdb()
         broker.close()
+        if args.wal_by_relation:  # a failed wave must not leave the server keeping its WAL
+            from django.db import connection as open_connection
+
+            with open_connection.cursor() as cursor:
+                _drop_wal_slot(cursor)
 
 
 def _prebuild(dispatcher: Any, due: datetime) -> None:
@@ -214,7 +219,7 @@ def _wave(
         profiler = cProfile.Profile()
         profiler.enable()
     before = Run.objects.filter(status="dispatched", claimed_by="bench-node").count()
-    server = _ServerCost(connection)
+    server = _ServerCost(connection, keep_wal=args.wal_by_relation)
     started = time.perf_counter()
     cpu_started = time.process_time()
     rounds = 0
@@ -267,23 +272,48 @@ def _wave(
     )
     print(
         f"  PostgreSQL (this connection's backend): {1e6 * backend_cpu / max(published, 1):.1f} "
-        f"µs of CPU and {wal / max(published, 1):,.0f} bytes of WAL a slot"
+        f"µs of CPU and {wal / max(published, 1):,.0f} bytes of WAL a slot; "
+        f"{server.checkpoints()} checkpoints began during the wave"
     )
     if args.wal_by_relation:
         server.wal_by_relation(max(published, 1))
     return published, elapsed, cpu, rounds, stages, cpu_stages
 
 
+_WAL_SLOT = "driftsafe_burst_profile"
+
+
+def _drop_wal_slot(cursor: Any) -> None:
+    """Drop the replication slot that keeps a wave's WAL, if there is one."""
+    cursor.execute(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+        [_WAL_SLOT],
+    )
+
+
 class _ServerCost:
     """The CPU this connection's PostgreSQL backend used and the WAL written since it was made
     (the server runs on this machine: its process's times are read from /proc)."""
 
-    def __init__(self, connection: Any) -> None:
+    def __init__(self, connection: Any, *, keep_wal: bool = False) -> None:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_backend_pid(), pg_current_wal_lsn()")
-            self._pid, self._lsn = cursor.fetchone()
+            if keep_wal:  # the WAL from here on stays until wal_by_relation has read it
+                _drop_wal_slot(cursor)
+                cursor.execute("SELECT pg_create_physical_replication_slot(%s, true)", [_WAL_SLOT])
+            cursor.execute(
+                "SELECT pg_backend_pid(), pg_current_wal_lsn(), "
+                "(SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter)"
+            )
+            self._pid, self._lsn, self._checkpoints = cursor.fetchone()
         self._connection = connection
         self._cpu = proc_stats(self._pid)[1]
+
+    def checkpoints(self) -> int:
+        """Checkpoints the server began since this was made."""
+        with self._connection.cursor() as cursor:
+            cursor.execute("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter")
+            (now,) = cursor.fetchone()
+        return int(now - self._checkpoints)
 
     def spent(self) -> tuple[float, int]:
         with self._connection.cursor() as cursor:
@@ -295,24 +325,30 @@ class _ServerCost:
         """Print the WAL written since this was made by relation (each record counted for the
         first block it touches): bytes a slot, and how much of it full-page images are."""
         with self._connection.cursor() as cursor:
-            cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-            cursor.execute(
-                """SELECT coalesce(c.relname, w.node), count(*), sum(w.record_length),
-                          sum(w.fpi_length), count(*) FILTER (WHERE w.fpi_length > 0)
-                   FROM (SELECT record_length, fpi_length,
-                                substring(block_ref from 'rel [0-9]+/[0-9]+/([0-9]+)') AS node
-                         FROM pg_get_wal_records_info(%s::pg_lsn, pg_current_wal_flush_lsn())) w
-                   LEFT JOIN pg_class c ON c.relfilenode::text = w.node
-                   GROUP BY 1 ORDER BY 3 DESC LIMIT 15""",
-                [self._lsn],
-            )
-            rows = cursor.fetchall()
+            try:
+                cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+                rows = self._by_relation(cursor)
+            finally:
+                _drop_wal_slot(cursor)
         print(f"  WAL by relation, a slot: {'records':>8}{'bytes':>9}{'FPI bytes':>11}{'FPIs':>7}")
         for name, records, length, fpi, fpis in rows:
             print(
                 f"    {str(name)[:36]:<36}{records / slots:8.2f}{length / slots:9.0f}"
                 f"{fpi / slots:11.0f}{fpis / slots:7.3f}"
             )
+
+    def _by_relation(self, cursor: Any) -> list[tuple[Any, ...]]:
+        cursor.execute(
+            """SELECT coalesce(c.relname, w.node), count(*), sum(w.record_length),
+                          sum(w.fpi_length), count(*) FILTER (WHERE w.fpi_length > 0)
+                   FROM (SELECT record_length, fpi_length,
+                                substring(block_ref from 'rel [0-9]+/[0-9]+/([0-9]+)') AS node
+                         FROM pg_get_wal_records_info(%s::pg_lsn, pg_current_wal_flush_lsn())) w
+                   LEFT JOIN pg_class c ON c.relfilenode::text = w.node
+                   GROUP BY 1 ORDER BY 3 DESC LIMIT 15""",
+            [self._lsn],
+        )
+        return list(cursor.fetchall())
 
 
 def _fill_ledger(connection: Any, runs: int, before: datetime) -> None:
