@@ -281,6 +281,7 @@ def _wave(
 
 
 _WAL_SLOT = "driftsafe_burst_profile"
+_CHECKPOINTS = "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
 
 
 def _drop_wal_slot(cursor: Any) -> None:
@@ -300,10 +301,7 @@ class _ServerCost:
             if keep_wal:  # the WAL from here on stays until wal_by_relation has read it
                 _drop_wal_slot(cursor)
                 cursor.execute("SELECT pg_create_physical_replication_slot(%s, true)", [_WAL_SLOT])
-            cursor.execute(
-                "SELECT pg_backend_pid(), pg_current_wal_lsn(), "
-                "(SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter)"
-            )
+            cursor.execute(f"SELECT pg_backend_pid(), pg_current_wal_lsn(), ({_CHECKPOINTS})")
             self._pid, self._lsn, self._checkpoints = cursor.fetchone()
         self._connection = connection
         self._cpu = proc_stats(self._pid)[1]
@@ -311,7 +309,7 @@ class _ServerCost:
     def checkpoints(self) -> int:
         """Checkpoints the server began since this was made."""
         with self._connection.cursor() as cursor:
-            cursor.execute("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter")
+            cursor.execute(_CHECKPOINTS)
             (now,) = cursor.fetchone()
         return int(now - self._checkpoints)
 
