@@ -26,6 +26,7 @@ from celery_driftsafe.claim_sql import advance_tasks
 from celery_driftsafe.claim_steps import ClaimSteps
 from celery_driftsafe.compiled_sql import select_rows
 from celery_driftsafe.conf import DriftSafeSettings
+from celery_driftsafe.db_connection import order_from_indexes
 from celery_driftsafe.dispatch import ClaimedRun
 from celery_driftsafe.models import PeriodicTask
 
@@ -77,6 +78,7 @@ class SkipLockedClaimer(ClaimSteps):
     def claim(self, now: datetime, node_id: str, busy_since: datetime | None = None) -> ClaimResult:
         result = ClaimResult()
         with transaction.atomic(using=self.using):
+            order_from_indexes(self.using)
             tasks = self._load(now, result, lock=True)
             result.tasks_seen = len(tasks)
             if not tasks:

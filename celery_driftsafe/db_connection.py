@@ -33,3 +33,23 @@ def refresh_between_rounds(alias: str) -> None:
         return
     connection.errors_occurred = False
     connection.health_check_done = True  # type: ignore[attr-defined]  # (Django 4.1+)
+
+
+def order_from_indexes(alias: str) -> None:
+    """For the rest of the current transaction on database ``alias``: on PostgreSQL, take the
+    rows of an ``ORDER BY … LIMIT`` from an index in that order rather than sorting them.
+
+    The claim and building ahead read the first due tasks by ``(due_at, id)``, which the
+    ``(enabled, due_at, id)`` index gives in order. On a task table PostgreSQL has no
+    statistics for (autovacuum off, a restored dump, tasks created a moment ago) it planned
+    instead to read every due task and sort them: with 100,000 tasks due at one instant a
+    20 MB sort on disk, about 90 ms of the server's time a round, where the index takes 1 ms.
+    ``SET LOCAL enable_sort = off`` makes a sort the planner's last resort, so these reads do
+    not depend on the table's statistics; a statement that can only be answered by sorting
+    still sorts. Nothing on other databases, or outside a transaction (where ``SET LOCAL``
+    would not last to the next statement)."""
+    connection = connections[alias]
+    if connection.vendor != "postgresql" or not connection.in_atomic_block:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_sort = off")

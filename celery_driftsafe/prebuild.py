@@ -24,8 +24,9 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections
+from django.db import connections, transaction
 
+from celery_driftsafe.db_connection import order_from_indexes
 from celery_driftsafe.dispatch import message_parts, run_message
 from celery_driftsafe.models import PeriodicTask
 from celery_driftsafe.pg_loaders import load_models
@@ -105,7 +106,9 @@ class Prebuilder:
                 params=[connection.ops.adapt_datetimefield_value(due_at), pk],
             )
         connection.ensure_connection()  # for psycopg's C loader (pg_loaders)
-        return load_models(tasks.order_by("due_at", "id")[:CHUNK])
+        with transaction.atomic(using=self.using):
+            order_from_indexes(self.using)
+            return load_models(tasks.order_by("due_at", "id")[:CHUNK])
 
     def _build(self, task: PeriodicTask) -> int:
         try:

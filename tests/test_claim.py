@@ -346,3 +346,54 @@ def test_next_due_is_the_earliest_due_instant_of_an_enabled_task() -> None:
     interval_task("later", 60, anchor=T0, next_slot_at=T0 + 30 * S)
     interval_task("sooner", 60, anchor=T0, next_slot_at=T0 + 20 * S)
     assert next_due() == T0 + 20 * S
+
+
+@pytest.mark.django_db(transaction=True)
+def test_due_tasks_come_from_the_index_on_a_task_table_without_statistics() -> None:
+    """With no planner statistics for the task table (autovacuum off, a restored dump, tasks
+    created a moment ago), PostgreSQL planned a round's ``ORDER BY due_at, id LIMIT n FOR
+    UPDATE SKIP LOCKED`` as a read of every due task and a sort; the claim, and building
+    ahead, take them from the ``(enabled, due_at, id)`` index in order."""
+    if connection.vendor != "postgresql":
+        pytest.skip("a PostgreSQL planner setting")
+    from django.db import transaction
+
+    from celery_driftsafe.prebuild import CHUNK, Prebuilder
+
+    PeriodicTask.objects.bulk_create(
+        PeriodicTask(
+            name=f"t{i}",
+            task="tests.noop",
+            schedule_kind="interval",
+            interval_every=60,
+            interval_anchor=T0,
+            next_slot_at=T0,
+        )
+        for i in range(5000)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "DELETE FROM pg_statistic WHERE starelid = 'celery_driftsafe_periodictask'::regclass"
+        )
+    plans: list[str] = []
+
+    def explain(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if sql.startswith("SELECT") and "ORDER BY" in sql and "LIMIT" in sql:
+            with connection.cursor() as cursor:
+                cursor.execute("EXPLAIN " + sql, params)
+                plans.append("\n".join(row[0] for row in cursor.fetchall()))
+        return execute(sql, params, many, context)
+
+    claimer = SkipLockedClaimer(batch_size=100)
+    with connection.execute_wrapper(explain), transaction.atomic():
+        list(claimer._due(T0, lock=True))
+    assert "Sort" in plans[-1], f"the table has statistics, so this test shows nothing:\n{plans}"
+    plans.clear()
+    with connection.execute_wrapper(explain):
+        result = claimer.claim(T0, "n")
+        fast = type("Fast", (), {"active": lambda self: True, "prebuild": lambda *a: True})()
+        built = Prebuilder(fast, lambda task, slot: None).run(T0, budget=0.0)  # type: ignore[arg-type]
+    assert len(result.runs) == 100 and built == CHUNK
+    assert len(plans) == 2
+    for plan in plans:
+        assert "Sort" not in plan and "driftsafe_task_due_at_id" in plan, plan
