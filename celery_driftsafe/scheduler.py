@@ -261,15 +261,15 @@ class DriftSafeScheduler(BeatNode, Scheduler):
             result = self.claimer.claim(reading.at, self.node_id, busy_since=busy_since)
         full = result.tasks_seen >= getattr(self.claimer, "batch_size", 0)
         if full and self._prefetcher.available and not self._shutdown.is_set():
-            # More is due: claim the next batches while this one is published.
+            # More is due: claim the next batch while this one is published.
             self._prefetcher.claim_ahead(
                 partial(self.claimer.claim, reading.at, self.node_id, busy_since=busy_since)
             )
         self.dispatcher.dispatch(result.runs)
         self._log_round(result, reading.at)
         self._last_round_end = metrics.round_done(result, reading.at, mono, self.clock.monotonic())
-        if full or self._prefetcher.pending:
-            return 0.0  # a full batch, or batches claimed ahead: more may be due right now
+        if full:
+            return 0.0  # a full batch: more may be due right now
         self.pruner.maybe_start(reading.at)  # low priority: in its own thread, when due
         wait = self._wait_after(reading, claimed=bool(result.tasks_seen))
         if wait >= PREBUILD_MIN_WAIT:
