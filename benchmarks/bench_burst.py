@@ -88,8 +88,8 @@ def _measure(args: Any) -> None:
     try:
         from celery_driftsafe.claim import claimer_for
         from celery_driftsafe.clock import SystemClock
-        from celery_driftsafe.models import PeriodicTask
         from celery_driftsafe.publisher import Dispatcher
+        from tests.factories import many_interval_tasks
 
         app = Celery("burst", broker=broker_url, set_as_current=False)
         app.conf.task_default_queue = "burst"
@@ -99,20 +99,8 @@ def _measure(args: Any) -> None:
             return None
 
         due = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
-        PeriodicTask.objects.bulk_create(
-            (
-                PeriodicTask(
-                    name=f"burst-{i}",
-                    task="burst.tick",
-                    schedule_kind="interval",
-                    interval_every=60,
-                    interval_anchor=due,
-                    next_slot_at=due,
-                    kwargs={"n": i},
-                )
-                for i in range(args.tasks)
-            ),
-            batch_size=5000,
+        many_interval_tasks(
+            args.tasks, due, name="burst-{i}", task="burst.tick", numbered_kwargs=True
         )
         from django.db import connection
 

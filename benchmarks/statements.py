@@ -25,20 +25,10 @@ def main() -> None:
         from django.test.utils import CaptureQueriesContext
 
         from celery_driftsafe.claim import claimer_for
-        from celery_driftsafe.models import PeriodicTask
+        from tests.factories import many_interval_tasks
 
         start = datetime.now(UTC).replace(microsecond=0)
-        PeriodicTask.objects.bulk_create(
-            PeriodicTask(
-                name=f"q{i}",
-                task="bench.tick",
-                schedule_kind="interval",
-                interval_every=60,
-                interval_anchor=start,
-                next_slot_at=start,
-            )
-            for i in range(args.tasks)
-        )
+        many_interval_tasks(args.tasks, start, name="q{i}", task="bench.tick")
         with CaptureQueriesContext(connection) as captured:
             result = claimer_for().claim(start, "bench")
         print(

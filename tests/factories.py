@@ -37,6 +37,34 @@ def interval_task(name: str, every: int, anchor: datetime, **fields: Any) -> Per
     )
 
 
+def many_interval_tasks(
+    count: int,
+    due: datetime,
+    *,
+    name: str = "t{i}",
+    task: str = "tests.noop",
+    numbered_kwargs: bool = False,
+) -> None:
+    """``count`` tasks every 60 s, all first due at ``due``, in bulk (no validation: what a
+    burst or a benchmark needs). ``name`` is formatted with each task's number ``i``;
+    ``numbered_kwargs`` gives each the arguments ``{"n": i}``."""
+    PeriodicTask.objects.bulk_create(
+        (
+            PeriodicTask(
+                name=name.format(i=i),
+                task=task,
+                schedule_kind=ScheduleKind.INTERVAL,
+                interval_every=60,
+                interval_anchor=due,
+                next_slot_at=due,
+                kwargs={"n": i} if numbered_kwargs else {},
+            )
+            for i in range(count)
+        ),
+        batch_size=5000,
+    )
+
+
 def crontab_task(name: str, expression: str, timezone: str = "UTC", **fields: Any) -> PeriodicTask:
     minute, hour, dom, month, dow = expression.split()
     return _saved(

@@ -20,7 +20,7 @@ from celery_driftsafe.dispatch import celery_task_id, reclaim_stale
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
 from celery_driftsafe.slots import Solar
 from tests.conftest import T0
-from tests.factories import crontab_task, interval_task, solar_task
+from tests.factories import crontab_task, interval_task, many_interval_tasks, solar_task
 
 S = timedelta(seconds=1)
 
@@ -360,17 +360,7 @@ def test_due_tasks_come_from_the_index_on_a_task_table_without_statistics() -> N
 
     from celery_driftsafe.prebuild import CHUNK, Prebuilder
 
-    PeriodicTask.objects.bulk_create(
-        PeriodicTask(
-            name=f"t{i}",
-            task="tests.noop",
-            schedule_kind="interval",
-            interval_every=60,
-            interval_anchor=T0,
-            next_slot_at=T0,
-        )
-        for i in range(5000)
-    )
+    many_interval_tasks(5000, T0)
     with connection.cursor() as cursor:
         cursor.execute(
             "DELETE FROM pg_statistic WHERE starelid = 'celery_driftsafe_periodictask'::regclass"
