@@ -46,6 +46,10 @@ REGISTRY: dict[str, tuple[str, str]] = {
         "benchmarks.bench_burst:main",
         "in-process burst: where a slot's time goes per stage, --profile, --ledger N, --explain",
     ),
+    "reconcile": (
+        "benchmarks.bench_reconcile:main",
+        "plain tasks' runs settled by reconciliation (expired, from the result backend)",
+    ),
     "statements": ("benchmarks.statements:main", "statements one claim round issues"),
     "task": ("benchmarks.bench_task:main", "DriftSafeTask overhead over a plain task"),
     "slots": ("benchmarks.bench_slots:main", "slot arithmetic: microseconds per call"),

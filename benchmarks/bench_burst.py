@@ -67,6 +67,13 @@ def main() -> None:
         "(or a restored dump, or tasks created a moment ago) has them",
     )
     parser.add_argument(
+        "--behind",
+        type=float,
+        default=0,
+        help="hours the tasks' first slot lies before the wave (no beat ran meanwhile): the "
+        "first wave is then an outage's catch-up, one run and one span of missed slots a task",
+    )
+    parser.add_argument(
         "--broker-db",
         type=int,
         default=15,
@@ -100,7 +107,13 @@ def _measure(args: Any) -> None:
 
         due = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
         many_interval_tasks(
-            args.tasks, due, name="burst-{i}", task="burst.tick", numbered_kwargs=True
+            args.tasks,
+            # Half a period off the wave: each task has one slot within the grace, as when the
+            # slots are spread over the minute (the one before it is missed).
+            due - timedelta(hours=args.behind, seconds=30 if args.behind else 0),
+            name="burst-{i}",
+            task="burst.tick",
+            numbered_kwargs=True,
         )
         from django.db import connection
 

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db.models import Q
+from celery.backends.base import BaseKeyValueStoreBackend
+from django.db.models import CharField, Q, Value
+from django.db.models.functions import Cast, Concat
 
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.exceptions import LockError
@@ -44,11 +47,25 @@ _BACKEND_STATES = {
 }
 
 
+#: Runs one statement settles (and one request to the result backend reads) at a time.
+RECONCILE_BATCH = 500
+#: A pass takes batch after batch until nothing is left or this long has gone; the next pass
+#: goes on where it stopped. Runs come at most at the rate beats claim them, and a batch of 500
+#: takes tens of milliseconds, so a pass keeps up with any stream a cluster can claim.
+RECONCILE_BUDGET_SECONDS = 20.0
+
+_WAITING = (RunStatus.CLAIMED, RunStatus.DISPATCHED)
+
+
 @dataclass
 class Reconciled:
     expired: list[int] = field(default_factory=list)
     lost: list[int] = field(default_factory=list)
     from_results: list[int] = field(default_factory=list)
+    #: Where the look-up in the result backend stopped, ``(claimed_at, id)`` of the last run
+    #: read (None: it read them all); the next pass starts after it, so that runs the backend
+    #: knows nothing of do not hide the runs behind them.
+    backend_after: tuple[datetime, int] | None = None
 
 
 def stuck(now: datetime, settings: DriftSafeSettings | None = None) -> Q:
@@ -68,32 +85,35 @@ def reconcile(
     lease: timedelta,
     app: Any | None = None,
     using: str = "default",
-    limit: int = 200,
+    batch: int = RECONCILE_BATCH,
+    budget: float = RECONCILE_BUDGET_SECONDS,
+    backend_after: tuple[datetime, int] | None = None,
     settings: DriftSafeSettings | None = None,
 ) -> Reconciled:
-    """One bounded pass (see the module docstring); ``now`` is the authority's."""
+    """One pass (see the module docstring); ``now`` is the authority's. Each kind of run is
+    taken ``batch`` at a time, one statement a batch, until none is left or ``budget``
+    seconds have gone (at least one batch of each); the look-up in the result backend starts
+    after ``backend_after`` (a former pass's :attr:`Reconciled.backend_after`)."""
     settings = settings or get_settings()
+    deadline = time.monotonic() + budget
     done = Reconciled()
     runs = Run.objects.using(using)
-    expired = list(
-        runs.filter(
-            status__in=(RunStatus.CLAIMED, RunStatus.DISPATCHED), expires_at__lt=now - lease
-        ).values_list("pk", "expires_at")[:limit]
-    )
-    for pk, expires_at in expired:
-        if runs.filter(pk=pk, status__in=(RunStatus.CLAIMED, RunStatus.DISPATCHED)).update(
-            status=RunStatus.EXPIRED,
-            finished_at=now,
-            error=f"expired: not started before its expiry at {expires_at}",
-        ):
-            done.expired.append(pk)
+    _expire(runs, now, lease, batch, deadline, done)
     bound = now - timedelta(seconds=settings.stuck_run_seconds)
-    started = runs.filter(status=RunStatus.STARTED, started_at__lt=bound)
-    for pk, started_at, token in started.values_list("pk", "started_at", "fencing_token")[:limit]:
-        if _worker_lost(pk, started_at, token, now, using, settings):
-            done.lost.append(pk)
+    after: tuple[datetime, int] | None = None
+    while True:
+        started = runs.filter(status=RunStatus.STARTED, started_at__lt=bound)
+        page = _page(started, "started_at", after, batch, "fencing_token")
+        for pk, started_at, token in page:
+            if _worker_lost(pk, started_at, token, now, using, settings):
+                done.lost.append(pk)
+        if len(page) < batch or time.monotonic() >= deadline:
+            break
+        after = (page[-1][1], page[-1][0])
     if app is not None:
-        _from_result_backend(app, runs, bound, now, limit, done)
+        done.backend_after = _from_result_backend(
+            app, runs, bound, now, batch, deadline, backend_after, done
+        )
     if done.expired or done.lost or done.from_results:
         logger.warning(
             "reconciled runs without an outcome: %d expired, %d worker lost, %d from the "
@@ -104,6 +124,51 @@ def reconcile(
             extra={"action": "reconcile"},
         )
     return done
+
+
+def _expire(
+    runs: Any, now: datetime, lease: timedelta, batch: int, deadline: float, done: Reconciled
+) -> None:
+    """Record ``expired`` the waiting runs a lease past their expiry, a batch a statement
+    (each change conditional on the run still waiting: a worker may take one meanwhile).
+    Each status is read in claim order from the outbox index, once a pass."""
+    error = Concat(
+        Value("expired: not started before its expiry at "),
+        Cast("expires_at", CharField()),
+        output_field=CharField(),
+    )
+    for status in _WAITING:
+        after: tuple[datetime, int] | None = None
+        while True:
+            page = _page(
+                runs.filter(status=status, expires_at__lt=now - lease), "claimed_at", after, batch
+            )
+            if not page:
+                break
+            found = [pk for pk, _ in page]
+            if runs.filter(pk__in=found, status=status).update(
+                status=RunStatus.EXPIRED, finished_at=now, error=error
+            ):
+                done.expired += runs.filter(
+                    pk__in=found, status=RunStatus.EXPIRED, finished_at=now
+                ).values_list("pk", flat=True)
+            if len(page) < batch or time.monotonic() >= deadline:
+                return
+            after = (page[-1][1], page[-1][0])
+
+
+def _page(
+    runs: Any, order: str, after: tuple[datetime, int] | None, batch: int, *more: str
+) -> list[tuple[Any, ...]]:
+    """The next ``batch`` of ``runs`` in ``(order, id)`` order after ``after``: rows of
+    ``(id, order's value, *more)``. The bound ``order >= after`` lets the database start its
+    index scan there (the exact condition alone is an OR it cannot use)."""
+    if after is not None:
+        runs = runs.filter(
+            Q(**{f"{order}__gte": after[0]}),
+            Q(**{f"{order}__gt": after[0]}) | Q(**{order: after[0], "pk__gt": after[1]}),
+        )
+    return list(runs.order_by(order, "pk").values_list("pk", order, *more)[:batch])
 
 
 def _worker_lost(
@@ -143,22 +208,70 @@ def _worker_lost(
 
 
 def _from_result_backend(
-    app: Any, runs: Any, bound: datetime, now: datetime, limit: int, done: Reconciled
-) -> None:
-    for pk, task_id in (
-        runs.filter(status=RunStatus.DISPATCHED, claimed_at__lt=bound)
-        .exclude(celery_task_id="")
-        .values_list("pk", "celery_task_id")[:limit]
-    ):
+    app: Any,
+    runs: Any,
+    bound: datetime,
+    now: datetime,
+    batch: int,
+    deadline: float,
+    after: tuple[datetime, int] | None,
+    done: Reconciled,
+) -> tuple[datetime, int] | None:
+    """Runs ``dispatched`` before ``bound`` take the result backend's state, a batch a
+    request where the backend can (:func:`backend_states`); returns where the look-up stopped
+    (None: at the end)."""
+    while True:
+        waiting = runs.filter(status=RunStatus.DISPATCHED, claimed_at__lt=bound).exclude(
+            celery_task_id=""
+        )
+        page = _page(waiting, "claimed_at", after, batch, "celery_task_id")
+        if not page:
+            return None
         try:
-            state = app.AsyncResult(task_id).state
-        except Exception:  # no result backend, or it is away: nothing to learn here
-            return
-        status = _BACKEND_STATES.get(state)
-        if status is not None and runs.filter(pk=pk, status=RunStatus.DISPATCHED).update(
-            status=status, finished_at=now, error=f"outcome taken from the result backend: {state}"
-        ):
-            done.from_results.append(pk)
+            found = backend_states(app, [task_id for _, _, task_id in page])
+        except Exception as exc:  # no result backend, or it is away: nothing to learn here
+            logger.debug("no outcomes from the result backend: %r", exc)
+            return after
+        by_state: dict[str, list[int]] = {}
+        for pk, _, task_id in page:
+            state = found.get(task_id)
+            if state in _BACKEND_STATES:
+                by_state.setdefault(state, []).append(pk)
+        for state, pks in by_state.items():
+            status = _BACKEND_STATES[state]
+            if runs.filter(pk__in=pks, status=RunStatus.DISPATCHED).update(
+                status=status,
+                finished_at=now,
+                error=f"outcome taken from the result backend: {state}",
+            ):
+                done.from_results += runs.filter(
+                    pk__in=pks, status=status, finished_at=now
+                ).values_list("pk", flat=True)
+        after = (page[-1][1], page[-1][0])
+        if len(page) < batch:
+            return None
+        if time.monotonic() >= deadline:
+            return after
+
+
+def backend_states(app: Any, task_ids: list[str]) -> dict[str, str]:
+    """The result backend's state of each of ``task_ids`` it holds a record of, in one request
+    for a key-value backend (Redis and the like: ``MGET``) or django-celery-results' table,
+    one look-up a task elsewhere. Raises when the app has no result backend."""
+    backend = app.backend
+    model = getattr(backend, "TaskModel", None)
+    if model is not None and hasattr(model, "_default_manager"):  # django-celery-results
+        return dict(
+            model._default_manager.filter(task_id__in=task_ids).values_list("task_id", "status")
+        )
+    if isinstance(backend, BaseKeyValueStoreBackend):
+        values = backend.mget([backend.get_key_for_task(task_id) for task_id in task_ids])
+        return {
+            task_id: backend.decode_result(value)["status"]
+            for task_id, value in zip(task_ids, values, strict=True)
+            if value
+        }
+    return {task_id: app.AsyncResult(task_id).state for task_id in task_ids}
 
 
 def recover(
@@ -182,8 +295,8 @@ def recover(
 
 
 #: Runs that will never hear from a worker are looked for at most this often: they are an hour
-#: (STUCK_RUN_SECONDS) or a day (RUN_EXPIRES_SECONDS) old, and the look-up reads every run
-#: still waiting for its outcome (~200 ms in a steady 100,000-task stream).
+#: (STUCK_RUN_SECONDS) or a day (RUN_EXPIRES_SECONDS) old, and looking for expired runs reads
+#: the runs still waiting for their outcome (~200 ms in a steady 100,000-task stream).
 RECONCILE_INTERVAL_SECONDS = 60.0
 
 
@@ -193,12 +306,22 @@ class BackgroundReconciler:
     look-up never holds up a round; the first with the beat's first round. Beats reconciling at
     once never fight (every change is conditional on the status it read)."""
 
-    def __init__(self, *, app: Any, using: str = "default", monotonic: Any) -> None:
+    def __init__(
+        self,
+        *,
+        app: Any,
+        using: str = "default",
+        monotonic: Any,
+        budget: float = RECONCILE_BUDGET_SECONDS,
+    ) -> None:
         self.app = app
         self.using = using
         self.monotonic = monotonic
+        self.budget = budget
         self.next_at = 0.0
         self.last: Reconciled | None = None
+        #: Where the last pass's look-up in the result backend stopped.
+        self._backend_after: tuple[datetime, int] | None = None
         self._thread: threading.Thread | None = None
 
     def maybe_start(self, now: datetime) -> bool:
@@ -226,8 +349,11 @@ class BackgroundReconciler:
                 lease=timedelta(seconds=settings.lease_seconds),
                 app=self.app,
                 using=self.using,
+                budget=self.budget,
+                backend_after=self._backend_after,
                 settings=settings,
             )
+            self._backend_after = self.last.backend_after
         except Exception as exc:  # an outage, say: the next pass tries again
             logger.warning(
                 "reconciling runs failed; trying again in %g s: %s",
