@@ -35,7 +35,6 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -47,8 +46,14 @@ from kombu.compression import compress
 
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.redis_writer import RedisWriter
-from celery_driftsafe.reprs import argument_reprs
-from celery_driftsafe.skeleton import Skeleton, build_skeleton
+from celery_driftsafe.reprs import argument_reprs, repr_limits
+from celery_driftsafe.skeleton import (
+    MessageTemplate,
+    Skeleton,
+    build_skeleton,
+    shared_value,
+    short_form,
+)
 
 if TYPE_CHECKING:
     from celery_driftsafe.dispatch import ClaimedRun
@@ -60,43 +65,6 @@ FAST_OPTIONS = frozenset({"queue", "exchange", "routing_key", "priority", "heade
 #: Tasks whose message parts a publisher keeps (about 0.5 kB each, with the arguments they
 #: compare against); a beat with more tasks builds the others' parts each time.
 TEMPLATE_CACHE_SIZE = 200_000
-
-
-@dataclass(frozen=True, slots=True)
-class MessageTemplate:
-    """One task's message parts (the rest is its :class:`Skeleton`'s), and what they were
-    built from: kept per task, so small (a few hundred bytes)."""
-
-    name: str
-    args: list[Any]
-    kwargs: dict[str, Any]
-    options: dict[str, Any]
-    has_expiry: bool
-    #: None: this task's messages cannot take the fast path.
-    skeleton: Skeleton | None
-    body: bytes = b""
-    content_type: str = ""
-    content_encoding: str = ""
-    #: kombu's ``compression`` header value when the body is compressed, else None.
-    compression: str | None = None
-    argsrepr: str = ""
-    kwargsrepr: str = ""
-
-    def matches(
-        self,
-        name: str,
-        args: list[Any],
-        kwargs: dict[str, Any],
-        options: dict[str, Any],
-        has_expiry: bool,
-    ) -> bool:
-        return (
-            self.name == name
-            and self.args == args
-            and self.kwargs == kwargs
-            and self.options == options
-            and self.has_expiry == has_expiry
-        )
 
 
 class FastPublisher:
@@ -113,12 +81,17 @@ class FastPublisher:
         self.direct = 0
         self._skeletons: dict[tuple[Any, ...], Skeleton | None] = {}
         self._origin = anon_nodename()
+        #: What the app's configuration says, read once a batch (:meth:`active`): the display
+        #: forms' bounds, and whether every router is a plain map (skeletons are shared).
+        self._limits: tuple[int, int, int] | None = None
+        self._map_routes: bool | None = None
 
     def active(self) -> bool:
         """Whether this batch may take the fast path: ``FAST_PUBLISH`` is on and nothing
         about the app or process rules it out (see :meth:`declines`)."""
         if not get_settings().fast_publish:
             return False
+        self._limits = self._map_routes = None
         reason = self.declines()
         if reason is not None:
             logger.debug(
@@ -149,7 +122,7 @@ class FastPublisher:
             task_id=run.celery_task_id,
             headers=headers,
             expires=run.expires_at,
-            reprs=lambda: argument_reprs(self.app, run.args, run.kwargs),
+            reprs=lambda: argument_reprs(self.app, run.args, run.kwargs, self.limits()),
             writer=writer,
         )
         self.published += done
@@ -174,9 +147,16 @@ class FastPublisher:
             kwargs,
             options,
             expires,
-            lambda: argument_reprs(self.app, args, kwargs),
+            lambda: argument_reprs(self.app, args, kwargs, self.limits()),
         )
         return template is not cached
+
+    def limits(self) -> tuple[int, int, int]:
+        """The app's display form bounds (:func:`~celery_driftsafe.reprs.repr_limits`), read
+        once a batch."""
+        if self._limits is None:
+            self._limits = repr_limits(self.app)
+        return self._limits
 
     def declines(self) -> str | None:
         """Why no message can take the fast path now (None: the fast path may be used).
@@ -332,17 +312,17 @@ class FastPublisher:
             payload = payload.encode(content_encoding or "utf-8")
         return MessageTemplate(
             sys.intern(name),
-            _shared(args),
-            _shared(kwargs),
-            _shared(options),
+            shared_value(args),
+            shared_value(kwargs),
+            shared_value(options),
             expires is not None,
             skeleton,
             payload,
             content_type,
             content_encoding,
             compressed,
-            _short(argsrepr),
-            _short(kwargsrepr),
+            short_form(argsrepr),
+            short_form(kwargsrepr),
         )
 
     def _skeleton(
@@ -359,9 +339,10 @@ class FastPublisher:
         if not FAST_OPTIONS.issuperset(options):
             return None
         opts: dict[str, Any] = {k: v for k, v in options.items() if k != "headers"}
-        router = self.app.amqp.router
-        shared = all(isinstance(route, MapRoute) for route in router.routes)
-        key = (name, frozenset(opts.items()), expires is not None) if shared else None
+        if self._map_routes is None:
+            routes = self.app.amqp.router.routes
+            self._map_routes = all(isinstance(route, MapRoute) for route in routes)
+        key = (name, frozenset(opts.items()), expires is not None) if self._map_routes else None
         if key is not None and key in self._skeletons:
             return self._skeletons[key]
         skeleton = build_skeleton(self.app, self._origin, name, args, kwargs, opts, expires)
@@ -370,27 +351,3 @@ class FastPublisher:
                 self._skeletons.clear()
             self._skeletons[key] = skeleton
         return skeleton
-
-
-#: Stand-ins for empty arguments and options: a template compares against them, never
-#: changes them, and a hundred thousand tasks then share one.
-_EMPTY_LIST: list[Any] = []
-_EMPTY_DICT: dict[str, Any] = {}
-
-
-def _shared(value: Any) -> Any:
-    """``value``, or the one shared empty list or dict it equals (memory per task)."""
-    if not value:
-        if type(value) is list:
-            return _EMPTY_LIST
-        if type(value) is dict:
-            return _EMPTY_DICT
-    return value
-
-
-def _short(text: str) -> str:
-    """The display forms of no arguments (``[]``, ``{}``): one shared string each."""
-    return _EMPTY_FORMS.get(text, text)
-
-
-_EMPTY_FORMS = {"[]": "[]", "{}": "{}", "()": "()"}

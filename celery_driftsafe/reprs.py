@@ -8,14 +8,21 @@ from typing import Any
 from celery.utils.saferepr import saferepr
 
 
-def argument_reprs(app: Any, args: Any, kwargs: Any) -> tuple[str, str]:
-    """``argsrepr`` and ``kwargsrepr`` of a message of ``app`` with these arguments."""
-    levels = app.conf.get("task_repr_maxlevels", 3)
+def repr_limits(app: Any) -> tuple[int, int, int]:
+    """``app``'s bounds of the display forms: ``argsrepr``'s and ``kwargsrepr``'s size, and
+    the depth (reading the configuration costs more than a plain display form: a caller that
+    builds many asks once)."""
     amqp = app.amqp
-    return (
-        display_form(args, amqp.argsrepr_maxsize, levels),
-        display_form(kwargs, amqp.kwargsrepr_maxsize, levels),
-    )
+    return amqp.argsrepr_maxsize, amqp.kwargsrepr_maxsize, app.conf.get("task_repr_maxlevels", 3)
+
+
+def argument_reprs(
+    app: Any, args: Any, kwargs: Any, limits: tuple[int, int, int] | None = None
+) -> tuple[str, str]:
+    """``argsrepr`` and ``kwargsrepr`` of a message of ``app`` with these arguments
+    (``limits``: :func:`repr_limits` of ``app``, when the caller has them)."""
+    args_size, kwargs_size, levels = limits or repr_limits(app)
+    return display_form(args, args_size, levels), display_form(kwargs, kwargs_size, levels)
 
 
 def display_form(value: Any, maxsize: int, maxlevels: int) -> str:

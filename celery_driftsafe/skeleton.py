@@ -224,3 +224,64 @@ def _declare_idents(declare: list[Any] | None) -> tuple[int, ...] | None:
     if not declare or not all(getattr(e, "can_cache_declaration", False) for e in declare):
         return None
     return tuple(hash(entity) for entity in declare)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageTemplate:
+    """One task's message parts (the rest is its :class:`Skeleton`'s), and what they were
+    built from: kept per task, so small (a few hundred bytes)."""
+
+    name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    options: dict[str, Any]
+    has_expiry: bool
+    #: None: this task's messages cannot take the fast path.
+    skeleton: Skeleton | None
+    body: bytes = b""
+    content_type: str = ""
+    content_encoding: str = ""
+    #: kombu's ``compression`` header value when the body is compressed, else None.
+    compression: str | None = None
+    argsrepr: str = ""
+    kwargsrepr: str = ""
+
+    def matches(
+        self,
+        name: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        options: dict[str, Any],
+        has_expiry: bool,
+    ) -> bool:
+        return (
+            self.name == name
+            and self.args == args
+            and self.kwargs == kwargs
+            and self.options == options
+            and self.has_expiry == has_expiry
+        )
+
+
+#: Stand-ins for empty arguments and options: a template compares against them, never
+#: changes them, and a hundred thousand tasks then share one.
+_EMPTY_LIST: list[Any] = []
+_EMPTY_DICT: dict[str, Any] = {}
+
+
+def shared_value(value: Any) -> Any:
+    """``value``, or the one shared empty list or dict it equals (memory per task)."""
+    if not value:
+        if type(value) is list:
+            return _EMPTY_LIST
+        if type(value) is dict:
+            return _EMPTY_DICT
+    return value
+
+
+def short_form(text: str) -> str:
+    """The display forms of no arguments (``[]``, ``{}``): one shared string each."""
+    return _EMPTY_FORMS.get(text, text)
+
+
+_EMPTY_FORMS = {"[]": "[]", "{}": "{}", "()": "()"}
