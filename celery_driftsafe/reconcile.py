@@ -138,23 +138,32 @@ def _expire(
         output_field=CharField(),
     )
     for status in _WAITING:
+        waiting = runs.filter(status=status, expires_at__lt=now - lease)
         after: tuple[datetime, int] | None = None
         while True:
-            page = _page(
-                runs.filter(status=status, expires_at__lt=now - lease), "claimed_at", after, batch
-            )
-            if not page:
+            page = _page(waiting, "claimed_at", after, batch)
+            _expire_batch(runs, [pk for pk, _ in page], status, now, error, done)
+            if len(page) < batch:
                 break
-            found = [pk for pk, _ in page]
-            if runs.filter(pk__in=found, status=status).update(
-                status=RunStatus.EXPIRED, finished_at=now, error=error
-            ):
-                done.expired += runs.filter(
-                    pk__in=found, status=RunStatus.EXPIRED, finished_at=now
-                ).values_list("pk", flat=True)
-            if len(page) < batch or time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
                 return
             after = (page[-1][1], page[-1][0])
+        # A row without a claim instant (written by hand) has no place in that order.
+        while found := list(waiting.filter(claimed_at=None).values_list("pk", flat=True)[:batch]):
+            _expire_batch(runs, found, status, now, error, done)
+            if len(found) < batch or time.monotonic() >= deadline:
+                break
+
+
+def _expire_batch(
+    runs: Any, found: list[int], status: str, now: datetime, error: Any, done: Reconciled
+) -> None:
+    if found and runs.filter(pk__in=found, status=status).update(
+        status=RunStatus.EXPIRED, finished_at=now, error=error
+    ):
+        done.expired += runs.filter(
+            pk__in=found, status=RunStatus.EXPIRED, finished_at=now
+        ).values_list("pk", flat=True)
 
 
 def _page(

@@ -76,6 +76,19 @@ def test_one_pass_expires_every_run_past_its_expiry_not_only_the_first_batch() -
     )
 
 
+def test_claimed_and_dispatched_runs_expire_in_one_pass_and_so_do_runs_made_by_hand() -> None:
+    """A few expired runs of one status do not end the pass before the other status; a row
+    without a claim instant (written by hand) expires too."""
+    claimed = _waiting(interval_task("c", 1, anchor=T0), 3, status=RunStatus.CLAIMED)
+    dispatched = _waiting(interval_task("d", 1, anchor=T0), 3)
+    by_hand = Run.objects.create(
+        task_name="tests.plain", slot=T0, status=RunStatus.DISPATCHED, expires_at=T0
+    )
+    Run.objects.exclude(pk=by_hand.pk).update(expires_at=T0 + timedelta(hours=1))
+    done = reconcile(T0 + timedelta(hours=2), lease=LEASE)
+    assert sorted(done.expired) == sorted(r.pk for r in [*claimed, *dispatched, by_hand])
+
+
 def test_a_pass_stops_at_its_time_budget_and_the_next_goes_on() -> None:
     task = interval_task("t", 1, anchor=T0)
     _waiting(task, MANY, expires_at=T0 + timedelta(hours=1))
