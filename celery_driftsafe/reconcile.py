@@ -53,6 +53,10 @@ RECONCILE_BATCH = 500
 #: goes on where it stopped. Runs come at most at the rate beats claim them, and a batch of 500
 #: takes tens of milliseconds, so a pass keeps up with any stream a cluster can claim.
 RECONCILE_BUDGET_SECONDS = 20.0
+#: Of that, the time a pass may spend on result backend look-ups that settle nothing: runs the
+#: backend knows nothing of (an ``ignore_result`` task) are asked about again each time round
+#: until they expire, and must not keep a beat's thread busy a third of every minute.
+RECONCILE_IDLE_SECONDS = 5.0
 
 _WAITING = (RunStatus.CLAIMED, RunStatus.DISPATCHED)
 
@@ -228,8 +232,12 @@ def _from_result_backend(
 ) -> tuple[datetime, int] | None:
     """Runs ``dispatched`` before ``bound`` take the result backend's state, a batch a
     request where the backend can (:func:`backend_states`); returns where the look-up stopped
-    (None: at the end)."""
+    (None: at the end). Batches that settle nothing (runs of an ``ignore_result`` task, read
+    again each time round until they expire) stop the look-up after
+    :data:`RECONCILE_IDLE_SECONDS`."""
+    idle = 0.0
     while True:
+        started = time.monotonic()
         waiting = runs.filter(status=RunStatus.DISPATCHED, claimed_at__lt=bound).exclude(
             celery_task_id=""
         )
@@ -246,6 +254,8 @@ def _from_result_backend(
             state = found.get(task_id)
             if state in _BACKEND_STATES:
                 by_state.setdefault(state, []).append(pk)
+        if not by_state:
+            idle += time.monotonic() - started
         for state, pks in by_state.items():
             status = _BACKEND_STATES[state]
             if runs.filter(pk__in=pks, status=RunStatus.DISPATCHED).update(
@@ -259,7 +269,7 @@ def _from_result_backend(
         after = (page[-1][1], page[-1][0])
         if len(page) < batch:
             return None
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or idle >= RECONCILE_IDLE_SECONDS:
             return after
 
 

@@ -174,3 +174,19 @@ def test_runs_the_backend_knows_nothing_of_do_not_hide_the_runs_behind_them(
         Run.objects.filter(pk__in=[r.pk for r in silent], status=RunStatus.DISPATCHED).count()
         == MANY
     )
+
+
+def test_look_ups_that_settle_nothing_stop_early(
+    redis_results: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs the backend knows nothing of are read again each time round until they expire:
+    a pass gives them a small share of its time, not its whole budget."""
+    from celery_driftsafe import reconcile as module
+
+    _waiting(interval_task("silent", 1, anchor=T0), MANY)
+    monkeypatch.setattr(module, "RECONCILE_IDLE_SECONDS", 0.0)
+    done = reconcile(T0 + timedelta(hours=2), lease=LEASE, app=redis_results)
+    first = Run.objects.filter(status=RunStatus.DISPATCHED).order_by("claimed_at", "pk")[499]
+    assert done.backend_after == (first.claimed_at, first.pk)  # one batch read, then stopped
+    monkeypatch.setattr(module, "RECONCILE_IDLE_SECONDS", 60.0)
+    assert reconcile(T0 + timedelta(hours=2), lease=LEASE, app=redis_results).backend_after is None
