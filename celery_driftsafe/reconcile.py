@@ -27,13 +27,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from celery.backends.base import BaseKeyValueStoreBackend
+from django.db import transaction
 from django.db.models import CharField, Q, Value
 from django.db.models.functions import Cast, Concat
 
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.exceptions import LockError
 from celery_driftsafe.models import Run, RunStatus
+from celery_driftsafe.result_states import backend_states
 
 if TYPE_CHECKING:
     from celery_driftsafe.publisher import Dispatcher
@@ -135,26 +136,33 @@ def _expire(
 ) -> None:
     """Record ``expired`` the waiting runs a lease past their expiry, a batch a statement
     (each change conditional on the run still waiting: a worker may take one meanwhile).
-    Each status is read in claim order from the outbox index, once a pass."""
+    Each status is read in claim order from the outbox index, once a pass; a batch is
+    locked as it is read, skipping rows another beat's pass holds (two statements updating
+    the same rows in different orders deadlock)."""
     error = Concat(
         Value("expired: not started before its expiry at "),
         Cast("expires_at", CharField()),
         output_field=CharField(),
     )
     for status in _WAITING:
-        waiting = runs.filter(status=status, expires_at__lt=now - lease)
+        waiting = runs.filter(status=status, expires_at__lt=now - lease).select_for_update(
+            skip_locked=True
+        )
         after: tuple[datetime, int] | None = None
         while True:
-            page = _page(waiting, "claimed_at", after, batch)
-            _expire_batch(runs, [pk for pk, _ in page], status, now, error, done)
+            with transaction.atomic(using=runs.db):
+                page = _page(waiting, "claimed_at", after, batch)
+                _expire_batch(runs, [pk for pk, _ in page], status, now, error, done)
             if len(page) < batch:
                 break
             if time.monotonic() >= deadline:
                 return
             after = (page[-1][1], page[-1][0])
         # A row without a claim instant (written by hand) has no place in that order.
-        while found := list(waiting.filter(claimed_at=None).values_list("pk", flat=True)[:batch]):
-            _expire_batch(runs, found, status, now, error, done)
+        while True:
+            with transaction.atomic(using=runs.db):
+                found = list(waiting.filter(claimed_at=None).values_list("pk", flat=True)[:batch])
+                _expire_batch(runs, found, status, now, error, done)
             if len(found) < batch or time.monotonic() >= deadline:
                 break
 
@@ -238,34 +246,23 @@ def _from_result_backend(
     idle = 0.0
     while True:
         started = time.monotonic()
-        waiting = runs.filter(status=RunStatus.DISPATCHED, claimed_at__lt=bound).exclude(
-            celery_task_id=""
+        waiting = (
+            runs.filter(status=RunStatus.DISPATCHED, claimed_at__lt=bound)
+            .exclude(celery_task_id="")
+            .select_for_update(skip_locked=True)
         )
-        page = _page(waiting, "claimed_at", after, batch, "celery_task_id")
-        if not page:
-            return None
-        try:
-            found = backend_states(app, [task_id for _, _, task_id in page])
-        except Exception as exc:  # no result backend, or it is away: nothing to learn here
-            logger.debug("no outcomes from the result backend: %r", exc)
-            return after
-        by_state: dict[str, list[int]] = {}
-        for pk, _, task_id in page:
-            state = found.get(task_id)
-            if state in _BACKEND_STATES:
-                by_state.setdefault(state, []).append(pk)
-        if not by_state:
+        with transaction.atomic(using=runs.db):  # the batch's rows held, as in _expire
+            page = _page(waiting, "claimed_at", after, batch, "celery_task_id")
+            if not page:
+                return None
+            try:
+                found = backend_states(app, [task_id for _, _, task_id in page])
+            except Exception as exc:  # no result backend, or it is away: nothing to learn
+                logger.debug("no outcomes from the result backend: %r", exc)
+                return after
+            settled = _settle_from_backend(runs, page, found, now, done)
+        if not settled:
             idle += time.monotonic() - started
-        for state, pks in by_state.items():
-            status = _BACKEND_STATES[state]
-            if runs.filter(pk__in=pks, status=RunStatus.DISPATCHED).update(
-                status=status,
-                finished_at=now,
-                error=f"outcome taken from the result backend: {state}",
-            ):
-                done.from_results += runs.filter(
-                    pk__in=pks, status=status, finished_at=now
-                ).values_list("pk", flat=True)
         after = (page[-1][1], page[-1][0])
         if len(page) < batch:
             return None
@@ -273,24 +270,27 @@ def _from_result_backend(
             return after
 
 
-def backend_states(app: Any, task_ids: list[str]) -> dict[str, str]:
-    """The result backend's state of each of ``task_ids`` it holds a record of, in one request
-    for a key-value backend (Redis and the like: ``MGET``) or django-celery-results' table,
-    one look-up a task elsewhere. Raises when the app has no result backend."""
-    backend = app.backend
-    model = getattr(backend, "TaskModel", None)
-    if model is not None and hasattr(model, "_default_manager"):  # django-celery-results
-        return dict(
-            model._default_manager.filter(task_id__in=task_ids).values_list("task_id", "status")
-        )
-    if isinstance(backend, BaseKeyValueStoreBackend):
-        values = backend.mget([backend.get_key_for_task(task_id) for task_id in task_ids])
-        return {
-            task_id: backend.decode_result(value)["status"]
-            for task_id, value in zip(task_ids, values, strict=True)
-            if value
-        }
-    return {task_id: app.AsyncResult(task_id).state for task_id in task_ids}
+def _settle_from_backend(
+    runs: Any, page: list[tuple[Any, ...]], found: dict[str, str], now: datetime, done: Reconciled
+) -> bool:
+    """Give the runs of ``page`` (id, claim instant, task id) the outcome ``found`` in the
+    backend for them; whether any had one."""
+    by_state: dict[str, list[int]] = {}
+    for pk, _, task_id in page:
+        state = found.get(task_id)
+        if state in _BACKEND_STATES:
+            by_state.setdefault(state, []).append(pk)
+    for state, pks in by_state.items():
+        status = _BACKEND_STATES[state]
+        if runs.filter(pk__in=pks, status=RunStatus.DISPATCHED).update(
+            status=status,
+            finished_at=now,
+            error=f"outcome taken from the result backend: {state}",
+        ):
+            done.from_results += runs.filter(
+                pk__in=pks, status=status, finished_at=now
+            ).values_list("pk", flat=True)
+    return bool(by_state)
 
 
 def recover(

@@ -190,3 +190,37 @@ def test_look_ups_that_settle_nothing_stop_early(
     assert done.backend_after == (first.claimed_at, first.pk)  # one batch read, then stopped
     monkeypatch.setattr(module, "RECONCILE_IDLE_SECONDS", 60.0)
     assert reconcile(T0 + timedelta(hours=2), lease=LEASE, app=redis_results).backend_after is None
+
+
+def test_beats_reconciling_at_once_settle_each_run_once() -> None:
+    """Two beats' passes over the same backlog at the same moment: every run is expired once,
+    by one of them, and neither fails (each change is conditional on the status it read)."""
+    import threading
+
+    from django.db import connection, connections
+
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite serialises writers: nothing runs at once")
+    task = interval_task("t", 1, anchor=T0)
+    runs = _waiting(task, 5 * MANY, expires_at=T0 + timedelta(hours=1))
+    results: list[Any] = []
+    gate = threading.Barrier(2)
+
+    def one_beat(offset: int) -> None:
+        try:
+            gate.wait(10)
+            results.append(reconcile(T0 + timedelta(hours=2, microseconds=offset), lease=LEASE))
+        except Exception as exc:  # reported below
+            results.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=one_beat, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert all(not isinstance(result, Exception) for result in results), results
+    first, second = (set(result.expired) for result in results)
+    assert not first & second
+    assert first | second == {run.pk for run in runs}
