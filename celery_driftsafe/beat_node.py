@@ -139,7 +139,7 @@ class BeatNode:
         if self._ready:
             self._prefetcher.finish(self.dispatcher.dispatch, self.node_id)
             self.pruner.close()
-            self.reconciler.join(timeout=10)
+            self.reconciler.close()
             self._mark_stopped()
         if self._listener is not None:
             self._listener.join(timeout=2)

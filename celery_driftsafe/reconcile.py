@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ from django.db import transaction
 from django.db.models import CharField, Q, Value
 from django.db.models.functions import Cast, Concat
 
+from celery_driftsafe.background import BackgroundPass
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.exceptions import LockError
 from celery_driftsafe.models import Run, RunStatus
@@ -73,6 +75,17 @@ class Reconciled:
     backend_after: tuple[datetime, int] | None = None
 
 
+@dataclass(frozen=True)
+class _Until:
+    """When a pass stops taking batches: its time is up, or its beat is stopping."""
+
+    deadline: float
+    stop: threading.Event | None = None
+
+    def reached(self) -> bool:
+        return time.monotonic() >= self.deadline or (self.stop is not None and self.stop.is_set())
+
+
 def stuck(now: datetime, settings: DriftSafeSettings | None = None) -> Q:
     """Runs with no outcome ``STUCK_RUN_SECONDS`` after they were claimed (the admin's
     "needs attention" filter)."""
@@ -94,16 +107,18 @@ def reconcile(
     budget: float = RECONCILE_BUDGET_SECONDS,
     backend_after: tuple[datetime, int] | None = None,
     settings: DriftSafeSettings | None = None,
+    stop: threading.Event | None = None,
 ) -> Reconciled:
     """One pass (see the module docstring); ``now`` is the authority's. Each kind of run is
     taken ``batch`` at a time, one statement a batch, until none is left or ``budget``
     seconds have gone (at least one batch of each); the look-up in the result backend starts
-    after ``backend_after`` (a former pass's :attr:`Reconciled.backend_after`)."""
+    after ``backend_after`` (a former pass's :attr:`Reconciled.backend_after`); ``stop`` set
+    ends the pass after the batch in flight (a stopping beat)."""
     settings = settings or get_settings()
-    deadline = time.monotonic() + budget
+    until = _Until(time.monotonic() + budget, stop)
     done = Reconciled()
     runs = Run.objects.using(using)
-    _expire(runs, now, lease, batch, deadline, done)
+    _expire(runs, now, lease, batch, until, done)
     bound = now - timedelta(seconds=settings.stuck_run_seconds)
     after: tuple[datetime, int] | None = None
     while True:
@@ -112,12 +127,12 @@ def reconcile(
         for pk, started_at, token in page:
             if _worker_lost(pk, started_at, token, now, using, settings):
                 done.lost.append(pk)
-        if len(page) < batch or time.monotonic() >= deadline:
+        if len(page) < batch or until.reached():
             break
         after = (page[-1][1], page[-1][0])
     if app is not None:
         done.backend_after = _from_result_backend(
-            app, runs, bound, now, batch, deadline, backend_after, done
+            app, runs, bound, now, batch, until, backend_after, done
         )
     if done.expired or done.lost or done.from_results:
         logger.warning(
@@ -132,7 +147,7 @@ def reconcile(
 
 
 def _expire(
-    runs: Any, now: datetime, lease: timedelta, batch: int, deadline: float, done: Reconciled
+    runs: Any, now: datetime, lease: timedelta, batch: int, until: _Until, done: Reconciled
 ) -> None:
     """Record ``expired`` the waiting runs a lease past their expiry, a batch a statement
     (each change conditional on the run still waiting: a worker may take one meanwhile).
@@ -155,7 +170,7 @@ def _expire(
                 _expire_batch(runs, [pk for pk, _ in page], status, now, error, done)
             if len(page) < batch:
                 break
-            if time.monotonic() >= deadline:
+            if until.reached():
                 return
             after = (page[-1][1], page[-1][0])
         # A row without a claim instant (written by hand) has no place in that order.
@@ -163,7 +178,7 @@ def _expire(
             with transaction.atomic(using=runs.db):
                 found = list(waiting.filter(claimed_at=None).values_list("pk", flat=True)[:batch])
                 _expire_batch(runs, found, status, now, error, done)
-            if len(found) < batch or time.monotonic() >= deadline:
+            if len(found) < batch or until.reached():
                 break
 
 
@@ -234,7 +249,7 @@ def _from_result_backend(
     bound: datetime,
     now: datetime,
     batch: int,
-    deadline: float,
+    until: _Until,
     after: tuple[datetime, int] | None,
     done: Reconciled,
 ) -> tuple[datetime, int] | None:
@@ -266,7 +281,7 @@ def _from_result_backend(
         after = (page[-1][1], page[-1][0])
         if len(page) < batch:
             return None
-        if time.monotonic() >= deadline or idle >= RECONCILE_IDLE_SECONDS:
+        if until.reached() or idle >= RECONCILE_IDLE_SECONDS:
             return after
 
 
@@ -319,48 +334,33 @@ def recover(
 RECONCILE_INTERVAL_SECONDS = 60.0
 
 
-class BackgroundReconciler:
+class BackgroundReconciler(BackgroundPass):
     """A beat's reconciliation: at most every :data:`RECONCILE_INTERVAL_SECONDS`, one
     :func:`reconcile` pass in a thread of its own (its own database connection), so that the
     look-up never holds up a round; the first with the beat's first round. Beats reconciling at
     once never fight (every change is conditional on the status it read)."""
+
+    thread_name = "driftsafe-reconcile"
 
     def __init__(
         self,
         *,
         app: Any,
         using: str = "default",
-        monotonic: Any,
+        monotonic: Callable[[], float],
         budget: float = RECONCILE_BUDGET_SECONDS,
     ) -> None:
+        super().__init__(using=using, monotonic=monotonic, first_at=0.0)
         self.app = app
-        self.using = using
-        self.monotonic = monotonic
         self.budget = budget
-        self.next_at = 0.0
         self.last: Reconciled | None = None
         #: Where the last pass's look-up in the result backend stopped.
         self._backend_after: tuple[datetime, int] | None = None
-        self._thread: threading.Thread | None = None
 
-    def maybe_start(self, now: datetime) -> bool:
-        """Start a pass at the authority's ``now`` when one is due and none is in flight;
-        whether one started."""
-        if self._thread is not None and self._thread.is_alive():
-            return False
-        mono = self.monotonic()
-        if mono < self.next_at:
-            return False
-        self.next_at = mono + RECONCILE_INTERVAL_SECONDS
-        self._thread = threading.Thread(
-            target=self._pass, args=(now,), name="driftsafe-reconcile", daemon=True
-        )
-        self._thread.start()
-        return True
+    def interval(self) -> float | None:
+        return RECONCILE_INTERVAL_SECONDS
 
-    def _pass(self, now: datetime) -> None:
-        from django.db import connections
-
+    def run_pass(self, now: datetime) -> None:
         settings = get_settings()
         try:
             self.last = reconcile(
@@ -371,6 +371,7 @@ class BackgroundReconciler:
                 budget=self.budget,
                 backend_after=self._backend_after,
                 settings=settings,
+                stop=self._stop,
             )
             self._backend_after = self.last.backend_after
         except Exception as exc:  # an outage, say: the next pass tries again
@@ -380,10 +381,3 @@ class BackgroundReconciler:
                 exc,
                 extra={"action": "reconcile"},
             )
-        finally:
-            connections.close_all()  # this thread's connections only
-
-    def join(self, timeout: float | None = None) -> None:
-        """Wait for a pass in flight (tests, and a stopping beat)."""
-        if self._thread is not None:
-            self._thread.join(timeout)

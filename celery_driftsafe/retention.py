@@ -30,13 +30,13 @@ in a thread of their own, every ``PRUNE_INTERVAL_SECONDS``); cron users run
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from celery_driftsafe.background import BackgroundPass
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.names import FINISHED, RunStatus
 
@@ -291,48 +291,32 @@ class Pruner:
         return total
 
 
-class BackgroundPruner:
+class BackgroundPruner(BackgroundPass):
     """A beat's pruning: at most every ``PRUNE_INTERVAL_SECONDS``, a pass in a thread of its
     own (its own database connection), while this beat holds the ``prune`` lock; a beat that
     finds it held leaves the pass to its holder. :meth:`maybe_start` costs the round nothing
     but a comparison (and a thread start when due), so claiming is never delayed by it."""
 
+    thread_name = "driftsafe-prune"
+
     def __init__(self, *, using: str = "default", monotonic: Callable[[], float]) -> None:
-        self.using = using
-        self.monotonic = monotonic
-        #: The first pass comes one interval after the start (a beat restarting in a loop
-        #: does not prune on every start).
-        self.next_at = monotonic() + (get_settings().prune_interval_seconds or 0.0)
+        # The first pass comes one interval after the start (a beat restarting in a loop
+        # does not prune on every start).
+        first_at = monotonic() + (get_settings().prune_interval_seconds or 0.0)
+        super().__init__(using=using, monotonic=monotonic, first_at=first_at)
         self.last: Pruned | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def maybe_start(self, now: datetime) -> bool:
-        """Start a pass at the authority's ``now`` when one is due; whether one started."""
-        settings = get_settings()
-        interval = settings.prune_interval_seconds
-        if interval is None or self._stop.is_set():
-            return False
-        if self._thread is not None and self._thread.is_alive():
-            return False
-        mono = self.monotonic()
-        if mono < self.next_at:
-            return False
-        self.next_at = mono + interval
-        if Retention.from_settings(settings).keeps_everything:
-            return False
-        self._thread = threading.Thread(
-            target=self._pass, args=(now, settings), name="driftsafe-prune", daemon=True
-        )
-        self._thread.start()
-        return True
+    def interval(self) -> float | None:
+        return get_settings().prune_interval_seconds
 
-    def _pass(self, now: datetime, settings: DriftSafeSettings) -> None:
-        from django.db import connections
+    def wanted(self) -> bool:
+        return not Retention.from_settings(get_settings()).keeps_everything
 
+    def run_pass(self, now: datetime) -> None:
         from celery_driftsafe.exceptions import LockError
         from celery_driftsafe.locks import lock_backend
 
+        settings = get_settings()
         try:
             lock = lock_backend(settings, using=self.using).lock(
                 PRUNE_LOCK, ttl=max(settings.lease_seconds, 10.0)
@@ -353,15 +337,3 @@ class BackgroundPruner:
             logger.exception(
                 "pruning the run ledger failed; trying again later", extra={"action": "prune"}
             )
-        finally:
-            connections.close_all()  # this thread's connections only
-
-    def join(self, timeout: float | None = None) -> None:
-        """Wait for a pass in flight (tests)."""
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def close(self, timeout: float = 10.0) -> None:
-        """Stop after the batch in flight and wait for it."""
-        self._stop.set()
-        self.join(timeout)

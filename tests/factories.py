@@ -2,10 +2,42 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 from celery_driftsafe.models import PeriodicTask, ScheduleKind
+
+
+def at_once(count: int, work: Callable[[int], Any], timeout: float = 60.0) -> list[Any]:
+    """``work(0)`` … ``work(count - 1)`` in threads released together (a race), each closing
+    its own database connections after; their results in order. Raises the first exception
+    any of them raised, and when one is still running after ``timeout``."""
+    from django.db import connections
+
+    gate = threading.Barrier(count)
+    results: list[Any] = [None] * count
+    errors: list[BaseException] = []
+
+    def run(n: int) -> None:
+        try:
+            gate.wait(timeout)
+            results[n] = work(n)
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    if errors:
+        raise errors[0]
+    assert not any(thread.is_alive() for thread in threads), "a racer did not finish"
+    return results
 
 
 def _saved(name: str, fields: dict[str, Any]) -> PeriodicTask:

@@ -6,21 +6,20 @@ Races are real: threads with their own connections claim the same due tasks at o
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 
 from celery_driftsafe.claim import Claimer, CompareAndSwapClaimer, SkipLockedClaimer, claimer_for
 from celery_driftsafe.dispatch import celery_task_id, reclaim_stale
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
 from celery_driftsafe.slots import Solar
 from tests.conftest import T0
-from tests.factories import crontab_task, interval_task, many_interval_tasks, solar_task
+from tests.factories import at_once, crontab_task, interval_task, many_interval_tasks, solar_task
 
 S = timedelta(seconds=1)
 
@@ -159,33 +158,18 @@ class TestClaimContract:
 
     def test_race_many_threads_one_winner_per_slot(self, make_claimer: MakeClaimer) -> None:
         tasks = [interval_task(f"t{i}", 5, anchor=T0, next_slot_at=T0) for i in range(30)]
-        barrier = threading.Barrier(6)
-        claimed: list[tuple[int | None, datetime | None]] = []
-        errors: list[BaseException] = []
-        lock = threading.Lock()
 
-        def worker(n: int) -> None:
-            try:
-                barrier.wait()
-                for now in (T0, T0 + 5 * S, T0 + 10 * S):
+        def worker(n: int) -> list[tuple[int | None, datetime | None]]:
+            claimed = []
+            for now in (T0, T0 + 5 * S, T0 + 10 * S):
+                result = make_claimer(batch_size=7).claim(now, f"node-{n}")
+                claimed.extend((r.periodic_task_id, r.slot) for r in result.runs)
+                while result.tasks_seen:
                     result = make_claimer(batch_size=7).claim(now, f"node-{n}")
-                    with lock:
-                        claimed.extend((r.periodic_task_id, r.slot) for r in result.runs)
-                    while result.tasks_seen:
-                        result = make_claimer(batch_size=7).claim(now, f"node-{n}")
-                        with lock:
-                            claimed.extend((r.periodic_task_id, r.slot) for r in result.runs)
-            except BaseException as exc:  # pragma: no cover - reported below
-                errors.append(exc)
-            finally:
-                connections.close_all()
+                    claimed.extend((r.periodic_task_id, r.slot) for r in result.runs)
+            return claimed
 
-        threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors, errors
+        claimed = [slot for slots in at_once(6, worker) for slot in slots]
         counts = Counter(claimed)
         assert max(counts.values()) == 1, "a slot was claimed twice"
         expected = {(t.pk, T0 + k * 5 * S) for t in tasks for k in range(3)}

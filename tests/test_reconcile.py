@@ -16,7 +16,7 @@ from celery_driftsafe.models import PeriodicTask, Run, RunStatus
 from celery_driftsafe.reconcile import BackgroundReconciler, reconcile
 from tests import settings as test_settings
 from tests.conftest import T0
-from tests.factories import interval_task
+from tests.factories import at_once, interval_task
 
 pytestmark = pytest.mark.django_db(transaction=True)  # a reconciler's pass has its own thread
 
@@ -195,32 +195,27 @@ def test_look_ups_that_settle_nothing_stop_early(
 def test_beats_reconciling_at_once_settle_each_run_once() -> None:
     """Two beats' passes over the same backlog at the same moment: every run is expired once,
     by one of them, and neither fails (each change is conditional on the status it read)."""
-    import threading
-
-    from django.db import connection, connections
+    from django.db import connection
 
     if connection.vendor == "sqlite":
         pytest.skip("SQLite serialises writers: nothing runs at once")
     task = interval_task("t", 1, anchor=T0)
     runs = _waiting(task, 5 * MANY, expires_at=T0 + timedelta(hours=1))
-    results: list[Any] = []
-    gate = threading.Barrier(2)
-
-    def one_beat(offset: int) -> None:
-        try:
-            gate.wait(10)
-            results.append(reconcile(T0 + timedelta(hours=2, microseconds=offset), lease=LEASE))
-        except Exception as exc:  # reported below
-            results.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=one_beat, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert all(not isinstance(result, Exception) for result in results), results
+    results = at_once(2, lambda n: reconcile(T0 + timedelta(hours=2, microseconds=n), lease=LEASE))
     first, second = (set(result.expired) for result in results)
     assert not first & second
     assert first | second == {run.pk for run in runs}
+
+
+def test_a_stopping_beat_ends_its_pass_after_the_batch_in_flight() -> None:
+    import threading
+
+    task = interval_task("t", 1, anchor=T0)
+    _waiting(task, MANY, expires_at=T0 + timedelta(hours=1))
+    stopping = threading.Event()
+    stopping.set()
+    done = reconcile(T0 + timedelta(hours=2), lease=LEASE, stop=stopping)
+    assert len(done.expired) == 500  # one batch, not the pass's 20 s
+    reconciler = BackgroundReconciler(app=None, monotonic=lambda: 0.0)
+    reconciler.close()
+    assert not reconciler.maybe_start(T0 + timedelta(hours=2))  # a closed one starts none
