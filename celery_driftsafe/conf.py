@@ -103,9 +103,13 @@ class DriftSafeSettings:
     #: after its slot, on the time authority's clock. ``None``: such messages never expire.
     run_expires_seconds: float | None = 86400.0
     #: A run with no outcome this many seconds after its claim is reconciled (a ``started``
-    #: run whose lock nobody holds becomes ``failed``, a ``dispatched`` one takes the result
-    #: backend's state) and listed under "needs attention" in the admin.
+    #: run whose lock nobody holds becomes ``failed``) and listed under "needs attention" in
+    #: the admin.
     stuck_run_seconds: float = 3600.0
+    #: A run still ``dispatched`` this many seconds after its claim takes the result backend's
+    #: outcome when it holds one (``SUCCESS``, ``FAILURE``, ``REVOKED``): how a plain task's
+    #: run (no ``DriftSafeTask``) gets its outcome; asked again each minute until it has one.
+    result_lookup_seconds: float = 60.0
     #: What ``DriftSafeTask`` does when Redis cannot be reached.
     redis_unavailable: RedisUnavailablePolicy = RedisUnavailablePolicy.FAIL_CLOSED
     #: Finished runs (succeeded, skipped, revoked) are deleted this many seconds after their

@@ -3,9 +3,9 @@
 A run normally leaves ``dispatched`` / ``started`` because a worker records what happened.
 Some never will: a message that expired in the queue (a worker discards it), a worker killed
 while it ran a ``DriftSafeTask`` without late acknowledgement (nothing redelivers it), a plain
-task (no base class records anything). Each beat runs :func:`reconcile` with its outbox pass;
-every statement is bounded, and each change is conditional on the status it read, so beats
-reconciling at once never fight.
+task (no base class records anything). Each beat runs :func:`reconcile` once a minute, in a
+thread of its own; each batch is locked as it is read and each change is conditional on the
+status it read, so beats reconciling at once never fight.
 
 * ``claimed`` or ``dispatched`` past its ``expires_at`` (plus a lease, for a worker that took
   it just in time) becomes ``expired``: a worker discards the message, and ``DriftSafeTask``
@@ -13,9 +13,10 @@ reconciling at once never fight.
 * ``started`` longer than ``STUCK_RUN_SECONDS`` ago, whose run lock nobody holds (its worker
   renews the lock while the body runs), becomes ``failed`` ("worker lost"), written under a
   fresh fencing token so that a worker that was merely paused cannot record over it.
-* ``dispatched`` longer than ``STUCK_RUN_SECONDS`` ago takes the state of the Celery result
-  backend when it has one for the task id (``SUCCESS``, ``FAILURE``, ``REVOKED``); otherwise it
-  stays, and the admin lists it under "needs attention".
+* ``dispatched`` longer than ``RESULT_LOOKUP_SECONDS`` ago takes the state of the Celery
+  result backend when it has one for the task id (``SUCCESS``, ``FAILURE``, ``REVOKED``);
+  otherwise it stays (asked again next time), and after ``STUCK_RUN_SECONDS`` the admin lists it
+  under "needs attention".
 """
 
 from __future__ import annotations
@@ -131,8 +132,9 @@ def reconcile(
             break
         after = (page[-1][1], page[-1][0])
     if app is not None:
+        lookup = now - timedelta(seconds=settings.result_lookup_seconds)
         done.backend_after = _from_result_backend(
-            app, runs, bound, now, batch, until, backend_after, done
+            app, runs, lookup, now, batch, until, backend_after, done
         )
     if done.expired or done.lost or done.from_results:
         logger.warning(

@@ -219,3 +219,19 @@ def test_a_stopping_beat_ends_its_pass_after_the_batch_in_flight() -> None:
     reconciler = BackgroundReconciler(app=None, monotonic=lambda: 0.0)
     reconciler.close()
     assert not reconciler.maybe_start(T0 + timedelta(hours=2))  # a closed one starts none
+
+
+def test_a_plain_tasks_outcome_is_taken_a_minute_after_its_claim_not_an_hour(
+    redis_results: Celery,
+) -> None:
+    """``RESULT_LOOKUP_SECONDS`` (60 s): a run claimed 90 s ago with an outcome in the backend
+    takes it; one claimed 30 s ago is left for the next pass (a worker may still be on it)."""
+    task = interval_task("t", 1, anchor=T0)
+    older, newer = _waiting(task, 2)
+    now = older.claimed_at + timedelta(seconds=90)
+    Run.objects.filter(pk=newer.pk).update(claimed_at=now - timedelta(seconds=30))
+    for run in (older, newer):
+        redis_results.backend.store_result(run.celery_task_id, 1, states.SUCCESS)
+    done = reconcile(now, lease=LEASE, app=redis_results)
+    assert done.from_results == [older.pk]
+    assert Run.objects.get(pk=newer.pk).status == RunStatus.DISPATCHED
