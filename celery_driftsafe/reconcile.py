@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from celery.backends.base import DisabledBackend
 from django.db import transaction
 from django.db.models import CharField, Q, Value
 from django.db.models.functions import Cast, Concat
@@ -131,7 +132,7 @@ def reconcile(
         if len(page) < batch or until.reached():
             break
         after = (page[-1][1], page[-1][0])
-    if app is not None:
+    if app is not None and not isinstance(app.backend, DisabledBackend):
         lookup = now - timedelta(seconds=settings.result_lookup_seconds)
         done.backend_after = _from_result_backend(
             app, runs, lookup, now, batch, until, backend_after, done

@@ -235,3 +235,19 @@ def test_a_plain_tasks_outcome_is_taken_a_minute_after_its_claim_not_an_hour(
     done = reconcile(now, lease=LEASE, app=redis_results)
     assert done.from_results == [older.pk]
     assert Run.objects.get(pk=newer.pk).status == RunStatus.DISPATCHED
+
+
+def test_an_app_without_a_result_backend_reads_no_runs_for_it() -> None:
+    """No result backend (Celery's default): the pass asks nothing about the runs, where it
+    read and locked a batch only to find that out."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    app = Celery("driftsafe-no-results", broker="memory://", set_as_current=False)
+    _waiting(interval_task("t", 1, anchor=T0), 3)
+    with CaptureQueriesContext(connection) as without_app:
+        reconcile(T0 + timedelta(hours=2), lease=LEASE)
+    with CaptureQueriesContext(connection) as with_app:
+        done = reconcile(T0 + timedelta(hours=2), lease=LEASE, app=app)
+    assert len(with_app) == len(without_app), [q["sql"] for q in with_app]
+    assert done.from_results == [] and done.backend_after is None
