@@ -110,6 +110,12 @@ class DriftSafeSettings:
     #: outcome when it holds one (``SUCCESS``, ``FAILURE``, ``REVOKED``): how a plain task's
     #: run (no ``DriftSafeTask``) gets its outcome; asked again each minute until it has one.
     result_lookup_seconds: float = 60.0
+    #: How often each beat looks for runs that will never hear from a worker (expired, lost,
+    #: outcomes in the result backend), in a thread of its own: they are a minute
+    #: (``RESULT_LOOKUP_SECONDS``), an hour (``STUCK_RUN_SECONDS``) or a day
+    #: (``RUN_EXPIRES_SECONDS``) old, and looking for expired ones reads the runs still
+    #: waiting for an outcome (~200 ms in a steady 100,000-task stream).
+    reconcile_interval_seconds: float = 60.0
     #: What ``DriftSafeTask`` does when Redis cannot be reached.
     redis_unavailable: RedisUnavailablePolicy = RedisUnavailablePolicy.FAIL_CLOSED
     #: Finished runs (succeeded, skipped, revoked) are deleted this many seconds after their

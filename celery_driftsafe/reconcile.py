@@ -3,9 +3,10 @@
 A run normally leaves ``dispatched`` / ``started`` because a worker records what happened.
 Some never will: a message that expired in the queue (a worker discards it), a worker killed
 while it ran a ``DriftSafeTask`` without late acknowledgement (nothing redelivers it), a plain
-task (no base class records anything). Each beat runs :func:`reconcile` once a minute, in a
-thread of its own; each batch is locked as it is read and each change is conditional on the
-status it read, so beats reconciling at once never fight.
+task (no base class records anything). Each beat runs :func:`reconcile` every
+``RECONCILE_INTERVAL_SECONDS`` (a minute), in a thread of its own; each batch is locked as it is
+read and each change is conditional on the status it read, so beats reconciling at once never
+fight.
 
 * ``claimed`` or ``dispatched`` past its ``expires_at`` (plus a lease, for a worker that took
   it just in time) becomes ``expired``: a worker discards the message, and ``DriftSafeTask``
@@ -331,14 +332,8 @@ def recover(
     dispatcher.dispatch(stale)
 
 
-#: Runs that will never hear from a worker are looked for at most this often: they are an hour
-#: (STUCK_RUN_SECONDS) or a day (RUN_EXPIRES_SECONDS) old, and looking for expired runs reads
-#: the runs still waiting for their outcome (~200 ms in a steady 100,000-task stream).
-RECONCILE_INTERVAL_SECONDS = 60.0
-
-
 class BackgroundReconciler(BackgroundPass):
-    """A beat's reconciliation: at most every :data:`RECONCILE_INTERVAL_SECONDS`, one
+    """A beat's reconciliation: at most every ``RECONCILE_INTERVAL_SECONDS``, one
     :func:`reconcile` pass in a thread of its own (its own database connection), so that the
     look-up never holds up a round; the first with the beat's first round. Beats reconciling at
     once never fight (every change is conditional on the status it read)."""
@@ -361,7 +356,7 @@ class BackgroundReconciler(BackgroundPass):
         self._backend_after: tuple[datetime, int] | None = None
 
     def interval(self) -> float | None:
-        return RECONCILE_INTERVAL_SECONDS
+        return get_settings().reconcile_interval_seconds
 
     def run_pass(self, now: datetime) -> None:
         settings = get_settings()
@@ -380,7 +375,7 @@ class BackgroundReconciler(BackgroundPass):
         except Exception as exc:  # an outage, say: the next pass tries again
             logger.warning(
                 "reconciling runs failed; trying again in %g s: %s",
-                RECONCILE_INTERVAL_SECONDS,
+                settings.reconcile_interval_seconds,
                 exc,
                 extra={"action": "reconcile"},
             )

@@ -140,19 +140,24 @@ def test_worker_killed_mid_run_is_retried_not_lost_not_doubled(tmp_path: Path) -
 def test_real_beat_overlap_skip_and_a_retrying_scheduled_task(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One real beat, two workers, two periodic tasks (one beat and its workers for both, to
+    """One real beat, two workers, three periodic tasks (one beat and its workers for all, to
     keep the suite short):
 
     * a 1-second task whose body takes 2.5 s, with overlap policy 'skip': no two runs
       overlap, and the slots that came while one ran are recorded skipped;
     * a 3-second task whose body calls ``self.retry(countdown=1)`` on its first attempt: per
       slot the body runs twice (attempt 0, then 1), the run ends ``succeeded`` at attempt 1
-      with its first attempt recorded, and the result backend holds the body's return.
+      with its first attempt recorded, and the result backend holds the body's return;
+    * a 2-second plain task (no base class, nothing on the worker records its runs): the
+      beat's reconciliation gives each run the result backend's outcome (every 2 s here, a
+      second after its claim: ``RECONCILE_INTERVAL_SECONDS``, ``RESULT_LOOKUP_SECONDS``).
     """
     from datetime import datetime, timedelta
 
     from tests.e2e.harness import real_now
 
+    monkeypatch.setenv("DRIFTSAFE_E2E_RECONCILE_INTERVAL_SECONDS", "2")
+    monkeypatch.setenv("DRIFTSAFE_E2E_RESULT_LOOKUP_SECONDS", "1")
     run = _results_run(tmp_path, monkeypatch, lease=5.0)
     try:
         start = real_now() + timedelta(seconds=6)
@@ -175,6 +180,13 @@ def test_real_beat_overlap_skip_and_a_retrying_scheduled_task(
                     "interval_every": 3,
                     "interval_unit": "seconds",
                 },
+                {
+                    "name": "plain",
+                    "task": "e2e.tick",
+                    "schedule_kind": "interval",
+                    "interval_every": 2,
+                    "interval_unit": "seconds",
+                },
             ],
             start,
         )
@@ -182,15 +194,25 @@ def test_real_beat_overlap_skip_and_a_retrying_scheduled_task(
         run.start_worker("w2")
         run.start_beat(0.0)
         time.sleep(6 + 10)
+        stopped = real_now()
         run.stop()
+        ids = {t["name"]: t["id"] for t in run.tool("dump")["tasks"]}
 
         def all_final() -> list[dict[str, Any]] | None:
             runs: list[dict[str, Any]] = run.tool("dump")["runs"]
             waiting = {"claimed", "dispatched", "started", "retrying"}
-            return runs if not any(r["status"] in waiting for r in runs) else None
+            driftsafe = [r for r in runs if r["task_id"] != ids["plain"]]  # plain: see below
+            return runs if not any(r["status"] in waiting for r in driftsafe) else None
 
         runs = _wait(all_final, 30, "every run to end", run)  # the last slow run, retries
-        ids = {t["name"]: t["id"] for t in run.tool("dump")["tasks"]}
+        plain = [r for r in runs if r["task_id"] == ids["plain"]]
+        settle_by = stopped - timedelta(seconds=5)
+        settled = [r for r in plain if datetime.fromisoformat(r["slot"]) < settle_by]
+        print(f"plain task: {[(r['slot'], r['status']) for r in plain]}")
+        assert len(settled) >= 3, plain
+        for row in settled:  # claimed 5 s or more before the beat stopped: reconciled
+            assert row["status"] == "succeeded", row
+            assert row["error"] == "outcome taken from the result backend: SUCCESS", row
         executions = run.executions()
 
         slow = [r for r in runs if r["task_id"] == ids["slow"]]

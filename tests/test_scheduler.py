@@ -484,7 +484,7 @@ def test_runs_without_an_outcome_are_reconciled_once_a_minute_not_every_outbox_p
     worker (a day-old expiry, an hour-old start) reads every run still waiting for an outcome,
     so it runs at most once a minute (the beat's first round included), in a thread of its
     own."""
-    from celery_driftsafe.reconcile import RECONCILE_INTERVAL_SECONDS
+    from celery_driftsafe.conf import get_settings
 
     scheduler.run_round()
     scheduler.reconciler.join()
@@ -502,7 +502,7 @@ def test_runs_without_an_outcome_are_reconciled_once_a_minute_not_every_outbox_p
     scheduler.reconciler.join()
     run.refresh_from_db()
     assert run.status == RunStatus.DISPATCHED  # ... without reconciling
-    clock.advance(timedelta(seconds=RECONCILE_INTERVAL_SECONDS) - 10 * S)
+    clock.advance(timedelta(seconds=get_settings().reconcile_interval_seconds) - 10 * S)
     scheduler.run_round()  # ... and a minute after the first, in its own thread
     scheduler.reconciler.join()
     run.refresh_from_db()
