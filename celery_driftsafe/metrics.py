@@ -89,6 +89,7 @@ class BeatMetrics:
     nodes_alive: Any
     last_round: Any
     paused: Any
+    reconciled: Any
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,12 @@ def beat_metrics() -> BeatMetrics | None:
                     "1 while this beat's claiming is paused (clock off past "
                     "HARD_CLOCK_OFFSET_SECONDS)",
                 ),
+                reconciled=pc.Counter(
+                    "driftsafe_beat_runs_reconciled",
+                    "Runs this beat's reconciliation gave an outcome: expired, worker_lost, "
+                    "or the result backend's (succeeded, failed, revoked)",
+                    ["outcome"],
+                ),
             )
     return _beat
 
@@ -267,6 +274,14 @@ def dispatched(result: DispatchResult, runs: Mapping[int, ClaimedRun], now: date
         slot = runs[run_id].slot if run_id in runs else None
         if slot is not None:
             m.lateness.observe(max((now - slot).total_seconds(), 0.0))
+
+
+def reconciled(outcomes: Mapping[str, int]) -> None:
+    """A reconciliation pass ended: how many runs it gave each outcome."""
+    m = beat_metrics()
+    if m is not None:
+        for outcome, count in outcomes.items():
+            m.reconciled.labels(outcome=outcome).inc(count)
 
 
 def heartbeat(

@@ -35,6 +35,7 @@ from django.db import transaction
 from django.db.models import CharField, Q, Value
 from django.db.models.functions import Cast, Concat
 
+from celery_driftsafe import metrics
 from celery_driftsafe.background import BackgroundPass
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.exceptions import LockError
@@ -76,6 +77,16 @@ class Reconciled:
     #: read (None: it read them all); the next pass starts after it, so that runs the backend
     #: knows nothing of do not hide the runs behind them.
     backend_after: tuple[datetime, int] | None = None
+    #: Of ``from_results``, how many took each status.
+    from_results_by_status: dict[str, int] = field(default_factory=dict)
+
+    def outcomes(self) -> dict[str, int]:
+        """Runs given each outcome (the metrics' ``outcome`` label)."""
+        return {
+            "expired": len(self.expired),
+            "worker_lost": len(self.lost),
+            **self.from_results_by_status,
+        }
 
 
 @dataclass(frozen=True)
@@ -306,9 +317,12 @@ def _settle_from_backend(
             finished_at=now,
             error=f"outcome taken from the result backend: {state}",
         ):
-            done.from_results += runs.filter(
-                pk__in=pks, status=status, finished_at=now
-            ).values_list("pk", flat=True)
+            settled = list(
+                runs.filter(pk__in=pks, status=status, finished_at=now).values_list("pk", flat=True)
+            )
+            done.from_results += settled
+            by_status = done.from_results_by_status
+            by_status[status] = by_status.get(status, 0) + len(settled)
     return bool(by_state)
 
 
@@ -372,6 +386,7 @@ class BackgroundReconciler(BackgroundPass):
                 stop=self._stop,
             )
             self._backend_after = self.last.backend_after
+            metrics.reconciled(self.last.outcomes())
         except Exception as exc:  # an outage, say: the next pass tries again
             logger.warning(
                 "reconciling runs failed; trying again in %g s: %s",

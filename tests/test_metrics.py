@@ -585,3 +585,39 @@ def test_alert_rules_and_grafana_dashboard_use_only_exported_metrics() -> None:
     # and the dashboard shows every beat and worker counter
     counters = {n for n in known if n.startswith(("driftsafe_beat_slots", "driftsafe_worker"))}
     assert counters <= used, f"not on the dashboard: {counters - used}"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_beats_reconciliation_counts_the_outcomes_it_gave(
+    broker_app: Any, clock: FakeClock
+) -> None:
+    """Runs of plain tasks get their outcome from the reconciliation, not from a worker: the
+    beat counts them by outcome (an expired run here; the result backend's others)."""
+    with metrics_on(METRICS_PORT=0):
+        sched = DriftSafeScheduler(
+            app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
+        )
+        try:
+            server = metrics_server.node_server(sched.node_id)
+            assert server is not None
+            before = scrape(server.port)
+            old = T0 - timedelta(days=2)
+            Run.objects.create(
+                task_name="tests.add",
+                slot=old,
+                status=RunStatus.DISPATCHED,
+                claimed_at=old,
+                expires_at=old + timedelta(days=1),
+            )
+            sched.run_round()  # the first round starts a pass
+            sched.reconciler.join(10)
+            after = scrape(server.port)
+            name = "driftsafe_beat_runs_reconciled_total"
+            assert (
+                value(after, name, outcome="expired") - value(before, name, outcome="expired") == 1
+            )
+            assert value(after, name, outcome="worker_lost") == value(
+                before, name, outcome="worker_lost"
+            )
+        finally:
+            sched.close()
