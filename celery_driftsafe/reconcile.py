@@ -150,7 +150,9 @@ def reconcile(
             app, runs, lookup, now, batch, until, backend_after, done
         )
     if done.expired or done.lost or done.from_results:
-        logger.warning(
+        # A plain task's runs end this way every minute: only an expiry or a lost worker warns.
+        logger.log(
+            logging.WARNING if done.expired or done.lost else logging.INFO,
             "reconciled runs without an outcome: %d expired, %d worker lost, %d from the "
             "result backend",
             len(done.expired),

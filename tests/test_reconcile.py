@@ -251,3 +251,21 @@ def test_an_app_without_a_result_backend_reads_no_runs_for_it() -> None:
         done = reconcile(T0 + timedelta(hours=2), lease=LEASE, app=app)
     assert len(with_app) == len(without_app), [q["sql"] for q in with_app]
     assert done.from_results == [] and done.backend_after is None
+
+
+def test_outcomes_from_the_backend_are_logged_at_info_an_expiry_warns(
+    redis_results: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A plain task's runs take the backend's outcome every minute: that is no warning."""
+    import logging
+
+    task = interval_task("t", 1, anchor=T0)
+    (run,) = _waiting(task, 1)
+    redis_results.backend.store_result(run.celery_task_id, 1, states.SUCCESS)
+    with caplog.at_level(logging.INFO, logger="celery_driftsafe.reconcile"):
+        reconcile(T0 + timedelta(hours=2), lease=LEASE, app=redis_results)
+        _waiting(interval_task("late", 1, anchor=T0), 1, expires_at=T0)
+        reconcile(T0 + timedelta(hours=2), lease=LEASE, app=redis_results)
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "reconciled" in r.getMessage()]
+    assert [level for level, _ in said] == ["INFO", "WARNING"]
+    assert "1 from the result backend" in said[0][1] and "1 expired" in said[1][1]
