@@ -76,9 +76,10 @@ class Published:
 
 class _SteppedScheduler(DriftSafeScheduler):
     """The real scheduler, minus what a test process must not do: no wake-up listener thread
-    on Redis, no claim-ahead or pruning thread (whose own database connection would not see
-    the test's uncommitted rows), and no waiting out an unreachable database at start-up (the
-    error goes to the test)."""
+    on Redis, no claim-ahead, pruning or reconciling thread (whose own database connection
+    would not see the test's uncommitted rows, and, with committed ones, would judge them at an
+    instant the test has since moved the clock away from), and no waiting out an unreachable
+    database at start-up (the error goes to the test)."""
 
     def _start_up(self) -> SyncReport:
         nodes.register(self.node_id, self.clock.now(), using=self.using)
@@ -89,6 +90,7 @@ class _SteppedScheduler(DriftSafeScheduler):
         # Nothing is claimed ahead yet: this publishes nothing and lets the thread go.
         self._prefetcher.finish(self.dispatcher.dispatch, self.node_id)
         self.pruner.close()  # and it never starts a pruning pass
+        self.reconciler.close()  # nor a reconciling one
 
     def _start_listener(self) -> None:
         return None
