@@ -176,6 +176,7 @@ def _expire(
         Cast("expires_at", CharField()),
         output_field=CharField(),
     )
+    expired = RunStatus.EXPIRED
     for status in _WAITING:
         waiting = runs.filter(status=status, expires_at__lt=now - lease).select_for_update(
             skip_locked=True
@@ -184,7 +185,7 @@ def _expire(
         while True:
             with transaction.atomic(using=runs.db):
                 page = _page(waiting, "claimed_at", after, batch)
-                _expire_batch(runs, [pk for pk, _ in page], status, now, error, done)
+                done.expired += _settle(runs, [pk for pk, _ in page], status, expired, now, error)
             if len(page) < batch:
                 break
             if until.reached():
@@ -194,20 +195,22 @@ def _expire(
         while True:
             with transaction.atomic(using=runs.db):
                 found = list(waiting.filter(claimed_at=None).values_list("pk", flat=True)[:batch])
-                _expire_batch(runs, found, status, now, error, done)
+                done.expired += _settle(runs, found, status, expired, now, error)
             if len(found) < batch or until.reached():
                 break
 
 
-def _expire_batch(
-    runs: Any, found: list[int], status: str, now: datetime, error: Any, done: Reconciled
-) -> None:
-    if found and runs.filter(pk__in=found, status=status).update(
-        status=RunStatus.EXPIRED, finished_at=now, error=error
+def _settle(
+    runs: Any, pks: list[int], was: str, status: str, now: datetime, error: Any
+) -> list[int]:
+    """Give the runs ``pks`` that are still ``was`` the outcome ``status`` (finished at ``now``,
+    with ``error``) in one statement; the ids it changed."""
+    if not pks or not runs.filter(pk__in=pks, status=was).update(
+        status=status, finished_at=now, error=error
     ):
-        done.expired += runs.filter(
-            pk__in=found, status=RunStatus.EXPIRED, finished_at=now
-        ).values_list("pk", flat=True)
+        return []
+    changed = runs.filter(pk__in=pks, status=status, finished_at=now)
+    return list(changed.values_list("pk", flat=True))
 
 
 def _page(
@@ -275,14 +278,14 @@ def _from_result_backend(
     (None: at the end). Batches that settle nothing (runs of an ``ignore_result`` task, read
     again each time round until they expire) stop the look-up after
     :data:`RECONCILE_IDLE_SECONDS`."""
+    waiting = (
+        runs.filter(status=RunStatus.DISPATCHED, claimed_at__lt=bound)
+        .exclude(celery_task_id="")
+        .select_for_update(skip_locked=True)
+    )
     idle = 0.0
     while True:
         started = time.monotonic()
-        waiting = (
-            runs.filter(status=RunStatus.DISPATCHED, claimed_at__lt=bound)
-            .exclude(celery_task_id="")
-            .select_for_update(skip_locked=True)
-        )
         with transaction.atomic(using=runs.db):  # the batch's rows held, as in _expire
             page = _page(waiting, "claimed_at", after, batch, "celery_task_id")
             if not page:
@@ -314,17 +317,11 @@ def _settle_from_backend(
             by_state.setdefault(state, []).append(pk)
     for state, pks in by_state.items():
         status = _BACKEND_STATES[state]
-        if runs.filter(pk__in=pks, status=RunStatus.DISPATCHED).update(
-            status=status,
-            finished_at=now,
-            error=f"outcome taken from the result backend: {state}",
-        ):
-            settled = list(
-                runs.filter(pk__in=pks, status=status, finished_at=now).values_list("pk", flat=True)
-            )
-            done.from_results += settled
-            by_status = done.from_results_by_status
-            by_status[status] = by_status.get(status, 0) + len(settled)
+        error = f"outcome taken from the result backend: {state}"
+        settled = _settle(runs, pks, RunStatus.DISPATCHED, status, now, error)
+        done.from_results += settled
+        by_status = done.from_results_by_status
+        by_status[status] = by_status.get(status, 0) + len(settled)
     return bool(by_state)
 
 
