@@ -202,40 +202,33 @@ class FastPublisher:
         if skeleton is None:
             return False
         app = self.app
-        message_headers = skeleton.headers.copy()
-        message_headers["id"] = message_headers["root_id"] = task_id
-        message_headers["argsrepr"] = template.argsrepr
-        message_headers["kwargsrepr"] = template.kwargsrepr
-        properties = skeleton.properties.copy()
-        properties["correlation_id"] = task_id
-        properties["reply_to"] = app.thread_oid
-        properties["argsrepr"] = template.argsrepr
-        properties["kwargsrepr"] = template.kwargsrepr
+        expires_text = expiration = None
         if expires is not None:
-            message_headers["expires"] = expires.isoformat()
+            expires_text = expires.isoformat()
             # as send_task: the seconds from now to the expiry (both instants in UTC there;
             # an aware difference is the same, without the app's time zone and dateutil)
-            seconds = (expires - datetime.now(UTC)).total_seconds()
-            properties["expiration"] = max(seconds, 0)
-        message_headers.update(headers)
-        if template.compression is not None:
-            message_headers["compression"] = template.compression
+            expiration = max((expires - datetime.now(UTC)).total_seconds(), 0)
         if skeleton.notify_backend:
             app.backend.on_task_call(producer, task_id)
         declare = skeleton.to_declare(producer)
         if writer is not None and declare is None and (route := writer.route(skeleton)):
-            writer.put(
+            writer.put_run(
                 route,
-                template.body,
-                template.content_type,
-                template.content_encoding,
-                message_headers,
-                properties,
+                template,
+                self.parts,
+                task_id,
+                app.thread_oid,
+                expires_text,
+                expiration,
+                headers,
             )
             self.direct += 1
             return True
         if writer is not None:
             writer.via_kombu()
+        message_headers, properties = self.parts(
+            template, task_id, app.thread_oid, expires_text, expiration, headers
+        )
         producer.publish(
             template.body,
             content_type=template.content_type,
@@ -246,6 +239,36 @@ class FastPublisher:
             **properties,
         )
         return True
+
+    @staticmethod
+    def parts(
+        template: MessageTemplate,
+        task_id: str,
+        reply_to: str,
+        expires: str | None,
+        expiration: float | None,
+        headers: dict[str, Any],
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A run's message headers and properties (new dicts), from its task's template:
+        ``expires`` is the expiry (ISO 8601), ``expiration`` the seconds left until it."""
+        skeleton = template.skeleton
+        assert skeleton is not None
+        message_headers = skeleton.headers.copy()
+        message_headers["id"] = message_headers["root_id"] = task_id
+        message_headers["argsrepr"] = template.argsrepr
+        message_headers["kwargsrepr"] = template.kwargsrepr
+        properties = skeleton.properties.copy()
+        properties["correlation_id"] = task_id
+        properties["reply_to"] = reply_to
+        properties["argsrepr"] = template.argsrepr
+        properties["kwargsrepr"] = template.kwargsrepr
+        if expires is not None:
+            message_headers["expires"] = expires
+            properties["expiration"] = expiration
+        message_headers.update(headers)
+        if template.compression is not None:
+            message_headers["compression"] = template.compression
+        return message_headers, properties
 
     def _template(
         self,

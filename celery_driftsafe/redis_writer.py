@@ -24,7 +24,23 @@ kombu as before. ``tests/test_fastpublish.py`` compares the envelopes with Celer
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from dataclasses import replace
+from json.encoder import encode_basestring_ascii
+from typing import TYPE_CHECKING, Any
+
+from celery_driftsafe import envelope
+from celery_driftsafe.envelope import EnvelopeShape, json_text, make_shape, marker, render
+
+if TYPE_CHECKING:
+    from celery_driftsafe.skeleton import MessageTemplate
+
+#: Makes a run's message headers and properties: (template, task id, reply to, expires,
+#: expiration seconds, custom headers) -> (headers, properties); see ``FastPublisher.parts``.
+Parts = Callable[
+    ["MessageTemplate", str, str, "str | None", "float | None", dict[str, Any]],
+    tuple[dict[str, Any], dict[str, Any]],
+]
 
 #: ``Producer.publish``'s own parameters that a message property of the same name would be
 #: taken for and that change a Redis message: such a property declines. (``priority`` and
@@ -98,9 +114,11 @@ class RedisWriter:
         self._lists: dict[str, list[str]] = {}
         #: id(skeleton) -> (exchange name, routing key, delivery mode), or None: kombu's path.
         self._routes: dict[int, tuple[str, str, Any] | None] = {}
-        from kombu.utils.json import dumps
+        from kombu.utils.json import JSONEncoder, dumps
 
         self._dumps = dumps
+        #: kombu's encoder as its ``dumps`` makes it, for the values spliced into a shape.
+        self._encoder = JSONEncoder()
 
     @classmethod
     def open(cls, producer: Any, batch: Any) -> RedisWriter | None:
@@ -166,12 +184,97 @@ class RedisWriter:
     ) -> None:
         """Queue one message (``properties`` is the message's own dict, taken over), the
         envelope ``Producer.publish`` and the channel's ``basic_publish`` would build."""
-        if self._kombu_queued:  # kombu holds earlier messages: they go first
-            self._kombu_queued = False
-            try:
-                self._batch.flush()
-            except Exception as exc:
-                raise BatchWriteError(f"{type(exc).__name__}: {exc}") from exc
+        key, message = self._envelope(
+            route, body, content_type, content_encoding, headers, properties
+        )
+        self._queue(key, self._dumps(message))
+
+    def put_run(
+        self,
+        route: tuple[str, str, Any],
+        template: MessageTemplate,
+        parts: Parts,
+        task_id: str,
+        reply_to: str,
+        expires: str | None,
+        expiration: float | None,
+        headers: dict[str, Any],
+    ) -> None:
+        """Queue one run's message, the envelope :meth:`put` would queue for the headers and
+        properties ``parts`` makes, spliced into the shape of its skeleton's envelopes
+        (:mod:`celery_driftsafe.envelope`), made on first use."""
+        channel = self.channel
+        skeleton = template.skeleton
+        assert skeleton is not None
+        shape_key = (
+            route,
+            tuple(headers),
+            expires is not None,
+            template.content_type,
+            template.content_encoding,
+            template.compression,
+            channel.body_encoding,
+        )
+        shape = skeleton.envelopes.get(shape_key)
+        if shape is None:
+            shape = skeleton.envelopes[shape_key] = self._shape(
+                route, template, parts, list(headers), expires is not None
+            )
+        body, _encoding = channel.encode_body(template.body, channel.body_encoding)
+        encode = self._encoder.encode
+        values = [
+            json_text(body, encode),
+            encode_basestring_ascii(task_id),
+            json_text(reply_to, encode),
+            encode_basestring_ascii(template.argsrepr),
+            encode_basestring_ascii(template.kwargsrepr),
+            json_text(expires, encode),
+            f'"{int(expiration * 1000)}"' if expiration is not None else "null",
+            json_text(channel._next_delivery_tag(), encode),
+        ]
+        for value in headers.values():
+            values.append(json_text(value, encode))
+        self._queue(shape.key, render(shape, values))
+
+    def _shape(
+        self,
+        route: tuple[str, str, Any],
+        template: MessageTemplate,
+        parts: Parts,
+        names: list[str],
+        has_expiry: bool,
+    ) -> EnvelopeShape:
+        """The envelope :meth:`put` builds, with markers for what varies, cut into a shape."""
+        stand_in = replace(
+            template, argsrepr=marker(envelope.ARGSREPR), kwargsrepr=marker(envelope.KWARGSREPR)
+        )
+        headers, properties = parts(
+            stand_in,
+            marker(envelope.TASK_ID),
+            marker(envelope.REPLY_TO),
+            marker(envelope.EXPIRES) if has_expiry else None,
+            0.0 if has_expiry else None,
+            {name: marker(envelope.FIXED + i) for i, name in enumerate(names)},
+        )
+        key, message = self._envelope(
+            route, b"", template.content_type, template.content_encoding, headers, properties
+        )
+        message["body"] = marker(envelope.BODY)
+        message["properties"]["delivery_tag"] = marker(envelope.DELIVERY_TAG)
+        if has_expiry:
+            message["properties"]["expiration"] = marker(envelope.EXPIRATION)
+        return make_shape(message, key, envelope.FIXED + len(names), self._dumps)
+
+    def _envelope(
+        self,
+        route: tuple[str, str, Any],
+        body: bytes,
+        content_type: str,
+        content_encoding: str,
+        headers: dict[str, Any],
+        properties: dict[str, Any],
+    ) -> tuple[str, dict[str, Any]]:
+        """The Redis list and the envelope of one message, as the channel builds them."""
         exchange, routing_key, delivery_mode = route
         channel = self.channel
         for name in _IGNORED_BY_REDIS:
@@ -186,10 +289,19 @@ class RedisWriter:
         )
         channel._inplace_augment_message(message, exchange, routing_key)
         key = channel._q_for_pri(routing_key, channel._get_message_priority(message, reverse=False))
+        return key, message
+
+    def _queue(self, key: str, envelope_text: str) -> None:
+        if self._kombu_queued:  # kombu holds earlier messages: they go first
+            self._kombu_queued = False
+            try:
+                self._batch.flush()
+            except Exception as exc:
+                raise BatchWriteError(f"{type(exc).__name__}: {exc}") from exc
         envelopes = self._lists.get(key)
         if envelopes is None:
             envelopes = self._lists[key] = []
-        envelopes.append(self._dumps(message))
+        envelopes.append(envelope_text)
 
     def via_kombu(self) -> None:
         """A message of the batch is about to go through kombu: what this writer holds is

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -35,6 +35,8 @@ class Skeleton:
     #: The task's signature check (Celery's ``typing``), run on each task's arguments.
     check_arguments: Callable[..., Any] | None
     notify_backend: bool
+    #: The Redis envelopes' shapes (:mod:`celery_driftsafe.envelope`), made on first use.
+    envelopes: dict[tuple[Any, ...], Any] = field(default_factory=dict, compare=False, repr=False)
 
     def to_declare(self, producer: Any) -> list[Any] | None:
         """The entities kombu must declare before a message: none when the producer's

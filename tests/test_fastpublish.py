@@ -252,6 +252,75 @@ def test_the_fast_message_is_celerys_message(
         assert [m["properties"]["priority"] for _, m in fast_sent] == [0, 4]
 
 
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner),
+    max_leaves=6,
+)
+
+
+@pytest.mark.parametrize("conf", [{}, {"task_compression": "gzip"}], ids=["plain", "gzip"])
+def test_a_spliced_envelope_is_the_text_put_writes_to_the_byte(
+    make_app: Callable[..., Celery], queue: str, conf: dict[str, Any]
+) -> None:
+    """``RedisWriter.put_run`` (the envelope spliced into its skeleton's shape) writes the very
+    text ``put`` writes (the envelope built with kombu's channel methods, then kombu's JSON),
+    whatever the custom headers (any JSON values, any names, standard headers overridden), the
+    display forms, the expiry and the reply address."""
+    from celery_driftsafe.fastpublish import FastPublisher
+    from celery_driftsafe.redis_writer import RedisWriter
+
+    app = make_app(**conf)
+    fast = FastPublisher(app)
+    with app.producer_or_acquire() as producer:
+        channel = producer.channel
+        channel._next_delivery_tag = lambda: "the-delivery-tag"
+        writer = RedisWriter(producer, channel, None)
+
+        @given(
+            headers=st.dictionaries(
+                st.sampled_from(["tenant", "n", "id", "task", "é", "driftsafe_run_id"])
+                | st.text(max_size=6),
+                _JSON_VALUES,
+                max_size=4,
+            ),
+            reprs=st.tuples(st.text(max_size=10), st.text(max_size=10)),
+            expiry=st.none() | st.floats(min_value=0, max_value=1e6),
+            reply_to=st.text(max_size=8),
+        )
+        @examples(max_examples=150, deadline=None)
+        def check(
+            headers: dict[str, Any],
+            reprs: tuple[str, str],
+            expiry: float | None,
+            reply_to: str,
+        ) -> None:
+            template = fast._template(
+                repr((reprs, expiry is None)),  # a template of its own for these reprs
+                "fast.add",
+                [1, "é"],
+                {},
+                {},
+                T0 if expiry is not None else None,
+                lambda: reprs,
+            )
+            route = writer.route(template.skeleton)
+            assert route is not None
+            expires = T0.isoformat() if expiry is not None else None
+            writer._lists = {}
+            parts = fast.parts(template, "the-id", reply_to, expires, expiry, dict(headers))
+            writer.put(
+                route, template.body, template.content_type, template.content_encoding, *parts
+            )
+            writer.put_run(
+                route, template, fast.parts, "the-id", reply_to, expires, expiry, dict(headers)
+            )
+            ((_key, texts),) = writer._lists.items()
+            assert texts[0] == texts[1]
+
+        check()
+
+
 def test_a_named_exchange_and_routing_key(
     make_app: Callable[..., Celery], queue: str, settings: Any
 ) -> None:
