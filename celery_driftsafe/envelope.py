@@ -7,7 +7,7 @@ RedisWriter` builds that document with the channel's own methods and kombu's JSO
 task whose messages share a :class:`~celery_driftsafe.skeleton.Skeleton` everything in it but
 a dozen values is the same from message to message: encoding all of it again was a fifth of a
 beat's CPU in a catch-up. So the document is built once per skeleton, route and set of custom
-header names, exactly as :meth:`RedisWriter.put <celery_driftsafe.redis_writer.RedisWriter.put>`
+header names, exactly as :meth:`RedisWriter.envelope <celery_driftsafe.redis_writer.RedisWriter.envelope>`
 builds it, with a marker in place of each value that varies; its JSON text is cut at the
 markers; and each message is the pieces with its own values, each encoded by the same JSON
 encoder, in between. The text is the one kombu would have stored, to the byte

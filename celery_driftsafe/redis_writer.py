@@ -20,6 +20,10 @@ by queue; a named exchange goes through kombu, which looks its bindings up), a q
 an ``x-expires`` of its own, from a producer without compression or an exchange of its own to
 declare, with nothing left to declare for the message. Anything else is published through
 kombu as before. ``tests/test_fastpublish.py`` compares the envelopes with Celery's.
+
+A run's message (:meth:`RedisWriter.put_run`) is not built whole: its values are spliced into
+the shape of its skeleton's envelopes (:mod:`celery_driftsafe.envelope`), the text of
+:meth:`RedisWriter.envelope` in kombu's JSON, to the byte.
 """
 
 from __future__ import annotations
@@ -173,22 +177,6 @@ class RedisWriter:
             return None
         return "", routing_key, delivery_mode
 
-    def put(
-        self,
-        route: tuple[str, str, Any],
-        body: bytes,
-        content_type: str,
-        content_encoding: str,
-        headers: dict[str, Any],
-        properties: dict[str, Any],
-    ) -> None:
-        """Queue one message (``properties`` is the message's own dict, taken over), the
-        envelope ``Producer.publish`` and the channel's ``basic_publish`` would build."""
-        key, message = self._envelope(
-            route, body, content_type, content_encoding, headers, properties
-        )
-        self._queue(key, self._dumps(message))
-
     def put_run(
         self,
         route: tuple[str, str, Any],
@@ -200,8 +188,9 @@ class RedisWriter:
         expiration: float | None,
         headers: dict[str, Any],
     ) -> None:
-        """Queue one run's message, the envelope :meth:`put` would queue for the headers and
-        properties ``parts`` makes, spliced into the shape of its skeleton's envelopes
+        """Queue one run's message: the envelope ``Producer.publish`` and the channel's
+        ``basic_publish`` would build (:meth:`envelope`) for the headers and properties
+        ``parts`` makes, its values spliced into the shape of its skeleton's envelopes
         (:mod:`celery_driftsafe.envelope`), made on first use."""
         channel = self.channel
         skeleton = template.skeleton
@@ -244,7 +233,7 @@ class RedisWriter:
         names: list[str],
         has_expiry: bool,
     ) -> EnvelopeShape:
-        """The envelope :meth:`put` builds, with markers for what varies, cut into a shape."""
+        """The envelope :meth:`envelope` builds, with markers for what varies, cut into a shape."""
         stand_in = replace(
             template, argsrepr=marker(envelope.ARGSREPR), kwargsrepr=marker(envelope.KWARGSREPR)
         )
@@ -256,7 +245,7 @@ class RedisWriter:
             0.0 if has_expiry else None,
             {name: marker(envelope.FIXED + i) for i, name in enumerate(names)},
         )
-        key, message = self._envelope(
+        key, message = self.envelope(
             route, b"", template.content_type, template.content_encoding, headers, properties
         )
         message["body"] = marker(envelope.BODY)
@@ -265,7 +254,7 @@ class RedisWriter:
             message["properties"]["expiration"] = marker(envelope.EXPIRATION)
         return make_shape(message, key, envelope.FIXED + len(names), self._dumps)
 
-    def _envelope(
+    def envelope(
         self,
         route: tuple[str, str, Any],
         body: bytes,
@@ -274,7 +263,9 @@ class RedisWriter:
         headers: dict[str, Any],
         properties: dict[str, Any],
     ) -> tuple[str, dict[str, Any]]:
-        """The Redis list and the envelope of one message, as the channel builds them."""
+        """The Redis list and the envelope of one message (``properties`` is the message's
+        own dict, taken over), as the channel builds them: what a spliced envelope's text
+        must equal once encoded with kombu's JSON."""
         exchange, routing_key, delivery_mode = route
         channel = self.channel
         for name in _IGNORED_BY_REDIS:
