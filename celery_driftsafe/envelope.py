@@ -2,13 +2,12 @@
 skeleton (see docs/explanation/performance.md, "the fast publish path").
 
 kombu's Redis channel stores a message as one JSON document: the body (base64), its content
-type and encoding, the headers and the properties. :class:`~celery_driftsafe.redis_writer.
-RedisWriter` builds that document with the channel's own methods and kombu's JSON, and for a
-task whose messages share a :class:`~celery_driftsafe.skeleton.Skeleton` everything in it but
-a dozen values is the same from message to message: encoding all of it again was a fifth of a
-beat's CPU in a catch-up. So the document is built once per skeleton, route and set of custom
-header names, exactly as :meth:`RedisWriter.envelope <celery_driftsafe.redis_writer.RedisWriter.envelope>`
-builds it, with a marker in place of each value that varies; its JSON text is cut at the
+type and encoding, the headers and the properties. For a task whose messages share a
+:class:`~celery_driftsafe.skeleton.Skeleton`, everything in it but a dozen values is the same
+from message to message: encoding all of it again was a fifth of a beat's CPU in a catch-up.
+So the document is built once per skeleton, route and set of custom header names, exactly as
+:meth:`~celery_driftsafe.redis_writer.RedisWriter.envelope` builds it (the channel's own
+methods), with a marker in place of each value that varies; its JSON text is cut at the
 markers; and each message is the pieces with its own values, each encoded by the same JSON
 encoder, in between. The text is the one kombu would have stored, to the byte
 (``tests/test_fastpublish.py`` compares them). A marker holds a random word drawn when the
