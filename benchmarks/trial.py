@@ -120,7 +120,11 @@ class Beat:
     """One started beat and what the sampler read of it."""
 
     child: Child
-    cpu: float = 0.0  # user + system seconds, last sample
+    cpu: float = 0.0  # user + system seconds, last sample, its child processes' included
+    #: The beat's child processes (its claim process, multiprocessing's resource tracker):
+    #: pid -> CPU seconds at their last sample (kept once they end), peak RSS of any of them.
+    children_cpu: dict[int, float] = field(default_factory=dict)
+    peak_child_rss_kb: int = 0
     cpu_mark: float = 0.0  # at Trial.mark()
     peak_rss_kb: int = 0
 
@@ -406,8 +410,13 @@ class Trial:
                 if beat.process.poll() is not None:
                     continue
                 with contextlib.suppress(OSError, ValueError, IndexError):
-                    rss, beat.cpu = proc_stats(beat.pid)
+                    rss, own = proc_stats(beat.pid)
                     beat.peak_rss_kb = max(beat.peak_rss_kb, rss)
+                    for child in _children(beat.pid):
+                        with contextlib.suppress(OSError, ValueError, IndexError):
+                            child_rss, beat.children_cpu[child] = proc_stats(child)
+                            beat.peak_child_rss_kb = max(beat.peak_child_rss_kb, child_rss)
+                    beat.cpu = own + sum(beat.children_cpu.values())
 
     def mark(self) -> None:
         """Start of the measured window for CPU time."""
@@ -433,3 +442,13 @@ class Trial:
         """Seconds left on RedBeat's lock (None when there is none)."""
         ttl = self.store.pttl(f"{self.prefix}:redbeat::lock")
         return ttl / 1000 if ttl and ttl > 0 else None
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (of any of its threads), from /proc."""
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as children:
+                found.extend(int(child) for child in children.read().split())
+    return found

@@ -13,7 +13,7 @@ Stable ids (documented in the settings reference):
 ``celery_driftsafe.E008``  ``MISFIRE_GRACE_SECONDS`` is negative
 ``celery_driftsafe.E009``  ``CELERY_APP`` is not a dotted path
 ``celery_driftsafe.E010``  ``USE_TZ`` is not ``True`` (slots are aware UTC instants)
-``celery_driftsafe.E011``  a switch setting (``FAST_PUBLISH``) is not ``True`` or ``False``
+``celery_driftsafe.E011``  a switch (``FAST_PUBLISH``, ``CLAIM_PROCESS``) is not True or False
 ``celery_driftsafe.E020``  ``METRICS_PORT`` / ``WORKER_METRICS_PORT`` is not a port number
 ``celery_driftsafe.E021``  metrics are switched on but prometheus-client is not installed
 ``celery_driftsafe.E022``  ``METRICS_ADDRESS`` is not a non-empty string

@@ -71,6 +71,10 @@ class DriftSafeSettings:
     #: message ``apply_async`` sends; see :mod:`celery_driftsafe.fastpublish`, which falls
     #: back to ``apply_async`` where it cannot be exact). False: always ``apply_async``.
     fast_publish: bool = True
+    #: In a wave (a full claim batch), claim the next batches in a helper process of the
+    #: beat's own while the beat publishes (see :mod:`celery_driftsafe.claim_process`).
+    #: False: in a thread of the beat. Only on databases with ``SKIP LOCKED``.
+    claim_process: bool = True
     #: Seconds a claimed run may stay undispatched before another beat re-publishes it.
     lease_seconds: float = 30.0
     #: A node whose measured offset from the authority exceeds this logs a warning.

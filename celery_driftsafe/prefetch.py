@@ -1,16 +1,21 @@
 """Claiming ahead: while a beat publishes one full batch, the next batch is claimed in a
-thread of its own (its own database connection). Only on databases with ``SKIP LOCKED``,
-where the two writers never wait on each other."""
+process of the beat's own (:mod:`celery_driftsafe.claim_process`; ``CLAIM_PROCESS``) or, until
+that is ready, when it is off or lost, in a thread (its own database connection). Only on
+databases with ``SKIP LOCKED``, where the two writers never wait on each other."""
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime
+from functools import partial
 
 from django.db import connections
 
 from celery_driftsafe.claim import ClaimResult
+from celery_driftsafe.claim_process import ClaimProcess
 from celery_driftsafe.db_connection import refresh_between_rounds
 from celery_driftsafe.dispatch import ClaimedRun
 
@@ -18,23 +23,58 @@ logger = logging.getLogger("celery_driftsafe.scheduler")
 
 
 class Prefetcher:
-    """At most one batch claimed ahead, on database ``using``."""
+    """Batches claimed ahead, on database ``using``, for node ``node_id``: one in a thread
+    and, with ``use_process``, one more in a helper process once that is ready (the two claim
+    side by side, taking disjoint rows). They are taken in the order they were asked for."""
 
-    def __init__(self, using: str) -> None:
+    def __init__(self, using: str, node_id: str = "", *, use_process: bool = False) -> None:
         self.using = using
         self._executor: ThreadPoolExecutor | None = None
+        self._process: ClaimProcess | None = None
         if connections[using].features.has_select_for_update_skip_locked:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="driftsafe-claim")
-        self._pending: Future[ClaimResult] | None = None
+            if use_process:
+                self._process = ClaimProcess(using, node_id)
+        #: Batches asked for, oldest first: a thread's future, or None for the process's.
+        self._pending: deque[Future[ClaimResult] | None] = deque()
 
     @property
     def available(self) -> bool:
         return self._executor is not None
 
-    def claim_ahead(self, claim: Callable[[], ClaimResult]) -> None:
-        """Run ``claim`` in the prefetch thread; its result is :meth:`take`'s."""
+    @property
+    def process(self) -> ClaimProcess | None:
+        """The helper process, when this beat may use one."""
+        return self._process
+
+    @property
+    def pending(self) -> int:
+        """Batches claimed (or being claimed) ahead and not yet taken."""
+        return len(self._pending)
+
+    def claim_ahead(
+        self,
+        claim: Callable[..., ClaimResult],
+        now: datetime,
+        node_id: str,
+        busy_since: datetime | None,
+    ) -> None:
+        """Claim the next batches (``claim(now, node_id, busy_since=busy_since)`` in the
+        thread, the same in the helper process) while the caller publishes; their results are
+        :meth:`take`'s. Each claims at most one batch at a time."""
         assert self._executor is not None
-        self._pending = self._executor.submit(self._claim, claim)
+        helper = self._process
+        if helper is not None and helper.unavailable is None:
+            helper.start()  # a wave: from now on, claims go there too once it is ready
+            if helper.ready and not helper.busy:
+                helper.submit(now, busy_since)
+                self._pending.append(None)
+        if not any(self._pending):
+            self._pending.append(
+                self._executor.submit(
+                    self._claim, partial(claim, now, node_id, busy_since=busy_since)
+                )
+            )
 
     def _claim(self, claim: Callable[[], ClaimResult]) -> ClaimResult:
         refresh_between_rounds(self.using)
@@ -45,15 +85,31 @@ class Prefetcher:
             raise
 
     def take(self) -> ClaimResult | None:
-        """The batch claimed ahead, if any (its error, if it failed: handled as the round's)."""
-        pending, self._pending = self._pending, None
-        return None if pending is None else pending.result()
+        """The oldest batch claimed ahead, if any (its error, if it failed: handled as the
+        round's; the batch behind it stays, to be taken next)."""
+        if not self._pending:
+            return None
+        pending = self._pending.popleft()
+        if pending is None:
+            assert self._process is not None
+            return self._process.result()
+        return pending.result()
 
     def publish(self, dispatch: Callable[[list[ClaimedRun]], object]) -> None:
-        """Publish the batch claimed ahead, if any: it is committed as this node's claims."""
-        result = self.take()
-        if result is not None:
-            dispatch(result.runs)
+        """Publish every batch claimed ahead: they are committed as this node's claims. A
+        batch whose claim failed is passed over (it rolled back); the last such error is
+        raised once the others are out."""
+        failure: Exception | None = None
+        while self._pending:
+            try:
+                result = self.take()
+            except Exception as exc:
+                failure = exc
+                continue
+            if result is not None:
+                dispatch(result.runs)
+        if failure is not None:
+            raise failure
 
     def finish(self, dispatch: Callable[[list[ClaimedRun]], object], node_id: str) -> None:
         """Publish a batch claimed ahead (the beat is stopping: it goes out now rather than
@@ -67,6 +123,8 @@ class Prefetcher:
                 exc,
                 extra={"action": "stop", "node": node_id},
             )
+        if self._process is not None:
+            self._process.stop()
         if self._executor is not None:
             self._executor.submit(connections.close_all).result()
             self._executor.shutdown(wait=True)

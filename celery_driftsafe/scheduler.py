@@ -130,7 +130,9 @@ class DriftSafeScheduler(BeatNode, Scheduler):
         self._lag: float | None = None
         self._saturation_logged = -math.inf
         #: While a wave is worked through, the next batch is claimed ahead.
-        self._prefetcher = Prefetcher(self.using)
+        self._prefetcher = Prefetcher(
+            self.using, self.node_id, use_process=self.settings.claim_process
+        )
         self._heap = HeapKeeper(time.monotonic)
         widen_young_generation()
         #: While nothing is due, the messages of the tasks due soonest are built ahead.
@@ -262,14 +264,12 @@ class DriftSafeScheduler(BeatNode, Scheduler):
         full = result.tasks_seen >= getattr(self.claimer, "batch_size", 0)
         if full and self._prefetcher.available and not self._shutdown.is_set():
             # More is due: claim the next batch while this one is published.
-            self._prefetcher.claim_ahead(
-                partial(self.claimer.claim, reading.at, self.node_id, busy_since=busy_since)
-            )
+            self._prefetcher.claim_ahead(self.claimer.claim, reading.at, self.node_id, busy_since)
         self.dispatcher.dispatch(result.runs)
         self._log_round(result, reading.at)
         self._last_round_end = metrics.round_done(result, reading.at, mono, self.clock.monotonic())
-        if full:
-            return 0.0  # a full batch: more may be due right now
+        if full or self._prefetcher.pending:
+            return 0.0  # a full batch (more may be due right now), or batches claimed ahead
         self.pruner.maybe_start(reading.at)  # low priority: in its own thread, when due
         wait = self._wait_after(reading, claimed=bool(result.tasks_seen))
         if wait >= PREBUILD_MIN_WAIT:

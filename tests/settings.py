@@ -136,6 +136,9 @@ DRIFTSAFE = {
     "REDIS_URL": REDIS_URL,
     "KEY_PREFIX": "driftsafe-test",
     "TIME_AUTHORITY": "redis" if TEST_DB == "sqlite" else "database",
+    # A beat's claim process (a spawned interpreter) would make in-process rounds depend on
+    # when it gets ready: tests/test_claim_process.py turns it on and waits for it.
+    "CLAIM_PROCESS": False,
 }
 
 CELERY_BROKER_URL = "memory://"

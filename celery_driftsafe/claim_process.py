@@ -1,0 +1,266 @@
+"""Claiming a wave in a process of its own: while a beat publishes one full batch, the next
+is claimed by a helper process rather than a thread (see docs/explanation/performance.md,
+"A claim process").
+
+A beat is one Python process, and in a wave its claiming and publishing threads hold Python's
+lock between them 80 to 85% of the time: adding threads adds nothing. The claim needs only the
+database, so a beat that meets a full batch (``CLAIM_BATCH_SIZE`` tasks due at once) starts
+one helper process (``multiprocessing``'s *spawn*: a fresh interpreter, nothing inherited
+but the arguments), which sets Django up with the beat's database and ``DRIFTSAFE``
+settings and then claims, as the beat's node, each batch the beat asks for; the beat
+publishes the batches it gets back. Until the helper is ready, and after it is lost, the
+beat claims ahead in a thread as before.
+
+What a claim commits is the beat's: if the helper or the beat dies between a claim and its
+publish, the runs stay ``claimed`` and a beat's outbox publishes them once, as for a beat
+that dies between its own claim and publish. The helper's log records go back with each
+result and are logged by the beat. It ends when the beat asks, when the beat's end of the
+pipe closes (the beat died), and with the beat (a daemon process); it ignores the terminal's
+SIGINT and SIGTERM, which the beat handles for both.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import pickle
+import signal
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # nothing Django-bound at import: the helper imports this module first
+    from celery_driftsafe.claim import ClaimResult
+
+logger = logging.getLogger("celery_driftsafe.scheduler")
+
+#: Seconds a stopping beat waits for its helper to end before it is terminated.
+STOP_SECONDS = 5.0
+
+
+class ClaimProcessLost(Exception):
+    """The helper process ended, or answered with something that is not a claim's result."""
+
+
+@dataclass(frozen=True)
+class _Request:
+    now: datetime
+    busy_since: datetime | None
+
+
+class ClaimProcess:
+    """One helper process claiming for node ``node_id`` on database ``using``."""
+
+    def __init__(self, using: str, node_id: str) -> None:
+        self.using = using
+        self.node_id = node_id
+        self._process: Any = None
+        self._conn: Any = None
+        self._ready = False
+        self._busy = False
+        #: Why the helper cannot be used (set once; the beat then claims in a thread).
+        self.unavailable: str | None = None
+        #: Batches claimed there (for tests and figures).
+        self.claims = 0
+
+    def start(self) -> None:
+        """Start the helper (it gets ready in the background: see :attr:`ready`)."""
+        if self._process is not None or self.unavailable is not None:
+            return
+        from django.conf import settings
+
+        try:
+            config = pickle.dumps(
+                (
+                    self.using,
+                    self.node_id,
+                    dict(settings.DATABASES[self.using]),
+                    getattr(settings, "DRIFTSAFE", {}),
+                    logging.getLogger("celery_driftsafe").getEffectiveLevel(),
+                )
+            )
+        except Exception as exc:  # something in the settings cannot cross to a process
+            self._give_up(f"its settings cannot be sent to a process: {exc!r}")
+            return
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(
+            target=serve, args=(child, config), name="driftsafe-claim", daemon=True
+        )
+        try:
+            self._process.start()
+        except Exception as exc:
+            self._give_up(f"it could not be started: {exc!r}")
+            return
+        finally:
+            child.close()
+        logger.info(
+            "a wave: starting a claim process (pid %s)",
+            self._process.pid,
+            extra={"action": "claim-process", "node": self.node_id},
+        )
+
+    @property
+    def ready(self) -> bool:
+        """Whether the helper has set itself up and waits for work (never blocks)."""
+        if self._ready or self._conn is None or self.unavailable is not None:
+            return self._ready and self.unavailable is None
+        try:
+            if self._conn.poll():
+                message = self._conn.recv()
+                if message == "ready":
+                    self._ready = True
+                else:
+                    self._give_up(f"it could not set itself up: {message}")
+            elif not self._process.is_alive():
+                self._give_up(f"it ended while setting itself up (exit code {self._exit_code()})")
+        except (EOFError, OSError) as exc:
+            self._give_up(f"it ended while setting itself up: {exc!r}")
+        return self._ready and self.unavailable is None
+
+    @property
+    def busy(self) -> bool:
+        """Whether a batch asked for is not yet taken."""
+        return self._busy
+
+    def submit(self, now: datetime, busy_since: datetime | None) -> None:
+        """Ask for one batch claimed at ``now`` (an authority reading); :meth:`result` waits
+        for it."""
+        assert self.ready and not self._busy
+        try:
+            self._conn.send(_Request(now, busy_since))
+        except (OSError, ValueError) as exc:
+            self._give_up(f"it could not be reached: {exc!r}")
+            raise ClaimProcessLost(self.unavailable) from exc
+        self._busy = True
+
+    def result(self) -> ClaimResult:
+        """The batch asked for with :meth:`submit` (raises its claim's error, or
+        :class:`ClaimProcessLost` when the helper ended meanwhile)."""
+        assert self._busy
+        self._busy = False
+        try:
+            kind, payload, records = self._conn.recv()
+        except (EOFError, OSError) as exc:
+            self._give_up(f"it ended during a claim (exit code {self._exit_code()})")
+            raise ClaimProcessLost(self.unavailable) from exc
+        for record in records:
+            logging.getLogger(record.name).handle(record)
+        if kind == "error":
+            raise payload
+        self.claims += 1
+        return payload  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        """Ask the helper to end, and wait for it (terminated after :data:`STOP_SECONDS`)."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        try:
+            if self._busy:
+                self._conn.recv()  # a claim under way: its runs are published by the caller
+            self._conn.send(None)
+        except (EOFError, OSError, ValueError):
+            pass
+        process.join(STOP_SECONDS)
+        if process.is_alive():
+            process.terminate()
+            process.join(STOP_SECONDS)
+        self._conn.close()
+        self._ready = self._busy = False
+
+    def _give_up(self, why: str) -> None:
+        if self.unavailable is None:
+            self.unavailable = why
+            logger.warning(
+                "the claim process is not used: %s; this beat claims in a thread",
+                why,
+                extra={"action": "claim-process", "node": self.node_id},
+            )
+        if self._process is not None and self._process.is_alive():
+            self._process.terminate()
+
+    def _exit_code(self) -> Any:
+        if self._process is None:
+            return None
+        self._process.join(0.5)
+        return self._process.exitcode
+
+
+class _Records(logging.Handler):
+    """Keeps the helper's log records of one claim, made safe to send back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        record.msg = record.getMessage()
+        record.args = None
+        if record.exc_info:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+            record.exc_info = None
+        self.records.append(record)
+
+
+def serve(conn: Any, config: bytes) -> None:
+    """The helper's life: set Django up as the beat has it, then claim what is asked for
+    until asked to end or the beat is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    using, node_id, database, driftsafe, level = pickle.loads(config)
+    try:
+        claimer = _set_up(using, database, driftsafe)
+    except Exception as exc:
+        conn.send(f"{type(exc).__name__}: {exc}")
+        return
+    from django.db import connections
+
+    records = _Records()
+    root = logging.getLogger()
+    root.addHandler(records)
+    root.setLevel(level)
+    conn.send("ready")
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            break  # the beat is gone
+        if request is None:
+            break
+        records.records = []
+        answer: tuple[str, Any]
+        try:
+            answer = ("result", claimer.claim(request.now, node_id, request.busy_since))
+        except Exception as exc:
+            connections.close_all()
+            answer = ("error", _sendable(exc))
+        try:
+            conn.send((*answer, records.records))
+        except (OSError, ValueError):
+            break
+    connections.close_all()
+
+
+def _set_up(using: str, database: dict[str, Any], driftsafe: Any) -> Any:
+    """Django with the beat's database ``using`` and ``DRIFTSAFE`` (as they are in the beat,
+    which may have changed them since its settings module was read), and a claimer."""
+    import django
+    from django.conf import settings
+
+    settings.DATABASES[using] = database
+    settings.DRIFTSAFE = driftsafe
+    django.setup()
+    from celery_driftsafe.claim import claimer_for
+    from celery_driftsafe.conf import get_settings
+
+    return claimer_for(using, get_settings())
+
+
+def _sendable(exc: Exception) -> Exception:
+    """``exc``, or a plain exception with its text when it cannot be pickled."""
+    try:
+        pickle.dumps(exc)
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,161 @@
+"""A beat's claim process (``celery_driftsafe.claim_process``): in a wave, batches are claimed
+by a helper process of the beat's own, on the real test database (PostgreSQL or MariaDB: it
+needs ``SKIP LOCKED``), while the beat publishes; every slot goes out once, also when the
+helper is killed, and the helper ends with the beat or when the beat is gone."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from celery_driftsafe.claim_process import ClaimProcess
+from celery_driftsafe.models import Run, RunStatus
+from celery_driftsafe.scheduler import DriftSafeScheduler
+from celery_driftsafe.testing import FakeClock
+from tests.conftest import T0, drain
+from tests.factories import interval_task
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _needs_skip_locked() -> None:
+    """SQLite has no claim process (no ``SKIP LOCKED``: the beat claims in one thread); on
+    PostgreSQL and MariaDB, which the CI runs these tests on, it must be there."""
+    from django.db import connection
+
+    if connection.vendor == "sqlite":
+        pytest.skip("the claim process is for databases with SKIP LOCKED (not SQLite)")
+    assert connection.features.has_select_for_update_skip_locked, connection.vendor
+
+
+@pytest.fixture
+def wave_beat(settings: Any, broker_app: Any, clock: FakeClock) -> Iterator[DriftSafeScheduler]:
+    """A scheduler claiming 20 tasks a round, with its claim process on and ready."""
+    _needs_skip_locked()
+    settings.DRIFTSAFE = {
+        **settings.DRIFTSAFE,
+        "CLAIM_BATCH_SIZE": 20,
+        "CLAIM_PROCESS": True,
+        "RUN_EXPIRES_SECONDS": None,
+    }
+    sched = DriftSafeScheduler(
+        app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
+    )
+    helper = sched._prefetcher.process
+    assert helper is not None
+    helper.start()
+    _wait(lambda: helper.ready, "the claim process to get ready")
+    yield sched
+    sched.close()
+
+
+def _wait(condition: Any, what: str, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
+        time.sleep(0.05)
+
+
+def _rounds_until_idle(sched: DriftSafeScheduler, limit: int = 100) -> int:
+    """Rounds as the beat's loop runs them (errors logged and backed off, not raised) until
+    nothing is due, nothing is claimed ahead and the last round went well."""
+    for n in range(1, limit + 1):
+        wait = sched._guarded_round()
+        if wait > 0 and not sched._prefetcher.pending and sched._outage is None:
+            return n
+    raise AssertionError(f"still busy after {limit} rounds")
+
+
+def _published_once(count: int) -> None:
+    ids = [m["id"] for m in drain()]
+    assert len(ids) == len(set(ids)) == count
+    assert set(ids) == set(Run.objects.values_list("celery_task_id", flat=True))
+    assert Run.objects.filter(status=RunStatus.DISPATCHED).count() == count
+
+
+def test_a_wave_is_claimed_in_the_helper_process_and_every_slot_goes_out_once(
+    wave_beat: DriftSafeScheduler,
+) -> None:
+    """300 tasks due at one instant, 20 a batch: the helper claims batches beside the beat's
+    thread; each slot is published once, and the helper ends with the beat."""
+    for i in range(300):
+        interval_task(f"w{i:03d}", 60, anchor=T0, next_slot_at=T0)
+    _rounds_until_idle(wave_beat)
+    helper = wave_beat._prefetcher.process
+    assert helper is not None
+    assert helper.claims >= 3  # not all batches went to the thread
+    _published_once(300)
+    process = helper._process
+    wave_beat.close()
+    assert process is not None and not process.is_alive()
+
+
+def test_a_killed_helper_loses_no_slot_and_doubles_none(
+    wave_beat: DriftSafeScheduler, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The helper is killed while it claims: the beat says so, claims in its thread from then
+    on, and a batch the helper had committed stays claimed until the outbox publishes it
+    (after the lease), once."""
+    for i in range(300):
+        interval_task(f"k{i:03d}", 60, anchor=T0, next_slot_at=T0)
+    helper = wave_beat._prefetcher.process
+    assert helper is not None
+    assert wave_beat._guarded_round() == 0.0  # the first batch, and the next asked of both
+    assert helper.busy
+    os.kill(helper._process.pid, signal.SIGKILL)
+    with caplog.at_level(logging.WARNING, logger="celery_driftsafe"):
+        _rounds_until_idle(wave_beat)
+    assert helper.unavailable is not None
+    assert "the claim process is not used" in caplog.text
+    clock.advance(wave_beat.settings.lease_seconds + 10)
+    _rounds_until_idle(wave_beat)  # the outbox takes what the helper committed, if anything
+    _published_once(300)
+
+
+def test_the_helper_ends_when_the_beat_is_gone(settings: Any) -> None:
+    """A beat killed outright cannot stop its helper: the helper sees the beat's end of the
+    pipe close and ends by itself."""
+    _needs_skip_locked()
+    helper = ClaimProcess("default", "gone-node")
+    helper.start()
+    _wait(lambda: helper.ready, "the claim process to get ready")
+    process = helper._process
+    helper._conn.close()  # what the beat's death does to its end
+    process.join(20)
+    assert not process.is_alive()
+
+
+def test_settings_that_cannot_reach_a_process_leave_the_beat_claiming_in_a_thread(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Database options that cannot be pickled (an SSL context object, say) cannot be sent
+    to the helper: the beat says so once and claims in its thread."""
+    import ssl
+
+    from celery_driftsafe import claim_process
+
+    _needs_skip_locked()
+    real_dumps = claim_process.pickle.dumps
+
+    class Pickle:
+        loads = staticmethod(claim_process.pickle.loads)
+
+        @staticmethod
+        def dumps(value: Any) -> bytes:
+            using, node, database, *rest = value
+            database = {**database, "OPTIONS": {"ssl_context": ssl.create_default_context()}}
+            return real_dumps((using, node, database, *rest))
+
+    monkeypatch.setattr(claim_process, "pickle", Pickle)
+    helper = ClaimProcess("default", "odd-node")
+    with caplog.at_level(logging.WARNING, logger="celery_driftsafe"):
+        helper.start()
+    assert helper.unavailable is not None and "cannot be sent to a process" in helper.unavailable
+    assert not helper.ready and helper._process is None
+    assert "this beat claims in a thread" in caplog.text
