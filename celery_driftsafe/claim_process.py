@@ -156,9 +156,17 @@ class ClaimProcess:
         process, self._process = self._process, None
         if process is None:
             return
+        logger.info(
+            "stopping the claim process (pid %s) after %d batches",
+            process.pid,
+            self.claims,
+            extra={"action": "claim-process", "node": self.node_id},
+        )
         try:
             if self._busy:
-                self._conn.recv()  # a claim under way: its runs are published by the caller
+                # a claim nobody took (the caller takes every batch first): what it
+                # committed stays claimed, and the outbox publishes it after the lease
+                self._conn.recv()
             self._conn.send(None)
         except (EOFError, OSError, ValueError):
             pass
