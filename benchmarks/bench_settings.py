@@ -47,6 +47,10 @@ DRIFTSAFE = {
     "KEY_PREFIX": f"{_PREFIX}:driftsafe",
     "TIME_AUTHORITY": "database",
 }
+# DRIFTSAFE_BENCH_CLAIM_PROCESS=0: our beats claim in a thread only (the claim process off),
+# to measure what it adds; it is inherited from the command's environment.
+if os.environ.get("DRIFTSAFE_BENCH_CLAIM_PROCESS") == "0":
+    DRIFTSAFE["CLAIM_PROCESS"] = False
 
 CELERY_BROKER_URL = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/9")
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("BENCH_QUEUE", f"{_PREFIX}:queue")

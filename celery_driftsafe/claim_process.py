@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import pickle
 import signal
 from dataclasses import dataclass
@@ -119,6 +120,11 @@ class ClaimProcess:
         return self._ready and self.unavailable is None
 
     @property
+    def started(self) -> bool:
+        """Whether :meth:`start` was called (whatever came of it)."""
+        return self._process is not None or self.unavailable is not None
+
+    @property
     def busy(self) -> bool:
         """Whether a batch asked for is not yet taken."""
         return self._busy
@@ -177,6 +183,16 @@ class ClaimProcess:
         self._conn.close()
         self._ready = self._busy = False
 
+    def decline(self, why: str) -> None:
+        """Do without the helper for this beat's life (the machine has no core to spare)."""
+        if self.unavailable is None and self._process is None:
+            self.unavailable = why
+            logger.info(
+                "no claim process: %s; this beat claims in a thread",
+                why,
+                extra={"action": "claim-process", "node": self.node_id},
+            )
+
     def _give_up(self, why: str) -> None:
         if self.unavailable is None:
             self.unavailable = why
@@ -209,6 +225,22 @@ class _Records(logging.Handler):
             record.exc_text = logging.Formatter().formatException(record.exc_info)
             record.exc_info = None
         self.records.append(record)
+
+
+def spare_cores(beats_here: int, cores: int | None = None) -> str | None:
+    """Why a beat should not start a claim process when ``beats_here`` live beats (itself
+    included) run on its machine: each beat and each helper want a core of their own, so
+    beats and helpers together must not outnumber the cores this process may run on
+    (``cores``; by default those of its CPU affinity). None: there is room."""
+    if cores is None:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # not on Linux
+            cores = os.cpu_count() or 1
+    beats = max(beats_here, 1)
+    if 2 * beats > cores:
+        return f"{beats} beat(s) and their helpers would outnumber this machine's {cores} cores"
+    return None
 
 
 def serve(conn: Any, config: bytes) -> None:

@@ -58,15 +58,22 @@ class Prefetcher:
         now: datetime,
         node_id: str,
         busy_since: datetime | None,
+        room: Callable[[], str | None] = lambda: None,
     ) -> None:
         """Claim the next batches (``claim(now, node_id, busy_since=busy_since)`` in the
         thread, the same in the helper process) while the caller publishes; their results are
-        :meth:`take`'s. Each claims at most one batch at a time."""
+        :meth:`take`'s. Each claims at most one batch at a time. The helper is started at the
+        first call, unless ``room()`` says why the machine cannot spare it a core."""
         assert self._executor is not None
         helper = self._process
         if helper is not None and helper.unavailable is None:
-            helper.start()  # a wave: from now on, claims go there too once it is ready
-            if helper.ready and not helper.busy:
+            if not helper.started:
+                why = room()
+                if why is None:
+                    helper.start()  # a wave: from now on, claims go there too once ready
+                else:
+                    helper.decline(why)
+            if helper.unavailable is None and helper.ready and not helper.busy:
                 helper.submit(now, busy_since)
                 self._pending.append(None)
         if not any(self._pending):

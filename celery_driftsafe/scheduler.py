@@ -18,9 +18,10 @@ from __future__ import annotations
 import logging
 import math
 import random
+import socket
 import threading
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -31,6 +32,7 @@ from celery_driftsafe import checks, metrics, nodes, retention
 from celery_driftsafe.apps import ensure_django
 from celery_driftsafe.beat_node import OUTAGE_ERRORS, BeatNode
 from celery_driftsafe.claim import Claimer, ClaimResult, claimer_for, next_due
+from celery_driftsafe.claim_process import spare_cores
 from celery_driftsafe.claim_steps import run_expiry
 from celery_driftsafe.clock import (
     Authority,
@@ -264,7 +266,13 @@ class DriftSafeScheduler(BeatNode, Scheduler):
         full = result.tasks_seen >= getattr(self.claimer, "batch_size", 0)
         if full and self._prefetcher.available and not self._shutdown.is_set():
             # More is due: claim the next batch while this one is published.
-            self._prefetcher.claim_ahead(self.claimer.claim, reading.at, self.node_id, busy_since)
+            self._prefetcher.claim_ahead(
+                self.claimer.claim,
+                reading.at,
+                self.node_id,
+                busy_since,
+                partial(self._claim_process_room, reading.at),
+            )
         self.dispatcher.dispatch(result.runs)
         self._log_round(result, reading.at)
         self._last_round_end = metrics.round_done(result, reading.at, mono, self.clock.monotonic())
@@ -285,6 +293,14 @@ class DriftSafeScheduler(BeatNode, Scheduler):
         # Slots due a few ms apart wait for one round together (MIN_ROUND_INTERVAL_SECONDS).
         spacing = self.settings.min_round_interval_seconds - (self.clock.monotonic() - mono)
         return max(wait, spacing)
+
+    def _claim_process_room(self, now: datetime) -> str | None:
+        """Why this beat's machine cannot spare its claim process a core (None: it can),
+        counting the live beats on it; asked once, at the beat's first wave."""
+        host = socket.gethostname()
+        dead_after = timedelta(seconds=self.settings.node_dead_after_seconds)
+        here = sum(node.hostname == host for node in nodes.alive(now, dead_after, using=self.using))
+        return spare_cores(here)
 
     def _note_continuity(self, mono: float) -> bool:
         """Whether this beat's claiming was broken since its last round (it was paused, the

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from celery_driftsafe.claim_process import ClaimProcess
+from celery_driftsafe import nodes
+from celery_driftsafe.claim_process import ClaimProcess, spare_cores
 from celery_driftsafe.models import Run, RunStatus
 from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.testing import FakeClock
@@ -159,3 +160,47 @@ def test_settings_that_cannot_reach_a_process_leave_the_beat_claiming_in_a_threa
     assert helper.unavailable is not None and "cannot be sent to a process" in helper.unavailable
     assert not helper.ready and helper._process is None
     assert "this beat claims in a thread" in caplog.text
+
+
+def test_a_beat_and_its_helper_each_want_a_core() -> None:
+    assert spare_cores(1, cores=2) is None
+    assert spare_cores(2, cores=4) is None
+    assert spare_cores(2, cores=2) == (
+        "2 beat(s) and their helpers would outnumber this machine's 2 cores"
+    )
+    assert spare_cores(3, cores=4) is not None
+    assert spare_cores(0, cores=1) is not None  # the beat itself, even before it registered
+
+
+def test_beats_sharing_a_machine_leave_its_cores_to_each_other(
+    settings: Any, broker_app: Any, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As many other live beats on this machine as it has cores: at its first wave the beat
+    starts no helper (it says why, once) and claims the wave in its thread, each slot once."""
+    import socket
+
+    _needs_skip_locked()
+    settings.DRIFTSAFE = {
+        **settings.DRIFTSAFE,
+        "CLAIM_BATCH_SIZE": 20,
+        "CLAIM_PROCESS": True,
+        "RUN_EXPIRES_SECONDS": None,
+    }
+    for n in range(len(os.sched_getaffinity(0))):
+        node = nodes.register(f"{socket.gethostname()}:{90000 + n}:neighbour", clock.now())
+        assert node.hostname == socket.gethostname()
+    sched = DriftSafeScheduler(
+        app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
+    )
+    try:
+        for i in range(100):
+            interval_task(f"n{i:03d}", 60, anchor=T0, next_slot_at=T0)
+        with caplog.at_level(logging.INFO, logger="celery_driftsafe"):
+            _rounds_until_idle(sched)
+        helper = sched._prefetcher.process
+        assert helper is not None and helper._process is None and helper.claims == 0
+        assert helper.unavailable is not None and "cores" in helper.unavailable
+        assert caplog.text.count("no claim process:") == 1
+        _published_once(100)
+    finally:
+        sched.close()
