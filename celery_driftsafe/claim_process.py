@@ -14,9 +14,11 @@ beat claims ahead in a thread as before.
 What a claim commits is the beat's: if the helper or the beat dies between a claim and its
 publish, the runs stay ``claimed`` and a beat's outbox publishes them once, as for a beat
 that dies between its own claim and publish. The helper's log records go back with each
-result and are logged by the beat. It ends when the beat asks, when the beat's end of the
-pipe closes (the beat died), and with the beat (a daemon process); it ignores the terminal's
-SIGINT and SIGTERM, which the beat handles for both.
+result and are logged by the beat. It ends when the beat asks (the beat stops, or the helper
+has had nothing to claim for :data:`IDLE_SECONDS`: the next wave starts another), when the
+beat's end of the pipe closes (the beat died), and with the beat (a daemon process); it
+ignores the terminal's SIGINT and SIGTERM, which the beat handles for both. A beat whose
+machine cannot spare a core (:func:`spare_cores`) starts none.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ logger = logging.getLogger("celery_driftsafe.scheduler")
 
 #: Seconds a stopping beat waits for its helper to end before it is terminated.
 STOP_SECONDS = 5.0
+#: A helper that has claimed nothing this long is stopped (the next wave starts another):
+#: waves a minute apart keep one, a wave an hour does not hold its memory in between.
+IDLE_SECONDS = 300.0
 
 
 class ClaimProcessLost(Exception):
@@ -120,6 +125,11 @@ class ClaimProcess:
         return self._ready and self.unavailable is None
 
     @property
+    def running(self) -> bool:
+        """Whether a helper was started and not stopped since."""
+        return self._process is not None
+
+    @property
     def started(self) -> bool:
         """Whether :meth:`start` was called (whatever came of it)."""
         return self._process is not None or self.unavailable is not None
@@ -157,14 +167,16 @@ class ClaimProcess:
         self.claims += 1
         return payload  # type: ignore[no-any-return]
 
-    def stop(self) -> None:
-        """Ask the helper to end, and wait for it (terminated after :data:`STOP_SECONDS`)."""
+    def stop(self, why: str = "the beat stops") -> None:
+        """Ask the helper to end, and wait for it (terminated after :data:`STOP_SECONDS`);
+        a later :meth:`start` starts another."""
         process, self._process = self._process, None
         if process is None:
             return
         logger.info(
-            "stopping the claim process (pid %s) after %d batches",
+            "stopping the claim process (pid %s): %s; %d batches claimed there in all",
             process.pid,
+            why,
             self.claims,
             extra={"action": "claim-process", "node": self.node_id},
         )

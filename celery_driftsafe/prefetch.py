@@ -6,6 +6,7 @@ databases with ``SKIP LOCKED``, where the two writers never wait on each other."
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -15,7 +16,7 @@ from functools import partial
 from django.db import connections
 
 from celery_driftsafe.claim import ClaimResult
-from celery_driftsafe.claim_process import ClaimProcess
+from celery_driftsafe.claim_process import IDLE_SECONDS, ClaimProcess
 from celery_driftsafe.db_connection import refresh_between_rounds
 from celery_driftsafe.dispatch import ClaimedRun
 
@@ -27,8 +28,18 @@ class Prefetcher:
     and, with ``use_process``, one more in a helper process once that is ready (the two claim
     side by side, taking disjoint rows). They are taken in the order they were asked for."""
 
-    def __init__(self, using: str, node_id: str = "", *, use_process: bool = False) -> None:
+    def __init__(
+        self,
+        using: str,
+        node_id: str = "",
+        *,
+        use_process: bool = False,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.using = using
+        self._monotonic = monotonic
+        #: When (``monotonic``) the helper was started or last asked for a batch.
+        self._helper_used = 0.0
         self._executor: ThreadPoolExecutor | None = None
         self._process: ClaimProcess | None = None
         if connections[using].features.has_select_for_update_skip_locked:
@@ -71,17 +82,31 @@ class Prefetcher:
                 why = room()
                 if why is None:
                     helper.start()  # a wave: from now on, claims go there too once ready
+                    self._helper_used = self._monotonic()  # idle from its start, not before
                 else:
                     helper.decline(why)
             if helper.unavailable is None and helper.ready and not helper.busy:
                 helper.submit(now, busy_since)
                 self._pending.append(None)
+                self._helper_used = self._monotonic()
         if not any(self._pending):
             self._pending.append(
                 self._executor.submit(
                     self._claim, partial(claim, now, node_id, busy_since=busy_since)
                 )
             )
+
+    def rest(self) -> bool:
+        """Between waves: stop a helper that has had no batch to claim for
+        :data:`~celery_driftsafe.claim_process.IDLE_SECONDS` (the next wave starts one again);
+        whether it stopped one."""
+        helper = self._process
+        if helper is None or not helper.running or helper.busy or self._pending:
+            return False
+        if self._monotonic() - self._helper_used < IDLE_SECONDS:
+            return False
+        helper.stop(f"no batch to claim for {IDLE_SECONDS:g} s")
+        return True
 
     def _claim(self, claim: Callable[[], ClaimResult]) -> ClaimResult:
         refresh_between_rounds(self.using)

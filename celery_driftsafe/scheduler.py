@@ -133,7 +133,10 @@ class DriftSafeScheduler(BeatNode, Scheduler):
         self._saturation_logged = -math.inf
         #: While a wave is worked through, the next batch is claimed ahead.
         self._prefetcher = Prefetcher(
-            self.using, self.node_id, use_process=self.settings.claim_process
+            self.using,
+            self.node_id,
+            use_process=self.settings.claim_process,
+            monotonic=self.clock.monotonic,
         )
         self._heap = HeapKeeper(time.monotonic)
         widen_young_generation()
@@ -279,6 +282,7 @@ class DriftSafeScheduler(BeatNode, Scheduler):
         if full or self._prefetcher.pending:
             return 0.0  # a full batch (more may be due right now), or batches claimed ahead
         self.pruner.maybe_start(reading.at)  # low priority: in its own thread, when due
+        self._prefetcher.rest()  # a claim process idle since its last wave ends
         wait = self._wait_after(reading, claimed=bool(result.tasks_seen))
         if wait >= PREBUILD_MIN_WAIT:
             started = self.clock.monotonic()

@@ -119,6 +119,61 @@ def test_a_killed_helper_loses_no_slot_and_doubles_none(
     _published_once(300)
 
 
+def test_a_helper_idle_since_its_wave_stops_and_the_next_wave_starts_another(
+    wave_beat: DriftSafeScheduler, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A helper that has had no batch to claim for ``IDLE_SECONDS`` stops (its memory is not
+    held between hourly waves); the next wave starts a new one, and each slot goes out once."""
+    from celery_driftsafe.claim_process import IDLE_SECONDS
+
+    for i in range(100):
+        interval_task(f"i{i:03d}", 3600, anchor=T0, next_slot_at=T0)
+    _rounds_until_idle(wave_beat)
+    helper = wave_beat._prefetcher.process
+    assert helper is not None and helper.claims >= 1
+    first = helper._process
+    clock.advance(IDLE_SECONDS / 2)
+    wave_beat._guarded_round()
+    assert helper.running  # not idle long enough yet
+    clock.advance(IDLE_SECONDS / 2 + 1)
+    with caplog.at_level(logging.INFO, logger="celery_driftsafe"):
+        wave_beat._guarded_round()
+    assert not helper.running and first is not None and not first.is_alive()
+    assert f"no batch to claim for {IDLE_SECONDS:g} s" in caplog.text
+    _published_once(100)
+    clock.advance(3600 - IDLE_SECONDS - 1)  # the next wave
+    wave_beat._guarded_round()
+    assert helper.running and helper._process is not first
+
+
+def test_a_helper_started_by_a_short_wave_is_kept_for_the_next(
+    settings: Any, broker_app: Any, clock: FakeClock
+) -> None:
+    """A wave too short for the helper to get ready in: the rounds after it keep the helper
+    (it is idle from its start, not from before), so the next wave finds it ready."""
+    _needs_skip_locked()
+    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "CLAIM_BATCH_SIZE": 20, "CLAIM_PROCESS": True}
+    clock.advance(10 * 3600)  # a beat that has been up for hours: its monotonic clock is large
+    sched = DriftSafeScheduler(
+        app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
+    )
+    try:
+        for i in range(60):
+            interval_task(f"s{i:02d}", 60, anchor=clock.now(), next_slot_at=clock.now())
+        _rounds_until_idle(sched)
+        helper = sched._prefetcher.process
+        assert helper is not None and helper.running
+        sched._guarded_round()
+        assert helper.running
+        _wait(lambda: helper.ready, "the claim process to get ready")
+        clock.advance(60)
+        _rounds_until_idle(sched)
+        assert helper.claims >= 1
+        _published_once(120)
+    finally:
+        sched.close()
+
+
 def test_the_helper_ends_when_the_beat_is_gone(settings: Any) -> None:
     """A beat killed outright cannot stop its helper: the helper sees the beat's end of the
     pipe close and ends by itself."""

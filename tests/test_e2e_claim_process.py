@@ -72,7 +72,9 @@ def test_a_beat_claims_its_waves_with_its_claim_process_and_stops_it(tmp_path: P
         assert all(m.received_at >= m.slot for m in received)  # none early
         started = re.search(r"starting a claim process \(pid (\d+)\)", log)
         assert started, log[-3000:]
-        stopped = re.search(r"stopping the claim process \(pid \d+\) after (\d+) batches", log)
+        stopped = re.search(
+            r"stopping the claim process \(pid \d+\): the beat stops; (\d+) batches", log
+        )
         assert stopped and int(stopped.group(1)) >= 1, log[-3000:]
         helper = int(started.group(1))
         for _ in range(40):
