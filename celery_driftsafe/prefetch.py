@@ -16,7 +16,7 @@ from functools import partial
 from django.db import connections
 
 from celery_driftsafe.claim import ClaimResult
-from celery_driftsafe.claim_process import IDLE_SECONDS, ClaimProcess
+from celery_driftsafe.claim_process import IDLE_SECONDS, ClaimProcess, ClaimProcessLost
 from celery_driftsafe.db_connection import refresh_between_rounds
 from celery_driftsafe.dispatch import ClaimedRun
 
@@ -86,9 +86,13 @@ class Prefetcher:
                 else:
                     helper.decline(why)
             if helper.unavailable is None and helper.ready and not helper.busy:
-                helper.submit(now, busy_since)
-                self._pending.append(None)
-                self._helper_used = self._monotonic()
+                try:
+                    helper.submit(now, busy_since)
+                except ClaimProcessLost:
+                    pass  # it said so; the thread claims (the batch in hand is published)
+                else:
+                    self._pending.append(None)
+                    self._helper_used = self._monotonic()
         if not any(self._pending):
             self._pending.append(
                 self._executor.submit(

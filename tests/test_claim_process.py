@@ -174,6 +174,30 @@ def test_a_helper_started_by_a_short_wave_is_kept_for_the_next(
         sched.close()
 
 
+def test_a_helper_gone_between_waves_costs_no_round(
+    wave_beat: DriftSafeScheduler, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The helper is killed while idle: the next wave's first round still publishes its batch
+    (asking the dead helper for the next one fails there, quietly for the round), the beat
+    says so, and its thread claims the rest, each slot once."""
+    helper = wave_beat._prefetcher.process
+    assert helper is not None and helper._process is not None
+    helper._process.kill()
+    helper._process.join(10)
+    for i in range(100):
+        interval_task(f"g{i:03d}", 60, anchor=T0, next_slot_at=T0)
+    with caplog.at_level(logging.WARNING, logger="celery_driftsafe"):
+        assert wave_beat._guarded_round() == 0.0
+        assert wave_beat._outage is None  # the round went through
+        assert len(drain()) == 20  # its batch is out
+        _rounds_until_idle(wave_beat)
+    assert helper.unavailable is not None
+    assert "the claim process is not used" in caplog.text
+    assert "claim round failed" not in caplog.text
+    assert Run.objects.filter(status=RunStatus.DISPATCHED).count() == 100
+    assert not Run.objects.filter(status=RunStatus.CLAIMED).exists()
+
+
 def test_the_helper_ends_when_the_beat_is_gone(settings: Any) -> None:
     """A beat killed outright cannot stop its helper: the helper sees the beat's end of the
     pipe close and ends by itself."""
