@@ -122,9 +122,8 @@ class Beat:
     child: Child
     cpu: float = 0.0  # user + system seconds, last sample, its child processes' included
     #: The beat's child processes (its claim process, multiprocessing's resource tracker):
-    #: pid -> CPU seconds at their last sample (kept once they end), peak RSS of any of them.
+    #: pid -> CPU seconds at their last sample (kept once they end).
     children_cpu: dict[int, float] = field(default_factory=dict)
-    peak_child_rss_kb: int = 0
     cpu_mark: float = 0.0  # at Trial.mark()
     peak_rss_kb: int = 0
 
@@ -414,8 +413,7 @@ class Trial:
                     beat.peak_rss_kb = max(beat.peak_rss_kb, rss)
                     for child in _children(beat.pid):
                         with contextlib.suppress(OSError, ValueError, IndexError):
-                            child_rss, beat.children_cpu[child] = proc_stats(child)
-                            beat.peak_child_rss_kb = max(beat.peak_child_rss_kb, child_rss)
+                            _rss, beat.children_cpu[child] = proc_stats(child)
                     beat.cpu = own + sum(beat.children_cpu.values())
 
     def mark(self) -> None:

@@ -45,7 +45,7 @@ IDLE_SECONDS = 300.0
 
 
 class ClaimProcessLost(Exception):
-    """The helper process ended, or answered with something that is not a claim's result."""
+    """The helper process ended, or could not be reached, while a batch was asked of it."""
 
 
 @dataclass(frozen=True)
@@ -193,6 +193,7 @@ class ClaimProcess:
             process.terminate()
             process.join(STOP_SECONDS)
         self._conn.close()
+        self._conn = None
         self._ready = self._busy = False
 
     def decline(self, why: str) -> None:

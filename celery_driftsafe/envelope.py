@@ -25,7 +25,8 @@ from typing import Any
 
 #: The varying values, in the order :func:`render` takes them (then the custom headers').
 BODY, TASK_ID, REPLY_TO, ARGSREPR, KWARGSREPR, EXPIRES, EXPIRATION, DELIVERY_TAG = range(8)
-FIXED = 8
+#: How many of them there are: the custom headers' values come after.
+FIXED = DELIVERY_TAG + 1
 
 
 _WORD = secrets.token_hex(8)
