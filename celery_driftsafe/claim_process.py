@@ -88,18 +88,22 @@ class ClaimProcess:
         except Exception as exc:  # something in the settings cannot cross to a process
             self._give_up(f"its settings cannot be sent to a process: {exc!r}")
             return
+        _spawnable_authkey()
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
-        self._process = context.Process(
+        process = context.Process(
             target=serve, args=(child, config), name="driftsafe-claim", daemon=True
         )
         try:
-            self._process.start()
+            process.start()
         except Exception as exc:
+            self._conn.close()
+            self._conn = None
             self._give_up(f"it could not be started: {exc!r}")
             return
         finally:
             child.close()
+        self._process = process
         logger.info(
             "a wave: starting a claim process (pid %s)",
             self._process.pid,
@@ -238,6 +242,17 @@ class _Records(logging.Handler):
             record.exc_text = logging.Formatter().formatException(record.exc_info)
             record.exc_info = None
         self.records.append(record)
+
+
+def _spawnable_authkey() -> None:
+    """Give this process's authentication key multiprocessing's own type. A process started by
+    billiard (the beat of ``celery worker -B`` runs in one) carries billiard's type, which
+    multiprocessing's *spawn* refuses to pickle: the helper could not be started there."""
+    config: dict[str, Any] = getattr(multiprocessing.current_process(), "_config", {})
+    plain: Any = multiprocessing.process.AuthenticationString  # type: ignore[attr-defined]
+    key = config.get("authkey")
+    if key is not None and not isinstance(key, plain):
+        config["authkey"] = plain(bytes(key))
 
 
 def spare_cores(beats_here: int, cores: int | None = None) -> str | None:

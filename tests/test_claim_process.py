@@ -283,3 +283,55 @@ def test_beats_sharing_a_machine_leave_its_cores_to_each_other(
         _published_once(100)
     finally:
         sched.close()
+
+
+def test_a_helper_that_cannot_be_started_leaves_nothing_to_stop(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A start that fails (here as when the machine has no process to spare) is said once;
+    the beat claims in its thread, and stopping the beat later has no helper to wait for (it
+    used to fail the beat's close with ``can only join a started process``)."""
+    import multiprocessing.context
+
+    _needs_skip_locked()
+
+    def no_process(self: Any) -> None:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", no_process)
+    helper = ClaimProcess("default", "crowded-node")
+    with caplog.at_level(logging.WARNING, logger="celery_driftsafe"):
+        helper.start()
+    assert helper.unavailable is not None and "could not be started" in helper.unavailable
+    assert not helper.running and not helper.ready
+    helper.stop()  # nothing to stop, nothing raised
+    assert "this beat claims in a thread" in caplog.text
+
+
+def _spawn_from_a_billiard_child(queue: Any) -> None:
+    import multiprocessing
+
+    from celery_driftsafe.claim_process import _spawnable_authkey
+
+    _spawnable_authkey()
+    context = multiprocessing.get_context("spawn")
+    process = context.Process(target=os.getpid, daemon=True)
+    try:
+        process.start()
+        process.join(30)
+        queue.put(process.exitcode)
+    except Exception as exc:
+        queue.put(repr(exc))
+
+
+def test_a_beat_in_a_billiard_process_can_spawn_its_helper() -> None:
+    """The beat of ``celery worker -B`` runs in a process billiard started, whose key
+    multiprocessing's spawn would not pickle: made spawnable, the helper starts there (a real
+    worker with an embedded beat: ``tests/test_e2e_claim_process.py``)."""
+    import billiard
+
+    queue = billiard.Queue()
+    child = billiard.Process(target=_spawn_from_a_billiard_child, args=(queue,))
+    child.start()
+    child.join(60)
+    assert queue.get(timeout=5) == 0

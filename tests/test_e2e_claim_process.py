@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests import settings as test_settings
-from tests.e2e.harness import E2ERun, real_now, wait_until_handles_sigterm
+from tests.e2e.harness import SCHEDULER, E2ERun, real_now, wait_until_handles_sigterm
 
 pytestmark = [
     pytest.mark.e2e,
@@ -82,5 +82,77 @@ def test_a_beat_claims_its_waves_with_its_claim_process_and_stops_it(tmp_path: P
                 break
             time.sleep(0.25)
         assert _ended(helper)
+    finally:
+        run.close()
+
+
+def test_an_embedded_beat_claims_with_its_helper_and_stops_it_with_the_worker(
+    tmp_path: Path,
+) -> None:
+    """``celery worker -B``: the beat runs in a child process of the worker (billiard's), and
+    starts its claim process from there; a SIGTERM to the worker ends the beat and the
+    helper."""
+    run = E2ERun("postgresql", tmp_path, lease=30.0)
+    try:
+        start = (real_now() + timedelta(seconds=8)).replace(microsecond=0)
+        run.seed(
+            [
+                {
+                    "name": f"embedded-{i:03d}",
+                    "schedule_kind": "interval",
+                    "interval_every": EVERY,
+                    "interval_unit": "seconds",
+                }
+                for i in range(TASKS)
+            ],
+            start,
+        )
+        run.start_recorder()
+        # the worker consumes another queue: the beat's messages stay for the recorder
+        worker = run.children.start(
+            "worker-embedded",
+            [
+                "-A",
+                "tests.e2e.celery_app",
+                "worker",
+                "-B",
+                "--scheduler",  # a worker's -S is its state database, not the scheduler
+                SCHEDULER,
+                "-s",
+                str(tmp_path / "embedded-beat"),
+                "-P",
+                "solo",
+                "-Q",
+                f"{run.queue}-unused",
+                "--loglevel",
+                "INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ],
+            {**run.env, "DRIFTSAFE_E2E_CLAIM_BATCH_SIZE": "20"},
+        )
+        waves = 2
+        end = start + timedelta(seconds=EVERY * (waves - 1))
+        deadline = time.monotonic() + (end - real_now()).total_seconds() + 30
+        while len(run.received) < TASKS * waves and time.monotonic() < deadline:
+            time.sleep(0.5)
+        codes = run.children.stop(worker, timeout=60)
+        log = worker.log.read_text(errors="replace")
+        assert codes == {worker.name: 0}, log[-3000:]
+        received = [m for m in run.received if m.slot is not None and m.slot <= end]
+        per_slot = Counter((m.periodic_task_id, m.slot) for m in received)
+        assert len(per_slot) == TASKS * waves, log[-3000:]
+        assert max(per_slot.values()) == 1
+        assert all(m.received_at >= m.slot for m in received)
+        started = re.search(r"starting a claim process \(pid (\d+)\)", log)
+        assert started, log[-3000:]
+        assert "the claim process is not used" not in log, log[-3000:]
+        helper = int(started.group(1))
+        for _ in range(40):
+            if _ended(helper):
+                break
+            time.sleep(0.25)
+        assert _ended(helper), log[-3000:]
     finally:
         run.close()
