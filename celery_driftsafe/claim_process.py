@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 import pickle
 import signal
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
+
+from celery_driftsafe.cores import usable_cores
 
 if TYPE_CHECKING:  # nothing Django-bound at import: the helper imports this module first
     from celery_driftsafe.claim import ClaimResult
@@ -255,19 +256,20 @@ def _spawnable_authkey() -> None:
         config["authkey"] = plain(bytes(key))
 
 
-def spare_cores(beats_here: int, cores: int | None = None) -> str | None:
+def spare_cores(beats_here: int, cores: float | None = None) -> str | None:
     """Why a beat should not start a claim process when ``beats_here`` live beats (itself
     included) run on its machine: each beat and each helper want a core of their own, so
     beats and helpers together must not outnumber the cores this process may run on
-    (``cores``; by default those of its CPU affinity). None: there is room."""
+    (``cores``; by default :func:`~celery_driftsafe.cores.usable_cores`). None: there is
+    room."""
     if cores is None:
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # not on Linux
-            cores = os.cpu_count() or 1
+        cores = usable_cores()
     beats = max(beats_here, 1)
     if 2 * beats > cores:
-        return f"{beats} beat(s) and their helpers would outnumber this machine's {cores} cores"
+        return (
+            f"{beats} beat(s) and their helpers would outnumber the {cores:g} cores "
+            "this beat may use"
+        )
     return None
 
 
