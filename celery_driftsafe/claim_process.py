@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import pickle
 import signal
 from dataclasses import dataclass
@@ -83,6 +84,7 @@ class ClaimProcess:
                     self.node_id,
                     dict(settings.DATABASES[self.using]),
                     getattr(settings, "DRIFTSAFE", {}),
+                    None if os.environ.get("DJANGO_SETTINGS_MODULE") else _configured(settings),
                     logging.getLogger("celery_driftsafe").getEffectiveLevel(),
                 )
             )
@@ -278,9 +280,9 @@ def serve(conn: Any, config: bytes) -> None:
     until asked to end or the beat is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    using, node_id, database, driftsafe, level = pickle.loads(config)
+    using, node_id, database, driftsafe, configured, level = pickle.loads(config)
     try:
-        claimer = _set_up(using, database, driftsafe)
+        claimer = _set_up(using, database, driftsafe, configured)
     except Exception as exc:
         conn.send(f"{type(exc).__name__}: {exc}")
         return
@@ -312,14 +314,32 @@ def serve(conn: Any, config: bytes) -> None:
     connections.close_all()
 
 
-def _set_up(using: str, database: dict[str, Any], driftsafe: Any) -> Any:
+def _configured(settings: Any) -> dict[str, Any]:
+    """What a helper needs of a beat whose Django was set up with ``settings.configure()``
+    (no settings module the helper could import), besides its database and ``DRIFTSAFE``."""
+    return {
+        "INSTALLED_APPS": list(settings.INSTALLED_APPS),
+        "USE_TZ": settings.USE_TZ,
+        "TIME_ZONE": settings.TIME_ZONE,
+        "DEFAULT_AUTO_FIELD": settings.DEFAULT_AUTO_FIELD,
+    }
+
+
+def _set_up(
+    using: str, database: dict[str, Any], driftsafe: Any, configured: dict[str, Any] | None
+) -> Any:
     """Django with the beat's database ``using`` and ``DRIFTSAFE`` (as they are in the beat,
-    which may have changed them since its settings module was read), and a claimer."""
+    which may have changed them since its settings module was read), and a claimer. With
+    ``configured`` (the beat has no settings module), Django is configured from it."""
     import django
     from django.conf import settings
 
-    settings.DATABASES[using] = database
-    settings.DRIFTSAFE = driftsafe
+    if configured is not None:
+        databases = {"default": {}, using: database}
+        settings.configure(**configured, DATABASES=databases, DRIFTSAFE=driftsafe)
+    else:
+        settings.DATABASES[using] = database
+        settings.DRIFTSAFE = driftsafe
     django.setup()
     from celery_driftsafe.claim import claimer_for
     from celery_driftsafe.conf import get_settings

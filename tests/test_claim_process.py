@@ -97,6 +97,43 @@ def test_a_wave_is_claimed_in_the_helper_process_and_every_slot_goes_out_once(
     assert process is not None and not process.is_alive()
 
 
+def test_a_beat_set_up_with_settings_configure_has_its_helper_too(
+    monkeypatch: pytest.MonkeyPatch,
+    settings: Any,
+    broker_app: Any,
+    clock: FakeClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A project that calls ``settings.configure()`` has no settings module for the helper to
+    import (no ``DJANGO_SETTINGS_MODULE``): the helper is configured with the beat's installed
+    apps, time zone, database and ``DRIFTSAFE`` instead, and claims its share of the wave."""
+    _needs_skip_locked()
+    monkeypatch.delenv("DJANGO_SETTINGS_MODULE")
+    settings.DRIFTSAFE = {
+        **settings.DRIFTSAFE,
+        "CLAIM_BATCH_SIZE": 20,
+        "CLAIM_PROCESS": True,
+        "RUN_EXPIRES_SECONDS": None,
+    }
+    sched = DriftSafeScheduler(
+        app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
+    )
+    try:
+        helper = sched._prefetcher.process
+        assert helper is not None
+        with caplog.at_level(logging.WARNING, logger="celery_driftsafe"):
+            helper.start()
+            _wait(lambda: helper.ready or helper.unavailable is not None, "the claim process")
+        assert helper.unavailable is None and "not used" not in caplog.text
+        for i in range(200):
+            interval_task(f"c{i:03d}", 60, anchor=T0, next_slot_at=T0)
+        _rounds_until_idle(sched)
+        assert helper.claims >= 2
+        _published_once(200)
+    finally:
+        sched.close()
+
+
 def test_a_killed_helper_loses_no_slot_and_doubles_none(
     wave_beat: DriftSafeScheduler, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
