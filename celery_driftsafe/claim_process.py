@@ -9,7 +9,8 @@ one helper process (``multiprocessing``'s *spawn*: a fresh interpreter, nothing 
 but the arguments), which sets Django up with the beat's database and ``DRIFTSAFE``
 settings and then claims, as the beat's node, each batch the beat asks for; the beat
 publishes the batches it gets back. Until the helper is ready, and after it is lost, the
-beat claims ahead in a thread as before.
+beat claims ahead in a thread as before; a lost helper is replaced at the first wave
+:data:`RESTART_SECONDS` later (twice that after a second loss, and so on).
 
 What a claim commits is the beat's: if the helper or the beat dies between a claim and its
 publish, the runs stay ``claimed`` and a beat's outbox publishes them once, as for a beat
@@ -27,14 +28,15 @@ import logging
 import multiprocessing
 import os
 import pickle
-import signal
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from celery_driftsafe.claim_helper import Request, configured_settings, serve
 from celery_driftsafe.cores import usable_cores
 
-if TYPE_CHECKING:  # nothing Django-bound at import: the helper imports this module first
+if TYPE_CHECKING:  # nothing Django-bound at import
     from celery_driftsafe.claim import ClaimResult
 
 logger = logging.getLogger("celery_driftsafe.scheduler")
@@ -44,24 +46,25 @@ STOP_SECONDS = 5.0
 #: A helper that has claimed nothing this long is stopped (the next wave starts another):
 #: waves a minute apart keep one, a wave an hour does not hold its memory in between.
 IDLE_SECONDS = 300.0
+#: A lost helper (killed, say by the kernel's OOM killer) is replaced at the first wave this
+#: long after the loss, twice as long after each further loss, at most RESTART_MAX_SECONDS.
+RESTART_SECONDS = 60.0
+RESTART_MAX_SECONDS = 3600.0
 
 
 class ClaimProcessLost(Exception):
     """The helper process ended, or could not be reached, while a batch was asked of it."""
 
 
-@dataclass(frozen=True)
-class _Request:
-    now: datetime
-    busy_since: datetime | None
-
-
 class ClaimProcess:
     """One helper process claiming for node ``node_id`` on database ``using``."""
 
-    def __init__(self, using: str, node_id: str) -> None:
+    def __init__(
+        self, using: str, node_id: str, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
         self.using = using
         self.node_id = node_id
+        self._monotonic = monotonic
         self._process: Any = None
         self._conn: Any = None
         self._ready = False
@@ -70,6 +73,9 @@ class ClaimProcess:
         self.unavailable: str | None = None
         #: Batches claimed there (for tests and figures).
         self.claims = 0
+        #: Helpers lost so far, and when (``monotonic``) the next may be started.
+        self.losses = 0
+        self._restart_at: float | None = None
 
     def start(self) -> None:
         """Start the helper (it gets ready in the background: see :attr:`ready`)."""
@@ -77,6 +83,8 @@ class ClaimProcess:
             return
         from django.conf import settings
 
+        module = os.environ.get("DJANGO_SETTINGS_MODULE")  # the helper imports it, or else:
+        configured = None if module else configured_settings(settings)
         try:
             config = pickle.dumps(
                 (
@@ -84,7 +92,7 @@ class ClaimProcess:
                     self.node_id,
                     dict(settings.DATABASES[self.using]),
                     getattr(settings, "DRIFTSAFE", {}),
-                    None if os.environ.get("DJANGO_SETTINGS_MODULE") else _configured(settings),
+                    configured,
                     logging.getLogger("celery_driftsafe").getEffectiveLevel(),
                 )
             )
@@ -102,7 +110,7 @@ class ClaimProcess:
         except Exception as exc:
             self._conn.close()
             self._conn = None
-            self._give_up(f"it could not be started: {exc!r}")
+            self._give_up(f"it could not be started: {exc!r}", lost=True)
             return
         finally:
             child.close()
@@ -126,9 +134,11 @@ class ClaimProcess:
                 else:
                     self._give_up(f"it could not set itself up: {message}")
             elif not self._process.is_alive():
-                self._give_up(f"it ended while setting itself up (exit code {self._exit_code()})")
+                self._give_up(
+                    f"it ended while setting itself up (exit code {self._exit_code()})", lost=True
+                )
         except (EOFError, OSError) as exc:
-            self._give_up(f"it ended while setting itself up: {exc!r}")
+            self._give_up(f"it ended while setting itself up: {exc!r}", lost=True)
         return self._ready and self.unavailable is None
 
     @property
@@ -151,9 +161,9 @@ class ClaimProcess:
         for it."""
         assert self.ready and not self._busy
         try:
-            self._conn.send(_Request(now, busy_since))
+            self._conn.send(Request(now, busy_since))
         except (OSError, ValueError) as exc:
-            self._give_up(f"it could not be reached: {exc!r}")
+            self._give_up(f"it could not be reached: {exc!r}", lost=True)
             raise ClaimProcessLost(self.unavailable) from exc
         self._busy = True
 
@@ -165,7 +175,7 @@ class ClaimProcess:
         try:
             kind, payload, records = self._conn.recv()
         except (EOFError, OSError) as exc:
-            self._give_up(f"it ended during a claim (exit code {self._exit_code()})")
+            self._give_up(f"it ended during a claim (exit code {self._exit_code()})", lost=True)
             raise ClaimProcessLost(self.unavailable) from exc
         for record in records:
             logging.getLogger(record.name).handle(record)
@@ -213,14 +223,44 @@ class ClaimProcess:
                 extra={"action": "claim-process", "node": self.node_id},
             )
 
-    def _give_up(self, why: str) -> None:
+    def revive(self) -> bool:
+        """Once the wait after a lost helper is over, forget it, so that the next wave starts
+        another (:meth:`start`); whether it did."""
+        if self._restart_at is None or self._busy or self._monotonic() < self._restart_at:
+            return False
+        self._restart_at = None
+        process, self._process = self._process, None
+        if process is not None:
+            process.join(STOP_SECONDS)  # terminated at the loss: reaped here
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self._ready = False
+        self.unavailable = None
+        return True
+
+    def _give_up(self, why: str, *, lost: bool = False) -> None:
+        """Do without the helper: for good, or, when it was ``lost``, until :meth:`revive`."""
         if self.unavailable is None:
             self.unavailable = why
-            logger.warning(
-                "the claim process is not used: %s; this beat claims in a thread",
-                why,
-                extra={"action": "claim-process", "node": self.node_id},
-            )
+            extra = {"action": "claim-process", "node": self.node_id}
+            if lost:
+                self.losses += 1
+                wait = min(RESTART_SECONDS * 2 ** (self.losses - 1), RESTART_MAX_SECONDS)
+                self._restart_at = self._monotonic() + wait
+                logger.warning(
+                    "the claim process was lost: %s; this beat claims in a thread, and a wave "
+                    "%g s from now or later starts another",
+                    why,
+                    wait,
+                    extra=extra,
+                )
+            else:
+                logger.warning(
+                    "the claim process is not used: %s; this beat claims in a thread",
+                    why,
+                    extra=extra,
+                )
         if self._process is not None and self._process.is_alive():
             self._process.terminate()
 
@@ -229,22 +269,6 @@ class ClaimProcess:
             return None
         self._process.join(0.5)
         return self._process.exitcode
-
-
-class _Records(logging.Handler):
-    """Keeps the helper's log records of one claim, made safe to send back."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        record.msg = record.getMessage()
-        record.args = None
-        if record.exc_info:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-            record.exc_info = None
-        self.records.append(record)
 
 
 def _spawnable_authkey() -> None:
@@ -273,84 +297,3 @@ def spare_cores(beats_here: int, cores: float | None = None) -> str | None:
             "this beat may use"
         )
     return None
-
-
-def serve(conn: Any, config: bytes) -> None:
-    """The helper's life: set Django up as the beat has it, then claim what is asked for
-    until asked to end or the beat is gone."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    using, node_id, database, driftsafe, configured, level = pickle.loads(config)
-    try:
-        claimer = _set_up(using, database, driftsafe, configured)
-    except Exception as exc:
-        conn.send(f"{type(exc).__name__}: {exc}")
-        return
-    from django.db import connections
-
-    records = _Records()
-    root = logging.getLogger()
-    root.addHandler(records)
-    root.setLevel(level)
-    conn.send("ready")
-    while True:
-        try:
-            request = conn.recv()
-        except (EOFError, OSError):
-            break  # the beat is gone
-        if request is None:
-            break
-        records.records = []
-        answer: tuple[str, Any]
-        try:
-            answer = ("result", claimer.claim(request.now, node_id, request.busy_since))
-        except Exception as exc:
-            connections.close_all()
-            answer = ("error", _sendable(exc))
-        try:
-            conn.send((*answer, records.records))
-        except (OSError, ValueError):
-            break
-    connections.close_all()
-
-
-def _configured(settings: Any) -> dict[str, Any]:
-    """What a helper needs of a beat whose Django was set up with ``settings.configure()``
-    (no settings module the helper could import), besides its database and ``DRIFTSAFE``."""
-    return {
-        "INSTALLED_APPS": list(settings.INSTALLED_APPS),
-        "USE_TZ": settings.USE_TZ,
-        "TIME_ZONE": settings.TIME_ZONE,
-        "DEFAULT_AUTO_FIELD": settings.DEFAULT_AUTO_FIELD,
-    }
-
-
-def _set_up(
-    using: str, database: dict[str, Any], driftsafe: Any, configured: dict[str, Any] | None
-) -> Any:
-    """Django with the beat's database ``using`` and ``DRIFTSAFE`` (as they are in the beat,
-    which may have changed them since its settings module was read), and a claimer. With
-    ``configured`` (the beat has no settings module), Django is configured from it."""
-    import django
-    from django.conf import settings
-
-    if configured is not None:
-        databases = {"default": {}, using: database}
-        settings.configure(**configured, DATABASES=databases, DRIFTSAFE=driftsafe)
-    else:
-        settings.DATABASES[using] = database
-        settings.DRIFTSAFE = driftsafe
-    django.setup()
-    from celery_driftsafe.claim import claimer_for
-    from celery_driftsafe.conf import get_settings
-
-    return claimer_for(using, get_settings())
-
-
-def _sendable(exc: Exception) -> Exception:
-    """``exc``, or a plain exception with its text when it cannot be pickled."""
-    try:
-        pickle.dumps(exc)
-        return exc
-    except Exception:
-        return RuntimeError(f"{type(exc).__name__}: {exc}")

@@ -45,7 +45,7 @@ class Prefetcher:
         if connections[using].features.has_select_for_update_skip_locked:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="driftsafe-claim")
             if use_process:
-                self._process = ClaimProcess(using, node_id)
+                self._process = ClaimProcess(using, node_id, monotonic)
         #: Batches asked for, oldest first: a thread's future, or None for the process's.
         self._pending: deque[Future[ClaimResult] | None] = deque()
 
@@ -74,9 +74,13 @@ class Prefetcher:
         """Claim the next batches (``claim(now, node_id, busy_since=busy_since)`` in the
         thread, the same in the helper process) while the caller publishes; their results are
         :meth:`take`'s. Each claims at most one batch at a time. The helper is started at the
-        first call, unless ``room()`` says why the machine cannot spare it a core."""
+        first call (and again at the first after a lost one's wait: :meth:`ClaimProcess.revive
+        <celery_driftsafe.claim_process.ClaimProcess.revive>`), unless ``room()`` says why the
+        machine cannot spare it a core."""
         assert self._executor is not None
         helper = self._process
+        if helper is not None:
+            helper.revive()  # a lost helper, once its wait is over, is started again below
         if helper is not None and helper.unavailable is None:
             if not helper.started:
                 why = room()

@@ -139,21 +139,45 @@ def test_a_killed_helper_loses_no_slot_and_doubles_none(
 ) -> None:
     """The helper is killed while it claims: the beat says so, claims in its thread from then
     on, and a batch the helper had committed stays claimed until the outbox publishes it
-    (after the lease), once."""
+    (after the lease), once. The first wave ``RESTART_SECONDS`` after the loss starts another
+    helper, which claims its share of that wave."""
+    from celery_driftsafe.claim_process import RESTART_SECONDS
+
     for i in range(300):
         interval_task(f"k{i:03d}", 60, anchor=T0, next_slot_at=T0)
     helper = wave_beat._prefetcher.process
     assert helper is not None
     assert wave_beat._guarded_round() == 0.0  # the first batch, and the next asked of both
     assert helper.busy
-    os.kill(helper._process.pid, signal.SIGKILL)
+    killed = helper._process
+    os.kill(killed.pid, signal.SIGKILL)
     with caplog.at_level(logging.WARNING, logger="celery_driftsafe"):
         _rounds_until_idle(wave_beat)
-    assert helper.unavailable is not None
-    assert "the claim process is not used" in caplog.text
+    assert helper.unavailable is not None and helper.losses == 1
+    assert "the claim process was lost: it ended during a claim (exit code -9)" in caplog.text
+    assert f"a wave {RESTART_SECONDS:g} s from now or later starts another" in caplog.text
     clock.advance(wave_beat.settings.lease_seconds + 10)
     _rounds_until_idle(wave_beat)  # the outbox takes what the helper committed, if anything
     _published_once(300)
+    first = list(Run.objects.values_list("id", flat=True))
+    assert helper.unavailable is not None  # no wave yet: no new helper
+    clock.advance(RESTART_SECONDS)
+    claims = helper.claims
+    for i in range(300):
+        interval_task(f"n{i:03d}", 3600, anchor=clock.now(), next_slot_at=clock.now())
+    wave_beat._guarded_round()
+    assert helper.unavailable is None and helper.running and helper._process is not killed
+    _wait(lambda: helper.ready, "the new claim process to get ready")
+    _rounds_until_idle(wave_beat)
+    assert helper.claims > claims
+    ids = [m["id"] for m in drain()]  # the new wave, and the killed wave's tasks' next slots
+    assert len(ids) == len(set(ids))
+    dispatched = Run.objects.filter(status=RunStatus.DISPATCHED)
+    assert set(ids) == set(
+        dispatched.exclude(id__in=first).values_list("celery_task_id", flat=True)
+    )
+    assert dispatched.filter(periodic_task__name__startswith="n").count() == 300
+    assert not Run.objects.filter(status=RunStatus.CLAIMED).exists()
 
 
 def test_a_helper_idle_since_its_wave_stops_and_the_next_wave_starts_another(
@@ -229,7 +253,7 @@ def test_a_helper_gone_between_waves_costs_no_round(
         assert len(drain()) == 20  # its batch is out
         _rounds_until_idle(wave_beat)
     assert helper.unavailable is not None
-    assert "the claim process is not used" in caplog.text
+    assert "the claim process was lost" in caplog.text
     assert "claim round failed" not in caplog.text
     assert Run.objects.filter(status=RunStatus.DISPATCHED).count() == 100
     assert not Run.objects.filter(status=RunStatus.CLAIMED).exists()
