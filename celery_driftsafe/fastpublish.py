@@ -151,6 +151,11 @@ class FastPublisher:
         )
         return template is not cached
 
+    def has_template(self, cache_key: int | str) -> bool:
+        """Whether a template is kept for ``cache_key`` (it may not match the task's current
+        arguments: publishing checks that)."""
+        return cache_key in self._templates
+
     def limits(self) -> tuple[int, int, int]:
         """The app's display form bounds (:func:`~celery_driftsafe.reprs.repr_limits`), read
         once a batch."""

@@ -20,7 +20,7 @@ from celery_driftsafe.claim import claimer_for
 from celery_driftsafe.claim_steps import run_expiry
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.fastpublish import FastPublisher
-from celery_driftsafe.prebuild import CHUNK, HORIZON_SECONDS, Prebuilder
+from celery_driftsafe.prebuild import CHUNK, HORIZON_SECONDS, RESCAN_SECONDS, Prebuilder
 from celery_driftsafe.publisher import Dispatcher
 from celery_driftsafe.testing import FakeClock
 from tests.factories import interval_task
@@ -150,6 +150,33 @@ def test_building_ahead_keeps_to_its_budget_and_goes_on_where_it_stopped(
     assert ahead.run(T0, budget=0.5) == 30  # the rest, from where it stopped
     assert not ahead.pending  # a full pass: nothing more until the next
     assert len(builds) == count == len(set(builds))
+
+
+def test_a_later_pass_reads_in_full_only_the_tasks_without_a_template(
+    make_app: Callable[..., Celery],  # noqa: F811
+    builds: list[int | str],
+) -> None:
+    """The next pass looks at every task due within the horizon again, but reads (and
+    builds) only the one added since: the others' templates are there. An edited task keeps
+    its template until its run is published (then rebuilt: the test above)."""
+    app = make_app()
+    tasks = [
+        interval_task(f"t{i:04d}", 60, anchor=T0, next_slot_at=T0, task="fast.add", args=[i])
+        for i in range(CHUNK + 30)
+    ]
+    now = [0.0]
+    ahead = prebuilder(Dispatcher(app, FakeClock(T0)), clock=lambda: now[0])
+    assert ahead.run(T0, budget=1.0) == CHUNK + 30
+    assert ahead.read == CHUNK + 30
+    now[0] += RESCAN_SECONDS
+    tasks[5].args = [-1]
+    tasks[5].save()
+    added = interval_task("added", 60, anchor=T0, next_slot_at=T0, task="fast.add", args=[9])
+    builds.clear()
+    assert ahead.run(T0, budget=1.0) == 1
+    assert ahead.read == CHUNK + 31  # the added task only
+    assert builds == [added.pk]
+    assert not ahead.pending
 
 
 def test_nothing_is_built_ahead_without_the_fast_path(
