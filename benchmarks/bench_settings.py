@@ -51,6 +51,9 @@ DRIFTSAFE = {
 # to measure what it adds; it is inherited from the command's environment.
 if os.environ.get("DRIFTSAFE_BENCH_CLAIM_PROCESS") == "0":
     DRIFTSAFE["CLAIM_PROCESS"] = False
+# DRIFTSAFE_BENCH_CLAIM_BATCH_SIZE=N: our beats claim N tasks a batch (default 500).
+if os.environ.get("DRIFTSAFE_BENCH_CLAIM_BATCH_SIZE"):
+    DRIFTSAFE["CLAIM_BATCH_SIZE"] = int(os.environ["DRIFTSAFE_BENCH_CLAIM_BATCH_SIZE"])
 
 CELERY_BROKER_URL = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/9")
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("BENCH_QUEUE", f"{_PREFIX}:queue")
