@@ -365,7 +365,15 @@ def test_due_tasks_come_from_the_index_on_a_task_table_without_statistics() -> N
     plans.clear()
     with connection.execute_wrapper(explain):
         result = claimer.claim(T0, "n")
-        fast = type("Fast", (), {"active": lambda self: True, "prebuild": lambda *a: True})()
+        fast = type(
+            "Fast",
+            (),
+            {
+                "active": lambda self: True,
+                "prebuild": lambda *a: True,
+                "has_template": lambda self, pk: False,
+            },
+        )()
         built = Prebuilder(fast, lambda task, slot: None).run(T0, budget=0.0)  # type: ignore[arg-type]
     assert len(result.runs) == 100 and built == CHUNK
     assert len(plans) == 2

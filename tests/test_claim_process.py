@@ -35,9 +35,8 @@ def _needs_skip_locked() -> None:
     assert connection.features.has_select_for_update_skip_locked, connection.vendor
 
 
-@pytest.fixture
-def wave_beat(settings: Any, broker_app: Any, clock: FakeClock) -> Iterator[DriftSafeScheduler]:
-    """A scheduler claiming 20 tasks a round, with its claim process on and ready."""
+def _wave_scheduler(settings: Any, broker_app: Any, clock: FakeClock) -> DriftSafeScheduler:
+    """A scheduler claiming 20 tasks a round, with its claim process on (not started)."""
     _needs_skip_locked()
     settings.DRIFTSAFE = {
         **settings.DRIFTSAFE,
@@ -45,9 +44,15 @@ def wave_beat(settings: Any, broker_app: Any, clock: FakeClock) -> Iterator[Drif
         "CLAIM_PROCESS": True,
         "RUN_EXPIRES_SECONDS": None,
     }
-    sched = DriftSafeScheduler(
+    return DriftSafeScheduler(
         app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
     )
+
+
+@pytest.fixture
+def wave_beat(settings: Any, broker_app: Any, clock: FakeClock) -> Iterator[DriftSafeScheduler]:
+    """A scheduler claiming 20 tasks a round, with its claim process on and ready."""
+    sched = _wave_scheduler(settings, broker_app, clock)
     helper = sched._prefetcher.process
     assert helper is not None
     helper.start()
@@ -107,17 +112,8 @@ def test_a_beat_set_up_with_settings_configure_has_its_helper_too(
     """A project that calls ``settings.configure()`` has no settings module for the helper to
     import (no ``DJANGO_SETTINGS_MODULE``): the helper is configured with the beat's installed
     apps, time zone, database and ``DRIFTSAFE`` instead, and claims its share of the wave."""
-    _needs_skip_locked()
     monkeypatch.delenv("DJANGO_SETTINGS_MODULE")
-    settings.DRIFTSAFE = {
-        **settings.DRIFTSAFE,
-        "CLAIM_BATCH_SIZE": 20,
-        "CLAIM_PROCESS": True,
-        "RUN_EXPIRES_SECONDS": None,
-    }
-    sched = DriftSafeScheduler(
-        app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
-    )
+    sched = _wave_scheduler(settings, broker_app, clock)
     try:
         helper = sched._prefetcher.process
         assert helper is not None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -38,23 +38,30 @@ def _ended(pid: int) -> bool:
         return True
 
 
+def _seed_waves(run: E2ERun, prefix: str) -> datetime:
+    """TASKS tasks every EVERY seconds, all first due at one instant a few seconds from now
+    (returned), and the recorder started."""
+    start = (real_now() + timedelta(seconds=8)).replace(microsecond=0)
+    run.seed(
+        [
+            {
+                "name": f"{prefix}-{i:03d}",
+                "schedule_kind": "interval",
+                "interval_every": EVERY,
+                "interval_unit": "seconds",
+            }
+            for i in range(TASKS)
+        ],
+        start,
+    )
+    run.start_recorder()
+    return start
+
+
 def test_a_beat_claims_its_waves_with_its_claim_process_and_stops_it(tmp_path: Path) -> None:
     run = E2ERun("postgresql", tmp_path, lease=30.0)
     try:
-        start = (real_now() + timedelta(seconds=8)).replace(microsecond=0)
-        run.seed(
-            [
-                {
-                    "name": f"wave-{i:03d}",
-                    "schedule_kind": "interval",
-                    "interval_every": EVERY,
-                    "interval_unit": "seconds",
-                }
-                for i in range(TASKS)
-            ],
-            start,
-        )
-        run.start_recorder()
+        start = _seed_waves(run, "wave")
         beat = run.start_beat(0.0, env={"DRIFTSAFE_E2E_CLAIM_BATCH_SIZE": "20"})
         assert wait_until_handles_sigterm(beat.process)
         waves = 3
@@ -94,20 +101,7 @@ def test_an_embedded_beat_claims_with_its_helper_and_stops_it_with_the_worker(
     helper."""
     run = E2ERun("postgresql", tmp_path, lease=30.0)
     try:
-        start = (real_now() + timedelta(seconds=8)).replace(microsecond=0)
-        run.seed(
-            [
-                {
-                    "name": f"embedded-{i:03d}",
-                    "schedule_kind": "interval",
-                    "interval_every": EVERY,
-                    "interval_unit": "seconds",
-                }
-                for i in range(TASKS)
-            ],
-            start,
-        )
-        run.start_recorder()
+        start = _seed_waves(run, "embedded")
         # the worker consumes another queue: the beat's messages stay for the recorder
         worker = run.children.start(
             "worker-embedded",
