@@ -186,31 +186,39 @@ class ClaimProcess:
 
     def stop(self, why: str = "the beat stops") -> None:
         """Ask the helper to end, and wait for it (terminated after :data:`STOP_SECONDS`);
-        a later :meth:`start` starts another."""
+        a later :meth:`start` starts another. A lost helper, ended when it was found lost, is
+        only reaped."""
         process, self._process = self._process, None
         if process is None:
             return
-        logger.info(
-            "stopping the claim process (pid %s): %s; %d batches claimed there in all",
-            process.pid,
-            why,
-            self.claims,
-            extra={"action": "claim-process", "node": self.node_id},
-        )
-        try:
-            if self._busy:
-                # a claim nobody took (the caller takes every batch first): what it
-                # committed stays claimed, and the outbox publishes it after the lease
-                self._conn.recv()
-            self._conn.send(None)
-        except (EOFError, OSError, ValueError):
-            pass
+        if self.unavailable is None:
+            logger.info(
+                "stopping the claim process (pid %s): %s; %d batches claimed there in all",
+                process.pid,
+                why,
+                self.claims,
+                extra={"action": "claim-process", "node": self.node_id},
+            )
+            try:
+                if self._busy:
+                    # a claim nobody took (the caller takes every batch first): what it
+                    # committed stays claimed, and the outbox publishes it after the lease
+                    self._conn.recv()
+                self._conn.send(None)
+            except (EOFError, OSError, ValueError):
+                pass
+        self._release(process)
+
+    def _release(self, process: Any) -> None:
+        """Wait for ``process`` to end (terminated after :data:`STOP_SECONDS`) and drop its
+        pipe."""
         process.join(STOP_SECONDS)
         if process.is_alive():
             process.terminate()
             process.join(STOP_SECONDS)
-        self._conn.close()
-        self._conn = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
         self._ready = self._busy = False
 
     def decline(self, why: str) -> None:
@@ -230,12 +238,8 @@ class ClaimProcess:
             return False
         self._restart_at = None
         process, self._process = self._process, None
-        if process is not None:
-            process.join(STOP_SECONDS)  # terminated at the loss: reaped here
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-        self._ready = False
+        if process is not None:  # not reaped yet (stop() may have done it since the loss)
+            self._release(process)
         self.unavailable = None
         return True
 

@@ -32,7 +32,7 @@ def cgroup_cpu_quota(cgroup_root: str, own: str) -> float | None:
     limits: list[float] = []
     for hierarchy, controllers, path in groups:
         if hierarchy == "0" and not controllers:  # v2: one tree
-            base, reader = os.path.join(cgroup_root), _v2_limit
+            base, reader = cgroup_root, _v2_limit
         elif "cpu" in controllers.split(","):
             base, reader = os.path.join(cgroup_root, controllers), _v1_limit
         else:

@@ -300,7 +300,8 @@ class DriftSafeScheduler(BeatNode, Scheduler):
 
     def _claim_process_room(self, now: datetime) -> str | None:
         """Why this beat's machine cannot spare its claim process a core (None: it can),
-        counting the live beats on it; asked once, at the beat's first wave."""
+        counting the live beats on it; asked when a helper is to be started (the first wave,
+        and the first after a lost helper's wait)."""
         host = socket.gethostname()
         dead_after = timedelta(seconds=self.settings.node_dead_after_seconds)
         here = sum(node.hostname == host for node in nodes.alive(now, dead_after, using=self.using))
