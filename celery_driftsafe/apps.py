@@ -11,12 +11,18 @@ class DriftSafeConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from celery.signals import task_revoked, worker_init, worker_shutdown
+        from celery.signals import (
+            task_postrun,
+            task_prerun,
+            task_revoked,
+            worker_init,
+            worker_shutdown,
+        )
         from django.core import checks
         from django.core.signals import setting_changed
         from django.db.models.signals import post_delete, post_save
 
-        from celery_driftsafe import changes, conf, metrics_server, worker
+        from celery_driftsafe import changes, conf, metrics_server, plain_tasks, worker
         from celery_driftsafe import checks as driftsafe_checks
         from celery_driftsafe.models import PeriodicTask
 
@@ -30,6 +36,9 @@ class DriftSafeConfig(AppConfig):
         )
         # Worker side: a revoked or expired run message is recorded (runs' messages only).
         task_revoked.connect(worker.on_task_revoked, dispatch_uid="driftsafe-revoked")
+        # Worker side: a plain task's run (no DriftSafeTask base) gets its body's outcome.
+        task_prerun.connect(plain_tasks.on_task_prerun, dispatch_uid="driftsafe-plain-start")
+        task_postrun.connect(plain_tasks.on_task_postrun, dispatch_uid="driftsafe-plain-end")
         # Worker side: serve metrics on WORKER_METRICS_PORT (a no-op when it is not set).
         worker_init.connect(metrics_server.on_worker_init, dispatch_uid="driftsafe-metrics-init")
         worker_shutdown.connect(

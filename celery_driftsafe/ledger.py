@@ -273,6 +273,39 @@ class Ledger:
             == 1
         )
 
+    def end_plain(
+        self,
+        run_id: int,
+        task_name: str,
+        attempt: int,
+        worker: str,
+        status: str,
+        started_at: datetime | None,
+        finished_at: datetime,
+        error: str,
+    ) -> bool:
+        """Record the outcome of a plain task's body (no base class, no lock, no token): only
+        a waiting run of that task, at that attempt or an earlier one, takes it."""
+        return (
+            self._write(
+                f"UPDATE {self.runs} SET status = %s, started_at = %s, finished_at = %s, "
+                f"worker = %s, attempt = %s, error = %s WHERE id = %s AND task_name = %s "
+                f"AND attempt <= %s AND status IN ({self._pre_start})",
+                [
+                    status,
+                    None if started_at is None else self._at(started_at),
+                    self._at(finished_at),
+                    worker,
+                    attempt,
+                    error,
+                    run_id,
+                    task_name,
+                    attempt,
+                ],
+            )
+            == 1
+        )
+
     def note(self, run_id: int, error: str) -> None:
         """Say on a waiting run why it is still waiting."""
         self._write(

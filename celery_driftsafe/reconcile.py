@@ -3,7 +3,8 @@
 A run normally leaves ``dispatched`` / ``started`` because a worker records what happened.
 Some never will: a message that expired in the queue (a worker discards it), a worker killed
 while it ran a ``DriftSafeTask`` without late acknowledgement (nothing redelivers it), a plain
-task (no base class records anything). Each beat runs :func:`reconcile` every
+task killed mid-body or run on a worker without this app (elsewhere the worker records a plain
+task's outcome, :mod:`celery_driftsafe.plain_tasks`). Each beat runs :func:`reconcile` every
 ``RECONCILE_INTERVAL_SECONDS`` (a minute), in a thread of its own; each batch is locked as it is
 read and each change is conditional on the status it read, so beats reconciling at once never
 fight.

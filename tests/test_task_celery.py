@@ -116,7 +116,20 @@ def _make_app(
     def add(values: Any, y: int = 0) -> int:
         return (sum(values) if isinstance(values, list) else values) + y
 
-    tasks.update(flaky=flaky, auto=auto, double=double, add=add)
+    # Plain tasks (no base class): the worker records their runs' outcomes all the same.
+    @app.task(name="sem.quiet", shared=False, ignore_result=True)
+    def quiet(marker: str) -> str:
+        seen.append(("sem.quiet", marker, 0))
+        return marker
+
+    @app.task(name="sem.broken", bind=True, shared=False)
+    def broken(self: Any, marker: str, retry_first: bool = False) -> None:
+        seen.append(("sem.broken", marker, self.request.retries))
+        if retry_first and self.request.retries == 0:
+            raise self.retry(countdown=0.2, max_retries=3)
+        raise ValueError(f"{marker} breaks at attempt {self.request.retries}")
+
+    tasks.update(flaky=flaky, auto=auto, double=double, add=add, quiet=quiet, broken=broken)
     return app
 
 
@@ -438,6 +451,63 @@ def test_revoked_message_is_recorded_revoked(make_env: Any) -> None:
     assert run.status == RunStatus.REVOKED
     assert env.seen == []
     assert env.app.AsyncResult(run.celery_task_id).state == "REVOKED"
+
+
+# -- 5. plain tasks -----------------------------------------------------------------------------
+
+
+def test_plain_tasks_runs_get_their_outcome_from_the_worker(make_env: Any) -> None:
+    """Plain tasks (no base class) on a worker with this app: each run ends with its body's
+    outcome at once, an ``ignore_result`` task's too (it used to end ``expired`` a day later);
+    a retry waits for its last attempt; a run that is not waiting, or not the task's, is left
+    as it is."""
+    env = make_env(backend=None)
+    quiet, broken, retried = (
+        new_run("sem.quiet", "scheduled"),
+        new_run("sem.broken", "manual"),
+        new_run("sem.broken", "adhoc"),
+    )
+    before = authority_clock().now()
+    env.publish_run(quiet, ["q"])
+    env.publish_run(broken, ["b"])
+    env.publish_run(retried, ["r", True])
+    quiet, broken, retried = finished(quiet), finished(broken), finished(retried)
+    after = authority_clock().now()
+
+    assert quiet.status == RunStatus.SUCCEEDED and quiet.error == ""
+    assert quiet.worker and quiet.attempt == 0
+    assert quiet.started_at is not None and quiet.finished_at is not None
+    assert before <= quiet.started_at <= quiet.finished_at <= after
+    assert broken.status == RunStatus.FAILED
+    assert "Traceback" in broken.error and "ValueError: b breaks at attempt 0" in broken.error
+    assert retried.status == RunStatus.FAILED and retried.attempt == 1
+    assert "ValueError: r breaks at attempt 1" in retried.error
+    assert env.bodies("sem.broken") == [("b", 0), ("r", 0), ("r", 1)]
+
+    # A second delivery runs the body again (a plain task), but the first outcome stays; a
+    # message naming another task's run changes nothing.
+    env.publish_run(quiet, ["again"])
+    foreign = new_run("sem.double", "manual")
+    env.app.send_task(
+        "sem.quiet",
+        args=["foreign"],
+        headers={"driftsafe_run_id": foreign.pk, "driftsafe_fencing_token": 0},
+        queue=env.queue,
+    )
+    wait_for(lambda: len(env.bodies("sem.quiet")) == 3, what="both deliveries")
+    assert Run.objects.get(pk=quiet.pk).finished_at == quiet.finished_at
+    assert Run.objects.get(pk=foreign.pk).status == RunStatus.DISPATCHED
+
+
+def test_plain_task_in_eager_mode_is_recorded_inside_the_callers_transaction(
+    make_env: Any,
+) -> None:
+    env = make_env(worker=False, eager=True)
+    run = new_run("sem.quiet", "manual")
+    with transaction.atomic():
+        env.tasks["quiet"].apply(["eager"], headers={"driftsafe_run_id": run.pk})
+        assert Run.objects.get(pk=run.pk).status == RunStatus.SUCCEEDED
+    assert Run.objects.get(pk=run.pk).status == RunStatus.SUCCEEDED  # committed, not broken
 
 
 # -- 6. Celery features -------------------------------------------------------------------------

@@ -22,6 +22,12 @@ def tick(*args: Any, **kwargs: Any) -> None:
     """Does nothing: the test counts messages, not work."""
 
 
+@app.task(name="e2e.quiet", ignore_result=True)
+def quiet(*args: Any, **kwargs: Any) -> str:
+    """A plain task whose results are ignored: only its worker can tell how its runs ended."""
+    return "done"
+
+
 @app.task(name="e2e.work", base=DriftSafeTask, acks_late=True, reject_on_worker_lost=True)
 def work(marker: str, seconds: float = 0.0) -> str:
     """Sleeps, then records that its body ran to the end (in Redis, for the test to count)."""

@@ -119,6 +119,7 @@ def main(command: str) -> None:
                 "attempts": r.dispatch_attempts,
                 "claimed_by": r.claimed_by,
                 "started": iso(r.started_at),
+                "worker": r.worker,
                 "finished": iso(r.finished_at),
                 "error": r.error,
                 "id": r.pk,
