@@ -6,9 +6,11 @@ every tracked object of its oldest generation in a full collection: ~100 ms with
 templates, and during a burst one ran about once a second, each a stall of the round it fell
 in. So once the oldest generation has grown by a quarter since the last time (checked every
 few seconds), the beat collects once and freezes what survived (:func:`gc.freeze`): frozen
-objects are no longer walked. A frozen object that later becomes garbage is still freed by
-its reference count; only a reference cycle among frozen objects would stay, and the caches
-frozen here make none.
+objects are no longer walked. A beat also checks right after building messages ahead, while
+it waits: the templates built for the coming wave are then frozen before it, rather than by a
+collection that stalls a round of the wave. A frozen object that later becomes garbage is
+still freed by its reference count; only a reference cycle among frozen objects would stay,
+and the caches frozen here make none.
 
 The youngest generation is collected less often in a beat too (:func:`widen_young_generation`):
 a claim round of 500 tasks makes tens of thousands of objects that live until the round ends,
@@ -50,11 +52,11 @@ class HeapKeeper:
         #: Full collections and freezes done, for tests and figures.
         self.freezes = 0
 
-    def maybe_freeze(self) -> bool:
-        """Check (at most every ``CHECK_INTERVAL_SECONDS``) and freeze if it is worth it;
-        whether it froze."""
+    def maybe_freeze(self, *, check_now: bool = False) -> bool:
+        """Check (at most every ``CHECK_INTERVAL_SECONDS``, or now with ``check_now``) and
+        freeze if it is worth it; whether it froze."""
         now = self._monotonic()
-        if now < self._next_check:
+        if now < self._next_check and not check_now:
             return False
         self._next_check = now + CHECK_INTERVAL_SECONDS
         oldest = len(gc.get_objects(generation=2))

@@ -287,7 +287,8 @@ class DriftSafeScheduler(BeatNode, Scheduler):
         if wait >= PREBUILD_MIN_WAIT:
             started = self.clock.monotonic()
             try:
-                self._prebuilder.run(reading.at, min(wait / 2, PREBUILD_BUDGET))
+                if self._prebuilder.run(reading.at, min(wait / 2, PREBUILD_BUDGET)):
+                    self._heap.maybe_freeze(check_now=True)  # before the wave, not in it
             except OUTAGE_ERRORS as exc:  # the next round meets it, and reports it
                 logger.debug("not building messages ahead: %s", exc)
             spent = self.clock.monotonic() - started
