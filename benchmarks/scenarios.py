@@ -10,6 +10,7 @@ import itertools
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from benchmarks.peers import Entry, Peer
@@ -390,6 +391,17 @@ def _ledger(trial: Trial, before: float) -> dict[str, int]:
     return {"rows": int(rows[0]), "missed_rows": int(rows[1]), "missed_slots": int(rows[2])}
 
 
+def _every_entry_sent(trial: Trial, tasks: int) -> bool:
+    """Whether each of ``tasks`` entries has sent a message. Messages are parsed only once
+    as many have arrived as there are entries: parsing them while they come (every 0.25 s,
+    the whole list each time) took the recorder ~0.2 of a core during a wave, from the two
+    cores the beats and the database share. Arrival stamps are taken as messages are popped
+    either way."""
+    if trial.recorder.received < tasks:
+        return False
+    return len({m.index for m in trial.recorder.messages}) >= tasks
+
+
 def _sample_until(trial: Trial, done: Callable[[], bool], until: float) -> None:
     while time.time() < until and not done():
         time.sleep(0.25)
@@ -416,16 +428,7 @@ def burst(
         trial.mark()
         c0 = trial.counters()
         end = due + bound
-        # Messages are parsed only once as many have arrived as there are entries: parsing
-        # them while they come (every 0.25 s, the whole list each time) took the recorder
-        # ~0.2 of a core during a wave, from the two cores the beats and the database share.
-        # Their arrival stamps are taken as they are popped either way.
-        _sample_until(
-            trial,
-            lambda: trial.recorder.received >= tasks
-            and len({m.index for m in trial.recorder.messages}) >= tasks,
-            end,
-        )
+        _sample_until(trial, partial(_every_entry_sent, trial, tasks), end)
         drained_at = time.time()
         c1 = trial.counters()
         alive = all(b.process.poll() is None for b in trial.beats)
@@ -518,7 +521,7 @@ def recovery(
         launch = time.time()
         beat = trial.start_beat(0.0)
         end = launch + bound
-        _sample_until(trial, lambda: len({m.index for m in trial.recorder.messages}) >= tasks, end)
+        _sample_until(trial, partial(_every_entry_sent, trial, tasks), end)
         caught_up = time.time()
         cpu, rss = beat.cpu, beat.peak_rss_kb / 1024
         alive = beat.process.poll() is None
