@@ -75,6 +75,16 @@ def main() -> None:
         "first wave is then an outage's catch-up, one run and one span of missed slots a task",
     )
     parser.add_argument(
+        "--before-wave",
+        action="append",
+        default=[],
+        metavar="N:SQL",
+        help="run SQL on the benchmark's connection before wave N (1 for the first), then "
+        "reload the server's configuration: e.g. '2:CHECKPOINT', "
+        "\"3:ALTER SYSTEM SET wal_compression = 'lz4'\" (repeatable, in order; the "
+        "benchmark does not undo an ALTER SYSTEM)",
+    )
+    parser.add_argument(
         "--broker-db",
         type=int,
         default=15,
@@ -136,7 +146,14 @@ def _measure(args: Any) -> None:
         dispatcher = Dispatcher(app, SystemClock())
         if args.prebuild:
             _prebuild(dispatcher, due, args.tasks)
+        before = _before_waves(args.before_wave)
         for wave in range(args.waves):
+            for sql in before.get(wave + 1, []):
+                with connection.cursor() as cursor:
+                    cursor.execute(sql)
+                    cursor.execute("SELECT pg_reload_conf()")
+                time.sleep(0.5)  # every backend has read the configuration again
+                print(f"before wave {wave + 1}: {sql}")
             published, elapsed, cpu, rounds, stages, cpu_stages = _wave(
                 args,
                 claimer,
@@ -184,6 +201,17 @@ def _measure(args: Any) -> None:
 
             with open_connection.cursor() as cursor:
                 _drop_wal_slot(cursor)
+
+
+def _before_waves(specs: list[str]) -> dict[int, list[str]]:
+    """``--before-wave N:SQL`` options by wave number; a malformed one stops the run."""
+    by_wave: dict[int, list[str]] = {}
+    for spec in specs:
+        number, _, sql = spec.partition(":")
+        if not number.strip().isdigit() or not sql.strip():
+            raise SystemExit(f"--before-wave {spec!r}: expected N:SQL, N a wave number")
+        by_wave.setdefault(int(number), []).append(sql.strip())
+    return by_wave
 
 
 def _prebuild(dispatcher: Any, due: datetime, tasks: int) -> None:
