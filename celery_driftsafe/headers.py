@@ -94,3 +94,13 @@ def read_headers(request: Any) -> RunHeaders | None:
         raise BadRunHeaders(f"header {HEADER_SLOT}={slot!r} is not an ISO 8601 instant")
     assert run_id is not None and token is not None
     return RunHeaders(run_id, token, periodic, slot)
+
+
+def valid_headers(request: Any) -> RunHeaders | None:
+    """:func:`read_headers`, None also when they are malformed: for code beside the body
+    (the worker's records, a plain task's outcome), which leaves judging them to the body's
+    side and records nothing for them."""
+    try:
+        return read_headers(request)
+    except BadRunHeaders:
+        return None

@@ -24,8 +24,8 @@ from typing import Any
 
 from celery import states
 
-from celery_driftsafe.exceptions import BadRunHeaders, ClockError, LedgerUnavailable
-from celery_driftsafe.headers import RunHeaders, read_headers
+from celery_driftsafe.exceptions import ClockError, LedgerUnavailable
+from celery_driftsafe.headers import RunHeaders, valid_headers
 from celery_driftsafe.names import RunStatus
 
 logger = logging.getLogger("celery_driftsafe.task")
@@ -41,10 +41,7 @@ def _plain_run(task: Any) -> RunHeaders | None:
 
     if task is None or isinstance(task, DriftSafeTask):
         return None
-    try:
-        return read_headers(task.request)
-    except BadRunHeaders:
-        return None  # not ours to judge: the body runs as any plain task's does
+    return valid_headers(task.request)  # malformed: the body runs as any plain task's does
 
 
 def _now() -> datetime | None:

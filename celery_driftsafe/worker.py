@@ -17,18 +17,10 @@ from billiard.einfo import ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
 from celery.worker.request import Request
 
-from celery_driftsafe.exceptions import BadRunHeaders
-from celery_driftsafe.headers import RunHeaders, read_headers
+from celery_driftsafe.headers import valid_headers
 from celery_driftsafe.names import RunStatus
 
 logger = logging.getLogger("celery_driftsafe.task")
-
-
-def _run_headers(request: Any) -> RunHeaders | None:
-    try:
-        return read_headers(request)
-    except BadRunHeaders:
-        return None
 
 
 def record_from_worker(request: Any, status: str, error: str, *, started_too: bool) -> bool:
@@ -40,7 +32,7 @@ def record_from_worker(request: Any, status: str, error: str, *, started_too: bo
     from celery_driftsafe.exceptions import LedgerUnavailable
     from celery_driftsafe.ledger import Ledger
 
-    headers = _run_headers(request)
+    headers = valid_headers(request)
     if headers is None:
         return False
     attempt = int(getattr(request, "retries", 0) or 0)
@@ -77,7 +69,7 @@ class DriftSafeRequest(Request):
     """A worker request that records in the ledger what Celery decides outside the body."""
 
     def maybe_expire(self) -> bool | None:
-        if _run_headers(self._context) is not None:
+        if valid_headers(self._context) is not None:
             return False  # judged on the time authority's clock when the run is delivered
         result: bool | None = super().maybe_expire()
         return result
