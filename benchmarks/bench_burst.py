@@ -85,13 +85,21 @@ def main() -> None:
         "benchmark does not undo an ALTER SYSTEM)",
     )
     parser.add_argument(
+        "--keep-db",
+        action="store_true",
+        help="keep the test database for later runs (DRIFTSAFE_TEST_PG_TEST_NAME names it) "
+        "and reuse one kept before: its tasks, due again after the last wave it saw, and its "
+        "ledger as it stands (emptied when --ledger is 0); a big ledger is then written once "
+        "and compared with an empty one in alternating runs",
+    )
+    parser.add_argument(
         "--broker-db",
         type=int,
         default=15,
         help="Redis database of the broker (emptied before and after)",
     )
     args = parser.parse_args()
-    with fresh_databases():
+    with fresh_databases(keep=args.keep_db):
         _measure(args)
 
 
@@ -116,19 +124,23 @@ def _measure(args: Any) -> None:
         def tick(**kwargs: Any) -> None:
             return None
 
-        due = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
-        many_interval_tasks(
-            args.tasks,
-            # Half a period off the wave: each task has one slot within the grace, as when the
-            # slots are spread over the minute (the one before it is missed).
-            due - timedelta(hours=args.behind, seconds=30 if args.behind else 0),
-            name="burst-{i}",
-            task="burst.tick",
-            numbered_kwargs=True,
-        )
         from django.db import connection
 
-        if args.ledger:
+        due = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
+        kept = args.keep_db and _reuse(connection, args, due)
+        if kept:
+            due = kept
+        else:
+            many_interval_tasks(
+                args.tasks,
+                # Half a period off the wave: each task has one slot within the grace, as when
+                # the slots are spread over the minute (the one before it is missed).
+                due - timedelta(hours=args.behind, seconds=30 if args.behind else 0),
+                name="burst-{i}",
+                task="burst.tick",
+                numbered_kwargs=True,
+            )
+        if args.ledger and not kept:
             filled = time.perf_counter()
             _fill_ledger(connection, args.ledger, due)
             print(f"ledger: {args.ledger:,} runs written in {time.perf_counter() - filled:.0f} s")
@@ -201,6 +213,43 @@ def _measure(args: Any) -> None:
 
             with open_connection.cursor() as cursor:
                 _drop_wal_slot(cursor)
+
+
+def _reuse(connection: Any, args: Any, due: datetime) -> datetime | None:
+    """In a kept database that holds the run's tasks, make them due again and return the
+    instant: ``due``, or a minute after the last wave a kept run worked if that is later (its
+    slots are in the ledger). ``None`` when the database is new (nothing kept)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*), max(next_slot_at) FROM celery_driftsafe_periodictask "
+            "WHERE task = 'burst.tick'"
+        )
+        tasks, last = cursor.fetchone()
+        if not tasks:
+            return None
+        if tasks != args.tasks or args.behind:
+            raise SystemExit(
+                f"--keep-db: the kept database holds {tasks:,} burst tasks, this run asks for "
+                f"{args.tasks:,}{' and --behind' if args.behind else ''}: name another database "
+                "(DRIFTSAFE_TEST_PG_TEST_NAME) or drop this one"
+            )
+        due = max(due, last)
+        if not args.ledger:
+            cursor.execute("TRUNCATE celery_driftsafe_run CASCADE")
+        cursor.execute(
+            "UPDATE celery_driftsafe_periodictask SET interval_anchor = %s, next_slot_at = %s",
+            [due, due],
+        )
+        cursor.execute("SELECT count(*) FROM celery_driftsafe_run")
+        (runs,) = cursor.fetchone()
+        if runs < args.ledger:
+            raise SystemExit(
+                f"--keep-db: the kept ledger holds {runs:,} runs, fewer than --ledger "
+                f"{args.ledger:,}: drop the database and fill it again"
+            )
+        cursor.execute("VACUUM celery_driftsafe_periodictask")
+    print(f"kept database reused: {tasks:,} tasks due at {due.isoformat()}, {runs:,} runs")
+    return due
 
 
 def _before_waves(specs: list[str]) -> dict[int, list[str]]:

@@ -2,7 +2,9 @@
 
 ``with fresh_databases(): ...`` sets Django up on ``tests.settings`` (PostgreSQL unless
 ``DRIFTSAFE_TEST_DB`` says otherwise), creates the test databases as the test runner does and
-destroys them when the block ends, however it ends."""
+destroys them when the block ends, however it ends. ``fresh_databases(keep=True)`` keeps them
+for the next run instead and reuses what an earlier run kept (Django's ``keepdb``):
+``DRIFTSAFE_TEST_PG_TEST_NAME`` names the database, so that several can be kept side by side."""
 
 from __future__ import annotations
 
@@ -12,12 +14,13 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def fresh_databases(*, test_environment: bool = True) -> Iterator[None]:
+def fresh_databases(*, test_environment: bool = True, keep: bool = False) -> Iterator[None]:
     """Django set up, with fresh test databases for the block.
 
     ``test_environment=False`` leaves out ``setup_test_environment()``: its instrumented
     template rendering (a copy of every context for the test client) would be timed too, and a
-    served page has none."""
+    served page has none. ``keep=True``: the databases outlive the block, and a kept one is
+    reused (migrated to the code's models) rather than created afresh."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
     os.environ.setdefault("DRIFTSAFE_TEST_DB", "postgres")
     import django
@@ -28,7 +31,7 @@ def fresh_databases(*, test_environment: bool = True) -> Iterator[None]:
 
     if test_environment:
         setup_test_environment()
-    runner = get_runner(settings)(verbosity=0, interactive=False)
+    runner = get_runner(settings)(verbosity=0, interactive=False, keepdb=keep)
     old = runner.setup_databases()
     try:
         yield

@@ -21,6 +21,10 @@ DAY_US = 86_400_000_000
 
 SECOND_US = 1_000_000
 
+#: How many texts :func:`iso_text` keeps before it starts again.
+ISO_TEXTS_KEPT = 1024
+_iso_texts: dict[tuple[datetime, timedelta | None], str] = {}
+
 
 def require_aware(name: str, value: object) -> datetime:
     """Return ``value`` if it is an aware datetime, else raise ``ScheduleError(name, ...)``."""
@@ -29,6 +33,21 @@ def require_aware(name: str, value: object) -> datetime:
     if value.utcoffset() is None:
         raise ScheduleError(name, f"must be time-zone aware, got naive {value.isoformat()}")
     return value
+
+
+def iso_text(value: datetime) -> str:
+    """``value.isoformat()``, remembered. A burst's runs share a few instants (the slot, the
+    expiry, the next slot), and the claim and the publish write each one several times a run:
+    about nine ``isoformat`` calls a run, a tenth of the beat's time a slot. The key is the
+    instant and its UTC offset, which fix the text: equal instants in other zones compare
+    equal but print otherwise."""
+    key = (value, value.utcoffset())
+    text = _iso_texts.get(key)
+    if text is None:
+        if len(_iso_texts) >= ISO_TEXTS_KEPT:
+            _iso_texts.clear()
+        text = _iso_texts[key] = value.isoformat()
+    return text
 
 
 def to_us(instant: datetime) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 
 from django.db.models import F, Q
 
+from celery_driftsafe._instants import iso_text
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 
 logger = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ def celery_task_id(periodic_task_id: int, slot: datetime) -> str:
     runs kept).
     Computed once per run, at its claim; every later publish reads the stored id, so runs
     claimed under the earlier version-5 ids keep them."""
-    name = f"{periodic_task_id}:{slot.isoformat()}".encode()
+    name = f"{periodic_task_id}:{iso_text(slot)}".encode()
     digest = hashlib.sha1(_NAMESPACE_BYTES + name, usedforsecurity=False).digest()
     ms = min(max((slot - _UNIX_EPOCH) // _MS, 0), _MAX_MS)
     value = "%032x" % ((ms << 80 | int.from_bytes(digest[:10], "big")) & _V8_CLEAR | _V8_SET)

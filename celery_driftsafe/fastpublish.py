@@ -44,6 +44,7 @@ from celery.utils.nodenames import anon_nodename
 from kombu import serialization
 from kombu.compression import compress
 
+from celery_driftsafe._instants import iso_text
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.redis_writer import RedisWriter
 from celery_driftsafe.reprs import argument_reprs, repr_limits
@@ -209,7 +210,7 @@ class FastPublisher:
         app = self.app
         expires_text = expiration = None
         if expires is not None:
-            expires_text = expires.isoformat()
+            expires_text = iso_text(expires)
             # as send_task: the seconds from now to the expiry (both instants in UTC there;
             # an aware difference is the same, without the app's time zone and dateutil)
             expiration = max((expires - datetime.now(UTC)).total_seconds(), 0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from celery_driftsafe._instants import iso_text
 from celery_driftsafe.exceptions import BadRunHeaders
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def message_headers(run: ClaimedRun) -> dict[str, Any]:
     headers.update(
         {
             HEADER_RUN_ID: run.run_id,
-            HEADER_SLOT: run.slot.isoformat() if run.slot else None,
+            HEADER_SLOT: iso_text(run.slot) if run.slot else None,
             HEADER_FENCING_TOKEN: run.fencing_token,
             HEADER_PERIODIC_TASK_ID: run.periodic_task_id,
         }
