@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from json.encoder import encode_basestring_ascii
 from typing import TYPE_CHECKING, Any
+from uuid import uuid4
 
 from celery_driftsafe import envelope
 from celery_driftsafe.envelope import EnvelopeShape, json_text, make_shape, marker, render
@@ -94,6 +95,7 @@ def _stock_redis_channel(channel: Any) -> bool:
         and kind.basic_publish is virtual.Channel.basic_publish
         and kind.prepare_message is virtual.Channel.prepare_message
         and kind._inplace_augment_message is virtual.Channel._inplace_augment_message
+        and kind._next_delivery_tag is virtual.Channel._next_delivery_tag
         and kind._put is kombu_redis.Channel._put
     )
 
@@ -123,6 +125,9 @@ class RedisWriter:
         self._dumps = dumps
         #: kombu's encoder as its ``dumps`` makes it, for the values spliced into a shape.
         self._encoder = JSONEncoder()
+        #: Delivery tags: this writer's own random UUID4 with its last 48 bits a count.
+        self._tag_prefix = str(uuid4())[:24]
+        self._tags = 0
 
     @classmethod
     def open(cls, producer: Any, batch: Any) -> RedisWriter | None:
@@ -219,11 +224,19 @@ class RedisWriter:
             encode_basestring_ascii(template.kwargsrepr),
             json_text(expires, encode),
             f'"{int(expiration * 1000)}"' if expiration is not None else "null",
-            json_text(channel._next_delivery_tag(), encode),
+            f'"{self._next_tag()}"',
         ]
         for value in headers.values():
             values.append(json_text(value, encode))
         self._queue(shape.key, render(shape, values))
+
+    def _next_tag(self) -> str:
+        """A delivery tag, in the form of kombu's channel's (``str(uuid4())``: one read of
+        ``os.urandom`` a message, 2.4 µs here) and as unique: the consumer's channel keys
+        its unacknowledged messages by it. The writer's random UUID4 (74 random bits),
+        its last 12 hex digits the count of the writer's messages; 0.3 µs."""
+        self._tags += 1
+        return f"{self._tag_prefix}{self._tags:012x}"
 
     def _shape(
         self,

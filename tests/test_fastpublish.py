@@ -232,6 +232,8 @@ def test_the_fast_message_is_celerys_message(
     for (key, celery_msg), (fast_key, fast_msg) in zip(celery_sent, fast_sent, strict=True):
         assert comparable(fast_key, fast_msg) == comparable(key, celery_msg)
         assert same_expiry(fast_msg, celery_msg)
+    tags = [m["properties"]["delivery_tag"] for _, m in fast_sent]
+    assert len(set(tags)) == 2 and {uuid.UUID(tag).version for tag in tags} == {4}
     headers = fast_sent[0][1]["headers"]
     assert headers["id"] == runs[0].celery_task_id
     assert headers["driftsafe_run_id"] == runs[0].run_id
@@ -276,6 +278,7 @@ def test_a_spliced_envelope_is_the_text_put_writes_to_the_byte(
         channel = producer.channel
         channel._next_delivery_tag = lambda: "the-delivery-tag"
         writer = RedisWriter(producer, channel, None)
+        writer._next_tag = lambda: "the-delivery-tag"  # type: ignore[method-assign]
 
         @given(
             headers=st.dictionaries(
@@ -318,6 +321,31 @@ def test_a_spliced_envelope_is_the_text_put_writes_to_the_byte(
             assert writer._lists == {key: [writer._dumps(message)]}
 
         check()
+
+
+def test_delivery_tags_are_uuid4_texts_unique_across_writers(
+    make_app: Callable[..., Celery],
+) -> None:
+    """The writer's delivery tags (counted, not drawn from os.urandom each) are canonical
+    UUID4 texts as kombu's, none repeated within a writer or between two; a channel class
+    with tags of its own gets kombu's path."""
+    from kombu.transport import redis as kombu_redis
+
+    from celery_driftsafe.redis_writer import RedisWriter, _stock_redis_channel
+
+    with make_app().producer_or_acquire() as producer:
+        assert _stock_redis_channel(producer.channel)
+        writers = [RedisWriter(producer, producer.channel, None) for _ in range(2)]
+        tags = [writer._next_tag() for writer in writers for _ in range(5000)]
+    assert len(set(tags)) == len(tags)
+    assert {str(uuid.UUID(tag)) for tag in tags} == set(tags)
+    assert {uuid.UUID(tag).version for tag in tags} == {4}
+
+    class OwnTags(kombu_redis.Channel):
+        def _next_delivery_tag(self) -> str:
+            return "mine"
+
+    assert not _stock_redis_channel(object.__new__(OwnTags))
 
 
 def test_a_named_exchange_and_routing_key(
