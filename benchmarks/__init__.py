@@ -51,6 +51,10 @@ REGISTRY: dict[str, tuple[str, str]] = {
         "plain tasks' runs settled by reconciliation (expired, from the result backend)",
     ),
     "statements": ("benchmarks.statements:main", "statements one claim round issues"),
+    "hot-mark": (
+        "benchmarks.hot_mark:main",
+        "the run table's insert and mark as they are, and as a HOT mark would need them",
+    ),
     "task": ("benchmarks.bench_task:main", "DriftSafeTask overhead over a plain task"),
     "slots": ("benchmarks.bench_slots:main", "slot arithmetic: microseconds per call"),
     "jitter": (
