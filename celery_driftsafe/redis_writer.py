@@ -232,9 +232,9 @@ class RedisWriter:
 
     def _next_tag(self) -> str:
         """A delivery tag, in the form of kombu's channel's (``str(uuid4())``: one read of
-        ``os.urandom`` a message, 2.4 µs here) and as unique: the consumer's channel keys
-        its unacknowledged messages by it. The writer's random UUID4 (74 random bits),
-        its last 12 hex digits the count of the writer's messages; 0.3 µs."""
+        ``os.urandom`` a message, 2.4 to 3.2 µs here) and as unique: the consumer's channel
+        keys its unacknowledged messages by it. The writer's random UUID4 (74 random bits),
+        its last 12 hex digits the count of the writer's messages; 0.3 to 0.4 µs."""
         self._tags += 1
         return f"{self._tag_prefix}{self._tags:012x}"
 
