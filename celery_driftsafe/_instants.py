@@ -21,8 +21,9 @@ DAY_US = 86_400_000_000
 
 SECOND_US = 1_000_000
 
-#: How many texts :func:`iso_text` keeps before it starts again.
-ISO_TEXTS_KEPT = 1024
+#: How many texts :func:`iso_text` keeps before it starts again: a claim batch's instants
+#: (its slots, next slots and expiries: three a task when every task has its own) with room.
+ISO_TEXTS_KEPT = 8192
 _iso_texts: dict[tuple[datetime, timedelta | None], str] = {}
 
 
