@@ -4,10 +4,14 @@ insert), on copies of the run table with all its indexes, once as it is and once
 redesign would need it for the mark to be a HOT update (no index reads ``status``, the table
 filled to ``--fillfactor`` so a page has room for the new row versions).
 
-    python -m benchmarks hot-mark [--runs 100000] [--waves 3] [--fillfactor 50 85]
+    python -m benchmarks hot-mark [--runs 100000] [--waves 3] [--fillfactor 50 85] [--ledger N]
 
 Prints the backend's CPU a run for the insert and for the mark, and the share of marks that
-were HOT. Needs the test services and the test dependencies (it runs in ``tests.settings``).
+were HOT. ``--ledger N`` first puts N finished runs of the same tasks (``--runs`` of them, one a
+minute each, going back from the first wave) into each copy, its secondary indexes built after
+(as ``burst-profile --ledger``), so that each task's new run lands on a leaf of its own in the
+(task, slot) index. Needs the test services and the test dependencies (it runs in
+``tests.settings``).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=100_000, help="runs a wave")
     parser.add_argument("--waves", type=int, default=3)
     parser.add_argument("--fillfactor", type=int, nargs="+", default=[50, 85])
+    parser.add_argument("--ledger", type=int, default=0, help="finished runs put in first")
     args = parser.parse_args()
     with fresh_databases():
         from django.db import connection
@@ -68,6 +73,10 @@ def _measure(cursor: Any, label: str, fillfactor: Any, hot: bool, args: Any) -> 
         for (name,) in cursor.fetchall():  # the same number of indexes, none on status
             cursor.execute(f'DROP INDEX "{name}"')
             cursor.execute(f'CREATE INDEX "{name}" ON {table} (claimed_at, id)')
+    if args.ledger:
+        started = time.perf_counter()
+        _fill(cursor, table, args.ledger, args.runs)
+        print(f"{label}: {args.ledger:,} runs written in {time.perf_counter() - started:.0f} s")
     cursor.execute("SELECT pg_backend_pid()")
     (pid,) = cursor.fetchone()
     for wave in range(args.waves):
@@ -84,7 +93,7 @@ def _measure(cursor: Any, label: str, fillfactor: Any, hot: bool, args: Any) -> 
             cursor.execute(_MARK[hot].format(table=table), {"ids": ids})
             spent["insert"] += middle - before
             spent["mark"] += _cpu(pid) - middle
-        time.sleep(1.5)  # the statistics are flushed at most once a second
+        cursor.execute("SELECT pg_stat_force_next_flush()")  # as this statement ends
         cursor.execute(
             "SELECT n_tup_hot_upd, n_tup_upd FROM pg_stat_user_tables WHERE relname = %s", [table]
         )
@@ -96,9 +105,41 @@ def _measure(cursor: Any, label: str, fillfactor: Any, hot: bool, args: Any) -> 
         )
     cursor.execute(f"SELECT pg_total_relation_size('{table}'), pg_relation_size('{table}')")
     total, heap = cursor.fetchone()
-    runs = args.runs * args.waves
+    runs = args.runs * args.waves + args.ledger
     print(f"{label}: {total / runs:.0f} bytes a run with its indexes, {heap / runs:.0f} of heap")
     cursor.execute(f"DROP TABLE {table}")
+
+
+def _fill(cursor: Any, table: str, runs: int, tasks: int) -> None:
+    """``runs`` succeeded runs of ``tasks`` tasks, one a minute each before the first wave,
+    with the secondary indexes (not the primary key nor the unique (task, slot) one) dropped
+    during the fill and built after."""
+    cursor.execute(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s AND indexname NOT IN "
+        "(SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass) "
+        "AND indexdef NOT LIKE %s",
+        [table, table, "%UNIQUE%(periodic_task_id, slot)%"],
+    )
+    saved = cursor.fetchall()
+    for name, _ in saved:
+        cursor.execute(f'DROP INDEX "{name}"')
+    for first in range(0, runs, 1_000_000):
+        cursor.execute(
+            f"""INSERT INTO {table} (periodic_task_id, task_name, kind, slot, status,
+                claimed_by, claimed_at, dispatched_at, started_at, finished_at, celery_task_id,
+                fencing_token, dispatch_attempts, duplicate_deliveries, worker, error, message,
+                attempt, missed_count)
+              SELECT i %% %(tasks)s, 'bench.tick', 'scheduled', s, 'succeeded', 'old-node', s,
+                s, s, s, md5(i::text), 0, 1, 0, 'w', '', '{{}}', 0, 1
+              FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS i,
+                LATERAL (SELECT '2026-01-01T00:00:00+00:00'::timestamptz
+                         - make_interval(mins => (1 + i / %(tasks)s)::int)) AS t(s)""",
+            {"tasks": tasks, "first": first, "last": min(first + 1_000_000, runs) - 1},
+        )
+    cursor.execute("SET maintenance_work_mem = '512MB'")
+    for _, definition in saved:
+        cursor.execute(definition)
+    cursor.execute(f"VACUUM ANALYZE {table}")
 
 
 def _cpu(pid: int) -> float:
