@@ -17,11 +17,12 @@ minute each, going back from the first wave) into each copy, its secondary index
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from typing import Any
 
 from benchmarks.django_db import fresh_databases
+from benchmarks.run_table import fill_fast
+from celery_driftsafe.testing.processes import proc_stats
 
 BATCH = 500
 _INSERT = """INSERT INTO {table} (periodic_task_id, task_name, kind, slot, status, claimed_by,
@@ -75,24 +76,28 @@ def _measure(cursor: Any, label: str, fillfactor: Any, hot: bool, args: Any) -> 
             cursor.execute(f'CREATE INDEX "{name}" ON {table} (claimed_at, id)')
     if args.ledger:
         started = time.perf_counter()
-        _fill(cursor, table, args.ledger, args.runs)
+        _fill(table, args.ledger, args.runs)
         print(f"{label}: {args.ledger:,} runs written in {time.perf_counter() - started:.0f} s")
     cursor.execute("SELECT pg_backend_pid()")
     (pid,) = cursor.fetchone()
+
+    def backend_cpu() -> float:  # its CPU seconds (the benchmark runs beside its server)
+        return proc_stats(pid)[1]
+
     for wave in range(args.waves):
         spent = {"insert": 0.0, "mark": 0.0}
         slot = f"2026-01-01T00:{wave:02d}:00+00:00"
         for first in range(0, args.runs, BATCH):
             last = min(first + BATCH, args.runs) - 1
-            before = _cpu(pid)
+            before = backend_cpu()
             cursor.execute(
                 _INSERT.format(table=table), {"slot": slot, "first": first, "last": last}
             )
             ids = [row[0] for row in cursor.fetchall()]
-            middle = _cpu(pid)
+            middle = backend_cpu()
             cursor.execute(_MARK[hot].format(table=table), {"ids": ids})
             spent["insert"] += middle - before
-            spent["mark"] += _cpu(pid) - middle
+            spent["mark"] += backend_cpu() - middle
         cursor.execute("SELECT pg_stat_force_next_flush()")  # as this statement ends
         cursor.execute(
             "SELECT n_tup_hot_upd, n_tup_upd FROM pg_stat_user_tables WHERE relname = %s", [table]
@@ -110,40 +115,27 @@ def _measure(cursor: Any, label: str, fillfactor: Any, hot: bool, args: Any) -> 
     cursor.execute(f"DROP TABLE {table}")
 
 
-def _fill(cursor: Any, table: str, runs: int, tasks: int) -> None:
+def _fill(table: str, runs: int, tasks: int) -> None:
     """``runs`` succeeded runs of ``tasks`` tasks, one a minute each before the first wave,
-    with the secondary indexes (not the primary key nor the unique (task, slot) one) dropped
-    during the fill and built after."""
-    cursor.execute(
-        "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s AND indexname NOT IN "
-        "(SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass) "
-        "AND indexdef NOT LIKE %s",
-        [table, table, "%UNIQUE%(periodic_task_id, slot)%"],
-    )
-    saved = cursor.fetchall()
-    for name, _ in saved:
-        cursor.execute(f'DROP INDEX "{name}"')
-    for first in range(0, runs, 1_000_000):
-        cursor.execute(
-            f"""INSERT INTO {table} (periodic_task_id, task_name, kind, slot, status,
-                claimed_by, claimed_at, dispatched_at, started_at, finished_at, celery_task_id,
-                fencing_token, dispatch_attempts, duplicate_deliveries, worker, error, message,
-                attempt, missed_count)
-              SELECT i %% %(tasks)s, 'bench.tick', 'scheduled', s, 'succeeded', 'old-node', s,
-                s, s, s, md5(i::text), 0, 1, 0, 'w', '', '{{}}', 0, 1
-              FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS i,
-                LATERAL (SELECT '2026-01-01T00:00:00+00:00'::timestamptz
-                         - make_interval(mins => (1 + i / %(tasks)s)::int)) AS t(s)""",
-            {"tasks": tasks, "first": first, "last": min(first + 1_000_000, runs) - 1},
-        )
-    cursor.execute("SET maintenance_work_mem = '512MB'")
-    for _, definition in saved:
-        cursor.execute(definition)
-    cursor.execute(f"VACUUM ANALYZE {table}")
+    written with the copy's secondary indexes dropped and built after (``fill_fast``)."""
+    from django.db import connection
 
+    def write() -> None:
+        with connection.cursor() as cursor:
+            for first in range(0, runs, 1_000_000):
+                cursor.execute(
+                    f"""INSERT INTO {table} (periodic_task_id, task_name, kind, slot, status,
+                        claimed_by, claimed_at, dispatched_at, started_at, finished_at,
+                        celery_task_id, fencing_token, dispatch_attempts, duplicate_deliveries,
+                        worker, error, message, attempt, missed_count)
+                      SELECT i %% %(tasks)s, 'bench.tick', 'scheduled', s, 'succeeded',
+                        'old-node', s, s, s, s, md5(i::text), 0, 1, 0, 'w', '', '{{}}', 0, 1
+                      FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS i,
+                        LATERAL (SELECT '2026-01-01T00:00:00+00:00'::timestamptz
+                                 - make_interval(mins => (1 + i / %(tasks)s)::int)) AS t(s)""",
+                    {"tasks": tasks, "first": first, "last": min(first + 1_000_000, runs) - 1},
+                )
 
-def _cpu(pid: int) -> float:
-    """The backend's user + system CPU seconds (/proc, the benchmark beside its server)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    fill_fast(connection, write, table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"VACUUM ANALYZE {table}")
