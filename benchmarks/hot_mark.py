@@ -25,7 +25,7 @@ from benchmarks.run_table import fill_fast
 from celery_driftsafe.testing.processes import proc_stats
 
 BATCH = 500
-_INSERT = """INSERT INTO {table} (periodic_task_id, task_name, kind, slot, status, claimed_by,
+INSERT = """INSERT INTO {table} (periodic_task_id, task_name, kind, slot, status, claimed_by,
     claimed_at, celery_task_id, fencing_token, dispatch_attempts, duplicate_deliveries, worker,
     error, message, attempt, missed_count, expires_at)
   SELECT i, 'bench.tick', 'scheduled', %(slot)s, 'claimed', 'bench-node', now(),
@@ -76,7 +76,7 @@ def _measure(cursor: Any, label: str, fillfactor: Any, hot: bool, args: Any) -> 
             cursor.execute(f'CREATE INDEX "{name}" ON {table} (claimed_at, id)')
     if args.ledger:
         started = time.perf_counter()
-        _fill(table, args.ledger, args.runs)
+        fill_ledger(table, args.ledger, args.runs)
         print(f"{label}: {args.ledger:,} runs written in {time.perf_counter() - started:.0f} s")
     cursor.execute("SELECT pg_backend_pid()")
     (pid,) = cursor.fetchone()
@@ -90,9 +90,7 @@ def _measure(cursor: Any, label: str, fillfactor: Any, hot: bool, args: Any) -> 
         for first in range(0, args.runs, BATCH):
             last = min(first + BATCH, args.runs) - 1
             before = backend_cpu()
-            cursor.execute(
-                _INSERT.format(table=table), {"slot": slot, "first": first, "last": last}
-            )
+            cursor.execute(INSERT.format(table=table), {"slot": slot, "first": first, "last": last})
             ids = [row[0] for row in cursor.fetchall()]
             middle = backend_cpu()
             cursor.execute(_MARK[hot].format(table=table), {"ids": ids})
@@ -115,7 +113,7 @@ def _measure(cursor: Any, label: str, fillfactor: Any, hot: bool, args: Any) -> 
     cursor.execute(f"DROP TABLE {table}")
 
 
-def _fill(table: str, runs: int, tasks: int) -> None:
+def fill_ledger(table: str, runs: int, tasks: int) -> None:
     """``runs`` succeeded runs of ``tasks`` tasks, one a minute each before the first wave,
     written with the copy's secondary indexes dropped and built after (``fill_fast``)."""
     from django.db import connection

@@ -406,3 +406,43 @@ def test_due_tasks_come_from_the_index_on_a_task_table_without_statistics() -> N
     assert len(plans) == 2
     for plan in plans:
         assert "Sort" not in plan and "driftsafe_task_due_at_id" in plan, plan
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_insert_is_plain_until_a_slot_already_has_a_run(
+    make_claimer: MakeClaimer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL: a batch goes as a plain insert (cheaper than ``ON CONFLICT``); when one of
+    its slots already has a run, the batch goes again skipping that row, and the rest of the
+    batch is claimed, nothing disabled."""
+    from django.test.utils import CaptureQueriesContext
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the plain insert is PostgreSQL's; other databases skip taken slots always")
+    free = [interval_task(f"free{i}", 10, anchor=T0, next_slot_at=T0) for i in range(3)]
+    taken = interval_task("taken", 10, anchor=T0, next_slot_at=T0)
+    Run.objects.create(periodic_task=taken, task_name="tests.add", slot=T0 + 10 * S)
+
+    def inserts(queries: CaptureQueriesContext) -> list[bool]:
+        """For each insert of the run table: did it skip taken slots?"""
+        return [
+            "ON CONFLICT DO NOTHING" in q["sql"]
+            for q in queries.captured_queries
+            if q["sql"].startswith(f'INSERT INTO "{Run._meta.db_table}"')
+        ]
+
+    with CaptureQueriesContext(connection) as first:
+        result = make_claimer().claim(T0, "node-a")
+    assert inserts(first) == [False] and len(result.runs) == 4
+    with CaptureQueriesContext(connection) as second, caplog.at_level("WARNING"):
+        result = make_claimer().claim(T0 + 10 * S, "node-a")
+    assert inserts(second) == [False, True]
+    assert sorted(r.periodic_task_id for r in result.runs) == sorted(t.pk for t in free)
+    assert all(r.run_id for r in result.runs)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"slot {T0 + 10 * S} of taken already has a run; skipped (the task was saved or "
+        "rescheduled onto a slot that fired)"
+    ]  # the task named, nothing refused or disabled
+    assert Run.objects.filter(periodic_task=taken, slot=T0 + 10 * S, claimed_by="").exists()
+    taken.refresh_from_db()
+    assert taken.enabled and taken.next_slot_at == T0 + 20 * S  # past the taken slot
