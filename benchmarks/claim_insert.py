@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 from benchmarks.django_db import fresh_databases
-from benchmarks.hot_mark import BATCH, INSERT, fill_ledger
+from benchmarks.hot_mark import BATCH, INSERT, prepared_backend
 from celery_driftsafe.testing.processes import proc_stats
 
 KINDS = {
@@ -41,12 +40,7 @@ def main() -> None:
 
         with connection.cursor() as cursor:
             cursor.execute(f"CREATE TABLE {table} (LIKE celery_driftsafe_run INCLUDING ALL)")
-            if args.ledger:
-                started = time.perf_counter()
-                fill_ledger(table, args.ledger, args.runs)
-                print(f"{args.ledger:,} runs written in {time.perf_counter() - started:.0f} s")
-            cursor.execute("SELECT pg_backend_pid()")
-            (pid,) = cursor.fetchone()
+            pid = prepared_backend(cursor, table, args.ledger, args.runs)
             spent: dict[str, list[float]] = {kind: [] for kind in KINDS}
             for wave in range(2 * args.waves):
                 kind = list(KINDS)[wave % 2]

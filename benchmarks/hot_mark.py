@@ -74,12 +74,7 @@ def _measure(cursor: Any, label: str, fillfactor: Any, hot: bool, args: Any) -> 
         for (name,) in cursor.fetchall():  # the same number of indexes, none on status
             cursor.execute(f'DROP INDEX "{name}"')
             cursor.execute(f'CREATE INDEX "{name}" ON {table} (claimed_at, id)')
-    if args.ledger:
-        started = time.perf_counter()
-        fill_ledger(table, args.ledger, args.runs)
-        print(f"{label}: {args.ledger:,} runs written in {time.perf_counter() - started:.0f} s")
-    cursor.execute("SELECT pg_backend_pid()")
-    (pid,) = cursor.fetchone()
+    pid = prepared_backend(cursor, table, args.ledger, args.runs, f"{label}: ")
 
     def backend_cpu() -> float:  # its CPU seconds (the benchmark runs beside its server)
         return proc_stats(pid)[1]
@@ -111,6 +106,18 @@ def _measure(cursor: Any, label: str, fillfactor: Any, hot: bool, args: Any) -> 
     runs = args.runs * args.waves + args.ledger
     print(f"{label}: {total / runs:.0f} bytes a run with its indexes, {heap / runs:.0f} of heap")
     cursor.execute(f"DROP TABLE {table}")
+
+
+def prepared_backend(cursor: Any, table: str, ledger: int, tasks: int, label: str = "") -> int:
+    """Fill ``table`` with ``ledger`` finished runs of ``tasks`` tasks first (if any, saying
+    how long it took); the process id of ``cursor``'s backend, whose CPU the caller reads."""
+    if ledger:
+        started = time.perf_counter()
+        fill_ledger(table, ledger, tasks)
+        print(f"{label}{ledger:,} runs written in {time.perf_counter() - started:.0f} s")
+    cursor.execute("SELECT pg_backend_pid()")
+    pid: int = cursor.fetchone()[0]
+    return pid
 
 
 def fill_ledger(table: str, runs: int, tasks: int) -> None:
