@@ -93,12 +93,20 @@ def main() -> None:
         "and compared with an empty one in alternating runs",
     )
     parser.add_argument(
+        "--crontab",
+        action="store_true",
+        help="the tasks are '* * * * *' crontabs (UTC) rather than 60 s intervals, the wave "
+        "on a whole minute (not with --keep-db)",
+    )
+    parser.add_argument(
         "--broker-db",
         type=int,
         default=15,
         help="Redis database of the broker (emptied before and after)",
     )
     args = parser.parse_args()
+    if args.crontab and args.keep_db:
+        raise SystemExit("--crontab: not with --keep-db (a kept database's tasks are intervals)")
     with fresh_databases(keep=args.keep_db):
         _measure(args)
 
@@ -127,6 +135,8 @@ def _measure(args: Any) -> None:
         from django.db import connection
 
         due = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
+        if args.crontab:
+            due = due.replace(second=0)
         kept = args.keep_db and _reuse(connection, args, due)
         if kept:
             due = kept
@@ -140,6 +150,8 @@ def _measure(args: Any) -> None:
                 task="burst.tick",
                 numbered_kwargs=True,
             )
+            if args.crontab:
+                _as_crontabs(connection, due - timedelta(hours=args.behind))
         if args.ledger and not kept:
             filled = time.perf_counter()
             _fill_ledger(connection, args.ledger, due)
@@ -250,6 +262,19 @@ def _reuse(connection: Any, args: Any, due: datetime) -> datetime | None:
         cursor.execute("VACUUM celery_driftsafe_periodictask")
     print(f"kept database reused: {tasks:,} tasks due at {due.isoformat()}, {runs:,} runs")
     return due
+
+
+def _as_crontabs(connection: Any, first: datetime) -> None:
+    """Make every task a ``* * * * *`` crontab in UTC whose next slot is ``first`` (a whole
+    minute)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE celery_driftsafe_periodictask SET schedule_kind = 'crontab', "
+            "crontab_second = '0', crontab_minute = '*', crontab_hour = '*', "
+            "crontab_day_of_month = '*', crontab_month_of_year = '*', "
+            "crontab_day_of_week = '*', timezone = 'UTC', next_slot_at = %s, due_at = %s",
+            [first, first],
+        )
 
 
 def _before_waves(specs: list[str]) -> dict[int, list[str]]:

@@ -12,7 +12,14 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from celery_driftsafe.exceptions import ScheduleError
-from celery_driftsafe.slots import Crontab, Interval, OneOff, Schedule
+from celery_driftsafe.slots import (
+    Crontab,
+    Interval,
+    OneOff,
+    Schedule,
+    shared_crontab,
+    shared_interval,
+)
 
 BERLIN = ZoneInfo("Europe/Berlin")
 
@@ -459,6 +466,39 @@ def test_schedules_are_values() -> None:
     assert "Europe/Berlin" in repr(schedule)
     assert "_zone" not in repr(schedule)
     assert {schedule, cron("*/5 * * * *", "Europe/Berlin")} == {schedule}
+
+
+def test_equal_schedules_share_one_instance_and_bad_ones_are_refused_each_time() -> None:
+    fields = {
+        "minute": "*/5",
+        "hour": "8-18",
+        "day_of_month": "*",
+        "month_of_year": "*",
+        "day_of_week": "1-5",
+        "second": "0",
+    }
+    first = shared_crontab(fields, "Europe/Berlin")
+    assert shared_crontab(dict(fields), "Europe/Berlin") is first
+    assert first == Crontab(**fields, timezone="Europe/Berlin")
+    assert shared_crontab(fields, "UTC") is not first
+    assert shared_crontab({**fields, "minute": "*/10"}, "Europe/Berlin") is not first
+    for _ in range(2):  # a refusal is not remembered as a schedule
+        with pytest.raises(ScheduleError) as refused:
+            shared_crontab({**fields, "minute": "61"}, "UTC")
+        assert refused.value.field == "minute"
+    with pytest.raises(ScheduleError):  # not text: built afresh, refused as before
+        shared_crontab({**fields, "minute": 5}, "UTC")
+    every, anchor = timedelta(minutes=1), utc(2026, 3, 1, 12)
+    interval = shared_interval(every, anchor)
+    assert shared_interval(timedelta(seconds=60), utc(2026, 3, 1, 12)) is interval
+    assert shared_interval(every, anchor + timedelta(seconds=1)) is not interval
+    # In a zone an equal wall time may be another instant (fold), so it is not shared.
+    ambiguous = datetime(2026, 10, 25, 2, 30, tzinfo=BERLIN)
+    seven = timedelta(minutes=7)  # an hour apart is not a multiple of it
+    once, twice = shared_interval(seven, ambiguous), shared_interval(seven, ambiguous)
+    assert once is not twice and once == Interval(seven, ambiguous)
+    later = shared_interval(seven, ambiguous.replace(fold=1))
+    assert later.next_after(ambiguous) != once.next_after(ambiguous)
 
 
 def test_pure_core_imports_neither_django_nor_redis() -> None:

@@ -20,7 +20,7 @@ from celery_driftsafe.models.choices import (
     TaskSource,
 )
 from celery_driftsafe.schedule_fields import CRONTAB_FIELDS, ERROR_FIELDS, KIND_FIELD
-from celery_driftsafe.slots import Crontab, Interval, OneOff, Schedule, Solar
+from celery_driftsafe.slots import OneOff, Schedule, Solar, shared_crontab, shared_interval
 from celery_driftsafe.validation import Problem, coerce_json, json_problems, option_problems
 
 #: Stands in for an interval anchor not stored yet, where only the schedule's shape matters
@@ -222,11 +222,11 @@ class PeriodicTask(models.Model):
             anchor = self.interval_anchor or anchor
             if anchor is None:
                 raise ScheduleError("anchor", "an interval task needs an anchor")
-            return Interval(timedelta(microseconds=self.interval_every * unit), anchor)
+            return shared_interval(timedelta(microseconds=self.interval_every * unit), anchor)
         if self.schedule_kind == ScheduleKind.CRONTAB:
             fields = {argument: getattr(self, name) for name, argument in CRONTAB_FIELDS.items()}
             fields["second"] = fields["second"] or "0"
-            return Crontab(**fields, timezone=self.timezone)
+            return shared_crontab(fields, self.timezone)
         if self.schedule_kind == ScheduleKind.ONE_OFF:
             if self.one_off_at is None:
                 raise ScheduleError("at", "a one-off task needs an instant")
