@@ -150,8 +150,16 @@ def test_a_killed_helper_loses_no_slot_and_doubles_none(
     with caplog.at_level(logging.WARNING, logger="celery_driftsafe"):
         _rounds_until_idle(wave_beat)
     assert helper.unavailable is not None and helper.losses == 1
-    assert "the claim process was lost: it ended during a claim (exit code -9)" in caplog.text
-    assert f"a wave {RESTART_SECONDS:g} s from now or later starts another" in caplog.text
+    lost = [r.getMessage() for r in caplog.records if "claim process was lost" in r.getMessage()]
+    assert len(lost) == 1, lost
+    # Killed during its claim, the beat waits for a batch that never comes; killed after it
+    # sent its batch back (a batch of 20 can be claimed before the kill lands), the beat finds
+    # it dead when it asks for the next. Either way it says so once and claims on itself.
+    assert (
+        "it ended during a claim (exit code -9)" in lost[0]
+        or "it could not be reached" in lost[0]
+    ), lost[0]
+    assert f"a wave {RESTART_SECONDS:g} s from now or later starts another" in lost[0]
     clock.advance(wave_beat.settings.lease_seconds + 10)
     _rounds_until_idle(wave_beat)  # the outbox takes what the helper committed, if anything
     _published_once(300)
