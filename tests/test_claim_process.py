@@ -156,8 +156,7 @@ def test_a_killed_helper_loses_no_slot_and_doubles_none(
     # sent its batch back (a batch of 20 can be claimed before the kill lands), the beat finds
     # it dead when it asks for the next. Either way it says so once and claims on itself.
     assert (
-        "it ended during a claim (exit code -9)" in lost[0]
-        or "it could not be reached" in lost[0]
+        "it ended during a claim (exit code -9)" in lost[0] or "it could not be reached" in lost[0]
     ), lost[0]
     assert f"a wave {RESTART_SECONDS:g} s from now or later starts another" in lost[0]
     clock.advance(wave_beat.settings.lease_seconds + 10)
