@@ -446,3 +446,40 @@ def test_the_insert_is_plain_until_a_slot_already_has_a_run(
     assert Run.objects.filter(periodic_task=taken, slot=T0 + 10 * S, claimed_by="").exists()
     taken.refresh_from_db()
     assert taken.enabled and taken.next_slot_at == T0 + 20 * S  # past the taken slot
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_row_the_database_refuses_disables_its_task_and_the_batch_goes_on(
+    make_claimer: MakeClaimer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL: a constraint of the project's refuses one task's run row. The plain insert
+    is refused, so is its retry with ``ON CONFLICT`` (not a taken slot), and the batch is
+    inserted task by task: that task is disabled with the database's reason, the others are
+    claimed."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite cannot add the constraint; MySQL's INSERT IGNORE drops the row")
+    good = [interval_task(f"good{i}", 10, anchor=T0, next_slot_at=T0) for i in range(3)]
+    bad = interval_task("bad", 10, anchor=T0, next_slot_at=T0, task="tests.refused")
+    table = Run._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"ALTER TABLE {table} ADD CONSTRAINT test_refused CHECK (task_name <> 'tests.refused')"
+        )
+    try:
+        with caplog.at_level("WARNING"):
+            result = make_claimer().claim(T0, "node-a")
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER TABLE {table} DROP CONSTRAINT test_refused")
+    assert sorted(r.periodic_task_id for r in result.runs) == sorted(t.pk for t in good)
+    assert all(r.run_id for r in result.runs)
+    assert result.disabled == ["bad"]
+    assert caplog.text.count("claim batch refused") == 1
+    bad.refresh_from_db()
+    assert not bad.enabled
+    assert bad.disabled_reason.startswith(
+        "disabled by the scheduler: the database refused its run row: new row for relation "
+        f'"{table}" violates check constraint "test_refused"'
+    )
+    assert not Run.objects.filter(periodic_task=bad).exists()
+    assert Run.objects.filter(periodic_task__in=good, slot=T0).count() == 3
