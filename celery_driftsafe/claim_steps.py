@@ -238,43 +238,47 @@ class ClaimSteps:
         run (rare: a schedule moved back over slots it ran, a run written by hand). Should
         the database refuse the batch for another reason, insert task by task and return the
         tasks whose rows it still refuses."""
-        attempts = (False, True) if connections[self.using].vendor == "postgresql" else (True,)
-        for skip_taken in attempts:
-            try:
-                with transaction.atomic(using=self.using):
-                    self._insert_rows(rows, now, node_id, skip_taken=skip_taken)
-                return []
-            except IntegrityError as exc:
-                if not skip_taken:
-                    logger.debug("a slot of the claim batch already has a run (%s)", exc)
-                    continue
-                refusal: Exception = exc
-            except DataError as exc:
-                refusal = exc
-            break
+        plain_first = connections[self.using].vendor == "postgresql"
+        refusal = self._attempt(rows, now, node_id, skip_taken=not plain_first)
+        if plain_first and isinstance(refusal, IntegrityError):
+            logger.debug("a slot of the claim batch already has a run (%s)", refusal)
+            refusal = self._attempt(rows, now, node_id, skip_taken=True)
+        if refusal is None:
+            return []
         logger.warning("claim batch refused (%s); inserting task by task", refusal)
         by_task: dict[int, list[NewRun]] = {}
         for row in rows:
-            row.pk = None
             by_task.setdefault(row.task.pk, []).append(row)
         refused = []
         for group in by_task.values():
-            try:
-                with transaction.atomic(using=self.using):
-                    self._insert_rows(group, now, node_id, skip_taken=True)
-            except (IntegrityError, DataError) as exc:
-                task = group[0].task
-                for row in group:
-                    row.pk = None
-                task.disabled_reason = _reason(f"the database refused its run row: {exc}")
-                logger.error(
-                    "task %s disabled: %s",
-                    task.name,
-                    task.disabled_reason,
-                    extra={"action": "disable", "task": task.name},
-                )
-                refused.append(task)
+            refusal = self._attempt(group, now, node_id, skip_taken=True)
+            if refusal is None:
+                continue
+            task = group[0].task
+            task.disabled_reason = _reason(f"the database refused its run row: {refusal}")
+            logger.error(
+                "task %s disabled: %s",
+                task.name,
+                task.disabled_reason,
+                extra={"action": "disable", "task": task.name},
+            )
+            refused.append(task)
         return refused
+
+    def _attempt(
+        self, rows: list[NewRun], now: datetime, node_id: str, *, skip_taken: bool
+    ) -> IntegrityError | DataError | None:
+        """:meth:`_insert_rows` in a savepoint of its own; the database's refusal, if it
+        refused (the rows then have no ids: a statement before the refused one was rolled
+        back with it)."""
+        try:
+            with transaction.atomic(using=self.using):
+                self._insert_rows(rows, now, node_id, skip_taken=skip_taken)
+        except (IntegrityError, DataError) as exc:
+            for row in rows:
+                row.pk = None
+            return exc
+        return None
 
     def _insert_rows(
         self, rows: list[NewRun], now: datetime, node_id: str, *, skip_taken: bool
@@ -283,8 +287,6 @@ class ClaimSteps:
         do), else such a row fails the statement (PostgreSQL)."""
         connection = connections[self.using]
         if connection.vendor == "postgresql":
-            for row in rows:
-                row.pk = None  # a row of a statement the failed attempt before rolled back
             for status in (RunStatus.CLAIMED, RunStatus.MISSED):
                 some = [row for row in rows if row.status == status]
                 if some:
