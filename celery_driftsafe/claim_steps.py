@@ -232,15 +232,16 @@ class ClaimSteps:
         return run_expiry(task, slot, self.settings)
 
     def _insert(self, rows: list[NewRun], now: datetime, node_id: str) -> list[PeriodicTask]:
-        """Insert ``rows``, skipping those whose slot already has a run. On PostgreSQL the
-        batch goes first as a plain insert (cheaper, see :func:`insert_runs_postgresql`) and
-        again with ``ON CONFLICT DO NOTHING`` only when that meets a slot that already has a
-        run (rare: a schedule moved back over slots it ran, a run written by hand). Should
-        the database refuse the batch for another reason, insert task by task and return the
-        tasks whose rows it still refuses."""
-        plain_first = connections[self.using].vendor == "postgresql"
-        refusal = self._attempt(rows, now, node_id, skip_taken=not plain_first)
-        if plain_first and isinstance(refusal, IntegrityError):
+        """Insert ``rows``, skipping those whose slot already has a run. The batch goes first
+        as a plain insert (on PostgreSQL cheaper than ``ON CONFLICT``, see
+        :func:`insert_runs_postgresql`), and again skipping taken slots only when that meets a
+        slot that already has a run (rare: a schedule moved back over slots it ran, a run
+        written by hand). Should the database refuse the batch for another reason, insert task
+        by task and return the tasks whose rows it still refuses. No ``INSERT IGNORE`` (MySQL)
+        or ``OR IGNORE`` (SQLite): they also drop a row a constraint refuses, with only a
+        warning, and the slot would pass for taken."""
+        refusal = self._attempt(rows, now, node_id, skip_taken=False)
+        if isinstance(refusal, IntegrityError):
             logger.debug("a slot of the claim batch already has a run (%s)", refusal)
             refusal = self._attempt(rows, now, node_id, skip_taken=True)
         if refusal is None:
@@ -283,8 +284,9 @@ class ClaimSteps:
     def _insert_rows(
         self, rows: list[NewRun], now: datetime, node_id: str, *, skip_taken: bool
     ) -> None:
-        """``skip_taken``: skip a row whose slot already has a run (other databases always
-        do), else such a row fails the statement (PostgreSQL)."""
+        """``skip_taken``: leave out a row whose slot already has a run (PostgreSQL: ``ON
+        CONFLICT DO NOTHING``; elsewhere the taken slots are looked up first, the claimed
+        tasks being locked), else such a row fails the statement."""
         connection = connections[self.using]
         if connection.vendor == "postgresql":
             for status in (RunStatus.CLAIMED, RunStatus.MISSED):
@@ -292,25 +294,26 @@ class ClaimSteps:
                 if some:
                     insert_runs_postgresql(connection, some, now, node_id, skip_taken=skip_taken)
             return
-        models = [row.model(now, node_id) for row in rows]
-        Run.objects.using(self.using).bulk_create(models, ignore_conflicts=True)
-        # ignore_conflicts sets no ids: look up the rows this round inserted (an older run
-        # of the same slot was claimed by another node or at another instant).
+        runs = Run.objects.using(self.using)
         keys: dict[tuple[int, datetime | None], NewRun] = {
             (row.task.pk, row.slot): row for row in rows
         }
-        for row in rows:
-            row.pk = None
-        for pk, task_id, slot in (
-            Run.objects.using(self.using)
-            .filter(
-                periodic_task_id__in={row.task.pk for row in rows},
-                slot__in={row.slot for row in rows},
-                claimed_by=node_id,
-                claimed_at=now,
-            )
-            .values_list("pk", "periodic_task_id", "slot")
-        ):
+        tasks = {row.task.pk for row in rows}
+        slots = {row.slot for row in rows}
+        if skip_taken:
+            taken = runs.filter(periodic_task_id__in=tasks, slot__in=slots)
+            for key in taken.values_list("periodic_task_id", "slot"):
+                keys.pop(key, None)
+        inserting = list(keys.values())
+        models = runs.bulk_create([row.model(now, node_id) for row in inserting])
+        for row, model in zip(inserting, models, strict=True):
+            row.pk = model.pk
+        if all(row.pk is not None for row in inserting):
+            return
+        # MySQL returns no ids from a bulk insert: look up the rows this round inserted.
+        for pk, task_id, slot in runs.filter(
+            periodic_task_id__in=tasks, slot__in=slots, claimed_by=node_id, claimed_at=now
+        ).values_list("pk", "periodic_task_id", "slot"):
             found = keys.get((task_id, slot))
             if found is not None:
                 found.pk = pk

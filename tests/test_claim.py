@@ -412,31 +412,42 @@ def test_due_tasks_come_from_the_index_on_a_task_table_without_statistics() -> N
 def test_the_insert_is_plain_until_a_slot_already_has_a_run(
     make_claimer: MakeClaimer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """PostgreSQL: a batch goes as a plain insert (cheaper than ``ON CONFLICT``); when one of
-    its slots already has a run, the batch goes again skipping that row, and the rest of the
-    batch is claimed, nothing disabled."""
+    """A batch goes as a plain insert (on PostgreSQL cheaper than ``ON CONFLICT``; never
+    MySQL's ``INSERT IGNORE`` or SQLite's ``OR IGNORE``, which would also drop a row a
+    constraint refuses); when one of its slots already has a run, the batch goes again
+    skipping that row (PostgreSQL: ``ON CONFLICT DO NOTHING``; elsewhere the taken slot is
+    looked up first), and the rest of the batch is claimed, nothing disabled."""
     from django.test.utils import CaptureQueriesContext
 
-    if connection.vendor != "postgresql":
-        pytest.skip("the plain insert is PostgreSQL's; other databases skip taken slots always")
     free = [interval_task(f"free{i}", 10, anchor=T0, next_slot_at=T0) for i in range(3)]
     taken = interval_task("taken", 10, anchor=T0, next_slot_at=T0)
     Run.objects.create(periodic_task=taken, task_name="tests.add", slot=T0 + 10 * S)
+    table = connection.ops.quote_name(Run._meta.db_table)
+    postgresql = connection.vendor == "postgresql"
 
     def inserts(queries: CaptureQueriesContext) -> list[bool]:
-        """For each insert of the run table: did it skip taken slots?"""
+        """For each insert of the run table: did the database skip taken slots itself?"""
+        sqls = [q["sql"] for q in queries.captured_queries]
+        assert not any("IGNORE" in sql.upper() for sql in sqls)
         return [
-            "ON CONFLICT DO NOTHING" in q["sql"]
-            for q in queries.captured_queries
-            if q["sql"].startswith(f'INSERT INTO "{Run._meta.db_table}"')
+            "ON CONFLICT DO NOTHING" in sql
+            for sql in sqls
+            if sql.startswith((f"INSERT INTO {table}", f"INSERT  INTO {table}"))
         ]
+
+    def rollbacks(queries: CaptureQueriesContext) -> int:
+        return sum(q["sql"].startswith("ROLLBACK TO SAVEPOINT") for q in queries.captured_queries)
 
     with CaptureQueriesContext(connection) as first:
         result = make_claimer().claim(T0, "node-a")
-    assert inserts(first) == [False] and len(result.runs) == 4
+    assert inserts(first) == [False] and rollbacks(first) == 0 and len(result.runs) == 4
     with CaptureQueriesContext(connection) as second, caplog.at_level("WARNING"):
         result = make_claimer().claim(T0 + 10 * S, "node-a")
-    assert inserts(second) == [False, True]
+    # The first insert was refused and rolled back to its savepoint (MySQL's driver records
+    # no text for a refused statement), then the batch went again without the taken slot.
+    assert rollbacks(second) == 1 and inserts(second)[-1:] == [postgresql]
+    if postgresql:
+        assert inserts(second) == [False, True]
     assert sorted(r.periodic_task_id for r in result.runs) == sorted(t.pk for t in free)
     assert all(r.run_id for r in result.runs)
     assert [r.getMessage() for r in caplog.records] == [
@@ -448,38 +459,58 @@ def test_the_insert_is_plain_until_a_slot_already_has_a_run(
     assert taken.enabled and taken.next_slot_at == T0 + 20 * S  # past the taken slot
 
 
+def _refuse_task_name(name: str) -> tuple[list[str], list[str], str]:
+    """SQL that makes the database refuse a run row of task ``name`` (a project's constraint:
+    a CHECK where the database can add one, a trigger on SQLite), the SQL that removes it, and
+    the start of the database's reason."""
+    table = Run._meta.db_table
+    if connection.vendor == "sqlite":
+        return (
+            [
+                f"CREATE TRIGGER test_refused BEFORE INSERT ON {table} "
+                f"WHEN NEW.task_name = '{name}' BEGIN SELECT RAISE(ABORT, 'test_refused'); END"
+            ],
+            ["DROP TRIGGER test_refused"],
+            "test_refused",
+        )
+    add = f"ALTER TABLE {table} ADD CONSTRAINT test_refused CHECK (task_name <> '{name}')"
+    drop = f"ALTER TABLE {table} DROP CONSTRAINT test_refused"
+    if connection.vendor == "mysql":
+        return [add], [drop], "(4025, 'CONSTRAINT `test_refused` failed"
+    return [add], [drop], f'new row for relation "{table}" violates check constraint "test_refused"'
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_run_row_the_database_refuses_disables_its_task_and_the_batch_goes_on(
     make_claimer: MakeClaimer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """PostgreSQL: a constraint of the project's refuses one task's run row. The plain insert
-    is refused, so is its retry with ``ON CONFLICT`` (not a taken slot), and the batch is
-    inserted task by task: that task is disabled with the database's reason, the others are
-    claimed."""
-    if connection.vendor != "postgresql":
-        pytest.skip("SQLite cannot add the constraint; MySQL's INSERT IGNORE drops the row")
+    """A constraint of the project's refuses one task's run row. The plain insert is refused,
+    so is its retry that skips taken slots (the slot is not taken), and the batch is inserted
+    task by task: that task is disabled with the database's reason, the others are claimed.
+    Every database: MySQL's ``INSERT IGNORE`` and SQLite's ``OR IGNORE`` would drop such a row
+    with a warning, so the claim does not use them."""
     good = [interval_task(f"good{i}", 10, anchor=T0, next_slot_at=T0) for i in range(3)]
     bad = interval_task("bad", 10, anchor=T0, next_slot_at=T0, task="tests.refused")
-    table = Run._meta.db_table
+    add, drop, reason = _refuse_task_name("tests.refused")
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"ALTER TABLE {table} ADD CONSTRAINT test_refused CHECK (task_name <> 'tests.refused')"
-        )
+        for sql in add:
+            cursor.execute(sql)
     try:
         with caplog.at_level("WARNING"):
             result = make_claimer().claim(T0, "node-a")
     finally:
         with connection.cursor() as cursor:
-            cursor.execute(f"ALTER TABLE {table} DROP CONSTRAINT test_refused")
+            for sql in drop:
+                cursor.execute(sql)
     assert sorted(r.periodic_task_id for r in result.runs) == sorted(t.pk for t in good)
     assert all(r.run_id for r in result.runs)
     assert result.disabled == ["bad"]
     assert caplog.text.count("claim batch refused") == 1
+    assert "already has a run" not in caplog.text
     bad.refresh_from_db()
     assert not bad.enabled
     assert bad.disabled_reason.startswith(
-        "disabled by the scheduler: the database refused its run row: new row for relation "
-        f'"{table}" violates check constraint "test_refused"'
-    )
+        f"disabled by the scheduler: the database refused its run row: {reason}"
+    ), bad.disabled_reason
     assert not Run.objects.filter(periodic_task=bad).exists()
     assert Run.objects.filter(periodic_task__in=good, slot=T0).count() == 3
