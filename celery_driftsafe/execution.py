@@ -18,7 +18,7 @@ from typing import Any
 from celery.exceptions import Ignore, Reject, Retry
 
 from celery_driftsafe import metrics
-from celery_driftsafe.exceptions import LockError
+from celery_driftsafe.exceptions import LedgerUnavailable, LockError
 from celery_driftsafe.execution_outcomes import SKIPPED_WHY, ExecutionOutcomes, log_run
 from celery_driftsafe.ledger import RunRow
 from celery_driftsafe.locks import lock_backend
@@ -81,6 +81,18 @@ class Execution(ExecutionOutcomes):
         if expires_at is not None and now >= expires_at and row.status != RunStatus.STARTED:
             self._expire(now, expires_at)  # a started run is taken over, not expired
         return row
+
+    def drops(self) -> bool:
+        """Whether this delivery ends without its body whatever else happens: its headers do
+        not match the run, the run is finished, or it is a copy of an earlier attempt. Only
+        reads; with the database away, False (the delivery then finds that out itself)."""
+        try:
+            row = self.ledger.load(self.run_id)
+        except LedgerUnavailable:
+            return False
+        if row is None or self._mismatch(row):
+            return True
+        return row.status in FINISHED or self.attempt < row.attempt
 
     def _run_locked(self, row: RunRow | None, now: datetime, args: Any, kwargs: Any) -> Any:
         """Take the run's lock (its token above the row's when ``row`` was read), start the

@@ -17,10 +17,12 @@ that carries ``driftsafe_run_id`` the base class (see :mod:`celery_driftsafe.exe
    retry's message is sent.
 
 A delivery that does not run the body raises :class:`celery.exceptions.Ignore`, so it never
-writes to the result backend. Calls without the header behave exactly like a plain task, except
-that inside a transaction they are published on commit. ``apply_async(...,
-idempotency_key="order-42")`` creates the ledger row at publish time so that one key runs once
-across producers.
+writes to the result backend. With ``task_track_started``, Celery's ``STARTED`` write, made
+before the body, is held back too for a delivery that is sure to be dropped (a finished run, a
+copy of an earlier attempt): it would overwrite the run's stored outcome. Calls without the
+header behave exactly like a plain task, except that inside a transaction they are published
+on commit. ``apply_async(..., idempotency_key="order-42")`` creates the ledger row at publish
+time so that one key runs once across producers.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery import Task
+from celery import Task, states
 from celery.exceptions import Ignore
+from celery.signals import task_prerun
 
 from celery_driftsafe.clock import authority_clock
 from celery_driftsafe.exceptions import BadRunHeaders, LedgerUnavailable
@@ -37,6 +40,10 @@ from celery_driftsafe.execution import Execution, current_execution
 from celery_driftsafe.headers import RunHeaders, read_headers
 
 logger = logging.getLogger(__name__)
+
+#: Set on the request of a delivery that is sure to be dropped: Celery's ``STARTED`` write is
+#: held back (see :func:`_hold_back_started`).
+_HOLD_STARTED = "driftsafe_hold_started"
 
 
 class DriftSafeTask(Task):
@@ -51,6 +58,19 @@ class DriftSafeTask(Task):
     #: Records hard time limits and lost pool processes in the ledger, and leaves a run's
     #: expiry to the time authority (see :mod:`celery_driftsafe.worker`).
     Request = "celery_driftsafe.worker:DriftSafeRequest"
+
+    @property
+    def backend(self) -> Any:
+        """The task's result backend; for a delivery that is sure to be dropped, one that does
+        not store ``STARTED`` (:func:`_hold_back_started`)."""
+        backend = Task.backend.fget(self)
+        if getattr(self.request, _HOLD_STARTED, False):
+            return _StartedHeldBack(backend)
+        return backend
+
+    @backend.setter
+    def backend(self, value: Any) -> None:
+        Task.backend.fset(self, value)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -108,5 +128,43 @@ class DriftSafeTask(Task):
             self, lambda tid: plain(args, kwargs, task_id=tid, **options), task_id
         )
 
+
+class _StartedHeldBack:
+    """A result backend that sends everything on but a ``STARTED`` state."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def store_result(self, task_id: str, result: Any, state: str, *args: Any, **kw: Any) -> Any:
+        if state == states.STARTED:
+            return result
+        return self._backend.store_result(task_id, result, state, *args, **kw)
+
+
+def _hold_back_started(task: Any = None, **_: Any) -> None:
+    """``task_track_started``: Celery stores ``STARTED`` right after this signal and before
+    the body, so a duplicate of a finished run would set a stored ``SUCCESS`` or ``FAILURE``
+    back to ``STARTED`` on a backend that overwrites (django-celery-results does; Celery's
+    key-value backends keep a ``SUCCESS``). For a delivery that is sure to be dropped, the
+    request is marked and :attr:`DriftSafeTask.backend` holds that write back. Costs one read
+    of the run a delivery, only for a task with ``track_started``."""
+    if not isinstance(task, DriftSafeTask) or not task.track_started:
+        return
+    request = task.request
+    if request.is_eager:
+        return
+    try:
+        headers = read_headers(request)
+    except BadRunHeaders:
+        setattr(request, _HOLD_STARTED, True)  # rejected in __call__, never started
+        return
+    if headers is not None and Execution(task, headers).drops():
+        setattr(request, _HOLD_STARTED, True)
+
+
+task_prerun.connect(_hold_back_started, weak=False, dispatch_uid="celery_driftsafe.hold_started")
 
 __all__ = ["BadRunHeaders", "DriftSafeTask", "RunHeaders", "authority_clock", "read_headers"]

@@ -347,6 +347,49 @@ def test_duplicates_never_write_the_result(
         assert Run.objects.get(pk=run.pk).task_result == stored
 
 
+@pytest.mark.parametrize("backend", ["django-db", "redis"])
+def test_with_track_started_a_duplicate_leaves_the_stored_outcome(
+    make_env: Any, backend: str
+) -> None:
+    """``task_track_started``: Celery stores ``STARTED`` before the body, so a duplicate of a
+    finished run would put a succeeded (or failed) run's stored state back to ``STARTED`` on a
+    backend that overwrites (django-celery-results does; Redis keeps a ``SUCCESS``). The base
+    class holds that write back for a delivery it will drop, and lets it through for the run's
+    own start."""
+    url = {"redis": BROKER_URL, "django-db": "django-db"}[backend]
+    env = make_env(url)
+    env.tasks["double"].track_started = True
+    env.tasks["flaky"].track_started = True
+    run = new_run("sem.double", "manual")
+    env.publish_run(run, [4])
+    run = finished(run)
+    assert env.app.AsyncResult(run.celery_task_id).get(timeout=5) == 8
+    for _ in range(2):
+        env.publish_run(run, [4])
+    wait_for(lambda: Run.objects.get(pk=run.pk).duplicate_deliveries == 2, what="2 duplicates")
+    # A retried run: a copy of its first attempt, delivered after the run succeeded.
+    retried = new_run("sem.flaky", "manual")
+    env.publish_run(retried, ["r", 1])
+    retried = finished(retried)
+    env.publish_run(retried, ["r", 1])
+    wait_for(
+        lambda: Run.objects.get(pk=retried.pk).duplicate_deliveries == 1,
+        what="the stale copy dropped",
+    )
+    assert env.bodies("sem.double") == [(4, 0)]
+    result = env.app.AsyncResult(run.celery_task_id)
+    assert (result.state, result.result) == ("SUCCESS", 8)
+    again = env.app.AsyncResult(retried.celery_task_id)
+    assert (again.state, again.result) == ("SUCCESS", "r:1")
+    assert retried.status == RunStatus.SUCCEEDED
+    if backend == "django-db":
+        from django_celery_results.models import TaskResult
+
+        stored = TaskResult.objects.get(task_id=run.celery_task_id)
+        assert stored.status == "SUCCESS" and stored.result == "8"
+        assert stored.date_started is not None  # the run's own start was stored
+
+
 # -- 3. transactions ----------------------------------------------------------------------------
 
 
