@@ -106,7 +106,9 @@ def _set_up(
     django.setup()
     from celery_driftsafe.claim import claimer_for
     from celery_driftsafe.conf import get_settings
+    from celery_driftsafe.db_connection import read_committed_connections
 
+    read_committed_connections()
     return claimer_for(using, get_settings())
 
 

@@ -11,7 +11,11 @@ does.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
 
 
 def refresh_between_rounds(alias: str) -> None:
@@ -53,3 +57,40 @@ def order_from_indexes(alias: str) -> None:
         return
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_sort = off")
+
+
+def read_committed_connections() -> None:
+    """In a beat's process (and its claim process): every database connection, the ones open
+    now (outside a transaction) and every one opened later, runs its transactions at READ
+    COMMITTED, whatever the project's ``OPTIONS["isolation_level"]`` or the server's default.
+
+    The claim, the outbox's marks, heartbeats and reconciliation are short transactions that
+    beats and workers run at once on the same rows, written for READ COMMITTED: a locking read
+    or an update sees the latest committed row and waits for a holder. At REPEATABLE READ or
+    SERIALIZABLE, PostgreSQL refuses such a statement instead ("could not serialize access due
+    to concurrent update"), which a beat could only take for an outage. A beat runs no code of
+    the project's in a transaction, so its connections can be set so; a worker's are left as
+    the project configured them (task bodies run there)."""
+    connection_created.connect(_read_committed, dispatch_uid="celery_driftsafe.read_committed")
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is not None and not connection.in_atomic_block:
+            read_committed(connection)
+
+
+def _read_committed(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    read_committed(connection)
+
+
+def read_committed(connection: BaseDatabaseWrapper) -> None:
+    """Set the open ``connection``'s transactions to READ COMMITTED (PostgreSQL, MySQL;
+    SQLite has one writer at a time and no such levels)."""
+    if connection.vendor == "postgresql":
+        from django.db.backends.postgresql.psycopg_any import IsolationLevel
+
+        level = IsolationLevel.READ_COMMITTED
+        connection.isolation_level = level  # type: ignore[attr-defined]
+        connection.connection.isolation_level = level
+    elif connection.vendor == "mysql":
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        connection.isolation_level = "read committed"  # type: ignore[attr-defined]

@@ -42,7 +42,7 @@ from celery_driftsafe.clock import (
     authority_from_settings,
 )
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
-from celery_driftsafe.db_connection import refresh_between_rounds
+from celery_driftsafe.db_connection import read_committed_connections, refresh_between_rounds
 from celery_driftsafe.heap import HeapKeeper, widen_young_generation
 from celery_driftsafe.prebuild import Prebuilder
 from celery_driftsafe.prefetch import Prefetcher
@@ -103,6 +103,7 @@ class DriftSafeScheduler(BeatNode, Scheduler):
         # register), and the first tick then stops, recording the node stopped.
         self._install_signal_handlers()
         ensure_django()
+        read_committed_connections()
         checks.refuse_bad_configuration(self.node_id)
         self.settings: DriftSafeSettings = get_settings()
         self.authority = self._authority_override or authority_from_settings(

@@ -12,7 +12,8 @@ from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.conf import settings
+from django.db import connection, transaction
 
 from celery_driftsafe.claim import Claimer, CompareAndSwapClaimer, SkipLockedClaimer, claimer_for
 from celery_driftsafe.dispatch import celery_task_id, reclaim_stale
@@ -175,6 +176,64 @@ class TestClaimContract:
         expected = {(t.pk, T0 + k * 5 * S) for t in tasks for k in range(3)}
         assert set(counts) == expected, "a slot was lost"
         assert Run.objects.count() == len(expected)
+
+
+def _isolation_of_a_new_connection() -> str:
+    """The isolation level a transaction runs at on a new connection (a new thread's)."""
+
+    def read(n: int) -> str:
+        with transaction.atomic(), connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("SHOW transaction_isolation")
+            elif connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+                cursor.execute("SELECT @@tx_isolation")  # before 11.1 the only name
+            else:
+                cursor.execute("SELECT @@transaction_isolation")
+            level: str = cursor.fetchone()[-1]
+        return level.lower().replace("-", " ")
+
+    return str(at_once(1, read)[0])
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("level", ["serializable", "repeatable read"])
+def test_beats_claim_at_read_committed_whatever_the_project_configures(
+    make_claimer: MakeClaimer, level: str
+) -> None:
+    """A project whose ``DATABASES`` set ``OPTIONS["isolation_level"]`` to SERIALIZABLE or
+    REPEATABLE READ: racing claims there meet "could not serialize access due to concurrent
+    update" (PostgreSQL), which a beat takes for an outage. A beat's process and its claim
+    process set every connection to READ COMMITTED; the race then has one winner a slot."""
+    from django.db.backends.signals import connection_created
+
+    from celery_driftsafe.claim_helper import _set_up
+    from celery_driftsafe.db_connection import read_committed_connections
+
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no isolation levels")
+    # An earlier test's beat in this process may have set it up already: start without it.
+    connection_created.disconnect(dispatch_uid="celery_driftsafe.read_committed")
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    saved = dict(options)
+    if connection.vendor == "postgresql":
+        from psycopg import IsolationLevel
+
+        options["isolation_level"] = IsolationLevel[level.upper().replace(" ", "_")]
+    else:
+        options["isolation_level"] = level
+    try:
+        assert _isolation_of_a_new_connection() == level  # the project's setting applies
+        read_committed_connections()  # what a beat's set-up does
+        assert _isolation_of_a_new_connection() == "read committed"
+        connection_created.disconnect(dispatch_uid="celery_driftsafe.read_committed")
+        assert _isolation_of_a_new_connection() == level
+        _set_up("default", connection.settings_dict, settings.DRIFTSAFE, None)  # claim process
+        assert _isolation_of_a_new_connection() == "read committed"
+        TestClaimContract().test_race_many_threads_one_winner_per_slot(make_claimer)
+    finally:
+        connection_created.disconnect(dispatch_uid="celery_driftsafe.read_committed")
+        options.clear()
+        options.update(saved)
 
 
 @pytest.mark.django_db(transaction=True)
