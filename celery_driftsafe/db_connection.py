@@ -87,9 +87,15 @@ def read_committed(connection: BaseDatabaseWrapper) -> None:
     if connection.vendor == "postgresql":
         from django.db.backends.postgresql.psycopg_any import IsolationLevel
 
+        # The driver's level goes into each BEGIN (Django sets it from OPTIONS); the
+        # session's default covers statements outside a transaction (a server default).
         level = IsolationLevel.READ_COMMITTED
         connection.isolation_level = level  # type: ignore[attr-defined]
         connection.connection.isolation_level = level
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED"
+            )
     elif connection.vendor == "mysql":
         with connection.cursor() as cursor:
             cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from contextlib import nullcontext
 from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 
@@ -178,32 +179,38 @@ class TestClaimContract:
         assert Run.objects.count() == len(expected)
 
 
-def _isolation_of_a_new_connection() -> str:
-    """The isolation level a transaction runs at on a new connection (a new thread's)."""
+def _isolation_of_a_new_connection() -> tuple[str, str]:
+    """The isolation levels statements run at on a new connection (a new thread's): in a
+    transaction and outside one."""
 
-    def read(n: int) -> str:
-        with transaction.atomic(), connection.cursor() as cursor:
-            if connection.vendor == "postgresql":
-                cursor.execute("SHOW transaction_isolation")
-            elif connection.mysql_is_mariadb:  # type: ignore[attr-defined]
-                cursor.execute("SELECT @@tx_isolation")  # before 11.1 the only name
-            else:
-                cursor.execute("SELECT @@transaction_isolation")
-            level: str = cursor.fetchone()[-1]
-        return level.lower().replace("-", " ")
+    def read(n: int) -> tuple[str, str]:
+        levels = []
+        for atomic in (transaction.atomic, nullcontext):
+            with atomic(), connection.cursor() as cursor:
+                if connection.vendor == "postgresql":
+                    cursor.execute("SHOW transaction_isolation")
+                elif connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+                    cursor.execute("SELECT @@tx_isolation")  # before 11.1 the only name
+                else:
+                    cursor.execute("SELECT @@transaction_isolation")
+                levels.append(cursor.fetchone()[-1].lower().replace("-", " "))
+        return levels[0], levels[1]
 
-    return str(at_once(1, read)[0])
+    inside, outside = at_once(1, read)[0]
+    return inside, outside
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("level", ["serializable", "repeatable read"])
+@pytest.mark.parametrize("where", ["options", "server"])
 def test_beats_claim_at_read_committed_whatever_the_project_configures(
-    make_claimer: MakeClaimer, level: str
+    make_claimer: MakeClaimer, level: str, where: str
 ) -> None:
-    """A project whose ``DATABASES`` set ``OPTIONS["isolation_level"]`` to SERIALIZABLE or
-    REPEATABLE READ: racing claims there meet "could not serialize access due to concurrent
-    update" (PostgreSQL), which a beat takes for an outage. A beat's process and its claim
-    process set every connection to READ COMMITTED; the race then has one winner a slot."""
+    """A project whose database runs at SERIALIZABLE or REPEATABLE READ, set in ``DATABASES``
+    (``OPTIONS["isolation_level"]``) or as the server's default for the database: racing
+    claims there meet "could not serialize access due to concurrent update" (PostgreSQL),
+    which a beat takes for an outage. A beat's process and its claim process set every
+    connection to READ COMMITTED; the race then has one winner a slot."""
     from django.db.backends.signals import connection_created
 
     from celery_driftsafe.claim_helper import _set_up
@@ -211,29 +218,43 @@ def test_beats_claim_at_read_committed_whatever_the_project_configures(
 
     if connection.vendor == "sqlite":
         pytest.skip("SQLite has no isolation levels")
+    if where == "server" and connection.vendor != "postgresql":
+        pytest.skip("a server-wide default needs MySQL's SET GLOBAL, shared by every test")
     # An earlier test's beat in this process may have set it up already: start without it.
     connection_created.disconnect(dispatch_uid="celery_driftsafe.read_committed")
+    rc = "read committed"
     options = connection.settings_dict.setdefault("OPTIONS", {})
     saved = dict(options)
-    if connection.vendor == "postgresql":
+    database = connection.ops.quote_name(connection.settings_dict["NAME"])
+    if where == "server":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"ALTER DATABASE {database} SET default_transaction_isolation = %s", [level]
+            )
+    elif connection.vendor == "postgresql":
         from psycopg import IsolationLevel
 
         options["isolation_level"] = IsolationLevel[level.upper().replace(" ", "_")]
     else:
         options["isolation_level"] = level
+    # OPTIONS set the level of transactions only; a server default, of every statement.
+    project = (level, level if where == "server" or connection.vendor == "mysql" else rc)
     try:
-        assert _isolation_of_a_new_connection() == level  # the project's setting applies
+        assert _isolation_of_a_new_connection() == project
         read_committed_connections()  # what a beat's set-up does
-        assert _isolation_of_a_new_connection() == "read committed"
+        assert _isolation_of_a_new_connection() == (rc, rc)
         connection_created.disconnect(dispatch_uid="celery_driftsafe.read_committed")
-        assert _isolation_of_a_new_connection() == level
+        assert _isolation_of_a_new_connection() == project
         _set_up("default", connection.settings_dict, settings.DRIFTSAFE, None)  # claim process
-        assert _isolation_of_a_new_connection() == "read committed"
+        assert _isolation_of_a_new_connection() == (rc, rc)
         TestClaimContract().test_race_many_threads_one_winner_per_slot(make_claimer)
     finally:
         connection_created.disconnect(dispatch_uid="celery_driftsafe.read_committed")
         options.clear()
         options.update(saved)
+        if where == "server":
+            with connection.cursor() as cursor:
+                cursor.execute(f"ALTER DATABASE {database} RESET default_transaction_isolation")
 
 
 @pytest.mark.django_db(transaction=True)
