@@ -29,6 +29,7 @@ class DriftSafeConfig(AppConfig):
         setting_changed.connect(conf.clear_cache, dispatch_uid="driftsafe-settings-cache")
         checks.register(driftsafe_checks.check_settings, checks.Tags.compatibility)
         checks.register(driftsafe_checks.check_use_tz, checks.Tags.compatibility)
+        checks.register(driftsafe_checks.check_autocommit, checks.Tags.database)
         checks.register(driftsafe_checks.check_database, checks.Tags.database)
         post_save.connect(changes.after_change, sender=PeriodicTask, dispatch_uid="driftsafe-post")
         post_delete.connect(

@@ -14,6 +14,7 @@ Stable ids (documented in the settings reference):
 ``celery_driftsafe.E009``  ``CELERY_APP`` is not a dotted path
 ``celery_driftsafe.E010``  ``USE_TZ`` is not ``True`` (slots are aware UTC instants)
 ``celery_driftsafe.E011``  a switch (``FAST_PUBLISH``, ``CLAIM_PROCESS``) is not True or False
+``celery_driftsafe.E012``  the database's ``AUTOCOMMIT`` is off (claims would never commit)
 ``celery_driftsafe.E020``  ``METRICS_PORT`` / ``WORKER_METRICS_PORT`` is not a port number
 ``celery_driftsafe.E021``  metrics are switched on but prometheus-client is not installed
 ``celery_driftsafe.E022``  ``METRICS_ADDRESS`` is not a non-empty string
@@ -295,10 +296,30 @@ def check_use_tz(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     ]
 
 
+def check_autocommit(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """A claim, a mark and a worker's ledger write are each committed by ``atomic()`` or by
+    autocommit. With ``AUTOCOMMIT`` off, Django commits neither: a beat would publish runs
+    whose rows are rolled back when its connection closes, and workers reject their messages
+    as unknown runs."""
+    database = getattr(django_settings, "DATABASES", {}).get("default", {})
+    if database.get("AUTOCOMMIT", True) is not False:
+        return []
+    return [
+        Error(
+            "DATABASES['default']['AUTOCOMMIT'] = False: Django then commits no transaction, "
+            "so celery_driftsafe's claims and ledger writes would be rolled back when a "
+            "connection closes, after their messages went out",
+            hint="remove AUTOCOMMIT from DATABASES['default'] (Django's default is True); "
+            "code that wants its own transactions uses transaction.atomic()",
+            id="celery_driftsafe.E012",
+        )
+    ]
+
+
 def startup_errors() -> list[CheckMessage]:
     """The errors among this package's checks, for a process that may run without Django's
     system checks (``celery beat`` runs none): the scheduler refuses to start on any."""
-    messages = check_settings() + check_use_tz()
+    messages = check_settings() + check_use_tz() + check_autocommit()
     return [m for m in messages if m.is_serious()]
 
 

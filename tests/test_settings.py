@@ -144,6 +144,28 @@ def test_use_tz_false_is_a_check_error_with_a_hint() -> None:
     assert checks.check_use_tz() == []  # the test settings have USE_TZ = True
 
 
+def test_autocommit_off_is_a_check_error_and_the_beat_refuses_to_start() -> None:
+    """With AUTOCOMMIT off Django commits nothing: a claim's runs would be rolled back when
+    the connection closes, after their messages went out."""
+    database = django_settings.DATABASES["default"]
+    database["AUTOCOMMIT"] = False  # no connection is opened here (no database access)
+    try:
+        messages = checks.check_autocommit()
+        with pytest.raises(SystemExit) as info:
+            DriftSafeScheduler(
+                app=Celery("ac", broker="memory://", set_as_current=False),
+                install_signal_handlers=False,
+            )
+    finally:
+        database["AUTOCOMMIT"] = True
+    assert [m.id for m in messages] == ["celery_driftsafe.E012"]
+    assert isinstance(messages[0], Error)
+    assert "DATABASES['default']['AUTOCOMMIT'] = False" in messages[0].msg
+    assert "remove AUTOCOMMIT" in (messages[0].hint or "")
+    assert "celery_driftsafe.E012" in str(info.value.code)
+    assert checks.check_autocommit() == []  # the test settings keep Django's default
+
+
 def test_beat_refuses_to_start_with_the_check_message_when_checks_were_skipped() -> None:
     app = Celery("refuse", broker="memory://", set_as_current=False)
     with override_settings(USE_TZ=False), pytest.raises(SystemExit) as info:
