@@ -83,20 +83,26 @@ def _read_committed(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any)
 
 def read_committed(connection: BaseDatabaseWrapper) -> None:
     """Set the open ``connection``'s transactions to READ COMMITTED (PostgreSQL, MySQL;
-    SQLite has one writer at a time and no such levels)."""
+    SQLite has one writer at a time and no such levels). On PostgreSQL the driver's level goes
+    into each ``BEGIN`` (as Django's ``OPTIONS`` level does), and the session's default, which
+    statements outside a transaction run at, is set only when it is another (a database or
+    role default): behind a PgBouncer in transaction pooling a session setting would stay on
+    a server connection other clients share (see docs/howto/run-several-beats.md)."""
     if connection.vendor == "postgresql":
         from django.db.backends.postgresql.psycopg_any import IsolationLevel
 
-        # The driver's level goes into each BEGIN (Django sets it from OPTIONS); the
-        # session's default covers statements outside a transaction (a server default).
         level = IsolationLevel.READ_COMMITTED
         connection.isolation_level = level  # type: ignore[attr-defined]
         connection.connection.isolation_level = level
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED"
-            )
+            cursor.execute("SHOW default_transaction_isolation")
+            if cursor.fetchone()[0] != "read committed":
+                cursor.execute(
+                    "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED"
+                )
     elif connection.vendor == "mysql":
+        if connection.isolation_level == "read committed":  # type: ignore[attr-defined]
+            return  # Django's own default: its connection set-up has set it already
         with connection.cursor() as cursor:
             cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         connection.isolation_level = "read committed"  # type: ignore[attr-defined]
