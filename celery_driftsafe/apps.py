@@ -30,6 +30,7 @@ class DriftSafeConfig(AppConfig):
         checks.register(driftsafe_checks.check_settings, checks.Tags.compatibility)
         checks.register(driftsafe_checks.check_use_tz, checks.Tags.compatibility)
         checks.register(driftsafe_checks.check_autocommit, checks.Tags.database)
+        checks.register(driftsafe_checks.check_routing, checks.Tags.database)
         checks.register(driftsafe_checks.check_database, checks.Tags.database)
         post_save.connect(changes.after_change, sender=PeriodicTask, dispatch_uid="driftsafe-post")
         post_delete.connect(

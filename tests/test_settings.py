@@ -166,6 +166,38 @@ def test_autocommit_off_is_a_check_error_and_the_beat_refuses_to_start() -> None
     assert checks.check_autocommit() == []  # the test settings keep Django's default
 
 
+class RunsElsewhere:
+    """A project's router that keeps the run ledger on another database."""
+
+    def db_for_read(self, model: Any, **hints: Any) -> str | None:
+        return "other" if model._meta.model_name == "run" else None
+
+    db_for_write = db_for_read
+
+    def allow_migrate(self, db: str, app_label: str, model_name: str = "", **hints: Any) -> Any:
+        return False if model_name == "run" and db == "default" else None
+
+
+def test_a_router_sending_this_apps_models_elsewhere_is_a_check_error() -> None:
+    """Beats and workers use 'default': the admin would write runs the beats never see."""
+    with override_settings(DATABASE_ROUTERS=[f"{__name__}.RunsElsewhere"]):
+        messages = checks.check_routing()
+        with pytest.raises(SystemExit) as info:
+            DriftSafeScheduler(
+                app=Celery("routed", broker="memory://", set_as_current=False),
+                install_signal_handlers=False,
+            )
+    assert [m.id for m in messages] == ["celery_driftsafe.E013"]
+    assert isinstance(messages[0], Error)
+    assert messages[0].msg.endswith(
+        "celery_driftsafe.Run reads go to 'other'; celery_driftsafe.Run writes go to 'other'; "
+        "celery_driftsafe.Run is not migrated on 'default'"
+    )
+    assert "app_label 'celery_driftsafe'" in (messages[0].hint or "")
+    assert "celery_driftsafe.E013" in str(info.value.code)
+    assert checks.check_routing() == []  # no routers in the test settings
+
+
 def test_beat_refuses_to_start_with_the_check_message_when_checks_were_skipped() -> None:
     app = Celery("refuse", broker="memory://", set_as_current=False)
     with override_settings(USE_TZ=False), pytest.raises(SystemExit) as info:
