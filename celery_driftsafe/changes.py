@@ -11,7 +11,9 @@
   sleeping beats; without Redis they see the change on their next loop.
 
 ``QuerySet.update()`` bypasses model signals: call :func:`reschedule` and :func:`notify` after
-bulk edits.
+bulk edits. A task left enabled with no due instant (created by ``bulk_create``, raw SQL, a
+fixture or a data migration, or re-enabled by ``update(enabled=True)``) is found by the beats
+within seconds and scheduled as a save would have (:func:`schedule_unscheduled`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from django.db import router, transaction
 
 from celery_driftsafe.clock import authority_clock
 from celery_driftsafe.conf import get_settings
-from celery_driftsafe.exceptions import ClockError
+from celery_driftsafe.exceptions import ClockError, ScheduleError
 from celery_driftsafe.jitter import due_instant
 from celery_driftsafe.models import CLAIM_FIELDS, PeriodicTask, ScheduleKind
 from celery_driftsafe.redis_client import channel, get_redis
@@ -205,3 +207,68 @@ def reschedule(tasks: Iterable[PeriodicTask], *, using: str = "default") -> int:
     if count:
         transaction.on_commit(notify, using=using)
     return count
+
+
+#: Tasks without a due instant one pass of :func:`schedule_unscheduled` takes at most.
+UNSCHEDULED_BATCH = 500
+
+
+def schedule_unscheduled(
+    now: datetime, *, using: str = "default", limit: int = UNSCHEDULED_BATCH
+) -> list[str]:
+    """Enabled tasks with no due instant, as ``save()`` never leaves one: written behind its
+    back (``bulk_create``, raw SQL, ``loaddata``, a data migration) or re-enabled by
+    ``update(enabled=True)``. Each gets what ``save()`` would have given it, from the
+    authority's ``now``: an interval anchor if it has none, and its first slot after ``now`` and
+    after every slot that already has a run (a next slot already stored is kept, only its due
+    instant is added). A task with no slot left (a one-off that ran, past ``valid_until``) is
+    disabled as finished, one whose schedule cannot be evaluated is disabled with the reason.
+    Each write is conditional on the row still having no due instant, so beats doing this at
+    once, or a ``save()`` meanwhile, cannot clash. Returns the names of the tasks scheduled."""
+    from celery_driftsafe.models.periodic_task import schedule_problem
+
+    rows = PeriodicTask.objects.using(using).filter(enabled=True, due_at__isnull=True)
+    scheduled = []
+    for task in rows.order_by("id")[:limit]:
+        fields: dict[str, Any] = {}
+        try:
+            if task.next_slot_at is None:
+                if task.schedule_kind == ScheduleKind.INTERVAL and task.interval_anchor is None:
+                    task.interval_anchor = fields["interval_anchor"] = task.valid_from or now
+                task.next_slot_at = first_slot(
+                    task,
+                    now,
+                    after=_latest_run_slot(task.pk, using),
+                    taken=_run_slots_at(task, using),
+                )
+            problem = "" if task.next_slot_at else "finished: no slot left after now"
+        except ScheduleError as exc:
+            problem = f"disabled by the scheduler: {schedule_problem(exc)}"
+        except Exception as exc:
+            problem = (
+                f"disabled by the scheduler: {task.schedule_field()}: the schedule cannot be "
+                f"evaluated: {exc!r}"
+            )
+        if problem:
+            fields.update(enabled=False, next_slot_at=None, due_at=None, disabled_reason=problem)
+        else:
+            set_due(task)
+            fields.update(next_slot_at=task.next_slot_at, due_at=task.due_at)
+        if not rows.filter(pk=task.pk).update(**fields):
+            continue  # saved, scheduled or disabled meanwhile
+        if problem:
+            logger.error(
+                "task %s had no next slot and cannot get one: %s",
+                task.name,
+                problem,
+                extra={"action": "disable", "task": task.name},
+            )
+            continue
+        scheduled.append(task.name)
+        logger.info(
+            "task %s had no next slot (written without save()): first slot %s",
+            task.name,
+            task.next_slot_at,
+            extra={"action": "unscheduled", "task": task.name},
+        )
+    return scheduled

@@ -103,6 +103,61 @@ def test_a_slot_that_already_has_a_run_is_skipped_and_the_round_goes_on(
     assert len(drain()) == 2  # both fire their next slot
 
 
+def test_tasks_written_without_save_are_scheduled_by_the_beat(
+    scheduler: DriftSafeScheduler, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``bulk_create``, ``loaddata``, raw SQL and ``update(enabled=True)`` skip ``save()``, so
+    such rows have no next slot (they never fired, silently). The beat gives each what
+    ``save()`` would have: an anchor, the first slot after now and after every slot that has a
+    run; no slot left or a broken schedule disables the task with the reason."""
+    from celery_driftsafe.models import ScheduleKind
+
+    def new(name: str, kind: str, **fields: Any) -> PeriodicTask:
+        return PeriodicTask(name=name, task="tests.add", args=[1, 2], schedule_kind=kind, **fields)
+
+    PeriodicTask.objects.bulk_create(
+        [
+            new("every-10s", ScheduleKind.INTERVAL, interval_every=10, interval_unit="seconds"),
+            new("each-minute", ScheduleKind.CRONTAB, crontab_minute="*"),
+            new("once-missed", ScheduleKind.ONE_OFF, one_off_at=T0 - 30 * S),
+            new("broken", ScheduleKind.CRONTAB, crontab_minute="99"),
+        ]
+    )
+    done = interval_task("re-enabled", 10, anchor=T0 - 60 * S, next_slot_at=T0 - 20 * S)
+    ran_once = new("once-ran", ScheduleKind.ONE_OFF, one_off_at=T0 - 10 * S)
+    ran_once.save()  # computes nothing to run: its instant already has a run (below)
+    for task, slot in ((done, T0 - 20 * S), (done, T0 - 10 * S), (ran_once, T0 - 10 * S)):
+        Run.objects.create(
+            periodic_task=task, task_name="tests.add", slot=slot, status=RunStatus.SUCCEEDED
+        )
+    PeriodicTask.objects.filter(pk__in=[done.pk, ran_once.pk]).update(
+        enabled=False, next_slot_at=None
+    )
+    PeriodicTask.objects.filter(pk__in=[done.pk, ran_once.pk]).update(enabled=True)
+    assert PeriodicTask.objects.filter(enabled=True, due_at__isnull=True).count() == 6
+
+    with caplog.at_level("INFO", logger="celery_driftsafe.changes"):
+        scheduler.run_round()
+    tasks = {t.name: t for t in PeriodicTask.objects.all()}
+    assert tasks["every-10s"].interval_anchor == T0  # the authority's now, as save() does
+    assert tasks["every-10s"].next_slot_at == T0 + 10 * S
+    assert tasks["each-minute"].next_slot_at == T0 + 60 * S
+    assert tasks["re-enabled"].next_slot_at == T0 + 10 * S  # after now and its last run
+    assert _slots(tasks["once-missed"]) == [T0 - 30 * S]  # a one-off keeps its instant: fired
+    assert not tasks["once-ran"].enabled
+    assert tasks["once-ran"].disabled_reason == "finished: no slot left after now"
+    assert not tasks["broken"].enabled
+    assert tasks["broken"].disabled_reason.startswith("disabled by the scheduler: crontab_minute")
+    assert caplog.text.count("had no next slot (written without save())") == 4
+    assert [m["task"] for m in drain()] == ["tests.add"]  # the one-off's catch-up
+    clock.advance(60 * S)
+    scheduler.run_round()
+    assert _slots(tasks["every-10s"])[:1] == [T0 + 10 * S]
+    assert _slots(tasks["each-minute"]) == [T0 + 60 * S]
+    assert _slots(tasks["re-enabled"])[:3] == [T0 - 20 * S, T0 - 10 * S, T0 + 10 * S]
+    assert not PeriodicTask.objects.filter(enabled=True, due_at__isnull=True).exists()
+
+
 # -- no data can stop a beat -----------------------------------------------------------------
 
 
