@@ -12,6 +12,7 @@ Status names are spelled out (not imported from the models): a Celery app module
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -34,6 +35,20 @@ class RunRow:
     fencing_token: int
     attempt: int
     expires_at: datetime | None
+
+
+logger = logging.getLogger(__name__)
+
+#: Times a ledger statement PostgreSQL rolled back for a concurrent update is run again.
+ROLLED_BACK_RETRIES = 3
+
+
+def _rolled_back(exc: Exception) -> bool:
+    """PostgreSQL rolled the statement back for a concurrent transaction (SQLSTATE class 40,
+    psycopg 3's ``sqlstate`` or psycopg 2's ``pgcode``)."""
+    cause = exc.__cause__
+    code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    return isinstance(code, str) and code.startswith("40")
 
 
 def _aware(value: Any) -> datetime | None:
@@ -75,16 +90,28 @@ class Ledger:
         )
 
     def _execute(self, sql: str, params: list[Any], *, fetch: bool) -> Any:
+        """Run one statement. Outside a transaction a statement PostgreSQL rolled back for a
+        concurrent update (SQLSTATE class 40: a serialization failure, a deadlock) is run
+        again, at most :data:`ROLLED_BACK_RETRIES` times: it changed nothing, and it meets one
+        only where the project's database defaults to REPEATABLE READ or SERIALIZABLE, when a
+        beat's mark of the same run commits under it (at READ COMMITTED it would have waited
+        and gone on)."""
         from django.db import DatabaseError
 
-        try:
-            with self.connection.cursor() as cursor:
-                cursor.execute(sql, params)
-                return cursor.fetchone() if fetch else int(cursor.rowcount)
-        except DatabaseError as exc:
-            if not self.connection.in_atomic_block:
+        for tries_left in range(ROLLED_BACK_RETRIES, -1, -1):
+            try:
+                with self.connection.cursor() as cursor:
+                    cursor.execute(sql, params)
+                    return cursor.fetchone() if fetch else int(cursor.rowcount)
+            except DatabaseError as exc:
+                if self.connection.in_atomic_block:
+                    raise LedgerUnavailable(f"database unreachable: {exc}") from exc
+                if tries_left and _rolled_back(exc):
+                    logger.debug("ledger statement rolled back (%s); running it again", exc)
+                    continue
                 self.connection.close()  # the next statement reconnects
-            raise LedgerUnavailable(f"database unreachable: {exc}") from exc
+                raise LedgerUnavailable(f"database unreachable: {exc}") from exc
+        raise AssertionError("unreachable")
 
     def _write(self, sql: str, params: list[Any]) -> int:
         """Rows changed."""

@@ -19,7 +19,7 @@ from celery_driftsafe.headers import read_headers
 from celery_driftsafe.models import Run, RunKind, RunStatus
 from celery_driftsafe.task import DriftSafeTask
 from tests import settings as test_settings
-from tests.conftest import drain
+from tests.conftest import T0, drain
 from tests.factories import interval_task
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -514,3 +514,65 @@ def test_body_rejecting_with_requeue_gives_the_run_back(broker_app: Any) -> None
         rejecting()
     run.refresh_from_db()
     assert run.status == RunStatus.DISPATCHED and "requeued" in run.error
+
+
+def test_a_start_rolled_back_for_a_concurrent_update_runs_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A database whose default is SERIALIZABLE (``ALTER DATABASE … SET
+    default_transaction_isolation``): a worker's start meets the beat's mark of the same run,
+    committed under it, and PostgreSQL rolls the statement back ("could not serialize access
+    due to concurrent update"; at READ COMMITTED it would have waited and gone on). The ledger
+    runs it again instead of taking the database for unreachable."""
+    import time
+
+    from django.db import connection, transaction
+
+    from celery_driftsafe.ledger import Ledger
+
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's serialization failures")
+    run = Run.objects.create(task_name="tests.add", status=RunStatus.DISPATCHED)
+    database = connection.ops.quote_name(connection.settings_dict["NAME"])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"ALTER DATABASE {database} SET default_transaction_isolation = serializable"
+        )
+    outcome: list[Any] = []
+
+    def worker() -> None:
+        from django.db import connections
+
+        try:
+            with connection.cursor() as cursor:  # this thread's own, new connection
+                cursor.execute("SHOW transaction_isolation")
+                outcome.append(cursor.fetchone()[0])
+            outcome.append(Ledger().start(run.pk, 1, T0, "w1", 0))
+        except Exception as exc:
+            outcome.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=worker)
+    try:
+        with caplog.at_level("DEBUG", logger="celery_driftsafe.ledger"):
+            with transaction.atomic():
+                # the beat's mark, holding the row (this connection predates the default)
+                Run.objects.filter(pk=run.pk).update(dispatch_attempts=1)
+                thread.start()
+                deadline = time.monotonic() + 10
+                with connection.cursor() as cursor:
+                    while True:  # until the worker's start waits for this transaction's lock
+                        # (pg_locks is read live; pg_stat_activity would be this transaction's copy)
+                        cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+                        if cursor.fetchone()[0] or time.monotonic() > deadline:
+                            break
+                        time.sleep(0.02)
+            thread.join(10)  # the start is run again after the commit: still logged here
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER DATABASE {database} RESET default_transaction_isolation")
+    assert outcome == ["serializable", True]
+    assert caplog.text.count("could not serialize access due to concurrent update") == 1
+    fresh = Run.objects.get(pk=run.pk)
+    assert (fresh.status, fresh.dispatch_attempts, fresh.fencing_token) == ("started", 1, 1)
