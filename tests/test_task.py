@@ -527,11 +527,14 @@ def test_a_start_rolled_back_for_a_concurrent_update_runs_again(
     import time
 
     from django.db import connection, transaction
+    from django.db.backends.signals import connection_created
 
     from celery_driftsafe.ledger import Ledger
 
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL's serialization failures")
+    # A worker keeps the project's level: undo what a beat set up earlier in this process.
+    connection_created.disconnect(dispatch_uid="celery_driftsafe.read_committed")
     run = Run.objects.create(task_name="tests.add", status=RunStatus.DISPATCHED)
     database = connection.ops.quote_name(connection.settings_dict["NAME"])
     with connection.cursor() as cursor:
