@@ -24,8 +24,9 @@ BACKEND = "postgresql" if test_settings.TEST_DB == "postgres" else "sqlite"
 SKEW = 0.8
 
 
-def _scrape_until(port: int, ready: Any, timeout: float = 60.0) -> dict[Any, float]:
+def _scrape_until(port: int, ready: Any, run: E2ERun, timeout: float = 60.0) -> dict[Any, float]:
     deadline = time.monotonic() + timeout
+    samples: dict[Any, float] | None = None
     while True:
         try:
             samples = scrape(port)
@@ -33,7 +34,9 @@ def _scrape_until(port: int, ready: Any, timeout: float = 60.0) -> dict[Any, flo
                 return samples
         except (urllib.error.URLError, ConnectionError):
             pass  # not serving yet
-        assert time.monotonic() < deadline, "the beat's metrics never got there"
+        assert time.monotonic() < deadline, (
+            f"the metrics on port {port} never got there; last scrape: {samples}\n{run.logs()}"
+        )
         time.sleep(0.2)
 
 
@@ -56,13 +59,16 @@ def test_a_real_beat_serves_figures_that_move_as_its_slots_fire(tmp_path: Path) 
         )
         run.start_recorder()
         run.start_beat(SKEW, env={"DRIFTSAFE_E2E_METRICS_PORT": str(port)})
-        first = _scrape_until(port, lambda s: value(s, "driftsafe_beat_slots_published_total") >= 3)
+        first = _scrape_until(
+            port, lambda s: value(s, "driftsafe_beat_slots_published_total") >= 3, run
+        )
         later = _scrape_until(
             port,
             lambda s: (
                 value(s, "driftsafe_beat_slots_published_total")
                 >= value(first, "driftsafe_beat_slots_published_total") + 6
             ),
+            run,
         )
         codes = run.stop()
         assert codes == {"beat-0": 0}, run.logs()
@@ -122,14 +128,14 @@ def test_a_prefork_worker_serves_what_its_pool_processes_counted(tmp_path: Path)
         def succeeded(samples: dict[Any, float]) -> float:
             return value(samples, executions, task="e2e.slot_work", outcome="succeeded")
 
-        _scrape_until(worker_port, lambda s: succeeded(s) >= 6)
+        _scrape_until(worker_port, lambda s: succeeded(s) >= 6, run)
         run.stop()  # the beat; the worker finishes what was published
         log_path = Path(run.env["DRIFTSAFE_E2E_EXEC_LOG"])
 
         def all_counted(samples: dict[Any, float]) -> bool:
             return succeeded(samples) == len(log_path.read_text().splitlines())
 
-        got = _scrape_until(worker_port, all_counted)  # every body run, counted once
+        got = _scrape_until(worker_port, all_counted, run)  # every body run, counted once
         log = log_path.read_text().splitlines()
         pids = {line.split()[2] for line in log}
         # bodies take longer than the interval, so both pool processes ran some
