@@ -5,7 +5,9 @@ create each entry once (the unique task name decides; the losers see the winner'
 entry whose definition did not change is left alone — so a restart never resets an interval's
 anchor. An entry whose definition changed is updated (its next slot recomputed once); a row of
 the same name created in the admin is never overwritten. Entries since removed from
-``beat_schedule`` are left as they are (disable or delete them in the admin).
+``beat_schedule`` are left as they are (disable or delete them in the admin): another Celery app
+sharing the database may have synced them, so a beat cannot tell. It names the enabled ones at
+start (:func:`log_orphans`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from zoneinfo import ZoneInfo
 from django.core.exceptions import ValidationError
 
 from celery_driftsafe.exceptions import ScheduleError
-from celery_driftsafe.models import IntervalUnit, ScheduleKind, TaskSource
+from celery_driftsafe.models import IntervalUnit, PeriodicTask, ScheduleKind, TaskSource
 from celery_driftsafe.upsert import Upserted, upsert_by_name
 
 logger = logging.getLogger(__name__)
@@ -187,7 +189,35 @@ def sync_beat_schedule(
                 exc,
                 extra={"action": "sync", "task": name},
             )
+    log_orphans(app.conf.beat_schedule or {}, using)
     return report
+
+
+#: Names of orphaned rows one warning lists at most.
+ORPHANS_NAMED = 10
+
+
+def log_orphans(entries: Mapping[str, Any], using: str = "default") -> list[str]:
+    """Warn about enabled tasks that came from a ``beat_schedule`` entry this app no longer
+    has: Celery's own beat drops such an entry, this package leaves the row (another app
+    sharing the database may own it). Returns the names named."""
+    orphans = (
+        PeriodicTask.objects.using(using)
+        .filter(source=TaskSource.BEAT_SCHEDULE, enabled=True)
+        .exclude(name__in=list(entries))
+    )
+    names = list(orphans.order_by("name").values_list("name", flat=True)[: ORPHANS_NAMED + 1])
+    if names:
+        more = " and more" if len(names) > ORPHANS_NAMED else ""
+        logger.warning(
+            "enabled tasks from beat_schedule that this app's beat_schedule no longer has: "
+            "%s%s; they keep firing (removed from the code, or another Celery app's): disable "
+            "or delete them in the admin",
+            ", ".join(names[:ORPHANS_NAMED]),
+            more,
+            extra={"action": "sync"},
+        )
+    return names[:ORPHANS_NAMED]
 
 
 def _sync_one(

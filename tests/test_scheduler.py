@@ -193,6 +193,33 @@ def test_beat_schedule_synced_once_by_several_beats(broker_app: Any, clock: Fake
 
 
 @pytest.mark.django_db(transaction=True)
+def test_an_entry_removed_from_beat_schedule_is_named_at_start(
+    broker_app: Any, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Celery's own beat drops an entry removed from ``beat_schedule``; here its row stays
+    (another app sharing the database may own it), so a starting beat names it."""
+    broker_app.conf.beat_schedule = {
+        "kept": {"task": "tests.add", "schedule": 5.0, "args": (1, 2)},
+        "dropped": {"task": "tests.add", "schedule": 5.0, "args": (1, 2)},
+    }
+    DriftSafeScheduler(
+        app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
+    ).close()
+    interval_task("from-the-admin", 5, anchor=T0)  # source: the database, never named
+    del broker_app.conf.beat_schedule["dropped"]
+    with caplog.at_level("WARNING", logger="celery_driftsafe.beat_schedule"):
+        DriftSafeScheduler(
+            app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
+        ).close()
+    assert [r.getMessage() for r in caplog.records] == [
+        "enabled tasks from beat_schedule that this app's beat_schedule no longer has: dropped; "
+        "they keep firing (removed from the code, or another Celery app's): disable or delete "
+        "them in the admin"
+    ]
+    assert PeriodicTask.objects.get(name="dropped").enabled  # left as it is
+
+
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
     ("policy", "fired", "missed"),
     [
