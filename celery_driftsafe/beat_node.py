@@ -28,6 +28,7 @@ from celery_driftsafe.wakeup import Wakeup
 
 if TYPE_CHECKING:
     from celery_driftsafe import retention
+    from celery_driftsafe.changes import BackgroundUnscheduled
     from celery_driftsafe.prefetch import Prefetcher
     from celery_driftsafe.publisher import Dispatcher
     from celery_driftsafe.reconcile import BackgroundReconciler
@@ -51,6 +52,7 @@ class BeatNode:
     dispatcher: Dispatcher
     pruner: retention.BackgroundPruner
     reconciler: BackgroundReconciler
+    unscheduled: BackgroundUnscheduled
     _prefetcher: Prefetcher
     _install_signals: bool
     _shutdown: threading.Event
@@ -140,6 +142,7 @@ class BeatNode:
             self._prefetcher.finish(self.dispatcher.dispatch, self.node_id)
             self.pruner.close()
             self.reconciler.close()
+            self.unscheduled.close()
             self._mark_stopped()
         if self._listener is not None:
             self._listener.join(timeout=2)

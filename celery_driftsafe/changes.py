@@ -13,18 +13,20 @@
 ``QuerySet.update()`` bypasses model signals: call :func:`reschedule` and :func:`notify` after
 bulk edits. A task left enabled with no due instant (created by ``bulk_create``, raw SQL, a
 fixture or a data migration, or re-enabled by ``update(enabled=True)``) is found by the beats
-within seconds and scheduled as a save would have (:func:`schedule_unscheduled`).
+within seconds and scheduled as a save would have (:func:`schedule_unscheduled`, run by each
+beat's :class:`BackgroundUnscheduled`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from datetime import datetime
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import router, transaction
 
+from celery_driftsafe.background import BackgroundPass
 from celery_driftsafe.clock import authority_clock
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.exceptions import ClockError, ScheduleError
@@ -272,3 +274,41 @@ def schedule_unscheduled(
             extra={"action": "unscheduled", "task": task.name},
         )
     return scheduled
+
+
+#: Seconds from one look for tasks without a due instant to the next, in each beat.
+UNSCHEDULED_INTERVAL_SECONDS = 5.0
+
+
+class BackgroundUnscheduled(BackgroundPass):
+    """A beat's look for tasks without a due instant (:func:`schedule_unscheduled`), every
+    :data:`UNSCHEDULED_INTERVAL_SECONDS`, in a thread of its own, batch after batch until none
+    is left: scheduling thousands of tasks written by ``bulk_create`` (a query or two each)
+    never holds up a round."""
+
+    thread_name = "driftsafe-unscheduled"
+
+    def __init__(self, *, using: str = "default", monotonic: Callable[[], float]) -> None:
+        super().__init__(using=using, monotonic=monotonic, first_at=0.0)
+        self.scheduled = 0
+
+    def interval(self) -> float | None:
+        return UNSCHEDULED_INTERVAL_SECONDS
+
+    def run_pass(self, now: datetime) -> None:
+        started = self.monotonic()
+        try:
+            while not self._stop.is_set():
+                # the authority's now, carried forward on the monotonic clock
+                at = now + timedelta(seconds=self.monotonic() - started)
+                batch = schedule_unscheduled(at, using=self.using, limit=UNSCHEDULED_BATCH)
+                self.scheduled += len(batch)
+                if len(batch) < UNSCHEDULED_BATCH:
+                    return
+        except Exception as exc:  # an outage, say: the next pass tries again
+            logger.warning(
+                "scheduling tasks without a next slot failed; trying again in %g s: %s",
+                UNSCHEDULED_INTERVAL_SECONDS,
+                exc,
+                extra={"action": "unscheduled"},
+            )

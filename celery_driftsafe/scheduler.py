@@ -31,7 +31,7 @@ from django.db import connections
 from celery_driftsafe import checks, metrics, nodes, retention
 from celery_driftsafe.apps import ensure_django
 from celery_driftsafe.beat_node import OUTAGE_ERRORS, BeatNode
-from celery_driftsafe.changes import schedule_unscheduled
+from celery_driftsafe.changes import BackgroundUnscheduled
 from celery_driftsafe.claim import Claimer, ClaimResult, claimer_for, next_due
 from celery_driftsafe.claim_process import spare_cores
 from celery_driftsafe.claim_steps import run_expiry
@@ -118,6 +118,7 @@ class DriftSafeScheduler(BeatNode, Scheduler):
         self.claimer: Claimer = claimer_for(self.using, self.settings)
         self.dispatcher = Dispatcher(self.app, self.clock, using=self.using)
         self.pruner = retention.BackgroundPruner(using=self.using, monotonic=self.clock.monotonic)
+        self.unscheduled = BackgroundUnscheduled(using=self.using, monotonic=self.clock.monotonic)
         self.reconciler = BackgroundReconciler(
             app=self.app, using=self.using, monotonic=self.clock.monotonic
         )
@@ -260,9 +261,9 @@ class DriftSafeScheduler(BeatNode, Scheduler):
             self._claiming_since = reading.at
         if mono >= self._next_recovery:
             recover(reading.at, self.node_id, self.settings, self.dispatcher, using=self.using)
-            schedule_unscheduled(reading.at, using=self.using)  # tasks written without save()
             self._next_recovery = mono + min(self.settings.lease_seconds / 2, 5.0)
         self.reconciler.maybe_start(reading.at)  # in its own thread, when due
+        self.unscheduled.maybe_start(reading.at)  # tasks written without save(), likewise
         busy_since = self._claiming_since
         if self._others_since is not None and self._others_since < busy_since:
             busy_since = self._others_since

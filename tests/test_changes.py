@@ -114,3 +114,31 @@ def test_reschedule_recomputes_from_authority_now() -> None:
     task.refresh_from_db()
     now = datetime.now(UTC)
     assert now < task.next_slot_at <= now + 11 * S
+
+
+def test_one_look_schedules_every_task_written_without_save_batch_after_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Thousands of tasks from ``bulk_create``: a beat's look takes them a batch at a time, in
+    its own thread, until none is left."""
+    import time
+
+    monkeypatch.setattr(changes, "UNSCHEDULED_BATCH", 3)
+    PeriodicTask.objects.bulk_create(
+        PeriodicTask(
+            name=f"bulk{i}",
+            task="tests.add",
+            schedule_kind=ScheduleKind.INTERVAL,
+            interval_every=60,
+            interval_unit="seconds",
+        )
+        for i in range(7)
+    )
+    look = changes.BackgroundUnscheduled(monotonic=time.monotonic)
+    assert look.maybe_start(T0)
+    look.join(10)
+    assert look.scheduled == 7
+    assert not PeriodicTask.objects.filter(due_at__isnull=True).exists()
+    anchors = PeriodicTask.objects.values_list("interval_anchor", flat=True)
+    assert all(T0 <= anchor < T0 + timedelta(seconds=10) for anchor in anchors)  # ~ now
+    assert not look.maybe_start(T0)  # the next look comes an interval later

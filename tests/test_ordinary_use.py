@@ -137,7 +137,9 @@ def test_tasks_written_without_save_are_scheduled_by_the_beat(
     assert PeriodicTask.objects.filter(enabled=True, due_at__isnull=True).count() == 6
 
     with caplog.at_level("INFO", logger="celery_driftsafe.changes"):
-        scheduler.run_round()
+        scheduler.run_round()  # starts the look, in a thread of its own
+        scheduler.unscheduled.join(10)
+    scheduler.run_round()  # the next round claims what is due now
     tasks = {t.name: t for t in PeriodicTask.objects.all()}
     assert tasks["every-10s"].interval_anchor == T0  # the authority's now, as save() does
     assert tasks["every-10s"].next_slot_at == T0 + 10 * S
