@@ -34,7 +34,7 @@ from django.utils.safestring import SafeString
 
 from celery_driftsafe.bounds import bound_problems
 from celery_driftsafe.celery_app import get_celery_app, registered_task_names
-from celery_driftsafe.exceptions import ScheduleError
+from celery_driftsafe.exceptions import ClockError, ScheduleError
 from celery_driftsafe.models import PeriodicTask, ScheduleKind
 from celery_driftsafe.schedule_fields import CRONTAB_FIELDS, EDITABLE_SCHEDULE_FIELDS
 from celery_driftsafe.slots import Crontab, Solar
@@ -217,7 +217,25 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         elif kind == ScheduleKind.SOLAR:
             self._clean_solar(data)
         self._clean_bounds(data)
+        if not self.errors:
+            self._read_the_authority()
         return data
+
+    def _read_the_authority(self) -> None:
+        """Saving computes the next slot from the time authority's now: read it here, so that
+        an authority out of reach (Redis down with ``TIME_AUTHORITY = "redis"``) is a form
+        error that keeps what was typed, not a server error at the save; the save then uses
+        this reading."""
+        from celery_driftsafe.changes import authority_now
+
+        try:
+            self.instance.driftsafe_now = authority_now()
+        except ClockError as exc:
+            raise forms.ValidationError(
+                "The time authority cannot be read, so the task's next slot cannot be "
+                f"computed; nothing was saved. Try again once it is back ({exc}).",
+                code="authority",
+            ) from exc
 
     def _clean_bounds(self, data: dict[str, Any]) -> None:
         """Valid until after valid from, max runs of 1 or more, a jitter of 0 to a day."""

@@ -127,6 +127,27 @@ def test_add_crontab_task_computes_next_slot_from_the_authority(
 
 
 @pytest.mark.django_db
+def test_a_time_authority_out_of_reach_is_a_form_error_and_nothing_is_lost(
+    admin_client: Any, app: Any
+) -> None:
+    """``TIME_AUTHORITY = "redis"`` with Redis down: saving needs the authority's now for the
+    next slot. The form says so and keeps what was typed (it was a server error)."""
+    away = {**settings.DRIFTSAFE, "TIME_AUTHORITY": "redis", "REDIS_URL": "redis://127.0.0.1:9/0"}
+    with override_settings(DRIFTSAFE=away):
+        response = admin_client.post(ADD, form_data())
+    assert response.status_code == 200
+    form = response.context["adminform"].form
+    assert form.non_field_errors() == [
+        "The time authority cannot be read, so the task's next slot cannot be computed; "
+        "nothing was saved. Try again once it is back (redis clock unreachable: Error 111 "
+        "connecting to 127.0.0.1:9. Connection refused.)."
+    ]
+    assert form.data["name"] == "nightly" and not PeriodicTask.objects.exists()
+    assert admin_client.post(ADD, form_data()).status_code == 302  # the authority is back
+    assert PeriodicTask.objects.get(name="nightly").next_slot_at is not None
+
+
+@pytest.mark.django_db
 def test_unknown_task_name_is_refused_on_the_task_field(admin_client: Any, app: Any) -> None:
     errors = form_errors(admin_client.post(ADD, form_data(task="tests.nope")))
     assert list(errors) == ["task"]
