@@ -38,6 +38,28 @@ logger = logging.getLogger("celery_driftsafe.scheduler")
 #: Errors that mean the database or the time authority is away: the beat waits them out.
 OUTAGE_ERRORS = (DatabaseError, InterfaceError, ClockError)
 
+#: What the databases say of a table or column that is not there: PostgreSQL's SQLSTATEs,
+#: MySQL's error numbers, SQLite's messages.
+_NO_SCHEMA = ({"42P01", "42703"}, {1146, 1054}, ("no such table", "no such column"))
+
+
+def outage_text(exc: BaseException) -> str:
+    """Why the beat waits, for its log: tables or columns that are not there (a beat started
+    before ``migrate``, or an upgrade not migrated yet) are named as such, not taken for a
+    database out of reach. The beat waits either way, and goes on once they are there."""
+    cause = exc.__cause__
+    sqlstates, numbers, texts = _NO_SCHEMA
+    code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    number = cause.args[0] if cause is not None and cause.args else None
+    if (
+        code in sqlstates
+        or (isinstance(number, int) and number in numbers)
+        or (str(exc).startswith(texts))
+    ):
+        first = str(exc).splitlines()[0]
+        return f"the database lacks celery_driftsafe's tables or columns (run migrate): {first}"
+    return f"the database or time authority is unreachable: {exc}"
+
 
 class BeatNode:
     """The node's life of a drift-safe beat (see the module docstring); the scheduler sets
@@ -85,9 +107,8 @@ class BeatNode:
             except OUTAGE_ERRORS as exc:
                 if not backoff:
                     logger.error(
-                        "start-up waiting: the database or time authority is "
-                        "unreachable: %s; retrying with backoff",
-                        exc,
+                        "start-up waiting: %s; retrying with backoff",
+                        outage_text(exc),
                         extra={"action": "outage", "node": self.node_id},
                     )
                 connections[self.using].close()

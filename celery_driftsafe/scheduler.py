@@ -30,7 +30,7 @@ from django.db import connections
 
 from celery_driftsafe import checks, metrics, nodes, retention
 from celery_driftsafe.apps import ensure_django
-from celery_driftsafe.beat_node import OUTAGE_ERRORS, BeatNode
+from celery_driftsafe.beat_node import OUTAGE_ERRORS, BeatNode, outage_text
 from celery_driftsafe.changes import BackgroundUnscheduled
 from celery_driftsafe.claim import Claimer, ClaimResult, claimer_for, next_due
 from celery_driftsafe.claim_process import spare_cores
@@ -210,9 +210,8 @@ class DriftSafeScheduler(BeatNode, Scheduler):
         except OUTAGE_ERRORS as exc:
             if self._outage is None:
                 logger.error(
-                    "claiming paused, the database or time authority is unreachable: "
-                    "%s; retrying with backoff",
-                    exc,
+                    "claiming paused, %s; retrying with backoff",
+                    outage_text(exc),
                     extra={"action": "outage", "node": self.node_id},
                 )
             self._outage = str(exc)

@@ -562,3 +562,27 @@ def test_a_slow_reconciliation_does_not_hold_up_the_round(
     release.set()
     scheduler.reconciler.join(5)
     assert passes == [T0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_missing_table_or_column_is_named_not_taken_for_an_outage() -> None:
+    """A beat started before ``migrate`` (or after an upgrade not migrated yet) waits, as
+    through an outage, and its log says what is missing rather than "unreachable"."""
+    from django.db import DatabaseError, OperationalError, connection
+
+    from celery_driftsafe.beat_node import outage_text
+    from celery_driftsafe.exceptions import ClockError
+
+    table = PeriodicTask._meta.db_table
+    for sql in ("SELECT * FROM driftsafe_no_such_table", f"SELECT no_such_column FROM {table}"):
+        with pytest.raises(DatabaseError) as info, connection.cursor() as cursor:
+            cursor.execute(sql)
+        text = outage_text(info.value)
+        assert text.startswith(
+            "the database lacks celery_driftsafe's tables or columns (run migrate): "
+        ), text
+        assert "\n" not in text
+    assert outage_text(OperationalError("connection refused")) == (
+        "the database or time authority is unreachable: connection refused"
+    )
+    assert outage_text(ClockError("redis clock unreachable")).endswith("redis clock unreachable")
