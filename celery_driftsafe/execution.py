@@ -21,11 +21,14 @@ from celery_driftsafe import metrics
 from celery_driftsafe.exceptions import LedgerUnavailable, LockError
 from celery_driftsafe.execution_outcomes import SKIPPED_WHY, ExecutionOutcomes, log_run
 from celery_driftsafe.ledger import RunRow
-from celery_driftsafe.locks import lock_backend
+from celery_driftsafe.locks import lock_backend, lock_identity
 from celery_driftsafe.names import FINISHED, RunStatus
 
 #: A delivery that finds the lock backend or the database unreachable comes back this late.
 UNREACHABLE_RESEND_SECONDS = 5.0
+
+#: (the publisher's, this worker's) lock stores already reported as differing.
+_LOCKS_REPORTED: set[tuple[str, str]] = set()
 
 _active = threading.local()
 
@@ -42,6 +45,7 @@ class Execution(ExecutionOutcomes):
     # -- the delivery ---------------------------------------------------------------------------
 
     def run(self, args: Any, kwargs: Any) -> Any:
+        self._check_locks()
         now = self._now()
         message_expiry = self._message_expiry()
         if (
@@ -81,6 +85,30 @@ class Execution(ExecutionOutcomes):
         if expires_at is not None and now >= expires_at and row.status != RunStatus.STARTED:
             self._expire(now, expires_at)  # a started run is taken over, not expired
         return row
+
+    def _check_locks(self) -> None:
+        """Report, once per process and pair, a run published by a process that takes run
+        locks elsewhere (no ``REDIS_URL``, another ``KEY_PREFIX``): this worker would not see
+        such processes' locks, and at most once needs one lock store (the run still runs)."""
+        theirs = self.headers.locks
+        if theirs is None:
+            return
+        mine = lock_identity(self.settings)
+        if theirs == mine or (theirs, mine) in _LOCKS_REPORTED:
+            return
+        _LOCKS_REPORTED.add((theirs, mine))
+        log_run(
+            logging.ERROR,
+            "run %s was published by a process that takes run locks in %s, and this worker "
+            "takes them in %s: neither sees the other's locks, so at most once does not hold "
+            "between them; give every beat and worker the same DRIFTSAFE REDIS_URL and "
+            "KEY_PREFIX",
+            self.run_id,
+            theirs,
+            mine,
+            run_id=self.run_id,
+            action="lock-mismatch",
+        )
 
     def drops(self) -> bool:
         """Whether this delivery ends without its body whatever else happens: its headers do

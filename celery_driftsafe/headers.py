@@ -24,8 +24,10 @@ HEADER_SLOT = "driftsafe_slot"
 HEADER_FENCING_TOKEN = "driftsafe_fencing_token"
 #: Id of the periodic task (absent for ad-hoc runs).
 HEADER_PERIODIC_TASK_ID = "driftsafe_periodic_task_id"
+#: Where the publishing process takes run locks (:func:`celery_driftsafe.locks.lock_identity`).
+HEADER_LOCKS = "driftsafe_locks"
 
-ALL = (HEADER_RUN_ID, HEADER_SLOT, HEADER_FENCING_TOKEN, HEADER_PERIODIC_TASK_ID)
+ALL = (HEADER_RUN_ID, HEADER_SLOT, HEADER_FENCING_TOKEN, HEADER_PERIODIC_TASK_ID, HEADER_LOCKS)
 
 
 # -- Building them at dispatch -------------------------------------------------------------------
@@ -33,6 +35,8 @@ ALL = (HEADER_RUN_ID, HEADER_SLOT, HEADER_FENCING_TOKEN, HEADER_PERIODIC_TASK_ID
 
 def message_headers(run: ClaimedRun) -> dict[str, Any]:
     """The run's own headers (after the task's custom headers, which cannot override them)."""
+    from celery_driftsafe.locks import lock_identity
+
     headers = dict(run.options.get("headers") or {})
     headers.update(
         {
@@ -40,6 +44,7 @@ def message_headers(run: ClaimedRun) -> dict[str, Any]:
             HEADER_SLOT: iso_text(run.slot) if run.slot else None,
             HEADER_FENCING_TOKEN: run.fencing_token,
             HEADER_PERIODIC_TASK_ID: run.periodic_task_id,
+            HEADER_LOCKS: lock_identity(),
         }
     )
     return headers
@@ -54,6 +59,8 @@ class RunHeaders:
     fencing_token: int
     periodic_task_id: int | None
     slot: str | None
+    #: Where the publisher takes run locks (None: a message from before that header).
+    locks: str | None = None
 
 
 def _int_header(name: str, value: Any, *, optional: bool = False) -> int | None:
@@ -93,8 +100,11 @@ def read_headers(request: Any) -> RunHeaders | None:
     slot = header_value(request, HEADER_SLOT)
     if slot is not None and not isinstance(slot, str):
         raise BadRunHeaders(f"header {HEADER_SLOT}={slot!r} is not an ISO 8601 instant")
+    locks = header_value(request, HEADER_LOCKS)
+    if locks is not None and not isinstance(locks, str):
+        raise BadRunHeaders(f"header {HEADER_LOCKS}={locks!r} is not a text")
     assert run_id is not None and token is not None
-    return RunHeaders(run_id, token, periodic, slot)
+    return RunHeaders(run_id, token, periodic, slot, locks)
 
 
 def valid_headers(request: Any) -> RunHeaders | None:

@@ -18,7 +18,8 @@ from typing import Any
 
 from celery import Task
 
-from celery_driftsafe.headers import HEADER_FENCING_TOKEN, HEADER_RUN_ID
+from celery_driftsafe.headers import HEADER_FENCING_TOKEN, HEADER_LOCKS, HEADER_RUN_ID
+from celery_driftsafe.locks import lock_identity
 from celery_driftsafe.names import RunKind, RunStatus
 
 _ADHOC_NAMESPACE = uuid.UUID("0b8c7f4e-2a55-4d1e-9d8e-7a61c3f0b2a4")
@@ -96,7 +97,7 @@ def publish_idempotent(
     if not (created or run.status == RunStatus.CLAIMED):
         return task.AsyncResult(run.celery_task_id)
     headers = dict(options.pop("headers", None) or {})
-    headers.update({HEADER_RUN_ID: run.pk, HEADER_FENCING_TOKEN: 0})
+    headers.update({HEADER_RUN_ID: run.pk, HEADER_FENCING_TOKEN: 0, HEADER_LOCKS: lock_identity()})
 
     def send(run_task_id: str) -> Any:
         result = Task.apply_async(

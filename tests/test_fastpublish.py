@@ -237,6 +237,8 @@ def test_the_fast_message_is_celerys_message(
     headers = fast_sent[0][1]["headers"]
     assert headers["id"] == runs[0].celery_task_id
     assert headers["driftsafe_run_id"] == runs[0].run_id
+    # where the beat takes run locks (the same in Celery's message: compared above)
+    assert headers["driftsafe_locks"] == f"redis:{settings.DRIFTSAFE['KEY_PREFIX']}"
     if case == "no expiry":
         assert headers["expires"] is None
         assert "expiration" not in fast_sent[0][1]["properties"]

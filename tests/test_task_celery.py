@@ -59,6 +59,7 @@ class Env:
             "driftsafe_run_id": run.pk,
             "driftsafe_fencing_token": 0,
             "driftsafe_periodic_task_id": run.periodic_task_id,
+            **options.pop("headers", {}),
         }
         self.app.send_task(
             run.task_name,
@@ -305,6 +306,34 @@ def test_retry_in_eager_mode_records_each_attempt(make_env: Any) -> None:
 
 
 # -- 2. results ---------------------------------------------------------------------------------
+
+
+def test_a_run_from_a_process_locking_elsewhere_is_reported_once_and_runs(
+    make_env: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A beat without ``REDIS_URL`` (its messages say ``driftsafe_locks: database``) and a
+    worker with it: neither sees the other's run locks. The worker says so, once, and runs."""
+    from celery_driftsafe import execution
+    from celery_driftsafe.locks import lock_identity
+
+    execution._LOCKS_REPORTED.clear()
+    env = make_env()
+    mine = lock_identity()
+    assert mine.startswith("redis:")
+    runs = [new_run("sem.double", "manual") for _ in range(3)]
+    with caplog.at_level("ERROR", logger="celery_driftsafe"):
+        for run, locks in zip(runs, ["database", "database", mine], strict=True):
+            env.publish_run(run, [3], headers={"driftsafe_locks": locks})
+        for run in runs:
+            assert finished(run).status == RunStatus.SUCCEEDED
+    assert env.bodies("sem.double") == [(3, 0)] * 3
+    reports = [r.getMessage() for r in caplog.records if "takes run locks" in r.getMessage()]
+    assert reports == [
+        f"run {runs[0].pk} was published by a process that takes run locks in database, and "
+        f"this worker takes them in {mine}: neither sees the other's locks, so at most once "
+        "does not hold between them; give every beat and worker the same DRIFTSAFE REDIS_URL "
+        "and KEY_PREFIX"
+    ]
 
 
 @pytest.mark.parametrize("backend", ["redis", "django-db", None])

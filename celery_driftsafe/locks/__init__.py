@@ -55,6 +55,15 @@ __all__ = [
 ]
 
 
+def lock_identity(settings: DriftSafeSettings | None = None) -> str:
+    """Where the settings take run locks, as the ``driftsafe_locks`` header says it:
+    ``"database"``, or ``"redis:<KEY_PREFIX>"``. Processes that lock runs must agree, or one
+    does not see another's locks (docs/reference/task.md). The Redis URL is left out: two
+    spellings of one server would differ."""
+    settings = settings or get_settings()
+    return f"redis:{settings.key_prefix}" if settings.redis_url else "database"
+
+
 def lock_backend(
     settings: DriftSafeSettings | None = None,
     *,
