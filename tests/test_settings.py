@@ -169,10 +169,10 @@ def test_autocommit_off_is_a_check_error_and_the_beat_refuses_to_start() -> None
 class RunsElsewhere:
     """A project's router that keeps the run ledger on another database."""
 
-    def db_for_read(self, model: Any, **hints: Any) -> str | None:
+    def db_for_write(self, model: Any, **hints: Any) -> str | None:
         return "other" if model._meta.model_name == "run" else None
 
-    db_for_write = db_for_read
+    db_for_read = db_for_write
 
     def allow_migrate(self, db: str, app_label: str, model_name: str = "", **hints: Any) -> Any:
         return False if model_name == "run" and db == "default" else None
@@ -190,12 +190,28 @@ def test_a_router_sending_this_apps_models_elsewhere_is_a_check_error() -> None:
     assert [m.id for m in messages] == ["celery_driftsafe.E013"]
     assert isinstance(messages[0], Error)
     assert messages[0].msg.endswith(
-        "celery_driftsafe.Run reads go to 'other'; celery_driftsafe.Run writes go to 'other'; "
+        "celery_driftsafe.Run writes go to 'other'; "
         "celery_driftsafe.Run is not migrated on 'default'"
     )
     assert "app_label 'celery_driftsafe'" in (messages[0].hint or "")
     assert "celery_driftsafe.E013" in str(info.value.code)
     assert checks.check_routing() == []  # no routers in the test settings
+
+
+class ReadsFromAReplica:
+    """The common primary/replica router: every read to a replica, every write to default."""
+
+    def db_for_read(self, model: Any, **hints: Any) -> str:
+        return "replica"
+
+    def db_for_write(self, model: Any, **hints: Any) -> str:
+        return "default"
+
+
+def test_a_router_reading_from_a_replica_is_no_error() -> None:
+    """Beats and workers read 'default' themselves; the admin reading a replica is fine."""
+    with override_settings(DATABASE_ROUTERS=[f"{__name__}.ReadsFromAReplica"]):
+        assert checks.check_routing() == []
 
 
 def test_beat_refuses_to_start_with_the_check_message_when_checks_were_skipped() -> None:
