@@ -11,6 +11,7 @@ does.
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import Any
 
 from django.db import connections
@@ -74,7 +75,11 @@ def read_committed_connections() -> None:
     connection_created.connect(_read_committed, dispatch_uid="celery_driftsafe.read_committed")
     for connection in connections.all(initialized_only=True):
         if connection.connection is not None and not connection.in_atomic_block:
-            read_committed(connection)
+            try:
+                read_committed(connection)
+            except Exception:  # broken (inherited across a fork, say); the driver's own error
+                with suppress(Exception):
+                    connection.close()  # the next statement opens a new one, set up then
 
 
 def _read_committed(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:

@@ -258,6 +258,27 @@ def test_beats_claim_at_read_committed_whatever_the_project_configures(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_broken_open_connection_does_not_stop_a_beats_set_up() -> None:
+    """An open connection that no longer works (a socket closed under it, as after a fork)
+    is closed by the set-up, not raised from it; the next statement opens a new one at READ
+    COMMITTED."""
+    from django.db.backends.signals import connection_created
+
+    from celery_driftsafe.db_connection import read_committed_connections
+
+    if connection.vendor != "postgresql":
+        pytest.skip("elsewhere a connection Django set up at READ COMMITTED is left as it is")
+    connection.ensure_connection()
+    connection.connection.close()  # the driver's: Django still holds it as open
+    try:
+        read_committed_connections()
+        assert connection.connection is None
+        assert PeriodicTask.objects.count() == 0  # a new connection
+    finally:
+        connection_created.disconnect(dispatch_uid="celery_driftsafe.read_committed")
+
+
+@pytest.mark.django_db(transaction=True)
 def test_claimer_for_picks_skip_locked_where_available() -> None:
     claimer = claimer_for()
     skip_locked = connection.features.has_select_for_update_skip_locked
