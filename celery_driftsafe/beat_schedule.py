@@ -5,9 +5,11 @@ create each entry once (the unique task name decides; the losers see the winner'
 entry whose definition did not change is left alone — so a restart never resets an interval's
 anchor. An entry whose definition changed is updated (its next slot recomputed once); a row of
 the same name created in the admin is never overwritten. Entries since removed from
-``beat_schedule`` are left as they are (disable or delete them in the admin): another Celery app
-sharing the database may have synced them, so a beat cannot tell. It names the enabled ones at
-start (:func:`log_orphans`).
+``beat_schedule`` are disabled (:func:`disable_removed`), as Celery's own beat drops them, with
+the reason :data:`REMOVED`; an entry put back enables its task again, at its first slot after now.
+Only the tasks this app synced are touched (``source_app``, its ``main`` name): another Celery
+app sharing the database keeps its own. Tasks synced before that was recorded, or by an app
+without a name, are named in a warning at start instead (:func:`log_orphans`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,12 @@ class SyncReport:
     updated: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
+    #: Tasks this app synced whose entry is gone: disabled.
+    removed: list[str] = field(default_factory=list)
+
+
+#: The reason recorded on a task its app's ``beat_schedule`` no longer has.
+REMOVED = "removed from beat_schedule"
 
 
 def _cron_field(value: Any) -> str:
@@ -177,9 +185,13 @@ def sync_beat_schedule(
     configured authority)."""
     report = SyncReport()
     timezone = str(app.conf.timezone or "UTC")
-    for name, entry in (app.conf.beat_schedule or {}).items():
+    entries = app.conf.beat_schedule or {}
+    owner = str(app.main) if app.main else None
+    for name, entry in entries.items():
         try:
             fields = entry_fields(name, entry, timezone)
+            if owner is not None:
+                fields["source_app"] = owner
             _sync_one(name, fields, report, using, now)
         except (ValueError, ValidationError) as exc:
             report.errors[name] = "; ".join(getattr(exc, "messages", [])) or str(exc)
@@ -189,30 +201,56 @@ def sync_beat_schedule(
                 exc,
                 extra={"action": "sync", "task": name},
             )
-    log_orphans(app.conf.beat_schedule or {}, using)
+    if owner is not None:
+        report.removed = disable_removed(owner, entries, using)
+    log_orphans(entries, owner, using)
     return report
+
+
+def disable_removed(owner: str, entries: Mapping[str, Any], using: str = "default") -> list[str]:
+    """Disable the enabled tasks that app ``owner`` synced and whose entry its
+    ``beat_schedule`` no longer has (each write conditional on the row as read); their names."""
+    rows = PeriodicTask.objects.using(using).filter(
+        source=TaskSource.BEAT_SCHEDULE, source_app=owner, enabled=True
+    )
+    removed = []
+    for pk, name in rows.exclude(name__in=list(entries)).values_list("pk", "name"):
+        if rows.filter(pk=pk).update(
+            enabled=False, next_slot_at=None, due_at=None, disabled_reason=REMOVED
+        ):
+            removed.append(name)
+            logger.warning(
+                "task %s disabled: app %r's beat_schedule no longer has it (put the entry back "
+                "to enable it again)",
+                name,
+                owner,
+                extra={"action": "sync", "task": name},
+            )
+    return removed
 
 
 #: Names of orphaned rows one warning lists at most.
 ORPHANS_NAMED = 10
 
 
-def log_orphans(entries: Mapping[str, Any], using: str = "default") -> list[str]:
-    """Warn about enabled tasks that came from a ``beat_schedule`` entry this app no longer
-    has: Celery's own beat drops such an entry, this package leaves the row (another app
-    sharing the database may own it). Returns the names named."""
+def log_orphans(entries: Mapping[str, Any], owner: str | None, using: str = "default") -> list[str]:
+    """Warn about enabled tasks from a ``beat_schedule`` that this app's ``beat_schedule``
+    does not have and that :func:`disable_removed` leaves alone: synced by another app, or
+    before the app was recorded. Returns the names named."""
     orphans = (
         PeriodicTask.objects.using(using)
         .filter(source=TaskSource.BEAT_SCHEDULE, enabled=True)
         .exclude(name__in=list(entries))
     )
+    if owner is not None:
+        orphans = orphans.exclude(source_app=owner)
     names = list(orphans.order_by("name").values_list("name", flat=True)[: ORPHANS_NAMED + 1])
     if names:
         more = " and more" if len(names) > ORPHANS_NAMED else ""
         logger.warning(
-            "enabled tasks from beat_schedule that this app's beat_schedule no longer has: "
-            "%s%s; they keep firing (removed from the code, or another Celery app's): disable "
-            "or delete them in the admin",
+            "enabled tasks from beat_schedule that this app's beat_schedule does not have: "
+            "%s%s; they keep firing (another Celery app's, or synced before the app was "
+            "recorded): disable or delete them in the admin if they are gone from the code",
             ", ".join(names[:ORPHANS_NAMED]),
             more,
             extra={"action": "sync"},
@@ -232,6 +270,8 @@ def _sync_one(
         may_update=lambda task: task.source == TaskSource.BEAT_SCHEDULE,
         validate=True,
     )
+    if outcome != Upserted.REFUSED:
+        _enable_if_back(name, using, now)
     if outcome == Upserted.CREATED:
         report.created.append(name)
     elif outcome == Upserted.UPDATED:
@@ -244,3 +284,23 @@ def _sync_one(
                 extra={"action": "sync", "task": name},
             )
         report.unchanged.append(name)
+
+
+def _enable_if_back(name: str, using: str, now: datetime | None) -> None:
+    """An entry put back: enable its task, disabled as :data:`REMOVED`, as a re-enabling
+    save does (its first slot after now and after every slot that has a run)."""
+    task = (
+        PeriodicTask.objects.using(using)
+        .filter(name=name, enabled=False, disabled_reason=REMOVED)
+        .first()
+    )
+    if task is None:
+        return
+    task.enabled = True
+    task.driftsafe_now = now  # type: ignore[attr-defined]
+    task.save(using=using)
+    logger.info(
+        "task %s enabled again: its beat_schedule entry is back",
+        name,
+        extra={"action": "sync", "task": name},
+    )

@@ -153,13 +153,14 @@ class DriftSafeScheduler(BeatNode, Scheduler):
         report = self._start_up()
         logger.info(
             "driftsafe node %s up (authority %s): beat_schedule %d created, %d updated, "
-            "%d unchanged, %d rejected",
+            "%d unchanged, %d rejected, %d removed",
             self.node_id,
             self.authority.name,
             len(report.created),
             len(report.updated),
             len(report.unchanged),
             len(report.errors),
+            len(report.removed),
             extra={"action": "start", "node": self.node_id},
         )
         self._listener = self._start_listener()

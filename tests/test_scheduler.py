@@ -193,30 +193,53 @@ def test_beat_schedule_synced_once_by_several_beats(broker_app: Any, clock: Fake
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_entry_removed_from_beat_schedule_is_named_at_start(
+def test_an_entry_removed_from_beat_schedule_is_disabled_and_enabled_when_it_is_back(
     broker_app: Any, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Celery's own beat drops an entry removed from ``beat_schedule``; here its row stays
-    (another app sharing the database may own it), so a starting beat names it."""
-    broker_app.conf.beat_schedule = {
-        "kept": {"task": "tests.add", "schedule": 5.0, "args": (1, 2)},
-        "dropped": {"task": "tests.add", "schedule": 5.0, "args": (1, 2)},
-    }
-    DriftSafeScheduler(
-        app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
-    ).close()
-    interval_task("from-the-admin", 5, anchor=T0)  # source: the database, never named
-    del broker_app.conf.beat_schedule["dropped"]
-    with caplog.at_level("WARNING", logger="celery_driftsafe.beat_schedule"):
+    """As Celery's own beat drops an entry removed from ``beat_schedule``, a starting beat
+    disables the task its app synced from it, and enables it again when the entry is back (at
+    its first slot after now). Another app's tasks and tasks synced before the app was
+    recorded are only named in a warning; tasks from the admin are never touched."""
+
+    def start() -> None:
         DriftSafeScheduler(
             app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
         ).close()
+
+    entry = {"task": "tests.add", "schedule": 5.0, "args": (1, 2)}
+    broker_app.conf.beat_schedule = {"kept": entry, "dropped": entry}
+    start()
+    assert set(PeriodicTask.objects.values_list("source_app", flat=True)) == {broker_app.main}
+    interval_task("from-the-admin", 5, anchor=T0)
+    for name, app in (("other-apps", "another-app"), ("synced-long-ago", None)):
+        interval_task(name, 5, anchor=T0, source="beat_schedule", source_app=app)
+    del broker_app.conf.beat_schedule["dropped"]
+    with caplog.at_level("WARNING", logger="celery_driftsafe.beat_schedule"):
+        start()
+    dropped = PeriodicTask.objects.get(name="dropped")
+    assert (dropped.enabled, dropped.disabled_reason, dropped.next_slot_at) == (
+        False,
+        "removed from beat_schedule",
+        None,
+    )
+    assert PeriodicTask.objects.filter(enabled=True).count() == 4  # every other task
     assert [r.getMessage() for r in caplog.records] == [
-        "enabled tasks from beat_schedule that this app's beat_schedule no longer has: dropped; "
-        "they keep firing (removed from the code, or another Celery app's): disable or delete "
-        "them in the admin"
+        "task dropped disabled: app 'driftsafe-tests''s beat_schedule no longer has it (put "
+        "the entry back to enable it again)",
+        "enabled tasks from beat_schedule that this app's beat_schedule does not have: "
+        "other-apps, synced-long-ago; they keep firing (another Celery app's, or synced "
+        "before the app was recorded): disable or delete them in the admin if they are gone "
+        "from the code",
     ]
-    assert PeriodicTask.objects.get(name="dropped").enabled  # left as it is
+    Run.objects.create(
+        periodic_task=dropped, task_name="tests.add", slot=T0 + 100 * S, status="succeeded"
+    )
+    clock.advance(60 * S)
+    broker_app.conf.beat_schedule["dropped"] = entry
+    start()
+    dropped.refresh_from_db()
+    assert (dropped.enabled, dropped.disabled_reason) == (True, "")
+    assert dropped.next_slot_at == T0 + 105 * S  # after now and after its last run
 
 
 @pytest.mark.django_db(transaction=True)

@@ -182,6 +182,14 @@ class PeriodicTask(models.Model):
     source = models.CharField(
         max_length=16, choices=TaskSource.choices, default=TaskSource.DATABASE
     )
+    # NULL, not "": rows written by raw SQL or a benchmark's COPY may leave it out.
+    source_app = models.CharField(
+        max_length=200,
+        null=True,
+        blank=True,
+        help_text="For a task from beat_schedule: the Celery app (its main name) whose "
+        "beat_schedule has it. Empty: not known (synced before this was recorded).",
+    )
     next_slot_at = models.DateTimeField(null=True, blank=True)
     due_at = models.DateTimeField(
         null=True,
