@@ -106,6 +106,7 @@ class PeriodicTaskAdmin(AuthorityNowMixin, PeriodicTaskActions):
         "run_count",
         "interval_anchor",
         "source",
+        "source_app",
         "created_at",
         "changed_at",
     )
