@@ -295,6 +295,12 @@ class BackgroundUnscheduled(BackgroundPass):
     def interval(self) -> float | None:
         return UNSCHEDULED_INTERVAL_SECONDS
 
+    def wanted(self) -> bool:
+        """Whether there is such a task (one index look-up on the round's connection): a
+        thread, and its connection, only when there is work."""
+        rows = PeriodicTask.objects.using(self.using).filter(enabled=True, due_at__isnull=True)
+        return rows.exists()
+
     def run_pass(self, now: datetime) -> None:
         started = self.monotonic()
         try:

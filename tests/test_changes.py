@@ -124,6 +124,8 @@ def test_one_look_schedules_every_task_written_without_save_batch_after_batch(
     import time
 
     monkeypatch.setattr(changes, "UNSCHEDULED_BATCH", 3)
+    idle = changes.BackgroundUnscheduled(monotonic=time.monotonic)
+    assert not idle.maybe_start(T0)  # nothing to schedule: no thread
     PeriodicTask.objects.bulk_create(
         PeriodicTask(
             name=f"bulk{i}",
