@@ -153,10 +153,14 @@ def test_tasks_written_without_save_are_scheduled_by_the_beat(
     assert caplog.text.count("had no next slot (written without save())") == 4
     assert [m["task"] for m in drain()] == ["tests.add"]  # the one-off's catch-up
     clock.advance(60 * S)
-    scheduler.run_round()
+    scheduler.run_round()  # and the next look, in its thread
+    scheduler.unscheduled.join(10)
     assert _slots(tasks["every-10s"])[:1] == [T0 + 10 * S]
     assert _slots(tasks["each-minute"]) == [T0 + 60 * S]
     assert _slots(tasks["re-enabled"])[:3] == [T0 - 20 * S, T0 - 10 * S, T0 + 10 * S]
+    # the one-off, fired, is left with no next slot by the claim: the look finishes it
+    fired = PeriodicTask.objects.get(name="once-missed")
+    assert (fired.enabled, fired.disabled_reason) == (False, "finished: no slot left after now")
     assert not PeriodicTask.objects.filter(enabled=True, due_at__isnull=True).exists()
 
 
