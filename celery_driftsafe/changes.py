@@ -25,13 +25,20 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import router, transaction
+from django.db.models import QuerySet
 
 from celery_driftsafe.background import BackgroundPass
 from celery_driftsafe.clock import authority_clock
 from celery_driftsafe.conf import get_settings
-from celery_driftsafe.exceptions import ClockError, ScheduleError
+from celery_driftsafe.exceptions import ClockError
 from celery_driftsafe.jitter import due_instant
-from celery_driftsafe.models import CLAIM_FIELDS, PeriodicTask, ScheduleKind
+from celery_driftsafe.models import (
+    CLAIM_FIELDS,
+    PeriodicTask,
+    ScheduleKind,
+    disabled_by_scheduler,
+    schedule_failure,
+)
 from celery_driftsafe.redis_client import channel, get_redis
 from celery_driftsafe.schedule_fields import RESCHEDULE_FIELDS
 
@@ -211,6 +218,11 @@ def reschedule(tasks: Iterable[PeriodicTask], *, using: str = "default") -> int:
     return count
 
 
+def unscheduled_tasks(using: str = "default") -> QuerySet[PeriodicTask]:
+    """Enabled tasks with no due instant (found through the due index)."""
+    return PeriodicTask.objects.using(using).filter(enabled=True, due_at__isnull=True)
+
+
 #: Tasks without a due instant one pass of :func:`schedule_unscheduled` takes at most.
 UNSCHEDULED_BATCH = 500
 
@@ -227,9 +239,7 @@ def schedule_unscheduled(
     disabled as finished, one whose schedule cannot be evaluated is disabled with the reason.
     Each write is conditional on the row still having no due instant, so beats doing this at
     once, or a ``save()`` meanwhile, cannot clash. Returns the names of the tasks scheduled."""
-    from celery_driftsafe.models.periodic_task import schedule_problem
-
-    rows = PeriodicTask.objects.using(using).filter(enabled=True, due_at__isnull=True)
+    rows = unscheduled_tasks(using)
     scheduled = []
     for task in rows.order_by("id")[:limit]:
         fields: dict[str, Any] = {}
@@ -244,13 +254,8 @@ def schedule_unscheduled(
                     taken=_run_slots_at(task, using),
                 )
             problem = "" if task.next_slot_at else "finished: no slot left after now"
-        except ScheduleError as exc:
-            problem = f"disabled by the scheduler: {schedule_problem(exc)}"
         except Exception as exc:
-            problem = (
-                f"disabled by the scheduler: {task.schedule_field()}: the schedule cannot be "
-                f"evaluated: {exc!r}"
-            )
+            problem = disabled_by_scheduler(schedule_failure(task, exc))
         if problem:
             fields.update(enabled=False, next_slot_at=None, due_at=None, disabled_reason=problem)
         else:
@@ -298,8 +303,7 @@ class BackgroundUnscheduled(BackgroundPass):
     def wanted(self) -> bool:
         """Whether there is such a task (one index look-up on the round's connection): a
         thread, and its connection, only when there is work."""
-        rows = PeriodicTask.objects.using(self.using).filter(enabled=True, due_at__isnull=True)
-        return rows.exists()
+        return unscheduled_tasks(self.using).exists()
 
     def run_pass(self, now: datetime) -> None:
         started = self.monotonic()

@@ -28,10 +28,15 @@ from celery_driftsafe.bounds import Limits, message_expiry, plan_limited
 from celery_driftsafe.claim_sql import NewRun, insert_runs_postgresql, missed_row, span_row
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.dispatch import celery_task_id, run_message
-from celery_driftsafe.exceptions import ScheduleError
 from celery_driftsafe.jitter import due_instant, offset
 from celery_driftsafe.misfire import ClaimPlan
-from celery_driftsafe.models import PeriodicTask, Run, RunStatus, schedule_problem
+from celery_driftsafe.models import (
+    PeriodicTask,
+    Run,
+    RunStatus,
+    disabled_by_scheduler,
+    schedule_failure,
+)
 from celery_driftsafe.pg_loaders import load_kept_models
 
 if TYPE_CHECKING:
@@ -110,7 +115,7 @@ class ClaimSteps:
             "task %s disabled: %s", name, problem, extra={"action": "disable", "task": name}
         )
         PeriodicTask.objects.using(self.using).filter(pk=pk).update(
-            enabled=False, next_slot_at=None, disabled_reason=_reason(problem)
+            enabled=False, next_slot_at=None, disabled_reason=disabled_by_scheduler(problem)
         )
         return name
 
@@ -156,10 +161,8 @@ class ClaimSteps:
                     planned.append((task, self._plan(task, now, busy_since)))
                     continue
                 problem = "; ".join(map(str, problems))
-            except ScheduleError as exc:
-                problem = str(schedule_problem(exc))
             except Exception as exc:
-                problem = f"{task.schedule_field()}: the schedule cannot be evaluated: {exc!r}"
+                problem = schedule_failure(task, exc)
             logger.error(
                 "task %s disabled: %s",
                 task.name,
@@ -167,7 +170,7 @@ class ClaimSteps:
                 extra={"action": "disable", "task": task.name},
             )
             task.enabled = False
-            task.disabled_reason = _reason(problem)
+            task.disabled_reason = disabled_by_scheduler(problem)
             task.next_slot_at = task.due_at = None
             result.disabled.append(task.name)
         return planned
@@ -256,7 +259,9 @@ class ClaimSteps:
             if refusal is None:
                 continue
             task = group[0].task
-            task.disabled_reason = _reason(f"the database refused its run row: {refusal}")
+            task.disabled_reason = disabled_by_scheduler(
+                f"the database refused its run row: {refusal}"
+            )
             logger.error(
                 "task %s disabled: %s",
                 task.name,
@@ -363,7 +368,3 @@ def _limits(task: PeriodicTask) -> Limits:
         task.max_runs,
         task.run_count or 0,
     )
-
-
-def _reason(problem: str) -> str:
-    return f"disabled by the scheduler: {problem}"

@@ -23,6 +23,8 @@ from celery_driftsafe.models.periodic_task import (
     STAND_IN_ANCHOR,
     PeriodicTask,
     PeriodicTaskQuerySet,
+    disabled_by_scheduler,
+    schedule_failure,
     schedule_problem,
 )
 from celery_driftsafe.models.runs import Run, RunAttempt
@@ -45,5 +47,7 @@ __all__ = [
     "ScheduleKind",
     "SolarEvent",
     "TaskSource",
+    "disabled_by_scheduler",
+    "schedule_failure",
     "schedule_problem",
 ]

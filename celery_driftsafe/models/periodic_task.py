@@ -336,5 +336,17 @@ def schedule_problem(exc: ScheduleError) -> Problem:
     return Problem(SCHEDULE_ERROR_FIELDS.get(exc.field, "schedule_kind"), str(exc))
 
 
+def schedule_failure(task: PeriodicTask, exc: Exception) -> str:
+    """Why evaluating ``task``'s schedule raised ``exc``, naming the field at fault."""
+    if isinstance(exc, ScheduleError):
+        return str(schedule_problem(exc))
+    return f"{task.schedule_field()}: the schedule cannot be evaluated: {exc!r}"
+
+
+def disabled_by_scheduler(problem: str) -> str:
+    """The ``disabled_reason`` of a task the scheduler disabled for ``problem``."""
+    return f"disabled by the scheduler: {problem}"
+
+
 #: Which model field holds each schedule field named by :class:`ScheduleError`.
 SCHEDULE_ERROR_FIELDS = ERROR_FIELDS
