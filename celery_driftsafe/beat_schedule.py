@@ -23,6 +23,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
 
 from celery_driftsafe.exceptions import ScheduleError
 from celery_driftsafe.models import IntervalUnit, PeriodicTask, ScheduleKind, TaskSource
@@ -210,11 +211,9 @@ def sync_beat_schedule(
 def disable_removed(owner: str, entries: Mapping[str, Any], using: str = "default") -> list[str]:
     """Disable the enabled tasks that app ``owner`` synced and whose entry its
     ``beat_schedule`` no longer has (each write conditional on the row as read); their names."""
-    rows = PeriodicTask.objects.using(using).filter(
-        source=TaskSource.BEAT_SCHEDULE, source_app=owner, enabled=True
-    )
+    rows = _enabled_without_entry(entries, using).filter(source_app=owner)
     removed = []
-    for pk, name in rows.exclude(name__in=list(entries)).values_list("pk", "name"):
+    for pk, name in rows.values_list("pk", "name"):
         if rows.filter(pk=pk).update(
             enabled=False, next_slot_at=None, due_at=None, disabled_reason=REMOVED
         ):
@@ -229,6 +228,15 @@ def disable_removed(owner: str, entries: Mapping[str, Any], using: str = "defaul
     return removed
 
 
+def _enabled_without_entry(entries: Mapping[str, Any], using: str) -> QuerySet[PeriodicTask]:
+    """Enabled tasks from a ``beat_schedule`` that ``entries`` do not have."""
+    return (
+        PeriodicTask.objects.using(using)
+        .filter(source=TaskSource.BEAT_SCHEDULE, enabled=True)
+        .exclude(name__in=list(entries))
+    )
+
+
 #: Names of orphaned rows one warning lists at most.
 ORPHANS_NAMED = 10
 
@@ -237,11 +245,7 @@ def log_orphans(entries: Mapping[str, Any], owner: str | None, using: str = "def
     """Warn about enabled tasks from a ``beat_schedule`` that this app's ``beat_schedule``
     does not have and that :func:`disable_removed` leaves alone: synced by another app, or
     before the app was recorded. Returns the names named."""
-    orphans = (
-        PeriodicTask.objects.using(using)
-        .filter(source=TaskSource.BEAT_SCHEDULE, enabled=True)
-        .exclude(name__in=list(entries))
-    )
+    orphans = _enabled_without_entry(entries, using)
     if owner is not None:
         orphans = orphans.exclude(source_app=owner)
     names = list(orphans.order_by("name").values_list("name", flat=True)[: ORPHANS_NAMED + 1])
