@@ -23,6 +23,7 @@ from celery_driftsafe import nodes
 from celery_driftsafe.beat_schedule import SyncReport, sync_beat_schedule
 from celery_driftsafe.clock import Authority, AuthorityClock, Clock
 from celery_driftsafe.conf import DriftSafeSettings
+from celery_driftsafe.db_connection import sqlstate
 from celery_driftsafe.exceptions import ClockError
 from celery_driftsafe.wakeup import Wakeup
 
@@ -49,10 +50,9 @@ def outage_text(exc: BaseException) -> str:
     database out of reach. The beat waits either way, and goes on once they are there."""
     cause = exc.__cause__
     sqlstates, numbers, texts = _NO_SCHEMA
-    code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
     number = cause.args[0] if cause is not None and cause.args else None
     if (
-        code in sqlstates
+        sqlstate(exc) in sqlstates
         or (isinstance(number, int) and number in numbers)
         or (str(exc).startswith(texts))
     ):

@@ -60,6 +60,14 @@ def order_from_indexes(alias: str) -> None:
         cursor.execute("SET LOCAL enable_sort = off")
 
 
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a database error Django raised, from its driver's error: psycopg 3's
+    ``sqlstate`` or psycopg 2's ``pgcode`` (None for other drivers)."""
+    cause = exc.__cause__
+    code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    return code if isinstance(code, str) else None
+
+
 def read_committed_connections() -> None:
     """In a beat's process (and its claim process): every database connection, the ones open
     now (outside a transaction) and every one opened later, runs its transactions at READ

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from celery_driftsafe.db_connection import sqlstate
 from celery_driftsafe.exceptions import LedgerUnavailable
 from celery_driftsafe.names import PRE_START
 
@@ -46,9 +47,8 @@ ROLLED_BACK_RETRIES = 3
 def _rolled_back(exc: Exception) -> bool:
     """PostgreSQL rolled the statement back for a concurrent transaction (SQLSTATE class 40,
     psycopg 3's ``sqlstate`` or psycopg 2's ``pgcode``)."""
-    cause = exc.__cause__
-    code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
-    return isinstance(code, str) and code.startswith("40")
+    code = sqlstate(exc)
+    return code is not None and code.startswith("40")
 
 
 def _aware(value: Any) -> datetime | None:
