@@ -77,10 +77,9 @@ class Execution(ExecutionOutcomes):
             )
             raise Ignore()
         assert row is not None
-        if row.status in FINISHED:
-            self._suppress(f"run is already {row.status}")
-        if self.attempt < row.attempt:
-            self._suppress(f"a copy of attempt {self.attempt}; the run is at attempt {row.attempt}")
+        duplicate = self._duplicate(row)
+        if duplicate:
+            self._suppress(duplicate)
         expires_at = row.expires_at or self._message_expiry()
         if expires_at is not None and now >= expires_at and row.status != RunStatus.STARTED:
             self._expire(now, expires_at)  # a started run is taken over, not expired
@@ -118,9 +117,16 @@ class Execution(ExecutionOutcomes):
             row = self.ledger.load(self.run_id)
         except LedgerUnavailable:
             return False
-        if row is None or self._mismatch(row):
-            return True
-        return row.status in FINISHED or self.attempt < row.attempt
+        return row is None or bool(self._mismatch(row) or self._duplicate(row))
+
+    def _duplicate(self, row: RunRow) -> str:
+        """Why this delivery is a duplicate of ``row`` (finished, or a copy of an earlier
+        attempt); empty when it is not."""
+        if row.status in FINISHED:
+            return f"run is already {row.status}"
+        if self.attempt < row.attempt:
+            return f"a copy of attempt {self.attempt}; the run is at attempt {row.attempt}"
+        return ""
 
     def _run_locked(self, row: RunRow | None, now: datetime, args: Any, kwargs: Any) -> Any:
         """Take the run's lock (its token above the row's when ``row`` was read), start the
