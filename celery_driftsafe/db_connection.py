@@ -60,12 +60,30 @@ def order_from_indexes(alias: str) -> None:
         cursor.execute("SET LOCAL enable_sort = off")
 
 
+#: MySQL/MariaDB error numbers (mysqlclient gives no SQLSTATE) whose SQLSTATE callers act on:
+#: ER_LOCK_DEADLOCK, which InnoDB reports with 40001 and for which it rolled the whole
+#: transaction back.
+_MYSQL_SQLSTATES = {1213: "40001"}
+
+
 def sqlstate(exc: BaseException) -> str | None:
     """The SQLSTATE of a database error Django raised, from its driver's error: psycopg 3's
-    ``sqlstate`` or psycopg 2's ``pgcode`` (None for other drivers)."""
+    ``sqlstate`` or psycopg 2's ``pgcode``; for mysqlclient, whose errors carry only MySQL's
+    error number, the SQLSTATE of the numbers in :data:`_MYSQL_SQLSTATES` (None otherwise, and
+    for other drivers)."""
     cause = exc.__cause__
     code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    if code is None and cause is not None and cause.args and isinstance(cause.args[0], int):
+        code = _MYSQL_SQLSTATES.get(cause.args[0])
     return code if isinstance(code, str) else None
+
+
+def rolled_back(exc: BaseException) -> bool:
+    """The database rolled the statement (and its transaction) back for a concurrent
+    transaction, SQLSTATE class 40: PostgreSQL's serialization failures and deadlocks, MySQL's
+    deadlocks. It changed nothing, and the same statement may be run again."""
+    code = sqlstate(exc)
+    return code is not None and code.startswith("40")
 
 
 def read_committed_connections() -> None:

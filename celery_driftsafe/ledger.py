@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from celery_driftsafe.db_connection import sqlstate
+from celery_driftsafe.db_connection import rolled_back
 from celery_driftsafe.exceptions import LedgerUnavailable
 from celery_driftsafe.names import PRE_START
 
@@ -40,15 +40,8 @@ class RunRow:
 
 logger = logging.getLogger(__name__)
 
-#: Times a ledger statement PostgreSQL rolled back for a concurrent update is run again.
+#: Times a ledger statement the database rolled back for a concurrent update is run again.
 ROLLED_BACK_RETRIES = 3
-
-
-def _rolled_back(exc: Exception) -> bool:
-    """PostgreSQL rolled the statement back for a concurrent transaction (SQLSTATE class 40,
-    psycopg 3's ``sqlstate`` or psycopg 2's ``pgcode``)."""
-    code = sqlstate(exc)
-    return code is not None and code.startswith("40")
 
 
 def _aware(value: Any) -> datetime | None:
@@ -90,12 +83,12 @@ class Ledger:
         )
 
     def _execute(self, sql: str, params: list[Any], *, fetch: bool) -> Any:
-        """Run one statement. Outside a transaction a statement PostgreSQL rolled back for a
+        """Run one statement. Outside a transaction a statement the database rolled back for a
         concurrent update (SQLSTATE class 40: a serialization failure, a deadlock) is run
-        again, at most :data:`ROLLED_BACK_RETRIES` times: it changed nothing, and it meets one
-        only where the project's database defaults to REPEATABLE READ or SERIALIZABLE, when a
+        again, at most :data:`ROLLED_BACK_RETRIES` times: it changed nothing. PostgreSQL does
+        so where the project's database defaults to REPEATABLE READ or SERIALIZABLE, when a
         beat's mark of the same run commits under it (at READ COMMITTED it would have waited
-        and gone on)."""
+        and gone on); InnoDB when it picks the statement as a deadlock's victim."""
         from django.db import DatabaseError
 
         for tries_left in range(ROLLED_BACK_RETRIES, -1, -1):
@@ -106,7 +99,7 @@ class Ledger:
             except DatabaseError as exc:
                 if self.connection.in_atomic_block:
                     raise LedgerUnavailable(f"database unreachable: {exc}") from exc
-                if tries_left and _rolled_back(exc):
+                if tries_left and rolled_back(exc):
                     logger.debug("ledger statement rolled back (%s); running it again", exc)
                     continue
                 self.connection.close()  # the next statement reconnects

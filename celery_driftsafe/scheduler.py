@@ -43,7 +43,11 @@ from celery_driftsafe.clock import (
     authority_from_settings,
 )
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
-from celery_driftsafe.db_connection import read_committed_connections, refresh_between_rounds
+from celery_driftsafe.db_connection import (
+    read_committed_connections,
+    refresh_between_rounds,
+    rolled_back,
+)
 from celery_driftsafe.heap import HeapKeeper, widen_young_generation
 from celery_driftsafe.prebuild import Prebuilder
 from celery_driftsafe.prefetch import Prefetcher
@@ -60,6 +64,9 @@ MIN_WAIT = 0.01
 #: for at most half the wait and at most PREBUILD_BUDGET seconds a round; while a pass is
 #: unfinished the round's wait is cut to the time it built (half the time building).
 PREBUILD_MIN_WAIT = 0.1
+#: Rounds in a row that the database may roll back for a concurrent transaction (a deadlock,
+#: a serialization failure) and that are run again at once; one more is an outage.
+ROLLED_BACK_ROUNDS = 3
 PREBUILD_BUDGET = 0.2
 #: A beat whose rounds stop for longer than this (or three loop intervals) starts a new stretch
 #: of claiming: slots that fell due meanwhile were missed, not late (see misfire).
@@ -125,6 +132,7 @@ class DriftSafeScheduler(BeatNode, Scheduler):
         self._paused_reason = ""
         self._outage: str | None = None
         self._backoff = 0.0
+        self._rolled_back_rounds = 0  # in a row
         self._next_heartbeat = 0.0
         self._next_recovery = 0.0
         #: Since when (authority time) this beat has been claiming without a break, and when
@@ -209,6 +217,16 @@ class DriftSafeScheduler(BeatNode, Scheduler):
             refresh_between_rounds(self.using)
             wait = self.run_round()
         except OUTAGE_ERRORS as exc:
+            if rolled_back(exc) and self._rolled_back_rounds < ROLLED_BACK_ROUNDS:
+                # A deadlock or serialization failure: its transaction changed nothing, and
+                # the database is there. Run the round again now rather than wait it out.
+                self._rolled_back_rounds += 1
+                logger.warning(
+                    "claim round rolled back for a concurrent transaction (%s); running it again",
+                    str(exc).splitlines()[0],
+                    extra={"action": "rolled-back", "node": self.node_id},
+                )
+                return 0.0
             if self._outage is None:
                 logger.error(
                     "claiming paused, %s; retrying with backoff",
@@ -229,6 +247,7 @@ class DriftSafeScheduler(BeatNode, Scheduler):
             self._outage = repr(exc)
             connections[self.using].close()
             return self._back_off()
+        self._rolled_back_rounds = 0
         if self._outage is not None:
             logger.warning(
                 "claiming resumed after an outage (%s)",

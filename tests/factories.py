@@ -40,6 +40,32 @@ def at_once(count: int, work: Callable[[int], Any], timeout: float = 60.0) -> li
     return results
 
 
+def real_deadlock() -> Any:
+    """The error of a real deadlock's victim (PostgreSQL or MySQL): two connections each
+    update one of two new runs, then the other's, and the database rolls one back."""
+    from django.db import DatabaseError, transaction
+
+    from celery_driftsafe.models import Run
+
+    first, second = (Run.objects.create(task_name="tests.add") for _ in range(2))
+    holding = threading.Barrier(2, timeout=10)
+
+    def lock(n: int) -> DatabaseError | None:
+        mine, theirs = (first, second) if n == 0 else (second, first)
+        try:
+            with transaction.atomic():
+                Run.objects.filter(pk=mine.pk).update(dispatch_attempts=1)
+                holding.wait()
+                Run.objects.filter(pk=theirs.pk).update(dispatch_attempts=1)
+        except DatabaseError as exc:
+            return exc
+        return None
+
+    errors = [error for error in at_once(2, lock, timeout=30) if error is not None]
+    assert len(errors) == 1, errors
+    return errors[0]
+
+
 def _saved(name: str, fields: dict[str, Any]) -> PeriodicTask:
     """Validate and save; then force ``next_slot_at`` when the test gives one (the save itself
     computes it from the authority's now)."""

@@ -14,8 +14,9 @@ from celery_driftsafe.headers import HEADER_FENCING_TOKEN, HEADER_RUN_ID, HEADER
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus
 from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.testing import FakeClock
+from tests import settings as test_settings
 from tests.conftest import QUEUE, T0, drain
-from tests.factories import interval_task
+from tests.factories import interval_task, real_deadlock
 
 S = timedelta(seconds=1)
 
@@ -609,3 +610,36 @@ def test_a_missing_table_or_column_is_named_not_taken_for_an_outage() -> None:
         "the database or time authority is unreachable: connection refused"
     )
     assert outage_text(ClockError("redis clock unreachable")).endswith("redis clock unreachable")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(test_settings.TEST_DB == "sqlite", reason="SQLite has no deadlocks")
+def test_a_round_rolled_back_for_a_concurrent_transaction_runs_again_at_once(
+    scheduler: DriftSafeScheduler, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A claim round the database rolled back as a deadlock's victim (a real one's error)
+    changed nothing, and the database is there: the round runs again at once, with a warning,
+    instead of an outage's ERROR ("unreachable") and backoff. Only a fourth in a row is taken
+    for an outage."""
+    from celery_driftsafe.scheduler import ROLLED_BACK_ROUNDS
+
+    deadlock = real_deadlock()
+    run_round, failures = scheduler.run_round, [ROLLED_BACK_ROUNDS]
+
+    def rolled_back_round() -> float:
+        if failures[0]:
+            failures[0] -= 1
+            raise deadlock
+        return run_round()
+
+    monkeypatch.setattr(scheduler, "run_round", rolled_back_round)
+    interval_task("add", 10, anchor=T0, next_slot_at=T0)
+    waits = [scheduler._guarded_round() for _ in range(ROLLED_BACK_ROUNDS + 1)]
+    assert waits[:-1] == [0.0] * ROLLED_BACK_ROUNDS and waits[-1] > 0
+    assert [m[HEADER_SLOT] for m in drain()] == [T0.isoformat()]
+    assert caplog.text.count("rolled back for a concurrent transaction") == ROLLED_BACK_ROUNDS
+    assert "claiming paused" not in caplog.text
+    failures[0] = ROLLED_BACK_ROUNDS + 1  # after a round that went through: three more again
+    waits = [scheduler._guarded_round() for _ in range(ROLLED_BACK_ROUNDS + 1)]
+    assert waits[:-1] == [0.0] * ROLLED_BACK_ROUNDS and waits[-1] > 0
+    assert caplog.text.count("claiming paused") == 1

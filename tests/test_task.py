@@ -20,7 +20,7 @@ from celery_driftsafe.models import Run, RunKind, RunStatus
 from celery_driftsafe.task import DriftSafeTask
 from tests import settings as test_settings
 from tests.conftest import T0, drain
-from tests.factories import interval_task
+from tests.factories import interval_task, real_deadlock
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -579,3 +579,20 @@ def test_a_start_rolled_back_for_a_concurrent_update_runs_again(
     assert caplog.text.count("could not serialize access due to concurrent update") == 1
     fresh = Run.objects.get(pk=run.pk)
     assert (fresh.status, fresh.dispatch_attempts, fresh.fencing_token) == ("started", 1, 1)
+
+
+@pytest.mark.skipif(test_settings.TEST_DB == "sqlite", reason="SQLite has no deadlocks")
+def test_a_deadlock_counts_as_rolled_back_for_a_concurrent_update() -> None:
+    """A real deadlock's victim: PostgreSQL says SQLSTATE 40P01; mysqlclient's error carries
+    only MySQL's number, ER_LOCK_DEADLOCK (1213), which InnoDB reports with SQLSTATE 40001.
+    Either way the database rolled the victim's transaction back, and the ledger runs such a
+    statement again (the retry itself: the test above)."""
+    from celery_driftsafe.db_connection import rolled_back, sqlstate
+
+    deadlock = real_deadlock()
+    if test_settings.TEST_DB == "mysql":
+        assert deadlock.__cause__ is not None and deadlock.__cause__.args[0] == 1213
+        assert sqlstate(deadlock) == "40001"
+    else:
+        assert sqlstate(deadlock) == "40P01"
+    assert rolled_back(deadlock)
