@@ -67,6 +67,10 @@ def _close_fds(*fds: int) -> None:
         os.close(fd)
 
 
+#: How long the change listener waits for a message before it looks whether the beat stops.
+LISTEN_POLL_SECONDS = 0.2
+
+
 def start_change_listener(
     settings: DriftSafeSettings, wake: Wakeup, shutdown: threading.Event
 ) -> threading.Thread | None:
@@ -102,7 +106,8 @@ def _listen(
                 logger.warning("schedule-change notifications restored")
                 failing, delay = False, 0.5
             while not shutdown.is_set():
-                if pubsub.get_message(timeout=1.0) is not None:
+                # a short wait: a stopping beat joins this thread (a few polls a second)
+                if pubsub.get_message(timeout=LISTEN_POLL_SECONDS) is not None:
                     wake.set()
         except (RedisError, OSError) as exc:
             if not failing:

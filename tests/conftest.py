@@ -49,6 +49,39 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if test_settings.TEST_DB == "postgres":
+        _flush_with_delete()
+
+
+def _flush_with_delete() -> None:
+    """Django empties every table after each transactional test. On PostgreSQL it does so with
+    one ``TRUNCATE`` of them all, which gives each table and index a new file: about 0.25 s a
+    test here, more than most tests' own time, against about 10 ms to DELETE the few rows a
+    test leaves. Django's foreign keys there are ``DEFERRABLE INITIALLY DEFERRED`` and the
+    flush runs in one transaction, so the order of the DELETEs does not matter. A flush that
+    resets sequences or cascades keeps Django's statement."""
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    truncate = DatabaseOperations.sql_flush
+
+    def sql_flush(
+        self: DatabaseOperations,
+        style: Any,
+        tables: list[str],
+        *,
+        reset_sequences: bool = False,
+        allow_cascade: bool = False,
+    ) -> list[str]:
+        if reset_sequences or allow_cascade:
+            return truncate(
+                self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade
+            )
+        return [f"DELETE FROM {self.quote_name(table)};" for table in tables]
+
+    DatabaseOperations.sql_flush = sql_flush  # type: ignore[method-assign]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     run_slow = config.getoption("--run-slow")
     for item in items:

@@ -65,6 +65,9 @@ INSTALLED_APPS = [
     "django_celery_results",
     "celery_driftsafe",
 ]
+# The admin tests' superusers: Django's default hasher (a million PBKDF2 rounds) took most
+# of a second a test here.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",

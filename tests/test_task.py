@@ -542,6 +542,7 @@ def test_a_start_rolled_back_for_a_concurrent_update_runs_again(
             f"ALTER DATABASE {database} SET default_transaction_isolation = serializable"
         )
     outcome: list[Any] = []
+    backend: list[int] = []
 
     def worker() -> None:
         from django.db import connections
@@ -550,6 +551,8 @@ def test_a_start_rolled_back_for_a_concurrent_update_runs_again(
             with connection.cursor() as cursor:  # this thread's own, new connection
                 cursor.execute("SHOW transaction_isolation")
                 outcome.append(cursor.fetchone()[0])
+                cursor.execute("SELECT pg_backend_pid()")
+                backend.append(cursor.fetchone()[0])
             outcome.append(Ledger().start(run.pk, 1, T0, "w1", 0))
         except Exception as exc:
             outcome.append(exc)
@@ -566,8 +569,11 @@ def test_a_start_rolled_back_for_a_concurrent_update_runs_again(
                 deadline = time.monotonic() + 10
                 with connection.cursor() as cursor:
                     while True:  # until the worker's start waits for this transaction's lock
-                        # (pg_locks is read live; pg_stat_activity would be this transaction's copy)
-                        cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+                        # (other test processes' waits on the same server do not count)
+                        cursor.execute(
+                            "SELECT cardinality(pg_blocking_pids(%s))",
+                            [backend[0] if backend else 0],
+                        )
                         if cursor.fetchone()[0] or time.monotonic() > deadline:
                             break
                         time.sleep(0.02)
