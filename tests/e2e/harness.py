@@ -10,10 +10,13 @@ before its slot was published early.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -52,6 +55,12 @@ BROKER_DB = test_settings.REDIS_DB + 2
 E2E_REDIS_DB = test_settings.REDIS_DB + 4
 RABBITMQ_URL = os.environ.get("DRIFTSAFE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 SCHEDULER = "celery_driftsafe.scheduler:DriftSafeScheduler"
+
+
+#: Per test process and backend: a database migrated once, which each run's database is a copy
+#: of (PostgreSQL's ``CREATE DATABASE … TEMPLATE``, a file copy for SQLite). Migrating took
+#: 2.4 s of a run's start on this machine (1.7 s of CPU), a copy 0.3 s.
+_TEMPLATES: dict[str, str] = {}
 
 
 def real_now() -> datetime:
@@ -122,7 +131,6 @@ class E2ERun:
         self.queue = f"e2e-{self.token}"
         if backend == "postgresql":
             self.db_name = f"driftsafe_e2e_{self.token}"
-            self._pg("CREATE DATABASE " + self.db_name)
             db = f"postgresql:{self.db_name}"
         else:
             db = f"sqlite:{workdir / 'e2e.sqlite3'}"
@@ -143,18 +151,41 @@ class E2ERun:
             "DRIFTSAFE_E2E_LEASE": str(lease),
             "DRIFTSAFE_E2E_DEAD_AFTER": str(dead_after),
         }
-        self.tool("migrate")
+        template = self._migrated_template()
+        if backend == "postgresql":
+            self._pg(f"CREATE DATABASE {self.db_name} TEMPLATE {template}")
+        else:
+            shutil.copyfile(template, workdir / "e2e.sqlite3")
 
     # -- plumbing -----------------------------------------------------------------------------
 
     def _pg(self, sql: str) -> None:
         postgres_exec(sql)
 
-    def tool(self, command: str, payload: Any = None) -> Any:
+    def _migrated_template(self) -> str:
+        """This process's migrated database for this run's backend (its name, or its file),
+        made by the first run that needs it and dropped when the process exits."""
+        if self.backend not in _TEMPLATES:
+            if self.backend == "postgresql":
+                template = f"driftsafe_e2e_template_{os.getpid()}"
+                self._pg(f"DROP DATABASE IF EXISTS {template}")
+                self._pg(f"CREATE DATABASE {template}")
+                atexit.register(postgres_exec, f"DROP DATABASE IF EXISTS {template} WITH (FORCE)")
+                db = f"postgresql:{template}"
+            else:
+                folder = tempfile.mkdtemp(prefix="driftsafe-e2e-template-")
+                atexit.register(shutil.rmtree, folder, True)
+                template = os.path.join(folder, "e2e.sqlite3")
+                db = f"sqlite:{template}"
+            self.tool("migrate", env={**self.env, "DRIFTSAFE_E2E_DB": db})
+            _TEMPLATES[self.backend] = template
+        return _TEMPLATES[self.backend]
+
+    def tool(self, command: str, payload: Any = None, env: dict[str, str] | None = None) -> Any:
         result = subprocess.run(
             [sys.executable, "-m", "tests.e2e.tool", command],
             cwd=ROOT,
-            env=self.env,
+            env=env or self.env,
             input=json.dumps(payload).encode() if payload is not None else None,
             capture_output=True,
             timeout=120,
