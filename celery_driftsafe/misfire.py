@@ -107,6 +107,12 @@ def plan_claim(
     if due(next_slot) > now:
         return ClaimPlan(next_slot=next_slot)
     recent_start = now - grace
+    if jitter is None and next_slot >= recent_start:
+        # The common case, a slot on time: it fires, and the plan is the one below (no tail,
+        # one slot on time, the next slot the first after it and after now) without walking.
+        following = schedule.next_after(next_slot)
+        if following is None or following > now:
+            return ClaimPlan(fire=[next_slot], next_slot=following)
     if busy_since is not None and busy_since <= due(next_slot) < recent_start:
         following = schedule.next_after(next_slot)
         if following is None or due(following) > now:

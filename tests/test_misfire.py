@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from celery_driftsafe.misfire import MissedSpan, plan_claim
-from celery_driftsafe.slots import Crontab, Interval
+from celery_driftsafe.slots import Crontab, Interval, OneOff
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 EVERY_SECOND = Interval(timedelta(seconds=1), T0)
@@ -162,3 +165,37 @@ def test_a_slot_that_fell_due_before_the_beats_were_busy_is_missed() -> None:
 def test_unknown_policy_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown misfire policy 'sometimes'"):
         plan_claim(EVERY_SECOND, T0, T0, policy="sometimes")
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    every=st.integers(min_value=1, max_value=7200),
+    kind=st.sampled_from(["interval", "crontab", "one-off"]),
+    behind_us=st.integers(min_value=0, max_value=3 * 3600 * 10**6),
+    grace_s=st.integers(min_value=0, max_value=3600),
+    policy=st.sampled_from(["fire_once", "fire_all", "skip"]),
+    busy=st.booleans(),
+)
+def test_the_on_time_shortcut_plans_as_the_walk_does(
+    every: int, kind: str, behind_us: int, grace_s: int, policy: str, busy: bool
+) -> None:
+    """A slot on time takes a shortcut (no walk over the schedule's slots); a jitter of zero
+    takes the walk and plans the same instants: the two plans must be equal, whatever the
+    schedule, how far behind, the grace, the policy."""
+    from celery_driftsafe.misfire import Jitter
+
+    schedule: Any = {
+        "interval": Interval(timedelta(seconds=every), T0),
+        "crontab": Crontab(minute=f"*/{every % 59 + 1}", timezone="Europe/Berlin"),
+        "one-off": OneOff(T0 + timedelta(seconds=every)),
+    }[kind]
+    slot = schedule.first_at_or_after(T0 + timedelta(seconds=every))
+    assert slot is not None
+    now = slot + timedelta(microseconds=behind_us)
+    options: dict[str, Any] = {
+        "policy": policy,
+        "grace": timedelta(seconds=grace_s),
+        "busy_since": slot - timedelta(seconds=1) if busy else None,
+    }
+    walked = plan_claim(schedule, slot, now, jitter=Jitter("t", timedelta(0)), **options)
+    assert plan_claim(schedule, slot, now, **options) == walked
