@@ -393,6 +393,8 @@ def worker_env(redis_client: Any) -> Iterator[tuple[Celery, str]]:
         task_default_queue=queue,
         broker_connection_retry_on_startup=False,
         worker_hijack_root_logger=False,
+        # the in-process worker stops within 0.1 s, not kombu's default second
+        broker_transport_options={"polling_interval": 0.1},
         task_ignore_result=True,
     )
 

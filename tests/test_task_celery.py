@@ -82,6 +82,8 @@ def _make_app(
         task_default_queue=queue,
         broker_connection_retry_on_startup=False,
         worker_hijack_root_logger=False,
+        # the in-process worker stops within 0.1 s, not kombu's default second
+        broker_transport_options={"polling_interval": 0.1},
         result_expires=600,
         task_store_eager_result=False,
     )
