@@ -64,10 +64,10 @@ MIN_WAIT = 0.01
 #: for at most half the wait and at most PREBUILD_BUDGET seconds a round; while a pass is
 #: unfinished the round's wait is cut to the time it built (half the time building).
 PREBUILD_MIN_WAIT = 0.1
+PREBUILD_BUDGET = 0.2
 #: Rounds in a row that the database may roll back for a concurrent transaction (a deadlock,
 #: a serialization failure) and that are run again at once; one more is an outage.
 ROLLED_BACK_ROUNDS = 3
-PREBUILD_BUDGET = 0.2
 #: A beat whose rounds stop for longer than this (or three loop intervals) starts a new stretch
 #: of claiming: slots that fell due meanwhile were missed, not late (see misfire).
 CONTINUITY_GAP_SECONDS = 5.0
