@@ -45,8 +45,11 @@ class Execution(ExecutionOutcomes):
     # -- the delivery ---------------------------------------------------------------------------
 
     def run(self, args: Any, kwargs: Any) -> Any:
-        self._check_locks()
         now = self._now()
+        if self._locks_elsewhere():
+            # Its publisher's fleet locks where this worker does not look: the database's
+            # conditional start alone decides, and a started run is never taken over.
+            return self._run_unlocked(self._checked(now), now, args, kwargs, mode="lock-mismatch")
         message_expiry = self._message_expiry()
         if (
             self.request.is_eager
@@ -85,29 +88,33 @@ class Execution(ExecutionOutcomes):
             self._expire(now, expires_at)  # a started run is taken over, not expired
         return row
 
-    def _check_locks(self) -> None:
-        """Report, once per process and pair, a run published by a process that takes run
-        locks elsewhere (no ``REDIS_URL``, another ``KEY_PREFIX``): this worker would not see
-        such processes' locks, and at most once needs one lock store (the run still runs)."""
+    def _locks_elsewhere(self) -> bool:
+        """Whether the run was published by a process that takes run locks elsewhere (no
+        ``REDIS_URL``, another ``KEY_PREFIX``): this worker cannot see the locks of that
+        process's fleet, so a held lock there would not stop it from taking a started run
+        over. Reported once per process and pair."""
         theirs = self.headers.locks
         if theirs is None:
-            return
+            return False
         mine = lock_identity(self.settings)
-        if theirs == mine or (theirs, mine) in _LOCKS_REPORTED:
-            return
-        _LOCKS_REPORTED.add((theirs, mine))
-        log_run(
-            logging.ERROR,
-            "run %s was published by a process that takes run locks in %s, and this worker "
-            "takes them in %s: neither sees the other's locks, so at most once does not hold "
-            "between them; give every beat and worker the same DRIFTSAFE REDIS_URL and "
-            "KEY_PREFIX",
-            self.run_id,
-            theirs,
-            mine,
-            run_id=self.run_id,
-            action="lock-mismatch",
-        )
+        if theirs == mine:
+            return False
+        if (theirs, mine) not in _LOCKS_REPORTED:
+            _LOCKS_REPORTED.add((theirs, mine))
+            log_run(
+                logging.ERROR,
+                "run %s was published by a process that takes run locks in %s, and this "
+                "worker takes them in %s: neither sees the other's locks, so this worker "
+                "starts such runs on the database's check alone and never takes over one "
+                "already started (a lost worker's run is then recorded failed, not run "
+                "again); give every beat and worker the same DRIFTSAFE REDIS_URL and KEY_PREFIX",
+                self.run_id,
+                theirs,
+                mine,
+                run_id=self.run_id,
+                action="lock-mismatch",
+            )
+        return True
 
     def drops(self) -> bool:
         """Whether this delivery ends without its body whatever else happens: its headers do

@@ -22,6 +22,7 @@ from celery import Celery, chain, chord, group
 from celery.contrib.testing.worker import start_worker
 from django.db import transaction
 from django.test import override_settings
+from django.utils import timezone
 
 from celery_driftsafe.models import Run, RunAttempt, RunKind, RunStatus
 from celery_driftsafe.task import DriftSafeTask, authority_clock
@@ -314,7 +315,8 @@ def test_a_run_from_a_process_locking_elsewhere_is_reported_once_and_runs(
     make_env: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A beat without ``REDIS_URL`` (its messages say ``driftsafe_locks: database``) and a
-    worker with it: neither sees the other's run locks. The worker says so, once, and runs."""
+    worker with it: neither sees the other's run locks. The worker says so, once, and runs
+    them, on the database's conditional start alone (the run says "(no lock)")."""
     from celery_driftsafe import execution
     from celery_driftsafe.locks import lock_identity
 
@@ -332,10 +334,56 @@ def test_a_run_from_a_process_locking_elsewhere_is_reported_once_and_runs(
     reports = [r.getMessage() for r in caplog.records if "takes run locks" in r.getMessage()]
     assert reports == [
         f"run {runs[0].pk} was published by a process that takes run locks in database, and "
-        f"this worker takes them in {mine}: neither sees the other's locks, so at most once "
-        "does not hold between them; give every beat and worker the same DRIFTSAFE REDIS_URL "
-        "and KEY_PREFIX"
+        f"this worker takes them in {mine}: neither sees the other's locks, so this worker "
+        "starts such runs on the database's check alone and never takes over one already "
+        "started (a lost worker's run is then recorded failed, not run again); give every beat "
+        "and worker the same DRIFTSAFE REDIS_URL and KEY_PREFIX"
     ]
+    workers = [Run.objects.get(pk=run.pk).worker for run in runs]
+    assert [w.endswith("(no lock)") for w in workers] == [True, True, False], workers
+
+
+def test_a_worker_locking_elsewhere_never_takes_over_a_started_run(
+    make_env: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A live holder that locks in the database has started the run (its lock held, its token
+    on the row), and a copy of the run's message (``driftsafe_locks: database``) reaches this
+    worker, which locks in Redis and cannot see that lock. It must not take the run over: it
+    starts runs from such processes on the database's conditional start alone, which refuses a
+    started run. (Before, its Redis lock was free and its token, from earlier attempts, above
+    the holder's: it took the run over and ran the body a second time.)"""
+    from celery_driftsafe import execution
+    from celery_driftsafe.conf import get_settings
+    from celery_driftsafe.ledger import Ledger
+    from celery_driftsafe.locks import DatabaseLockBackend, lock_backend
+
+    execution._LOCKS_REPORTED.clear()
+    env = make_env()
+    run = new_run("sem.double", "manual")
+    ttl = get_settings().lease_seconds
+    earlier = lock_backend().lock(f"run:{run.pk}", ttl=ttl, fencing_floor=10)
+    assert earlier.acquire(blocking=False)  # earlier attempts left Redis's counter at 11
+    earlier.release()
+    holder = DatabaseLockBackend().lock(f"run:{run.pk}", ttl=60)
+    assert holder.acquire(blocking=False)
+    try:
+        token = holder.fencing_token
+        assert token < 11 and Ledger().start(run.pk, token, timezone.now(), "other-worker", 0)
+        with caplog.at_level("INFO", logger="celery_driftsafe"):
+            env.publish_run(run, [5], headers={"driftsafe_locks": "database"})
+            wait_for(
+                lambda: Run.objects.get(pk=run.pk).duplicate_deliveries == 1,
+                what="the copy dropped as a duplicate",
+            )
+        fresh = Run.objects.get(pk=run.pk)
+        assert (fresh.status, fresh.worker, fresh.fencing_token) == (
+            RunStatus.STARTED,
+            "other-worker",
+            token,
+        )
+        assert env.bodies("sem.double") == []
+    finally:
+        holder.release()
 
 
 @pytest.mark.parametrize("backend", ["redis", "django-db", None])
