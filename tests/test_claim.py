@@ -320,8 +320,8 @@ def test_stale_claims_are_reclaimed_once_with_same_task_id() -> None:
 @pytest.mark.django_db
 def test_due_tasks_read_with_the_c_loader_equal_djangos_reading() -> None:
     """pg_loaders.load_models reads what ``list(queryset)`` reads (every field, each instant's
-    tzinfo object included), with psycopg's C ``timestamptz`` loader on PostgreSQL in UTC and
-    only on that cursor; elsewhere it is ``list(queryset)``."""
+    tzinfo object included, JSON of every shape), with psycopg's C ``timestamptz`` loader on
+    PostgreSQL in UTC and only on that cursor; elsewhere it is ``list(queryset)``."""
     from django.db import transaction
 
     from celery_driftsafe.pg_loaders import _loader_for, load_models
@@ -340,6 +340,10 @@ def test_due_tasks_read_with_the_c_loader_equal_djangos_reading() -> None:
             valid_until=when if i else None,
             kwargs={"n": i, "s": "é"},
         )
+    # JSON of other shapes than the commonest ("[]", "{}"), written past save()'s checks
+    PeriodicTask.objects.filter(name="probe-1").update(args=["x", 1.5, None], headers={"k": []})
+    PeriodicTask.objects.filter(name="probe-2").update(kwargs="text", args=[{}])
+    PeriodicTask.objects.filter(name="probe-0").update(args=[])
     with transaction.atomic():
         due = PeriodicTask.objects.order_by("id").select_for_update()
         loader = _loader_for(connection)
