@@ -355,6 +355,8 @@ def run_expiry(task: PeriodicTask, slot: datetime, settings: DriftSafeSettings) 
     seconds = task.expires_seconds
     if seconds is None:
         seconds = settings.run_expires_seconds
+    if task.jitter_seconds is None and task.valid_until is None:  # what message_expiry gives
+        return None if seconds is None else slot + timedelta(seconds=seconds)
     return message_expiry(slot, _limits(task), seconds)
 
 

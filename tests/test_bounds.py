@@ -489,3 +489,31 @@ def test_a_sub_second_interval_fires_each_of_its_slots(claimer: Claimer) -> None
     assert slots == [T0, T0 + timedelta(milliseconds=500), T0 + timedelta(milliseconds=1000)]
     task.refresh_from_db()
     assert task.next_slot_at == task.due_at == T0 + timedelta(milliseconds=1500)
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(
+    expires=st.one_of(st.none(), st.floats(min_value=0, max_value=10**6)),
+    default=st.one_of(st.none(), st.floats(min_value=0, max_value=10**6)),
+    jitter=st.one_of(st.none(), st.floats(min_value=0, max_value=3600)),
+    until=st.one_of(st.none(), st.integers(min_value=-(10**6), max_value=10**6)),
+)
+def test_a_runs_expiry_is_message_expirys_with_or_without_bounds(
+    expires: float | None, default: float | None, jitter: float | None, until: int | None
+) -> None:
+    """The claim's expiry of a run (a shortcut without jitter and bounds) is the one
+    :func:`message_expiry` gives from the task's limits, whatever is set."""
+    from celery_driftsafe.bounds import message_expiry
+    from celery_driftsafe.claim_steps import _limits, run_expiry
+    from celery_driftsafe.conf import DriftSafeSettings
+
+    slot = T0 + timedelta(minutes=7)
+    task = PeriodicTask(
+        name="expiry",
+        expires_seconds=expires,
+        jitter_seconds=jitter,
+        valid_until=None if until is None else slot + timedelta(seconds=until),
+    )
+    settings = DriftSafeSettings(run_expires_seconds=default)
+    seconds = default if expires is None else expires
+    assert run_expiry(task, slot, settings) == message_expiry(slot, _limits(task), seconds)
