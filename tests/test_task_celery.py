@@ -567,7 +567,12 @@ def test_explicit_expires_of_a_keyed_call_is_judged_by_the_authority(make_env: A
 def test_revoked_message_is_recorded_revoked(make_env: Any) -> None:
     env = make_env()
     run = new_run("sem.double", "manual")
-    env.app.control.revoke(run.celery_task_id, reply=True, timeout=2)
+    # The worker starts without a ping check, so its broadcast queue may not listen yet: a
+    # revoke sent before then is lost. Send it until the worker says it has it (sending twice
+    # is harmless), then publish.
+    deadline = time.monotonic() + 30
+    while not env.app.control.revoke(run.celery_task_id, reply=True, limit=1, timeout=1):
+        assert time.monotonic() < deadline, "the worker never acknowledged the revoke"
     env.publish_run(run, [4])
     run = finished(run)
     assert run.status == RunStatus.REVOKED
