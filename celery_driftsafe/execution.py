@@ -116,6 +116,19 @@ class Execution(ExecutionOutcomes):
             )
         return True
 
+    @property
+    def _store(self) -> str:
+        return lock_identity(self.settings)
+
+    def _held_elsewhere(self, row: RunRow) -> str:
+        """Why a start under this worker's lock was refused."""
+        if row.status == RunStatus.STARTED and row.lock_store not in (None, self._store):
+            return (
+                f"it was started by a worker that locks in {row.lock_store}, whose lock this "
+                f"worker (locking in {self._store}) cannot see"
+            )
+        return "it already started or finished under another holder"
+
     def drops(self) -> bool:
         """Whether this delivery ends without its body whatever else happens: its headers do
         not match the run, the run is finished, or it is a copy of an earlier attempt. Only
@@ -178,8 +191,10 @@ class Execution(ExecutionOutcomes):
             token = self.locks.enter_context(lock.watch()).fencing_token
             if row is not None:
                 self._check_overlap_locked(row, token, args, kwargs)
-                if not self.ledger.start(self.run_id, token, now, self.worker, self.attempt):
-                    self._suppress("it already started or finished under another holder")
+                if not self.ledger.start(
+                    self.run_id, token, now, self.worker, self.attempt, store=self._store
+                ):
+                    self._suppress(self._held_elsewhere(row))
             else:
                 started = self.ledger.start_checked(
                     self.run_id,
@@ -187,6 +202,7 @@ class Execution(ExecutionOutcomes):
                     now,
                     self.worker,
                     self.attempt,
+                    store=self._store,
                     task=self.task.name,
                     task_id=self.request.id,
                     periodic_task_id=self.headers.periodic_task_id,
@@ -196,7 +212,7 @@ class Execution(ExecutionOutcomes):
                     if row.fencing_token >= token:  # the lock's counter was behind the run's
                         self.locks.close()
                         return self._run_locked(row, now, args, kwargs)
-                    self._suppress("it already started or finished under another holder")
+                    self._suppress(self._held_elsewhere(row))
                 periodic_task_id, overlap_policy = started
                 if periodic_task_id is not None and overlap_policy == "skip":
                     self._hold_overlap_lock_or_skip(periodic_task_id, token, args, kwargs)

@@ -2,9 +2,9 @@
 path, where compiling ORM queries would cost more than the round trips.
 
 Every write is conditional on what the writer may change: a start on the run still waiting (or,
-for a lock holder, started by a holder that may be dead) and on a fencing token below the
-writer's; an outcome on the writer's own token; an early end (expired, revoked, skipped) on a
-run nobody started. So a writer that lost the run changes nothing.
+for a lock holder, started by a holder that locks in the same place and may be dead) and on a
+fencing token below the writer's; an outcome on the writer's own token; an early end (expired,
+revoked, skipped) on a run nobody started. So a writer that lost the run changes nothing.
 
 Status names are spelled out (not imported from the models): a Celery app module imports
 :mod:`celery_driftsafe.task` before Django's app registry is ready.
@@ -36,6 +36,9 @@ class RunRow:
     fencing_token: int
     attempt: int
     expires_at: datetime | None
+    #: Where the worker that started the run locks (:func:`~celery_driftsafe.locks.lock_identity`);
+    #: None: not started by a lock holder of this version.
+    lock_store: str | None = None
 
 
 logger = logging.getLogger(__name__)
@@ -65,6 +68,11 @@ def _sqlite_returns() -> bool:
     return sqlite3.sqlite_version_info >= (3, 35)
 
 
+def _ok(token: int, attempt: int, store: str) -> list[Any]:
+    """The parameters of ``Ledger._start_where``."""
+    return [token, attempt, f"%{UNLOCKED}", store]
+
+
 class Ledger:
     def __init__(self) -> None:
         from django.db import connection
@@ -77,6 +85,12 @@ class Ledger:
         self.tasks = quote(PeriodicTask._meta.db_table)
         self.attempts = quote(RunAttempt._meta.db_table)
         self._pre_start = ", ".join(f"'{status}'" for status in PRE_START)
+        #: A start's condition after ``id``; parameters: token, attempt, UNLOCKED, store.
+        self._start_where = (
+            f"fencing_token < %s AND attempt <= %s AND (status IN ({self._pre_start}) "
+            "OR (status = 'started' AND worker NOT LIKE %s "
+            "AND (lock_store IS NULL OR lock_store = %s)))"
+        )
         #: UPDATE … RETURNING (PostgreSQL, SQLite 3.35+): the start checks and reads at once.
         self.can_return = connection.vendor == "postgresql" or (
             connection.vendor == "sqlite" and _sqlite_returns()
@@ -122,13 +136,14 @@ class Ledger:
     def load(self, run_id: int) -> RunRow | None:
         row = self._fetch(
             f"SELECT r.status, r.task_name, r.celery_task_id, r.periodic_task_id, "
-            f"t.overlap_policy, r.fencing_token, r.attempt, r.expires_at FROM {self.runs} r "
+            f"t.overlap_policy, r.fencing_token, r.attempt, r.expires_at, r.lock_store "
+            f"FROM {self.runs} r "
             f"LEFT JOIN {self.tasks} t ON t.id = r.periodic_task_id WHERE r.id = %s",
             [run_id],
         )
         if row is None:
             return None
-        status, task_name, task_id, periodic_task_id, overlap, token, attempt, expires = row
+        status, task_name, task_id, periodic_task_id, overlap, token, attempt, expires, store = row
         return RunRow(
             status,
             task_name,
@@ -138,18 +153,22 @@ class Ledger:
             int(token),
             int(attempt),
             _aware(expires),
+            store,
         )
 
-    def start(self, run_id: int, token: int, now: datetime, worker: str, attempt: int) -> bool:
-        """Start ``attempt`` under a lock's ``token``: the run is waiting, or was started by a
-        locked holder whose lease the caller's lock proves over."""
+    def start(
+        self, run_id: int, token: int, now: datetime, worker: str, attempt: int, *, store: str
+    ) -> bool:
+        """Start ``attempt`` under a lock's ``token``, taken in ``store``: the run is waiting,
+        or was started by a holder locking in ``store`` (or by an earlier version, which did
+        not record where) whose lease the caller's lock proves over. A holder locking
+        elsewhere may still hold its lock: nobody here can tell."""
         return (
             self._write(
                 f"UPDATE {self.runs} SET status = 'started', started_at = %s, fencing_token = %s, "
-                f"worker = %s, error = '', attempt = %s WHERE id = %s AND fencing_token < %s "
-                f"AND attempt <= %s AND (status IN ({self._pre_start}) "
-                f"OR (status = 'started' AND worker NOT LIKE %s))",
-                [self._at(now), token, worker, attempt, run_id, token, attempt, f"%{UNLOCKED}"],
+                f"worker = %s, error = '', attempt = %s, lock_store = %s "
+                f"WHERE id = %s AND {self._start_where}",
+                [self._at(now), token, worker, attempt, store, run_id, *_ok(token, attempt, store)],
             )
             == 1
         )
@@ -162,6 +181,7 @@ class Ledger:
         worker: str,
         attempt: int,
         *,
+        store: str,
         task: str,
         task_id: str | None,
         periodic_task_id: int | None,
@@ -172,9 +192,8 @@ class Ledger:
         at = self._at(now)
         row = self._fetch(
             f"UPDATE {self.runs} SET status = 'started', started_at = %s, fencing_token = %s, "
-            f"worker = %s, error = '', attempt = %s WHERE id = %s AND fencing_token < %s "
-            f"AND attempt <= %s AND (status IN ({self._pre_start}) "
-            f"OR (status = 'started' AND worker NOT LIKE %s)) AND task_name = %s "
+            f"worker = %s, error = '', attempt = %s, lock_store = %s "
+            f"WHERE id = %s AND {self._start_where} AND task_name = %s "
             f"AND (celery_task_id = '' OR celery_task_id = %s) "
             f"AND (%s IS NULL OR periodic_task_id = %s) "
             f"AND (expires_at IS NULL OR expires_at > %s OR status = 'started') "
@@ -185,10 +204,9 @@ class Ledger:
                 token,
                 worker,
                 attempt,
+                store,
                 run_id,
-                token,
-                attempt,
-                f"%{UNLOCKED}",
+                *_ok(token, attempt, store),
                 task,
                 task_id or "",
                 periodic_task_id,

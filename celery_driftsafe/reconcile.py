@@ -14,7 +14,9 @@ fight.
   refuses a finished run.
 * ``started`` longer than ``STUCK_RUN_SECONDS`` ago, whose run lock nobody holds (its worker
   renews the lock while the body runs), becomes ``failed`` ("worker lost"), written under a
-  fresh fencing token so that a worker that was merely paused cannot record over it.
+  fresh fencing token so that a worker that was merely paused cannot record over it. Only
+  runs started where this beat takes locks (``lock_store``) are judged: it cannot see a lock
+  held elsewhere.
 * ``dispatched`` longer than ``RESULT_LOOKUP_SECONDS`` ago takes the state of the Celery
   result backend when it has one for the task id (``SUCCESS``, ``FAILURE``, ``REVOKED``);
   otherwise it stays (asked again next time), and after ``STUCK_RUN_SECONDS`` the admin lists it
@@ -40,6 +42,7 @@ from celery_driftsafe import metrics
 from celery_driftsafe.background import BackgroundPass
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.exceptions import LockError
+from celery_driftsafe.locks import lock_backend, lock_identity
 from celery_driftsafe.models import Run, RunStatus
 from celery_driftsafe.result_states import backend_states
 
@@ -136,8 +139,9 @@ def reconcile(
     _expire(runs, now, lease, batch, until, done)
     bound = now - timedelta(seconds=settings.stuck_run_seconds)
     after: tuple[datetime, int] | None = None
+    mine = Q(lock_store__isnull=True) | Q(lock_store=lock_identity(settings))
     while True:
-        started = runs.filter(status=RunStatus.STARTED, started_at__lt=bound)
+        started = runs.filter(mine, status=RunStatus.STARTED, started_at__lt=bound)
         page = _page(started, "started_at", after, batch, "fencing_token")
         for pk, started_at, token in page:
             if _worker_lost(pk, started_at, token, now, using, settings):
@@ -236,8 +240,6 @@ def _worker_lost(
     using: str,
     settings: DriftSafeSettings,
 ) -> bool:
-    from celery_driftsafe.locks import lock_backend
-
     # Above the run's token even when the lock's counter expired or was lost.
     lock = lock_backend(settings, using=using).lock(
         f"run:{pk}", ttl=settings.lease_seconds, fencing_floor=token

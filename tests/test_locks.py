@@ -683,3 +683,25 @@ def _until(condition: Callable[[], bool], what: str, seconds: float = 10.0) -> N
     while not condition():
         assert time.monotonic() < give_up, f"timed out waiting for {what}"
         time.sleep(0.005)
+
+
+def test_lock_identity_names_the_store_and_fits_the_run_column() -> None:
+    """``database`` without ``REDIS_URL``; ``redis:<KEY_PREFIX>`` with it; a prefix too long
+    for the run's ``lock_store`` column by its digest, still one name per prefix."""
+    from celery_driftsafe.conf import DriftSafeSettings
+    from celery_driftsafe.locks import MAX_LOCK_IDENTITY, lock_identity
+    from celery_driftsafe.models import Run
+
+    assert Run._meta.get_field("lock_store").max_length == MAX_LOCK_IDENTITY
+    redis = "redis://127.0.0.1:6379/0"
+    assert lock_identity(DriftSafeSettings(key_prefix="p")) == "database"
+    assert lock_identity(DriftSafeSettings(redis_url=redis, key_prefix="p")) == "redis:p"
+    fits = "x" * (MAX_LOCK_IDENTITY - len("redis:"))
+    assert lock_identity(DriftSafeSettings(redis_url=redis, key_prefix=fits)) == "redis:" + fits
+    long_ones = {
+        lock_identity(DriftSafeSettings(redis_url=redis, key_prefix=fits + tail))
+        for tail in ("a", "b")
+    }
+    assert len(long_ones) == 2
+    assert all(name.startswith("redis-sha256:") for name in long_ones)
+    assert all(len(name) <= MAX_LOCK_IDENTITY for name in long_ones)

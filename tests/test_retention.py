@@ -19,7 +19,7 @@ from django.test import override_settings
 from celery_driftsafe import checks
 from celery_driftsafe.conf import build_settings, get_settings
 from celery_driftsafe.ledger import Ledger
-from celery_driftsafe.locks import RedisLockBackend, lock_backend
+from celery_driftsafe.locks import RedisLockBackend, lock_backend, lock_identity
 from celery_driftsafe.models import Lock, PeriodicTask, Run, RunAttempt, RunKind, RunStatus
 from celery_driftsafe.reconcile import reconcile
 from celery_driftsafe.redis_client import key_prefix
@@ -254,19 +254,22 @@ def test_a_counter_that_expired_cannot_let_a_stale_holder_win(
         a.release()
     assert a.acquire()
     token_a = a.fencing_token
-    assert token_a == 4 and ledger.start(r.pk, token_a, T0, "worker-a", 0)
+    assert token_a == 4 and ledger.start(r.pk, token_a, T0, "worker-a", 0, store=lock_identity())
     assert isinstance(locks, RedisLockBackend)
     redis_client.delete(locks.fence_key(f"run:{r.pk}"), locks.lock_key(f"run:{r.pk}"))  # expired
 
     b = locks.lock(f"run:{r.pk}", ttl=30)  # its floor: the message's header (0)
     assert b.acquire() and b.fencing_token == 1
-    assert not ledger.start(r.pk, 1, T0, "worker-b", 0)  # below the run's token: refused
+    assert not ledger.start(
+        r.pk, 1, T0, "worker-b", 0, store=lock_identity()
+    )  # below the run's token: refused
     row = ledger.load(r.pk)
     assert row is not None and row.fencing_token == token_a
     b.release()
     b = locks.lock(f"run:{r.pk}", ttl=30, fencing_floor=row.fencing_token)
     assert b.acquire() and b.fencing_token == token_a + 1
-    assert ledger.start(r.pk, token_a + 1, T0, "worker-b", 0)  # takes the run over
+    # B takes the run over:
+    assert ledger.start(r.pk, token_a + 1, T0, "worker-b", 0, store=lock_identity())
     assert not ledger.finish(r.pk, token_a, "succeeded", T0, "")  # A's late outcome: refused
     assert ledger.finish(r.pk, token_a + 1, "succeeded", T0, "")
     b.release()
@@ -281,6 +284,36 @@ def test_reconcile_fails_a_lost_run_even_when_its_counter_expired(redis_client: 
     assert done.lost == [r.pk]
     r.refresh_from_db()
     assert r.status == RunStatus.FAILED and r.fencing_token == 10
+
+
+@pytest.mark.django_db
+def test_reconcile_judges_only_runs_started_where_it_takes_locks(redis_client: Any) -> None:
+    """A beat that locks in Redis cannot see a lock held in the database (or under another
+    prefix): a run started there stays as it is, however long it has run; runs started in its
+    own store, or before the store was recorded, are judged as before."""
+    task = interval_task("t", 60, anchor=T0)
+    stores = ["database", "redis:another-prefix", lock_identity(), None]
+    runs = [
+        run(
+            task,
+            T0 + timedelta(minutes=i),
+            RunStatus.STARTED,
+            started_at=T0,
+            fencing_token=9,
+            worker="w",
+        )
+        for i in range(len(stores))
+    ]
+    for r, store in zip(runs, stores, strict=True):
+        Run.objects.filter(pk=r.pk).update(lock_store=store)
+    done = reconcile(T0 + timedelta(hours=2), lease=timedelta(seconds=30))
+    assert sorted(done.lost) == sorted(r.pk for r in runs[2:])
+    assert [r.status for r in Run.objects.filter(pk__in=[r.pk for r in runs]).order_by("slot")] == [
+        RunStatus.STARTED,
+        RunStatus.STARTED,
+        RunStatus.FAILED,
+        RunStatus.FAILED,
+    ]
 
 
 # -- the beats and the command -------------------------------------------------------------

@@ -553,7 +553,7 @@ def test_a_start_rolled_back_for_a_concurrent_update_runs_again(
                 outcome.append(cursor.fetchone()[0])
                 cursor.execute("SELECT pg_backend_pid()")
                 backend.append(cursor.fetchone()[0])
-            outcome.append(Ledger().start(run.pk, 1, T0, "w1", 0))
+            outcome.append(Ledger().start(run.pk, 1, T0, "w1", 0, store="database"))
         except Exception as exc:
             outcome.append(exc)
         finally:

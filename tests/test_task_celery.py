@@ -341,21 +341,29 @@ def test_a_run_from_a_process_locking_elsewhere_is_reported_once_and_runs(
     ]
     workers = [Run.objects.get(pk=run.pk).worker for run in runs]
     assert [w.endswith("(no lock)") for w in workers] == [True, True, False], workers
+    stores = [Run.objects.get(pk=run.pk).lock_store for run in runs]
+    assert stores == [None, None, mine]  # only a lock holder says where it locks
 
 
+@pytest.mark.parametrize("header", ["database", "own"])
 def test_a_worker_locking_elsewhere_never_takes_over_a_started_run(
-    make_env: Any, caplog: pytest.LogCaptureFixture
+    make_env: Any, header: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A live holder that locks in the database has started the run (its lock held, its token
-    on the row), and a copy of the run's message (``driftsafe_locks: database``) reaches this
-    worker, which locks in Redis and cannot see that lock. It must not take the run over: it
-    starts runs from such processes on the database's conditional start alone, which refuses a
-    started run. (Before, its Redis lock was free and its token, from earlier attempts, above
-    the holder's: it took the run over and ran the body a second time.)"""
+    on the row), and a copy of the run's message reaches this worker, which locks in Redis and
+    cannot see that lock. It must not take the run over.
+
+    ``database``: the copy says it was published where runs lock in the database, so this
+    worker starts it on the database's conditional start alone, which refuses a started run.
+    ``own``: the copy says this worker's own store (an outbox re-publish by a beat locking in
+    Redis), so the worker takes its Redis lock, free, with a token above the holder's; the
+    start is refused all the same, because the run was started by a worker locking in the
+    database (``lock_store``). (Before, in either case the worker took the run over and ran
+    the body a second time.)"""
     from celery_driftsafe import execution
     from celery_driftsafe.conf import get_settings
     from celery_driftsafe.ledger import Ledger
-    from celery_driftsafe.locks import DatabaseLockBackend, lock_backend
+    from celery_driftsafe.locks import DatabaseLockBackend, lock_backend, lock_identity
 
     execution._LOCKS_REPORTED.clear()
     env = make_env()
@@ -366,22 +374,28 @@ def test_a_worker_locking_elsewhere_never_takes_over_a_started_run(
     earlier.release()
     holder = DatabaseLockBackend().lock(f"run:{run.pk}", ttl=60)
     assert holder.acquire(blocking=False)
+    locks = "database" if header == "database" else lock_identity()
     try:
         token = holder.fencing_token
-        assert token < 11 and Ledger().start(run.pk, token, timezone.now(), "other-worker", 0)
+        assert token < 11
+        assert Ledger().start(run.pk, token, timezone.now(), "other-worker", 0, store="database")
         with caplog.at_level("INFO", logger="celery_driftsafe"):
-            env.publish_run(run, [5], headers={"driftsafe_locks": "database"})
+            env.publish_run(run, [5], headers={"driftsafe_locks": locks})
             wait_for(
                 lambda: Run.objects.get(pk=run.pk).duplicate_deliveries == 1,
                 what="the copy dropped as a duplicate",
             )
         fresh = Run.objects.get(pk=run.pk)
-        assert (fresh.status, fresh.worker, fresh.fencing_token) == (
+        assert (fresh.status, fresh.worker, fresh.fencing_token, fresh.lock_store) == (
             RunStatus.STARTED,
             "other-worker",
             token,
+            "database",
         )
         assert env.bodies("sem.double") == []
+        if header == "own":
+            assert "started by a worker that locks in database" in caplog.text
+            assert "neither sees the other" not in caplog.text  # not the mismatch path
     finally:
         holder.release()
 

@@ -218,6 +218,7 @@ class RunAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
         "duplicate_deliveries",
         "expires_at",
         "worker",
+        "lock_store",
         "error",
     )
     fields = readonly_fields

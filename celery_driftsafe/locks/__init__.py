@@ -28,6 +28,8 @@ exclusion; safety comes from the database refusing writes that carry an older fe
 
 from __future__ import annotations
 
+import hashlib
+
 from celery_driftsafe.clock import Clock
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.locks.contract import DEFAULT_TTL, DistributedLock, HeldLock, LockBackend
@@ -41,6 +43,7 @@ from celery_driftsafe.locks.redis import RedisLock, RedisLockBackend
 
 __all__ = [
     "DEFAULT_TTL",
+    "MAX_LOCK_IDENTITY",
     "POLL_MAX_SECONDS",
     "POLL_MIN_SECONDS",
     "WATCHDOG_START_FRACTION",
@@ -52,16 +55,27 @@ __all__ = [
     "RedisLock",
     "RedisLockBackend",
     "lock_backend",
+    "lock_identity",
 ]
+
+
+#: The longest :func:`lock_identity`: a longer ``KEY_PREFIX`` is named by its digest.
+MAX_LOCK_IDENTITY = 200
 
 
 def lock_identity(settings: DriftSafeSettings | None = None) -> str:
     """Where the settings take run locks, as the ``driftsafe_locks`` header says it:
     ``"database"``, or ``"redis:<KEY_PREFIX>"``. Processes that lock runs must agree, or one
     does not see another's locks (docs/reference/task.md). The Redis URL is left out: two
-    spellings of one server would differ."""
+    spellings of one server would differ. A prefix too long for the run's ``lock_store``
+    column is named by its SHA-256 digest."""
     settings = settings or get_settings()
-    return f"redis:{settings.key_prefix}" if settings.redis_url else "database"
+    if not settings.redis_url:
+        return "database"
+    identity = f"redis:{settings.key_prefix}"
+    if len(identity) > MAX_LOCK_IDENTITY:  # the run's ``lock_store`` column holds it
+        identity = "redis-sha256:" + hashlib.sha256(settings.key_prefix.encode()).hexdigest()
+    return identity
 
 
 def lock_backend(

@@ -48,6 +48,14 @@ class Run(models.Model):
         default=0, help_text="Deliveries of this run that were skipped as duplicates."
     )
     worker = models.CharField(max_length=255, blank=True)
+    lock_store = models.CharField(
+        max_length=200,
+        null=True,
+        blank=True,
+        help_text="Where the worker that started the run holds its lock (the driftsafe_locks "
+        "header's value): only a worker locking there may take the run over. Empty: not "
+        "started, or started before this was recorded.",
+    )
     error = models.TextField(blank=True)
     message = models.JSONField(
         default=dict,
