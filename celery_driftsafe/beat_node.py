@@ -23,7 +23,7 @@ from celery_driftsafe import nodes
 from celery_driftsafe.beat_schedule import SyncReport, sync_beat_schedule
 from celery_driftsafe.clock import Authority, AuthorityClock, Clock
 from celery_driftsafe.conf import DriftSafeSettings
-from celery_driftsafe.db_connection import sqlstate
+from celery_driftsafe.db_connection import missing_schema
 from celery_driftsafe.exceptions import ClockError
 from celery_driftsafe.wakeup import Wakeup
 
@@ -39,26 +39,12 @@ logger = logging.getLogger("celery_driftsafe.scheduler")
 #: Errors that mean the database or the time authority is away: the beat waits them out.
 OUTAGE_ERRORS = (DatabaseError, InterfaceError, ClockError)
 
-#: What the databases say of a table or column that is not there: PostgreSQL's SQLSTATEs,
-#: MySQL's error numbers, SQLite's messages.
-_NO_SCHEMA = ({"42P01", "42703"}, {1146, 1054}, ("no such table", "no such column"))
-
 
 def outage_text(exc: BaseException) -> str:
     """Why the beat waits, for its log: tables or columns that are not there (a beat started
     before ``migrate``, or an upgrade not migrated yet) are named as such, not taken for a
     database out of reach. The beat waits either way, and goes on once they are there."""
-    cause = exc.__cause__
-    sqlstates, numbers, texts = _NO_SCHEMA
-    number = cause.args[0] if cause is not None and cause.args else None
-    if (
-        sqlstate(exc) in sqlstates
-        or (isinstance(number, int) and number in numbers)
-        or (str(exc).startswith(texts))
-    ):
-        first = str(exc).splitlines()[0]
-        return f"the database lacks celery_driftsafe's tables or columns (run migrate): {first}"
-    return f"the database or time authority is unreachable: {exc}"
+    return missing_schema(exc) or f"the database or time authority is unreachable: {exc}"
 
 
 class BeatNode:

@@ -86,6 +86,28 @@ def rolled_back(exc: BaseException) -> bool:
     return code is not None and code.startswith("40")
 
 
+#: What the databases say of a table or column that is not there: PostgreSQL's SQLSTATEs,
+#: MySQL's error numbers, SQLite's messages.
+_NO_SCHEMA = ({"42P01", "42703"}, {1146, 1054}, ("no such table", "no such column"))
+
+
+def missing_schema(exc: BaseException) -> str | None:
+    """For a database error naming a table or column that is not there (a process started
+    before ``migrate``, or an upgrade's code before its migrations): what to tell the
+    operator. None for any other error."""
+    cause = exc.__cause__
+    sqlstates, numbers, texts = _NO_SCHEMA
+    number = cause.args[0] if cause is not None and cause.args else None
+    if (
+        sqlstate(exc) in sqlstates
+        or (isinstance(number, int) and number in numbers)
+        or (str(exc).startswith(texts))
+    ):
+        first = str(exc).splitlines()[0]
+        return f"the database lacks celery_driftsafe's tables or columns (run migrate): {first}"
+    return None
+
+
 def read_committed_connections() -> None:
     """In a beat's process (and its claim process): every database connection, the ones open
     now (outside a transaction) and every one opened later, runs its transactions at READ

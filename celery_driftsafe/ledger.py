@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from celery_driftsafe.db_connection import rolled_back
+from celery_driftsafe.db_connection import missing_schema, rolled_back
 from celery_driftsafe.exceptions import LedgerUnavailable
 from celery_driftsafe.names import PRE_START
 
@@ -111,13 +111,14 @@ class Ledger:
                     cursor.execute(sql, params)
                     return cursor.fetchone() if fetch else int(cursor.rowcount)
             except DatabaseError as exc:
+                why = missing_schema(exc) or f"database unreachable: {exc}"
                 if self.connection.in_atomic_block:
-                    raise LedgerUnavailable(f"database unreachable: {exc}") from exc
+                    raise LedgerUnavailable(why) from exc
                 if tries_left and rolled_back(exc):
                     logger.debug("ledger statement rolled back (%s); running it again", exc)
                     continue
                 self.connection.close()  # the next statement reconnects
-                raise LedgerUnavailable(f"database unreachable: {exc}") from exc
+                raise LedgerUnavailable(why) from exc
         raise AssertionError("unreachable")
 
     def _write(self, sql: str, params: list[Any]) -> int:

@@ -602,3 +602,32 @@ def test_a_deadlock_counts_as_rolled_back_for_a_concurrent_update() -> None:
     else:
         assert sqlstate(deadlock) == "40P01"
     assert rolled_back(deadlock)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_before_its_upgrades_migration_says_run_migrate() -> None:
+    """Workers of a new version started before ``migrate``: the ledger's statements name a
+    column the database does not have yet. The delivery is tried again later, as in an outage
+    (nothing ran), and the reason says what is missing rather than "unreachable"; once the
+    column is there the same start goes through."""
+    from django.db import connection
+
+    from celery_driftsafe.exceptions import LedgerUnavailable
+    from celery_driftsafe.ledger import Ledger
+
+    run = Run.objects.create(task_name="tests.add", status=RunStatus.DISPATCHED)
+    table = connection.ops.quote_name(Run._meta.db_table)
+    rename = f"ALTER TABLE {table} RENAME COLUMN {{}} TO {{}}"
+    with connection.cursor() as cursor:
+        cursor.execute(rename.format("lock_store", "lock_store_not_yet"))
+    try:
+        with pytest.raises(LedgerUnavailable) as info:
+            Ledger().start(run.pk, 1, T0, "w1", 0, store="database")
+        assert str(info.value).startswith(
+            "the database lacks celery_driftsafe's tables or columns (run migrate): "
+        ), info.value
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(rename.format("lock_store_not_yet", "lock_store"))
+    assert Ledger().start(run.pk, 1, T0, "w1", 0, store="database")
+    assert Run.objects.get(pk=run.pk).lock_store == "database"
