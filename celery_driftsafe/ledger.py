@@ -220,15 +220,17 @@ class Ledger:
         return row[0], row[1]
 
     def start_unlocked(self, run_id: int, now: datetime, worker: str, attempt: int) -> int | None:
-        """Start a waiting run without a lock: the run's own token sequence goes one up.
-        Returns the token, None when the run is not waiting."""
+        """Start a waiting run without a lock: the run's own token sequence goes one up, and
+        no store is recorded (an earlier attempt's would be taken for this one's). Returns
+        the token, None when the run is not waiting."""
         from django.db import transaction
 
         with transaction.atomic():  # the row stays locked from the update to the read
             started = self._write(
                 f"UPDATE {self.runs} SET status = 'started', started_at = %s, "
-                f"fencing_token = fencing_token + 1, worker = %s, error = '', attempt = %s "
-                f"WHERE id = %s AND attempt <= %s AND status IN ({self._pre_start})",
+                f"fencing_token = fencing_token + 1, worker = %s, error = '', attempt = %s, "
+                f"lock_store = NULL WHERE id = %s AND attempt <= %s "
+                f"AND status IN ({self._pre_start})",
                 [self._at(now), worker + UNLOCKED, attempt, run_id, attempt],
             )
             if started != 1:

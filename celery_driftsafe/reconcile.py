@@ -14,9 +14,8 @@ fight.
   refuses a finished run.
 * ``started`` longer than ``STUCK_RUN_SECONDS`` ago, whose run lock nobody holds (its worker
   renews the lock while the body runs), becomes ``failed`` ("worker lost"), written under a
-  fresh fencing token so that a worker that was merely paused cannot record over it. Only
-  runs started where this beat takes locks (``lock_store``) are judged: it cannot see a lock
-  held elsewhere.
+  fresh fencing token so that a worker that was merely paused cannot record over it. The
+  lock is looked for where the starting worker took it (:mod:`celery_driftsafe.lost_runs`).
 * ``dispatched`` longer than ``RESULT_LOOKUP_SECONDS`` ago takes the state of the Celery
   result backend when it has one for the task id (``SUCCESS``, ``FAILURE``, ``REVOKED``);
   otherwise it stays (asked again next time), and after ``STUCK_RUN_SECONDS`` the admin lists it
@@ -41,8 +40,7 @@ from django.db.models.functions import Cast, Concat
 from celery_driftsafe import metrics
 from celery_driftsafe.background import BackgroundPass
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
-from celery_driftsafe.exceptions import LockError
-from celery_driftsafe.locks import lock_backend, lock_identity
+from celery_driftsafe.lost_runs import Until, lost_runs, next_page
 from celery_driftsafe.models import Run, RunStatus
 from celery_driftsafe.result_states import backend_states
 
@@ -77,6 +75,8 @@ class Reconciled:
     expired: list[int] = field(default_factory=list)
     lost: list[int] = field(default_factory=list)
     from_results: list[int] = field(default_factory=list)
+    #: Started runs whose lock is in a store this beat cannot reach: left as they are.
+    unreachable: list[int] = field(default_factory=list)
     #: Where the look-up in the result backend stopped, ``(claimed_at, id)`` of the last run
     #: read (None: it read them all); the next pass starts after it, so that runs the backend
     #: knows nothing of do not hide the runs behind them.
@@ -91,17 +91,6 @@ class Reconciled:
             "worker_lost": len(self.lost),
             **self.from_results_by_status,
         }
-
-
-@dataclass(frozen=True)
-class _Until:
-    """When a pass stops taking batches: its time is up, or its beat is stopping."""
-
-    deadline: float
-    stop: threading.Event | None = None
-
-    def reached(self) -> bool:
-        return time.monotonic() >= self.deadline or (self.stop is not None and self.stop.is_set())
 
 
 def stuck(now: datetime, settings: DriftSafeSettings | None = None) -> Q:
@@ -133,26 +122,25 @@ def reconcile(
     after ``backend_after`` (a former pass's :attr:`Reconciled.backend_after`); ``stop`` set
     ends the pass after the batch in flight (a stopping beat)."""
     settings = settings or get_settings()
-    until = _Until(time.monotonic() + budget, stop)
+    until = Until(time.monotonic() + budget, stop)
     done = Reconciled()
     runs = Run.objects.using(using)
     _expire(runs, now, lease, batch, until, done)
     bound = now - timedelta(seconds=settings.stuck_run_seconds)
-    after: tuple[datetime, int] | None = None
-    mine = Q(lock_store__isnull=True) | Q(lock_store=lock_identity(settings))
-    while True:
-        started = runs.filter(mine, status=RunStatus.STARTED, started_at__lt=bound)
-        page = _page(started, "started_at", after, batch, "fencing_token")
-        for pk, started_at, token in page:
-            if _worker_lost(pk, started_at, token, now, using, settings):
-                done.lost.append(pk)
-        if len(page) < batch or until.reached():
-            break
-        after = (page[-1][1], page[-1][0])
+    done.lost, done.unreachable = lost_runs(runs, bound, now, batch, until, using, settings)
     if app is not None and not isinstance(app.backend, DisabledBackend):
         lookup = now - timedelta(seconds=settings.result_lookup_seconds)
         done.backend_after = _from_result_backend(
             app, runs, lookup, now, batch, until, backend_after, done
+        )
+    if done.unreachable:
+        logger.warning(
+            "%d started runs hold their locks in a store this beat cannot reach (another "
+            "REDIS_URL, no REDIS_URL here): they are left as they are, for a beat that locks "
+            "there; run ids: %s",
+            len(done.unreachable),
+            done.unreachable[:20],
+            extra={"action": "reconcile"},
         )
     if done.expired or done.lost or done.from_results:
         # A plain task's runs end this way every minute: only an expiry or a lost worker warns.
@@ -169,7 +157,7 @@ def reconcile(
 
 
 def _expire(
-    runs: Any, now: datetime, lease: timedelta, batch: int, until: _Until, done: Reconciled
+    runs: Any, now: datetime, lease: timedelta, batch: int, until: Until, done: Reconciled
 ) -> None:
     """Record ``expired`` the waiting runs a lease past their expiry, a batch a statement
     (each change conditional on the run still waiting: a worker may take one meanwhile).
@@ -189,7 +177,7 @@ def _expire(
         after: tuple[datetime, int] | None = None
         while True:
             with transaction.atomic(using=runs.db):
-                page = _page(waiting, "claimed_at", after, batch)
+                page = next_page(waiting, "claimed_at", after, batch)
                 done.expired += _settle(runs, [pk for pk, _ in page], status, expired, now, error)
             if len(page) < batch:
                 break
@@ -218,61 +206,13 @@ def _settle(
     return list(changed.values_list("pk", flat=True))
 
 
-def _page(
-    runs: Any, order: str, after: tuple[datetime, int] | None, batch: int, *more: str
-) -> list[tuple[Any, ...]]:
-    """The next ``batch`` of ``runs`` in ``(order, id)`` order after ``after``: rows of
-    ``(id, order's value, *more)``. The bound ``order >= after`` lets the database start its
-    index scan there (the exact condition alone is an OR it cannot use)."""
-    if after is not None:
-        runs = runs.filter(
-            Q(**{f"{order}__gte": after[0]}),
-            Q(**{f"{order}__gt": after[0]}) | Q(**{order: after[0], "pk__gt": after[1]}),
-        )
-    return list(runs.order_by(order, "pk").values_list("pk", order, *more)[:batch])
-
-
-def _worker_lost(
-    pk: int,
-    started_at: datetime | None,
-    token: int,
-    now: datetime,
-    using: str,
-    settings: DriftSafeSettings,
-) -> bool:
-    # Above the run's token even when the lock's counter expired or was lost.
-    lock = lock_backend(settings, using=using).lock(
-        f"run:{pk}", ttl=settings.lease_seconds, fencing_floor=token
-    )
-    try:
-        if not lock.acquire(blocking=False):
-            return False  # a worker still renews it: the body is running
-    except LockError:
-        return False  # cannot tell: leave it for a later pass
-    try:
-        taken = lock.fencing_token
-        return bool(
-            Run.objects.using(using)
-            .filter(pk=pk, status=RunStatus.STARTED, fencing_token__lt=taken)
-            .update(
-                status=RunStatus.FAILED,
-                finished_at=now,
-                fencing_token=taken,
-                error=f"worker lost: started at {started_at}, no outcome recorded and nobody "
-                "holds the run's lock (the worker died or was killed)",
-            )
-        )
-    finally:
-        lock.release()
-
-
 def _from_result_backend(
     app: Any,
     runs: Any,
     bound: datetime,
     now: datetime,
     batch: int,
-    until: _Until,
+    until: Until,
     after: tuple[datetime, int] | None,
     done: Reconciled,
 ) -> tuple[datetime, int] | None:
@@ -290,7 +230,7 @@ def _from_result_backend(
     while True:
         started = time.monotonic()
         with transaction.atomic(using=runs.db):  # the batch's rows held, as in _expire
-            page = _page(waiting, "claimed_at", after, batch, "celery_task_id")
+            page = next_page(waiting, "claimed_at", after, batch, "celery_task_id")
             if not page:
                 return None
             try:

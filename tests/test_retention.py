@@ -286,34 +286,59 @@ def test_reconcile_fails_a_lost_run_even_when_its_counter_expired(redis_client: 
     assert r.status == RunStatus.FAILED and r.fencing_token == 10
 
 
-@pytest.mark.django_db
-def test_reconcile_judges_only_runs_started_where_it_takes_locks(redis_client: Any) -> None:
-    """A beat that locks in Redis cannot see a lock held in the database (or under another
-    prefix): a run started there stays as it is, however long it has run; runs started in its
-    own store, or before the store was recorded, are judged as before."""
+@pytest.mark.django_db(transaction=True)
+def test_reconcile_looks_for_a_runs_lock_where_its_starter_took_it(redis_client: Any) -> None:
+    """A beat that locks in Redis judges each started run in its starter's store: the
+    database's locks (every process reaches them), another prefix on its Redis (a fleet that
+    moved its ``KEY_PREFIX``), its own store, and runs started before the store was recorded.
+    A run whose lock is held there stays; one whose lock is free is recorded failed. A store
+    out of its reach (named only by a digest; Redis for a beat without ``REDIS_URL``) is left
+    for a beat that reaches it."""
+    from dataclasses import replace
+
+    from celery_driftsafe.locks import DatabaseLockBackend
+
     task = interval_task("t", 60, anchor=T0)
-    stores = ["database", "redis:another-prefix", lock_identity(), None]
+    other = "redis:another-prefix"
+    stores = ["database", "database", other, other, lock_identity(), None, "redis-sha256:ab"]
     runs = [
-        run(
-            task,
-            T0 + timedelta(minutes=i),
-            RunStatus.STARTED,
-            started_at=T0,
-            fencing_token=9,
-            worker="w",
-        )
+        run(task, T0 + timedelta(minutes=i), RunStatus.STARTED, started_at=T0, fencing_token=9)
         for i in range(len(stores))
     ]
     for r, store in zip(runs, stores, strict=True):
         Run.objects.filter(pk=r.pk).update(lock_store=store)
-    done = reconcile(T0 + timedelta(hours=2), lease=timedelta(seconds=30))
-    assert sorted(done.lost) == sorted(r.pk for r in runs[2:])
-    assert [r.status for r in Run.objects.filter(pk__in=[r.pk for r in runs]).order_by("slot")] == [
-        RunStatus.STARTED,
-        RunStatus.STARTED,
-        RunStatus.FAILED,
-        RunStatus.FAILED,
+    elsewhere = lock_backend(replace(get_settings(), key_prefix="another-prefix"))
+    held = [
+        DatabaseLockBackend().lock(f"run:{runs[1].pk}", ttl=60),
+        elsewhere.lock(f"run:{runs[3].pk}", ttl=60),
     ]
+    assert all(lock.acquire(blocking=False) for lock in held)
+    try:
+        done = reconcile(T0 + timedelta(hours=2), lease=timedelta(seconds=30))
+    finally:
+        for lock in held:
+            lock.release()
+    assert sorted(done.lost) == sorted(runs[i].pk for i in (0, 2, 4, 5))
+    assert done.unreachable == [runs[6].pk]
+    statuses = Run.objects.filter(pk__in=[r.pk for r in runs]).order_by("slot")
+    assert [r.status == RunStatus.FAILED for r in statuses] == [
+        True, False, True, False, True, True, False
+    ]  # fmt: skip
+
+    # A beat without Redis reaches the database's locks only.
+    more = [
+        run(task, T0 + timedelta(hours=1, minutes=i), RunStatus.STARTED, started_at=T0)
+        for i in range(2)
+    ]
+    Run.objects.filter(pk=more[0].pk).update(lock_store=other)
+    Run.objects.filter(pk=more[1].pk).update(lock_store="database")
+    done = reconcile(
+        T0 + timedelta(hours=2),
+        lease=timedelta(seconds=30),
+        settings=replace(get_settings(), redis_url=None),
+    )
+    assert sorted(done.lost) == sorted([runs[1].pk, more[1].pk])  # runs[1]'s lock is free now
+    assert sorted(done.unreachable) == sorted([more[0].pk, runs[3].pk, runs[6].pk])
 
 
 # -- the beats and the command -------------------------------------------------------------

@@ -631,3 +631,17 @@ def test_a_worker_before_its_upgrades_migration_says_run_migrate() -> None:
             cursor.execute(rename.format("lock_store_not_yet", "lock_store"))
     assert Ledger().start(run.pk, 1, T0, "w1", 0, store="database")
     assert Run.objects.get(pk=run.pk).lock_store == "database"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_start_without_a_lock_records_no_store() -> None:
+    """An attempt started without a lock (eager, ``fail_open``, ``lock-mismatch``) clears the
+    store an earlier attempt's lock holder recorded: that store says nothing of this one."""
+    from celery_driftsafe.ledger import Ledger
+
+    run = Run.objects.create(
+        task_name="tests.add", status=RunStatus.DISPATCHED, attempt=0, lock_store="redis:x"
+    )
+    assert Ledger().start_unlocked(run.pk, T0, "w1", 1) is not None
+    run.refresh_from_db()
+    assert (run.status, run.lock_store, run.worker) == (RunStatus.STARTED, None, "w1 (no lock)")

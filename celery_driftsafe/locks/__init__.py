@@ -29,6 +29,7 @@ exclusion; safety comes from the database refusing writes that carry an older fe
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 
 from celery_driftsafe.clock import Clock
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
@@ -55,6 +56,7 @@ __all__ = [
     "RedisLock",
     "RedisLockBackend",
     "lock_backend",
+    "lock_backend_for",
     "lock_identity",
 ]
 
@@ -76,6 +78,24 @@ def lock_identity(settings: DriftSafeSettings | None = None) -> str:
     if len(identity) > MAX_LOCK_IDENTITY:  # the run's ``lock_store`` column holds it
         identity = "redis-sha256:" + hashlib.sha256(settings.key_prefix.encode()).hexdigest()
     return identity
+
+
+def lock_backend_for(
+    store: str | None, settings: DriftSafeSettings | None = None, *, using: str = "default"
+) -> LockBackend | None:
+    """The backend holding the locks taken in ``store`` (a run's ``lock_store``), as far as
+    this process reaches it: its own for None or its own store; the database's for
+    ``database``, which every process shares; for ``redis:<prefix>``, that prefix on this
+    process's Redis (a fleet that moved its ``KEY_PREFIX``). None for a store out of its
+    reach: Redis without ``REDIS_URL`` here, a prefix known only by its digest."""
+    settings = settings or get_settings()
+    if store is None or store == lock_identity(settings):
+        return lock_backend(settings, using=using)
+    if store == "database":
+        return DatabaseLockBackend(using=using)
+    if store.startswith("redis:") and settings.redis_url:
+        return lock_backend(replace(settings, key_prefix=store.removeprefix("redis:")))
+    return None
 
 
 def lock_backend(
