@@ -208,3 +208,30 @@ def key_prefix(settings: DriftSafeSettings) -> str:
 def channel(settings: DriftSafeSettings, name: str) -> str:
     """A namespaced key or channel name: ``<key_prefix>:<name>``."""
     return f"{key_prefix(settings)}:{name}"
+
+
+def eviction_risk(settings: DriftSafeSettings | None = None) -> str | None:
+    """Why the Redis of ``REDIS_URL`` may evict run locks, for a warning: it has a
+    ``maxmemory`` and a policy other than ``noeviction`` (``volatile-*`` policies evict keys
+    with a time to live first, and a lock is such a key). An evicted lock is free, so a
+    redelivered copy of a run still running can take it over and run the body again. None
+    when it evicts nothing, or does not say (``INFO`` refused or out of reach)."""
+    import redis
+
+    client = get_redis(settings)
+    if client is None:
+        return None
+    try:
+        memory = client.info("memory")
+    except redis.RedisError:
+        return None
+    limit = int(memory.get("maxmemory") or 0)
+    policy = str(memory.get("maxmemory_policy", "noeviction"))
+    if not limit or policy == "noeviction":
+        return None
+    return (
+        f"the Redis of REDIS_URL evicts keys at its maxmemory ({limit} bytes, "
+        f"maxmemory-policy {policy}): an evicted run lock is free, and a redelivered copy of "
+        "a run still running would take it over and run the body again; set "
+        "maxmemory-policy noeviction, or give celery_driftsafe a Redis of its own"
+    )

@@ -53,6 +53,7 @@ from celery_driftsafe.prebuild import Prebuilder
 from celery_driftsafe.prefetch import Prefetcher
 from celery_driftsafe.publisher import Dispatcher
 from celery_driftsafe.reconcile import BackgroundReconciler, recover
+from celery_driftsafe.redis_client import eviction_risk
 from celery_driftsafe.wakeup import Wakeup, start_change_listener
 
 logger = logging.getLogger(__name__)
@@ -171,6 +172,8 @@ class DriftSafeScheduler(BeatNode, Scheduler):
             len(report.removed),
             extra={"action": "start", "node": self.node_id},
         )
+        if risk := eviction_risk(self.settings):
+            logger.warning("%s", risk, extra={"action": "redis-eviction", "node": self.node_id})
         self._listener = self._start_listener()
         self._ready = True
 

@@ -705,3 +705,36 @@ def test_lock_identity_names_the_store_and_fits_the_run_column() -> None:
     assert len(long_ones) == 2
     assert all(name.startswith("redis-sha256:") for name in long_ones)
     assert all(len(name) <= MAX_LOCK_IDENTITY for name in long_ones)
+
+
+def test_a_redis_that_may_evict_run_locks_is_named(tmp_path: Path) -> None:
+    """A beat warns at start when its Redis would evict keys (a ``maxmemory`` and a policy
+    other than ``noeviction``): an evicted run lock is free while its run still runs. A
+    private server, so the shared one's settings are left alone."""
+    from celery_driftsafe.conf import DriftSafeSettings
+    from celery_driftsafe.redis_client import eviction_risk
+    from celery_driftsafe.testing.processes import NoRedis, start_redis
+
+    try:
+        server = start_redis(tmp_path / "redis", options=["--maxmemory-policy", "noeviction"])
+    except NoRedis as exc:
+        pytest.fail(f"{exc} (apt-get install redis-server)")
+    url = f"{server.url}/0"
+    client = redis.Redis.from_url(url)
+    try:
+        settings = DriftSafeSettings(redis_url=url, key_prefix="evict")
+        assert eviction_risk(DriftSafeSettings()) is None  # no Redis at all
+        client.config_set("maxmemory", 0)
+        client.config_set("maxmemory-policy", "allkeys-lru")
+        assert eviction_risk(settings) is None  # no limit: nothing is evicted
+        client.config_set("maxmemory", 64 * 1024 * 1024)
+        client.config_set("maxmemory-policy", "noeviction")
+        assert eviction_risk(settings) is None
+        for policy in ("volatile-lru", "allkeys-lfu", "volatile-ttl"):
+            client.config_set("maxmemory-policy", policy)
+            risk = eviction_risk(settings)
+            assert risk is not None and f"maxmemory-policy {policy}" in risk, risk
+            assert "noeviction" in risk and "67108864 bytes" in risk
+    finally:
+        client.close()
+        server.stop()
