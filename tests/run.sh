@@ -67,7 +67,8 @@ say "docs (tox -e docs; Sphinx, warnings are errors)"
 # (tests/conftest.py): no worker is left with a queue of long runs while the other idles.
 # A crashed worker fails the run rather than being replaced (a replacement's Redis databases
 # are unknown, tests/settings.py); its other tests go to the remaining workers.
-PARALLEL=(-n "$WORKERS" --dist load --maxschedchunk 1 --max-worker-restart 0)
+# The slowest tests of each pass are listed at its end (--durations), for keeping the run short.
+PARALLEL=(-n "$WORKERS" --dist load --maxschedchunk 1 --max-worker-restart 0 --durations 15)
 passes=()
 timed() { local name=$1 began=$SECONDS; shift; "$@"; passes+=("$name $((SECONDS - began)) s"); }
 say "pytest on SQLite ($WORKERS workers)"
