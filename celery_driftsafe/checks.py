@@ -6,11 +6,11 @@ Stable ids (documented in the settings reference):
 ``celery_driftsafe.E001``  ``DRIFTSAFE`` is not a dict
 ``celery_driftsafe.E002``  unknown key in ``DRIFTSAFE``
 ``celery_driftsafe.E003``  a choice setting has a value outside its choices
-``celery_driftsafe.E004``  a number setting is not a positive number
+``celery_driftsafe.E004``  a number setting is not a positive number (seconds: at most 100 years)
 ``celery_driftsafe.E005``  ``REDIS_URL`` is not a Redis URL
 ``celery_driftsafe.E006``  ``TIME_AUTHORITY`` is ``redis`` but ``REDIS_URL`` is not set
 ``celery_driftsafe.E007``  ``KEY_PREFIX`` is not a non-empty string without spaces
-``celery_driftsafe.E008``  ``MISFIRE_GRACE_SECONDS`` is negative
+``celery_driftsafe.E008``  ``MISFIRE_GRACE_SECONDS`` is negative or over 100 years
 ``celery_driftsafe.E009``  ``CELERY_APP`` is not a dotted path
 ``celery_driftsafe.E010``  ``USE_TZ`` is not ``True`` (slots are aware UTC instants)
 ``celery_driftsafe.E011``  a switch (``FAST_PUBLISH``, ``CLAIM_PROCESS``) is not True or False
@@ -42,6 +42,7 @@ from django.db import connections
 
 from celery_driftsafe import conf
 from celery_driftsafe.exceptions import ConfigurationError
+from celery_driftsafe.validation import seconds_in_calendar
 
 #: Start-up refusals speak for the beat.
 _beat_logger = logging.getLogger("celery_driftsafe.scheduler")
@@ -137,11 +138,11 @@ def _check_raw(raw: dict[str, Any]) -> Iterable[CheckMessage]:
             )
     for key in _of_type(float):
         value = raw.get(key, 1.0)
-        if not (_is_number(value) and value > 0):
+        if not (seconds_in_calendar(value) and value > 0):
             yield _error(
                 key,
                 value,
-                "must be a positive number of seconds",
+                "must be a positive number of seconds, up to a hundred years",
                 f"for example {getattr(defaults, known[key])}",
                 "celery_driftsafe.E004",
             )
@@ -194,20 +195,20 @@ def _check_raw(raw: dict[str, Any]) -> Iterable[CheckMessage]:
         )
     for key, hint in _POSITIVE_OR_NONE.items():
         value = raw.get(key)
-        if value is not None and not (_is_number(value) and value > 0):
+        if value is not None and not (seconds_in_calendar(value) and value > 0):
             yield _error(
                 key,
                 value,
-                "must be a positive number of seconds, or None",
+                "must be a positive number of seconds up to a hundred years, or None",
                 hint,
                 "celery_driftsafe.E004",
             )
     grace = raw.get("MISFIRE_GRACE_SECONDS", 0)
-    if not (_is_number(grace) and grace >= 0):
+    if not (seconds_in_calendar(grace) and grace >= 0):
         yield _error(
             "MISFIRE_GRACE_SECONDS",
             grace,
-            "must be a number of seconds >= 0",
+            "must be a number of seconds >= 0, up to a hundred years",
             "for example 60",
             "celery_driftsafe.E008",
         )

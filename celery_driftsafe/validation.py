@@ -65,6 +65,10 @@ MISFIRE_POLICIES = ("", *MisfirePolicy)
 OVERLAP_POLICIES = tuple(OverlapPolicy)
 #: AMQP priorities are 0-255 (Redis transport: 0-9, higher values are clamped by kombu).
 MAX_PRIORITY = 255
+#: The longest duration a task or a setting may give in seconds (a hundred years): a slot
+#: moved by more would leave the calendar (``OverflowError``), and one task's expiry doing so
+#: would fail every claim round.
+MAX_SECONDS = 100 * 365.25 * 86400
 
 
 @dataclass(frozen=True)
@@ -142,14 +146,17 @@ def option_problems(
     if expires_seconds is not None and not _positive_finite(expires_seconds):
         problems.append(
             Problem(
-                "expires_seconds", f"must be a positive number of seconds, not {expires_seconds!r}"
+                "expires_seconds",
+                f"must be a positive number of seconds up to {MAX_SECONDS:.0f} (a hundred "
+                f"years; empty: RUN_EXPIRES_SECONDS), not {expires_seconds!r}",
             )
         )
     if misfire_grace_seconds is not None and not _non_negative_finite(misfire_grace_seconds):
         problems.append(
             Problem(
                 "misfire_grace_seconds",
-                f"must be zero or a positive number of seconds, not {misfire_grace_seconds!r}",
+                f"must be zero or a positive number of seconds up to {MAX_SECONDS:.0f} (a "
+                f"hundred years), not {misfire_grace_seconds!r}",
             )
         )
     if misfire_policy not in MISFIRE_POLICIES:
@@ -170,12 +177,17 @@ def option_problems(
     return problems
 
 
+def seconds_in_calendar(value: Any) -> bool:
+    """Seconds an instant can be moved by: a finite number up to :data:`MAX_SECONDS`."""
+    return _number(value) and math.isfinite(value) and abs(value) <= MAX_SECONDS
+
+
 def _positive_finite(value: Any) -> bool:
-    return _number(value) and math.isfinite(value) and value > 0
+    return seconds_in_calendar(value) and value > 0
 
 
 def _non_negative_finite(value: Any) -> bool:
-    return _number(value) and math.isfinite(value) and value >= 0
+    return seconds_in_calendar(value) and value >= 0
 
 
 def _number(value: Any) -> bool:

@@ -199,7 +199,9 @@ def test_json_strings_in_args_and_kwargs_are_read_as_their_value(
         ("headers", {"task": "evil.task"}, "headers"),
         ("priority", 999, "priority"),
         ("expires_seconds", -5.0, "expires_seconds"),
+        ("expires_seconds", 1e12, "expires_seconds"),  # "never", past the calendar's end
         ("misfire_grace_seconds", -1.0, "misfire_grace_seconds"),
+        ("misfire_grace_seconds", float("inf"), "misfire_grace_seconds"),
         ("misfire_policy", "sometimes", "misfire_policy"),
         ("timezone", "Mars/Olympus_Mons", "timezone"),
     ],
@@ -232,6 +234,9 @@ _BAD_ROWS: list[tuple[str, dict[str, Any], str]] = [
     ("zone", {"schedule_kind": "crontab", "timezone": "Nowhere/Atlantis"}, "timezone"),
     ("grace", {"misfire_grace_seconds": -3.0}, "misfire_grace_seconds:"),
     ("expiry", {"expires_seconds": -1.0}, "expires_seconds:"),
+    # an expiry past the calendar's end failed every claim round, for every task
+    ("expiry-overflow", {"expires_seconds": 1e12}, "expires_seconds:"),
+    ("grace-overflow", {"misfire_grace_seconds": 1e12}, "misfire_grace_seconds:"),
     ("policy", {"overlap_policy": "maybe"}, "overlap_policy:"),
 ]
 
