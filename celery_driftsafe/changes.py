@@ -111,7 +111,8 @@ def prepare_save(instance: PeriodicTask, options: dict[str, Any]) -> None:
       slot;
     * an update writes every field but the claim's (:data:`~celery_driftsafe.models.CLAIM_FIELDS`),
       plus ``next_slot_at`` when the schedule changed or the task was re-enabled, moved past
-      every slot that already has a run.
+      every slot that already has a run; ``enabled`` and ``disabled_reason`` left as the
+      instance loaded them take the database's (the scheduler disables tasks on its own).
     """
     using = options.get("using") or router.db_for_write(PeriodicTask, instance=instance)
     instance.clean()  # decodes JSON strings; raises ValidationError on the field at fault
@@ -121,7 +122,7 @@ def prepare_save(instance: PeriodicTask, options: dict[str, Any]) -> None:
         previous = (
             PeriodicTask.objects.using(using)
             .filter(pk=instance.pk)
-            .values(*RESCHEDULE_FIELDS, "enabled", "name")
+            .values(*RESCHEDULE_FIELDS, "enabled", "disabled_reason", "name")
             .first()
         )
         if previous is not None and options.get("update_fields") is None:
@@ -137,6 +138,14 @@ def prepare_save(instance: PeriodicTask, options: dict[str, Any]) -> None:
     changed = changed or (
         previous is not None and previous["name"] != instance.name and bool(instance.jitter_seconds)
     )
+    switch = (instance.enabled, instance.disabled_reason)
+    if previous is not None and getattr(instance, "_switch_loaded", None) == switch:
+        # Not switched by this save: the database's switch stands (the scheduler may have
+        # disabled the task since it was loaded: a run-once task that fired, a broken row).
+        instance.enabled, instance.disabled_reason = (
+            previous["enabled"],
+            previous["disabled_reason"],
+        )
     re_enabled = previous is not None and not previous["enabled"] and instance.enabled
     if not (changed or re_enabled):
         return

@@ -81,6 +81,11 @@ def _message(exc: ScheduleError) -> str:
     return text.removeprefix(f"{exc.field}: ")
 
 
+#: What the scheduler switches on its own (a finished task, a broken row): a form writes it
+#: only when the user changed it from what the form showed.
+SWITCH = ("enabled", "disabled_reason")
+
+
 class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
     """Add / change form of :class:`PeriodicTask` (see the module docstring)."""
 
@@ -140,6 +145,10 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             ]
             number.widget.attrs.pop("min", None)
         self.fields["schedule_kind"].initial = ScheduleKind.CRONTAB
+        # The switch as shown travels with the form, so that a form opened before the
+        # scheduler disabled the task (it finished, say) does not switch it back on unasked.
+        for name in SWITCH:
+            self.fields[name].show_hidden_initial = True
 
     # -- single fields ----------------------------------------------------------------------
 
@@ -199,6 +208,10 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
     def clean(self) -> dict[str, Any]:
         super().clean()
         data = self.cleaned_data
+        if self.instance.pk is not None:
+            for name in SWITCH:  # left as shown: what the task has now (read for this POST)
+                if name in data and name not in self.changed_data:
+                    data[name] = getattr(self.instance, name)
         kind = data.get("schedule_kind")
         if kind == ScheduleKind.INTERVAL:
             every = data.get("interval_every")

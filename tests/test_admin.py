@@ -421,6 +421,39 @@ def test_add_page_suggests_registered_tasks_and_zones(admin_client: Any, app: An
 
 
 @pytest.mark.django_db
+def test_a_form_opened_before_the_task_finished_does_not_switch_it_back_on(
+    admin_client: Any, app: Any
+) -> None:
+    """The change form carries the switch as it showed it (``initial-enabled``). Opened while
+    the task was enabled and saved after the scheduler disabled it (it finished), with the box
+    left as shown, the save keeps the task disabled; ticking the box of a form that showed
+    the task disabled switches it on."""
+    task = crontab_task("nightly", "*/15 * * * *", timezone="Europe/Berlin", run_once=True)
+    change = reverse("admin:celery_driftsafe_periodictask_change", args=[task.pk])
+    page = admin_client.get(change).content.decode()
+    assert 'name="initial-enabled"' in page and 'name="initial-disabled_reason"' in page
+    finished = {"enabled": False, "disabled_reason": "finished: run once"}
+    PeriodicTask.objects.filter(pk=task.pk).update(**finished, next_slot_at=None, due_at=None)
+    shown = {"initial-enabled": "True", "initial-disabled_reason": "", "run_once": "on"}
+    response = admin_client.post(change, form_data(**shown, description="edited"))
+    assert response.status_code == 302, form_errors(response)
+    task.refresh_from_db()
+    assert (task.enabled, task.disabled_reason, task.description) == (
+        False,
+        "finished: run once",
+        "edited",
+    )
+    assert task.next_slot_at is None
+    shown = {"initial-enabled": "False", "initial-disabled_reason": "finished: run once"}
+    response = admin_client.post(
+        change, form_data(**shown, run_once="on", disabled_reason="finished: run once")
+    )
+    assert response.status_code == 302, form_errors(response)
+    task.refresh_from_db()
+    assert task.enabled and task.disabled_reason == "" and task.next_slot_at is not None
+
+
+@pytest.mark.django_db
 def test_editing_the_schedule_recomputes_next_slot_once_and_wakes_beats(
     admin_client: Any, app: Any, django_capture_on_commit_callbacks: Any, wakeups: Any
 ) -> None:

@@ -63,6 +63,35 @@ def test_stale_save_of_kwargs_never_moves_the_task_back(
     assert len(messages) == 8 and messages[-1]["kwargs"] == {"y": 2}
 
 
+def test_a_stale_save_never_switches_a_finished_task_back_on(
+    scheduler: DriftSafeScheduler, clock: FakeClock
+) -> None:
+    """A run-once task loaded (by a script, a form) while enabled; the claim fires its run and
+    disables it; the loaded instance is saved with another change. The save keeps the task
+    disabled, as the claim left it: it used to count as a re-enable and fire a second run.
+    Switching it on deliberately still schedules one more run."""
+    task = interval_task("once", 1, anchor=T0, next_slot_at=T0, run_once=True)
+    stale = PeriodicTask.objects.get(pk=task.pk)
+    scheduler.run_round()
+    finished = (False, "finished: run once: it fired its run")
+    fresh = PeriodicTask.objects.get(pk=task.pk)
+    assert (fresh.enabled, fresh.disabled_reason) == finished
+    stale.description = "edited"
+    stale.save()
+    fresh = PeriodicTask.objects.get(pk=task.pk)
+    assert (fresh.enabled, fresh.disabled_reason, fresh.description) == (*finished, "edited")
+    assert (stale.enabled, stale.disabled_reason) == finished  # the instance says so too
+    for _ in range(3):
+        clock.advance(S)
+        scheduler.run_round()
+    assert _slots(task) == [T0]
+    assert len(drain()) == 1
+    stale.enabled = True
+    stale.save()
+    fresh = PeriodicTask.objects.get(pk=task.pk)
+    assert fresh.enabled and fresh.disabled_reason == "" and fresh.next_slot_at is not None
+
+
 def test_stale_schedule_edit_starts_after_every_slot_that_has_a_run(
     scheduler: DriftSafeScheduler, clock: FakeClock
 ) -> None:

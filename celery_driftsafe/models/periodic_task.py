@@ -329,6 +329,25 @@ class PeriodicTask(models.Model):
 
         prepare_save(self, kwargs)
         super().save(*args, **kwargs)
+        self._remember_switch()
+
+    @classmethod
+    def from_db(cls, *args: Any, **kwargs: Any) -> PeriodicTask:
+        instance = super().from_db(*args, **kwargs)
+        instance._remember_switch()
+        return instance
+
+    def refresh_from_db(self, *args: Any, **kwargs: Any) -> None:
+        super().refresh_from_db(*args, **kwargs)
+        self._remember_switch()
+
+    def _remember_switch(self) -> None:
+        """Note ``enabled`` and ``disabled_reason`` as loaded (or saved): the scheduler changes
+        them behind a loaded instance's back (a finished task, a broken row), so a save that
+        leaves them as they were keeps the database's (:func:`~celery_driftsafe.changes.
+        prepare_save`) rather than switching a finished task back on."""
+        if not self.get_deferred_fields() & {"enabled", "disabled_reason"}:
+            self._switch_loaded = (self.enabled, self.disabled_reason)
 
 
 def schedule_problem(exc: ScheduleError) -> Problem:
