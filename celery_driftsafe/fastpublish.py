@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from celery import signals
@@ -86,6 +86,9 @@ class FastPublisher:
         #: forms' bounds, and whether every router is a plain map (skeletons are shared).
         self._limits: tuple[int, int, int] | None = None
         self._map_routes: bool | None = None
+        #: How far this process's wall clock is ahead of the time authority (set by the
+        #: dispatcher once a batch): a message's time to live counts from the authority's now.
+        self.wall_ahead = timedelta(0)
 
     def active(self) -> bool:
         """Whether this batch may take the fast path: ``FAST_PUBLISH`` is on and nothing
@@ -211,9 +214,11 @@ class FastPublisher:
         expires_text = expiration = None
         if expires is not None:
             expires_text = iso_text(expires)
-            # as send_task: the seconds from now to the expiry (both instants in UTC there;
-            # an aware difference is the same, without the app's time zone and dateutil)
-            expiration = max((expires - datetime.now(UTC)).total_seconds(), 0)
+            # as send_task, the seconds from now to the expiry, but from the authority's now:
+            # a wall clock ahead would shorten the broker's time to live (to 0: RabbitMQ then
+            # drops a message no consumer takes at once), one behind would lengthen it
+            now = datetime.now(UTC) - self.wall_ahead
+            expiration = max((expires - now).total_seconds(), 0)
         if skeleton.notify_backend:
             app.backend.on_task_call(producer, task_id)
         declare = skeleton.to_declare(producer)

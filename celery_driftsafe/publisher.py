@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -97,6 +97,7 @@ class Dispatcher:
                 extra={"action": "claim-lost"},
             )
         now = self.clock.now()
+        self.fast.wall_ahead = datetime.now(UTC) - now
         todo = []
         for run in runs:
             if run.run_id not in owned:

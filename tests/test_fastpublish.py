@@ -146,10 +146,31 @@ def both_ways(
         status=RunStatus.CLAIMED, dispatched_at=None
     )
     settings.DRIFTSAFE = {**settings.DRIFTSAFE, "FAST_PUBLISH": True}
+    # The fast path counts a message's time to live from the authority's now, Celery's from
+    # this process's wall clock: with the authority in step with it they agree.
+    clock.set(datetime.now(UTC))
     fast = Dispatcher(app, clock)
     assert len(fast.dispatch(runs).published) == len(runs)
     fast_sent = raw_messages(queue)
     return celery_sent, fast_sent, fast
+
+
+def test_a_time_to_live_counts_from_the_authoritys_now(make_app: Any) -> None:
+    """A beat whose wall clock is at least 15 s ahead of the time authority publishes runs
+    that expire 10 s after their slot, 25 s after the authority's now: their time to live is
+    25 s. Counted from the wall clock, as Celery does, it was at most 10 s, and 0 once the
+    wall clock ran 10 s ahead: RabbitMQ drops such a message unless a consumer takes it at
+    once."""
+    app = make_app()
+    runs = claim(expires_seconds=10)
+    assert runs[0].expires_at == T0 + timedelta(seconds=10)
+    dispatcher = Dispatcher(app, FakeClock(T0 - timedelta(seconds=15)))
+    assert len(dispatcher.dispatch(runs).published) == 2 and dispatcher.fast.published == 2
+    ttls = [
+        int(m["properties"]["expiration"]) for _, m in raw_messages(app.conf.task_default_queue)
+    ]
+    # less by the time from the batch's reading to each message
+    assert len(ttls) == 2 and all(24_000 < ttl <= 25_000 for ttl in ttls), ttls
 
 
 def route_by_first_argument(
@@ -697,7 +718,8 @@ def test_on_rabbitmq_with_publisher_confirms_the_message_is_celerys_too(
         celery_sent = received()
         Run.objects.update(status=RunStatus.CLAIMED, dispatched_at=None)
         settings.DRIFTSAFE = {**settings.DRIFTSAFE, "FAST_PUBLISH": True}
-        dispatcher = Dispatcher(app, FakeClock(T0))
+        # the authority in step with this process's wall clock, whose Celery's TTL counts from
+        dispatcher = Dispatcher(app, FakeClock(datetime.now(UTC)))
         assert len(dispatcher.dispatch(runs).published) == 2
         fast_sent = received()
     finally:
