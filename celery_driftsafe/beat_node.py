@@ -24,7 +24,7 @@ from celery_driftsafe.beat_schedule import SyncReport, sync_beat_schedule
 from celery_driftsafe.clock import Authority, AuthorityClock, Clock
 from celery_driftsafe.conf import DriftSafeSettings
 from celery_driftsafe.db_connection import missing_schema
-from celery_driftsafe.exceptions import ClockError
+from celery_driftsafe.exceptions import BrokerUnavailable, ClockError
 from celery_driftsafe.wakeup import Wakeup
 
 if TYPE_CHECKING:
@@ -37,13 +37,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger("celery_driftsafe.scheduler")
 
 #: Errors that mean the database or the time authority is away: the beat waits them out.
-OUTAGE_ERRORS = (DatabaseError, InterfaceError, ClockError)
+OUTAGE_ERRORS = (DatabaseError, InterfaceError, ClockError, BrokerUnavailable)
 
 
 def outage_text(exc: BaseException) -> str:
     """Why the beat waits, for its log: tables or columns that are not there (a beat started
     before ``migrate``, or an upgrade not migrated yet) are named as such, not taken for a
     database out of reach. The beat waits either way, and goes on once they are there."""
+    if isinstance(exc, BrokerUnavailable):
+        return f"the broker is unreachable ({exc}); slots due meanwhile meet the misfire policy"
     return missing_schema(exc) or f"the database or time authority is unreachable: {exc}"
 
 

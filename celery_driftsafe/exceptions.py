@@ -32,6 +32,11 @@ class ClockError(DriftSafeError):
     """The time authority could not be read, or answered something absurd."""
 
 
+class BrokerUnavailable(DriftSafeError):
+    """A beat's publish found the broker out of reach: claiming pauses until it answers, so
+    that the slots due meanwhile meet the misfire policy rather than pile up claimed."""
+
+
 class LockError(DriftSafeError):
     """A lock could not be taken in time, or its backend (Redis, the database) could not be
     reached, so the outcome of an operation is unknown."""

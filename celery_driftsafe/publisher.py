@@ -22,6 +22,7 @@ from celery_driftsafe.claim_sql import id_set
 from celery_driftsafe.clock import Clock
 from celery_driftsafe.compiled_sql import select_rows, update, update_query
 from celery_driftsafe.conf import get_settings
+from celery_driftsafe.exceptions import BrokerUnavailable
 from celery_driftsafe.fastpublish import FastPublisher
 from celery_driftsafe.headers import message_headers
 from celery_driftsafe.models import Run, RunStatus
@@ -57,6 +58,8 @@ class DispatchResult:
     lost: list[int] = field(default_factory=list)
     #: Runs not published because their message had expired already (a long outage).
     expired: list[int] = field(default_factory=list)
+    #: Why the broker could not be reached (with ``deferred``).
+    error: str = ""
 
 
 class Dispatcher:
@@ -71,6 +74,8 @@ class Dispatcher:
         self.batch_size = batch_size or get_settings().publish_batch_size
         self._repr_cache: dict[int | str, tuple[list[Any], dict[str, Any], str, str]] = {}
         self.fast = FastPublisher(app)
+        #: Why the last publish found the broker out of reach; None while it answers.
+        self.broker_down: str | None = None
 
     def dispatch(self, runs: Sequence[ClaimedRun]) -> DispatchResult:
         """Publish ``runs``, then mark what went out ``dispatched``.
@@ -116,6 +121,7 @@ class Dispatcher:
         except Exception as exc:  # broker unreachable: nothing more is known to be out
             done = set(result.published) | set(result.refused) | set(result.failed)
             result.deferred = [r.run_id for r in todo if r.run_id not in done]
+            result.error = self.broker_down = describe_error(exc)
             logger.error(
                 "publishing failed after %d of %d runs; %d runs stay claimed for the outbox: %s",
                 len(result.published),
@@ -126,6 +132,21 @@ class Dispatcher:
             )
         self._record(result, {r.run_id: r for r in todo})
         return result
+
+    def check_broker(self) -> None:
+        """After a publish found the broker out of reach: raise :class:`BrokerUnavailable`
+        unless it answers a connection now (so a beat claims nothing more meanwhile)."""
+        if self.broker_down is None:
+            return
+        try:
+            with self.app.connection_for_write() as connection:
+                connection.ensure_connection(
+                    max_retries=1, interval_start=0, interval_step=0, interval_max=0
+                )
+                connection.default_channel  # noqa: B018  (Redis: the channel pings)
+        except Exception as exc:
+            raise BrokerUnavailable(describe_error(exc)) from exc
+        self.broker_down = None
 
     def _publish_batch(
         self,

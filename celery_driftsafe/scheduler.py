@@ -48,6 +48,7 @@ from celery_driftsafe.db_connection import (
     refresh_between_rounds,
     rolled_back,
 )
+from celery_driftsafe.exceptions import BrokerUnavailable
 from celery_driftsafe.heap import HeapKeeper, widen_young_generation
 from celery_driftsafe.prebuild import Prebuilder
 from celery_driftsafe.prefetch import Prefetcher
@@ -281,6 +282,7 @@ class DriftSafeScheduler(BeatNode, Scheduler):
         reading = Reading(self.authority.read(), self.clock.monotonic())
         if self._claiming_since is None:
             self._claiming_since = reading.at
+        self.dispatcher.check_broker()  # after a failed publish: nothing more claimed until back
         if mono >= self._next_recovery:
             recover(reading.at, self.node_id, self.settings, self.dispatcher, using=self.using)
             self._next_recovery = mono + min(self.settings.lease_seconds / 2, 5.0)
@@ -302,7 +304,8 @@ class DriftSafeScheduler(BeatNode, Scheduler):
                 busy_since,
                 partial(self._claim_process_room, reading.at),
             )
-        self.dispatcher.dispatch(result.runs)
+        if self.dispatcher.dispatch(result.runs).deferred:
+            raise BrokerUnavailable(self.dispatcher.broker_down or "publishing failed")
         self._log_round(result, reading.at)
         self._last_round_end = metrics.round_done(result, reading.at, mono, self.clock.monotonic())
         if full or self._prefetcher.pending:

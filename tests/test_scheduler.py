@@ -423,31 +423,85 @@ def test_outage_logs_once_per_state_change_backs_off_and_catches_up(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_broker_outage_leaves_runs_claimed_for_the_outbox(
+def test_a_broker_outage_pauses_claiming_and_the_misfire_policy_decides_after_it(
     clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The broker is out of reach for five minutes of a task every 10 s. The first round's
+    run stays claimed for the outbox, and claiming pauses: the beat only asks the broker, once
+    a round, whether it is back. Then the slots due meanwhile meet the misfire policy (the
+    default, fire once): one catch-up run and one row for the missed span, not thirty runs
+    published at once, as when the beat claimed every slot on time and the outbox sent them
+    all when the broker came back."""
+    import shutil
+    import subprocess
+    import time
+
+    import redis
     from celery import Celery
 
-    dead = Celery("dead-broker", broker="redis://127.0.0.1:1/0", set_as_current=False)
-    dead.conf.broker_connection_retry = False
-    dead.conf.task_publish_retry = False
+    from celery_driftsafe.testing.processes import free_port
 
-    @dead.task(name="tests.add", shared=False)
-    def add(x: int, y: int) -> int:
-        return x + y
-
-    sched = DriftSafeScheduler(
-        app=dead, clock=clock, authority=clock, install_signal_handlers=False
+    binary = shutil.which("redis-server")
+    assert binary, "no redis-server on PATH: apt-get install redis-server"
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    app = Celery("outage-broker", broker=url, set_as_current=False)
+    app.conf.update(
+        broker_connection_retry=False, task_publish_retry=False, task_default_queue="outage"
     )
+    sched = DriftSafeScheduler(app=app, clock=clock, authority=clock, install_signal_handlers=False)
+    server = None
     try:
-        interval_task("add", 10, anchor=T0, next_slot_at=T0)
-        sched.run_round()
+        task = interval_task("add", 10, anchor=T0, next_slot_at=T0)
+        sched._guarded_round()
         run = Run.objects.get()
-        assert run.status == RunStatus.CLAIMED, "marked dispatched without being published"
-        assert run.dispatched_at is None
+        assert (run.status, run.dispatched_at) == (RunStatus.CLAIMED, None)
         assert "stay claimed for the outbox" in caplog.text
+        assert "claiming paused, the broker is unreachable" in caplog.text
+        for _ in range(30):
+            clock.advance(10 * S)
+            sched._guarded_round()
+        assert Run.objects.count() == 1, "claimed while the broker was away"
+        server = subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""],
+            stdout=subprocess.DEVNULL,
+        )
+        client = redis.Redis.from_url(url)
+        deadline = time.monotonic() + 20
+        while not _answers(client):
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+        clock.advance(10 * S)
+        sched._guarded_round()
+        assert "claiming resumed after an outage" in caplog.text
+        rows = list(Run.objects.order_by("slot").values_list("slot", "status", "missed_count"))
+        assert rows[0][:2] == (T0, RunStatus.DISPATCHED)  # the outbox: past the lease
+        # Fire once with a grace of 60 s: the slots older than the grace (10 s … 240 s) are one
+        # missed span, the seven within it (250 s … 310 s, now) fire.
+        now, grace = T0 + 310 * S, 60 * S
+        assert rows[1][1:] == (RunStatus.MISSED, 24), rows
+        fired = rows[2:]
+        assert [slot for slot, _, _ in fired] == [T0 + k * 10 * S for k in range(25, 32)]
+        assert all(
+            status == RunStatus.DISPATCHED and slot >= now - grace for slot, status, _ in fired
+        )
+        assert client.llen("outage") == 1 + len(fired)  # not 31
+        client.close()
+        task.refresh_from_db()
+        assert task.next_slot_at == T0 + 320 * S
     finally:
         sched.close()
+        app.close()
+        if server is not None:
+            server.terminate()
+            server.wait(10)
+
+
+def _answers(client: Any) -> bool:
+    try:
+        return bool(client.ping())
+    except Exception:
+        return False
 
 
 @pytest.mark.django_db(transaction=True)
