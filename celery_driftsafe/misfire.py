@@ -60,7 +60,8 @@ class ClaimPlan:
     missed: list[datetime] = field(default_factory=list)
     #: Every missed slot in one row, when there are more than ``record_max``.
     missed_span: MissedSpan | None = None
-    #: The task's next unclaimed slot (strictly after ``now``), or None when it has no more.
+    #: The task's next unclaimed slot, or None when it has no more: after ``now``, unless the
+    #: plan stopped at ``on_time_max`` slots on time (the rest are due, for the next round).
     next_slot: datetime | None = None
     #: The slot fires past the grace because the beats were busy, not down (see above).
     late_from_load: bool = False
@@ -142,6 +143,9 @@ def plan_claim(
             continue
         on_time.append(slot)
         if len(on_time) >= on_time_max:
+            # The rest of the on-time slots fire next round: the next slot is the first of
+            # them (due already), not the first after now, which would skip them unrecorded.
+            upcoming = schedule.next_after(slot)
             break
     tail = tail[-keep:]
 

@@ -199,3 +199,23 @@ def test_the_on_time_shortcut_plans_as_the_walk_does(
     }
     walked = plan_claim(schedule, slot, now, jitter=Jitter("t", timedelta(0)), **options)
     assert plan_claim(schedule, slot, now, **options) == walked
+
+
+def test_more_slots_on_time_than_a_plan_takes_fire_over_the_next_rounds() -> None:
+    """A grace wider than ``on_time_max`` slots (a task every second with a grace of hours):
+    a plan fires the first ``on_time_max`` on-time slots and leaves the next one as its next
+    slot, due already, so the following plans fire the rest; none is skipped unrecorded (the
+    plan used to jump to the first slot after now)."""
+    every = Interval(timedelta(seconds=1), anchor=T0)
+    now = T0 + timedelta(seconds=24)
+    fired: list[datetime] = []
+    next_slot: datetime | None = T0
+    plans = 0
+    while next_slot is not None and next_slot <= now:
+        plan = plan_claim(every, next_slot, now, grace=timedelta(hours=1), on_time_max=10)
+        assert not plan.missed and plan.missed_span is None
+        fired += plan.fire
+        next_slot = plan.next_slot
+        plans += 1
+    assert fired == [T0 + timedelta(seconds=k) for k in range(25)]
+    assert plans == 3 and next_slot == now + timedelta(seconds=1)
