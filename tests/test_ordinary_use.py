@@ -310,6 +310,29 @@ def test_a_row_the_orm_cannot_read_is_disabled_and_the_rest_fire(
     assert not row["enabled"] and row["disabled_reason"].startswith("disabled by the scheduler")
 
 
+@pytest.mark.skipif(test_settings.TEST_DB != "sqlite", reason="only SQLite stores any text")
+def test_a_row_the_orm_cannot_read_before_its_slot_does_not_fail_the_rounds(
+    scheduler: DriftSafeScheduler, clock: FakeClock
+) -> None:
+    """Between rounds a beat builds the messages of tasks due soon; a row it cannot read there
+    is the claim's to report (at its slot). Building ahead raised out of the round, which
+    then backed off, up to 30 s, for every round until the claim met the row."""
+    good = interval_task("good", 10, anchor=T0, next_slot_at=T0)
+    broken = interval_task("broken", 60, anchor=T0, next_slot_at=T0 + 30 * S)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE celery_driftsafe_periodictask SET interval_anchor = "
+            "'2026-13-45 10:00:00' WHERE id = %s",
+            [broken.pk],
+        )
+    for _ in range(4):
+        assert scheduler.run_round() > 0
+        clock.advance(10 * S)
+    assert _slots(good) == [T0 + k * 10 * S for k in range(4)]
+    row = PeriodicTask.objects.filter(pk=broken.pk).values("enabled", "disabled_reason").get()
+    assert not row["enabled"] and row["disabled_reason"].startswith("disabled by the scheduler")
+
+
 # -- a paused node cannot double-publish -------------------------------------------------------
 
 
