@@ -38,6 +38,9 @@ logger = logging.getLogger("celery_driftsafe.scheduler")
 
 #: Errors that mean the database or the time authority is away: the beat waits them out.
 OUTAGE_ERRORS = (DatabaseError, InterfaceError, ClockError, BrokerUnavailable)
+#: A round's authority reading this far from the clock's estimate: the authority's clock
+#: stepped (or this host was suspended), and the beat measures again at once.
+STEP_SECONDS = 5.0
 
 
 def outage_text(exc: BaseException) -> str:
@@ -187,6 +190,25 @@ class BeatNode:
             self._paused_reason,
             self.node_id,
         )
+
+    def _follow_authority(self, reading: datetime) -> None:
+        """Measure again at once (and heartbeat) when ``reading``, the round's, is far from the
+        clock's estimate: else heartbeats stamped with the stale estimate look old against
+        fresh readings until the next measurement, and this beat and its peers are marked
+        dead by one another, refusing to publish their own claims meanwhile."""
+        if not isinstance(self.clock, AuthorityClock):
+            return
+        moved = (reading - self.clock.now()).total_seconds()
+        if abs(moved) <= STEP_SECONDS:
+            return
+        logger.warning(
+            "the time authority's clock is %+.1f s from this beat's estimate (a step, or this "
+            "host was suspended); measuring again",
+            moved,
+            extra={"action": "clock-step", "node": self.node_id},
+        )
+        self.clock.last_sample = None  # needs_sync: _heartbeat's check measures now
+        self._heartbeat()
 
     def _heartbeat(self) -> None:
         self._check_clock()

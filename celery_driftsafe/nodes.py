@@ -86,8 +86,10 @@ def mark_dead(
     """Mark nodes whose last heartbeat is older than ``dead_after`` as stopped; return their
     ids. Their claimed-but-unpublished runs are then taken over at once (see
     :func:`celery_driftsafe.dispatch.reclaim_stale`), without waiting for the lease."""
-    stale = BeatNode.objects.using(using).filter(
-        stopped_at__isnull=True, last_heartbeat_at__lt=now - dead_after
+    stale = (
+        BeatNode.objects.using(using)
+        .filter(stopped_at__isnull=True, last_heartbeat_at__lt=now - dead_after)
+        .exclude(node_id=by)  # the caller is alive, whatever its last heartbeat says
     )
     ids = list(stale.values_list("node_id", flat=True))
     if ids:

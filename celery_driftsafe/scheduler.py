@@ -280,6 +280,7 @@ class DriftSafeScheduler(BeatNode, Scheduler):
             self._prefetcher.publish(self.dispatcher.dispatch)  # claimed before the pause
             return self.settings.max_loop_interval_seconds
         reading = Reading(self.authority.read(), self.clock.monotonic())
+        self._follow_authority(reading.at)
         if self._claiming_since is None:
             self._claiming_since = reading.at
         self.dispatcher.check_broker()  # after a failed publish: nothing more claimed until back

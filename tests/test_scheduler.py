@@ -697,3 +697,49 @@ def test_a_round_rolled_back_for_a_concurrent_transaction_runs_again_at_once(
     waits = [scheduler._guarded_round() for _ in range(ROLLED_BACK_ROUNDS + 1)]
     assert waits[:-1] == [0.0] * ROLLED_BACK_ROUNDS and waits[-1] > 0
     assert caplog.text.count("claiming paused") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_step_of_the_authoritys_clock_is_followed_at_once(
+    broker_app: Any, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The time authority's clock steps 60 s forward (NTP on the database server, say); the
+    beat's estimate, extrapolated since its last measurement, is 60 s behind. The round's
+    reading shows it: the beat measures again and heartbeats before it judges who is dead, so
+    it neither marks itself dead (it used to, and then refused to publish its own claims as
+    taken over) nor a peer that is merely not measured yet from its side."""
+    from celery_driftsafe.clock import AuthorityClock
+
+    estimate = AuthorityClock(clock, samples=1, monotonic=clock.monotonic, wall=clock.now)
+    sched = DriftSafeScheduler(
+        app=broker_app, clock=estimate, authority=clock, install_signal_handlers=False
+    )
+    try:
+        task = interval_task("add", 10, anchor=T0, next_slot_at=T0)
+        sched.run_round()
+        assert [m[HEADER_SLOT] for m in drain()] == [T0.isoformat()]
+        clock.set(T0 + 60 * S)  # the step: the monotonic clock does not move
+        sched.run_round()
+        assert "the time authority's clock is +60.0 s from this beat's estimate" in caplog.text
+        me = BeatNode.objects.get(node_id=sched.node_id)
+        assert me.stopped_at is None and me.last_heartbeat_at == T0 + 60 * S
+        assert "marked beat nodes dead" not in caplog.text
+        assert "taken over by another node" not in caplog.text
+        slots = {m[HEADER_SLOT] for m in drain()}
+        assert (T0 + 60 * S).isoformat() in slots  # this beat published its own claims
+        task.refresh_from_db()
+        assert task.next_slot_at == T0 + 70 * S
+    finally:
+        sched.close()
+
+
+@pytest.mark.django_db
+def test_a_node_never_marks_itself_dead() -> None:
+    """Judging the others by a reading its own heartbeat lags (a step, a slow round), a node
+    is alive whatever its last heartbeat says: only the others are marked."""
+    from celery_driftsafe import nodes
+
+    nodes.register("me", T0)
+    nodes.register("peer", T0)
+    assert nodes.mark_dead(T0 + 60 * S, timedelta(seconds=30), "me") == ["peer"]
+    assert BeatNode.objects.get(node_id="me").stopped_at is None
