@@ -30,9 +30,10 @@ rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 # the package with the extras the suite needs, and the tools (dependency groups, pip >= 25.1);
-# not compiled to bytecode here (a third of the install's time): each module is compiled when
-# it is first imported, and most installed modules never are
-"$VENV/bin/python" -m pip install -q --no-compile -e '.[test]' --group dev
+# compiled to bytecode here: where PYTHONDONTWRITEBYTECODE is set (CI sets it), nothing else
+# writes it, and every beat and worker the end-to-end tests start would compile Django,
+# Celery and kombu again (tried: the PostgreSQL pass went from 351 to 486 s, four tests late)
+"$VENV/bin/python" -m pip install -q -e '.[test]' --group dev
 PY="$VENV/bin/python"
 
 say "services (tests/services.sh)"
