@@ -30,10 +30,13 @@ rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 # the package with the extras the suite needs, and the tools (dependency groups, pip >= 25.1);
-# compiled to bytecode here: where PYTHONDONTWRITEBYTECODE is set (CI sets it), nothing else
-# writes it, and every beat and worker the end-to-end tests start would compile Django,
-# Celery and kombu again (tried: the PostgreSQL pass went from 351 to 486 s, four tests late)
-"$VENV/bin/python" -m pip install -q -e '.[test]' --group dev
+# then its bytecode, on every core (pip compiles on one: 10 s more here). The bytecode must be
+# written now: where PYTHONDONTWRITEBYTECODE is set (CI sets it) nothing writes it later, and
+# every beat and worker the end-to-end tests start would compile Django, Celery and kombu
+# again (tried: the PostgreSQL pass went from 351 to 486 s, four tests late).
+"$VENV/bin/python" -m pip install -q --no-compile -e '.[test]' --group dev
+"$VENV/bin/python" -m compileall -q -j 0 \
+  "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 PY="$VENV/bin/python"
 
 say "services (tests/services.sh)"
