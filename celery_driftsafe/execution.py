@@ -96,7 +96,7 @@ class Execution(ExecutionOutcomes):
         theirs = self.headers.locks
         if theirs is None:
             return False
-        mine = lock_identity(self.settings)
+        mine = self._store
         if theirs == mine:
             return False
         if (theirs, mine) not in _LOCKS_REPORTED:

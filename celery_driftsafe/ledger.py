@@ -68,7 +68,7 @@ def _sqlite_returns() -> bool:
     return sqlite3.sqlite_version_info >= (3, 35)
 
 
-def _ok(token: int, attempt: int, store: str) -> list[Any]:
+def _start_params(token: int, attempt: int, store: str) -> list[Any]:
     """The parameters of ``Ledger._start_where``."""
     return [token, attempt, f"%{UNLOCKED}", store]
 
@@ -164,12 +164,13 @@ class Ledger:
         or was started by a holder locking in ``store`` (or by an earlier version, which did
         not record where) whose lease the caller's lock proves over. A holder locking
         elsewhere may still hold its lock: nobody here can tell."""
+        where = _start_params(token, attempt, store)
         return (
             self._write(
                 f"UPDATE {self.runs} SET status = 'started', started_at = %s, fencing_token = %s, "
                 f"worker = %s, error = '', attempt = %s, lock_store = %s "
                 f"WHERE id = %s AND {self._start_where}",
-                [self._at(now), token, worker, attempt, store, run_id, *_ok(token, attempt, store)],
+                [self._at(now), token, worker, attempt, store, run_id, *where],
             )
             == 1
         )
@@ -207,7 +208,7 @@ class Ledger:
                 attempt,
                 store,
                 run_id,
-                *_ok(token, attempt, store),
+                *_start_params(token, attempt, store),
                 task,
                 task_id or "",
                 periodic_task_id,

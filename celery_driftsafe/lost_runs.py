@@ -102,8 +102,7 @@ def _worker_lost(
         taken = lock.fencing_token
         return bool(
             Run.objects.using(using)
-            .filter(pk=pk, status=RunStatus.STARTED, fencing_token__lt=taken)
-            .filter(Q(lock_store__isnull=True) if store is None else Q(lock_store=store))
+            .filter(pk=pk, status=RunStatus.STARTED, fencing_token__lt=taken, lock_store=store)
             .update(
                 status=RunStatus.FAILED,
                 finished_at=now,

@@ -58,8 +58,6 @@ class DispatchResult:
     lost: list[int] = field(default_factory=list)
     #: Runs not published because their message had expired already (a long outage).
     expired: list[int] = field(default_factory=list)
-    #: Why the broker could not be reached (with ``deferred``).
-    error: str = ""
 
 
 class Dispatcher:
@@ -121,7 +119,7 @@ class Dispatcher:
         except Exception as exc:  # broker unreachable: nothing more is known to be out
             done = set(result.published) | set(result.refused) | set(result.failed)
             result.deferred = [r.run_id for r in todo if r.run_id not in done]
-            result.error = self.broker_down = describe_error(exc)
+            self.broker_down = describe_error(exc)
             logger.error(
                 "publishing failed after %d of %d runs; %d runs stay claimed for the outbox: %s",
                 len(result.published),

@@ -143,7 +143,7 @@ def option_problems(
                 "priority", f"must be a whole number from 0 to {MAX_PRIORITY}, not {priority!r}"
             )
         )
-    if expires_seconds is not None and not _positive_finite(expires_seconds):
+    if expires_seconds is not None and not _positive_seconds(expires_seconds):
         problems.append(
             Problem(
                 "expires_seconds",
@@ -151,7 +151,7 @@ def option_problems(
                 f"years; empty: RUN_EXPIRES_SECONDS), not {expires_seconds!r}",
             )
         )
-    if misfire_grace_seconds is not None and not _non_negative_finite(misfire_grace_seconds):
+    if misfire_grace_seconds is not None and not _non_negative_seconds(misfire_grace_seconds):
         problems.append(
             Problem(
                 "misfire_grace_seconds",
@@ -182,11 +182,11 @@ def seconds_in_calendar(value: Any) -> bool:
     return _number(value) and math.isfinite(value) and abs(value) <= MAX_SECONDS
 
 
-def _positive_finite(value: Any) -> bool:
+def _positive_seconds(value: Any) -> bool:
     return seconds_in_calendar(value) and value > 0
 
 
-def _non_negative_finite(value: Any) -> bool:
+def _non_negative_seconds(value: Any) -> bool:
     return seconds_in_calendar(value) and value >= 0
 
 

@@ -106,22 +106,21 @@ def start_redis(
     binary: Path | None = None,
     origin: str = "from PATH",
     options: Sequence[str] = (),
+    port: int | None = None,
 ) -> RedisServer:
-    """A ``redis-server`` on a free loopback port, nothing saved to disk, its log in
-    ``workdir``, ``options`` added to its command line; ``binary``: default from ``PATH``."""
+    """A ``redis-server`` on a free loopback port (or ``port``), nothing saved to disk, its
+    log in ``workdir``, ``options`` added to its command line; ``binary``: default from PATH."""
     if binary is None:
         found = shutil.which("redis-server")
         if found is None:
             raise NoRedis("no redis-server on PATH: apt-get install redis-server")
         binary = Path(found)
-    version = subprocess.run(
-        [str(binary), "--version"], capture_output=True, text=True, check=True
-    ).stdout.split()
-    release = next((v.split("=")[1] for v in version if v.startswith("v=")), "?")
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True)
+    release = next((v.split("=")[1] for v in version.stdout.split() if v[:2] == "v="), "?")
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / "redis.log"
-    for _ in range(3):  # a free port can be taken between the look-up and the start
-        port = free_port()
+    ports = [port] if port is not None else (free_port() for _ in range(3))
+    for port in ports:  # a free port can be taken between the look-up and the start
         process = subprocess.Popen(
             [
                 str(binary),
