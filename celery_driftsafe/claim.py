@@ -5,8 +5,8 @@ Two implementations of :class:`Claimer`, one contract:
 * :class:`SkipLockedClaimer` (PostgreSQL, MySQL 8, MariaDB 10.6+): ``SELECT … FOR UPDATE SKIP
   LOCKED`` takes the due tasks; rows another beat holds are passed over, not waited for.
 * :class:`CompareAndSwapClaimer` (SQLite, or anywhere): read the due tasks without locks, then one
-  ``UPDATE … WHERE (id, next_slot_at) = (seen values) … RETURNING id`` advances exactly the tasks
-  nobody advanced meanwhile.
+  ``UPDATE … WHERE (id, next_slot_at, changed_at) = (seen values) … RETURNING id`` advances
+  exactly the tasks nobody advanced or edited meanwhile.
 
 Either way a round is a constant number of statements whatever the number of due tasks, and
 the unique ``(periodic_task, slot)`` constraint is the last guard.
@@ -103,7 +103,7 @@ class CompareAndSwapClaimer(ClaimSteps):
         result.tasks_seen = len(tasks)
         if not tasks:
             return result
-        seen = {task.pk: task.next_slot_at for task in tasks}
+        seen = {task.pk: (task.next_slot_at, task.changed_at) for task in tasks}
         planned = self._plans(tasks, now, result, busy_since)
         disabled = [t for t in tasks if not t.enabled]
         for task, plan in planned:

@@ -211,10 +211,12 @@ def advance_tasks(
 ) -> set[int]:
     """Write the claim state of ``tasks`` in one statement; return the ids written.
 
-    With ``seen`` (task id -> the ``next_slot_at`` read before planning) the statement is a
-    compare-and-swap: a task is written only while enabled and still at that slot, and the
-    ids returned are the tasks this caller won. PostgreSQL gets ``UPDATE ... FROM unnest(...)``;
-    other databases a ``CASE`` per column (with ``RETURNING`` for the swap: SQLite 3.35+).
+    With ``seen`` (task id -> the ``next_slot_at`` and ``changed_at`` read before planning) the
+    statement is a compare-and-swap: a task is written only while enabled, still at that slot
+    and not edited since (an edit that keeps the slot would otherwise be claimed with the plan
+    of the row as it was), and the ids returned are the tasks this caller won. PostgreSQL gets
+    ``UPDATE … FROM jsonb_array_elements(…)``; other databases a ``CASE`` per column (with
+    ``RETURNING`` for the swap: SQLite 3.35+).
     """
     if not tasks:
         return set()
@@ -236,10 +238,11 @@ def advance_tasks(
         where = f"id IN ({', '.join(['%s'] * len(tasks))})"
         params.extend(task.pk for task in tasks)
     else:
-        pairs = " OR ".join(["(id = %s AND next_slot_at = %s)"] * len(tasks))
+        pairs = " OR ".join(["(id = %s AND next_slot_at = %s AND changed_at = %s)"] * len(tasks))
         where = f"enabled AND ({pairs})"
         for task in tasks:
-            params.extend([task.pk, adapt(seen[task.pk])])
+            slot, changed = seen[task.pk]
+            params.extend([task.pk, adapt(slot), adapt(changed)])
     sql = f"UPDATE {table} SET {', '.join(assignments)} WHERE {where}"
     with connection.cursor() as cursor:
         if seen is None:
@@ -265,11 +268,14 @@ def _advance_postgresql(
         for i in instants:
             row[i] = _instant(row[i])
         if seen is not None:
-            row.append(_instant(seen[task.pk]))
+            row.extend(map(_instant, seen[task.pk]))
         rows.append(row)
     if seen is not None:
-        seen_at = len(_FIELDS) + 1
-        where += f" AND {table}.enabled AND {table}.next_slot_at = (r->>{seen_at})::timestamptz"
+        slot, changed = len(_FIELDS) + 1, len(_FIELDS) + 2
+        where += (
+            f" AND {table}.enabled AND {table}.next_slot_at = (r->>{slot})::timestamptz"
+            f" AND {table}.changed_at = (r->>{changed})::timestamptz"
+        )
     # The LIMIT (the number of rows, so it drops none) tells the planner how many rows the
     # document holds: it assumes 100 for any jsonb_array_elements, and for a round of a few
     # tasks on a table it has not analysed yet it chose a hash join over a scan of every task

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from celery_driftsafe.claim import Claimer, CompareAndSwapClaimer, SkipLockedClaimer, claimer_for
+from celery_driftsafe.clock import authority_clock
 from celery_driftsafe.dispatch import celery_task_id, reclaim_stale
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
 from celery_driftsafe.slots import Solar
@@ -177,6 +178,53 @@ class TestClaimContract:
         expected = {(t.pk, T0 + k * 5 * S) for t in tasks for k in range(3)}
         assert set(counts) == expected, "a slot was lost"
         assert Run.objects.count() == len(expected)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("edit", ["save", "queryset update"])
+def test_an_edit_made_while_the_cas_claimer_plans_is_claimed_with_the_new_schedule(
+    edit: str,
+) -> None:
+    """The compare-and-swap claimer reads due tasks without locks, then plans. An edit that
+    commits in between and keeps the next slot (hourly to every two hours, at an even hour)
+    used to let the swap succeed with the plan of the row as read: the task then fired an hour
+    later, by the old schedule, once. Now the swap also compares ``changed_at``, which saves
+    and queryset updates of anything but the claim's state stamp: the round loses, and the
+    next one plans from the edited row."""
+    if "cas" not in _claimers():
+        pytest.skip(f"{connection.vendor} does not support the compare-and-swap claimer")
+    now = authority_clock().now()
+    even_hour = now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+    even_hour += timedelta(hours=even_hour.hour % 2)
+    task = crontab_task("edited", "0 * * * *", next_slot_at=even_hour)
+
+    class EditedWhilePlanning(CompareAndSwapClaimer):
+        def _plans(self, tasks: Any, *args: Any) -> Any:
+            if edit == "save":
+                row = PeriodicTask.objects.get(pk=task.pk)
+                row.crontab_hour = "*/2"
+                row.save()
+            else:  # a bulk edit: it computes the next slot itself (changes.reschedule)
+                PeriodicTask.objects.filter(pk=task.pk).update(crontab_hour="*/2")
+            return super()._plans(tasks, *args)
+
+    lost = EditedWhilePlanning().claim(even_hour, "node-a")
+    task.refresh_from_db()
+    assert task.crontab_hour == "*/2" and task.next_slot_at == even_hour, "the edit kept the slot"
+    assert lost.runs == [] and not Run.objects.exists()
+    won = CompareAndSwapClaimer().claim(even_hour, "node-a")
+    assert [r.slot for r in won.runs] == [even_hour]
+    task.refresh_from_db()
+    assert task.next_slot_at == even_hour + timedelta(hours=2)
+
+
+def test_only_updates_of_the_claims_own_state_leave_changed_at_as_it_was(db: None) -> None:
+    task = interval_task("stamped", 60, anchor=T0, next_slot_at=T0)
+    rows = PeriodicTask.objects.filter(pk=task.pk)
+    rows.update(next_slot_at=T0 + S, last_slot_at=T0, run_count=1)
+    assert rows.get().changed_at == task.changed_at
+    rows.update(args=[5, 6])
+    assert rows.get().changed_at > task.changed_at
 
 
 def _isolation_of_a_new_connection() -> tuple[str, str]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import models, router, transaction
+from django.utils.timezone import now as django_now
 
 from celery_driftsafe.bounds import bound_problems, bounded
 from celery_driftsafe.exceptions import ScheduleError
@@ -48,6 +49,10 @@ def _mirror_due_at(values: dict[str, Any]) -> None:
         values["due_at"] = values["next_slot_at"]
 
 
+#: The fields a claim moves as slots go by; an update of only these is not an edit.
+CLAIM_STATE = frozenset({"next_slot_at", "due_at", "last_slot_at", "run_count"})
+
+
 class PeriodicTaskQuerySet(models.QuerySet["PeriodicTask"]):
     def delete(self) -> tuple[int, dict[str, int]]:
         """Lock the rows first: a beat claiming one of them finishes (its new run row is then
@@ -63,8 +68,12 @@ class PeriodicTaskQuerySet(models.QuerySet["PeriodicTask"]):
             return super().delete()
 
     def update(self, **kwargs: Any) -> int:
-        """``update(next_slot_at=...)`` also sets ``due_at`` (see :func:`_mirror_due_at`)."""
+        """``update(next_slot_at=...)`` also sets ``due_at`` (see :func:`_mirror_due_at`); an
+        update of anything but the claim's own state stamps ``changed_at``, as ``save()`` does
+        (a compare-and-swap claim reads it: see :mod:`celery_driftsafe.claim`)."""
         _mirror_due_at(kwargs)
+        if kwargs.keys() - CLAIM_STATE and "changed_at" not in kwargs:
+            kwargs["changed_at"] = django_now()
         return super().update(**kwargs)
 
     def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list[PeriodicTask]:
