@@ -49,7 +49,7 @@ fi
 echo "postgresql: $PG_HOST:$PG_PORT up"
 # Debian packages some tests need: libfaketime and a C compiler for its shim (clock skew),
 # Chromium and its driver (the admin browser test), RabbitMQ and the Redis and PostgreSQL
-# tools (the chaos test restarts the services). Installed once when missing; a test whose tool
+# tools (the chaos test restarts PostgreSQL and a redis-server of its own). Installed once when missing; a test whose tool
 # is still missing fails the run and says what to install (unless DRIFTSAFE_ALLOW_SKIPS=1).
 apt_missing=()
 ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || apt_missing+=(faketime)

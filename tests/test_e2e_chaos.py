@@ -1,13 +1,16 @@
 """Chaos, end to end: three skewed beats and two workers for a minute while beats are
-SIGKILLed and restarted every few seconds, a worker is SIGSTOPped past its lock lease, Redis
-restarts once and PostgreSQL restarts once. Afterwards every slot in the window must have
-exactly one run row, have run at most once, and be either executed or recorded missed; a slot
-may be recorded missed only if it lies in an outage (a service restart, widened by the misfire
-grace before it). Every beat still running at the end stops with exit code 0 on SIGTERM.
+SIGKILLed and restarted every few seconds, a worker is SIGSTOPped past its lock lease, the
+run's Redis restarts once and PostgreSQL restarts once. Afterwards every slot in the window
+must have exactly one run row, have run at most once, and be either executed or recorded
+missed; a slot may be recorded missed only if it lies in an outage (a service restart, widened
+by the misfire grace before it). Every beat still running at the end stops with exit code 0
+on SIGTERM.
 
 The broker is RabbitMQ, so a Redis restart (Redis here keeps nothing on disk) takes locks,
 notifications and fencing counters away, not queued messages. PostgreSQL only: its restart is
-part of the test. Needs root (it restarts the machine's services), the Redis and PostgreSQL
+part of the test. Its Redis is a ``redis-server`` of its own, so the test can run beside tests
+on other databases that use the machine's Redis (``tests/run.sh`` runs it beside the MySQL
+pass). Needs root (it restarts the machine's PostgreSQL), ``redis-server``, the PostgreSQL
 tools and a running RabbitMQ; ``tests/run.sh`` provides them, and without them the test fails
 the run saying what is missing (see ``tests/skip_guard.py``).
 """
@@ -29,6 +32,7 @@ from typing import Any
 import pytest
 
 from celery_driftsafe.slots import Interval
+from celery_driftsafe.testing.processes import RedisServer, start_redis
 from tests import settings as test_settings
 from tests.e2e.harness import E2ERun, real_now, wait_until_handles_sigterm
 
@@ -42,7 +46,6 @@ PG_HOST, PG_PORT = "127.0.0.1", int(os.environ.get("DRIFTSAFE_TEST_PG_PORT", "54
 #: MISFIRE_GRACE_SECONDS of the beats: a slot claimed later than this after it is missed.
 GRACE = timedelta(seconds=30)
 _TOOLS = {
-    "redis-cli": "redis-tools",
     "redis-server": "redis-server",
     "pg_ctlcluster": "postgresql-common",
 }
@@ -61,42 +64,19 @@ def _wait_port(port: int, up: bool = True, timeout: float = 30) -> None:
         time.sleep(0.1)
 
 
-def _redis_cli(*args: str) -> str:
-    return subprocess.run(
-        ["redis-cli", "-p", "6379", *args], capture_output=True, text=True, check=False, timeout=10
-    ).stdout.strip()
+#: The run's own Redis: as many databases as the e2e harness numbers for this test process.
+REDIS_OPTIONS = (
+    "--databases",
+    str(max(16, test_settings.REDIS_DB + test_settings.REDIS_DBS_PER_PROCESS)),
+)
 
 
-def restart_redis() -> None:
-    """Shut the machine's Redis down and start it again with the same settings (its number of
-    databases too: a server with more than the default 16 came back with 16, and every test
-    run using a database past 15 failed from then on)."""
-    directory = _redis_cli("CONFIG", "GET", "dir").splitlines()[-1]
-    logfile = _redis_cli("CONFIG", "GET", "logfile").splitlines()[-1]
-    databases = _redis_cli("CONFIG", "GET", "databases").splitlines()[-1]
-    _redis_cli("SHUTDOWN", "NOSAVE")
-    _wait_port(6379, up=False)
-    command = [
-        "redis-server",
-        "--daemonize",
-        "yes",
-        "--bind",
-        "127.0.0.1",
-        "--port",
-        "6379",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--dir",
-        directory,
-        "--databases",
-        databases,
-    ]
-    if logfile:
-        command += ["--logfile", logfile]
-    subprocess.run(command, check=True, timeout=30)
-    _wait_port(6379)
+def restart_redis(server: RedisServer, workdir: Path) -> RedisServer:
+    """Shut the run's own Redis down (nothing is kept on disk) and start it again on its port."""
+    port = int(server.url.rsplit(":", 1)[1])
+    server.stop()
+    _wait_port(port, up=False)
+    return start_redis(workdir, options=REDIS_OPTIONS, port=port)
 
 
 def restart_postgresql() -> None:
@@ -112,11 +92,12 @@ def restart_postgresql() -> None:
 
 @pytest.fixture(autouse=True)
 def _runs_alone() -> None:
-    """Its restarts would break whatever else runs at the time: never next to other workers."""
+    """Its PostgreSQL restart would break other tests on PostgreSQL: never next to other
+    workers of a pass."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or "1")
     if workers > 1:
         pytest.fail(
-            f"the chaos test restarts PostgreSQL and Redis under the other {workers - 1} "
+            f"the chaos test restarts PostgreSQL under the other {workers - 1} "
             "test workers: run it on its own (pytest -m chaos, as tests/run.sh does "
             "after the parallel pass), and the rest with -m 'not chaos'"
         )
@@ -125,7 +106,7 @@ def _runs_alone() -> None:
 @pytest.fixture(autouse=True)
 def _needs_root_and_tools() -> None:
     if os.geteuid() != 0:
-        pytest.skip("restarts Redis and PostgreSQL: run the tests as root")
+        pytest.skip("restarts PostgreSQL: run the tests as root")
     for tool, package in _TOOLS.items():
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} not on PATH: apt-get install {package}")
@@ -138,7 +119,9 @@ def _needs_root_and_tools() -> None:
 
 def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
     offsets = [0.0, 2.5, -4.0]
-    run = E2ERun("postgresql", tmp_path, lease=3.0, broker="amqp")
+    redis_dir = tmp_path / "redis"
+    server = start_redis(redis_dir, options=REDIS_OPTIONS)
+    run = E2ERun("postgresql", tmp_path, lease=3.0, broker="amqp", redis_server=server.url)
     run.env["DRIFTSAFE_E2E_MISFIRE_GRACE"] = str(GRACE.total_seconds())
     rng = random.Random(20261129)
     log: list[str] = []
@@ -187,7 +170,7 @@ def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
                     os.kill(pid, signal.SIGCONT)
             elif action == "redis":
                 down = real_now()
-                restart_redis()
+                server = restart_redis(server, redis_dir)
                 outages.append((action, down, real_now()))
             elif action == "postgresql":
                 down = real_now()
@@ -210,6 +193,7 @@ def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
         dump = run.tool("dump")
     finally:
         run.close()
+        server.stop()
 
     window_end = stopped_at - timedelta(seconds=3)
     executed = Counter(

@@ -103,7 +103,8 @@ class TaskReport:
 
 
 class E2ERun:
-    """One end-to-end run: its own database, key prefix and broker list."""
+    """One end-to-end run: its own database, key prefix and broker list; ``redis_server`` is the
+    Redis its beats and workers use (by default the test Redis)."""
 
     def __init__(
         self,
@@ -116,6 +117,7 @@ class E2ERun:
         lease: float = 5.0,
         broker: str = "redis",
         dead_after: float = 5.0,
+        redis_server: str = test_settings.REDIS_SERVER,
     ) -> None:
         self.backend = backend
         self.workdir = workdir
@@ -124,7 +126,7 @@ class E2ERun:
         self.beats: list[Beat] = []
         self.workers: list[Beat] = []
         self._recorder: QueueRecorder[Received] | None = None
-        redis_broker = f"{test_settings.REDIS_SERVER}/{BROKER_DB}"
+        redis_broker = f"{redis_server}/{BROKER_DB}"
         self.broker_url = redis_broker
         self.broker = redis.Redis.from_url(redis_broker)
         broker_url = redis_broker if broker == "redis" else RABBITMQ_URL
@@ -142,7 +144,7 @@ class E2ERun:
             "DRIFTSAFE_E2E_BROKER": broker_url,
             "DRIFTSAFE_E2E_EXEC_LOG": str(workdir / "executions.log"),
             "DRIFTSAFE_E2E_QUEUE": self.queue,
-            "DRIFTSAFE_E2E_REDIS": f"{test_settings.REDIS_SERVER}/{E2E_REDIS_DB}",
+            "DRIFTSAFE_E2E_REDIS": f"{redis_server}/{E2E_REDIS_DB}",
             "DRIFTSAFE_E2E_PREFIX": f"driftsafe-e2e-{self.token}",
             "DRIFTSAFE_E2E_AUTHORITY": authority
             or ("database" if backend == "postgresql" else "redis"),
