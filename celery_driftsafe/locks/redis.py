@@ -11,7 +11,7 @@ from typing import Any
 from celery_driftsafe.clock import Clock, SystemClock
 from celery_driftsafe.exceptions import LockError
 from celery_driftsafe.locks.contract import DEFAULT_TTL
-from celery_driftsafe.locks.lease import _LeaseLock
+from celery_driftsafe.locks.lease import _LeaseLock, _log_extra
 
 logger = logging.getLogger("celery_driftsafe.locks")
 
@@ -33,9 +33,17 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 return 0
 """
+# KEYS[1] the lock; ARGV[1] the token, ARGV[2] the lease in ms, ARGV[3] '1' when the holder's
+# own lease has not run out: a key gone then (a flush, an eviction, a restart that kept nothing)
+# is set again for the holder. Returns 1 extended, 2 set again, 0 held by another or over.
 _EXTEND_SCRIPT = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] then
     return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+if not held and ARGV[3] == '1' then
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    return 2
 end
 return 0
 """
@@ -122,7 +130,21 @@ class RedisLock(_LeaseLock):
         return fencing_token or None
 
     def _extend_token(self, token: str, ttl: float) -> bool:
-        return self._call(self.backend.extend_script, (self.key,), (token, _ms(ttl))) == 1
+        """Restart the lease; or, while this holder's own lease lasts, set again a key Redis
+        lost. Only an empty key is set: had another process taken the lock meanwhile, the key
+        would hold its token (and its fencing token would be above this holder's)."""
+        own_lease = "1" if self.lease_remaining() > 0 else "0"
+        outcome = self._call(self.backend.extend_script, (self.key,), (token, _ms(ttl), own_lease))
+        if outcome == 2:
+            logger.warning(
+                "lock %s (fencing token %s) was gone from Redis while held (a flush, an "
+                "eviction or a restart that kept no data): set again for its holder; a "
+                "process that found it free meanwhile could have taken it",
+                self.name,
+                self.fencing_token,
+                extra=_log_extra("lock-retaken", self),
+            )
+        return outcome in (1, 2)
 
     def _release_token(self, token: str) -> bool:
         return self._call(self.backend.release_script, (self.key,), (token,)) == 1
