@@ -19,7 +19,12 @@ from celery.exceptions import Ignore, Reject, Retry
 
 from celery_driftsafe import metrics
 from celery_driftsafe.exceptions import LedgerUnavailable, LockError
-from celery_driftsafe.execution_outcomes import SKIPPED_WHY, ExecutionOutcomes, log_run
+from celery_driftsafe.execution_outcomes import (
+    LOST_NOT_AGAIN,
+    SKIPPED_WHY,
+    ExecutionOutcomes,
+    log_run,
+)
 from celery_driftsafe.ledger import RunRow
 from celery_driftsafe.locks import lock_backend, lock_identity
 from celery_driftsafe.names import FINISHED, RunStatus
@@ -213,16 +218,20 @@ class Execution(ExecutionOutcomes):
                         self.locks.close()
                         return self._run_locked(row, now, args, kwargs)
                     self._suppress(self._held_elsewhere(row))
-                periodic_task_id, overlap_policy = started
+                periodic_task_id, overlap_policy, took_over = started
                 if periodic_task_id is not None and overlap_policy == "skip":
-                    self._hold_overlap_lock_or_skip(periodic_task_id, token, args, kwargs)
+                    self._hold_overlap_lock_or_skip(
+                        periodic_task_id, token, args, kwargs, took_over=took_over
+                    )
             self.token, self.started_at = token, now
             return self._body(args, kwargs)
 
     def _hold_overlap_lock_or_skip(
-        self, periodic_task_id: int, token: int, args: Any, kwargs: Any
+        self, periodic_task_id: int, token: int, args: Any, kwargs: Any, *, took_over: bool
     ) -> None:
-        """After a fast-path start: hold the task's running lock, or end the run skipped."""
+        """After a fast-path start: hold the task's running lock, or end the run skipped; a
+        run taken over from a lost worker ran in part, so it ends failed, as a reconcile
+        pass records it when the slow path leaves it started."""
         task_lock = lock_backend(self.settings).lock(
             f"task-running:{periodic_task_id}", ttl=self.settings.lease_seconds
         )
@@ -239,12 +248,15 @@ class Execution(ExecutionOutcomes):
                 kwargs,
             )
         if not acquired:
-            self.ledger.finish(self.run_id, token, RunStatus.SKIPPED, self._now(), SKIPPED_WHY)
-            metrics.execution(self.task.name, "skipped")
+            status = RunStatus.FAILED if took_over else RunStatus.SKIPPED
+            why = LOST_NOT_AGAIN if took_over else SKIPPED_WHY
+            self.ledger.finish(self.run_id, token, status, self._now(), why)
+            metrics.execution(self.task.name, status)
             log_run(
-                logging.INFO,
-                "run %s skipped: the previous run is still running",
+                logging.WARNING if took_over else logging.INFO,
+                "run %s %s",
                 self.run_id,
+                why,
                 run_id=self.run_id,
                 action="overlap-skip",
             )

@@ -33,6 +33,11 @@ logger = logging.getLogger("celery_driftsafe.task")
 FINISH_RETRY_SECONDS = 60.0
 
 SKIPPED_WHY = "skipped: the previous run of this task is still running (overlap policy 'skip')"
+#: A run taken over from a lost worker while the task's next run holds its running lock.
+LOST_NOT_AGAIN = (
+    "failed: the worker that started it was lost, and it is not run again while the task's "
+    "next run is running (overlap policy 'skip')"
+)
 
 
 def log_run(level: int, message: str, *args: Any, run_id: int, action: str, **extra: Any) -> None:

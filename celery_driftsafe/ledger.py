@@ -13,13 +13,14 @@ Status names are spelled out (not imported from the models): a Celery app module
 from __future__ import annotations
 
 import logging
+import sqlite3
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from celery_driftsafe.db_connection import missing_schema, rolled_back
 from celery_driftsafe.exceptions import LedgerUnavailable
-from celery_driftsafe.names import PRE_START
+from celery_driftsafe.names import PRE_START, TAKEN_OVER
 
 #: Appended to ``worker`` when a run was started without a lock (eager mode, ``fail_open``):
 #: such a start is never taken over by a lock holder, who cannot know whether it still runs.
@@ -63,8 +64,6 @@ def _aware(value: Any) -> datetime | None:
 
 
 def _sqlite_returns() -> bool:
-    import sqlite3
-
     return sqlite3.sqlite_version_info >= (3, 35)
 
 
@@ -187,21 +186,24 @@ class Ledger:
         task: str,
         task_id: str | None,
         periodic_task_id: int | None,
-    ) -> tuple[int | None, str | None] | None:
+    ) -> tuple[int | None, str | None, bool] | None:
         """:meth:`start`, refused also when the run is not the headers' (task, Celery task id,
         periodic task) or its ``expires_at`` has passed at ``now``. Returns the run's periodic
-        task id and overlap policy, None when refused (:meth:`load` says why)."""
+        task id and overlap policy, and whether the run was started before (taken over: its
+        ``error`` says so until it ends); None when refused (:meth:`load` says why)."""
         at = self._at(now)
         row = self._fetch(
-            f"UPDATE {self.runs} SET status = 'started', started_at = %s, fencing_token = %s, "
-            f"worker = %s, error = '', attempt = %s, lock_store = %s "
+            f"UPDATE {self.runs} SET error = CASE WHEN status = 'started' THEN %s ELSE '' END, "
+            f"status = 'started', started_at = %s, fencing_token = %s, "
+            f"worker = %s, attempt = %s, lock_store = %s "
             f"WHERE id = %s AND {self._start_where} AND task_name = %s "
             f"AND (celery_task_id = '' OR celery_task_id = %s) "
             f"AND (%s IS NULL OR periodic_task_id = %s) "
             f"AND (expires_at IS NULL OR expires_at > %s OR status = 'started') "
             f"RETURNING periodic_task_id, (SELECT t.overlap_policy FROM {self.tasks} t "
-            f"WHERE t.id = {self.runs}.periodic_task_id)",
+            f"WHERE t.id = {self.runs}.periodic_task_id), error",
             [
+                TAKEN_OVER,
                 at,
                 token,
                 worker,
@@ -216,9 +218,7 @@ class Ledger:
                 at,
             ],
         )
-        if row is None:
-            return None
-        return row[0], row[1]
+        return None if row is None else (row[0], row[1], row[2] == TAKEN_OVER)
 
     def start_unlocked(self, run_id: int, now: datetime, worker: str, attempt: int) -> int | None:
         """Start a waiting run without a lock: the run's own token sequence goes one up, and

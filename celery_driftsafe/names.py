@@ -28,6 +28,8 @@ class RunStatus(StrEnum):
 
 #: Waiting for a worker: the first delivery, or the next attempt after a retry.
 PRE_START = (RunStatus.CLAIMED, RunStatus.DISPATCHED, RunStatus.RETRYING)
+#: A run's ``error`` while a worker runs it again after its first worker was lost.
+TAKEN_OVER = "taken over: the worker that started it was lost (its lease ran out)"
 #: A run in one of these has its outcome; nothing changes it any more.
 FINISHED = (
     RunStatus.SUCCEEDED,

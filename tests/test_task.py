@@ -229,7 +229,7 @@ def test_stale_started_run_is_taken_over_with_a_newer_token(
     with delivery(record, run):
         assert record("a") == "a"
     run.refresh_from_db()
-    assert run.status == RunStatus.SUCCEEDED
+    assert run.status == RunStatus.SUCCEEDED and run.error == ""
     assert run.fencing_token == 8
 
 
@@ -272,6 +272,38 @@ def test_overlap_skip_records_skipped_slot_while_previous_runs(
     worker.join()
     assert calls == ["a"]
     assert Run.objects.get(pk=first.pk).status == RunStatus.SUCCEEDED
+
+
+def test_a_run_taken_over_while_the_next_one_runs_ends_failed_not_skipped(
+    record: Any, calls: list[Any], redis_client: Any
+) -> None:
+    """Overlap policy ``skip``: the first slot's worker died mid-body, and the second slot's
+    run now holds the task's running lock. A redelivered copy of the first takes its run over
+    (one conditional start, the fast path) and must not run the body beside the second; the
+    run ran in part, so it ends failed, not skipped (a skipped run never ran). A first start
+    that finds the running lock held is still skipped."""
+    from celery_driftsafe.locks import lock_backend
+
+    first, second = _two_slots_of_a_skipping_task("taken-over")
+    Run.objects.filter(pk=first.pk).update(
+        status=RunStatus.STARTED, worker="dead-worker", fencing_token=1, started_at=T0
+    )
+    redis_client.set(f"driftsafe-test:fence:run:{first.pk}", 1)  # as the dead worker left it
+    running = lock_backend().lock(f"task-running:{first.periodic_task_id}", ttl=30)
+    assert running.acquire(blocking=False)  # the second run's body
+    try:
+        for run in (first, second):
+            with delivery(record, run), pytest.raises(Ignore):
+                record("again")
+    finally:
+        running.release()
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert calls == []
+    assert first.status == RunStatus.FAILED, first.error
+    assert "worker that started it was lost" in first.error and first.fencing_token > 1
+    assert second.status == RunStatus.SKIPPED
+    assert "previous run of this task is still running" in second.error
 
 
 def test_overlap_allow_runs_side_by_side(record: Any, calls: list[Any]) -> None:
