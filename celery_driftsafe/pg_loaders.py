@@ -103,13 +103,17 @@ def _read(
     if not _plain_instances(model, tuple(names)):
         return [model.from_db(db, names, row) for row in values]
     # What from_db and Model.__init__ leave for a full row, without their per-field loop
-    # (a third of reading a task): the state, then each field's value under its attname.
+    # (a third of reading a task): the state, then each field's value under its attname,
+    # then what the model's own from_db adds to Django's (FROM_DB_THEN).
     new, instances = model.__new__, []
+    then = getattr(model, FROM_DB_THEN, None)
     for row in values:
         instance = new(model)
         state = instance._state = ModelState()
         state.adding, state.db = False, db
         instance.__dict__.update(zip(names, row, strict=True))
+        if then is not None:
+            then(instance)
         instances.append(instance)
     return instances
 
@@ -165,9 +169,15 @@ def _converted(compiler: Any, rows: Sequence[Any]) -> list[list[Any]]:
     return converted
 
 
+#: A model whose ``from_db`` is Django's followed by one method of the instance names that
+#: method under this attribute, so that instances built here get it too.
+FROM_DB_THEN = "from_db_then"
+
+
 def _plain_instances(model: Any, names: tuple[str, ...]) -> bool:
     """Whether an instance of ``model`` read with every concrete field (``names``) can be
-    built by setting its attributes: ``from_db`` and ``__init__`` are Django's, no receiver
+    built by setting its attributes: ``from_db`` is Django's (or Django's followed by the
+    method the model names in ``FROM_DB_THEN``) and ``__init__`` is too, no receiver
     listens to ``pre_init``/``post_init`` for it, and no field's attribute is a descriptor
     that does more than read the instance's ``__dict__`` (a foreign key's is). Only on the
     Django versions whose ``from_db`` this was compared with (up to 5.2; later ones may keep
@@ -189,9 +199,13 @@ def _plain_class(model: Any, names: tuple[str, ...]) -> bool:
     from django.db.models import Model
     from django.db.models.query_utils import DeferredAttribute
 
+    from_db = inspect.getattr_static(model, "from_db")
     return (
         django.VERSION[:2] <= (5, 2)
-        and inspect.getattr_static(model, "from_db") is inspect.getattr_static(Model, "from_db")
+        and (
+            from_db is inspect.getattr_static(Model, "from_db")
+            or callable(getattr(model, FROM_DB_THEN, None))
+        )
         and model.__init__ is Model.__init__
         and names == tuple(field.attname for field in model._meta.concrete_fields)
         and all(

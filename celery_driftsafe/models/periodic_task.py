@@ -358,6 +358,10 @@ class PeriodicTask(models.Model):
         if not self.get_deferred_fields() & {"enabled", "disabled_reason"}:
             self._switch_loaded = (self.enabled, self.disabled_reason)
 
+    #: ``from_db`` is Django's, then this: the claim's reader, which builds instances without
+    #: ``from_db`` (:mod:`celery_driftsafe.pg_loaders`), calls it on each.
+    from_db_then = _remember_switch
+
 
 def schedule_problem(exc: ScheduleError) -> Problem:
     """A :class:`ScheduleError` as a problem of the model field that holds the schedule field."""
