@@ -90,6 +90,9 @@ def test_a_stale_save_never_switches_a_finished_task_back_on(
     stale.save()
     fresh = PeriodicTask.objects.get(pk=task.pk)
     assert fresh.enabled and fresh.disabled_reason == "" and fresh.next_slot_at is not None
+    # The switch is noted only when both of its fields were loaded.
+    assert fresh._switch_loaded == (True, "")
+    assert not hasattr(PeriodicTask.objects.only("name", "enabled").get(), "_switch_loaded")
 
 
 def test_stale_schedule_edit_starts_after_every_slot_that_has_a_run(

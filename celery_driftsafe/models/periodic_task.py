@@ -355,8 +355,9 @@ class PeriodicTask(models.Model):
         them behind a loaded instance's back (a finished task, a broken row), so a save that
         leaves them as they were keeps the database's (:func:`~celery_driftsafe.changes.
         prepare_save`) rather than switching a finished task back on."""
-        if not self.get_deferred_fields() & {"enabled", "disabled_reason"}:
-            self._switch_loaded = (self.enabled, self.disabled_reason)
+        loaded = self.__dict__  # a deferred field is one missing here (get_deferred_fields)
+        if "enabled" in loaded and "disabled_reason" in loaded:
+            self._switch_loaded = (loaded["enabled"], loaded["disabled_reason"])
 
     #: ``from_db`` is Django's, then this: the claim's reader, which builds instances without
     #: ``from_db`` (:mod:`celery_driftsafe.pg_loaders`), calls it on each.
