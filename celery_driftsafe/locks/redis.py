@@ -138,8 +138,8 @@ class RedisLock(_LeaseLock):
         if outcome == 2:
             logger.warning(
                 "lock %s (fencing token %s) was gone from Redis while held (a flush, an "
-                "eviction or a restart that kept no data): set again for its holder; a "
-                "process that found it free meanwhile could have taken it",
+                "eviction or a restart that kept no data): set again for its holder; until "
+                "then it was free, and another process may have taken it and done the work",
                 self.name,
                 self.fencing_token,
                 extra=_log_extra("lock-retaken", self),

@@ -49,10 +49,6 @@ def _mirror_due_at(values: dict[str, Any]) -> None:
         values["due_at"] = values["next_slot_at"]
 
 
-#: The fields a claim moves as slots go by; an update of only these is not an edit.
-CLAIM_STATE = frozenset({"next_slot_at", "due_at", "last_slot_at", "run_count"})
-
-
 class PeriodicTaskQuerySet(models.QuerySet["PeriodicTask"]):
     def delete(self) -> tuple[int, dict[str, int]]:
         """Lock the rows first: a beat claiming one of them finishes (its new run row is then
@@ -72,7 +68,7 @@ class PeriodicTaskQuerySet(models.QuerySet["PeriodicTask"]):
         update of anything but the claim's own state stamps ``changed_at``, as ``save()`` does
         (a compare-and-swap claim reads it: see :mod:`celery_driftsafe.claim`)."""
         _mirror_due_at(kwargs)
-        if kwargs.keys() - CLAIM_STATE and "changed_at" not in kwargs:
+        if kwargs.keys() - CLAIM_FIELDS and "changed_at" not in kwargs:
             kwargs["changed_at"] = django_now()
         return super().update(**kwargs)
 
