@@ -169,8 +169,8 @@ def _converted(compiler: Any, rows: Sequence[Any]) -> list[list[Any]]:
     return converted
 
 
-#: A model whose ``from_db`` is Django's followed by one method of the instance names that
-#: method under this attribute, so that instances built here get it too.
+#: The attribute by which a model says that its ``from_db`` is Django's followed by a call of
+#: one method of the new instance (the attribute's value): instances built here get it too.
 FROM_DB_THEN = "from_db_then"
 
 
