@@ -103,7 +103,13 @@ class CompareAndSwapClaimer(ClaimSteps):
         result.tasks_seen = len(tasks)
         if not tasks:
             return result
-        seen = {task.pk: (task.next_slot_at, task.changed_at) for task in tasks}
+        seen = {
+            task.pk: (
+                getattr(task, "stored_slot", task.next_slot_at),
+                getattr(task, "stored_change", task.changed_at),
+            )
+            for task in tasks
+        }
         planned = self._plans(tasks, now, result, busy_since)
         disabled = [t for t in tasks if not t.enabled]
         for task, plan in planned:

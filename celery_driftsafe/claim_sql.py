@@ -241,8 +241,8 @@ def advance_tasks(
         pairs = " OR ".join(["(id = %s AND next_slot_at = %s AND changed_at = %s)"] * len(tasks))
         where = f"enabled AND ({pairs})"
         for task in tasks:
-            slot, changed = seen[task.pk]
-            params.extend([task.pk, adapt(slot), adapt(changed)])
+            stored = seen[task.pk]  # instants, or on SQLite the texts as stored
+            params.extend([task.pk, *(v if isinstance(v, str) else adapt(v) for v in stored)])
     sql = f"UPDATE {table} SET {', '.join(assignments)} WHERE {where}"
     with connection.cursor() as cursor:
         if seen is None:

@@ -23,6 +23,8 @@ from django.db import (
     connections,
     transaction,
 )
+from django.db.models import TextField
+from django.db.models.functions import Cast
 
 from celery_driftsafe.bounds import Limits, message_expiry, plan_limited
 from celery_driftsafe.claim_sql import NewRun, insert_runs_postgresql, missed_row, span_row
@@ -76,6 +78,14 @@ class ClaimSteps:
         )
         if lock:
             due = due.select_for_update(skip_locked=True)
+        elif connections[self.using].vendor == "sqlite":
+            # The compare-and-swap compares these as stored: a raw SQL write may spell them
+            # otherwise than Django (a "T" between date and time), and compared as Django
+            # spells them such a task was never won, round after round.
+            due = due.annotate(
+                stored_slot=Cast("next_slot_at", TextField()),
+                stored_change=Cast("changed_at", TextField()),
+            )
         return due[: self.batch_size]
 
     def _load(self, now: datetime, result: ClaimResult, *, lock: bool) -> list[PeriodicTask]:

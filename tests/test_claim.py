@@ -218,6 +218,27 @@ def test_an_edit_made_while_the_cas_claimer_plans_is_claimed_with_the_new_schedu
     assert task.next_slot_at == even_hour + timedelta(hours=2)
 
 
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="only SQLite stores instants as text")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("column", ["next_slot_at", "changed_at"])
+def test_the_cas_claimer_wins_a_task_whose_instants_raw_sql_spelled_otherwise(column: str) -> None:
+    """A raw SQL write on SQLite may store an instant as ``2026-03-01T12:00:00`` where Django
+    writes ``2026-03-01 12:00:00``; Django reads both. The swap compared the column with
+    Django's spelling of the value read, lost every round, and the task never fired. It now
+    compares the text as stored, and the claim writes Django's spelling back."""
+    task = interval_task("spelled", 10, anchor=T0, next_slot_at=T0)
+    table = PeriodicTask._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET {column} = replace({column}, ' ', 'T')")
+        cursor.execute(f"SELECT CAST({column} AS text) FROM {table}")
+        assert "T" in cursor.fetchone()[0]
+    result = CompareAndSwapClaimer().claim(T0, "node-a")
+    assert [r.slot for r in result.runs] == [T0]
+    task.refresh_from_db()
+    assert task.next_slot_at == T0 + 10 * S
+    assert CompareAndSwapClaimer().claim(T0 + 10 * S, "node-a").runs, "and the next slot"
+
+
 def test_only_updates_of_the_claims_own_state_leave_changed_at_as_it_was(db: None) -> None:
     task = interval_task("stamped", 60, anchor=T0, next_slot_at=T0)
     rows = PeriodicTask.objects.filter(pk=task.pk)
