@@ -2,7 +2,7 @@
 # Runs every end-to-end test on PostgreSQL N times in a row (default 10), stopping at the first
 # failing run; one log per run in $DRIFTSAFE_REPEAT_LOGS (default /tmp/driftsafe-e2e-repeat).
 # Needs the test command's virtual environment (bash tests/run.sh builds it) and its services.
-# The chaos test is included only with --chaos: it restarts PostgreSQL and Redis.
+# The chaos test is included only with --chaos: it restarts PostgreSQL (and a Redis of its own).
 #   bash tests/repeat_e2e.sh [N] [--chaos]
 set -uo pipefail
 cd "$(dirname "$0")/.."
