@@ -12,14 +12,11 @@ Status names are spelled out (not imported from the models): a Celery app module
 
 from __future__ import annotations
 
-import logging
-import sqlite3
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from celery_driftsafe.db_connection import missing_schema, rolled_back
-from celery_driftsafe.exceptions import LedgerUnavailable
+from celery_driftsafe.ledger_statements import Statements
 from celery_driftsafe.names import PRE_START, TAKEN_OVER
 
 #: Appended to ``worker`` when a run was started without a lock (eager mode, ``fail_open``):
@@ -42,12 +39,6 @@ class RunRow:
     lock_store: str | None = None
 
 
-logger = logging.getLogger(__name__)
-
-#: Times a ledger statement the database rolled back for a concurrent update is run again.
-ROLLED_BACK_RETRIES = 3
-
-
 def _aware(value: Any) -> datetime | None:
     """A datetime column as read by a raw cursor (SQLite gives text), aware UTC."""
     if value is None:
@@ -63,26 +54,14 @@ def _aware(value: Any) -> datetime | None:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
-def _sqlite_returns() -> bool:
-    return sqlite3.sqlite_version_info >= (3, 35)
-
-
 def _start_params(token: int, attempt: int, store: str) -> list[Any]:
     """The parameters of ``Ledger._start_where``."""
     return [token, attempt, f"%{UNLOCKED}", store]
 
 
-class Ledger:
+class Ledger(Statements):
     def __init__(self) -> None:
-        from django.db import connection
-
-        from celery_driftsafe.models import PeriodicTask, Run, RunAttempt
-
-        self.connection = connection
-        quote = connection.ops.quote_name
-        self.runs = quote(Run._meta.db_table)
-        self.tasks = quote(PeriodicTask._meta.db_table)
-        self.attempts = quote(RunAttempt._meta.db_table)
+        super().__init__()
         self._pre_start = ", ".join(f"'{status}'" for status in PRE_START)
         #: A start's condition after ``id``; parameters: token, attempt, UNLOCKED, store.
         self._start_where = (
@@ -90,48 +69,6 @@ class Ledger:
             "OR (status = 'started' AND worker NOT LIKE %s "
             "AND (lock_store IS NULL OR lock_store = %s)))"
         )
-        #: UPDATE … RETURNING (PostgreSQL, SQLite 3.35+): the start checks and reads at once.
-        self.can_return = connection.vendor == "postgresql" or (
-            connection.vendor == "sqlite" and _sqlite_returns()
-        )
-
-    def _execute(self, sql: str, params: list[Any], *, fetch: bool) -> Any:
-        """Run one statement. Outside a transaction a statement the database rolled back for a
-        concurrent update (SQLSTATE class 40: a serialization failure, a deadlock) is run
-        again, at most :data:`ROLLED_BACK_RETRIES` times: it changed nothing. PostgreSQL does
-        so where the project's database defaults to REPEATABLE READ or SERIALIZABLE, when a
-        beat's mark of the same run commits under it (at READ COMMITTED it would have waited
-        and gone on); InnoDB when it picks the statement as a deadlock's victim."""
-        from django.db import DatabaseError
-
-        for tries_left in range(ROLLED_BACK_RETRIES, -1, -1):
-            try:
-                with self.connection.cursor() as cursor:
-                    cursor.execute(sql, params)
-                    return cursor.fetchone() if fetch else int(cursor.rowcount)
-            except DatabaseError as exc:
-                why = missing_schema(exc) or f"database unreachable: {exc}"
-                if self.connection.in_atomic_block:
-                    raise LedgerUnavailable(why) from exc
-                if tries_left and rolled_back(exc):
-                    logger.debug("ledger statement rolled back (%s); running it again", exc)
-                    continue
-                self.connection.close()  # the next statement reconnects
-                raise LedgerUnavailable(why) from exc
-        raise AssertionError("unreachable")
-
-    def _write(self, sql: str, params: list[Any]) -> int:
-        """Rows changed."""
-        changed: int = self._execute(sql, params, fetch=False)
-        return changed
-
-    def _fetch(self, sql: str, params: list[Any]) -> tuple[Any, ...] | None:
-        """The first row."""
-        row: tuple[Any, ...] | None = self._execute(sql, params, fetch=True)
-        return row
-
-    def _at(self, instant: datetime) -> Any:
-        return self.connection.ops.adapt_datetimefield_value(instant)
 
     def load(self, run_id: int) -> RunRow | None:
         row = self._fetch(
