@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, Retry
 
@@ -193,13 +193,20 @@ class Execution(ExecutionOutcomes):
                 "another worker holds the run's lock", self.settings.lease_seconds, args, kwargs
             )
         with self.locks:
-            token = self.locks.enter_context(lock.watch()).fencing_token
+            token = self.locks.enter_context(lock.watch(on_renewed=self._renew_lease)).fencing_token
+            lease_until = now + timedelta(seconds=self.settings.lease_seconds)
             if row is not None:
                 self._check_overlap_locked(row, token, args, kwargs)
                 if not self.ledger.start(
-                    self.run_id, token, now, self.worker, self.attempt, store=self._store
+                    self.run_id,
+                    token,
+                    now,
+                    self.worker,
+                    self.attempt,
+                    store=self._store,
+                    lease_until=lease_until,
                 ):
-                    self._suppress(self._held_elsewhere(row))
+                    self._refused(row, now, args, kwargs)
             else:
                 started = self.ledger.start_checked(
                     self.run_id,
@@ -208,6 +215,7 @@ class Execution(ExecutionOutcomes):
                     self.worker,
                     self.attempt,
                     store=self._store,
+                    lease_until=lease_until,
                     task=self.task.name,
                     task_id=self.request.id,
                     periodic_task_id=self.headers.periodic_task_id,
@@ -217,7 +225,7 @@ class Execution(ExecutionOutcomes):
                     if row.fencing_token >= token:  # the lock's counter was behind the run's
                         self.locks.close()
                         return self._run_locked(row, now, args, kwargs)
-                    self._suppress(self._held_elsewhere(row))
+                    self._refused(row, now, args, kwargs)
                 periodic_task_id, overlap_policy, took_over = started
                 if periodic_task_id is not None and overlap_policy == "skip":
                     self._hold_overlap_lock_or_skip(
@@ -225,6 +233,23 @@ class Execution(ExecutionOutcomes):
                     )
             self.token, self.started_at = token, now
             return self._body(args, kwargs)
+
+    def _refused(self, row: RunRow, now: datetime, args: Any, kwargs: Any) -> NoReturn:
+        """A start under this worker's lock was refused: while the run's worker still holds
+        its lease in the ledger (its lock was lost from Redis: a flush, a restart), the lock
+        goes back at once, for that worker to set it again, and the delivery comes back once
+        the lease is over; otherwise the delivery is a duplicate."""
+        left = self._lease_left(row, now)
+        if left > 0:
+            self.locks.close()
+            self.resend(
+                f"the run's worker holds its lease in the ledger for {left:.1f} s more, "
+                "though its lock was free (lost from Redis?)",
+                left,
+                args,
+                kwargs,
+            )
+        self._suppress(self._held_elsewhere(row))
 
     def _hold_overlap_lock_or_skip(
         self, periodic_task_id: int, token: int, args: Any, kwargs: Any, *, took_over: bool

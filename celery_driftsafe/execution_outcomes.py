@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import socket
 from contextlib import ExitStack, suppress
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
 from celery import Task
@@ -24,7 +24,7 @@ from celery_driftsafe.clock import authority_clock
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.exceptions import LedgerUnavailable, LockLost
 from celery_driftsafe.headers import RunHeaders
-from celery_driftsafe.ledger import Ledger
+from celery_driftsafe.ledger import Ledger, RunRow
 from celery_driftsafe.names import RunStatus
 
 logger = logging.getLogger("celery_driftsafe.task")
@@ -202,6 +202,25 @@ class ExecutionOutcomes:
 
     def _now(self) -> datetime:
         return authority_clock().now()
+
+    def _lease_left(self, row: RunRow, now: datetime) -> float:
+        """Seconds the started run's worker still holds its lease in the ledger (0: over)."""
+        if row.status != RunStatus.STARTED or row.lease_until is None:
+            return 0.0
+        return max(0.0, (row.lease_until - now).total_seconds())
+
+    def _renew_lease(self) -> None:
+        """In the lock's watchdog thread, after each renewal: the run's lease in the ledger
+        follows its lock, on a connection of that thread's, closed again."""
+        from django.db import connections
+
+        if self.token is None:
+            return
+        try:
+            until = self._now() + timedelta(seconds=self.settings.lease_seconds)
+            self.ledger.renew_lease(self.run_id, self.token, until)
+        finally:
+            connections.close_all()
 
     def _finish(self, status: str, error: str = "") -> bool:
         """Record the outcome under the token; while the database is away, keep trying (with

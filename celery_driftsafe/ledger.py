@@ -37,6 +37,9 @@ class RunRow:
     #: Where the worker that started the run locks (:func:`~celery_driftsafe.locks.lock_identity`);
     #: None: not started by a lock holder of this version.
     lock_store: str | None = None
+    #: Until when its worker holds its lease in the ledger (renewed with its lock); None:
+    #: not recorded (judged by the lock alone).
+    lease_until: datetime | None = None
 
 
 def _aware(value: Any) -> datetime | None:
@@ -54,59 +57,97 @@ def _aware(value: Any) -> datetime | None:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
-def _start_params(token: int, attempt: int, store: str) -> list[Any]:
-    """The parameters of ``Ledger._start_where``."""
-    return [token, attempt, f"%{UNLOCKED}", store]
+def _start_params(token: int, attempt: int, store: str, now: Any) -> list[Any]:
+    """The parameters of ``Ledger._start_where`` (``now`` adapted for the database)."""
+    return [token, attempt, f"%{UNLOCKED}", store, now]
 
 
 class Ledger(Statements):
     def __init__(self) -> None:
         super().__init__()
         self._pre_start = ", ".join(f"'{status}'" for status in PRE_START)
-        #: A start's condition after ``id``; parameters: token, attempt, UNLOCKED, store.
+        #: A start's condition after ``id``; parameters: token, attempt, UNLOCKED, store, now.
+        #: A started run is taken over only once the lease its worker renews is over, even
+        #: when the lock is free: Redis may have lost a lock that is still held.
         self._start_where = (
             f"fencing_token < %s AND attempt <= %s AND (status IN ({self._pre_start}) "
             "OR (status = 'started' AND worker NOT LIKE %s "
-            "AND (lock_store IS NULL OR lock_store = %s)))"
+            "AND (lock_store IS NULL OR lock_store = %s) "
+            "AND (lease_until IS NULL OR lease_until <= %s)))"
         )
 
     def load(self, run_id: int) -> RunRow | None:
         row = self._fetch(
             f"SELECT r.status, r.task_name, r.celery_task_id, r.periodic_task_id, "
-            f"t.overlap_policy, r.fencing_token, r.attempt, r.expires_at, r.lock_store "
+            f"t.overlap_policy, r.fencing_token, r.attempt, r.expires_at, r.lock_store, "
+            f"r.lease_until "
             f"FROM {self.runs} r "
             f"LEFT JOIN {self.tasks} t ON t.id = r.periodic_task_id WHERE r.id = %s",
             [run_id],
         )
         if row is None:
             return None
-        status, task_name, task_id, periodic_task_id, overlap, token, attempt, expires, store = row
+        status, name, task_id, periodic_task, overlap, token, attempt, expires, store, lease = row
         return RunRow(
             status,
-            task_name,
+            name,
             task_id,
-            periodic_task_id,
+            periodic_task,
             overlap,
             int(token),
             int(attempt),
             _aware(expires),
             store,
+            _aware(lease),
         )
 
     def start(
-        self, run_id: int, token: int, now: datetime, worker: str, attempt: int, *, store: str
+        self,
+        run_id: int,
+        token: int,
+        now: datetime,
+        worker: str,
+        attempt: int,
+        *,
+        store: str,
+        lease_until: datetime | None = None,
     ) -> bool:
-        """Start ``attempt`` under a lock's ``token``, taken in ``store``: the run is waiting,
-        or was started by a holder locking in ``store`` (or by an earlier version, which did
-        not record where) whose lease the caller's lock proves over. A holder locking
-        elsewhere may still hold its lock: nobody here can tell."""
-        where = _start_params(token, attempt, store)
+        """Start ``attempt`` under a lock's ``token``, taken in ``store``, its lease in the
+        ledger until ``lease_until``: the run is waiting, or was started by a holder locking in
+        ``store`` (or by an earlier version, which did not record where) whose lease is over
+        both in the ledger and by the caller's lock. A holder locking elsewhere may still hold
+        its lock: nobody here can tell."""
+        at = self._at(now)
         return (
             self._write(
                 f"UPDATE {self.runs} SET status = 'started', started_at = %s, fencing_token = %s, "
-                f"worker = %s, error = '', attempt = %s, lock_store = %s "
+                f"worker = %s, error = '', attempt = %s, lock_store = %s, lease_until = %s "
                 f"WHERE id = %s AND {self._start_where}",
-                [self._at(now), token, worker, attempt, store, run_id, *where],
+                [
+                    at,
+                    token,
+                    worker,
+                    attempt,
+                    store,
+                    self._lease(lease_until),
+                    run_id,
+                    *_start_params(token, attempt, store, at),
+                ],
+            )
+            == 1
+        )
+
+    def _lease(self, until: datetime | None) -> Any:
+        return None if until is None else self._at(until)
+
+    def renew_lease(self, run_id: int, token: int, until: datetime) -> bool:
+        """The started run's worker, still holding its lock under ``token``, keeps its lease
+        in the ledger until ``until``."""
+        return (
+            self._write(
+                f"UPDATE {self.runs} SET lease_until = %s "
+                f"WHERE id = %s AND fencing_token = %s AND status = 'started'",
+                [self._at(until), run_id, token],
             )
             == 1
         )
@@ -120,6 +161,7 @@ class Ledger(Statements):
         attempt: int,
         *,
         store: str,
+        lease_until: datetime | None = None,
         task: str,
         task_id: str | None,
         periodic_task_id: int | None,
@@ -132,7 +174,7 @@ class Ledger(Statements):
         row = self._fetch(
             f"UPDATE {self.runs} SET error = CASE WHEN status = 'started' THEN %s ELSE '' END, "
             f"status = 'started', started_at = %s, fencing_token = %s, "
-            f"worker = %s, attempt = %s, lock_store = %s "
+            f"worker = %s, attempt = %s, lock_store = %s, lease_until = %s "
             f"WHERE id = %s AND {self._start_where} AND task_name = %s "
             f"AND (celery_task_id = '' OR celery_task_id = %s) "
             f"AND (%s IS NULL OR periodic_task_id = %s) "
@@ -146,8 +188,9 @@ class Ledger(Statements):
                 worker,
                 attempt,
                 store,
+                self._lease(lease_until),
                 run_id,
-                *_start_params(token, attempt, store),
+                *_start_params(token, attempt, store, at),
                 task,
                 task_id or "",
                 periodic_task_id,
@@ -167,7 +210,7 @@ class Ledger(Statements):
             started = self._write(
                 f"UPDATE {self.runs} SET status = 'started', started_at = %s, "
                 f"fencing_token = fencing_token + 1, worker = %s, error = '', attempt = %s, "
-                f"lock_store = NULL WHERE id = %s AND attempt <= %s "
+                f"lock_store = NULL, lease_until = NULL WHERE id = %s AND attempt <= %s "
                 f"AND status IN ({self._pre_start})",
                 [self._at(now), worker + UNLOCKED, attempt, run_id, attempt],
             )

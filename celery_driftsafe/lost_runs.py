@@ -49,6 +49,11 @@ def next_page(
     return list(runs.order_by(order, "pk").values_list("pk", order, *more)[:batch])
 
 
+def lease_over(now: datetime) -> Q:
+    """Runs whose worker's lease in the ledger is over at ``now``, or that record none."""
+    return Q(lease_until__isnull=True) | Q(lease_until__lte=now)
+
+
 def lost_runs(
     runs: Any,
     bound: datetime,
@@ -58,7 +63,8 @@ def lost_runs(
     using: str,
     settings: DriftSafeSettings,
 ) -> tuple[list[int], list[int]]:
-    """Record ``failed`` the runs started before ``bound`` whose lock nobody holds, a batch
+    """Record ``failed`` the runs started before ``bound`` whose lock nobody holds and whose
+    lease in the ledger is over (a lock Redis lost is not a dead worker), a batch
     at a time until none is left or ``until``: (ids recorded, ids whose store is out of
     reach)."""
     lost: list[int] = []
@@ -66,7 +72,7 @@ def lost_runs(
     backends: dict[str | None, LockBackend | None] = {}
     after: tuple[datetime, int] | None = None
     while True:
-        started = runs.filter(status=RunStatus.STARTED, started_at__lt=bound)
+        started = runs.filter(lease_over(now), status=RunStatus.STARTED, started_at__lt=bound)
         rows = next_page(started, "started_at", after, batch, "fencing_token", "lock_store")
         for pk, started_at, token, store in rows:
             if store not in backends:
@@ -102,7 +108,13 @@ def _worker_lost(
         taken = lock.fencing_token
         return bool(
             Run.objects.using(using)
-            .filter(pk=pk, status=RunStatus.STARTED, fencing_token__lt=taken, lock_store=store)
+            .filter(
+                lease_over(now),
+                pk=pk,
+                status=RunStatus.STARTED,
+                fencing_token__lt=taken,
+                lock_store=store,
+            )
             .update(
                 status=RunStatus.FAILED,
                 finished_at=now,

@@ -287,6 +287,19 @@ def test_reconcile_fails_a_lost_run_even_when_its_counter_expired(redis_client: 
 
 
 @pytest.mark.django_db(transaction=True)
+def test_reconcile_leaves_a_run_whose_lease_in_the_ledger_lasts(redis_client: Any) -> None:
+    """A started run whose lock is free but whose worker's lease in the ledger lasts (Redis
+    lost the lock while the body runs) is not a lost worker; once the lease is over, it is."""
+    task = interval_task("t", 60, anchor=T0)
+    now = T0 + timedelta(hours=2)
+    r = run(task, T0, RunStatus.STARTED, started_at=T0, fencing_token=9, worker="w")
+    Run.objects.filter(pk=r.pk).update(lease_until=now + timedelta(seconds=20))
+    assert reconcile(now, lease=timedelta(seconds=30)).lost == []
+    assert Run.objects.get(pk=r.pk).status == RunStatus.STARTED
+    assert reconcile(now + timedelta(seconds=20), lease=timedelta(seconds=30)).lost == [r.pk]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_reconcile_looks_for_a_runs_lock_where_its_starter_took_it(redis_client: Any) -> None:
     """A beat that locks in Redis judges each started run in its starter's store: the
     database's locks (every process reaches them), another prefix on its Redis (a fleet that

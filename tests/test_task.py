@@ -233,6 +233,35 @@ def test_stale_started_run_is_taken_over_with_a_newer_token(
     assert run.fencing_token == 8
 
 
+def test_a_lock_redis_lost_while_the_body_runs_lets_no_copy_run_it_again(
+    record: Any, calls: list[Any], redis_client: Any
+) -> None:
+    """Redis loses the lock of a run whose body runs (a flush, a restart that kept nothing)
+    and a copy of the run is delivered. The copy takes the free lock, but the ledger's lease,
+    renewed with the lock, refuses the takeover: the copy gives the lock back and comes again
+    once that lease is over. The holder sets its lock again at its next renewal, and the body
+    runs once."""
+    run = _run()
+    key = f"driftsafe-test:lock:run:{run.pk}"
+    record.gate.clear()
+    with override_settings(DRIFTSAFE={**test_settings.DRIFTSAFE, "LEASE_SECONDS": 1.5}):
+        first = threading.Thread(target=lambda: _deliver(record, run))
+        first.start()
+        _wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.STARTED)
+        leased = Run.objects.get(pk=run.pk).lease_until
+        assert leased is not None
+        _wait_for(lambda: Run.objects.get(pk=run.pk).lease_until > leased)  # renewed
+        redis_client.delete(key)
+        with delivery(record, run), pytest.raises(Ignore):
+            record("copy")
+        assert [m["id"] for m in drain()] == [run.celery_task_id], "re-sent for later"
+        _wait_for(lambda: redis_client.get(key) is not None)  # the holder's, set again
+        record.gate.set()
+        first.join()
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED and calls == ["a"]
+
+
 def test_outcome_of_a_fenced_out_holder_is_discarded(
     record: Any, calls: list[Any], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -219,6 +219,7 @@ class RunAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
         "expires_at",
         "worker",
         "lock_store",
+        "lease_until",
         "error",
     )
     fields = readonly_fields

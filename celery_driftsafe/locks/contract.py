@@ -65,7 +65,11 @@ class DistributedLock(Protocol):
     ) -> AbstractContextManager[HeldLock]: ...
 
     def watch(
-        self, *, watchdog: bool = True, on_lost: Callable[[HeldLock], None] | None = None
+        self,
+        *,
+        watchdog: bool = True,
+        on_lost: Callable[[HeldLock], None] | None = None,
+        on_renewed: Callable[[], None] | None = None,
     ) -> AbstractContextManager[HeldLock]: ...
 
 

@@ -180,14 +180,20 @@ class _LeaseLock:
 
     @contextmanager
     def watch(
-        self, *, watchdog: bool = True, on_lost: Callable[[HeldLock], None] | None = None
+        self,
+        *,
+        watchdog: bool = True,
+        on_lost: Callable[[HeldLock], None] | None = None,
+        on_renewed: Callable[[], None] | None = None,
     ) -> Iterator[HeldLock]:
         """For a lock this object already acquired: yield a :class:`HeldLock`, renewing the
-        lease meanwhile when ``watchdog`` is true, and release it on exit (as :meth:`hold`)."""
+        lease meanwhile when ``watchdog`` is true, and release it on exit (as :meth:`hold`).
+        ``on_renewed()`` is called in the watchdog's thread after each renewal (an error it
+        raises is logged; the lease is kept)."""
         if self.token is None or self.fencing_token is None:
             raise LockError(f"lock {self.name!r} is not held by this object")
         held = HeldLock(self, self.token, self.fencing_token)
-        dog = _Watchdog(self, held, on_lost) if watchdog else None
+        dog = _Watchdog(self, held, on_lost, on_renewed) if watchdog else None
         try:
             if dog is not None and _waits_on(self.clock):
                 dog.start()  # a clock of its own (a fake one): its time, not the starter's
@@ -267,9 +273,13 @@ class _Watchdog:
     and retries can outlast a lease)."""
 
     def __init__(
-        self, lock: _LeaseLock, held: HeldLock, on_lost: Callable[[HeldLock], None] | None
+        self,
+        lock: _LeaseLock,
+        held: HeldLock,
+        on_lost: Callable[[HeldLock], None] | None,
+        on_renewed: Callable[[], None] | None = None,
     ) -> None:
-        self.lock, self.held, self.on_lost = lock, held, on_lost
+        self.lock, self.held, self.on_lost, self.on_renewed = lock, held, on_lost, on_renewed
         self.made_at = lock.clock.monotonic()
         self._stopping = threading.Event()
         self._lose_once = threading.Lock()
@@ -336,8 +346,21 @@ class _Watchdog:
                 )
                 wait = min(interval, max(remaining, POLL_MIN_SECONDS))
                 continue
+            self._renewed()
             wait = interval
         return None
+
+    def _renewed(self) -> None:
+        if self.on_renewed is None:
+            return
+        try:
+            self.on_renewed()
+        except Exception:
+            logger.exception(
+                "on_renewed callback of lock %s failed",
+                self.lock.name,
+                extra=_log_extra("lock-renewed-callback-failed", self.lock),
+            )
 
     def _lose(self, reason: str) -> None:
         with self._lose_once:

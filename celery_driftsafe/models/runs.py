@@ -56,6 +56,13 @@ class Run(models.Model):
         "header's value): only a worker locking there may take the run over. Empty: not "
         "started, or started before this was recorded.",
     )
+    lease_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Until when the worker running it holds its lease, renewed with its lock: "
+        "nobody takes a started run over before then, even if the lock itself was lost "
+        "(a Redis flush or restart). Empty: not started, or started before this was recorded.",
+    )
     error = models.TextField(blank=True)
     message = models.JSONField(
         default=dict,
