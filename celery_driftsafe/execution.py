@@ -25,7 +25,7 @@ from celery_driftsafe.execution_outcomes import (
     ExecutionOutcomes,
     log_run,
 )
-from celery_driftsafe.ledger import RunRow
+from celery_driftsafe.ledger import RunRow, Start
 from celery_driftsafe.locks import lock_backend, lock_identity
 from celery_driftsafe.names import FINISHED, RunStatus
 
@@ -194,28 +194,17 @@ class Execution(ExecutionOutcomes):
             )
         with self.locks:
             token = self.locks.enter_context(lock.watch(on_renewed=self._renew_lease)).fencing_token
-            lease_until = now + timedelta(seconds=self.settings.lease_seconds)
+            lease = timedelta(seconds=self.settings.lease_seconds)
+            start = Start(
+                self.run_id, token, now, self.worker, self.attempt, self._store, now + lease
+            )
             if row is not None:
                 self._check_overlap_locked(row, token, args, kwargs)
-                if not self.ledger.start(
-                    self.run_id,
-                    token,
-                    now,
-                    self.worker,
-                    self.attempt,
-                    store=self._store,
-                    lease_until=lease_until,
-                ):
+                if not self.ledger.start(start):
                     self._refused(row, now, args, kwargs)
             else:
                 started = self.ledger.start_checked(
-                    self.run_id,
-                    token,
-                    now,
-                    self.worker,
-                    self.attempt,
-                    store=self._store,
-                    lease_until=lease_until,
+                    start,
                     task=self.task.name,
                     task_id=self.request.id,
                     periodic_task_id=self.headers.periodic_task_id,

@@ -42,6 +42,20 @@ class RunRow:
     lease_until: datetime | None = None
 
 
+@dataclass(frozen=True)
+class Start:
+    """A start of ``attempt`` of run ``run_id`` at ``now`` by ``worker``, under a lock's
+    ``token`` taken in ``store``, its lease in the ledger until ``lease_until``."""
+
+    run_id: int
+    token: int
+    now: datetime
+    worker: str
+    attempt: int
+    store: str
+    lease_until: datetime | None = None
+
+
 def _aware(value: Any) -> datetime | None:
     """A datetime column as read by a raw cursor (SQLite gives text), aware UTC."""
     if value is None:
@@ -101,44 +115,28 @@ class Ledger(Statements):
             _aware(lease),
         )
 
-    def start(
-        self,
-        run_id: int,
-        token: int,
-        now: datetime,
-        worker: str,
-        attempt: int,
-        *,
-        store: str,
-        lease_until: datetime | None = None,
-    ) -> bool:
-        """Start ``attempt`` under a lock's ``token``, taken in ``store``, its lease in the
-        ledger until ``lease_until``: the run is waiting, or was started by a holder locking in
-        ``store`` (or by an earlier version, which did not record where) whose lease is over
-        both in the ledger and by the caller's lock. A holder locking elsewhere may still hold
-        its lock: nobody here can tell."""
-        at = self._at(now)
-        return (
-            self._write(
-                f"UPDATE {self.runs} SET status = 'started', started_at = %s, fencing_token = %s, "
-                f"worker = %s, error = '', attempt = %s, lock_store = %s, lease_until = %s "
-                f"WHERE id = %s AND {self._start_where}",
-                [
-                    at,
-                    token,
-                    worker,
-                    attempt,
-                    store,
-                    self._lease(lease_until),
-                    run_id,
-                    *_start_params(token, attempt, store, at),
-                ],
-            )
-            == 1
-        )
+    def start(self, start: Start) -> bool:
+        """Start ``start.attempt`` under a lock's token, taken in ``start.store``, its lease in
+        the ledger until ``start.lease_until``: the run is waiting, or was started by a holder
+        locking in that store (or by an earlier version, which did not record where) whose
+        lease is over both in the ledger and by the caller's lock. A holder locking elsewhere
+        may still hold its lock: nobody here can tell."""
+        sets, where, params = self._start_parts(start)
+        sql = f"UPDATE {self.runs} SET error = '', {sets} WHERE {where}"
+        return self._write(sql, params) == 1
 
-    def _lease(self, until: datetime | None) -> Any:
-        return None if until is None else self._at(until)
+    def _start_parts(self, start: Start) -> tuple[str, str, list[Any]]:
+        """What both starts set and require: the assignments, the condition and their
+        parameters."""
+        at = self._at(start.now)
+        sets = (
+            "status = 'started', started_at = %s, fencing_token = %s, worker = %s, "
+            "attempt = %s, lock_store = %s, lease_until = %s"
+        )
+        lease = None if start.lease_until is None else self._at(start.lease_until)
+        params = [at, start.token, start.worker, start.attempt, start.store, lease, start.run_id]
+        params += _start_params(start.token, start.attempt, start.store, at)
+        return sets, f"id = %s AND {self._start_where}", params
 
     def renew_lease(self, run_id: int, token: int, until: datetime) -> bool:
         """The started run's worker, still holding its lock under ``token``, keeps its lease
@@ -153,29 +151,16 @@ class Ledger(Statements):
         )
 
     def start_checked(
-        self,
-        run_id: int,
-        token: int,
-        now: datetime,
-        worker: str,
-        attempt: int,
-        *,
-        store: str,
-        lease_until: datetime | None = None,
-        task: str,
-        task_id: str | None,
-        periodic_task_id: int | None,
+        self, start: Start, *, task: str, task_id: str | None, periodic_task_id: int | None
     ) -> tuple[int | None, str | None, bool] | None:
         """:meth:`start`, refused also when the run is not the headers' (task, Celery task id,
-        periodic task) or its ``expires_at`` has passed at ``now``. Returns the run's periodic
-        task id and overlap policy, and whether the run was started before (taken over: its
-        ``error`` says so until it ends); None when refused (:meth:`load` says why)."""
-        at = self._at(now)
+        periodic task) or its ``expires_at`` has passed. Returns the run's periodic task id
+        and overlap policy, and whether the run was started before (taken over: its ``error``
+        says so until it ends); None when refused (:meth:`load` says why)."""
+        sets, where, params = self._start_parts(start)
         row = self._fetch(
             f"UPDATE {self.runs} SET error = CASE WHEN status = 'started' THEN %s ELSE '' END, "
-            f"status = 'started', started_at = %s, fencing_token = %s, "
-            f"worker = %s, attempt = %s, lock_store = %s, lease_until = %s "
-            f"WHERE id = %s AND {self._start_where} AND task_name = %s "
+            f"{sets} WHERE {where} AND task_name = %s "
             f"AND (celery_task_id = '' OR celery_task_id = %s) "
             f"AND (%s IS NULL OR periodic_task_id = %s) "
             f"AND (expires_at IS NULL OR expires_at > %s OR status = 'started') "
@@ -183,19 +168,12 @@ class Ledger(Statements):
             f"WHERE t.id = {self.runs}.periodic_task_id), error",
             [
                 TAKEN_OVER,
-                at,
-                token,
-                worker,
-                attempt,
-                store,
-                self._lease(lease_until),
-                run_id,
-                *_start_params(token, attempt, store, at),
+                *params,
                 task,
                 task_id or "",
                 periodic_task_id,
                 periodic_task_id,
-                at,
+                self._at(start.now),
             ],
         )
         return None if row is None else (row[0], row[1], row[2] == TAKEN_OVER)

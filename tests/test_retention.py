@@ -18,7 +18,7 @@ from django.test import override_settings
 
 from celery_driftsafe import checks
 from celery_driftsafe.conf import build_settings, get_settings
-from celery_driftsafe.ledger import Ledger
+from celery_driftsafe.ledger import Ledger, Start
 from celery_driftsafe.locks import RedisLockBackend, lock_backend, lock_identity
 from celery_driftsafe.models import Lock, PeriodicTask, Run, RunAttempt, RunKind, RunStatus
 from celery_driftsafe.reconcile import reconcile
@@ -254,22 +254,21 @@ def test_a_counter_that_expired_cannot_let_a_stale_holder_win(
         a.release()
     assert a.acquire()
     token_a = a.fencing_token
-    assert token_a == 4 and ledger.start(r.pk, token_a, T0, "worker-a", 0, store=lock_identity())
+    assert token_a == 4 and ledger.start(Start(r.pk, token_a, T0, "worker-a", 0, lock_identity()))
     assert isinstance(locks, RedisLockBackend)
     redis_client.delete(locks.fence_key(f"run:{r.pk}"), locks.lock_key(f"run:{r.pk}"))  # expired
 
     b = locks.lock(f"run:{r.pk}", ttl=30)  # its floor: the message's header (0)
     assert b.acquire() and b.fencing_token == 1
-    assert not ledger.start(
-        r.pk, 1, T0, "worker-b", 0, store=lock_identity()
-    )  # below the run's token: refused
+    # below the run's token: refused
+    assert not ledger.start(Start(r.pk, 1, T0, "worker-b", 0, lock_identity()))
     row = ledger.load(r.pk)
     assert row is not None and row.fencing_token == token_a
     b.release()
     b = locks.lock(f"run:{r.pk}", ttl=30, fencing_floor=row.fencing_token)
     assert b.acquire() and b.fencing_token == token_a + 1
     # B takes the run over:
-    assert ledger.start(r.pk, token_a + 1, T0, "worker-b", 0, store=lock_identity())
+    assert ledger.start(Start(r.pk, token_a + 1, T0, "worker-b", 0, lock_identity()))
     assert not ledger.finish(r.pk, token_a, "succeeded", T0, "")  # A's late outcome: refused
     assert ledger.finish(r.pk, token_a + 1, "succeeded", T0, "")
     b.release()

@@ -594,7 +594,7 @@ def test_a_start_rolled_back_for_a_concurrent_update_runs_again(
     from django.db import connection, transaction
     from django.db.backends.signals import connection_created
 
-    from celery_driftsafe.ledger import Ledger
+    from celery_driftsafe.ledger import Ledger, Start
 
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL's serialization failures")
@@ -618,7 +618,7 @@ def test_a_start_rolled_back_for_a_concurrent_update_runs_again(
                 outcome.append(cursor.fetchone()[0])
                 cursor.execute("SELECT pg_backend_pid()")
                 backend.append(cursor.fetchone()[0])
-            outcome.append(Ledger().start(run.pk, 1, T0, "w1", 0, store="database"))
+            outcome.append(Ledger().start(Start(run.pk, 1, T0, "w1", 0, "database")))
         except Exception as exc:
             outcome.append(exc)
         finally:
@@ -678,7 +678,7 @@ def test_a_worker_before_its_upgrades_migration_says_run_migrate() -> None:
     from django.db import connection
 
     from celery_driftsafe.exceptions import LedgerUnavailable
-    from celery_driftsafe.ledger import Ledger
+    from celery_driftsafe.ledger import Ledger, Start
 
     run = Run.objects.create(task_name="tests.add", status=RunStatus.DISPATCHED)
     table = connection.ops.quote_name(Run._meta.db_table)
@@ -687,14 +687,14 @@ def test_a_worker_before_its_upgrades_migration_says_run_migrate() -> None:
         cursor.execute(rename.format("lock_store", "lock_store_not_yet"))
     try:
         with pytest.raises(LedgerUnavailable) as info:
-            Ledger().start(run.pk, 1, T0, "w1", 0, store="database")
+            Ledger().start(Start(run.pk, 1, T0, "w1", 0, "database"))
         assert str(info.value).startswith(
             "the database lacks celery_driftsafe's tables or columns (run migrate): "
         ), info.value
     finally:
         with connection.cursor() as cursor:
             cursor.execute(rename.format("lock_store_not_yet", "lock_store"))
-    assert Ledger().start(run.pk, 1, T0, "w1", 0, store="database")
+    assert Ledger().start(Start(run.pk, 1, T0, "w1", 0, "database"))
     assert Run.objects.get(pk=run.pk).lock_store == "database"
 
 

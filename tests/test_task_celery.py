@@ -362,7 +362,7 @@ def test_a_worker_locking_elsewhere_never_takes_over_a_started_run(
     the body a second time.)"""
     from celery_driftsafe import execution
     from celery_driftsafe.conf import get_settings
-    from celery_driftsafe.ledger import Ledger
+    from celery_driftsafe.ledger import Ledger, Start
     from celery_driftsafe.locks import DatabaseLockBackend, lock_backend, lock_identity
 
     execution._LOCKS_REPORTED.clear()
@@ -378,7 +378,7 @@ def test_a_worker_locking_elsewhere_never_takes_over_a_started_run(
     try:
         token = holder.fencing_token
         assert token < 11
-        assert Ledger().start(run.pk, token, timezone.now(), "other-worker", 0, store="database")
+        assert Ledger().start(Start(run.pk, token, timezone.now(), "other-worker", 0, "database"))
         with caplog.at_level("INFO", logger="celery_driftsafe"):
             env.publish_run(run, [5], headers={"driftsafe_locks": locks})
             wait_for(
