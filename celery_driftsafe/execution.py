@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, Retry
@@ -194,9 +194,14 @@ class Execution(ExecutionOutcomes):
             )
         with self.locks:
             token = self.locks.enter_context(lock.watch(on_renewed=self._renew_lease)).fencing_token
-            lease = timedelta(seconds=self.settings.lease_seconds)
             start = Start(
-                self.run_id, token, now, self.worker, self.attempt, self._store, now + lease
+                self.run_id,
+                token,
+                now,
+                self.worker,
+                self.attempt,
+                self._store,
+                self._lease_end(now),
             )
             if row is not None:
                 self._check_overlap_locked(row, token, args, kwargs)

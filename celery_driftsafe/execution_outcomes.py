@@ -209,6 +209,10 @@ class ExecutionOutcomes:
             return 0.0
         return max(0.0, (row.lease_until - now).total_seconds())
 
+    def _lease_end(self, now: datetime) -> datetime:
+        """When a lease in the ledger taken or renewed at ``now`` ends."""
+        return now + timedelta(seconds=self.settings.lease_seconds)
+
     def _renew_lease(self) -> None:
         """In the lock's watchdog thread, after each renewal: the run's lease in the ledger
         follows its lock, on a connection of that thread's, closed again."""
@@ -217,8 +221,7 @@ class ExecutionOutcomes:
         if self.token is None:
             return
         try:
-            until = self._now() + timedelta(seconds=self.settings.lease_seconds)
-            self.ledger.renew_lease(self.run_id, self.token, until)
+            self.ledger.renew_lease(self.run_id, self.token, self._lease_end(self._now()))
         finally:
             connections.close_all()
 
