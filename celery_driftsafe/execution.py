@@ -193,7 +193,12 @@ class Execution(ExecutionOutcomes):
                 "another worker holds the run's lock", self.settings.lease_seconds, args, kwargs
             )
         with self.locks:
-            token = self.locks.enter_context(lock.watch(on_renewed=self._renew_lease)).fencing_token
+            ended = threading.Event()  # the run is over: no lease in the ledger to keep
+            watched = lock.watch(
+                on_renewed=self._renew_lease, on_lost=lambda _held: self._keep_lease(ended)
+            )
+            token = self.locks.enter_context(watched).fencing_token
+            self.locks.callback(ended.set)
             start = Start(
                 self.run_id,
                 token,

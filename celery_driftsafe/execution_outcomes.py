@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 from contextlib import ExitStack, suppress
 from datetime import datetime, timedelta
 from typing import Any, NoReturn
@@ -213,17 +214,67 @@ class ExecutionOutcomes:
         """When a lease in the ledger taken or renewed at ``now`` ends."""
         return now + timedelta(seconds=self.settings.lease_seconds)
 
-    def _renew_lease(self) -> None:
+    def _renew_lease(self) -> bool:
         """In the lock's watchdog thread, after each renewal: the run's lease in the ledger
-        follows its lock, on a connection of that thread's, closed again."""
+        follows its lock, on a connection of that thread's, closed again. False once the
+        ledger refuses it (the run ended, or a newer holder took it over)."""
         from django.db import connections
 
         if self.token is None:
-            return
+            return True
         try:
-            self.ledger.renew_lease(self.run_id, self.token, self._lease_end(self._now()))
+            return self.ledger.renew_lease(self.run_id, self.token, self._lease_end(self._now()))
         finally:
             connections.close_all()
+
+    def _keep_lease(self, stop: threading.Event) -> None:
+        """The run's lock was declared lost while its body runs (its renewal was refused: a
+        copy held the key Redis lost, for the moment of its refused start; or the lease ran
+        out while the worker was paused or the backend away). The body runs on, so the lease
+        in the ledger, which a takeover also needs over, is renewed from a thread of its own
+        until ``stop`` is set (the run ends) or the ledger refuses it (a newer holder took the
+        run over while this worker was away)."""
+        thread = threading.Thread(
+            target=self._keep_lease_until,
+            args=(stop,),
+            name=f"driftsafe-lease[run:{self.run_id}]",
+            daemon=True,
+        )
+        thread.start()
+
+    def _keep_lease_until(self, stop: threading.Event) -> None:
+        log_run(
+            logging.WARNING,
+            "run %s: its lock was lost while the body runs; the worker keeps its lease in the "
+            "ledger until the run ends, so no copy takes it over meanwhile",
+            self.run_id,
+            run_id=self.run_id,
+            action="lease-kept",
+        )
+        interval = self.settings.lease_seconds / 3
+        while not stop.is_set():
+            try:
+                if not self._renew_lease():
+                    if not stop.is_set():
+                        log_run(
+                            logging.ERROR,
+                            "run %s: its lease in the ledger can no longer be renewed: a "
+                            "newer holder took the run over while this worker was away",
+                            self.run_id,
+                            run_id=self.run_id,
+                            action="lease-taken-over",
+                        )
+                    return
+            except LedgerUnavailable as exc:  # the database away: keep trying
+                log_run(
+                    logging.WARNING,
+                    "run %s: could not renew its lease in the ledger (%s); retrying",
+                    self.run_id,
+                    exc,
+                    run_id=self.run_id,
+                    action="lease-renew-failed",
+                )
+            stop.wait(interval)
 
     def _finish(self, status: str, error: str = "") -> bool:
         """Record the outcome under the token; while the database is away, keep trying (with

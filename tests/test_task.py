@@ -262,6 +262,41 @@ def test_a_lock_redis_lost_while_the_body_runs_lets_no_copy_run_it_again(
     assert run.status == RunStatus.SUCCEEDED and calls == ["a"]
 
 
+def test_a_holder_whose_renewal_is_refused_keeps_its_lease_until_the_body_ends(
+    record: Any, calls: list[Any], redis_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A copy holds the run's key (which Redis had lost) for the moment of its refused start
+    just as the holder renews: the renewal is refused and the holder's lock declared lost,
+    while its body runs on. The holder goes on renewing its lease in the ledger, so a copy
+    delivered after the lease as it stood at the loss has run out is still refused, and the
+    body runs once."""
+    import time
+
+    from celery_driftsafe.clock import authority_clock
+
+    run = _run()
+    key = f"driftsafe-test:lock:run:{run.pk}"
+    record.gate.clear()
+    with override_settings(DRIFTSAFE={**test_settings.DRIFTSAFE, "LEASE_SECONDS": 1.5}):
+        first = threading.Thread(target=lambda: _deliver(record, run))
+        first.start()
+        _wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.STARTED)
+        redis_client.set(key, "a copy's token", px=5000)
+        _wait_for(lambda: any(getattr(r, "action", "") == "lock-lost" for r in caplog.records))
+        redis_client.delete(key)  # the copy gave it back
+        leased = Run.objects.get(pk=run.pk).lease_until
+        assert leased is not None
+        time.sleep(max(0.0, (leased - authority_clock().now()).total_seconds()) + 0.2)
+        with delivery(record, run), pytest.raises(Ignore):
+            record("copy")
+        assert [m["id"] for m in drain()] == [run.celery_task_id], "re-sent for later"
+        record.gate.set()
+        first.join()
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED and calls == ["a"]
+    assert run.lease_until is not None and run.lease_until > leased
+
+
 def test_outcome_of_a_fenced_out_holder_is_discarded(
     record: Any, calls: list[Any], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -69,7 +69,7 @@ class DistributedLock(Protocol):
         *,
         watchdog: bool = True,
         on_lost: Callable[[HeldLock], None] | None = None,
-        on_renewed: Callable[[], None] | None = None,
+        on_renewed: Callable[[], object] | None = None,
     ) -> AbstractContextManager[HeldLock]: ...
 
 

@@ -184,7 +184,7 @@ class _LeaseLock:
         *,
         watchdog: bool = True,
         on_lost: Callable[[HeldLock], None] | None = None,
-        on_renewed: Callable[[], None] | None = None,
+        on_renewed: Callable[[], object] | None = None,
     ) -> Iterator[HeldLock]:
         """For a lock this object already acquired: yield a :class:`HeldLock`, renewing the
         lease meanwhile when ``watchdog`` is true, and release it on exit (as :meth:`hold`).
@@ -277,7 +277,7 @@ class _Watchdog:
         lock: _LeaseLock,
         held: HeldLock,
         on_lost: Callable[[HeldLock], None] | None,
-        on_renewed: Callable[[], None] | None = None,
+        on_renewed: Callable[[], object] | None = None,
     ) -> None:
         self.lock, self.held, self.on_lost, self.on_renewed = lock, held, on_lost, on_renewed
         self.made_at = lock.clock.monotonic()
