@@ -19,18 +19,11 @@ from celery.exceptions import Ignore, Reject, Retry
 
 from celery_driftsafe import metrics
 from celery_driftsafe.exceptions import LedgerUnavailable, LockError
-from celery_driftsafe.execution_outcomes import (
-    LOST_NOT_AGAIN,
-    SKIPPED_WHY,
-    ExecutionOutcomes,
-    log_run,
-)
+from celery_driftsafe.execution_outcomes import UNREACHABLE_RESEND_SECONDS, log_run
+from celery_driftsafe.execution_overlap import OverlapPolicy
 from celery_driftsafe.ledger import RunRow, Start
 from celery_driftsafe.locks import lock_backend, lock_identity
 from celery_driftsafe.names import FINISHED, RunStatus
-
-#: A delivery that finds the lock backend or the database unreachable comes back this late.
-UNREACHABLE_RESEND_SECONDS = 5.0
 
 #: (the publisher's, this worker's) lock stores already reported as differing.
 _LOCKS_REPORTED: set[tuple[str, str]] = set()
@@ -44,7 +37,7 @@ def current_execution() -> Execution | None:
     return stack[-1] if stack else None
 
 
-class Execution(ExecutionOutcomes):
+class Execution(OverlapPolicy):
     """One delivery of one run (see the module docstring)."""
 
     # -- the delivery ---------------------------------------------------------------------------
@@ -250,43 +243,6 @@ class Execution(ExecutionOutcomes):
             )
         self._suppress(self._held_elsewhere(row))
 
-    def _hold_overlap_lock_or_skip(
-        self, periodic_task_id: int, token: int, args: Any, kwargs: Any, *, took_over: bool
-    ) -> None:
-        """After a fast-path start: hold the task's running lock, or end the run skipped; a
-        run taken over from a lost worker ran in part, so it ends failed, as a reconcile
-        pass records it when the slow path leaves it started."""
-        task_lock = lock_backend(self.settings).lock(
-            f"task-running:{periodic_task_id}", ttl=self.settings.lease_seconds
-        )
-        try:
-            acquired = task_lock.acquire(blocking=False)
-        except LockError as exc:
-            metrics.lock_error(self.task.name)
-            self.ledger.requeue(self.run_id, token, f"waiting: {exc}")
-            self.locks.close()
-            self.resend(
-                f"lock backend unreachable taking the overlap lock ({exc})",
-                UNREACHABLE_RESEND_SECONDS,
-                args,
-                kwargs,
-            )
-        if not acquired:
-            status = RunStatus.FAILED if took_over else RunStatus.SKIPPED
-            why = LOST_NOT_AGAIN if took_over else SKIPPED_WHY
-            self.ledger.finish(self.run_id, token, status, self._now(), why)
-            metrics.execution(self.task.name, status)
-            log_run(
-                logging.WARNING if took_over else logging.INFO,
-                "run %s %s",
-                self.run_id,
-                why,
-                run_id=self.run_id,
-                action="overlap-skip",
-            )
-            raise Ignore()
-        self.locks.enter_context(task_lock.watch())
-
     def _run_unlocked(
         self, row: RunRow, now: datetime, args: Any, kwargs: Any, *, mode: str
     ) -> Any:
@@ -334,33 +290,6 @@ class Execution(ExecutionOutcomes):
             return None
         aware: datetime = maybe_make_aware(instant, self.task.app.timezone)
         return aware
-
-    @staticmethod
-    def _skips_overlaps(row: RunRow) -> bool:
-        return row.periodic_task_id is not None and row.overlap_policy == "skip"
-
-    def _check_overlap_locked(self, row: RunRow, token: int, args: Any, kwargs: Any) -> None:
-        """Under the run lock: with overlap policy ``skip``, hold the task's running lock for
-        the body, or record the run ``skipped``."""
-        if not self._skips_overlaps(row):
-            return
-        task_lock = lock_backend(self.settings).lock(
-            f"task-running:{row.periodic_task_id}", ttl=self.settings.lease_seconds
-        )
-        try:
-            acquired = task_lock.acquire(blocking=False)
-        except LockError as exc:
-            metrics.lock_error(self.task.name)
-            self.locks.close()  # give the run lock back before the delivery comes again
-            self.resend(
-                f"lock backend unreachable taking the overlap lock ({exc})",
-                UNREACHABLE_RESEND_SECONDS,
-                args,
-                kwargs,
-            )
-        if not acquired:
-            self._skip(token)
-        self.locks.enter_context(task_lock.watch())
 
     # -- the body and its outcome ---------------------------------------------------------------
 

@@ -30,6 +30,9 @@ from celery_driftsafe.names import RunStatus
 
 logger = logging.getLogger("celery_driftsafe.task")
 
+#: A delivery that finds the lock backend or the database unreachable comes back this late.
+UNREACHABLE_RESEND_SECONDS = 5.0
+
 #: How long a worker keeps retrying to record an outcome while the database is away.
 FINISH_RETRY_SECONDS = 60.0
 

@@ -209,6 +209,18 @@ class Ledger(Statements):
             is not None
         )
 
+    def other_running(self, periodic_task_id: int, run_id: int, now: datetime) -> bool:
+        """Whether another run of the periodic task is ``started`` with its worker's lease in
+        the ledger lasting at ``now``: its body runs, whatever a lock says."""
+        return (
+            self._fetch(
+                f"SELECT 1 FROM {self.runs} WHERE status = 'started' AND periodic_task_id = %s "
+                f"AND id <> %s AND lease_until > %s",
+                [periodic_task_id, run_id, self._at(now)],
+            )
+            is not None
+        )
+
     def finish(self, run_id: int, token: int, status: str, now: datetime, error: str) -> bool:
         return (
             self._write(

@@ -338,6 +338,31 @@ def test_overlap_skip_records_skipped_slot_while_previous_runs(
     assert Run.objects.get(pk=first.pk).status == RunStatus.SUCCEEDED
 
 
+def test_overlap_skip_holds_when_redis_loses_the_running_lock(
+    record: Any, calls: list[Any], redis_client: Any
+) -> None:
+    """Overlap policy ``skip``: Redis loses the task's running lock while the first slot's
+    body runs (a flush, an eviction, a restart that kept no data). The second slot's run
+    takes the free lock, but the ledger has the first started with its worker's lease
+    lasting: the second is skipped, not run beside it."""
+    first, second = _two_slots_of_a_skipping_task("lost-running-lock")
+    record.gate.clear()
+    worker = threading.Thread(target=lambda: _deliver(record, first))
+    worker.start()
+    _wait_for(lambda: Run.objects.get(pk=first.pk).status == RunStatus.STARTED)
+    assert redis_client.delete(f"driftsafe-test:lock:task-running:{first.periodic_task_id}")
+    try:
+        with delivery(record, second), pytest.raises(Ignore):
+            record("b")
+    finally:
+        record.gate.set()
+        worker.join()
+    second.refresh_from_db()
+    assert second.status == RunStatus.SKIPPED, second.error
+    assert calls == ["a"]
+    assert Run.objects.get(pk=first.pk).status == RunStatus.SUCCEEDED
+
+
 def test_a_run_taken_over_while_the_next_one_runs_ends_failed_not_skipped(
     record: Any, calls: list[Any], redis_client: Any
 ) -> None:

@@ -1,0 +1,117 @@
+"""The overlap policy ``skip`` of one delivery: the task's running lock, held for the body, and
+what a run that cannot take it records. The delivery's flow, which calls it before the start
+(the slow path) or right after it (the fast path's one conditional start), is
+:mod:`celery_driftsafe.execution`.
+
+The running lock (``task-running:<periodic task id>``) is one proof that a run of the task is
+running; the other is the ledger: another run ``started`` whose worker's lease lasts. Both are
+consulted, so a lock Redis lost while a body runs (a flush, an eviction, a restart that kept no
+data) does not let the next slot's run start beside it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.exceptions import Ignore
+
+from celery_driftsafe import metrics
+from celery_driftsafe.exceptions import LockError
+from celery_driftsafe.execution_outcomes import (
+    LOST_NOT_AGAIN,
+    SKIPPED_WHY,
+    UNREACHABLE_RESEND_SECONDS,
+    ExecutionOutcomes,
+    log_run,
+)
+from celery_driftsafe.ledger import RunRow
+from celery_driftsafe.locks import lock_backend
+from celery_driftsafe.names import RunStatus
+
+
+class OverlapPolicy(ExecutionOutcomes):
+    """A delivery's overlap policy ``skip`` (see the module docstring)."""
+
+    @staticmethod
+    def _skips_overlaps(row: RunRow) -> bool:
+        return row.periodic_task_id is not None and row.overlap_policy == "skip"
+
+    def _check_overlap_locked(self, row: RunRow, token: int, args: Any, kwargs: Any) -> None:
+        """Under the run lock, before the start: with overlap policy ``skip``, hold the task's
+        running lock for the body, or record the run ``skipped``."""
+        if not self._skips_overlaps(row):
+            return
+        assert row.periodic_task_id is not None
+        if not self._hold_running_lock(row.periodic_task_id, token, args, kwargs, started=False):
+            self._skip(token)
+
+    def _hold_overlap_lock_or_skip(
+        self, periodic_task_id: int, token: int, args: Any, kwargs: Any, *, took_over: bool
+    ) -> None:
+        """After a fast-path start: hold the task's running lock, or end the run skipped; a
+        run taken over from a lost worker ran in part, so it ends failed, as a reconcile
+        pass records it when the slow path leaves it started."""
+        if self._hold_running_lock(periodic_task_id, token, args, kwargs, started=True):
+            return
+        status = RunStatus.FAILED if took_over else RunStatus.SKIPPED
+        why = LOST_NOT_AGAIN if took_over else SKIPPED_WHY
+        self.ledger.finish(self.run_id, token, status, self._now(), why)
+        metrics.execution(self.task.name, status)
+        log_run(
+            logging.WARNING if took_over else logging.INFO,
+            "run %s %s",
+            self.run_id,
+            why,
+            run_id=self.run_id,
+            action="overlap-skip",
+        )
+        raise Ignore()
+
+    def _hold_running_lock(
+        self, periodic_task_id: int, token: int, args: Any, kwargs: Any, *, started: bool
+    ) -> bool:
+        """Take the task's running lock and watch it for the body; False when another run of
+        the task holds it or runs by the ledger. With the lock backend unreachable, the
+        delivery comes again later (a run ``started`` goes back to waiting first)."""
+        task_lock = lock_backend(self.settings).lock(
+            f"task-running:{periodic_task_id}", ttl=self.settings.lease_seconds
+        )
+        try:
+            held = task_lock.acquire(blocking=False) and self._alone(task_lock, periodic_task_id)
+        except LockError as exc:
+            metrics.lock_error(self.task.name)
+            if started:
+                self.ledger.requeue(self.run_id, token, f"waiting: {exc}")
+            self.locks.close()  # give the run lock back before the delivery comes again
+            self.resend(
+                f"lock backend unreachable taking the overlap lock ({exc})",
+                UNREACHABLE_RESEND_SECONDS,
+                args,
+                kwargs,
+            )
+        if held:
+            self.locks.enter_context(task_lock.watch())
+        return held
+
+    def _alone(self, task_lock: Any, periodic_task_id: int) -> bool:
+        """With the running lock just taken: whether no other run of the task runs by the
+        ledger (started, its worker's lease lasting); if one does, the lock was lost from
+        Redis while its body runs, and is given back."""
+        try:
+            running = self.ledger.other_running(periodic_task_id, self.run_id, self._now())
+        except BaseException:
+            task_lock.release()  # not left to lapse: the task's next runs would be skipped
+            raise
+        if not running:
+            return True
+        task_lock.release()
+        log_run(
+            logging.WARNING,
+            "run %s: the task's running lock was free while another run of it runs by the "
+            "ledger (the lock lost from Redis?); the overlap policy applies",
+            self.run_id,
+            run_id=self.run_id,
+            action="overlap-ledger",
+        )
+        return False
