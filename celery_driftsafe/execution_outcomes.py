@@ -258,7 +258,7 @@ class ExecutionOutcomes:
         while not stop.is_set():
             try:
                 if not self._renew_lease():
-                    if not stop.is_set():
+                    if not stop.is_set() and self._taken_over():
                         log_run(
                             logging.ERROR,
                             "run %s: its lease in the ledger can no longer be renewed: a "
@@ -268,7 +268,7 @@ class ExecutionOutcomes:
                             action="lease-taken-over",
                         )
                     return
-            except LedgerUnavailable as exc:  # the database away: keep trying
+            except Exception as exc:  # the database or the time authority away: keep trying
                 log_run(
                     logging.WARNING,
                     "run %s: could not renew its lease in the ledger (%s); retrying",
@@ -278,6 +278,17 @@ class ExecutionOutcomes:
                     action="lease-renew-failed",
                 )
             stop.wait(interval)
+
+    def _taken_over(self) -> bool:
+        """Whether a newer holder wrote the run (not this worker's own outcome or hand-over,
+        which also end its lease), read on a connection closed again."""
+        from django.db import connections
+
+        try:
+            row = self.ledger.load(self.run_id)
+        finally:
+            connections.close_all()
+        return row is not None and row.fencing_token != self.token
 
     def _finish(self, status: str, error: str = "") -> bool:
         """Record the outcome under the token; while the database is away, keep trying (with

@@ -295,6 +295,32 @@ def test_a_holder_whose_renewal_is_refused_keeps_its_lease_until_the_body_ends(
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED and calls == ["a"]
     assert run.lease_until is not None and run.lease_until > leased
+    assert not [r for r in caplog.records if getattr(r, "action", "") == "lease-taken-over"]
+
+
+def test_a_holder_taken_over_while_away_stops_keeping_its_lease(
+    record: Any, calls: list[Any], redis_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A holder whose lock was lost and whose run a newer holder took over meanwhile (it was
+    paused past its lease) stops renewing the lease in the ledger, says so, and its outcome
+    is refused."""
+    run = _run()
+    record.gate.clear()
+    with override_settings(DRIFTSAFE={**test_settings.DRIFTSAFE, "LEASE_SECONDS": 1.5}):
+        first = threading.Thread(target=lambda: _deliver(record, run))
+        first.start()
+        _wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.STARTED)
+        token = Run.objects.get(pk=run.pk).fencing_token
+        redis_client.set(f"driftsafe-test:lock:run:{run.pk}", "the newer holder's", px=5000)
+        Run.objects.filter(pk=run.pk).update(fencing_token=token + 1, worker="newer")
+        _wait_for(
+            lambda: any(getattr(r, "action", "") == "lease-taken-over" for r in caplog.records)
+        )
+        record.gate.set()
+        first.join()
+    run.refresh_from_db()
+    assert (run.status, run.worker, calls) == (RunStatus.STARTED, "newer", ["a"])
+    assert any(getattr(r, "action", "") == "fenced-out" for r in caplog.records)
 
 
 def test_outcome_of_a_fenced_out_holder_is_discarded(
