@@ -71,11 +71,8 @@ class ClaimSteps:
     def _due(self, now: datetime, *, lock: bool) -> Any:
         """The first ``batch_size`` due tasks, earliest first; ``lock``: ``FOR UPDATE SKIP
         LOCKED``. due_at is the next slot plus its jitter (the slot itself without jitter)."""
-        due = (
-            PeriodicTask.objects.using(self.using)
-            .filter(enabled=True, due_at__lte=now)
-            .order_by("due_at", "id")
-        )
+        due = PeriodicTask.objects.using(self.using).filter(enabled=True).order_by("due_at", "id")
+        due = due.filter(due_at__lte=now) if lock else self._due_as_stored(due, now)
         if lock:
             due = due.select_for_update(skip_locked=True)
         elif connections[self.using].vendor == "sqlite":
@@ -87,6 +84,25 @@ class ClaimSteps:
                 stored_change=Cast("changed_at", TextField()),
             )
         return due[: self.batch_size]
+
+    def _due_as_stored(self, due: Any, now: datetime) -> Any:
+        """``due_at <= now``; on SQLite, which compares instants as text, also true of an
+        instant of ``now``'s day that raw SQL spelled with a "T" (``2026-03-01T12:00:00``,
+        where Django writes a space, which sorts before it): compared with Django's spelling
+        only, such a task fell due a day late. The two are ranges of the due index."""
+        connection = connections[self.using]
+        if connection.vendor != "sqlite":
+            return due.filter(due_at__lte=now)
+        text = str(connection.ops.adapt_datetimefield_value(now))
+        table = connection.ops.quote_name(PeriodicTask._meta.db_table)
+        ranges = " UNION ALL ".join(
+            f"SELECT id FROM {table} WHERE enabled = 1 AND due_at {condition}"
+            for condition in ("<= %s", ">= %s AND due_at <= %s")
+        )
+        return due.extra(
+            where=[f"{table}.id IN ({ranges})"],
+            params=[text, text[:10] + "T", text[:10] + "T" + text[11:]],
+        )
 
     def _load(self, now: datetime, result: ClaimResult, *, lock: bool) -> list[PeriodicTask]:
         """The due rows. A row the ORM cannot even load (text that is not JSON or not a date,

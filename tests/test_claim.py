@@ -239,6 +239,28 @@ def test_the_cas_claimer_wins_a_task_whose_instants_raw_sql_spelled_otherwise(co
     assert CompareAndSwapClaimer().claim(T0 + 10 * S, "node-a").runs, "and the next slot"
 
 
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="only SQLite stores instants as text")
+@pytest.mark.django_db(transaction=True)
+def test_a_due_instant_raw_sql_spelled_with_a_t_falls_due_on_time() -> None:
+    """On SQLite ``2026-03-01T12:00:00`` (a raw SQL write) sorts after every instant of that
+    day as Django spells them (a space), so compared with the claim's ``now`` as text the task
+    fell due only at midnight. It falls due on time, and is written back in Django's spelling."""
+    interval_task("t-spelled", 60, anchor=T0, next_slot_at=T0)
+    table = PeriodicTask._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET due_at = replace(due_at, ' ', 'T'), "
+            "next_slot_at = replace(next_slot_at, ' ', 'T')"
+        )
+        cursor.execute(f"SELECT CAST(due_at AS text) FROM {table}")
+        assert cursor.fetchone()[0].startswith("2026-03-01T12:00:00")
+    assert CompareAndSwapClaimer().claim(T0 - S, "node-a").runs == [], "not early"
+    assert [r.slot for r in CompareAndSwapClaimer().claim(T0 + 5 * S, "node-a").runs] == [T0]
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT CAST(due_at AS text) FROM {table}")
+        assert cursor.fetchone()[0].startswith("2026-03-01 12:01:00")
+
+
 def test_only_updates_of_the_claims_own_state_leave_changed_at_as_it_was(db: None) -> None:
     task = interval_task("stamped", 60, anchor=T0, next_slot_at=T0)
     rows = PeriodicTask.objects.filter(pk=task.pk)
