@@ -233,6 +233,26 @@ def test_stale_started_run_is_taken_over_with_a_newer_token(
     assert run.fencing_token == 8
 
 
+@contextmanager
+def _running_with_a_short_lease(record: Any, run: Run) -> Iterator[None]:
+    """The block runs while the run's body runs in a thread of its own (its lock held, its
+    lease 1.5 s), which then finishes."""
+    record.gate.clear()
+    with override_settings(DRIFTSAFE={**test_settings.DRIFTSAFE, "LEASE_SECONDS": 1.5}):
+        first = threading.Thread(target=lambda: _deliver(record, run))
+        first.start()
+        try:
+            _wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.STARTED)
+            yield
+        finally:
+            record.gate.set()
+            first.join()
+
+
+def _logged(caplog: pytest.LogCaptureFixture, action: str) -> bool:
+    return any(getattr(r, "action", "") == action for r in caplog.records)
+
+
 def test_a_lock_redis_lost_while_the_body_runs_lets_no_copy_run_it_again(
     record: Any, calls: list[Any], redis_client: Any
 ) -> None:
@@ -243,11 +263,7 @@ def test_a_lock_redis_lost_while_the_body_runs_lets_no_copy_run_it_again(
     runs once."""
     run = _run()
     key = f"driftsafe-test:lock:run:{run.pk}"
-    record.gate.clear()
-    with override_settings(DRIFTSAFE={**test_settings.DRIFTSAFE, "LEASE_SECONDS": 1.5}):
-        first = threading.Thread(target=lambda: _deliver(record, run))
-        first.start()
-        _wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.STARTED)
+    with _running_with_a_short_lease(record, run):
         leased = Run.objects.get(pk=run.pk).lease_until
         assert leased is not None
         _wait_for(lambda: Run.objects.get(pk=run.pk).lease_until > leased)  # renewed
@@ -256,8 +272,6 @@ def test_a_lock_redis_lost_while_the_body_runs_lets_no_copy_run_it_again(
             record("copy")
         assert [m["id"] for m in drain()] == [run.celery_task_id], "re-sent for later"
         _wait_for(lambda: redis_client.get(key) is not None)  # the holder's, set again
-        record.gate.set()
-        first.join()
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED and calls == ["a"]
 
@@ -276,13 +290,9 @@ def test_a_holder_whose_renewal_is_refused_keeps_its_lease_until_the_body_ends(
 
     run = _run()
     key = f"driftsafe-test:lock:run:{run.pk}"
-    record.gate.clear()
-    with override_settings(DRIFTSAFE={**test_settings.DRIFTSAFE, "LEASE_SECONDS": 1.5}):
-        first = threading.Thread(target=lambda: _deliver(record, run))
-        first.start()
-        _wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.STARTED)
+    with _running_with_a_short_lease(record, run):
         redis_client.set(key, "a copy's token", px=5000)
-        _wait_for(lambda: any(getattr(r, "action", "") == "lock-lost" for r in caplog.records))
+        _wait_for(lambda: _logged(caplog, "lock-lost"))
         redis_client.delete(key)  # the copy gave it back
         leased = Run.objects.get(pk=run.pk).lease_until
         assert leased is not None
@@ -290,12 +300,10 @@ def test_a_holder_whose_renewal_is_refused_keeps_its_lease_until_the_body_ends(
         with delivery(record, run), pytest.raises(Ignore):
             record("copy")
         assert [m["id"] for m in drain()] == [run.celery_task_id], "re-sent for later"
-        record.gate.set()
-        first.join()
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED and calls == ["a"]
     assert run.lease_until is not None and run.lease_until > leased
-    assert not [r for r in caplog.records if getattr(r, "action", "") == "lease-taken-over"]
+    assert not _logged(caplog, "lease-taken-over")
 
 
 def test_a_holder_taken_over_while_away_stops_keeping_its_lease(
@@ -305,22 +313,14 @@ def test_a_holder_taken_over_while_away_stops_keeping_its_lease(
     paused past its lease) stops renewing the lease in the ledger, says so, and its outcome
     is refused."""
     run = _run()
-    record.gate.clear()
-    with override_settings(DRIFTSAFE={**test_settings.DRIFTSAFE, "LEASE_SECONDS": 1.5}):
-        first = threading.Thread(target=lambda: _deliver(record, run))
-        first.start()
-        _wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.STARTED)
+    with _running_with_a_short_lease(record, run):
         token = Run.objects.get(pk=run.pk).fencing_token
         redis_client.set(f"driftsafe-test:lock:run:{run.pk}", "the newer holder's", px=5000)
         Run.objects.filter(pk=run.pk).update(fencing_token=token + 1, worker="newer")
-        _wait_for(
-            lambda: any(getattr(r, "action", "") == "lease-taken-over" for r in caplog.records)
-        )
-        record.gate.set()
-        first.join()
+        _wait_for(lambda: _logged(caplog, "lease-taken-over"))
     run.refresh_from_db()
     assert (run.status, run.worker, calls) == (RunStatus.STARTED, "newer", ["a"])
-    assert any(getattr(r, "action", "") == "fenced-out" for r in caplog.records)
+    assert _logged(caplog, "fenced-out")
 
 
 def test_outcome_of_a_fenced_out_holder_is_discarded(
