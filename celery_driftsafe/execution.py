@@ -274,7 +274,7 @@ class Execution(OverlapPolicy):
         if run.celery_task_id and run.celery_task_id != self.request.id:
             return f"run {self.run_id} has Celery task id {run.celery_task_id}"
         claimed_for = self.headers.periodic_task_id
-        if claimed_for is not None and run.periodic_task_id != claimed_for:
+        if claimed_for is not None and run.periodic_task_id != claimed_for and not run.task_deleted:
             return f"run {self.run_id} is not a run of periodic task {claimed_for}"
         return ""
 

@@ -40,6 +40,13 @@ class RunRow:
     #: Until when its worker holds its lease in the ledger (renewed with its lock); None:
     #: not recorded (judged by the lock alone).
     lease_until: datetime | None = None
+    #: ``scheduled``, ``manual`` (both made for a periodic task) or ``adhoc``.
+    kind: str = ""
+
+    @property
+    def task_deleted(self) -> bool:
+        """Whether the run was made for a periodic task deleted since (its link set null)."""
+        return self.periodic_task_id is None and self.kind != "adhoc"
 
 
 @dataclass(frozen=True)
@@ -94,14 +101,26 @@ class Ledger(Statements):
         row = self._fetch(
             f"SELECT r.status, r.task_name, r.celery_task_id, r.periodic_task_id, "
             f"t.overlap_policy, r.fencing_token, r.attempt, r.expires_at, r.lock_store, "
-            f"r.lease_until "
+            f"r.lease_until, r.kind "
             f"FROM {self.runs} r "
             f"LEFT JOIN {self.tasks} t ON t.id = r.periodic_task_id WHERE r.id = %s",
             [run_id],
         )
         if row is None:
             return None
-        status, name, task_id, periodic_task, overlap, token, attempt, expires, store, lease = row
+        (
+            status,
+            name,
+            task_id,
+            periodic_task,
+            overlap,
+            token,
+            attempt,
+            expires,
+            store,
+            lease,
+            kind,
+        ) = row
         return RunRow(
             status,
             name,
@@ -113,6 +132,7 @@ class Ledger(Statements):
             _aware(expires),
             store,
             _aware(lease),
+            kind,
         )
 
     def start(self, start: Start) -> bool:
@@ -154,15 +174,17 @@ class Ledger(Statements):
         self, start: Start, *, task: str, task_id: str | None, periodic_task_id: int | None
     ) -> tuple[int | None, str | None, bool] | None:
         """:meth:`start`, refused also when the run is not the headers' (task, Celery task id,
-        periodic task) or its ``expires_at`` has passed. Returns the run's periodic task id
-        and overlap policy, and whether the run was started before (taken over: its ``error``
-        says so until it ends); None when refused (:meth:`load` says why)."""
+        periodic task, unless that task was deleted since) or its ``expires_at`` has passed.
+        Returns the run's periodic task id and overlap policy, and whether the run was started
+        before (taken over: its ``error`` says so until it ends); None when refused
+        (:meth:`load` says why)."""
         sets, where, params = self._start_parts(start)
         row = self._fetch(
             f"UPDATE {self.runs} SET error = CASE WHEN status = 'started' THEN %s ELSE '' END, "
             f"{sets} WHERE {where} AND task_name = %s "
             f"AND (celery_task_id = '' OR celery_task_id = %s) "
-            f"AND (%s IS NULL OR periodic_task_id = %s) "
+            f"AND (%s IS NULL OR periodic_task_id = %s "
+            f"OR (periodic_task_id IS NULL AND kind <> 'adhoc')) "
             f"AND (expires_at IS NULL OR expires_at > %s OR status = 'started') "
             f"RETURNING periodic_task_id, (SELECT t.overlap_policy FROM {self.tasks} t "
             f"WHERE t.id = {self.runs}.periodic_task_id), error",

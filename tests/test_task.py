@@ -157,7 +157,7 @@ def test_forged_or_malformed_headers_are_rejected_never_executed(
     headers: dict[str, Any],
     reason: str,
 ) -> None:
-    run = _run()
+    run = _run(periodic_task=interval_task("forged", 60, anchor=T0, task="tests.record"))
     with caplog.at_level(logging.ERROR), delivery(record, run, **headers), pytest.raises(Ignore):
         record("a")
     assert calls == []
@@ -423,6 +423,28 @@ def test_a_run_taken_over_while_the_next_one_runs_ends_failed_not_skipped(
         assert (first.status, first.worker) == (RunStatus.STARTED, "dead-worker")
     assert second.status == RunStatus.SKIPPED
     assert "previous run of this task is still running" in second.error
+
+
+def test_a_run_whose_periodic_task_was_deleted_meanwhile_still_runs_once(
+    record: Any, calls: list[Any]
+) -> None:
+    """A run dispatched before its periodic task was deleted (the run row stays, its link to
+    the task set to null) is still that run: the worker runs it once, as Celery runs a message
+    already sent, rather than reject it as a message that does not match its run."""
+    periodic = interval_task("deleted-meanwhile", 60, anchor=T0, task="tests.record")
+    run = _run(periodic_task=periodic, kind=RunKind.SCHEDULED, slot=T0)
+    deleted_id = periodic.pk
+    periodic.delete()
+    with delivery(record, run):
+        assert record("a") == "a"
+    with delivery(record, run), pytest.raises(Ignore):
+        record("a")
+    run.refresh_from_db()
+    assert (run.status, run.periodic_task_id, calls) == (RunStatus.SUCCEEDED, None, ["a"])
+    adhoc = _run(kind=RunKind.ADHOC)  # never made for a periodic task: a header naming one lies
+    with delivery(record, adhoc, driftsafe_periodic_task_id=deleted_id), pytest.raises(Ignore):
+        record("b")
+    assert calls == ["a"]
 
 
 def test_overlap_allow_runs_side_by_side(record: Any, calls: list[Any]) -> None:
