@@ -72,27 +72,23 @@ class ClaimSteps:
         """The first ``batch_size`` due tasks, earliest first; ``lock``: ``FOR UPDATE SKIP
         LOCKED``. due_at is the next slot plus its jitter (the slot itself without jitter)."""
         due = PeriodicTask.objects.using(self.using).filter(enabled=True).order_by("due_at", "id")
-        due = due.filter(due_at__lte=now) if lock else self._due_as_stored(due, now)
         if lock:
-            due = due.select_for_update(skip_locked=True)
+            due = due.filter(due_at__lte=now).select_for_update(skip_locked=True)
         elif connections[self.using].vendor == "sqlite":
-            # The compare-and-swap compares these as stored: a raw SQL write may spell them
-            # otherwise than Django (a "T" between date and time), and compared as Django
-            # spells them such a task was never won, round after round.
-            due = due.annotate(
-                stored_slot=Cast("next_slot_at", TextField()),
-                stored_change=Cast("changed_at", TextField()),
-            )
+            due = self._due_as_stored(due, now)
+        else:
+            due = due.filter(due_at__lte=now)
         return due[: self.batch_size]
 
     def _due_as_stored(self, due: Any, now: datetime) -> Any:
-        """``due_at <= now``; on SQLite, which compares instants as text, also true of an
-        instant of ``now``'s day that raw SQL spelled with a "T" (``2026-03-01T12:00:00``,
-        where Django writes a space, which sorts before it): compared with Django's spelling
-        only, such a task fell due a day late. The two are ranges of the due index."""
+        """SQLite, which compares instants as text, where a raw SQL write may spell them
+        otherwise than Django (``2026-03-01T12:00:00``, where Django writes a space, which
+        sorts before the "T"). Due is ``due_at <= now``, and also an instant of ``now``'s day
+        spelled with a "T": compared with Django's spelling only, such a task fell due a day
+        late (the two are ranges of the due index). The compare-and-swap compares the slot
+        and the edit stamp as stored: compared as Django spells them, such a task was never
+        won, round after round."""
         connection = connections[self.using]
-        if connection.vendor != "sqlite":
-            return due.filter(due_at__lte=now)
         text = str(connection.ops.adapt_datetimefield_value(now))
         table = connection.ops.quote_name(PeriodicTask._meta.db_table)
         ranges = " UNION ALL ".join(
@@ -102,6 +98,9 @@ class ClaimSteps:
         return due.extra(
             where=[f"{table}.id IN ({ranges})"],
             params=[text, text[:10] + "T", text[:10] + "T" + text[11:]],
+        ).annotate(
+            stored_slot=Cast("next_slot_at", TextField()),
+            stored_change=Cast("changed_at", TextField()),
         )
 
     def _load(self, now: datetime, result: ClaimResult, *, lock: bool) -> list[PeriodicTask]:

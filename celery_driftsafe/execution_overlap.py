@@ -99,7 +99,9 @@ class OverlapPolicy(ExecutionOutcomes):
         ledger (started, its worker's lease lasting); if one does, the lock was lost from
         Redis while its body runs, and is given back."""
         try:
-            running = self.ledger.other_running(periodic_task_id, self.run_id, self._now())
+            running = self.ledger.other_started(
+                periodic_task_id, self.run_id, lease_lasting_at=self._now()
+            )
         except BaseException:
             task_lock.release()  # not left to lapse: the task's next runs would be skipped
             raise

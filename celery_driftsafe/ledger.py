@@ -220,28 +220,21 @@ class Ledger(Statements):
         assert row is not None
         return int(row[0])
 
-    def other_started(self, periodic_task_id: int, run_id: int) -> bool:
-        """Whether another run of the periodic task is recorded ``started``."""
-        return (
-            self._fetch(
-                f"SELECT 1 FROM {self.runs} WHERE periodic_task_id = %s AND status = 'started' "
-                f"AND id <> %s",
-                [periodic_task_id, run_id],
-            )
-            is not None
+    def other_started(
+        self, periodic_task_id: int, run_id: int, *, lease_lasting_at: datetime | None = None
+    ) -> bool:
+        """Whether another run of the periodic task is recorded ``started``; with
+        ``lease_lasting_at``, only one whose worker's lease in the ledger lasts at that instant
+        (its body runs, whatever a lock says)."""
+        sql = (
+            f"SELECT 1 FROM {self.runs} WHERE periodic_task_id = %s AND status = 'started' "
+            f"AND id <> %s"
         )
-
-    def other_running(self, periodic_task_id: int, run_id: int, now: datetime) -> bool:
-        """Whether another run of the periodic task is ``started`` with its worker's lease in
-        the ledger lasting at ``now``: its body runs, whatever a lock says."""
-        return (
-            self._fetch(
-                f"SELECT 1 FROM {self.runs} WHERE status = 'started' AND periodic_task_id = %s "
-                f"AND id <> %s AND lease_until > %s",
-                [periodic_task_id, run_id, self._at(now)],
-            )
-            is not None
-        )
+        params: list[Any] = [periodic_task_id, run_id]
+        if lease_lasting_at is not None:
+            sql += " AND lease_until > %s"
+            params.append(self._at(lease_lasting_at))
+        return self._fetch(sql, params) is not None
 
     def finish(self, run_id: int, token: int, status: str, now: datetime, error: str) -> bool:
         return (
