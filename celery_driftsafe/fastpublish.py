@@ -90,6 +90,13 @@ class FastPublisher:
         #: dispatcher once a batch): a message's time to live counts from the authority's now.
         self.wall_ahead = timedelta(0)
 
+    def time_to_live(self, expires: datetime) -> float:
+        """A message's time to live in the broker (its ``expiration``): as ``send_task``
+        computes it, the seconds from now to ``expires``, but from the authority's now. A wall
+        clock ahead would shorten it (to 0: RabbitMQ then drops a message no consumer takes
+        at once), one behind would lengthen it."""
+        return max((expires - (datetime.now(UTC) - self.wall_ahead)).total_seconds(), 0)
+
     def active(self) -> bool:
         """Whether this batch may take the fast path: ``FAST_PUBLISH`` is on and nothing
         about the app or process rules it out (see :meth:`declines`)."""
@@ -214,11 +221,7 @@ class FastPublisher:
         expires_text = expiration = None
         if expires is not None:
             expires_text = iso_text(expires)
-            # as send_task, the seconds from now to the expiry, but from the authority's now:
-            # a wall clock ahead would shorten the broker's time to live (to 0: RabbitMQ then
-            # drops a message no consumer takes at once), one behind would lengthen it
-            now = datetime.now(UTC) - self.wall_ahead
-            expiration = max((expires - now).total_seconds(), 0)
+            expiration = self.time_to_live(expires)
         if skeleton.notify_backend:
             app.backend.on_task_call(producer, task_id)
         declare = skeleton.to_declare(producer)

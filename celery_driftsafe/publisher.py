@@ -240,6 +240,8 @@ class Dispatcher:
             send = partial(Task.apply_async, task)
         else:
             send = task.apply_async
+        if run.expires_at is not None:
+            producer = _TimeToLive(producer, self.fast.time_to_live(run.expires_at))
         send(
             args=run.args,
             kwargs=run.kwargs,
@@ -361,3 +363,21 @@ def _key(name: str, ids: Any) -> str | None:
 def _values(ids: Any) -> list[Any]:
     """The parameters :func:`id_set`'s value compiles to (its one array on PostgreSQL)."""
     return list(getattr(ids, "params", ids))
+
+
+class _TimeToLive:
+    """A producer whose messages live ``seconds`` in the broker: Celery's ``send_task``
+    counts a message's ``expiration`` from the wall clock (``app.now()``), the beat from
+    the time authority's now. Everything else is the wrapped producer's."""
+
+    def __init__(self, producer: Any, seconds: float) -> None:
+        self._producer = producer
+        self._seconds = seconds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+    def publish(self, body: Any, **kwargs: Any) -> Any:
+        if kwargs.get("expiration") is not None:
+            kwargs["expiration"] = self._seconds
+        return self._producer.publish(body, **kwargs)
