@@ -48,8 +48,8 @@ if ! port_open "$PG_HOST" "$PG_PORT"; then
 fi
 echo "postgresql: $PG_HOST:$PG_PORT up"
 # Debian packages some tests need: libfaketime and a C compiler for its shim (clock skew),
-# Chromium and its driver (the admin browser test), RabbitMQ and the Redis and PostgreSQL
-# tools (the chaos test restarts PostgreSQL and a redis-server of its own). Installed once when missing; a test whose tool
+# Chromium and its driver (the admin browser test), RabbitMQ, PgBouncer and the Redis and
+# PostgreSQL tools (the chaos test restarts PostgreSQL and a redis-server of its own). Installed once when missing; a test whose tool
 # is still missing fails the run and says what to install (unless DRIFTSAFE_ALLOW_SKIPS=1).
 apt_missing=()
 ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || apt_missing+=(faketime)
@@ -61,6 +61,7 @@ command -v redis-cli >/dev/null || apt_missing+=(redis-tools)
 command -v redis-server >/dev/null || apt_missing+=(redis-server)
 command -v redis-sentinel >/dev/null || apt_missing+=(redis-sentinel)
 command -v pg_ctlcluster >/dev/null || apt_missing+=(postgresql-common)
+command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || apt_missing+=(pgbouncer)
 command -v pgrep >/dev/null || apt_missing+=(procps)
 if [ ${#apt_missing[@]} -gt 0 ]; then
   echo "installing Debian packages: ${apt_missing[*]}"

@@ -242,8 +242,10 @@ class E2ERun:
         pool: str = "solo",
         concurrency: int = 1,
         env: dict[str, str] | None = None,
+        queue: str | None = None,
     ) -> Beat:
-        """Start one ``celery worker`` on this run's queue (``env``: more environment)."""
+        """Start one ``celery worker`` on this run's queue, or on ``queue`` (``env``: more
+        environment)."""
         worker = self.children.start(
             f"worker-{name}",
             [
@@ -257,7 +259,7 @@ class E2ERun:
                 "-n",
                 f"{name}@e2e",
                 "-Q",
-                self.queue,
+                queue or self.queue,
                 "--loglevel",
                 "INFO",
                 "--without-gossip",
