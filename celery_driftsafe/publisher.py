@@ -14,6 +14,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from celery import Task
+from django.db import DatabaseError
 from django.db.models import Case, F, Q, TextField, Value, When
 
 from celery_driftsafe import metrics
@@ -90,15 +91,7 @@ class Dispatcher:
         result = DispatchResult()
         if not runs:
             return result
-        owned = self._confirm(runs)
-        result.lost = [r.run_id for r in runs if r.run_id not in owned]
-        if result.lost:
-            logger.warning(
-                "%d claimed runs were taken over by another node before this one published "
-                "them (it was paused or marked dead); not publishing them",
-                len(result.lost),
-                extra={"action": "claim-lost"},
-            )
+        owned = self._still_owned(runs, result)
         now = self.clock.now()
         self.fast.wall_ahead = datetime.now(UTC) - now
         todo = []
@@ -110,14 +103,24 @@ class Dispatcher:
             else:
                 todo.append(run)
         fast = self.fast if self.fast.active() else None
+        # A write the broker holds back (RabbitMQ's flow control) may outlast the dead-after
+        # and peers take the claims over: after a while, the ones left are confirmed again.
+        recheck = timedelta(seconds=get_settings().node_dead_after_seconds / 4)
+        confirmed_at = now
         try:
             with self.app.producer_or_acquire() as producer:
                 for start in range(0, len(todo), self.batch_size):
-                    self._publish_batch(
-                        todo[start : start + self.batch_size], producer, result, fast
-                    )
+                    batch = todo[start : start + self.batch_size]
+                    if self.clock.now() - confirmed_at > recheck:
+                        owned = self._still_owned(todo[start:], result)
+                        confirmed_at = self.clock.now()
+                    if result.lost:
+                        batch = [run for run in batch if run.run_id in owned]
+                    self._publish_batch(batch, producer, result, fast)
+        except DatabaseError:
+            raise  # the claims' second confirmation: as when they were first confirmed
         except Exception as exc:  # broker unreachable: nothing more is known to be out
-            done = set(result.published) | set(result.refused) | set(result.failed)
+            done = {*result.published, *result.refused, *result.failed, *result.lost}
             result.deferred = [r.run_id for r in todo if r.run_id not in done]
             self.broker_down = describe_error(exc)
             logger.error(
@@ -188,6 +191,21 @@ class Dispatcher:
             if writer is not None:
                 writer.flush()  # raises: none of the batch is known to be out
         result.published.extend(sent)
+
+    def _still_owned(self, runs: Sequence[ClaimedRun], result: DispatchResult) -> set[int]:
+        """The ids of ``runs`` whose claims their claimer still holds; the others are added
+        to ``result.lost`` (with a warning)."""
+        owned = self._confirm(runs)
+        lost = [r.run_id for r in runs if r.run_id not in owned and r.run_id not in result.lost]
+        if lost:
+            result.lost.extend(lost)
+            logger.warning(
+                "%d claimed runs were taken over by another node before this one published "
+                "them (it was paused or marked dead); not publishing them",
+                len(lost),
+                extra={"action": "claim-lost"},
+            )
+        return owned
 
     def _confirm(self, runs: Sequence[ClaimedRun]) -> set[int]:
         """The ids of ``runs`` whose claims their claimer still holds."""
@@ -366,9 +384,8 @@ def _values(ids: Any) -> list[Any]:
 
 
 class _TimeToLive:
-    """A producer whose messages live ``seconds`` in the broker: Celery's ``send_task``
-    counts a message's ``expiration`` from the wall clock (``app.now()``), the beat from
-    the time authority's now. Everything else is the wrapped producer's."""
+    """A producer whose messages live ``seconds`` in the broker (Celery's ``send_task`` counts
+    them from ``app.now()``, the wall clock); everything else is the wrapped producer's."""
 
     def __init__(self, producer: Any, seconds: float) -> None:
         self._producer = producer

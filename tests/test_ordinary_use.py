@@ -361,6 +361,79 @@ def test_claims_taken_over_from_a_paused_node_are_not_published_by_it(
     assert nodes.heartbeat("paused", clock.now()) is False
 
 
+def test_after_a_write_held_past_dead_after_the_batches_left_are_not_published(
+    broker_app: Any, clock: FakeClock
+) -> None:
+    """The broker holds one of a beat's writes back (RabbitMQ's flow control, say) for longer
+    than ``NODE_DEAD_AFTER_SECONDS``; meanwhile a peer marks the beat dead, takes its claims
+    over and publishes them. The held batch goes out when the broker lets it (no one can call
+    it back), but the batches after it are confirmed again and left to the peer: before, all
+    of them went out twice."""
+    for i in range(5):
+        interval_task(f"t{i}", 10, anchor=T0, next_slot_at=T0)
+    nodes.register("held", T0)
+    nodes.register("peer", T0)
+    claimed = claimer_for().claim(T0, "held").runs
+    assert len(claimed) == 5
+    dispatcher = Dispatcher(broker_app, clock, batch_size=2)
+    write = dispatcher._publish_batch
+    taken: list[Any] = []
+
+    def held_back(runs: Any, *args: Any) -> None:
+        write(runs, *args)
+        if not taken:  # the first write took 40 s; the peer acted meanwhile
+            clock.advance(40 * S)
+            nodes.heartbeat("peer", clock.now())
+            assert nodes.mark_dead(clock.now(), timedelta(seconds=30), "peer") == ["held"]
+            taken.extend(reclaim_stale(clock.now(), "peer", lease=timedelta(seconds=30)))
+            assert len(Dispatcher(broker_app, clock).dispatch(taken).published) == 5
+
+    dispatcher._publish_batch = held_back  # type: ignore[method-assign]
+    result = dispatcher.dispatch(claimed)
+    first = [r.run_id for r in claimed[:2]]
+    assert sorted(result.published) == sorted(first)
+    assert sorted(result.lost) == sorted(r.run_id for r in claimed[2:])
+    assert len(taken) == 5
+    sent = [m["id"] for m in drain()]
+    ids = {r.run_id: r.celery_task_id for r in claimed}
+    # only the held write's two messages went out twice
+    assert sorted(sent) == sorted(
+        [ids[i] for i in first] * 2 + [ids[r.run_id] for r in claimed[2:]]
+    )
+
+
+def test_a_database_error_while_confirming_claims_again_is_not_taken_for_the_broker(
+    broker_app: Any, clock: FakeClock
+) -> None:
+    """The second confirmation's database error ends the dispatch as the first one's does:
+    the runs not yet out stay claimed, and the broker is not reported out of reach."""
+    from django.db import OperationalError
+
+    for i in range(3):
+        interval_task(f"t{i}", 10, anchor=T0, next_slot_at=T0)
+    nodes.register("slow", T0)
+    claimed = claimer_for().claim(T0, "slow").runs
+    dispatcher = Dispatcher(broker_app, clock, batch_size=1)
+    write, confirm = dispatcher._publish_batch, dispatcher._still_owned
+
+    def slow_write(runs: Any, *args: Any) -> None:
+        write(runs, *args)
+        clock.advance(40 * S)
+
+    def confirm_once(runs: Any, result: Any) -> Any:
+        if result.published:
+            raise OperationalError("server closed the connection unexpectedly")
+        return confirm(runs, result)
+
+    dispatcher._publish_batch = slow_write  # type: ignore[method-assign]
+    dispatcher._still_owned = confirm_once  # type: ignore[method-assign]
+    with pytest.raises(OperationalError):
+        dispatcher.dispatch(claimed)
+    assert dispatcher.broker_down is None
+    assert len(drain()) == 1
+    assert Run.objects.filter(status=RunStatus.CLAIMED).count() == 3
+
+
 def test_a_node_marked_dead_re_registers_at_its_next_heartbeat(
     scheduler: DriftSafeScheduler, clock: FakeClock
 ) -> None:
