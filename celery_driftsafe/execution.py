@@ -221,7 +221,7 @@ class Execution(OverlapPolicy):
                 periodic_task_id, overlap_policy, took_over = started
                 if periodic_task_id is not None and overlap_policy == "skip":
                     self._hold_overlap_lock_or_skip(
-                        periodic_task_id, token, args, kwargs, took_over=took_over
+                        periodic_task_id, token, args, kwargs, took_over=took_over, started_at=now
                     )
             self.token, self.started_at = token, now
             return self._body(args, kwargs)

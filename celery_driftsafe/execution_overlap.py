@@ -6,12 +6,14 @@ what a run that cannot take it records. The delivery's flow, which calls it befo
 The running lock (``task-running:<periodic task id>``) is one proof that a run of the task is
 running; the other is the ledger: another run ``started`` whose worker's lease lasts. Both are
 consulted, so a lock Redis lost while a body runs (a flush, an eviction, a restart that kept no
-data) does not let the next slot's run start beside it.
+data) does not let the next slot's run start beside it. The ledger is asked first, about runs
+started before this one only, so that of two runs started at once one runs (the earlier).
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Any
 
 from celery.exceptions import Ignore
@@ -43,16 +45,23 @@ class OverlapPolicy(ExecutionOutcomes):
         if not self._skips_overlaps(row):
             return
         assert row.periodic_task_id is not None
-        if not self._hold_running_lock(row.periodic_task_id, token, args, kwargs, started=False):
+        if not self._hold_running_lock(row.periodic_task_id, token, args, kwargs, None):
             self._skip(token)
 
     def _hold_overlap_lock_or_skip(
-        self, periodic_task_id: int, token: int, args: Any, kwargs: Any, *, took_over: bool
+        self,
+        periodic_task_id: int,
+        token: int,
+        args: Any,
+        kwargs: Any,
+        *,
+        took_over: bool,
+        started_at: datetime,
     ) -> None:
-        """After a fast-path start: hold the task's running lock, or end the run skipped; a
-        run taken over from a lost worker ran in part, so it ends failed, as a reconcile
-        pass records it when the slow path leaves it started."""
-        if self._hold_running_lock(periodic_task_id, token, args, kwargs, started=True):
+        """After a fast-path start (at ``started_at``): hold the task's running lock, or end
+        the run skipped; a run taken over from a lost worker ran in part, so it ends failed, as
+        a reconcile pass records it when the slow path leaves it started."""
+        if self._hold_running_lock(periodic_task_id, token, args, kwargs, started_at):
             return
         status = RunStatus.FAILED if took_over else RunStatus.SKIPPED
         why = LOST_NOT_AGAIN if took_over else SKIPPED_WHY
@@ -69,19 +78,36 @@ class OverlapPolicy(ExecutionOutcomes):
         raise Ignore()
 
     def _hold_running_lock(
-        self, periodic_task_id: int, token: int, args: Any, kwargs: Any, *, started: bool
+        self,
+        periodic_task_id: int,
+        token: int,
+        args: Any,
+        kwargs: Any,
+        started_at: datetime | None,
     ) -> bool:
         """Take the task's running lock and watch it for the body; False when another run of
-        the task holds it or runs by the ledger. With the lock backend unreachable, the
-        delivery comes again later (a run ``started`` goes back to waiting first)."""
+        the task runs by the ledger or holds the lock. With the lock backend unreachable, the
+        delivery comes again later (a run already started, at ``started_at``, goes back to
+        waiting first).
+
+        The ledger is asked first, and only about runs started before this one (a run not
+        started yet comes after every started one): of two runs started at once, the later
+        neither takes the lock nor skips the earlier, so one of them runs. A run started
+        before this one under a lasting lease runs whatever the lock says (Redis may have
+        lost the key while its body runs)."""
+        now = self._now()
+        if self.ledger.other_started(
+            periodic_task_id, self.run_id, lease_lasting_at=now, before=started_at or now
+        ):
+            return False
         task_lock = lock_backend(self.settings).lock(
             f"task-running:{periodic_task_id}", ttl=self.settings.lease_seconds
         )
         try:
-            held = task_lock.acquire(blocking=False) and self._alone(task_lock, periodic_task_id)
+            held = task_lock.acquire(blocking=False)
         except LockError as exc:
             metrics.lock_error(self.task.name)
-            if started:
+            if started_at is not None:
                 self.ledger.requeue(self.run_id, token, f"waiting: {exc}")
             self.locks.close()  # give the run lock back before the delivery comes again
             self.resend(
@@ -93,27 +119,3 @@ class OverlapPolicy(ExecutionOutcomes):
         if held:
             self.locks.enter_context(task_lock.watch())
         return held
-
-    def _alone(self, task_lock: Any, periodic_task_id: int) -> bool:
-        """With the running lock just taken: whether no other run of the task runs by the
-        ledger (started, its worker's lease lasting); if one does, the lock was lost from
-        Redis while its body runs, and is given back."""
-        try:
-            running = self.ledger.other_started(
-                periodic_task_id, self.run_id, lease_lasting_at=self._now()
-            )
-        except BaseException:
-            task_lock.release()  # not left to lapse: the task's next runs would be skipped
-            raise
-        if not running:
-            return True
-        task_lock.release()
-        log_run(
-            logging.WARNING,
-            "run %s: the task's running lock was free while another run of it runs by the "
-            "ledger (the lock lost from Redis?); the overlap policy applies",
-            self.run_id,
-            run_id=self.run_id,
-            action="overlap-ledger",
-        )
-        return False

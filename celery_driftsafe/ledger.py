@@ -221,11 +221,17 @@ class Ledger(Statements):
         return int(row[0])
 
     def other_started(
-        self, periodic_task_id: int, run_id: int, *, lease_lasting_at: datetime | None = None
+        self,
+        periodic_task_id: int,
+        run_id: int,
+        *,
+        lease_lasting_at: datetime | None = None,
+        before: datetime | None = None,
     ) -> bool:
         """Whether another run of the periodic task is recorded ``started``; with
         ``lease_lasting_at``, only one whose worker's lease in the ledger lasts at that instant
-        (its body runs, whatever a lock says)."""
+        (its body runs, whatever a lock says); with ``before``, only one started before that
+        instant, or at it with a smaller id (of two runs started at once, one comes first)."""
         sql = (
             f"SELECT 1 FROM {self.runs} WHERE periodic_task_id = %s AND status = 'started' "
             f"AND id <> %s"
@@ -234,6 +240,9 @@ class Ledger(Statements):
         if lease_lasting_at is not None:
             sql += " AND lease_until > %s"
             params.append(self._at(lease_lasting_at))
+        if before is not None:
+            sql += " AND (started_at < %s OR (started_at = %s AND id < %s))"
+            params += [self._at(before), self._at(before), run_id]
         return self._fetch(sql, params) is not None
 
     def finish(self, run_id: int, token: int, status: str, now: datetime, error: str) -> bool:

@@ -375,8 +375,11 @@ def test_overlap_skip_holds_when_redis_loses_the_running_lock(
     record.gate.clear()
     worker = threading.Thread(target=lambda: _deliver(record, first))
     worker.start()
-    _wait_for(lambda: Run.objects.get(pk=first.pk).status == RunStatus.STARTED)
-    assert redis_client.delete(f"driftsafe-test:lock:task-running:{first.periodic_task_id}")
+    running_lock = f"driftsafe-test:lock:task-running:{first.periodic_task_id}"
+    # the fast path takes the running lock right after the run's start: wait for both
+    _wait_for(lambda: redis_client.exists(running_lock))
+    assert Run.objects.get(pk=first.pk).status == RunStatus.STARTED
+    assert redis_client.delete(running_lock)
     try:
         with delivery(record, second), pytest.raises(Ignore):
             record("b")
@@ -385,6 +388,30 @@ def test_overlap_skip_holds_when_redis_loses_the_running_lock(
         worker.join()
     second.refresh_from_db()
     assert second.status == RunStatus.SKIPPED, second.error
+    assert calls == ["a"]
+    assert Run.objects.get(pk=first.pk).status == RunStatus.SUCCEEDED
+
+
+def test_of_two_runs_started_at_once_under_skip_the_earlier_runs(
+    record: Any, calls: list[Any]
+) -> None:
+    """Overlap policy ``skip``, two slots' deliveries at once (a backlog reaching a worker of
+    concurrency 2): the second slot's run was started in the ledger a moment after the first's
+    and its worker has not taken the task's running lock yet. The first takes the lock and
+    runs; it is not skipped for the later start (which then finds the lock held and skips).
+    Before, each could skip for the other's start, and neither slot ran."""
+    from celery_driftsafe.clock import authority_clock
+
+    first, second = _two_slots_of_a_skipping_task("started-at-once")
+    later = authority_clock().now() + timedelta(seconds=5)
+    Run.objects.filter(pk=second.pk).update(
+        status=RunStatus.STARTED,
+        started_at=later,
+        lease_until=later + timedelta(seconds=30),
+        fencing_token=1,
+    )
+    with delivery(record, first):
+        assert record("a") == "a"
     assert calls == ["a"]
     assert Run.objects.get(pk=first.pk).status == RunStatus.SUCCEEDED
 
