@@ -431,3 +431,66 @@ def test_revoke_terminate_stops_a_running_body_in_a_prefork_worker(
         app.close()
     finally:
         run.close()
+
+
+def test_a_backlog_of_a_skipping_task_reaching_a_prefork_worker_at_once_runs_one(
+    tmp_path: Path,
+) -> None:
+    """Overlap policy ``skip``, a 1-second task whose body takes 2.5 s, and no worker for the
+    first five slots: when a prefork worker of concurrency 4 starts, the queued slots reach
+    its processes at the same moment. Exactly one of them runs (the one started first), the
+    others are skipped, and no two bodies ever overlap; then the task goes on as usual.
+    (The race of two starts within a few milliseconds that could skip both is shown
+    in-process: ``test_task.py::test_of_two_runs_started_at_once_under_skip_the_earlier_runs``.)"""
+    from datetime import datetime, timedelta
+
+    from tests.e2e.harness import real_now
+
+    run = E2ERun(BACKEND, tmp_path, lease=5.0)
+    try:
+        start = real_now() + timedelta(seconds=6)
+        run.seed(
+            [
+                {
+                    "name": "backlog",
+                    "task": "e2e.work",
+                    "args": ["backlog", 2.5],
+                    "schedule_kind": "interval",
+                    "interval_every": 1,
+                    "interval_unit": "seconds",
+                    "overlap_policy": "skip",
+                }
+            ],
+            start,
+        )
+        run.start_beat(0.0)
+        time.sleep(max((start - real_now()).total_seconds(), 0) + 4.5)
+        worker_at = real_now()
+        run.start_worker("w1", pool="prefork", concurrency=4)
+        time.sleep(10)
+        run.stop()
+
+        def all_final() -> list[dict[str, Any]] | None:
+            runs: list[dict[str, Any]] = run.tool("dump")["runs"]
+            waiting = {"claimed", "dispatched", "started", "retrying"}
+            return runs if not any(r["status"] in waiting for r in runs) else None
+
+        runs = _wait(all_final, 30, "every run to end", run)
+        executions = [e for e in run.executions() if e["marker"] == "backlog"]
+    finally:
+        run.close()
+    queued = [r for r in runs if datetime.fromisoformat(r["slot"]) < worker_at]
+    print(f"\n{len(queued)} slots queued before the worker: {[r['status'] for r in queued]}")
+    assert len(queued) >= 4, queued
+    assert {r["status"] for r in queued} <= {"succeeded", "skipped"}, queued
+    assert sum(r["status"] == "succeeded" for r in queued) == 1, queued
+    ran = sorted(
+        (datetime.fromisoformat(r["started"]), datetime.fromisoformat(r["finished"]))
+        for r in runs
+        if r["status"] == "succeeded"
+    )
+    assert len(ran) >= 3, runs
+    for (_, finished), (started, _) in itertools.pairwise(ran):
+        # one worker's processes read the authority alike: a real overlap would be a second
+        assert started >= finished - timedelta(milliseconds=50), f"overlap: {started} < {finished}"
+    assert len(executions) == len(ran)
