@@ -490,7 +490,10 @@ def test_a_backlog_of_a_skipping_task_reaching_a_prefork_worker_at_once_runs_one
         if r["status"] == "succeeded"
     )
     assert len(ran) >= 3, runs
-    for (_, finished), (started, _) in itertools.pairwise(ran):
-        # one worker's processes read the authority alike: a real overlap would be a second
-        assert started >= finished - timedelta(milliseconds=50), f"overlap: {started} < {finished}"
     assert len(executions) == len(ran)
+    # Each pool process stamps the ledger on its own estimate of the authority's clock (off
+    # by up to half its best round trip, which a loaded machine makes long), so overlap is
+    # judged on the bodies' own stamps, taken on the one clock this machine's processes share.
+    bodies = sorted((e["began"], e["ended"]) for e in executions)
+    for (_, ended), (began, _) in itertools.pairwise(bodies):
+        assert began >= ended, f"two bodies overlap: {began} < {ended}"

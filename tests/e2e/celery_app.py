@@ -30,14 +30,16 @@ def quiet(*args: Any, **kwargs: Any) -> str:
 
 @app.task(name="e2e.work", base=DriftSafeTask, acks_late=True, reject_on_worker_lost=True)
 def work(marker: str, seconds: float = 0.0) -> str:
-    """Sleeps, then records that its body ran to the end (in Redis, for the test to count)."""
+    """Sleeps, then records that its body ran to the end (in Redis, for the test to count),
+    with when it began and ended on this machine's clock, which every worker shares."""
     import redis
 
+    began = time.time()
     time.sleep(seconds)
     client = redis.Redis.from_url(os.environ["DRIFTSAFE_E2E_REDIS"])
     client.rpush(
         f"{os.environ['DRIFTSAFE_E2E_PREFIX']}:executions",
-        json.dumps({"marker": marker, "pid": os.getpid()}),
+        json.dumps({"marker": marker, "pid": os.getpid(), "began": began, "ended": time.time()}),
     )
     client.close()
     return marker
