@@ -223,15 +223,13 @@ def test_real_beat_overlap_skip_and_a_retrying_scheduled_task(
         assert len(ran) >= 3
         assert len(skipped) >= 5
         assert all("still running" in r["error"] for r in skipped)
-        # The two workers stamp times on their own readings of the authority (measured once and
-        # carried forward on the monotonic clock, each off by up to its round trip / 2), so
-        # a hand-over between workers may look a few milliseconds early; a real overlap of the
-        # 2.5 s bodies would look seconds early.
-        for (_, finished), (started, _) in itertools.pairwise(ran):
-            assert started >= finished - timedelta(milliseconds=50), (
-                f"runs overlap: {started} < {finished}"
-            )
-        assert len([e for e in executions if e["marker"] == "slow"]) == len(ran)
+        # The two workers stamp the ledger on their own estimates of the authority's clock (each
+        # off by up to half its best round trip), so overlap is judged on the bodies' own
+        # stamps, taken on the one clock both workers share on this machine.
+        slow_bodies = sorted((e["began"], e["ended"]) for e in executions if e["marker"] == "slow")
+        assert len(slow_bodies) == len(ran)
+        for (_, ended), (began, _) in itertools.pairwise(slow_bodies):
+            assert began >= ended, f"two bodies overlap: {began} < {ended}"
 
         retried = [r for r in runs if r["task_id"] == ids["retry-once"]]
         print(
