@@ -450,7 +450,7 @@ def test_revoke_terminate_stops_a_running_body_in_a_prefork_worker(
 def test_a_backlog_of_a_skipping_task_reaching_a_prefork_worker_at_once_runs_one(
     tmp_path: Path,
 ) -> None:
-    """Overlap policy ``skip``, a 1-second task whose body takes 2.5 s, and no worker for the
+    """Overlap policy ``skip``, a 1-second task whose body takes 4 s, and no worker for the
     first five slots: when a prefork worker of concurrency 4 starts, the queued slots reach
     its processes at the same moment. Exactly one of them runs (the one started first), the
     others are skipped, and no two bodies ever overlap; then the task goes on as usual.
@@ -464,14 +464,14 @@ def test_a_backlog_of_a_skipping_task_reaching_a_prefork_worker_at_once_runs_one
     try:
         start = real_now() + timedelta(seconds=6)
         run.seed(
-            [_skipping("backlog", 2.5)],
+            [_skipping("backlog", 4.0)],
             start,
         )
         run.start_beat(0.0)
         time.sleep(max((start - real_now()).total_seconds(), 0) + 4.5)
         worker_at = real_now()
         run.start_worker("w1", pool="prefork", concurrency=4)
-        time.sleep(10)
+        time.sleep(12)
         run.stop()
 
         runs = _runs_once_ended(run)
@@ -484,5 +484,5 @@ def test_a_backlog_of_a_skipping_task_reaching_a_prefork_worker_at_once_runs_one
     assert {r["status"] for r in queued} <= {"succeeded", "skipped"}, queued
     assert sum(r["status"] == "succeeded" for r in queued) == 1, queued
     ran = sum(r["status"] == "succeeded" for r in runs)
-    assert ran >= 3, runs
+    assert ran >= 2, runs  # one of the backlog, then the task goes on (a slow CI starts late)
     _assert_one_body_at_a_time(executions, "backlog", ran)
