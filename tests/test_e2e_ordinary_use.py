@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests import settings as test_settings
-from tests.e2e.harness import E2ERun, analyse, real_now, table
+from tests.e2e.harness import E2ERun, analyse, assert_exactly_once, real_now, table
 
 pytestmark = [
     pytest.mark.e2e,
@@ -37,19 +37,6 @@ pytestmark = [
 
 def _sleep_until(instant: Any) -> None:
     time.sleep(max((instant - real_now()).total_seconds(), 0))
-
-
-def _exactly_once(run: E2ERun, reports: dict[int, Any], names: set[str]) -> None:
-    checked = 0
-    for report in reports.values():
-        if report.name not in names:
-            continue
-        checked += 1
-        assert report.expected > 0, report.name
-        assert not report.missed, f"{report.name}: missed {report.missed}\n{run.logs()}"
-        assert report.duplicates == 0, f"{report.name}: {report.duplicates} duplicates"
-        assert not report.unexpected and not report.early, report.name
-    assert checked == len(names), f"tasks not found: {names}"
 
 
 _CORRUPTIONS = {
@@ -119,7 +106,7 @@ def test_stale_saves_and_malformed_rows_never_wedge_or_double_the_beats(tmp_path
         assert saved.get("saves", 0) >= 40, saved
         assert all(running), f"a beat exited\n{run.logs()}"
         assert all(code == 0 for code in codes.values()), f"{codes}\n{run.logs()}"
-        _exactly_once(run, reports, {"edited-1s", *(t["name"] for t in untouched)})
+        assert_exactly_once(run, reports, {"edited-1s", *(t["name"] for t in untouched)})
         tasks = {t["name"]: t for t in dump["tasks"]}
         for name, (_, field) in _CORRUPTIONS.items():
             assert not tasks[name]["enabled"], name
@@ -178,7 +165,7 @@ def test_a_beat_frozen_before_publishing_past_dead_after_publishes_nothing_twice
         reports = analyse(dump, run.received, start=start, until=end - timedelta(seconds=1.5))
         print(f"\nbeat 0 frozen for {2 * dead_after + 2:.0f} s before publishing\n{table(reports)}")
         assert all(code == 0 for code in codes.values()), f"{codes}\n{run.logs()}"
-        _exactly_once(run, reports, {f"plain-{i}" for i in range(5)})
+        assert_exactly_once(run, reports, {f"plain-{i}" for i in range(5)})
         log = run.beats[0].log.read_text()
         assert "taken over by another node" in log, log[-3000:]
         assert "re-registering" in log, log[-3000:]

@@ -23,16 +23,15 @@ import pytest
 
 from celery_driftsafe.testing.processes import free_port, postgres_exec
 from tests import settings as test_settings
-from tests.e2e.harness import E2ERun, analyse, real_now, table
+from tests.e2e.harness import E2ERun, analyse, assert_exactly_once, real_now, table
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(test_settings.TEST_DB != "postgres", reason="PgBouncer fronts PostgreSQL"),
 ]
 
-PG_USER = os.environ.get("DRIFTSAFE_TEST_PG_USER", "postgres")
-PG_HOST = os.environ.get("DRIFTSAFE_TEST_PG_HOST", "127.0.0.1")
-PG_PORT = os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432")
+#: The test PostgreSQL (the PostgreSQL pass's own settings): PgBouncer's server.
+PG = test_settings.DATABASES["default"]
 #: Server connections PgBouncer keeps for the database and a user: fewer than the clients.
 POOL_SIZE = 2
 
@@ -71,10 +70,10 @@ def pgbouncer() -> Iterator[Bouncer]:
     # its folder (a test's tmp_path is private to root).
     folder = Path(tempfile.mkdtemp(prefix="driftsafe-pgbouncer-"))
     port = free_port()
-    (folder / "users.txt").write_text(f'"{PG_USER}" ""\n')
+    (folder / "users.txt").write_text(f'"{PG["USER"]}" ""\n')
     (folder / "pgbouncer.ini").write_text(
         "[databases]\n"
-        f"* = host={PG_HOST} port={PG_PORT}\n"
+        f"* = host={PG['HOST']} port={PG['PORT']}\n"
         "[pgbouncer]\n"
         "listen_addr = 127.0.0.1\n"
         f"listen_port = {port}\n"
@@ -200,7 +199,7 @@ def test_beats_and_a_worker_behind_pgbouncer_in_transaction_pooling(
             busiest = max(busiest, _server_connections(run.db_name))
             time.sleep(0.5)
         if beat_role:  # the levels each side's sessions start at, as the test means them
-            assert _default_level(pgbouncer, run.db_name, PG_USER) == "repeatable read"
+            assert _default_level(pgbouncer, run.db_name, PG["USER"]) == "repeatable read"
             assert _default_level(pgbouncer, run.db_name, role) == "read committed"
         time.sleep(2)
         end = real_now()
@@ -221,12 +220,7 @@ def test_beats_and_a_worker_behind_pgbouncer_in_transaction_pooling(
     assert "Traceback" not in logs and "ERROR" not in logs, logs
     # the clients shared the pool: never more server connections than PgBouncer keeps
     assert 0 < busiest <= POOL_SIZE * (2 if beat_role else 1), busiest
-    assert len(plain) == 6
-    for report in plain.values():
-        assert report.expected > 0
-        assert not report.missed, f"{report.name}: missed {report.missed}\n{logs}"
-        assert not report.early, f"{report.name}: published early {report.early}"
-        assert not report.duplicates, f"{report.name}: published twice {report.duplicates}"
+    assert_exactly_once(run, plain, {f"plain-{i}" for i in range(6)})
     slots = [(r["task_id"], r["slot"]) for r in dump["runs"]]
     assert len(slots) == len(set(slots)), "two run rows for one slot"
     claimers = {r["claimed_by"] for r in dump["runs"]}

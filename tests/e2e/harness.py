@@ -378,3 +378,18 @@ def table(reports: dict[int, TaskReport]) -> str:
             f"{percentile(late, 50):>10.3f}{late[-1]:>10.3f}"
         )
     return "\n".join(lines)
+
+
+def assert_exactly_once(run: E2ERun, reports: dict[int, TaskReport], names: set[str]) -> None:
+    """Every task named in ``names`` is in ``reports`` and fired each due slot once: none
+    missed, doubled, early or off its schedule."""
+    checked = 0
+    for report in reports.values():
+        if report.name not in names:
+            continue
+        checked += 1
+        assert report.expected > 0, report.name
+        assert not report.missed, f"{report.name}: missed {report.missed}\n{run.logs()}"
+        assert report.duplicates == 0, f"{report.name}: {report.duplicates} duplicates"
+        assert not report.unexpected and not report.early, report.name
+    assert checked == len(names), f"tasks not found: {names}"
