@@ -246,25 +246,17 @@ class Execution(OverlapPolicy):
     def _run_unlocked(
         self, row: RunRow, now: datetime, args: Any, kwargs: Any, *, mode: str
     ) -> Any:
-        """Eager calls and ``fail_open``: the conditional start alone decides (a run already
-        started is never taken over), the overlap policy is checked on the ledger."""
-        if self._skips_overlaps(row):
-            assert row.periodic_task_id is not None
-            if self.ledger.other_started(row.periodic_task_id, self.run_id):
-                self._skip(None)
-            log_run(
-                logging.INFO,
-                "run %s: overlap checked on the ledger only (%s)",
-                self.run_id,
-                mode,
-                run_id=self.run_id,
-                action="overlap-ledger",
-            )
-        token = self.ledger.start_unlocked(self.run_id, now, self.worker, self.attempt)
-        if token is None:
-            self._suppress(f"it already started (database check, {mode})")
-        self.token, self.started_at = token, now
-        return self._body(args, kwargs)
+        """Eager calls, ``fail_open`` and a publisher locking elsewhere: the conditional start
+        alone decides (a run already started is never taken over); the overlap policy is
+        checked on the ledger and the database's running lock, held for the body."""
+        with self.locks:
+            if self._skips_overlaps(row):
+                self._check_overlap_unlocked(row, mode)
+            token = self.ledger.start_unlocked(self.run_id, now, self.worker, self.attempt)
+            if token is None:
+                self._suppress(f"it already started (database check, {mode})")
+            self.token, self.started_at = token, now
+            return self._body(args, kwargs)
 
     def _mismatch(self, run: RunRow | None) -> str:
         if run is None:

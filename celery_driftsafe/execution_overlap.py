@@ -29,6 +29,7 @@ from celery_driftsafe.execution_outcomes import (
 )
 from celery_driftsafe.ledger import RunRow
 from celery_driftsafe.locks import lock_backend
+from celery_driftsafe.locks.database import DatabaseLockBackend
 from celery_driftsafe.names import RunStatus
 
 
@@ -47,6 +48,38 @@ class OverlapPolicy(ExecutionOutcomes):
         assert row.periodic_task_id is not None
         if not self._hold_running_lock(row.periodic_task_id, token, args, kwargs, None):
             self._skip(token)
+
+    def _check_overlap_unlocked(self, row: RunRow, mode: str) -> None:
+        """Before a start without a run lock (``mode``: ``eager``, ``fail_open``,
+        ``lock-mismatch``), with overlap policy ``skip``: record the run ``skipped`` when the
+        ledger has another run of the task started, or when another holds the task's running
+        lock in the database. That lock, held for the body, puts two such starts at the
+        same instant in order (Redis, where the running lock usually lives, is out of reach
+        or not shared); a database lock cannot be taken inside a transaction (an eager call
+        in an ``atomic`` block), where the ledger alone decides."""
+        assert row.periodic_task_id is not None
+        if self.ledger.other_started(row.periodic_task_id, self.run_id):
+            self._skip(None)
+        task_lock = DatabaseLockBackend().lock(
+            f"task-running:{row.periodic_task_id}", ttl=self.settings.lease_seconds
+        )
+        try:
+            held: bool | None = task_lock.acquire(blocking=False)
+        except LockError:  # inside a transaction: not seen by others before it commits
+            held = None
+        if held is False:
+            self._skip(None)
+        if held:
+            self.locks.enter_context(task_lock.watch())
+        log_run(
+            logging.INFO,
+            "run %s: overlap checked on the ledger%s (%s)",
+            self.run_id,
+            " and the database's running lock" if held else " only",
+            mode,
+            run_id=self.run_id,
+            action="overlap-ledger",
+        )
 
     def _hold_overlap_lock_or_skip(
         self,

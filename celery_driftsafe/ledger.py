@@ -231,18 +231,24 @@ class Ledger(Statements):
         """Whether another run of the periodic task is recorded ``started``; with
         ``lease_lasting_at``, only one whose worker's lease in the ledger lasts at that instant
         (its body runs, whatever a lock says); with ``before``, only one started before that
-        instant, or at it with a smaller id (of two runs started at once, one comes first)."""
+        instant, or at it with a smaller id (of two runs started at once, one comes first).
+        A run started without a lock counts whatever the two say: it has no lease, and its
+        start was written only once its worker had decided to run it."""
         sql = (
             f"SELECT 1 FROM {self.runs} WHERE periodic_task_id = %s AND status = 'started' "
             f"AND id <> %s"
         )
         params: list[Any] = [periodic_task_id, run_id]
+        lasting: list[str] = []
         if lease_lasting_at is not None:
-            sql += " AND lease_until > %s"
+            lasting.append("lease_until > %s")
             params.append(self._at(lease_lasting_at))
         if before is not None:
-            sql += " AND (started_at < %s OR (started_at = %s AND id < %s))"
+            lasting.append("(started_at < %s OR (started_at = %s AND id < %s))")
             params += [self._at(before), self._at(before), run_id]
+        if lasting:
+            sql += f" AND (({' AND '.join(lasting)}) OR (lease_until IS NULL AND worker LIKE %s))"
+            params.append(f"%{UNLOCKED}")
         return self._fetch(sql, params) is not None
 
     def finish(self, run_id: int, token: int, status: str, now: datetime, error: str) -> bool:

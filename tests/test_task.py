@@ -7,7 +7,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import timedelta
 from typing import Any
 
@@ -16,6 +16,7 @@ from celery.exceptions import Ignore
 from django.test import override_settings
 
 from celery_driftsafe.headers import read_headers
+from celery_driftsafe.locks.database import DatabaseLockBackend
 from celery_driftsafe.models import Run, RunKind, RunStatus
 from celery_driftsafe.task import DriftSafeTask
 from tests import settings as test_settings
@@ -628,7 +629,104 @@ def test_fail_open_applies_the_overlap_policy_on_the_ledger(
         with delivery(record, third):
             assert record("b") == "b"
     assert calls == ["b"]
-    assert "overlap checked on the ledger only (fail_open)" in caplog.text
+    assert "overlap checked on the ledger and the database's running lock (fail_open)" in (
+        caplog.text
+    )
+    assert _database_running_lock_free(running.periodic_task_id)
+
+
+def _database_running_lock_free(periodic_task_id: int | None) -> bool:
+    lock = DatabaseLockBackend().lock(f"task-running:{periodic_task_id}")
+    if not lock.acquire(blocking=False):
+        return False
+    lock.release()
+    return True
+
+
+def test_fail_open_skips_while_another_holds_the_database_running_lock(
+    record: Any, calls: list[Any]
+) -> None:
+    """Two ``fail_open`` deliveries of a skipping task at once: the first holds the task's
+    running lock in the database and has not written its start yet. The second finds the
+    ledger empty but the lock held, and is skipped. Before, the ledger alone decided, and
+    both ran."""
+    first, second = _two_slots_of_a_skipping_task("open-at-once")
+    running = DatabaseLockBackend().lock(f"task-running:{first.periodic_task_id}", ttl=30)
+    assert running.acquire(blocking=False)
+    try:
+        with (
+            override_settings(DRIFTSAFE={**_DEAD_REDIS, "REDIS_UNAVAILABLE": "fail_open"}),
+            delivery(record, second),
+            pytest.raises(Ignore),
+        ):
+            record("b")
+    finally:
+        running.release()
+    second.refresh_from_db()
+    assert second.status == RunStatus.SKIPPED and calls == []
+
+
+@pytest.mark.skipif(
+    test_settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"),
+    reason="SQLite serialises every write: no two starts are at once",
+)
+def test_two_fail_open_deliveries_at_once_run_one_body(record: Any, calls: list[Any]) -> None:
+    """Two slots of a skipping task reach two worker threads at once with Redis away
+    (``fail_open``): exactly one body runs, the other run is recorded skipped, and the
+    database's running lock is free again once the body ended."""
+    first, second = _two_slots_of_a_skipping_task("open-threads")
+    record.gate.clear()
+    go = threading.Barrier(2)
+
+    def deliver(run: Run) -> None:
+        go.wait(5)
+        with suppress(Ignore):
+            _deliver(record, run)
+
+    with override_settings(DRIFTSAFE={**_DEAD_REDIS, "REDIS_UNAVAILABLE": "fail_open"}):
+        threads = [threading.Thread(target=deliver, args=(run,)) for run in (first, second)]
+        for thread in threads:
+            thread.start()
+        _wait_for(
+            lambda: (
+                sorted(
+                    Run.objects.filter(pk__in=[first.pk, second.pk]).values_list(
+                        "status", flat=True
+                    )
+                )
+                == [RunStatus.SKIPPED, RunStatus.STARTED]
+            )
+        )
+        record.gate.set()
+        for thread in threads:
+            thread.join()
+    statuses = sorted(
+        Run.objects.filter(pk__in=[first.pk, second.pk]).values_list("status", flat=True)
+    )
+    assert statuses == [RunStatus.SKIPPED, RunStatus.SUCCEEDED] and calls == ["a"]
+    assert _database_running_lock_free(first.periodic_task_id)
+
+
+def test_a_lock_holder_skips_while_a_run_started_without_a_lock_runs(
+    record: Any, calls: list[Any]
+) -> None:
+    """Overlap ``skip`` across the two sides of ``fail_open``: a run of the task was started
+    without a lock (its worker could not reach Redis) and runs; it has no lease in the
+    ledger and holds no running lock in Redis. A worker that reaches Redis gets the next
+    slot: it skips it. Before, it counted only runs with a lasting lease, and ran beside."""
+    from celery_driftsafe.clock import authority_clock
+
+    first, second = _two_slots_of_a_skipping_task("open-and-locked")
+    Run.objects.filter(pk=first.pk).update(
+        status=RunStatus.STARTED,
+        started_at=authority_clock().now() + timedelta(seconds=5),  # its worker's clock ran fast
+        fencing_token=1,
+        worker="w9 (no lock)",
+    )
+    with delivery(record, second), pytest.raises(Ignore):
+        record("b")
+    second.refresh_from_db()
+    assert second.status == RunStatus.SKIPPED and calls == []
 
 
 def test_a_run_started_without_a_lock_is_never_taken_over(record: Any, calls: list[Any]) -> None:
