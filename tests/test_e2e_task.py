@@ -447,13 +447,16 @@ def test_revoke_terminate_stops_a_running_body_in_a_prefork_worker(
         run.close()
 
 
-def test_a_backlog_of_a_skipping_task_reaching_a_prefork_worker_at_once_runs_one(
-    tmp_path: Path,
+@pytest.mark.parametrize(("pool", "concurrency"), [("prefork", 4), ("gevent", 8)])
+def test_a_backlog_of_a_skipping_task_reaching_a_worker_at_once_runs_one(
+    tmp_path: Path, pool: str, concurrency: int
 ) -> None:
     """Overlap policy ``skip``, a 1-second task whose body takes 4 s, and no worker for the
-    first five slots: when a prefork worker of concurrency 4 starts, the queued slots reach
-    its processes at the same moment. Exactly one of them runs (the one started first), the
-    others are skipped, and no two bodies ever overlap; then the task goes on as usual.
+    first five slots: when a worker starts (prefork with 4 processes, or gevent with 8
+    greenlets in one process, where the leases' watchdogs and the database connections are
+    greenlets' too), the queued slots reach it at the same moment. Exactly one of them runs
+    (the one started first), the others are skipped, and no two bodies ever overlap; then
+    the task goes on as usual, and no process logs an error.
     (The race of two starts within a few milliseconds that could skip both is shown
     in-process: ``test_task.py::test_of_two_runs_started_at_once_under_skip_the_earlier_runs``.)"""
     from datetime import datetime, timedelta
@@ -470,12 +473,13 @@ def test_a_backlog_of_a_skipping_task_reaching_a_prefork_worker_at_once_runs_one
         run.start_beat(0.0)
         time.sleep(max((start - real_now()).total_seconds(), 0) + 4.5)
         worker_at = real_now()
-        run.start_worker("w1", pool="prefork", concurrency=4)
+        run.start_worker("w1", pool=pool, concurrency=concurrency)
         time.sleep(12)
         run.stop()
 
         runs = _runs_once_ended(run)
         executions = run.executions()
+        logs = run.logs()
     finally:
         run.close()
     queued = [r for r in runs if datetime.fromisoformat(r["slot"]) < worker_at]
@@ -486,3 +490,5 @@ def test_a_backlog_of_a_skipping_task_reaching_a_prefork_worker_at_once_runs_one
     ran = sum(r["status"] == "succeeded" for r in runs)
     assert ran >= 2, runs  # one of the backlog, then the task goes on (a slow CI starts late)
     _assert_one_body_at_a_time(executions, "backlog", ran)
+    troubles = [line for line in logs.splitlines() if "Traceback" in line or "ERROR/" in line]
+    assert not troubles, troubles
