@@ -29,12 +29,13 @@ recovering costs O(tasks), not O(tasks * missed slots).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import cast
 
+from celery_driftsafe._instants import from_us, to_us
 from celery_driftsafe.jitter import offset
 from celery_driftsafe.names import MisfirePolicy
 from celery_driftsafe.slots import Interval, Schedule
@@ -125,29 +126,17 @@ def plan_claim(
     keep = fired_max + max(record_max, 1)
     # Slots before window_start are due before recent_start whatever their jitter: missed.
     window_start = recent_start - spread
-    tail: list[datetime] = []
-    missed_total = 0
-    if next_slot < window_start:
-        missed_total, tail_start = _count_and_tail_start(schedule, next_slot, window_start, keep)
-        tail = _slots(schedule, tail_start, window_start)
-    on_time: list[datetime] = []
-    upcoming = None
-    for slot in schedule.slots_between(max(next_slot, window_start), now + _TICK):
-        instant = due(slot)
-        if instant > now:
-            upcoming = slot
-            break
-        if instant < recent_start and not on_time:
-            tail.append(slot)
-            missed_total += 1
-            continue
-        on_time.append(slot)
-        if len(on_time) >= on_time_max:
-            # The rest of the on-time slots fire next round: the next slot is the first of
-            # them (due already), not the first after now, which would skip them unrecorded.
-            upcoming = schedule.next_after(slot)
-            break
-    tail = tail[-keep:]
+    counted = (
+        _count_on_the_grid(schedule, next_slot, recent_start, now, keep, on_time_max)
+        if jitter is None and type(schedule) is Interval
+        else None
+    )
+    if counted is not None:
+        missed_total, tail, on_time, upcoming = counted
+    else:
+        missed_total, tail, on_time, upcoming = _walk_due(
+            schedule, next_slot, window_start, recent_start, now, keep, on_time_max, due
+        )
 
     fire = on_time
     if tail:
@@ -171,6 +160,84 @@ def plan_claim(
 
 def _on_the_slot(slot: datetime) -> datetime:
     return slot
+
+
+_Counted = tuple[int, list[datetime], list[datetime], datetime | None]
+
+
+def _walk_due(
+    schedule: Schedule,
+    next_slot: datetime,
+    window_start: datetime,
+    recent_start: datetime,
+    now: datetime,
+    keep: int,
+    on_time_max: int,
+    due: Callable[[datetime], datetime],
+) -> _Counted:
+    """How many slots from ``next_slot`` on are missed, the last ``keep`` of them, the slots on
+    time (at most ``on_time_max``) and the slot after those: the missed ones counted, then the
+    rest walked one by one."""
+    tail: list[datetime] = []
+    missed_total = 0
+    if next_slot < window_start:
+        missed_total, tail_start = _count_and_tail_start(schedule, next_slot, window_start, keep)
+        tail = _slots(schedule, tail_start, window_start)
+    on_time: list[datetime] = []
+    upcoming = None
+    for slot in schedule.slots_between(max(next_slot, window_start), now + _TICK):
+        instant = due(slot)
+        if instant > now:
+            upcoming = slot
+            break
+        if instant < recent_start and not on_time:
+            tail.append(slot)
+            missed_total += 1
+            continue
+        on_time.append(slot)
+        if len(on_time) >= on_time_max:
+            # The rest of the on-time slots fire next round: the next slot is the first of
+            # them (due already), not the first after now, which would skip them unrecorded.
+            upcoming = schedule.next_after(slot)
+            break
+    return missed_total, tail[-keep:], on_time, upcoming
+
+
+def _count_on_the_grid(
+    schedule: Interval,
+    next_slot: datetime,
+    recent_start: datetime,
+    now: datetime,
+    keep: int,
+    on_time_max: int,
+) -> _Counted | None:
+    """What :func:`_walk_due` finds for an interval without jitter, by arithmetic on the
+    slots' indices: a task back after an outage plans in a few microseconds, where the walk
+    took some 14 (a tenth of the beat's cost of a slot). None when ``next_slot`` is not on the
+    interval's grid (the walk then starts from it as it is)."""
+    anchor, every = schedule.grid_us
+    first, off_grid = divmod(to_us(next_slot) - anchor, every)
+    if off_grid:
+        return None
+    now_us = to_us(now)
+    recent = -(-(now_us - (now - recent_start) // _TICK - anchor) // every)  # first on time
+    last = (now_us - anchor) // every  # the last slot due
+    on_from = max(first, recent)
+    taken = min(max(last - on_from + 1, 0), on_time_max)
+    # The last `keep` missed slots and the slots on time are one run of the grid: one
+    # conversion, then a step at a time (a conversion costs ten steps).
+    low = max(first, recent - keep)
+    slots: list[datetime] = []
+    slot = from_us(anchor + low * every)
+    for _ in range(on_from + taken - low):
+        assert slot is not None  # every slot here is at or before now
+        slots.append(slot)
+        slot += schedule.every
+    missed = max(on_from - low, 0)
+    # After the slots taken: the first after now, or the first on-time slot left for the next
+    # round when there were more than on_time_max.
+    upcoming = from_us(anchor + (on_from + taken) * every)
+    return max(recent - first, 0), slots[:missed], slots[missed:], upcoming
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,12 @@ class Interval:
         object.__setattr__(self, "_every_us", every_us)
         object.__setattr__(self, "_anchor_us", to_us(require_aware("anchor", self.anchor)))
 
+    @property
+    def grid_us(self) -> tuple[int, int]:
+        """The anchor and the step in whole microseconds (:func:`~._instants.to_us`): slot
+        ``k`` is ``from_us(anchor + k * every)``."""
+        return self._anchor_us, self._every_us
+
     def _slot(self, k: int) -> datetime | None:
         return from_us(self._anchor_us + k * self._every_us)
 

@@ -219,3 +219,42 @@ def test_more_slots_on_time_than_a_plan_takes_fire_over_the_next_rounds() -> Non
         plans += 1
     assert fired == [T0 + timedelta(seconds=k) for k in range(25)]
     assert plans == 3 and next_slot == now + timedelta(seconds=1)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    every_ms=st.integers(min_value=1, max_value=7_200_000),
+    behind_us=st.integers(min_value=0, max_value=48 * 3600 * 10**6),
+    grace_ms=st.integers(min_value=0, max_value=3_600_000),
+    policy=st.sampled_from(["fire_once", "fire_all", "skip"]),
+    record_max=st.integers(min_value=0, max_value=5),
+    fire_all_max=st.integers(min_value=1, max_value=5),
+    on_time_max=st.integers(min_value=1, max_value=5),
+)
+def test_an_interval_counted_on_its_grid_plans_as_the_walk_does(
+    every_ms: int,
+    behind_us: int,
+    grace_ms: int,
+    policy: str,
+    record_max: int,
+    fire_all_max: int,
+    on_time_max: int,
+) -> None:
+    """An interval without jitter is planned by arithmetic on its slots' indices (a task back
+    after an outage); a jitter of zero walks the slots: both must plan the same, whatever the
+    step, how far behind, the grace, the policy and the bounds on rows, catch-ups and slots
+    on time."""
+    from celery_driftsafe.misfire import Jitter
+
+    schedule = Interval(timedelta(milliseconds=every_ms), T0)
+    slot = T0 + timedelta(milliseconds=every_ms * 3)
+    now = slot + timedelta(microseconds=behind_us)
+    options: dict[str, Any] = {
+        "policy": policy,
+        "grace": timedelta(milliseconds=grace_ms),
+        "record_max": record_max,
+        "fire_all_max": fire_all_max,
+        "on_time_max": on_time_max,
+    }
+    walked = plan_claim(schedule, slot, now, jitter=Jitter("t", timedelta(0)), **options)
+    assert plan_claim(schedule, slot, now, **options) == walked
