@@ -447,14 +447,14 @@ def test_revoke_terminate_stops_a_running_body_in_a_prefork_worker(
         run.close()
 
 
-@pytest.mark.parametrize(("pool", "concurrency"), [("prefork", 4), ("gevent", 8)])
+@pytest.mark.parametrize(("pool", "concurrency"), [("prefork", 4), ("gevent", 8), ("eventlet", 8)])
 def test_a_backlog_of_a_skipping_task_reaching_a_worker_at_once_runs_one(
     tmp_path: Path, pool: str, concurrency: int
 ) -> None:
     """Overlap policy ``skip``, a 1-second task whose body takes 4 s, and no worker for the
-    first five slots: when a worker starts (prefork with 4 processes, or gevent with 8
-    greenlets in one process, where the leases' watchdogs and the database connections are
-    greenlets' too), the queued slots reach it at the same moment. Exactly one of them runs
+    first five slots: when a worker starts (prefork with 4 processes, or gevent or eventlet
+    with 8 greenlets in one process, where the leases' watchdogs and the database connections
+    are greenlets' too), the queued slots reach it at the same moment. Exactly one of them runs
     (the one started first), the others are skipped, and no two bodies ever overlap; then
     the task goes on as usual, and no process logs an error.
     (The race of two starts within a few milliseconds that could skip both is shown
