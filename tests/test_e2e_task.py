@@ -485,8 +485,9 @@ def test_a_backlog_of_a_skipping_task_reaching_a_worker_at_once_runs_one(
     # The backlog: every slot due before the first body began, which the worker took at once
     # (a loaded machine starts the worker seconds after ``worker_at``, so its backlog can hold
     # a slot or two more; which of them runs is the one started first, not the earliest slot).
-    assert any(e["marker"] == "backlog" for e in executions), (runs, executions)
-    first_began = min(e["began"] for e in executions if e["marker"] == "backlog")
+    began = [e["began"] for e in executions if e["marker"] == "backlog"]
+    assert began, (runs, executions)
+    first_began = min(began)
     queued = [r for r in runs if datetime.fromisoformat(r["slot"]).timestamp() < first_began]
     print(f"\n{len(queued)} slots queued before the worker: {[r['status'] for r in queued]}")
     assert sum(datetime.fromisoformat(r["slot"]) < worker_at for r in queued) >= 4, queued
