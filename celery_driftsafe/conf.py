@@ -146,8 +146,13 @@ class DriftSafeSettings:
     #: A worker's main process serves its Prometheus metrics on this TCP port (a prefork pool
     #: also needs ``PROMETHEUS_MULTIPROC_DIR``; see the monitoring how-to). ``None``: none.
     worker_metrics_port: int | None = None
-    #: The address the metrics ports listen on.
-    metrics_address: str = "0.0.0.0"
+    #: The address the metrics ports listen on: this host only by default; ``"0.0.0.0"`` (or
+    #: ``"::"``) serves every interface, to anyone who can reach the host.
+    metrics_address: str = "127.0.0.1"
+    #: The bearer token a scraper sends to the metrics view (``Authorization: Bearer <token>``).
+    #: ``None``: only logged-in users allowed to view tasks, runs and nodes see the view.
+    #: Kept out of the settings' ``repr``.
+    metrics_token: str | None = dataclasses.field(default=None, repr=False)
 
     @classmethod
     def setting_names(cls) -> dict[str, str]:
