@@ -116,7 +116,6 @@ def test_a_new_project_with_readme_settings(tmp_path: Path, with_redis: bool) ->
     queue = f"first-use-{uuid.uuid4().hex[:8]}"
     make_project(root, queue=queue, with_redis=with_redis)
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env.pop("PYTHONPATH", None)
 
     checked = manage(root, env, "check")
     assert "System check identified no issues" in checked, checked
