@@ -4,7 +4,8 @@
 README's "Use it in your project" gives, pasted as they are (the Redis URL pointed at the test
 server). Then what a new user types: ``manage.py check`` and ``migrate`` say nothing about this
 package, and ``celery -A proj beat -S driftsafe`` (the short name, from the
-``celery.beat_schedulers`` entry points) starts, claims and publishes. The time authority is
+``celery.beat_schedulers`` entry points), or ``celery -A proj beat`` with README's
+``CELERY_BEAT_SCHEDULER = "driftsafe"``, starts, claims and publishes. The time authority is
 ``auto``: Redis' clock with README's ``REDIS_URL``; without it, this machine's clock, which the
 beat says in one line at its start, once.
 """
@@ -127,9 +128,11 @@ def test_a_new_project_with_readme_settings(tmp_path: Path, with_redis: bool) ->
     broker = redis.Redis.from_url(f"{test_settings.REDIS_SERVER}/{BROKER_DB}")
     children = Children(tmp_path, cwd=root)
     try:
+        # `-S driftsafe` in one run; in the other the README's CELERY_BEAT_SCHEDULER alone
+        scheduler = ["-S", "driftsafe"] if with_redis else []
         beat = children.start(
             "beat",
-            ["-A", "proj", "beat", "-S", "driftsafe", "--loglevel", "INFO", "-s", "beat-file"],
+            ["-A", "proj", "beat", *scheduler, "--loglevel", "INFO", "-s", "beat-file"],
             env,
         )
         deadline = time.monotonic() + 90
