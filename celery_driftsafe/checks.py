@@ -23,7 +23,7 @@ Stable ids (documented in the settings reference):
 ``celery_driftsafe.E024``  ``MIN_ROUND_INTERVAL_SECONDS`` is not a number from 0 to
                            ``MAX_LOOP_INTERVAL_SECONDS``
 ``celery_driftsafe.E028``  ``METRICS_TOKEN`` is not printable ASCII without spaces, or None
-``celery_driftsafe.W001``  ``TIME_AUTHORITY`` is ``database`` on SQLite (no shared clock)
+``celery_driftsafe.W001``  ``TIME_AUTHORITY`` is set to ``database`` on SQLite (no shared clock)
 ``celery_driftsafe.W002``  ``MAX_CLOCK_OFFSET_SECONDS`` is not below the hard bound
 ``celery_driftsafe.W020``  ``METRICS_TOKEN`` is shorter than 32 characters
 ========================  ==============================================================
@@ -178,7 +178,7 @@ def _check_raw(raw: dict[str, Any]) -> Iterable[CheckMessage]:
             "TIME_AUTHORITY",
             "redis",
             "needs DRIFTSAFE['REDIS_URL']",
-            "set REDIS_URL, or use TIME_AUTHORITY 'database'",
+            "set REDIS_URL, or use TIME_AUTHORITY 'auto' (the default) or 'database'",
             "celery_driftsafe.E006",
         )
     prefix = raw.get("KEY_PREFIX", "driftsafe")
@@ -409,12 +409,15 @@ def describe(message: CheckMessage) -> str:
 def check_database(
     app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """Warn when the database cannot be a shared time authority."""
+    """Warn when ``TIME_AUTHORITY`` is set to ``database`` on a database without a clock of
+    its own (SQLite). ``auto``, the default, picks Redis or the local clock there instead, and
+    the beat says which at its start (log action ``local-authority``), so a new project on
+    SQLite gets no warning from every management command."""
     try:
         raw = conf.raw_settings()
     except ConfigurationError:
         return []  # reported by check_settings
-    if raw.get("TIME_AUTHORITY", "database") != "database":
+    if raw.get("TIME_AUTHORITY", "auto") != "database":
         return []
     if connections["default"].vendor != "sqlite":
         return []
@@ -422,7 +425,8 @@ def check_database(
         Warning(
             "DRIFTSAFE['TIME_AUTHORITY'] is 'database' but the database is SQLite, whose clock "
             "is each process's own wall clock, so beats on different machines share no clock",
-            hint="set DRIFTSAFE['TIME_AUTHORITY'] = 'redis' (with REDIS_URL), or use PostgreSQL",
+            hint="remove TIME_AUTHORITY (the default 'auto' takes Redis' clock when REDIS_URL is "
+            "set), set it to 'redis', or use PostgreSQL",
             id="celery_driftsafe.W001",
         )
     ]

@@ -4,7 +4,7 @@ Every setting lives in one dict in Django settings::
 
     DRIFTSAFE = {
         "REDIS_URL": "redis://127.0.0.1:6379/0",
-        "TIME_AUTHORITY": "database",
+        "TIME_AUTHORITY": "auto",
     }
 
 :func:`get_settings` builds a :class:`DriftSafeSettings` from it each time it is asked after a
@@ -59,9 +59,11 @@ class DriftSafeSettings:
     #: the default from the default database (:func:`default_key_prefix`), so two projects
     #: sharing one Redis database never see each other's locks or wake-ups.
     key_prefix: str = DEFAULT_KEY_PREFIX
-    #: Whose clock decides due-ness: ``database`` (the claim query's ``now()``), ``redis``
-    #: (Redis ``TIME``) or ``local`` (this process's wall clock; single-machine tests only).
-    time_authority: TimeAuthority = TimeAuthority.DATABASE
+    #: Whose clock decides due-ness: ``database`` (the database server's clock), ``redis``
+    #: (Redis ``TIME``), ``local`` (this process's wall clock; one machine only), or ``auto``:
+    #: the database's where it has one (PostgreSQL, MySQL), else Redis' when ``REDIS_URL`` is
+    #: set, else the local clock (see :func:`celery_driftsafe.clock.resolve_time_authority`).
+    time_authority: TimeAuthority = TimeAuthority.AUTO
     #: The most runs one claim round takes.
     claim_batch_size: int = 500
     #: Messages written to the broker in one pipelined write (kombu's publish batch, on
