@@ -8,7 +8,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -220,6 +220,13 @@ def test_json_strings_in_args_and_kwargs_are_read_as_their_value(
     assert [m["args"] for m in drain()] == [[3, 4]]
 
 
+def _nested(levels: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
 @pytest.mark.parametrize(
     ("field", "value", "wrong"),
     [
@@ -236,6 +243,19 @@ def test_json_strings_in_args_and_kwargs_are_read_as_their_value(
         ("misfire_grace_seconds", float("inf"), "misfire_grace_seconds"),
         ("misfire_policy", "sometimes", "misfire_policy"),
         ("timezone", "Mars/Olympus_Mons", "timezone"),
+        # what Celery's json serializer cannot send, or a database cannot store as it is
+        ("args", [1, float("nan")], "args"),
+        ("kwargs", {"a": float("inf")}, "kwargs"),
+        ("kwargs", {1: "a"}, "kwargs"),
+        ("headers", {"x-note": "a\x00b"}, "headers"),
+        ("args", [10**5000], "args"),
+        ("args", _nested(100), "args"),
+        ("args", "[" * 5000 + "]" * 5000, "args"),  # a JSON string too deep to decode
+        ("crontab_minute", "1" * 5000, "crontab_minute"),  # past Python's digit limit
+        # a slot there, plus its jitter or expiry, would leave the calendar
+        ("valid_from", datetime(9999, 12, 31, tzinfo=UTC), "valid_from"),
+        ("interval_anchor", datetime(9999, 12, 31, tzinfo=UTC), "interval_anchor"),
+        ("one_off_at", datetime(9999, 12, 31, 23, tzinfo=UTC), "one_off_at"),
     ],
 )
 def test_save_refuses_what_the_task_could_not_fire_with(field: str, value: Any, wrong: str) -> None:
@@ -244,9 +264,11 @@ def test_save_refuses_what_the_task_could_not_fire_with(field: str, value: Any, 
         "interval_every": 10,
         "interval_anchor": T0,
     }
-    if field == "timezone":
+    if field in ("timezone", "crontab_minute"):
         fields = {"schedule_kind": "crontab", "crontab_minute": "0"}
-    task = PeriodicTask(name="bad", task="tests.add", **fields, **{field: value})
+    if field == "one_off_at":
+        fields = {"schedule_kind": "one_off", "jitter_seconds": 3600.0}
+    task = PeriodicTask(name="bad", task="tests.add", **{**fields, field: value})
     with pytest.raises(ValidationError) as caught:
         task.save()
     assert wrong in caught.value.message_dict

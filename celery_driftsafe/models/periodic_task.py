@@ -22,7 +22,13 @@ from celery_driftsafe.models.choices import (
 )
 from celery_driftsafe.schedule_fields import CRONTAB_FIELDS, ERROR_FIELDS, KIND_FIELD
 from celery_driftsafe.slots import OneOff, Schedule, Solar, shared_crontab, shared_interval
-from celery_driftsafe.validation import Problem, coerce_json, json_problems, option_problems
+from celery_driftsafe.validation import (
+    Problem,
+    coerce_json,
+    instant_problems,
+    json_problems,
+    option_problems,
+)
 
 #: Stands in for an interval anchor not stored yet, where only the schedule's shape matters
 #: (validation, descriptions); never used to compute a real slot.
@@ -261,10 +267,13 @@ class PeriodicTask(models.Model):
         self.kwargs = coerce_json(self.kwargs, dict)
         self.headers = coerce_json(self.headers, dict)
 
-    def problems(self, *, schedule: bool = True) -> list[Problem]:
+    def problems(self, *, schedule: bool = True, writing: bool = False) -> list[Problem]:
         """Everything that keeps this row from firing, each naming the model field at fault.
-        ``schedule=False`` leaves the schedule out (a caller about to evaluate it anyway)."""
-        found = json_problems(self.args, self.kwargs, self.headers)
+        ``schedule=False`` leaves the schedule out (a caller about to evaluate it anyway);
+        ``writing=True`` adds the checks of a write (:meth:`clean`): every value inside the
+        JSON fields, and instants that stay in the calendar (see
+        :mod:`celery_driftsafe.validation`)."""
+        found = json_problems(self.args, self.kwargs, self.headers, contents=writing)
         found += option_problems(
             task=self.task,
             priority=self.priority,
@@ -279,6 +288,13 @@ class PeriodicTask(models.Model):
             max_runs=self.max_runs,
             jitter_seconds=self.jitter_seconds,
         )
+        if writing:
+            found += instant_problems(
+                one_off_at=self.one_off_at,
+                valid_from=self.valid_from,
+                valid_until=self.valid_until,
+                interval_anchor=self.interval_anchor,
+            )
         if not schedule:
             return found
         try:
@@ -301,7 +317,7 @@ class PeriodicTask(models.Model):
         """Model validation: every problem on the field at fault."""
         self.coerce()
         errors: dict[str, list[str]] = {}
-        for problem in self.problems():
+        for problem in self.problems(writing=True):
             errors.setdefault(problem.field, []).append(problem.message)
         if errors:
             raise ValidationError(errors)
