@@ -33,6 +33,7 @@ from functools import lru_cache
 from typing import Any
 
 from django import forms
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MinValueValidator
 from django.forms.fields import InvalidJSONInput, JSONString
 from django.utils.html import format_html, format_html_join
@@ -378,6 +379,24 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         for field, argument in CRONTAB_FIELDS.items():
             data[field] = getattr(parsed, argument).strip()
         return True
+
+    def _update_errors(self, errors: ValidationError) -> None:
+        """The model's errors on fields the form does not show (the interval's anchor, set at
+        save, of a row written behind ``save()``'s back) go above the fields, named, instead
+        of failing the page: Django accepts errors only on the form's own fields."""
+        if hasattr(errors, "error_dict"):
+            shown: dict[str, Any] = {}
+            for field, messages in errors.error_dict.items():
+                if field == NON_FIELD_ERRORS or field in self.fields:
+                    shown.setdefault(field, []).extend(messages)
+                else:
+                    shown.setdefault(NON_FIELD_ERRORS, []).extend(
+                        ValidationError(f"{field}: {message}")
+                        for error in messages
+                        for message in error.messages
+                    )
+            errors = ValidationError(shown)
+        super()._update_errors(errors)  # type: ignore[misc]  # private: not in the stubs
 
     def full_clean(self) -> None:
         super().full_clean()

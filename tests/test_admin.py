@@ -346,6 +346,24 @@ def test_instants_at_the_ends_of_the_calendar_are_refused_on_their_field(
 
 
 @pytest.mark.django_db
+def test_an_error_on_a_field_the_form_does_not_show_goes_above_the_fields(
+    admin_client: Any, app: Any
+) -> None:
+    """An interval anchor written behind save()'s back past the calendar's margin: the form
+    has no anchor field, and Django's form refused an error on it (a server error)."""
+    task = interval_task("far", 10, anchor=T0)
+    PeriodicTask.objects.filter(pk=task.pk).update(interval_anchor=datetime(9950, 1, 1, tzinfo=UTC))
+    change = reverse("admin:celery_driftsafe_periodictask_change", args=[task.pk])
+    errors = form_errors(
+        admin_client.post(
+            change, form_data(name="far", schedule_kind="interval", interval_every="10")
+        )
+    )
+    assert list(errors) == ["__all__"]
+    assert errors["__all__"][0].startswith("interval_anchor: must be from 0001-01-03")
+
+
+@pytest.mark.django_db
 def test_one_off_needs_its_instant(admin_client: Any, app: Any) -> None:
     errors = form_errors(admin_client.post(ADD, form_data(schedule_kind="one_off")))
     assert list(errors) == ["one_off_at"]
