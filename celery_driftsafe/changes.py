@@ -274,12 +274,13 @@ def schedule_unscheduled(
                     taken=_run_slots_at(task, using),
                 )
             problem = "" if task.next_slot_at else "finished: no slot left after now"
+            if not problem:
+                set_due(task)  # a slot at the calendar's end plus its jitter overflows
         except Exception as exc:
             problem = disabled_by_scheduler(schedule_failure(task, exc))
         if problem:
             fields.update(enabled=False, next_slot_at=None, due_at=None, disabled_reason=problem)
         else:
-            set_due(task)
             fields.update(next_slot_at=task.next_slot_at, due_at=task.due_at)
         if not rows.filter(pk=task.pk).update(**fields):
             continue  # saved, scheduled or disabled meanwhile

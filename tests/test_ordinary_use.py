@@ -196,6 +196,37 @@ def test_tasks_written_without_save_are_scheduled_by_the_beat(
     assert not PeriodicTask.objects.filter(enabled=True, due_at__isnull=True).exists()
 
 
+def test_a_row_written_without_save_at_the_calendars_end_is_disabled_and_the_rest_scheduled(
+    clock: FakeClock,
+) -> None:
+    """A one-off at 9999-12-31 23:59 with a day of jitter, written by ``bulk_create`` (which
+    skips ``save()``'s checks): its due instant is past the calendar, which failed every pass
+    of the beat's look for unscheduled tasks, for every task after it."""
+    from celery_driftsafe.changes import schedule_unscheduled
+
+    late = datetime(9999, 12, 31, 23, 59, tzinfo=UTC)
+    PeriodicTask.objects.bulk_create(
+        [
+            PeriodicTask(
+                name="a-end",
+                task="tests.add",
+                schedule_kind="one_off",
+                one_off_at=late,
+                jitter_seconds=86_400.0,
+            ),
+            PeriodicTask(
+                name="b-fine", task="tests.add", schedule_kind="interval", interval_every=10
+            ),
+        ]
+    )
+    assert schedule_unscheduled(T0) == ["b-fine"]
+    end = PeriodicTask.objects.get(name="a-end")
+    assert (end.enabled, end.next_slot_at, end.due_at) == (False, None, None)
+    assert end.disabled_reason.startswith("disabled by the scheduler: one_off_at: ")
+    assert "OverflowError" in end.disabled_reason
+    assert PeriodicTask.objects.get(name="b-fine").next_slot_at == T0 + 10 * S
+
+
 # -- no data can stop a beat -----------------------------------------------------------------
 
 
