@@ -89,8 +89,15 @@ def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> 
     :class:`EntryError` naming the entry, its key at fault and what is wrong."""
     from celery.schedules import crontab, schedule, solar
 
-    if not isinstance(entry, Mapping) or "task" not in entry or "schedule" not in entry:
-        raise EntryError(name, "task", "an entry needs 'task' and 'schedule'")
+    if not isinstance(entry, Mapping):
+        raise EntryError(
+            name,
+            "entry",
+            f"must be a dict with 'task' and 'schedule', not {validation.shape(entry)}",
+        )
+    for key in ("task", "schedule"):
+        if key not in entry:
+            raise EntryError(name, key, "is missing: an entry needs 'task' and 'schedule'")
     if not isinstance(entry["task"], str) or not entry["task"].strip():
         raise EntryError(
             name, "task", f"must be a task name, not {validation.shape(entry['task'])}"

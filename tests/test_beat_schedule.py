@@ -52,6 +52,7 @@ BAD_ENTRIES = {
         "up to 3155760000",
     ),
     "task-int": ({"task": 5}, "task", "must be a task name, not int 5"),
+    "schedule-none": ({"schedule": None}, "schedule", "NoneType schedules are not supported"),
 }
 
 
@@ -78,6 +79,26 @@ def test_a_bad_entry_is_skipped_by_name_and_field_and_the_others_sync(
     message = record.getMessage()
     assert message.startswith(f"beat_schedule entry {bad!r} skipped, nothing of it written: ")
     assert f"{field}: " in message and reason in message
+
+
+@pytest.mark.django_db
+def test_an_entry_that_is_not_a_dict_or_misses_a_key_is_named(app: Celery) -> None:
+    app.conf.beat_schedule = {
+        "text": "tests.add every 10 s",
+        "no-task": {"schedule": 10.0},
+        "no-schedule": {"task": "tests.add"},
+        "fine": GOOD,
+    }
+    report = sync_beat_schedule(app, now=T0)
+    assert report.created == ["fine"]
+    assert report.errors == {
+        "text": "beat_schedule['text'] entry: must be a dict with 'task' and 'schedule', not "
+        "the string 'tests.add every 10 s'",
+        "no-task": "beat_schedule['no-task'] task: is missing: an entry needs 'task' and "
+        "'schedule'",
+        "no-schedule": "beat_schedule['no-schedule'] schedule: is missing: an entry needs "
+        "'task' and 'schedule'",
+    }
 
 
 @pytest.mark.django_db
