@@ -16,8 +16,8 @@ Each problem is reported on the field at fault, all at once (not the first one o
 * ``one_off_at`` — required for a one-off task;
 * ``solar_event`` / ``solar_latitude`` / ``solar_longitude`` — an event, a latitude from -90 to
   90 and a longitude from -180 to 180 (solar tasks);
-* ``valid_until`` — after ``valid_from`` when both are set; ``one_off_at``, ``valid_from``
-  and ``valid_until`` within the calendar's margins (a slot at 9999-12-31 plus its jitter
+* ``valid_until`` — after ``valid_from`` when both are set; ``one_off_at`` and
+  ``valid_from`` within the calendar's margins (a slot at 9999-12-31 plus its jitter
   would leave it: see :mod:`celery_driftsafe.validation`); ``max_runs`` — 1 or more;
   ``jitter_seconds`` — 0 to 86,400 (see :mod:`celery_driftsafe.bounds`).
 

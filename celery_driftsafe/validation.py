@@ -97,9 +97,10 @@ _INT_LIMIT = 10**MAX_INT_DIGITS
 #: (``bounds.MAX_JITTER_SECONDS``) and a message expiry of up to :data:`MAX_SECONDS`, plus a
 #: day for a crontab's time zone.
 CALENDAR_MARGIN = timedelta(seconds=MAX_SECONDS + 2 * 86_400)
-#: The earliest and latest instant a task may store (``one_off_at``, ``valid_from``,
-#: ``valid_until``, ``interval_anchor``): a slot there, its jittered instant and its message
-#: expiry must all be instants Python can hold (years 1 to 9999).
+#: The earliest and latest instant a task may store as ``one_off_at``, ``valid_from`` or
+#: ``interval_anchor`` (its slots start there; ``valid_until`` only cuts them off): a slot
+#: there, its jittered instant and its message expiry must all be instants Python can hold
+#: (years 1 to 9999).
 EARLIEST_INSTANT = datetime.min.replace(tzinfo=UTC) + timedelta(days=2)
 LATEST_INSTANT = (datetime.max.replace(tzinfo=UTC) - CALENDAR_MARGIN).replace(
     hour=0, minute=0, second=0, microsecond=0

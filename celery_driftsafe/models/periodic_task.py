@@ -289,10 +289,10 @@ class PeriodicTask(models.Model):
             jitter_seconds=self.jitter_seconds,
         )
         if writing:
+            # valid_until only ever cuts slots off: any instant will do.
             found += instant_problems(
                 one_off_at=self.one_off_at,
                 valid_from=self.valid_from,
-                valid_until=self.valid_until,
                 interval_anchor=self.interval_anchor,
             )
         if not schedule:
