@@ -176,37 +176,48 @@ def json_value_problem(value: Any) -> str | None:
     walk is iterative, so a value nested a million levels deep is refused, not a
     ``RecursionError``."""
     stack: list[tuple[Any, int, str]] = [(value, 1, "")]
+    seen = 0
     while stack:
         item, depth, where = stack.pop()
-        at = f" at {where if len(where) <= 60 else where[:57] + '...'}" if where else ""
+        seen += 1
+        if seen > MAX_JSON_CHARS:  # each value takes a character at least
+            return f"holds more than {MAX_JSON_CHARS:,} values"
         if item is None or isinstance(item, bool | str | int | float):
             problem = _scalar_problem(item)
             if problem is not None:
-                return problem + at
+                return problem + _at(where)
             continue
         if depth > MAX_JSON_DEPTH:
-            return f"nests deeper than {MAX_JSON_DEPTH} levels{at}"
+            return f"nests deeper than {MAX_JSON_DEPTH} levels{_at(where)}"
         if isinstance(item, list | tuple):
             stack.extend((v, depth + 1, f"{where}[{i}]") for i, v in enumerate(item))
         elif isinstance(item, dict):
             for key, v in item.items():
                 if not isinstance(key, str):
                     return (
-                        f"has the key {key!r}{at}: keys must be text (JSON turns others into text)"
+                        f"has the key {key!r}{_at(where)}: keys must be text (JSON turns others "
+                        "into text)"
                     )
                 problem = _scalar_problem(key)
                 if problem is not None:
-                    return f"the key{at} {problem}"
+                    return f"the key {key[:40]!r}{_at(where)} {problem}"
                 stack.append((v, depth + 1, f"{where}[{key[:40]!r}]"))
         else:
             return (
-                f"{shape(item)}{at} is not a JSON value (use lists, objects with text keys, "
-                "text, numbers, true/false and null)"
+                f"{shape(item)}{_at(where)} is not a JSON value (use lists, objects with text "
+                "keys, text, numbers, true/false and null)"
             )
     size = len(json.dumps(value, ensure_ascii=False))
     if size > MAX_JSON_CHARS:
         return f"is {size:,} characters long as JSON, more than {MAX_JSON_CHARS:,}"
     return None
+
+
+def _at(where: str) -> str:
+    """Where in a value a problem is (``[0]['a']``), for its message."""
+    if not where:
+        return ""
+    return f" at {where if len(where) <= 60 else where[:57] + '...'}"
 
 
 def _scalar_problem(item: Any) -> str | None:
