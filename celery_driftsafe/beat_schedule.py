@@ -23,9 +23,10 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.core.exceptions import ValidationError
+from django.db import DataError, IntegrityError, transaction
 from django.db.models import QuerySet
 
-from celery_driftsafe.exceptions import ScheduleError
+from celery_driftsafe import validation
 from celery_driftsafe.models import IntervalUnit, PeriodicTask, ScheduleKind, TaskSource
 from celery_driftsafe.upsert import Upserted, upsert_by_name
 
@@ -46,31 +47,71 @@ class SyncReport:
 REMOVED = "removed from beat_schedule"
 
 
-def _cron_field(value: Any) -> str:
+class EntryError(ValueError):
+    """A ``beat_schedule`` entry that cannot be synced or imported: the key of the entry at
+    fault (``args``, ``options.headers``, ...) and why."""
+
+    def __init__(self, name: str, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"beat_schedule[{name!r}] {field}: {message}")
+
+
+def _cron_field(name: str, value: Any) -> str:
     if isinstance(value, str | int):
         return str(value)
     if isinstance(value, set | frozenset | list | tuple):
         return ",".join(str(v) for v in sorted(value))
-    raise ScheduleError("expression", f"cannot read crontab field {value!r}")
+    raise EntryError(name, "schedule", f"cannot read crontab field {value!r}")
+
+
+def _json_entry_value(name: str, field: str, value: Any, shape: type) -> Any:
+    """``value`` (a list or tuple for ``args``, a mapping otherwise; None: empty) as the JSON
+    value it is stored and sent as; raises :class:`EntryError` for anything else, and for
+    what :func:`~celery_driftsafe.validation.json_value_problem` refuses (NaN, depth, ...)."""
+    if value is None:
+        return shape()
+    if shape is list and not isinstance(value, list | tuple):
+        raise EntryError(
+            name, field, f"must be a list or tuple of arguments, not {validation.shape(value)}"
+        )
+    if shape is dict and not isinstance(value, Mapping):
+        raise EntryError(name, field, f"must be a dict, not {validation.shape(value)}")
+    value = list(value) if shape is list else dict(value)
+    problem = validation.json_value_problem(value)
+    if problem is not None:
+        raise EntryError(name, field, problem)
+    # Tuples inside become lists, as stored: an unchanged entry then compares equal.
+    return json.loads(json.dumps(value))
 
 
 def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> dict[str, Any]:
-    """The :class:`PeriodicTask` fields of one ``beat_schedule`` entry; raises ``ValueError``
-    (``ScheduleError`` for schedules) naming the entry and what is wrong."""
+    """The :class:`PeriodicTask` fields of one ``beat_schedule`` entry; raises
+    :class:`EntryError` naming the entry, its key at fault and what is wrong."""
     from celery.schedules import crontab, schedule, solar
 
-    if not isinstance(entry, Mapping) or "task" not in entry or "schedule" not in entry:
-        raise ValueError(f"beat_schedule[{name!r}] needs 'task' and 'schedule'")
+    if not isinstance(entry, Mapping):
+        raise EntryError(
+            name,
+            "entry",
+            f"must be a dict with 'task' and 'schedule', not {validation.shape(entry)}",
+        )
+    for key in ("task", "schedule"):
+        if key not in entry:
+            raise EntryError(name, key, "is missing: an entry needs 'task' and 'schedule'")
+    if not isinstance(entry["task"], str) or not entry["task"].strip():
+        raise EntryError(
+            name, "task", f"must be a task name, not {validation.shape(entry['task'])}"
+        )
     sched = entry["schedule"]
     fields: dict[str, Any] = {"task": entry["task"]}
     if isinstance(sched, crontab):
         fields.update(
             schedule_kind=ScheduleKind.CRONTAB,
-            crontab_minute=_cron_field(sched._orig_minute),
-            crontab_hour=_cron_field(sched._orig_hour),
-            crontab_day_of_month=_cron_field(sched._orig_day_of_month),
-            crontab_month_of_year=_cron_field(sched._orig_month_of_year),
-            crontab_day_of_week=_cron_field(sched._orig_day_of_week),
+            crontab_minute=_cron_field(name, sched._orig_minute),
+            crontab_hour=_cron_field(name, sched._orig_hour),
+            crontab_day_of_month=_cron_field(name, sched._orig_day_of_month),
+            crontab_month_of_year=_cron_field(name, sched._orig_month_of_year),
+            crontab_day_of_week=_cron_field(name, sched._orig_day_of_week),
             timezone=timezone,
         )
     elif isinstance(sched, solar):
@@ -83,22 +124,32 @@ def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> 
     else:
         if isinstance(sched, schedule) and type(sched) is schedule:
             every = sched.run_every
-        elif isinstance(sched, timedelta):
-            every = sched
-        elif isinstance(sched, int | float) and not isinstance(sched, bool):
-            every = timedelta(seconds=sched)
         else:
-            raise ScheduleError(
-                "schedule_kind",
-                f"beat_schedule[{name!r}]: {type(sched).__name__} schedules are not supported "
-                "(use a number of seconds, a timedelta, schedule(), crontab() or solar())",
+            every = sched
+        if isinstance(every, timedelta):
+            seconds: Any = every.total_seconds()
+        elif isinstance(every, int | float) and not isinstance(every, bool):
+            seconds = every
+        else:
+            raise EntryError(
+                name,
+                "schedule",
+                f"{type(sched).__name__} schedules are not supported (use a number of "
+                "seconds, a timedelta, schedule(), crontab() or solar())",
             )
+        if not validation.seconds_in_calendar(seconds):
+            raise EntryError(
+                name,
+                "schedule",
+                f"interval {seconds!r} s must be a finite number of seconds up to "
+                f"{validation.MAX_SECONDS:.0f} (a hundred years)",
+            )
+        if not isinstance(every, timedelta):
+            every = timedelta(seconds=seconds)
         micro = every // timedelta(microseconds=1)
         if micro <= 0:
-            raise ScheduleError(
-                "every",
-                f"beat_schedule[{name!r}]: interval {every.total_seconds()} s must be "
-                "longer than zero",
+            raise EntryError(
+                name, "schedule", f"interval {every.total_seconds()} s must be longer than zero"
             )
         # Whole seconds in seconds; a fraction of a second in microseconds.
         whole = micro % 1_000_000 == 0
@@ -107,14 +158,15 @@ def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> 
             interval_every=micro // 1_000_000 if whole else micro,
             interval_unit=IntervalUnit.SECONDS if whole else IntervalUnit.MICROSECONDS,
         )
-    args = list(entry.get("args") or [])
-    kwargs = dict(entry.get("kwargs") or {})
-    try:
-        json.dumps([args, kwargs])
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"beat_schedule[{name!r}]: args/kwargs must be JSON: {exc}") from exc
-    fields.update(args=args, kwargs=kwargs)
-    options = dict(entry.get("options") or {})
+    fields.update(
+        args=_json_entry_value(name, "args", entry.get("args"), list),
+        kwargs=_json_entry_value(name, "kwargs", entry.get("kwargs"), dict),
+    )
+    options = entry.get("options")
+    if options is None:
+        options = {}
+    elif not isinstance(options, Mapping):
+        raise EntryError(name, "options", f"must be a dict, not {validation.shape(options)}")
     for key in ("queue", "exchange", "routing_key"):
         fields[key] = str(options.get(key) or "")
     fields["priority"] = options.get("priority")
@@ -122,6 +174,13 @@ def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> 
     fields["expires_seconds"] = None
     fields["valid_until"] = None
     if isinstance(expires, int | float) and not isinstance(expires, bool):
+        if not validation.seconds_in_calendar(expires):
+            raise EntryError(
+                name,
+                "options.expires",
+                f"must be a finite number of seconds up to {validation.MAX_SECONDS:.0f}, "
+                f"not {expires!r}",
+            )
         fields["expires_seconds"] = float(expires)
     elif isinstance(expires, datetime):
         # An absolute expiry: Celery's messages expire then, so nothing runs after it.
@@ -129,11 +188,8 @@ def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> 
             expires = expires.replace(tzinfo=ZoneInfo(timezone))
         fields["valid_until"] = expires
     elif expires is not None:
-        raise ValueError(
-            f"beat_schedule[{name!r}]: options.expires must be seconds or a "
-            f"datetime, not {expires!r}"
-        )
-    fields["headers"] = dict(options.get("headers") or {})
+        raise EntryError(name, "options.expires", f"must be seconds or a datetime, not {expires!r}")
+    fields["headers"] = _json_entry_value(name, "options.headers", options.get("headers"), dict)
     return fields
 
 
@@ -193,19 +249,44 @@ def sync_beat_schedule(
             fields = entry_fields(name, entry, timezone)
             if owner is not None:
                 fields["source_app"] = owner
-            _sync_one(name, fields, report, using, now)
-        except (ValueError, ValidationError) as exc:
-            report.errors[name] = "; ".join(getattr(exc, "messages", [])) or str(exc)
+            with transaction.atomic(using=using):  # all of the entry or nothing of it
+                _sync_one(name, fields, report, using, now)
+        except ENTRY_ERRORS as exc:
+            report.errors[name] = error_text(exc)
             logger.error(
-                "beat_schedule entry %r ignored: %s",
+                "beat_schedule entry %r skipped, nothing of it written: %s; fix the entry "
+                "(the other entries are synced)",
                 name,
-                exc,
+                report.errors[name],
                 extra={"action": "sync", "task": name},
             )
     if owner is not None:
         report.removed = disable_removed(owner, entries, using)
     log_orphans(entries, owner, using)
     return report
+
+
+#: What one entry's sync may raise: the entry is skipped and the others go on. An outage
+#: (``OperationalError``, a missing table) is not among them: the beat waits it out.
+ENTRY_ERRORS = (
+    ValueError,
+    TypeError,
+    OverflowError,
+    ValidationError,
+    DataError,
+    IntegrityError,
+)
+
+
+def error_text(exc: BaseException) -> str:
+    """An entry's error as one line naming the field at fault: ``field: message; ...``."""
+    if isinstance(exc, ValidationError) and hasattr(exc, "error_dict"):
+        return "; ".join(
+            f"{field}: {' '.join(messages)}" for field, messages in exc.message_dict.items()
+        )
+    if isinstance(exc, ValidationError):
+        return "; ".join(exc.messages)
+    return str(exc) or type(exc).__name__
 
 
 def disable_removed(owner: str, entries: Mapping[str, Any], using: str = "default") -> list[str]:

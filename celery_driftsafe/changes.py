@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import router, transaction
 from django.db.models import QuerySet
 
@@ -163,8 +164,18 @@ def prepare_save(instance: PeriodicTask, options: dict[str, Any]) -> None:
         instance.interval_anchor = instance.valid_from or now
     latest = None if previous is None else _latest_run_slot(instance.pk, using)
     taken = _run_slots_at(instance, using) if previous is not None else []
-    instance.next_slot_at = first_slot(instance, now, after=latest, taken=taken)
-    set_due(instance)
+    try:
+        instance.next_slot_at = first_slot(instance, now, after=latest, taken=taken)
+        set_due(instance)
+    except OverflowError as exc:  # a slot, or its jittered instant, past the year 9999
+        raise ValidationError(
+            {
+                instance.schedule_field(): (
+                    f"the task's next slot after {now.isoformat()} (with its jitter) is past "
+                    f"the end of the calendar ({exc}); choose a schedule that fires sooner"
+                )
+            }
+        ) from exc
     if re_enabled:
         instance.disabled_reason = ""
     fields = options.get("update_fields")
@@ -263,12 +274,13 @@ def schedule_unscheduled(
                     taken=_run_slots_at(task, using),
                 )
             problem = "" if task.next_slot_at else "finished: no slot left after now"
+            if not problem:
+                set_due(task)  # a slot at the calendar's end plus its jitter overflows
         except Exception as exc:
             problem = disabled_by_scheduler(schedule_failure(task, exc))
         if problem:
             fields.update(enabled=False, next_slot_at=None, due_at=None, disabled_reason=problem)
         else:
-            set_due(task)
             fields.update(next_slot_at=task.next_slot_at, due_at=task.due_at)
         if not rows.filter(pk=task.pk).update(**fields):
             continue  # saved, scheduled or disabled meanwhile

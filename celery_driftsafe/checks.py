@@ -23,6 +23,11 @@ Stable ids (documented in the settings reference):
 ``celery_driftsafe.E024``  ``MIN_ROUND_INTERVAL_SECONDS`` is not a number from 0 to
                            ``MAX_LOOP_INTERVAL_SECONDS``
 ``celery_driftsafe.E028``  ``METRICS_TOKEN`` is not printable ASCII without spaces, or None
+``celery_driftsafe.E030``  a whole-number setting is above its largest useful value
+                           (:data:`INT_MAXIMA`)
+``celery_driftsafe.E031``  ``LEASE_SECONDS`` is below :data:`MIN_LEASE_SECONDS`
+``celery_driftsafe.E032``  ``NODE_DEAD_AFTER_SECONDS`` is below twice
+                           ``HEARTBEAT_INTERVAL_SECONDS``
 ``celery_driftsafe.W001``  ``TIME_AUTHORITY`` is set to ``database`` on SQLite (no shared clock)
 ``celery_driftsafe.W002``  ``MAX_CLOCK_OFFSET_SECONDS`` is not below the hard bound
 ``celery_driftsafe.W020``  ``METRICS_TOKEN`` is shorter than 32 characters
@@ -93,6 +98,21 @@ OWN_CHECK = ("MISFIRE_GRACE_SECONDS", "PRUNE_DUTY_CYCLE", "MIN_ROUND_INTERVAL_SE
 #: Below this many characters, ``METRICS_TOKEN`` is warned about (W020).
 MIN_TOKEN_LENGTH = 32
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
+#: The largest useful value of each whole-number setting, and why: beyond it a beat holds
+#: a round's rows, messages or statements in one piece for no gain (check E030).
+INT_MAXIMA = {
+    "CLAIM_BATCH_SIZE": (10_000, "one claim round's runs are one transaction and held in memory"),
+    "PUBLISH_BATCH_SIZE": (10_000, "one pipelined write to the broker is held in memory"),
+    "PRUNE_BATCH_SIZE": (10_000, "one pruning batch is one transaction that locks its rows"),
+    "FIRE_ALL_MAX": (10_000, "a fire_all task's catch-up runs are claimed in one round"),
+    "CLOCK_SYNC_SAMPLES": (100, "each sample is a round trip to the time authority"),
+}
+#: The shortest ``LEASE_SECONDS`` (check E031): run locks are renewed every third of it, and
+#: a beat's claims must outlast the round that publishes them, or other beats publish them too.
+MIN_LEASE_SECONDS = 1.0
+#: ``NODE_DEAD_AFTER_SECONDS`` is at least this many heartbeat intervals (check E032): a live
+#: node whose heartbeat is a little late (a long round, a slow database) is not taken for dead.
+HEARTBEATS_BEFORE_DEAD = 2
 
 
 def _error(key: str, value: Any, problem: str, hint: str, id_: str) -> Error:
@@ -239,6 +259,7 @@ def _check_raw(raw: dict[str, Any]) -> Iterable[CheckMessage]:
             f"for example {defaults.min_round_interval_seconds}; 0 claims whenever a slot is due",
             "celery_driftsafe.E024",
         )
+    yield from _check_relations(raw, defaults)
     yield from _check_metrics(raw)
     warn = raw.get("MAX_CLOCK_OFFSET_SECONDS", defaults.max_clock_offset_seconds)
     hard = raw.get("HARD_CLOCK_OFFSET_SECONDS", defaults.hard_clock_offset_seconds)
@@ -248,6 +269,53 @@ def _check_raw(raw: dict[str, Any]) -> Iterable[CheckMessage]:
             f"DRIFTSAFE['HARD_CLOCK_OFFSET_SECONDS'] = {hard!r}",
             hint="the warning bound should be smaller than the bound that stops claiming",
             id="celery_driftsafe.W002",
+        )
+
+
+def _check_relations(
+    raw: dict[str, Any], defaults: conf.DriftSafeSettings
+) -> Iterable[CheckMessage]:
+    """Ranges a type does not tell (a batch of a billion runs, a lease of a nanosecond) and
+    settings that only make sense together; a value E004 already refuses is not judged again."""
+    known = conf.DriftSafeSettings.setting_names()
+    for key, (largest, why) in INT_MAXIMA.items():
+        value = raw.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > largest:
+            yield _error(
+                key,
+                value,
+                f"is more than {largest:,}: {why}",
+                f"for example {getattr(defaults, known[key])}; at most {largest:,}",
+                "celery_driftsafe.E030",
+            )
+    lease = raw.get("LEASE_SECONDS", defaults.lease_seconds)
+    if seconds_in_calendar(lease) and 0 < lease < MIN_LEASE_SECONDS:
+        yield _error(
+            "LEASE_SECONDS",
+            lease,
+            f"is below {MIN_LEASE_SECONDS:g} s: run locks are renewed every third of it, and "
+            "other beats would publish a beat's claims again while it still publishes them",
+            f"for example {defaults.lease_seconds}; at least {MIN_LEASE_SECONDS:g}",
+            "celery_driftsafe.E031",
+        )
+    beat = raw.get("HEARTBEAT_INTERVAL_SECONDS", defaults.heartbeat_interval_seconds)
+    dead = raw.get("NODE_DEAD_AFTER_SECONDS", defaults.node_dead_after_seconds)
+    if (
+        seconds_in_calendar(beat)
+        and seconds_in_calendar(dead)
+        and beat > 0
+        and 0 < dead < HEARTBEATS_BEFORE_DEAD * beat
+    ):
+        yield _error(
+            "NODE_DEAD_AFTER_SECONDS",
+            dead,
+            f"is below {HEARTBEATS_BEFORE_DEAD} x HEARTBEAT_INTERVAL_SECONDS ({beat!r}): a live "
+            "beat would be taken for dead between two heartbeats, and its claims published "
+            "by another beat",
+            f"for example {defaults.node_dead_after_seconds} with heartbeats every "
+            f"{defaults.heartbeat_interval_seconds} s; at least {HEARTBEATS_BEFORE_DEAD} "
+            "heartbeat intervals, better five or more",
+            "celery_driftsafe.E032",
         )
 
 

@@ -39,10 +39,21 @@ MACROS = {
 LONGEST_MONTH = (0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 
+#: Digits past which a number in a crontab field is read as "too large": every bound is
+#: below 100, and Python refuses to read a number of more than 4,300 digits.
+_MAX_DIGITS = 9
+
+
+def _whole(digits: str) -> int:
+    """A number of ASCII digits; one too long to matter reads as 10**_MAX_DIGITS (out of
+    every range, a step past every field)."""
+    return int(digits) if len(digits) <= _MAX_DIGITS else 10**_MAX_DIGITS
+
+
 def _parse_value(name: str, text: str, source: str) -> int:
     low, high, names = BOUNDS[name]
     if text.isascii() and text.isdigit():
-        value = int(text)
+        value = _whole(text)
     elif text.lower() in names:
         return names[text.lower()]
     elif not text:
@@ -51,7 +62,8 @@ def _parse_value(name: str, text: str, source: str) -> int:
         kind = "a number" if not names else f"a number or a name like {next(iter(names))!r}"
         raise ScheduleError(name, f"{text!r} is not {kind} in {source!r}")
     if not low <= value <= high:
-        raise ScheduleError(name, f"{value} is out of range {low}-{high} in {source!r}")
+        shown = text if len(text) <= _MAX_DIGITS else text[:_MAX_DIGITS] + "..."
+        raise ScheduleError(name, f"{shown} is out of range {low}-{high} in {source!r}")
     return value
 
 
@@ -62,7 +74,7 @@ def _parse_item(name: str, item: str, source: str) -> range:
     if slash:
         if not (step_text.isascii() and step_text.isdigit()):
             raise ScheduleError(name, f"step {step_text!r} is not a number in {source!r}")
-        step = int(step_text)
+        step = _whole(step_text)
         if step == 0:
             raise ScheduleError(name, f"step 0 is not allowed in {source!r}")
     # Open-ended forms stop at Saturday: 7 is Sunday only when written out.

@@ -4,7 +4,9 @@ Each problem is reported on the field at fault, all at once (not the first one o
 
 * ``task`` — must be registered with the project's Celery app
   (:func:`celery_driftsafe.celery_app.get_celery_app`);
-* ``args`` / ``kwargs`` / ``headers`` — a JSON list, object and object;
+* ``args`` / ``kwargs`` / ``headers`` — a JSON list, object and object, whose values Celery's
+  ``json`` serializer can send (no ``NaN`` or ``Infinity``, bounded depth and size: read by
+  :class:`JSONInputField`);
 * ``interval_every`` — a positive whole number (interval tasks);
 * ``crontab_*`` — each field parsed on its own (``crontab_second`` is optional: empty means
   0), so two bad fields give two errors, then the combination (``0 0 31 2 *`` never fires)
@@ -14,7 +16,9 @@ Each problem is reported on the field at fault, all at once (not the first one o
 * ``one_off_at`` — required for a one-off task;
 * ``solar_event`` / ``solar_latitude`` / ``solar_longitude`` — an event, a latitude from -90 to
   90 and a longitude from -180 to 180 (solar tasks);
-* ``valid_until`` — after ``valid_from`` when both are set; ``max_runs`` — 1 or more;
+* ``valid_until`` — after ``valid_from`` when both are set; ``one_off_at`` and
+  ``valid_from`` within the calendar's margins (a slot at 9999-12-31 plus its jitter
+  would leave it: see :mod:`celery_driftsafe.validation`); ``max_runs`` — 1 or more;
   ``jitter_seconds`` — 0 to 86,400 (see :mod:`celery_driftsafe.bounds`).
 
 Saving goes through the model's ``save()``, so :mod:`celery_driftsafe.changes` recomputes the
@@ -23,12 +27,15 @@ next slot once and wakes the beats.
 
 from __future__ import annotations
 
+import json
 import zoneinfo
 from functools import lru_cache
 from typing import Any
 
 from django import forms
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MinValueValidator
+from django.forms.fields import InvalidJSONInput, JSONString
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
@@ -38,6 +45,7 @@ from celery_driftsafe.exceptions import ClockError, ScheduleError
 from celery_driftsafe.models import PeriodicTask, ScheduleKind
 from celery_driftsafe.schedule_fields import CRONTAB_FIELDS, EDITABLE_SCHEDULE_FIELDS
 from celery_driftsafe.slots import Crontab, Solar
+from celery_driftsafe.validation import loads_json
 
 
 @lru_cache(maxsize=1)
@@ -66,6 +74,37 @@ class SuggestingTextInput(forms.TextInput):
             list_id,
             options,
         )
+
+
+class JSONInputField(forms.JSONField):
+    """Django's JSON form field, reading the typed text with
+    :func:`~celery_driftsafe.validation.loads_json`: ``NaN``, ``Infinity``, ``1e999``, text
+    nested past :data:`~celery_driftsafe.validation.MAX_JSON_DEPTH` levels or a number too long
+    for Python are an error on the field, not a server error, and the text typed is shown
+    again as it was."""
+
+    def to_python(self, value: Any) -> Any:
+        if self.disabled or value in self.empty_values or not isinstance(value, str):
+            return super().to_python(value)
+        try:
+            converted = loads_json(value)
+        except json.JSONDecodeError:
+            raise forms.ValidationError(
+                self.error_messages["invalid"], code="invalid", params={"value": value}
+            ) from None
+        except ValueError as exc:
+            raise forms.ValidationError(
+                f"This JSON cannot be sent with a task: it {exc}.", code="invalid"
+            ) from None
+        return JSONString(converted) if isinstance(converted, str) else converted
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        if self.disabled or data is None:
+            return super().bound_data(data, initial)
+        try:
+            return loads_json(data)
+        except ValueError:
+            return InvalidJSONInput(data)
 
 
 def _task_suggestions() -> list[str]:
@@ -115,6 +154,7 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             "expires_seconds",
             "headers",
         ]
+        field_classes = {name: JSONInputField for name in ("args", "kwargs", "headers")}
         widgets = {
             "task": SuggestingTextInput(_task_suggestions, attrs={"size": 60}),
             "timezone": SuggestingTextInput(time_zone_names),
@@ -339,6 +379,24 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         for field, argument in CRONTAB_FIELDS.items():
             data[field] = getattr(parsed, argument).strip()
         return True
+
+    def _update_errors(self, errors: ValidationError) -> None:
+        """The model's errors on fields the form does not show (the interval's anchor, set at
+        save, of a row written behind ``save()``'s back) go above the fields, named, instead
+        of failing the page: Django accepts errors only on the form's own fields."""
+        if hasattr(errors, "error_dict"):
+            shown: dict[str, Any] = {}
+            for field, messages in errors.error_dict.items():
+                if field == NON_FIELD_ERRORS or field in self.fields:
+                    shown.setdefault(field, []).extend(messages)
+                else:
+                    shown.setdefault(NON_FIELD_ERRORS, []).extend(
+                        ValidationError(f"{field}: {message}")
+                        for error in messages
+                        for message in error.messages
+                    )
+            errors = ValidationError(shown)
+        super()._update_errors(errors)  # type: ignore[misc]  # private: not in the stubs
 
     def full_clean(self) -> None:
         super().full_clean()

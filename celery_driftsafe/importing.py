@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_driftsafe.beat_schedule import entry_fields, entry_report
-from celery_driftsafe.exceptions import ScheduleError
 from celery_driftsafe.models import IntervalUnit, ScheduleKind, TaskSource
+from celery_driftsafe.validation import loads_json
 
 BEAT_SCHEDULE = "beat_schedule"
 DJANGO_CELERY_BEAT = "django_celery_beat"
@@ -46,7 +46,7 @@ def from_beat_schedule(app: Any) -> list[Entry]:
         try:
             entry.fields = {**entry_fields(name, raw, timezone), "source": TaskSource.BEAT_SCHEDULE}
             entry.carried, entry.dropped = entry_report(raw, entry.fields)
-        except (ValueError, ScheduleError) as exc:
+        except (ValueError, TypeError, OverflowError) as exc:  # EntryError among them
             entry.error = str(exc)
         entries.append(entry)
     return entries
@@ -62,10 +62,16 @@ _DCB_UNITS = {
 
 
 def _json(text: str | None, default: Any, what: str) -> Any:
+    """The value of a django-celery-beat JSON column, read as the admin form reads typed
+    JSON (:func:`~celery_driftsafe.validation.loads_json`: no NaN, bounded depth and size)."""
+    if not text:
+        return default
     try:
-        return json.loads(text) if text else default
-    except ValueError as exc:
+        return loads_json(text)
+    except json.JSONDecodeError as exc:
         raise ValueError(f"{what} is not valid JSON: {exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
 
 
 def _dcb_schedule(row: Any, entry: Entry) -> dict[str, Any]:
@@ -210,7 +216,7 @@ def from_django_celery_beat() -> list[Entry]:
         entry = Entry(name=row.name, origin=DJANGO_CELERY_BEAT)
         try:
             entry.fields = _dcb_row(row, entry)
-        except ValueError as exc:
+        except (ValueError, TypeError, OverflowError) as exc:
             entry.error = str(exc)
         entries.append(entry)
     return entries

@@ -283,6 +283,88 @@ def test_args_and_kwargs_must_be_a_json_list_and_object(
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("args", "[1, NaN]", "holds NaN, which is not a finite number"),
+        ("kwargs", '{"a": Infinity}', "holds Infinity, which is not a finite number"),
+        ("headers", '{"x-limit": -Infinity}', "holds -Infinity"),
+        ("args", "[1e999]", "holds inf, which is not a finite number (JSON has no NaN"),
+        # Python's JSON parser runs out of stack near 1,000 levels inside a request
+        ("args", "[" * 1000 + "]" * 1000, "nests 1000 levels deep, more than 64"),
+        ("kwargs", '{"a": ' + "[" * 70 + "1" + "]" * 70 + "}", "nests 71 levels deep"),
+        # Python refuses to read a whole number of more than 4,300 digits
+        ("kwargs", '{"n": ' + "9" * 5000 + "}", "whole number of more than 4,300 digits"),
+        ("args", '["a\\u0000b"]', "NUL character"),
+    ],
+)
+def test_json_a_task_cannot_send_is_refused_on_its_field(
+    admin_client: Any, app: Any, field: str, value: str, message: str
+) -> None:
+    """NaN, Infinity, nesting past 64 levels and numbers past Python's digit limit were a
+    server error (the database refused NaN, Python's parser raised); now each is an error on
+    the field it was typed in, the text shown again as typed, nothing saved."""
+    response = admin_client.post(ADD, form_data(**{field: value}))
+    errors = form_errors(response)
+    assert list(errors) == [field]
+    assert "cannot be sent with a task" in errors[field][0] and message in errors[field][0]
+    assert value[:30].replace('"', "&quot;") in response.content.decode()
+    assert not PeriodicTask.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        # the slot plus up to a day of jitter would be past 9999-12-31: a server error before
+        (
+            {
+                "schedule_kind": "one_off",
+                "one_off_at_0": "9999-12-31",
+                "one_off_at_1": "23:00:00",
+                "jitter_seconds": "86400",
+            },
+            "one_off_at",
+        ),
+        (
+            {"valid_from_0": "9999-12-31", "valid_from_1": "00:00:00", "jitter_seconds": "3600"},
+            "valid_from",
+        ),
+        (
+            {"schedule_kind": "one_off", "one_off_at_0": "0001-01-01", "one_off_at_1": "00:00:00"},
+            "one_off_at",
+        ),
+    ],
+)
+def test_instants_at_the_ends_of_the_calendar_are_refused_on_their_field(
+    admin_client: Any, app: Any, overrides: dict[str, str], field: str
+) -> None:
+    errors = form_errors(admin_client.post(ADD, form_data(**overrides)))
+    assert list(errors) == [field]
+    assert "must be from 0001-01-03 to 9899-12-28 (UTC)" in errors[field][0]
+    assert "must stay in the calendar" in errors[field][0]
+    assert not PeriodicTask.objects.exists()
+
+
+@pytest.mark.django_db
+def test_an_error_on_a_field_the_form_does_not_show_goes_above_the_fields(
+    admin_client: Any, app: Any
+) -> None:
+    """An interval anchor written behind save()'s back past the calendar's margin: the form
+    has no anchor field, and Django's form refused an error on it (a server error)."""
+    task = interval_task("far", 10, anchor=T0)
+    PeriodicTask.objects.filter(pk=task.pk).update(interval_anchor=datetime(9950, 1, 1, tzinfo=UTC))
+    change = reverse("admin:celery_driftsafe_periodictask_change", args=[task.pk])
+    errors = form_errors(
+        admin_client.post(
+            change, form_data(name="far", schedule_kind="interval", interval_every="10")
+        )
+    )
+    assert list(errors) == ["__all__"]
+    assert errors["__all__"][0].startswith("interval_anchor: must be from 0001-01-03")
+
+
+@pytest.mark.django_db
 def test_one_off_needs_its_instant(admin_client: Any, app: Any) -> None:
     errors = form_errors(admin_client.post(ADD, form_data(schedule_kind="one_off")))
     assert list(errors) == ["one_off_at"]

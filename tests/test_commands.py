@@ -216,7 +216,8 @@ def test_import_reports_entries_it_cannot_import_and_exits_1(app: Any) -> None:
     text = out.getvalue()
     assert "error        never" in text and "must be longer than zero" in text
     assert "error        custom" in text and "EveryOther schedules are not supported" in text
-    assert "error        opaque-args" in text and "args/kwargs must be JSON" in text
+    assert "error        opaque-args" in text and "args: object" in text
+    assert "at [0] is not a JSON value" in text
     assert list(PeriodicTask.objects.values_list("name", flat=True)) == ["fine"]
 
 
@@ -346,6 +347,44 @@ def test_import_django_celery_beat_tasks_idempotently(app: Any, celery_beat: Any
     assert "1 update" in run("driftsafe_import", "--source", "django_celery_beat", "--update")
     updated = PeriodicTask.objects.get(name="poll")
     assert updated.queue == "slow" and updated.next_slot_at == poll.next_slot_at
+
+
+@pytest.mark.django_db(transaction=True)
+def test_import_reports_django_celery_beat_rows_a_task_cannot_send_and_imports_the_rest(
+    app: Any, celery_beat: Any
+) -> None:
+    """django-celery-beat stores arguments as text, which may hold anything: nesting deep
+    enough for Python's parser to give up (a ``RecursionError`` killed the import, importing
+    nothing), NaN, numbers past Python's digit limit, a one-off in the year 9999. Each such
+    row is an error in the report, naming its field; every other row is imported."""
+    m = celery_beat
+    every = m.IntervalSchedule.objects.create(every=10, period="minutes")
+    late = m.ClockedSchedule.objects.create(clocked_time=datetime(9999, 12, 31, 23, tzinfo=UTC))
+    m.PeriodicTask.objects.create(name="a-good", task="tests.add", interval=every, args="[1, 2]")
+    m.PeriodicTask.objects.create(
+        name="deep", task="tests.add", interval=every, args="[" * 100_000 + "]" * 100_000
+    )
+    m.PeriodicTask.objects.create(name="nan", task="tests.add", interval=every, kwargs='{"a": NaN}')
+    m.PeriodicTask.objects.create(
+        name="huge", task="tests.add", interval=every, headers='{"n": ' + "7" * 5000 + "}"
+    )
+    m.PeriodicTask.objects.create(name="late", task="tests.add", clocked=late, one_off=True)
+    m.PeriodicTask.objects.create(name="z-good", task="tests.add", interval=every)
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="4 task"):
+        call_command(
+            "driftsafe_import", "--source", "django_celery_beat", stdout=out, no_color=True
+        )
+    text = out.getvalue()
+    assert "error        deep (django_celery_beat): args: nests 100000 levels deep" in text
+    assert "error        nan (django_celery_beat): kwargs: holds NaN" in text
+    assert "error        huge (django_celery_beat): headers: holds a whole number" in text
+    assert "error        late (django_celery_beat): one_off_at: must be from" in text
+    assert "2 create, 4 error" in text
+    assert list(PeriodicTask.objects.values_list("name", "args")) == [
+        ("a-good", [1, 2]),
+        ("z-good", []),
+    ]
 
 
 @pytest.mark.django_db

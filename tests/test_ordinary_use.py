@@ -8,7 +8,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -197,6 +197,37 @@ def test_tasks_written_without_save_are_scheduled_by_the_beat(
     assert not PeriodicTask.objects.filter(enabled=True, due_at__isnull=True).exists()
 
 
+def test_a_row_written_without_save_at_the_calendars_end_is_disabled_and_the_rest_scheduled(
+    clock: FakeClock,
+) -> None:
+    """A one-off at 9999-12-31 23:59 with a day of jitter, written by ``bulk_create`` (which
+    skips ``save()``'s checks): its due instant is past the calendar, which failed every pass
+    of the beat's look for unscheduled tasks, for every task after it."""
+    from celery_driftsafe.changes import schedule_unscheduled
+
+    late = datetime(9999, 12, 31, 23, 59, tzinfo=UTC)
+    PeriodicTask.objects.bulk_create(
+        [
+            PeriodicTask(
+                name="a-end",
+                task="tests.add",
+                schedule_kind="one_off",
+                one_off_at=late,
+                jitter_seconds=86_400.0,
+            ),
+            PeriodicTask(
+                name="b-fine", task="tests.add", schedule_kind="interval", interval_every=10
+            ),
+        ]
+    )
+    assert schedule_unscheduled(T0) == ["b-fine"]
+    end = PeriodicTask.objects.get(name="a-end")
+    assert (end.enabled, end.next_slot_at, end.due_at) == (False, None, None)
+    assert end.disabled_reason.startswith("disabled by the scheduler: one_off_at: ")
+    assert "OverflowError" in end.disabled_reason
+    assert PeriodicTask.objects.get(name="b-fine").next_slot_at == T0 + 10 * S
+
+
 # -- no data can stop a beat -----------------------------------------------------------------
 
 
@@ -221,6 +252,13 @@ def test_json_strings_in_args_and_kwargs_are_read_as_their_value(
     assert [m["args"] for m in drain()] == [[3, 4]]
 
 
+def _nested(levels: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
 @pytest.mark.parametrize(
     ("field", "value", "wrong"),
     [
@@ -238,6 +276,19 @@ def test_json_strings_in_args_and_kwargs_are_read_as_their_value(
         ("misfire_grace_seconds", float("inf"), "misfire_grace_seconds"),
         ("misfire_policy", "sometimes", "misfire_policy"),
         ("timezone", "Mars/Olympus_Mons", "timezone"),
+        # what Celery's json serializer cannot send, or a database cannot store as it is
+        ("args", [1, float("nan")], "args"),
+        ("kwargs", {"a": float("inf")}, "kwargs"),
+        ("kwargs", {1: "a"}, "kwargs"),
+        ("headers", {"x-note": "a\x00b"}, "headers"),
+        ("args", [10**5000], "args"),
+        ("args", _nested(100), "args"),
+        ("args", "[" * 5000 + "]" * 5000, "args"),  # a JSON string too deep to decode
+        ("crontab_minute", "1" * 5000, "crontab_minute"),  # past Python's digit limit
+        # a slot there, plus its jitter or expiry, would leave the calendar
+        ("valid_from", datetime(9999, 12, 31, tzinfo=UTC), "valid_from"),
+        ("interval_anchor", datetime(9999, 12, 31, tzinfo=UTC), "interval_anchor"),
+        ("one_off_at", datetime(9999, 12, 31, 23, tzinfo=UTC), "one_off_at"),
     ],
 )
 def test_save_refuses_what_the_task_could_not_fire_with(field: str, value: Any, wrong: str) -> None:
@@ -246,9 +297,11 @@ def test_save_refuses_what_the_task_could_not_fire_with(field: str, value: Any, 
         "interval_every": 10,
         "interval_anchor": T0,
     }
-    if field == "timezone":
+    if field in ("timezone", "crontab_minute"):
         fields = {"schedule_kind": "crontab", "crontab_minute": "0"}
-    task = PeriodicTask(name="bad", task="tests.add", **fields, **{field: value})
+    if field == "one_off_at":
+        fields = {"schedule_kind": "one_off", "jitter_seconds": 3600.0}
+    task = PeriodicTask(name="bad", task="tests.add", **{**fields, field: value})
     with pytest.raises(ValidationError) as caught:
         task.save()
     assert wrong in caught.value.message_dict

@@ -95,6 +95,29 @@ def test_driftsafe_must_be_a_dict() -> None:
             "celery_driftsafe.E024",
             "MAX_LOOP_INTERVAL_SECONDS (1)",
         ),
+        # ranges and relations a type does not tell
+        ({"CLAIM_BATCH_SIZE": 10**9}, "celery_driftsafe.E030", "more than 10,000"),
+        ({"PUBLISH_BATCH_SIZE": 10**6}, "celery_driftsafe.E030", "at most 10,000"),
+        ({"PRUNE_BATCH_SIZE": 10**6}, "celery_driftsafe.E030", "one transaction"),
+        ({"FIRE_ALL_MAX": 10**6}, "celery_driftsafe.E030", "catch-up runs"),
+        ({"CLOCK_SYNC_SAMPLES": 1000}, "celery_driftsafe.E030", "more than 100"),
+        ({"LEASE_SECONDS": 1e-9}, "celery_driftsafe.E031", "below 1 s"),
+        ({"LEASE_SECONDS": 0.5}, "celery_driftsafe.E031", "at least 1"),
+        (
+            {"NODE_DEAD_AFTER_SECONDS": 4.0},
+            "celery_driftsafe.E032",
+            "HEARTBEAT_INTERVAL_SECONDS (5.0)",
+        ),
+        (
+            {"NODE_DEAD_AFTER_SECONDS": 15, "HEARTBEAT_INTERVAL_SECONDS": 10},
+            "celery_driftsafe.E032",
+            "below 2 x HEARTBEAT_INTERVAL_SECONDS (10)",
+        ),
+        (
+            {"HEARTBEAT_INTERVAL_SECONDS": 20},
+            "celery_driftsafe.E032",
+            "taken for dead between two heartbeats",
+        ),
     ],
 )
 def test_bad_values_get_stable_ids_and_name_the_setting(
@@ -114,7 +137,11 @@ def test_good_settings_pass() -> None:
     good = {
         "REDIS_URL": "rediss://:pw@cache:6380/2",
         "TIME_AUTHORITY": "redis",
-        "LEASE_SECONDS": 10,
+        "LEASE_SECONDS": 1,
+        "CLAIM_BATCH_SIZE": 10_000,
+        "CLOCK_SYNC_SAMPLES": 100,
+        "HEARTBEAT_INTERVAL_SECONDS": 1.0,
+        "NODE_DEAD_AFTER_SECONDS": 2.0,
         "MISFIRE_GRACE_SECONDS": 0,
         "MIN_ROUND_INTERVAL_SECONDS": 0,
         "KEY_PREFIX": "app:ds",

@@ -22,7 +22,13 @@ from celery_driftsafe.models.choices import (
 )
 from celery_driftsafe.schedule_fields import CRONTAB_FIELDS, ERROR_FIELDS, KIND_FIELD
 from celery_driftsafe.slots import OneOff, Schedule, Solar, shared_crontab, shared_interval
-from celery_driftsafe.validation import Problem, coerce_json, json_problems, option_problems
+from celery_driftsafe.validation import (
+    Problem,
+    coerce_json,
+    instant_problems,
+    json_problems,
+    option_problems,
+)
 
 #: Stands in for an interval anchor not stored yet, where only the schedule's shape matters
 #: (validation, descriptions); never used to compute a real slot.
@@ -261,18 +267,21 @@ class PeriodicTask(models.Model):
         self.kwargs = coerce_json(self.kwargs, dict)
         self.headers = coerce_json(self.headers, dict)
 
-    def publish_problems(self, *, schedule: bool = True) -> list[Problem]:
+    def publish_problems(self, *, schedule: bool = True, writing: bool = False) -> list[Problem]:
         """The gate of everything published from this row (the claim, the beat's messages
         built ahead, run now, the admin's actions): read it as the claim does
         (:meth:`coerce`), then list what keeps it from being published (:meth:`problems`).
-        Empty: it may be published."""
+        Empty: it may be published. ``writing=True`` adds the checks of a write."""
         self.coerce()
-        return self.problems(schedule=schedule)
+        return self.problems(schedule=schedule, writing=writing)
 
-    def problems(self, *, schedule: bool = True) -> list[Problem]:
+    def problems(self, *, schedule: bool = True, writing: bool = False) -> list[Problem]:
         """Everything that keeps this row from firing, each naming the model field at fault.
-        ``schedule=False`` leaves the schedule out (a caller about to evaluate it anyway)."""
-        found = json_problems(self.args, self.kwargs, self.headers)
+        ``schedule=False`` leaves the schedule out (a caller about to evaluate it anyway);
+        ``writing=True`` adds the checks of a write (:meth:`clean`): every value inside the
+        JSON fields, and instants that stay in the calendar (see
+        :mod:`celery_driftsafe.validation`)."""
+        found = json_problems(self.args, self.kwargs, self.headers, contents=writing)
         found += option_problems(
             task=self.task,
             priority=self.priority,
@@ -287,6 +296,13 @@ class PeriodicTask(models.Model):
             max_runs=self.max_runs,
             jitter_seconds=self.jitter_seconds,
         )
+        if writing:
+            # valid_until only ever cuts slots off: any instant will do.
+            found += instant_problems(
+                one_off_at=self.one_off_at,
+                valid_from=self.valid_from,
+                interval_anchor=self.interval_anchor,
+            )
         if not schedule:
             return found
         try:
@@ -308,7 +324,7 @@ class PeriodicTask(models.Model):
     def clean(self) -> None:
         """Model validation: every problem on the field at fault."""
         errors: dict[str, list[str]] = {}
-        for problem in self.publish_problems():
+        for problem in self.publish_problems(writing=True):
             errors.setdefault(problem.field, []).append(problem.message)
         if errors:
             raise ValidationError(errors)

@@ -34,9 +34,9 @@ from datetime import datetime
 from typing import Any
 
 from django.apps import apps
-from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from celery_driftsafe.beat_schedule import ENTRY_ERRORS, error_text
 from celery_driftsafe.celery_app import get_celery_app, load_celery_app
 from celery_driftsafe.changes import authority_now
 from celery_driftsafe.importing import (
@@ -65,8 +65,8 @@ def _validate(entry: Entry) -> None:
     task = PeriodicTask(name=entry.name, **entry.fields, **entry.on_create)
     try:
         check_fields(task)
-    except ValidationError as exc:
-        entry.error = "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
+    except ENTRY_ERRORS as exc:
+        entry.error = error_text(exc)
 
 
 def plan(entries: list[Entry], *, update: bool) -> list[Outcome]:
@@ -110,14 +110,18 @@ def apply(outcomes: list[Outcome], now: datetime) -> None:
         entry = outcome.entry
         if outcome.action not in ("create", "update"):
             continue
-        written = upsert_by_name(
-            entry.name,
-            entry.fields,
-            now=now,
-            on_create=entry.on_create,
-            create=outcome.action == "create",
-            update=outcome.action == "update",
-        )
+        try:
+            written = upsert_by_name(
+                entry.name,
+                entry.fields,
+                now=now,
+                on_create=entry.on_create,
+                create=outcome.action == "create",
+                update=outcome.action == "update",
+            )
+        except ENTRY_ERRORS as exc:  # rolled back: nothing of this task is written
+            outcome.action, outcome.detail = "error", error_text(exc)
+            continue
         if written == Upserted.MISSING:
             outcome.action, outcome.detail = "error", "deleted meanwhile"
             continue
