@@ -17,6 +17,7 @@ import pytest
 
 from tests import settings as test_settings
 from tests.e2e.harness import E2ERun, TaskReport, analyse, real_now, table
+from tests.skip_guard import configuration
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("needs_faketime")]
 
@@ -134,7 +135,9 @@ def test_skewed_beats_fire_every_slot_exactly_once_never_early(tmp_path: Path) -
         run.close()
 
 
-@pytest.mark.skipif(BACKEND != "postgresql", reason="the hour-off run uses PostgreSQL")
+@pytest.mark.skipif(
+    BACKEND != "postgresql", reason=configuration("the hour-off run uses PostgreSQL")
+)
 def test_beat_an_hour_off_changes_nothing(tmp_path: Path) -> None:
     offsets = [0.0, 3600.0]
     run = E2ERun(BACKEND, tmp_path)

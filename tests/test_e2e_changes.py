@@ -13,13 +13,16 @@ import pytest
 
 from tests import settings as test_settings
 from tests.e2e.harness import E2ERun, real_now
+from tests.skip_guard import configuration
 
 # One database is enough here (change notifications do not depend on the database; the SQLite
 # claim path has its own end-to-end run in tests/test_e2e_beats.py): the suite must stay under
 # 15 minutes.
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(test_settings.TEST_DB != "postgres", reason="runs on the PostgreSQL pass"),
+    pytest.mark.skipif(
+        test_settings.TEST_DB != "postgres", reason=configuration("runs on the PostgreSQL pass")
+    ),
 ]
 BACKEND = "postgresql" if test_settings.TEST_DB == "postgres" else "sqlite"
 

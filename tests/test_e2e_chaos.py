@@ -35,11 +35,14 @@ from celery_driftsafe.slots import Interval
 from celery_driftsafe.testing.processes import RedisServer, start_redis
 from tests import settings as test_settings
 from tests.e2e.harness import E2ERun, real_now, wait_until_handles_sigterm
+from tests.skip_guard import configuration
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.chaos,
-    pytest.mark.skipif(test_settings.TEST_DB != "postgres", reason="restarts PostgreSQL"),
+    pytest.mark.skipif(
+        test_settings.TEST_DB != "postgres", reason=configuration("restarts PostgreSQL")
+    ),
 ]
 
 PG_HOST, PG_PORT = "127.0.0.1", int(os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432"))

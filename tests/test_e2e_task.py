@@ -15,12 +15,15 @@ import pytest
 
 from tests import settings as test_settings
 from tests.e2e.harness import E2ERun
+from tests.skip_guard import configuration
 
 # One database is enough here (the worker's ledger statements on SQLite are covered in-process
 # by tests/test_task_celery.py and tests/test_task.py): the suite must stay under 15 minutes.
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(test_settings.TEST_DB != "postgres", reason="runs on the PostgreSQL pass"),
+    pytest.mark.skipif(
+        test_settings.TEST_DB != "postgres", reason=configuration("runs on the PostgreSQL pass")
+    ),
 ]
 BACKEND = "postgresql" if test_settings.TEST_DB == "postgres" else "sqlite"
 

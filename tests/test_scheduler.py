@@ -18,6 +18,7 @@ from celery_driftsafe.testing import FakeClock
 from tests import settings as test_settings
 from tests.conftest import QUEUE, T0, drain
 from tests.factories import interval_task, real_deadlock
+from tests.skip_guard import configuration
 
 S = timedelta(seconds=1)
 
@@ -535,7 +536,7 @@ def test_rounds_keep_their_connection_and_replace_a_dead_one_without_an_outage(
     from django.db import connection
 
     if connection.vendor != "postgresql":
-        pytest.skip("the server ends a backend here with pg_terminate_backend")
+        pytest.skip(configuration("the server ends a backend here with pg_terminate_backend"))
     assert connection.settings_dict["CONN_MAX_AGE"] == 0
 
     def backend() -> int:
@@ -650,7 +651,9 @@ def test_a_missing_table_or_column_is_named_not_taken_for_an_outage() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.skipif(test_settings.TEST_DB == "sqlite", reason="SQLite has no deadlocks")
+@pytest.mark.skipif(
+    test_settings.TEST_DB == "sqlite", reason=configuration("SQLite has no deadlocks")
+)
 def test_a_round_rolled_back_for_a_concurrent_transaction_runs_again_at_once(
     scheduler: DriftSafeScheduler, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
