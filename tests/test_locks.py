@@ -680,7 +680,7 @@ def redis_server(
     """A ``redis-server`` (or ``redis-sentinel``) on a free port, stopped on exit."""
     binary = binary or shutil.which("redis-server")
     if binary is None:
-        pytest.skip("redis-server is not installed")
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
     port = free_port()
     listen = f"port 0\ntls-port {port}\n" if tls else f"port {port}\n"
     path = tmp_path / f"redis-{port}.conf"  # Sentinel rewrites its file: it must be writable

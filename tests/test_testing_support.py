@@ -130,7 +130,10 @@ def test_queue_recorder_keeps_arrival_order_and_its_clock(redis_client: Any) -> 
     assert recorder.received == 5
 
 
-@pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server on PATH")
+@pytest.mark.skipif(
+    shutil.which("redis-server") is None,
+    reason="no redis-server on PATH (apt-get install redis-server)",
+)
 def test_start_redis_runs_a_private_server_and_stops_it(tmp_path: Path) -> None:
     server = start_redis(tmp_path)
     try:
