@@ -116,23 +116,33 @@ def test_never_collected():
 
 @pytest.fixture
 def sample(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """Every way to skip, in one directory: each run of it is a pytest process (seconds)."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     monkeypatch.delenv("DRIFTSAFE_ALLOW_SKIPS", raising=False)
     pytester.makeconftest(CONFTEST)
     pytester.makeini("[pytest]\nxfail_strict = true\n")
-    pytester.makepyfile(test_sample=SAMPLE)
+    pytester.makepyfile(
+        test_sample=SAMPLE,
+        test_module_skip=MODULE_SKIP,
+        test_module_importorskip=MODULE_IMPORTORSKIP,
+        test_module_configuration=MODULE_CONFIGURATION,
+    )
     return pytester
 
 
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("-p", "no:django", "-p", "no:cacheprovider", *args)
+    # (a module that fails its collection would otherwise stop the run before any test)
+    return pytester.runpytest_subprocess(
+        "-p", "no:django", "-p", "no:cacheprovider", "--continue-on-collection-errors", *args
+    )
 
 
 def test_every_undeclared_skip_fails_saying_what_to_install(sample: pytest.Pytester) -> None:
     result = run(sample, "-rs")
-    # the five undeclared skips fail (those decided in set-up as errors); the two
-    # configuration skips stay skips; an xfail is no skip
-    result.assert_outcomes(passed=1, skipped=2, failed=2, errors=3, xfailed=1)
+    # the five undeclared skips fail (those decided in set-up as errors), so do the two modules
+    # skipped while collected (collection errors); the configuration skips (two tests and a
+    # module) stay skips; an xfail is no skip
+    result.assert_outcomes(passed=1, skipped=3, failed=2, errors=5, xfailed=1)
     for name in UNDECLARED:
         result.stdout.fnmatch_lines([f"test_sample.py::{name} would have skipped*"])
     result.stdout.fnmatch_lines(
@@ -144,44 +154,24 @@ def test_every_undeclared_skip_fails_saying_what_to_install(sample: pytest.Pytes
     )
     result.stdout.fnmatch_lines(["*could not import 'no_such_module_here'*"])
     result.stdout.fnmatch_lines(["*no redis-server on PATH*"])
+    for module, reason in (
+        ("test_module_skip.py", "libfrob is not installed: apt-get install libfrob"),
+        ("test_module_importorskip.py", "pip install frob"),
+    ):
+        result.stdout.fnmatch_lines(
+            [f"*{module} would have skipped all its tests while collected*{reason}*"]
+        )
+    result.stdout.fnmatch_lines(["*configuration: runs on the PostgreSQL pass*"])
     result.stdout.no_fnmatch_line("*DRIFTSAFE_ALLOW_SKIPS=* is set*")
     assert result.ret != 0
-
-
-@pytest.mark.parametrize(
-    ("module", "reason"),
-    [
-        (MODULE_SKIP, "libfrob is not installed: apt-get install libfrob"),
-        (MODULE_IMPORTORSKIP, "pip install frob"),
-    ],
-    ids=["skip", "importorskip"],
-)
-def test_a_module_skipped_while_collected_fails_the_collection(
-    sample: pytest.Pytester, module: str, reason: str
-) -> None:
-    sample.makepyfile(test_module=module)
-    result = run(sample)
-    result.stdout.fnmatch_lines(
-        [f"*test_module.py would have skipped all its tests while collected*{reason}*"]
-    )
-    assert result.ret != 0
-    result.stdout.fnmatch_lines(["*1 error*"])
-
-
-def test_a_module_skipped_for_configuration_stays_skipped(sample: pytest.Pytester) -> None:
-    sample.makepyfile(test_module=MODULE_CONFIGURATION)
-    result = run(sample, "test_module.py")
-    result.assert_outcomes(skipped=1)
-    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED  # not an error
 
 
 def test_allow_skips_lets_them_skip_and_says_so_at_the_top_and_the_end(
     sample: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DRIFTSAFE_ALLOW_SKIPS", "1")
-    sample.makepyfile(test_module=MODULE_SKIP)
     result = run(sample)
-    result.assert_outcomes(passed=1, skipped=8, xfailed=1)
+    result.assert_outcomes(passed=1, skipped=10, xfailed=1)
     assert result.ret == 0
     lines = result.stdout.lines
     header = next(i for i, line in enumerate(lines) if "DRIFTSAFE_ALLOW_SKIPS=1 is set" in line)
@@ -189,13 +179,15 @@ def test_allow_skips_lets_them_skip_and_says_so_at_the_top_and_the_end(
     result.stdout.fnmatch_lines(
         [
             "*= DRIFTSAFE_ALLOW_SKIPS=1 is set =*",
-            "6 skip(s) it let through (each would have failed the run):",
+            "7 skip(s) it let through (each would have failed the run):",
         ]
     )
     for name in UNDECLARED:
         result.stdout.fnmatch_lines([f"  test_sample.py::{name}: *"])
-    result.stdout.fnmatch_lines(["  test_module.py: libfrob is not installed*"])
+    result.stdout.fnmatch_lines(["  test_module_skip.py: libfrob is not installed*"])
+    result.stdout.fnmatch_lines(["  test_module_importorskip.py: pip install frob"])
     result.stdout.no_fnmatch_line("*test_other_database*")
+    result.stdout.no_fnmatch_line("*test_module_configuration.py:*")
 
 
 def test_an_allow_skips_other_than_1_is_shown_and_allows_nothing(
@@ -203,7 +195,7 @@ def test_an_allow_skips_other_than_1_is_shown_and_allows_nothing(
 ) -> None:
     monkeypatch.setenv("DRIFTSAFE_ALLOW_SKIPS", "yes")
     result = run(sample)
-    result.assert_outcomes(passed=1, skipped=2, failed=2, errors=3, xfailed=1)
+    result.assert_outcomes(passed=1, skipped=3, failed=2, errors=5, xfailed=1)
     result.stdout.fnmatch_lines(
         ["*DRIFTSAFE_ALLOW_SKIPS=yes is set: no effect (only 1 has)*", "*only 1 allows skips*"]
     )
