@@ -80,4 +80,8 @@ REGISTRY: dict[str, tuple[str, str]] = {
         "the admin's cluster dashboard and the "
         "metrics view on a big ledger; what a metrics hook costs off and on",
     ),
+    "soak": (
+        "benchmarks.soak:main",
+        "a beat and a worker for --minutes: memory and lateness sampled; exit 1 when they grow",
+    ),
 }

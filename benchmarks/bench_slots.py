@@ -88,6 +88,19 @@ def main() -> None:
 
     print(f"\n{'Crontab.from_expression':38} {per_call_us(build, 3, repeat * 200):14.2f} µs")
 
+    # Solar schedules search day by day near the poles (tests/test_slots_solar.py checks what
+    # they find; this, how long the search takes).
+    from celery_driftsafe.slots import Solar
+
+    polar = Solar("sunrise", 89.9, 45)
+    start, end = datetime(2020, 4, 1, tzinfo=UTC), datetime(2022, 4, 1, tzinfo=UTC)
+
+    def two_years() -> None:
+        list(polar.slots_between(start, end))
+
+    seconds = per_call_us(two_years, 1, max(1, repeat // 2)) / 1e6
+    print(f"{'sunrise 89.9 N, two years':38} {seconds:14.3f} s")
+
 
 if __name__ == "__main__":
     main()

@@ -1,12 +1,13 @@
 """Shared fixtures. Tests that use no database are marked ``pure`` automatically, so the
 PostgreSQL pass of ``tests/run.sh`` (``-m "not pure"``) runs only what depends on the database.
 
-A guarantee test cannot skip silently: an end-to-end, chaos (marker ``e2e``) or clock-skew
-(marker ``skew``) test that skips because something it needs is missing (libfaketime,
-RabbitMQ, root, a browser) *fails*, with the skip's reason saying what to install, unless
-``DRIFTSAFE_ALLOW_SKIPS=1`` is set. Skips that are deliberate by configuration are declared as
-``skip``/``skipif`` markers (a PostgreSQL-only run in the SQLite pass, the soak tests behind
-``--run-slow``) and stay allowed; a missing dependency is a ``pytest.skip()`` at run time.
+No test skips silently (``tests/skip_guard.py``): a test that skips because something it
+needs is missing (libfaketime, RabbitMQ, ``redis-server``, ``openssl``, root, a browser) *fails*,
+with the skip's reason saying what to install, unless ``DRIFTSAFE_ALLOW_SKIPS=1`` is set (the
+run's header and summary then say so). The skips that are deliberate by configuration (a
+PostgreSQL-only test in the SQLite pass, a database feature another database lacks) give their
+reason through ``skip_guard.configuration()`` and stay skips. Soak runs are not tests: they are
+``python -m benchmarks soak`` (``benchmarks/README.md``).
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from celery import Celery
 
 from celery_driftsafe.testing import FakeClock
 from tests import settings as test_settings
-from tests.skip_guard import pytest_runtest_makereport  # noqa: F401  (the hook)
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--run-slow", action="store_true", help="run soak and chaos tests too")
+from tests.skip_guard import (  # noqa: F401  (the hooks)
+    pytest_make_collect_report,
+    pytest_report_header,
+    pytest_runtest_makereport,
+    pytest_terminal_summary,
+)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -83,12 +85,9 @@ def _flush_with_delete() -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    run_slow = config.getoption("--run-slow")
     for item in items:
         if item.get_closest_marker("django_db") is None and item.get_closest_marker("e2e") is None:
             item.add_marker(pytest.mark.pure)
-        if item.get_closest_marker("slow") is not None and not run_slow:
-            item.add_marker(pytest.mark.skip(reason="slow: run with --run-slow"))
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # In parallel (tests/run.sh: ``--maxschedchunk 1``, a test at a time to whichever worker
         # is free), the end-to-end runs go first: they take 10-60 s each, mostly waiting for
@@ -112,7 +111,7 @@ def fake_clock() -> FakeClock:
 
 @pytest.fixture
 def needs_faketime() -> None:
-    """Skip when libfaketime is missing (which fails an ``e2e`` test, as said above), naming
+    """Skip when libfaketime is missing (which fails the test, as said above), naming
     what to install."""
     from celery_driftsafe.testing.faketime import FaketimeUnavailable, libfaketime_path
 

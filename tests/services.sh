@@ -48,8 +48,10 @@ if ! port_open "$PG_HOST" "$PG_PORT"; then
 fi
 echo "postgresql: $PG_HOST:$PG_PORT up"
 # Debian packages some tests need: libfaketime and a C compiler for its shim (clock skew),
-# Chromium and its driver (the admin browser test), RabbitMQ, PgBouncer and the Redis and
-# PostgreSQL tools (the chaos test restarts PostgreSQL and a redis-server of its own). Installed once when missing; a test whose tool
+# Chromium and its driver (the admin browser test), RabbitMQ, PgBouncer, openssl (the Redis TLS
+# test), the MariaDB client libraries (mysqlclient builds against them) and the Redis and
+# PostgreSQL tools (the chaos test restarts PostgreSQL and a redis-server of its own; the lock
+# tests start redis-server and redis-sentinel). Installed once when missing; a test whose tool
 # is still missing fails the run and says what to install (unless DRIFTSAFE_ALLOW_SKIPS=1).
 apt_missing=()
 ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || apt_missing+=(faketime)
@@ -63,6 +65,12 @@ command -v redis-sentinel >/dev/null || apt_missing+=(redis-sentinel)
 command -v pg_ctlcluster >/dev/null || apt_missing+=(postgresql-common)
 command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || apt_missing+=(pgbouncer)
 command -v pgrep >/dev/null || apt_missing+=(procps)
+command -v openssl >/dev/null || apt_missing+=(openssl)  # the Redis TLS test's certificate
+# mysqlclient (the MariaDB pass's driver, when a server runs) builds against the client libraries
+if port_open 127.0.0.1 3306 || command -v mariadbd >/dev/null; then
+  command -v mariadb_config >/dev/null || command -v mysql_config >/dev/null \
+    || apt_missing+=(libmariadb-dev pkg-config)
+fi
 if [ ${#apt_missing[@]} -gt 0 ]; then
   echo "installing Debian packages: ${apt_missing[*]}"
   { as_root apt-get update -qq && as_root apt-get install -y -qq "${apt_missing[@]}" >/dev/null; } \

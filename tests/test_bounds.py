@@ -26,6 +26,7 @@ from celery_driftsafe.models import PeriodicTask, Run, RunStatus, ScheduleKind
 from celery_driftsafe.slots import Crontab, Interval, OneOff, Solar
 from tests.conftest import T0
 from tests.factories import crontab_task, interval_task, solar_task
+from tests.skip_guard import configuration
 
 S = timedelta(seconds=1)
 US = timedelta(microseconds=1)
@@ -171,7 +172,9 @@ def _claimers() -> list[str]:
 @pytest.fixture(params=["cas", "skip_locked"])
 def claimer(request: pytest.FixtureRequest) -> Claimer:
     if request.param not in _claimers():
-        pytest.skip(f"{connection.vendor} does not support the {request.param} claimer")
+        pytest.skip(
+            configuration(f"{connection.vendor} does not support the {request.param} claimer")
+        )
     return CompareAndSwapClaimer() if request.param == "cas" else SkipLockedClaimer()
 
 

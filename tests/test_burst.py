@@ -23,6 +23,7 @@ from celery_driftsafe.testing import FakeClock
 from celery_driftsafe.testing.processes import NoRedis, start_redis
 from tests.conftest import T0, drain
 from tests.factories import interval_task
+from tests.skip_guard import configuration
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -192,7 +193,7 @@ def test_a_beat_claims_the_next_batch_while_publishing_and_publishes_it_when_sto
     from django.db import connection
 
     if not connection.features.has_select_for_update_skip_locked:
-        pytest.skip("claiming ahead is for databases with SKIP LOCKED (not SQLite)")
+        pytest.skip(configuration("claiming ahead is for databases with SKIP LOCKED (not SQLite)"))
     for i in range(25):
         interval_task(f"a{i:02d}", 60, anchor=T0, next_slot_at=T0)
     assert small_rounds.run_round() == 0.0  # a full batch: 10 published, 10 claimed ahead

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.conf import settings
+from django.test import override_settings
 
 from celery_driftsafe import changes
 from celery_driftsafe.models import PeriodicTask, ScheduleKind
@@ -90,8 +93,11 @@ def test_reenabling_starts_after_now_without_catch_up() -> None:
 
 
 def test_changes_wake_beats_through_redis(redis_client: Any) -> None:
+    # A key prefix of the test's own: Redis channels ignore the database number, and another
+    # test process publishing on the shared prefix would make this pass without our save.
+    prefix = f"driftsafe-test-{uuid.uuid4().hex[:12]}"
     pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe("driftsafe-test:changes")
+    pubsub.subscribe(f"{prefix}:changes")
     received = threading.Event()
 
     def listen() -> None:
@@ -102,7 +108,8 @@ def test_changes_wake_beats_through_redis(redis_client: Any) -> None:
 
     listener = threading.Thread(target=listen)
     listener.start()
-    _save(_interval(), T0)
+    with override_settings(DRIFTSAFE={**settings.DRIFTSAFE, "KEY_PREFIX": prefix}):
+        _save(_interval(), T0)
     listener.join()
     pubsub.close()
     assert received.is_set()

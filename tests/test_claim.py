@@ -23,6 +23,7 @@ from celery_driftsafe.models import PeriodicTask, Run, RunStatus
 from celery_driftsafe.slots import Solar
 from tests.conftest import T0
 from tests.factories import at_once, crontab_task, interval_task, many_interval_tasks, solar_task
+from tests.skip_guard import configuration
 
 S = timedelta(seconds=1)
 
@@ -41,7 +42,9 @@ MakeClaimer = Callable[..., Claimer]
 @pytest.fixture(params=["cas", "skip_locked"])
 def make_claimer(request: pytest.FixtureRequest) -> MakeClaimer:
     if request.param not in _claimers():
-        pytest.skip(f"{connection.vendor} does not support the {request.param} claimer")
+        pytest.skip(
+            configuration(f"{connection.vendor} does not support the {request.param} claimer")
+        )
     cls = CompareAndSwapClaimer if request.param == "cas" else SkipLockedClaimer
 
     def make(**kwargs: Any) -> Claimer:
@@ -192,7 +195,9 @@ def test_an_edit_made_while_the_cas_claimer_plans_is_claimed_with_the_new_schedu
     and queryset updates of anything but the claim's state stamp: the round loses, and the
     next one plans from the edited row."""
     if "cas" not in _claimers():
-        pytest.skip(f"{connection.vendor} does not support the compare-and-swap claimer")
+        pytest.skip(
+            configuration(f"{connection.vendor} does not support the compare-and-swap claimer")
+        )
     now = authority_clock().now()
     even_hour = now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
     even_hour += timedelta(hours=even_hour.hour % 2)
@@ -218,7 +223,9 @@ def test_an_edit_made_while_the_cas_claimer_plans_is_claimed_with_the_new_schedu
     assert task.next_slot_at == even_hour + timedelta(hours=2)
 
 
-@pytest.mark.skipif(connection.vendor != "sqlite", reason="only SQLite stores instants as text")
+@pytest.mark.skipif(
+    connection.vendor != "sqlite", reason=configuration("only SQLite stores instants as text")
+)
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("column", ["next_slot_at", "changed_at"])
 def test_the_cas_claimer_wins_a_task_whose_instants_raw_sql_spelled_otherwise(column: str) -> None:
@@ -239,7 +246,9 @@ def test_the_cas_claimer_wins_a_task_whose_instants_raw_sql_spelled_otherwise(co
     assert CompareAndSwapClaimer().claim(T0 + 10 * S, "node-a").runs, "and the next slot"
 
 
-@pytest.mark.skipif(connection.vendor != "sqlite", reason="only SQLite stores instants as text")
+@pytest.mark.skipif(
+    connection.vendor != "sqlite", reason=configuration("only SQLite stores instants as text")
+)
 @pytest.mark.django_db(transaction=True)
 def test_a_due_instant_raw_sql_spelled_with_a_t_falls_due_on_time() -> None:
     """On SQLite ``2026-03-01T12:00:00`` (a raw SQL write) sorts after every instant of that
@@ -308,9 +317,11 @@ def test_beats_claim_at_read_committed_whatever_the_project_configures(
     from celery_driftsafe.db_connection import read_committed_connections
 
     if connection.vendor == "sqlite":
-        pytest.skip("SQLite has no isolation levels")
+        pytest.skip(configuration("SQLite has no isolation levels"))
     if where == "server" and connection.vendor != "postgresql":
-        pytest.skip("a server-wide default needs MySQL's SET GLOBAL, shared by every test")
+        pytest.skip(
+            configuration("a server-wide default needs MySQL's SET GLOBAL, shared by every test")
+        )
     # An earlier test's beat in this process may have set it up already: start without it.
     connection_created.disconnect(dispatch_uid="celery_driftsafe.read_committed")
     rc = "read committed"
@@ -358,7 +369,9 @@ def test_a_broken_open_connection_does_not_stop_a_beats_set_up() -> None:
     from celery_driftsafe.db_connection import read_committed_connections
 
     if connection.vendor != "postgresql":
-        pytest.skip("elsewhere a connection Django set up at READ COMMITTED is left as it is")
+        pytest.skip(
+            configuration("elsewhere a connection Django set up at READ COMMITTED is left as it is")
+        )
     connection.ensure_connection()
     connection.connection.close()  # the driver's: Django still holds it as open
     try:
@@ -564,7 +577,7 @@ def test_due_tasks_come_from_the_index_on_a_task_table_without_statistics() -> N
     UPDATE SKIP LOCKED`` as a read of every due task and a sort; the claim, and building
     ahead, take them from the ``(enabled, due_at, id)`` index in order."""
     if connection.vendor != "postgresql":
-        pytest.skip("a PostgreSQL planner setting")
+        pytest.skip(configuration("a PostgreSQL planner setting"))
     from django.db import transaction
 
     from celery_driftsafe.prebuild import CHUNK, Prebuilder

@@ -21,6 +21,7 @@ from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.testing import FakeClock
 from tests.conftest import T0, drain
 from tests.factories import interval_task
+from tests.skip_guard import configuration
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,7 +32,9 @@ def _needs_skip_locked() -> None:
     from django.db import connection
 
     if connection.vendor == "sqlite":
-        pytest.skip("the claim process is for databases with SKIP LOCKED (not SQLite)")
+        pytest.skip(
+            configuration("the claim process is for databases with SKIP LOCKED (not SQLite)")
+        )
     assert connection.features.has_select_for_update_skip_locked, connection.vendor
 
 

@@ -104,6 +104,19 @@ def test_demo_fires_every_slot_once(
     assert verdict, output
     assert int(verdict[1]) >= SECONDS, "fewer slots due than the schedules give"
     assert "RESULT: every due slot ran exactly once" in output
+    # The skew was really applied: each beat measured its offset from the authority as minus
+    # its skew (offset = authority - node clock), within the measurement's error and 0.25 s.
+    beats = re.findall(
+        r"^([ABC])\s+([+-]\d+\.\d) s\s+(?:-|[+-]\d+\.\d+ s)\s+([+-]\d+\.\d+) s\s+([\d.]+) ms",
+        output,
+        re.M,
+    )
+    assert [b[0] for b in beats] == ["A", "B", "C"], output
+    skews = {label: float(skew) for label, skew, _, _ in beats}
+    assert skews == {"A": 0.0, "B": 2.5, "C": -4.0}
+    for label, skew, offset, error_ms in beats:
+        off_by = abs(float(offset) + float(skew))
+        assert off_by <= 0.25 + float(error_ms) / 1000, f"beat {label}: skew {skew} s not seen"
     for label in "ABC":
         assert (tmp_path / "out" / f"beat-{label}.log").is_file()
     picture = tmp_path / "out" / "timeline.png"

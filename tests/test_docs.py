@@ -80,27 +80,26 @@ def test_locks_reference_sample_runs(redis_client: Any) -> None:
 
 @pytest.mark.django_db
 def test_solar_howto_samples_run() -> None:
-    import doctest
-
     from celery_driftsafe.models import PeriodicTask
 
     create, shell = samples("howto/solar-schedules.md")
     exec(create, {"PeriodicTask": PeriodicTask})
     task = PeriodicTask.objects.get(name="lights-on")
     assert task.next_slot_at is not None and task.schedule.describe().startswith("at sunset")
-    test = doctest.DocTestParser().get_doctest(shell, {}, "solar-schedules", None, 0)
-    runner = doctest.DocTestRunner()
-    runner.run(test)
-    assert runner.summarize(verbose=False).failed == 0
+    _doctest(shell, "solar-schedules")
 
 
 def _doctest(text: str, name: str) -> None:
+    """Run the ``>>>`` examples of ``text``: every one must pass, and there must be some (a
+    sample that lost its prompts would otherwise pass having checked nothing)."""
     import doctest
 
     test = doctest.DocTestParser().get_doctest(text, {}, name, None, 0)
+    assert test.examples, f"{name}: the sample has no >>> examples to check"
     runner = doctest.DocTestRunner()
     runner.run(test)
-    assert runner.summarize(verbose=False).failed == 0
+    summary = runner.summarize(verbose=False)
+    assert summary.failed == 0 and summary.attempted == len(test.examples)
 
 
 @pytest.mark.django_db

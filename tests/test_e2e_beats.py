@@ -1,8 +1,10 @@
 """End-to-end: several real ``celery beat`` processes, wall clocks really skewed apart with
 libfaketime, one database and one Redis. Every published message is counted.
 
-PostgreSQL: K=3 beats at 0 / +2.5 / -4 s, one of them SIGKILLed half-way; and a run with one
-beat an hour off. SQLite: K=2 beats at +2.5 / -4 s with Redis as the time authority.
+PostgreSQL: K=3 beats at 0 / +2.5 / -4 s, one of them SIGKILLed half-way, with the database's
+clock as the time authority; and a run with one beat an hour off, once with each authority (the
+database's clock, Redis's). SQLite: K=2 beats at +2.5 / -4 s with Redis as the time authority
+(SQLite's "now" is each process's own wall clock).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 
 from tests import settings as test_settings
 from tests.e2e.harness import E2ERun, TaskReport, analyse, real_now, table
+from tests.skip_guard import configuration
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("needs_faketime")]
 
@@ -134,10 +137,15 @@ def test_skewed_beats_fire_every_slot_exactly_once_never_early(tmp_path: Path) -
         run.close()
 
 
-@pytest.mark.skipif(BACKEND != "postgresql", reason="the hour-off run uses PostgreSQL")
-def test_beat_an_hour_off_changes_nothing(tmp_path: Path) -> None:
+@pytest.mark.skipif(
+    BACKEND != "postgresql", reason=configuration("the hour-off run uses PostgreSQL")
+)
+@pytest.mark.parametrize("authority", ["database", "redis"])
+def test_beat_an_hour_off_changes_nothing(tmp_path: Path, authority: str) -> None:
+    """PostgreSQL with each time authority it supports: its own clock (as the run above) and
+    Redis's (as on SQLite), so every database meets every authority it has end to end."""
     offsets = [0.0, 3600.0]
-    run = E2ERun(BACKEND, tmp_path)
+    run = E2ERun(BACKEND, tmp_path, authority=authority)
     try:
         start = real_now() + timedelta(seconds=6)
         end = start + timedelta(seconds=20)
@@ -149,7 +157,7 @@ def test_beat_an_hour_off_changes_nothing(tmp_path: Path) -> None:
         codes = run.stop()
         dump = run.tool("dump")
         reports = analyse(dump, run.received, start=start, until=end - timedelta(seconds=1.5))
-        print(f"\nbeats at {offsets}\n{table(reports)}")
+        print(f"\nbeats at {offsets}, {authority} clock\n{table(reports)}")
         assert set(codes.values()) == {0}, f"exit codes {codes} (None: no exit)\n{run.logs()}"
         _assert_exactly_once(run, reports, dump)
         _assert_offsets(run, dump, [0, 1])

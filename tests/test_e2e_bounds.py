@@ -18,6 +18,7 @@ from celery_driftsafe.jitter import offset
 from celery_driftsafe.slots import Interval
 from tests import settings as test_settings
 from tests.e2e.harness import E2ERun, real_now
+from tests.skip_guard import configuration
 
 # On the PostgreSQL pass only: bounds, limits and jitter do not depend on the database (the
 # SQLite claim path has its own end-to-end run in tests/test_e2e_beats.py), and the suite must
@@ -25,7 +26,9 @@ from tests.e2e.harness import E2ERun, real_now
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.usefixtures("needs_faketime"),
-    pytest.mark.skipif(test_settings.TEST_DB != "postgres", reason="runs on the PostgreSQL pass"),
+    pytest.mark.skipif(
+        test_settings.TEST_DB != "postgres", reason=configuration("runs on the PostgreSQL pass")
+    ),
 ]
 
 BACKEND = "postgresql" if test_settings.TEST_DB == "postgres" else "sqlite"

@@ -19,10 +19,13 @@ import pytest
 
 from tests import settings as test_settings
 from tests.e2e.harness import SCHEDULER, E2ERun, real_now, wait_until_handles_sigterm
+from tests.skip_guard import configuration
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(test_settings.TEST_DB != "postgres", reason="runs on the PostgreSQL pass"),
+    pytest.mark.skipif(
+        test_settings.TEST_DB != "postgres", reason=configuration("runs on the PostgreSQL pass")
+    ),
 ]
 
 TASKS = 400

@@ -25,12 +25,13 @@ import pytest
 
 from tests import settings as test_settings
 from tests.e2e.harness import E2ERun, analyse, assert_exactly_once, real_now, table
+from tests.skip_guard import configuration
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(
         test_settings.TEST_DB != "postgres",
-        reason="runs on the PostgreSQL pass (see the module docstring)",
+        reason=configuration("runs on the PostgreSQL pass (see the module docstring)"),
     ),
 ]
 

@@ -24,10 +24,13 @@ import pytest
 from celery_driftsafe.testing.processes import free_port, postgres_exec
 from tests import settings as test_settings
 from tests.e2e.harness import E2ERun, analyse, assert_exactly_once, real_now, table
+from tests.skip_guard import configuration
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(test_settings.TEST_DB != "postgres", reason="PgBouncer fronts PostgreSQL"),
+    pytest.mark.skipif(
+        test_settings.TEST_DB != "postgres", reason=configuration("PgBouncer fronts PostgreSQL")
+    ),
 ]
 
 #: The test PostgreSQL (the PostgreSQL pass's own settings): PgBouncer's server.

@@ -37,12 +37,15 @@ from tests.e2e.harness import (
     real_now,
     wait_until_handles_sigterm,
 )
+from tests.skip_guard import configuration
 
 # One database is enough here (start-up and shut-down do not depend on the database): the suite
 # must stay under 15 minutes.
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(test_settings.TEST_DB != "postgres", reason="runs on the PostgreSQL pass"),
+    pytest.mark.skipif(
+        test_settings.TEST_DB != "postgres", reason=configuration("runs on the PostgreSQL pass")
+    ),
 ]
 
 BACKEND = "postgresql" if test_settings.TEST_DB == "postgres" else "sqlite"

@@ -478,36 +478,45 @@ class TestRedisLock:
         assert locks.key_prefix == PREFIX and locks.client is get_redis()
 
     def test_watchdog_declares_the_lock_lost_when_redis_dies(self, tmp_path: Path) -> None:
+        """Redis killed: the renewals fail, and the lock is declared lost when its lease runs
+        out, not before. The lease runs on a fake clock; the test moves it."""
         with redis_server(tmp_path) as (port, process):
-            client = redis.Redis(
-                port=port, socket_timeout=0.2, socket_connect_timeout=0.2, retry=None
-            )
+            client = redis.Redis(port=port, socket_timeout=5, socket_connect_timeout=5, retry=None)
+            clock = FakeClock(T0)
             calls: list[HeldLock] = []
             try:
-                lock = RedisLockBackend(client, PREFIX).lock("job", ttl=0.6)
+                lock = RedisLockBackend(client, PREFIX, clock=clock).lock("job", ttl=30)
                 with lock.hold(watchdog=True, on_lost=calls.append) as held:
-                    time.sleep(0.3)
+                    _until(lambda: clock.waiters == 2, "the renewer and the timekeeper waiting")
                     process.kill()
                     process.wait()
-                    assert held.lost.wait(0.6 + 0.5)
+                    clock.advance(10)  # a renewal fails; the lease has 20 s left
+                    _until(lambda: clock.waiters == 2, "the renewer waiting to retry")
+                    assert not held.lost.is_set(), held.lost_reason
+                    clock.advance(21)  # past the lease's end
+                    _until(held.lost.is_set, "the lock declared lost at the lease's end")
                     assert "lease ran out" in (held.lost_reason or "")
                     assert calls == [held]
             finally:
                 client.close()
 
     def test_lost_is_signalled_on_time_while_a_renewal_is_stuck(self, tmp_path: Path) -> None:
-        """A frozen Redis (SIGSTOP) leaves the renewal call hanging for its socket timeout;
-        the lease end, not the call, decides when ``lost`` is set."""
+        """A frozen Redis (SIGSTOP) leaves the renewal call hanging for its socket timeout
+        (120 s here, far past the test's waits); the lease end on the lock's clock, not the
+        call, decides when ``lost`` is set."""
         with redis_server(tmp_path) as (port, process):
-            client = redis.Redis(port=port, socket_timeout=3)
+            client = redis.Redis(port=port, socket_timeout=120)
+            clock = FakeClock(T0)
             try:
-                lock = RedisLockBackend(client, PREFIX).lock("job", ttl=0.6)
+                lock = RedisLockBackend(client, PREFIX, clock=clock).lock("job", ttl=30)
                 with lock.hold(watchdog=True) as held:
+                    _until(lambda: clock.waiters == 2, "the renewer and the timekeeper waiting")
                     process.send_signal(signal.SIGSTOP)
-                    frozen = time.monotonic()
                     try:
-                        assert held.lost.wait(2.0)
-                        assert time.monotonic() - frozen < 1.0
+                        clock.advance(10)  # the renewal call hangs on the frozen Redis
+                        _until(lambda: clock.waiters == 1, "only the timekeeper waiting")
+                        clock.advance(21)  # past the lease's end, the call still hanging
+                        _until(held.lost.is_set, "lost at the lease's end, the call stuck")
                         assert held.lost_reason == "the lease ran out before it could be renewed"
                     finally:
                         process.send_signal(signal.SIGCONT)
@@ -671,7 +680,7 @@ def redis_server(
     """A ``redis-server`` (or ``redis-sentinel``) on a free port, stopped on exit."""
     binary = binary or shutil.which("redis-server")
     if binary is None:
-        pytest.skip("redis-server is not installed")
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
     port = free_port()
     listen = f"port 0\ntls-port {port}\n" if tls else f"port {port}\n"
     path = tmp_path / f"redis-{port}.conf"  # Sentinel rewrites its file: it must be writable

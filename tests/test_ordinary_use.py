@@ -27,6 +27,7 @@ from celery_driftsafe.validation import json_problems
 from tests import settings as test_settings
 from tests.conftest import T0, drain
 from tests.factories import interval_task
+from tests.skip_guard import configuration
 
 S = timedelta(seconds=1)
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -376,7 +377,9 @@ def test_each_malformed_row_is_disabled_with_its_reason_and_the_rest_fire(
         assert not Run.objects.filter(periodic_task=row).exists(), name
 
 
-@pytest.mark.skipif(test_settings.TEST_DB != "sqlite", reason="only SQLite stores any text")
+@pytest.mark.skipif(
+    test_settings.TEST_DB != "sqlite", reason=configuration("only SQLite stores any text")
+)
 def test_a_row_the_orm_cannot_read_is_disabled_and_the_rest_fire(
     scheduler: DriftSafeScheduler, clock: FakeClock
 ) -> None:
@@ -394,7 +397,9 @@ def test_a_row_the_orm_cannot_read_is_disabled_and_the_rest_fire(
     assert not row["enabled"] and row["disabled_reason"].startswith("disabled by the scheduler")
 
 
-@pytest.mark.skipif(test_settings.TEST_DB != "sqlite", reason="only SQLite stores any text")
+@pytest.mark.skipif(
+    test_settings.TEST_DB != "sqlite", reason=configuration("only SQLite stores any text")
+)
 def test_a_row_the_orm_cannot_read_before_its_slot_does_not_fail_the_rounds(
     scheduler: DriftSafeScheduler, clock: FakeClock
 ) -> None:

@@ -17,6 +17,7 @@ from celery_driftsafe.reconcile import BackgroundReconciler, reconcile
 from tests import settings as test_settings
 from tests.conftest import T0
 from tests.factories import at_once, interval_task
+from tests.skip_guard import configuration
 
 pytestmark = pytest.mark.django_db(transaction=True)  # a reconciler's pass has its own thread
 
@@ -198,7 +199,7 @@ def test_beats_reconciling_at_once_settle_each_run_once() -> None:
     from django.db import connection
 
     if connection.vendor == "sqlite":
-        pytest.skip("SQLite serialises writers: nothing runs at once")
+        pytest.skip(configuration("SQLite serialises writers: nothing runs at once"))
     task = interval_task("t", 1, anchor=T0)
     runs = _waiting(task, 5 * MANY, expires_at=T0 + timedelta(hours=1))
     results = at_once(2, lambda n: reconcile(T0 + timedelta(hours=2, microseconds=n), lease=LEASE))

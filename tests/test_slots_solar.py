@@ -3,7 +3,6 @@ published almanac values, through polar day and night, and the :class:`Schedule`
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from itertools import pairwise
@@ -183,17 +182,14 @@ def test_at_the_poles_the_sun_rises_once_a_year() -> None:
 
 def test_the_search_is_bounded_and_ends_in_no_more_slots(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(solar_module, "SEARCH_DAYS", 30)
-    started = time.perf_counter()
     assert Solar("sunrise", 90, 0).next_after(utc(2024, 4, 1)) is None
     assert list(Solar("sunrise", 90, 0).slots_between(utc(2024, 4, 1), utc(2026, 1, 1))) == []
-    assert time.perf_counter() - started < 5
 
 
-def test_two_years_of_polar_night_search_is_quick() -> None:
-    started = time.perf_counter()
+def test_two_years_near_the_pole_find_the_few_sunrises() -> None:
+    # how long the search takes: python -m benchmarks slots ("sunrise 89.9 N, two years")
     slots = list(Solar("sunrise", 89.9, 45).slots_between(utc(2020, 4, 1), utc(2022, 4, 1)))
     assert 2 <= len(slots) <= 10  # a few days of sunrise each March (and grazes in September)
-    assert time.perf_counter() - started < 5
 
 
 # --------------------------------------------------------------------------- contract

@@ -22,6 +22,7 @@ from celery_driftsafe.task import DriftSafeTask
 from tests import settings as test_settings
 from tests.conftest import T0, drain
 from tests.factories import interval_task, real_deadlock
+from tests.skip_guard import configuration
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -668,7 +669,7 @@ def test_fail_open_skips_while_another_holds_the_database_running_lock(
 
 @pytest.mark.skipif(
     test_settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"),
-    reason="SQLite serialises every write: no two starts are at once",
+    reason=configuration("SQLite serialises every write: no two starts are at once"),
 )
 def test_two_fail_open_deliveries_at_once_run_one_body(record: Any, calls: list[Any]) -> None:
     """Two slots of a skipping task reach two worker threads at once with Redis away
@@ -830,7 +831,7 @@ def test_a_start_rolled_back_for_a_concurrent_update_runs_again(
     from celery_driftsafe.ledger import Ledger, Start
 
     if connection.vendor != "postgresql":
-        pytest.skip("PostgreSQL's serialization failures")
+        pytest.skip(configuration("PostgreSQL's serialization failures"))
     # A worker keeps the project's level: undo what a beat set up earlier in this process.
     connection_created.disconnect(dispatch_uid="celery_driftsafe.read_committed")
     run = Run.objects.create(task_name="tests.add", status=RunStatus.DISPATCHED)
@@ -885,7 +886,9 @@ def test_a_start_rolled_back_for_a_concurrent_update_runs_again(
     assert (fresh.status, fresh.dispatch_attempts, fresh.fencing_token) == ("started", 1, 1)
 
 
-@pytest.mark.skipif(test_settings.TEST_DB == "sqlite", reason="SQLite has no deadlocks")
+@pytest.mark.skipif(
+    test_settings.TEST_DB == "sqlite", reason=configuration("SQLite has no deadlocks")
+)
 def test_a_deadlock_counts_as_rolled_back_for_a_concurrent_update() -> None:
     """A real deadlock's victim: PostgreSQL says SQLSTATE 40P01; mysqlclient's error carries
     only MySQL's number, ER_LOCK_DEADLOCK (1213), which InnoDB reports with SQLSTATE 40001.
