@@ -8,6 +8,12 @@ package, and ``celery -A proj beat -S driftsafe`` (the short name, from the
 ``CELERY_BEAT_SCHEDULER = "driftsafe"``, starts, claims and publishes. The time authority is
 ``auto``: Redis' clock with README's ``REDIS_URL``; without it, this machine's clock, which the
 beat says in one line at its start, once.
+
+The package comes from a wheel built from this tree, not the editable checkout, and the project
+has an app ``demoapp`` whose ``tasks.py`` holds a ``@shared_task`` (autodiscovered, so a web
+process never imported it): the admin's add form offers that task and saves a periodic task for
+it, and the samples of docs/howto/test-your-schedules.md pass as written beside a 1-s
+``beat_schedule`` entry.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -27,11 +34,13 @@ from celery_driftsafe.conf import default_key_prefix
 from celery_driftsafe.testing.processes import Children
 from tests import settings as test_settings
 from tests.e2e.harness import BROKER_DB, E2E_REDIS_DB
+from tests.skip_guard import configuration
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(
-        test_settings.TEST_DB != "sqlite", reason="a new project's database is SQLite"
+        test_settings.TEST_DB != "sqlite",
+        reason=configuration("a new project's database is SQLite"),
     ),
 ]
 
@@ -57,10 +66,21 @@ from .celery import app as celery_app
 
 __all__ = ("celery_app",)
 """
+#: The app a user adds with ``manage.py startapp demoapp``, and its tasks module.
+TASKS_PY = """\
+from celery import shared_task
+
+
+@shared_task
+def tick():
+    return "tick"
+"""
 #: The line the beat writes when ``auto`` is this machine's clock (log action local-authority).
 LOCAL_LINE = "TIME_AUTHORITY 'auto' is this machine's clock"
 README_REDIS = "redis://127.0.0.1:6379/0"
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PYTHON_FENCE = re.compile(r"```python\n(.*?)^ *```", re.S | re.M)
 
 
 def readme_block() -> str:
@@ -70,15 +90,50 @@ def readme_block() -> str:
     return section[start : section.index("```", start)]
 
 
-def make_project(root: Path, *, queue: str, with_redis: bool) -> None:
-    """``startproject proj``, the guide's Celery app, README's settings pasted at the end."""
+@pytest.fixture(scope="module")
+def wheel_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package as a user gets it: a wheel built from this tree, installed into a folder
+    that comes first on the new project's path (before the editable checkout)."""
+    out = tmp_path_factory.mktemp("wheel")
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    [wheel] = out.glob("celery_driftsafe-*.whl")
+    site = out / "site"
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    return site
+
+
+def project_env(site: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    return env
+
+
+def make_project(root: Path, *, queue: str, with_redis: bool, extra: str = "") -> None:
+    """``startproject proj``, the guide's Celery app, an app ``demoapp`` with its tasks,
+    README's settings pasted at the end."""
     subprocess.run(
         [sys.executable, "-m", "django", "startproject", "proj", str(root)],
         check=True,
         capture_output=True,
     )
+    subprocess.run(
+        [sys.executable, "-m", "django", "startapp", "demoapp"],
+        check=True,
+        capture_output=True,
+        cwd=root,
+    )
     (root / "proj" / "celery.py").write_text(CELERY_PY)
     (root / "proj" / "__init__.py").write_text(INIT_PY)
+    (root / "demoapp" / "tasks.py").write_text(TASKS_PY)
     pasted = readme_block()
     assert README_REDIS in pasted, "README's settings no longer name the Redis this test swaps"
     redis_url = f"{test_settings.REDIS_SERVER}/{E2E_REDIS_DB}"
@@ -87,9 +142,11 @@ def make_project(root: Path, *, queue: str, with_redis: bool) -> None:
     if not with_redis:  # the user leaves out the optional line
         settings += 'DRIFTSAFE.pop("REDIS_URL")\n'
     settings += (
+        'INSTALLED_APPS += ["demoapp"]\n'
         f'CELERY_BROKER_URL = "{test_settings.REDIS_SERVER}/{BROKER_DB}"\n'
         f'CELERY_TASK_DEFAULT_QUEUE = "{queue}"\n'
         'CELERY_BEAT_SCHEDULE = {"debug": {"task": "proj.celery.debug_task", "schedule": 0.5}}\n'
+        + extra
     )
     (root / "proj" / "settings.py").write_text(settings)
 
@@ -110,13 +167,24 @@ def manage(root: Path, env: dict[str, str], *args: str) -> str:
 
 
 @pytest.mark.parametrize("with_redis", [True, False], ids=["redis-url", "no-redis"])
-def test_a_new_project_with_readme_settings(tmp_path: Path, with_redis: bool) -> None:
+def test_a_new_project_with_readme_settings(
+    tmp_path: Path, wheel_site: Path, with_redis: bool
+) -> None:
     assert 'CELERY_BEAT_SCHEDULER = "driftsafe"' in readme_block()
     root = tmp_path / "site"
     root.mkdir()
     queue = f"first-use-{uuid.uuid4().hex[:8]}"
     make_project(root, queue=queue, with_redis=with_redis)
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env = project_env(wheel_site)
+    where = subprocess.run(
+        [sys.executable, "-c", "import celery_driftsafe; print(celery_driftsafe.__file__)"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert where.startswith(str(wheel_site)), f"the project imports {where}, not the wheel"
 
     checked = manage(root, env, "check")
     assert "System check identified no issues" in checked, checked
@@ -160,3 +228,150 @@ def test_a_new_project_with_readme_settings(tmp_path: Path, with_redis: bool) ->
     assert f"up (authority {expected})" in log, log[-5000:]
     # several rounds claimed (four slots half a second apart), one line about the local clock
     assert log.count(LOCAL_LINE) == (0 if with_redis else 1), log[-5000:]
+
+
+#: The settings the testing how-to's samples assume (its first sample's app), beside a 1-s
+#: entry: the kit must step only the tasks a test asks about.
+HOWTO_SETTINGS = """\
+from celery.schedules import crontab  # noqa: E402
+
+CELERY_TIMEZONE = "Europe/Berlin"
+CELERY_BEAT_SCHEDULE = {
+    "tick-every-second": {"task": "demoapp.tasks.tick", "schedule": 1.0},
+    "nightly-report": {
+        "task": "reports.nightly",
+        "schedule": crontab(minute=30, hour=2),
+        "kwargs": {"format": "pdf"},
+    },
+}
+"""
+
+
+def test_the_admin_and_the_testing_kit_know_the_apps_tasks(
+    tmp_path: Path, wheel_site: Path
+) -> None:
+    """The admin of a web process that never ran a worker offers and saves a task of
+    ``demoapp/tasks.py`` (in the Celery app's time zone), and the testing how-to's samples pass
+    as written in a project whose ``beat_schedule`` has a 1-s entry."""
+    root = tmp_path / "site"
+    root.mkdir()
+    make_project(
+        root, queue=f"first-use-{uuid.uuid4().hex[:8]}", with_redis=True, extra=HOWTO_SETTINGS
+    )
+    env = project_env(wheel_site)
+    manage(root, env, "migrate")
+
+    (root / "admin_add.py").write_text(ADMIN_SCRIPT)
+    saved = subprocess.run(
+        [sys.executable, "admin_add.py"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert saved.returncode == 0, saved.stdout + saved.stderr
+    assert "saved demoapp.tasks.tick in Europe/Berlin" in saved.stdout, saved.stdout + saved.stderr
+
+    page = (ROOT / "docs" / "howto" / "test-your-schedules.md").read_text()
+    tests = [textwrap.dedent(b) for b in PYTHON_FENCE.findall(page) if "def test_" in b]
+    count = sum(sample.count("def test_") for sample in tests)
+    assert count >= 4, "the testing how-to lost its test samples"
+    (root / "test_schedules.py").write_text("\n\n".join(tests))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--ds",
+            "proj.settings",
+            "-o",
+            "timeout=120",
+            "test_schedules.py",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0 and f"{count} passed" in output, output
+
+
+#: The admin's add form as a browser submits it: every field's value as the page gives it,
+#: then the few a user types; prints what was saved.
+ADMIN_SCRIPT = """\
+import os
+from html.parser import HTMLParser
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "proj.settings")
+django.setup()
+
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.test.utils import setup_test_environment
+
+from celery_driftsafe.models import PeriodicTask
+
+ADD = "/admin/celery_driftsafe/periodictask/add/"
+
+
+class Form(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.data, self.offered, self.select, self.textarea = {}, set(), None, None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        name = a.get("name")
+        if tag == "input" and name and a.get("type") not in ("submit", "checkbox"):
+            self.data[name] = a.get("value") or ""
+        elif tag == "input" and name and "checked" in a:
+            self.data[name] = "on"
+        elif tag == "select" and name:
+            self.select = name
+            self.data.setdefault(name, "")
+        elif tag == "option" and self.select and "selected" in a:
+            self.data[self.select] = a.get("value") or ""
+        elif tag == "option" and not self.select and a.get("value"):
+            self.offered.add(a["value"])  # a datalist's suggestions
+        elif tag == "textarea" and name:
+            self.textarea = name
+            self.data[name] = ""
+
+    def handle_endtag(self, tag):
+        if tag == "select":
+            self.select = None
+        elif tag == "textarea":
+            self.textarea = None
+
+    def handle_data(self, data):
+        if self.textarea:
+            self.data[self.textarea] += data.strip("\\n")
+
+
+setup_test_environment()  # the test client's host, "testserver", is allowed
+get_user_model().objects.create_superuser("admin", "admin@example.com", "first-use")
+client = Client()
+assert client.login(username="admin", password="first-use")
+page = client.get(ADD)
+assert page.status_code == 200, page.status_code
+form = Form()
+form.feed(page.content.decode())
+assert "demoapp.tasks.tick" in form.offered, sorted(n for n in form.offered if "." in n)
+data = {**form.data, "name": "tick from the admin", "task": "demoapp.tasks.tick",
+        "schedule_kind": "crontab", "crontab_minute": "*/5", "_save": "Save"}
+response = client.post(ADD, data)
+if response.status_code != 302:
+    raise SystemExit(f"not saved: {response.context['adminform'].form.errors}")
+saved = PeriodicTask.objects.get(name="tick from the admin")
+print("saved", saved.task, "in", saved.timezone)
+"""
