@@ -227,15 +227,26 @@ class PeriodicTask(models.Model):
     def build_schedule(self, *, anchor: datetime | None = None) -> Schedule:
         """Build the schedule; ``anchor`` stands in for a not yet stored interval anchor."""
         if self.schedule_kind == ScheduleKind.INTERVAL:
-            if not self.interval_every:
+            every = self.interval_every
+            if not every:
                 raise ScheduleError("every", "an interval task needs a positive 'every'")
+            if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+                raise ScheduleError("every", f"must be a positive whole number, not {every!r}")
             unit = _UNIT_MICROSECONDS.get(self.interval_unit or "seconds")
             if unit is None:
                 raise ScheduleError("every", f"unknown unit {self.interval_unit!r}")
             anchor = self.interval_anchor or anchor
             if anchor is None:
                 raise ScheduleError("anchor", "an interval task needs an anchor")
-            return shared_interval(timedelta(microseconds=self.interval_every * unit), anchor)
+            try:
+                step = timedelta(microseconds=every * unit)
+            except OverflowError:
+                raise ScheduleError(
+                    "every",
+                    f"{every} {self.interval_unit or 'seconds'} is longer than the calendar "
+                    "holds (at most 999999999 days)",
+                ) from None
+            return shared_interval(step, anchor)
         if self.schedule_kind == ScheduleKind.CRONTAB:
             fields = {argument: getattr(self, name) for name, argument in CRONTAB_FIELDS.items()}
             fields["second"] = fields["second"] or "0"
