@@ -371,6 +371,37 @@ class PeriodicTask(models.Model):
     from_db_then = _remember_switch
 
 
+def unreadable_instants(using: str = "default") -> dict[int, str]:
+    """Tasks with an instant column Django cannot read (id -> which column holds what), where
+    the database stores any text there (SQLite: raw SQL may write ``2026-13-45``); reading
+    such a row raises, and with it the whole query that reads it. Reads every row's instants
+    as text: for the path on which a query has failed, not for every page."""
+    from django.db import connections
+    from django.db.models import TextField
+    from django.db.models.functions import Cast
+    from django.utils.dateparse import parse_datetime
+
+    if connections[using].vendor != "sqlite":
+        return {}
+    found: dict[int, str] = {}
+    for field in PeriodicTask._meta.concrete_fields:
+        if not isinstance(field, models.DateTimeField):
+            continue
+        rows = (
+            PeriodicTask.objects.using(using)
+            .filter(**{f"{field.name}__isnull": False})
+            .order_by()
+            .annotate(stored=Cast(field.name, TextField()))
+            .values_list("pk", "stored")
+        )
+        for pk, text in rows:
+            try:
+                parse_datetime(text)  # what Django's SQLite converter does with the text
+            except ValueError as exc:
+                found.setdefault(pk, f"{field.name}: {text!r} is no instant ({exc})")
+    return found
+
+
 def schedule_problem(exc: ScheduleError) -> Problem:
     """A :class:`ScheduleError` as a problem of the model field that holds the schedule field."""
     return Problem(SCHEDULE_ERROR_FIELDS.get(exc.field, "schedule_kind"), str(exc))
