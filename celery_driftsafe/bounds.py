@@ -130,6 +130,8 @@ def plan_limited(
         start = schedule.first_at_or_after(next_slot)
     ended = f"valid until {limits.valid_until}: no slot is left before it"
     if start is None:
+        if limits.valid_until is None:  # a valid_from past the last slot the calendar holds
+            return ClaimPlan(), f"valid from {limits.valid_from}: no slot is left after it"
         return ClaimPlan(), ended
     spread = spread_us(limits.jitter_seconds)
     jitter = Jitter(limits.identity, timedelta(microseconds=spread)) if spread else None

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from django.db import OperationalError, connections, transaction
 
 from celery_driftsafe.claim_sql import advance_tasks
-from celery_driftsafe.claim_steps import ClaimSteps
+from celery_driftsafe.claim_steps import ClaimSteps, disable_by_id
 from celery_driftsafe.compiled_sql import select_rows
 from celery_driftsafe.conf import DriftSafeSettings
 from celery_driftsafe.db_connection import order_from_indexes
@@ -140,17 +140,59 @@ def claimer_for(using: str = "default", settings: DriftSafeSettings | None = Non
 
 
 def next_due(using: str = "default") -> datetime | None:
-    """When the earliest unclaimed slot of any enabled task is due (its jittered instant)."""
-    rows = select_rows(using, ("next-due",), [], partial(_first_due, using))
+    """When the earliest unclaimed slot of any enabled task is due (its jittered instant).
+
+    A due instant stored as text that is no instant (SQLite, raw SQL) and sorts first made
+    every round fail here, and the beat back off for up to 30 s a round: such rows are
+    disabled with the reason, and the others read again."""
+    build = partial(_first_due, using)
+    try:
+        rows = select_rows(using, ("next-due",), [], build)
+    except (ValueError, TypeError, AttributeError):  # Django's reading of the text
+        if not _disable_unreadable_due(using):
+            raise
+        rows = select_rows(using, ("next-due",), [], build)
     return rows[0][0] if rows else None
+
+
+#: How many of the first due instants :func:`_disable_unreadable_due` reads one by one.
+UNREADABLE_LOOK = 100
+
+
+def _disable_unreadable_due(using: str) -> list[str]:
+    """Disable the enabled tasks among the first :data:`UNREADABLE_LOOK` in due order whose
+    stored ``due_at`` Django cannot read as an instant; their names."""
+    from django.db.models import TextField
+    from django.db.models.functions import Cast
+    from django.utils.dateparse import parse_datetime
+
+    rows = list(
+        PeriodicTask.objects.using(using)
+        .filter(enabled=True, due_at__isnull=False)
+        .order_by("due_at")
+        .annotate(stored=Cast("due_at", TextField()))
+        .values_list("pk", "stored")[:UNREADABLE_LOOK]
+    )
+    disabled = []
+    for pk, text in rows:
+        try:
+            parse_datetime(text)  # what Django's SQLite driver converter does with it
+        except ValueError as exc:
+            disabled.append(disable_by_id(using, pk, f"due_at: cannot be read: {exc!r}"))
+    return disabled
 
 
 def _first_due(using: str) -> Any:
     # The first entry of the (enabled, due_at, id) index: as MIN(due_at), which the ORM
     # cannot give as a statement to keep (compiled_sql).
-    return (
-        PeriodicTask.objects.using(using)
-        .filter(enabled=True, due_at__isnull=False)
-        .order_by("due_at")
-        .values_list("due_at")[:1]
-    )
+    tasks: Any = PeriodicTask.objects.using(using)
+    connection = connections[using]
+    if connection.vendor == "sqlite":
+        # Enabled as the claim reads it (ClaimSteps._due_as_stored) and the ORM does: 1.
+        # Django writes the filter as the bare column, true also for a 2 stored by raw SQL,
+        # which the claim never took: the beat then saw a task due and spun at MIN_WAIT.
+        table = connection.ops.quote_name(PeriodicTask._meta.db_table)
+        tasks = tasks.extra(where=[f"{table}.enabled = 1"])
+    else:
+        tasks = tasks.filter(enabled=True)
+    return tasks.filter(due_at__isnull=False).order_by("due_at").values_list("due_at")[:1]

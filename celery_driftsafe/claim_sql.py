@@ -238,7 +238,11 @@ def advance_tasks(
         where = f"id IN ({', '.join(['%s'] * len(tasks))})"
         params.extend(task.pk for task in tasks)
     else:
-        pairs = " OR ".join(["(id = %s AND next_slot_at = %s AND changed_at = %s)"] * len(tasks))
+        # Null-safe: a row written without a next slot (raw SQL) is won, to be disabled.
+        same = {"sqlite": "IS", "mysql": "<=>"}.get(connection.vendor, "IS NOT DISTINCT FROM")
+        pairs = " OR ".join(
+            [f"(id = %s AND next_slot_at {same} %s AND changed_at = %s)"] * len(tasks)
+        )
         where = f"enabled AND ({pairs})"
         for task in tasks:
             stored = seen[task.pk]  # instants, or on SQLite the texts as stored
@@ -273,7 +277,8 @@ def _advance_postgresql(
     if seen is not None:
         slot, changed = len(_FIELDS) + 1, len(_FIELDS) + 2
         where += (
-            f" AND {table}.enabled AND {table}.next_slot_at = (r->>{slot})::timestamptz"
+            f" AND {table}.enabled"
+            f" AND {table}.next_slot_at IS NOT DISTINCT FROM (r->>{slot})::timestamptz"
             f" AND {table}.changed_at = (r->>{changed})::timestamptz"
         )
     # The LIMIT (the number of rows, so it drops none) tells the planner how many rows the

@@ -40,6 +40,7 @@ from celery_driftsafe.models import (
     schedule_failure,
 )
 from celery_driftsafe.pg_loaders import load_kept_models
+from celery_driftsafe.validation import Problem
 
 if TYPE_CHECKING:
     from celery_driftsafe.claim import ClaimResult
@@ -129,20 +130,7 @@ class ClaimSteps:
         return tasks
 
     def _disable_by_id(self, pk: int, problem: str) -> str:
-        name = str(
-            PeriodicTask.objects.using(self.using)
-            .filter(pk=pk)
-            .values_list("name", flat=True)
-            .first()
-            or pk
-        )
-        logger.error(
-            "task %s disabled: %s", name, problem, extra={"action": "disable", "task": name}
-        )
-        PeriodicTask.objects.using(self.using).filter(pk=pk).update(
-            enabled=False, next_slot_at=None, disabled_reason=disabled_by_scheduler(problem)
-        )
-        return name
+        return disable_by_id(self.using, pk, problem)
 
     def _plan(
         self, task: PeriodicTask, now: datetime, busy_since: datetime | None = None
@@ -180,11 +168,16 @@ class ClaimSteps:
         planned = []
         for task in tasks:
             problems = task.publish_problems(schedule=False)  # planning evaluates the schedule
+            problems += claim_state_problems(task)
             try:
                 if not problems:
-                    planned.append((task, self._plan(task, now, busy_since)))
-                    continue
-                problem = "; ".join(map(str, problems))
+                    plan = self._plan(task, now, busy_since)
+                    problem = count_problem(task.run_count, len(plan.fire))
+                    if problem is None:
+                        planned.append((task, plan))
+                        continue
+                else:
+                    problem = "; ".join(map(str, problems))
             except Exception as exc:
                 problem = schedule_failure(task, exc)
             logger.error(
@@ -372,6 +365,51 @@ class ClaimSteps:
                 extra={"action": "finish", "task": task.name},
             )
             result.finished.append(task.name)
+
+
+def disable_by_id(using: str, pk: int, problem: str) -> str:
+    """Disable the task ``pk``, which cannot be read or planned, with the reason (logged
+    once, here); its name."""
+    name = str(
+        PeriodicTask.objects.using(using).filter(pk=pk).values_list("name", flat=True).first() or pk
+    )
+    logger.error("task %s disabled: %s", name, problem, extra={"action": "disable", "task": name})
+    PeriodicTask.objects.using(using).filter(pk=pk).update(
+        enabled=False, next_slot_at=None, disabled_reason=disabled_by_scheduler(problem)
+    )
+    return name
+
+
+#: The largest run count the column holds (a ``bigint`` on every database).
+RUN_COUNT_MAX = 2**63 - 1
+
+
+def claim_state_problems(task: PeriodicTask) -> list[Problem]:
+    """What is wrong with the claim's own columns of a due row, written behind ``save()``
+    (raw SQL, ``QuerySet.update``): the claim cannot plan or count such a row."""
+    found = []
+    if task.next_slot_at is None:
+        found.append(
+            Problem(
+                "next_slot_at",
+                "empty while due_at is set; save the task (or enable it again) to compute "
+                "its next slot",
+            )
+        )
+    count = task.run_count
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        found.append(Problem("run_count", f"must be a whole number of 0 or more, not {count!r}"))
+    return found
+
+
+def count_problem(run_count: int, fired: int) -> str | None:
+    """Why ``run_count`` cannot count ``fired`` more runs (None: it can)."""
+    if run_count + fired <= RUN_COUNT_MAX:
+        return None
+    return (
+        f"run_count: {run_count} runs cannot count {fired} more (the column holds at most "
+        f"{RUN_COUNT_MAX}); set it to 0 and enable the task again"
+    )
 
 
 def run_expiry(task: PeriodicTask, slot: datetime, settings: DriftSafeSettings) -> datetime | None:

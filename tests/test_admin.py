@@ -24,6 +24,7 @@ from celery_driftsafe.slots import Crontab, Solar
 from celery_driftsafe.testing import FakeClock
 from tests.conftest import T0, drain
 from tests.factories import crontab_task, interval_task
+from tests.skip_guard import configuration
 
 TASKS = reverse("admin:celery_driftsafe_periodictask_changelist")
 ADD = reverse("admin:celery_driftsafe_periodictask_add")
@@ -1211,3 +1212,89 @@ def test_an_expression_in_the_minute_field_is_refused_on_it_when_unreadable_or_a
     )
     assert list(errors) == ["crontab_minute"] and "left at *" in errors["crontab_minute"][0]
     assert not PeriodicTask.objects.exists()
+
+
+#: Rows written behind save() that the admin must still show: (name, SET clause, what the
+#: task list shows for it). Each gave a 500 on the list or the change page (or the dashboard).
+_BROKEN_ROWS: list[tuple[str, str, str]] = [
+    ("past-the-calendar", "interval_every = 2147483647, interval_unit = 'days'", "invalid:"),
+    ("no-next-slot", "next_slot_at = NULL", "no-next-slot"),
+]
+if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # text in number columns
+    _BROKEN_ROWS += [
+        ("every-text", "interval_every = 'often'", "invalid:"),
+        ("jitter-text", "jitter_seconds = 'some'", "jitter invalid"),
+    ]
+
+
+def test_the_task_list_change_page_and_dashboard_show_rows_written_behind_save(
+    admin_client: Any, app: Any
+) -> None:
+    good = interval_task("good", 10, anchor=T0, next_slot_at=T0)
+    broken = {
+        name: interval_task(name, 10, anchor=T0, next_slot_at=T0) for name, _, _ in _BROKEN_ROWS
+    }
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        for name, change, _ in _BROKEN_ROWS:
+            cursor.execute(
+                f"UPDATE celery_driftsafe_periodictask SET {change} WHERE id = %s",
+                [broken[name].pk],
+            )
+    page = admin_client.get(TASKS)
+    assert page.status_code == 200
+    rows = {
+        row.split("</th>")[0].rsplit(">", 2)[-2].split("<")[0]: row
+        for row in page.content.decode().split("<tr")[1:]
+        if "</th>" in row
+    }
+    assert good.name in rows
+    for name, _, shown in _BROKEN_ROWS:
+        assert shown in rows[name], (name, rows[name])
+        change = admin_client.get(
+            reverse("admin:celery_driftsafe_periodictask_change", args=[broken[name].pk])
+        )
+        assert change.status_code == 200, name
+    dashboard = admin_client.get(reverse("admin:celery_driftsafe_dashboard"))
+    assert dashboard.status_code == 200
+    assert "no-next-slot" in dashboard.content.decode()
+
+
+@pytest.mark.skipif(
+    not settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"),
+    reason=configuration("only SQLite stores any text in an instant column"),
+)
+def test_tasks_whose_instants_cannot_be_read_are_named_and_the_pages_render(
+    admin_client: Any, app: Any
+) -> None:
+    """Reading such a row raised out of the whole query: the task list and the dashboard
+    answered 500 for one row."""
+    good = interval_task("good", 10, anchor=T0, next_slot_at=T0)
+    due = interval_task("bad-due", 10, anchor=T0, next_slot_at=T0)
+    until = interval_task("bad-until", 10, anchor=T0, next_slot_at=T0)
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        for task, change in (
+            (due, "due_at = '2026-02-30 10:00:00'"),
+            (until, "valid_until = '2026-13-45 10:00:00'"),
+        ):
+            cursor.execute(
+                f"UPDATE celery_driftsafe_periodictask SET {change} WHERE id = %s", [task.pk]
+            )
+    page = admin_client.get(TASKS)
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert f"Task &#x27;bad-due&#x27; (id {due.pk}) cannot be read" in html
+    assert "due_at: &#x27;2026-02-30 10:00:00&#x27; is no instant" in html
+    assert f"Task &#x27;bad-until&#x27; (id {until.pk}) cannot be read" in html
+    assert f"/{good.pk}/change/" in html  # the others are listed
+    dashboard = admin_client.get(reverse("admin:celery_driftsafe_dashboard"))
+    assert dashboard.status_code == 200
+    assert "cannot be read: due_at:" in dashboard.content.decode()
+    change = admin_client.get(
+        reverse("admin:celery_driftsafe_periodictask_change", args=[until.pk]), follow=True
+    )
+    assert change.status_code == 200
+    assert f"Task id {until.pk} cannot be read: valid_until:" in change.content.decode()

@@ -520,3 +520,14 @@ def test_a_runs_expiry_is_message_expirys_with_or_without_bounds(
     settings = DriftSafeSettings(run_expires_seconds=default)
     seconds = default if expires is None else expires
     assert run_expiry(task, slot, settings) == message_expiry(slot, _limits(task), seconds)
+
+
+def test_a_valid_from_past_the_calendars_last_slot_finishes_the_task_naming_it() -> None:
+    """Stored behind save() (9999-12-31): the reason named a valid until of None."""
+    from celery_driftsafe.bounds import Limits, plan_limited
+
+    end = datetime.max.replace(tzinfo=T0.tzinfo)
+    schedule = bounded(Interval(S, T0), end, None)
+    plan, finished = plan_limited(schedule, T0, T0, Limits("t", valid_from=end))
+    assert plan == ClaimPlan()
+    assert finished == f"valid from {end}: no slot is left after it"

@@ -6,10 +6,13 @@
 * a beat frozen (SIGSTOP) between committing its claims and publishing them, for twice
   ``NODE_DEAD_AFTER_SECONDS``, with a plain task: every slot published exactly once;
 * a beat whose Celery app imports no task module: slots published by name and executed by a
-  worker that has it.
+  worker that has it;
+* rows whose claim state a beat cannot use (a full run count, no next slot, an interval past
+  the calendar), on PostgreSQL and on SQLite: disabled once, and the beat never backs off.
 
-PostgreSQL only: the claim paths that differ on SQLite (compare-and-swap, rows the ORM cannot
-read) are covered by tests/test_ordinary_use.py on both databases.
+Run in the PostgreSQL pass (the last test runs a SQLite beat there too): the claim paths that
+differ on SQLite (compare-and-swap, rows the ORM cannot read) are covered by
+tests/test_ordinary_use.py on both databases.
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ _CORRUPTIONS = {
     "bad-zone": ("schedule_kind = 'crontab', timezone = 'Nowhere/Atlantis'", "timezone"),
     "bad-grace": ("misfire_grace_seconds = -5", "misfire_grace_seconds:"),
     "bad-expiry": ("expires_seconds = -1", "expires_seconds:"),
+    # run_count + 1 failed the claim's ::bigint cast, taken for an outage: every beat backed
+    # off, for every task, in every round
+    "bad-run-count": (f"run_count = {2**63 - 1}", "run_count:"),
+    "bad-next-slot": ("next_slot_at = NULL", "next_slot_at:"),
 }
 
 
@@ -206,5 +213,71 @@ def test_a_beat_without_the_task_module_publishes_by_name(tmp_path: Path) -> Non
         assert sorted(set(slots)) == sorted(slots), "a slot executed twice"
         assert set(due) <= set(slots), f"not executed: {set(due) - set(slots)}\n{run.logs()}"
         assert {r["status"] for r in dump["runs"] if r["slot"] in due} == {"succeeded"}
+    finally:
+        run.close()
+
+
+#: Rows whose claim state a beat cannot use, written with raw SQL before the beat starts:
+#: name -> (SET clause, the field the reason names), by the database's backend.
+_CLAIM_STATE_CORRUPTIONS: dict[str, dict[str, tuple[str, str]]] = {
+    "postgresql": {
+        # run_count + 1 failed the claim's ::bigint cast, taken for an outage in every round
+        "full-count": (f"run_count = {2**63 - 1}", "run_count:"),
+        "no-next-slot": ("next_slot_at = NULL", "next_slot_at:"),
+        "past-calendar": ("interval_every = 2147483647, interval_unit = 'days'", "every:"),
+    },
+    "sqlite": {
+        # OverflowError in every round; a TypeError for text
+        "full-count": (f"run_count = {2**63 - 1}", "run_count:"),
+        "text-count": ("run_count = 'many'", "run_count:"),
+        # never won by the compare-and-swap: an ERROR line each round, forever
+        "no-next-slot": ("next_slot_at = NULL", "next_slot_at:"),
+        "past-calendar": ("interval_every = 2147483647, interval_unit = 'days'", "every:"),
+    },
+}
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
+def test_rows_a_real_beat_cannot_claim_are_disabled_once_and_never_slow_it(
+    tmp_path: Path, backend: str
+) -> None:
+    """One real beat, a one-second task and rows it cannot claim: each bad row is disabled in
+    the beat's first round with its reason, logged once, and the beat never pauses or backs
+    off (it did in every round, for every task) while the good task fires every slot once.
+    Runs in the PostgreSQL pass for both backends."""
+    corruptions = _CLAIM_STATE_CORRUPTIONS[backend]
+    run = E2ERun(backend, tmp_path)
+    try:
+        start = real_now() + timedelta(seconds=6)
+        every_second = {
+            "schedule_kind": "interval",
+            "interval_every": 1,
+            "interval_unit": "seconds",
+        }
+        run.seed([{"name": name, **every_second} for name in ["good", *corruptions]], start)
+        run.tool(
+            "corrupt", [{"name": name, "set": change} for name, (change, _) in corruptions.items()]
+        )
+        run.start_recorder()
+        run.start_beat(0.0)
+        _sleep_until(start + timedelta(seconds=6))
+        end = real_now()
+        time.sleep(1.5)
+        codes = run.stop()
+        dump = run.tool("dump")
+        good = {**dump, "tasks": [t for t in dump["tasks"] if t["name"] == "good"]}
+        reports = analyse(good, run.received, start=start, until=end - timedelta(seconds=1))
+        logs = run.logs()
+        print(f"\n{table(reports)}")
+        assert codes == {"beat-0": 0}, logs
+        assert_exactly_once(run, reports, {"good"})
+        tasks = {t["name"]: t for t in dump["tasks"]}
+        for name, (_, field) in corruptions.items():
+            assert not tasks[name]["enabled"], (name, logs)
+            assert field in tasks[name]["disabled_reason"], (name, tasks[name])
+            assert logs.count(f"task {name} disabled") == 1, (name, logs)
+        assert not {r["task_id"] for r in dump["runs"]} - {tasks["good"]["id"]}
+        for sign in ("claiming paused", "failed unexpectedly", "Traceback"):
+            assert sign not in logs, logs
     finally:
         run.close()

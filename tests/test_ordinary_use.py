@@ -377,6 +377,109 @@ def test_each_malformed_row_is_disabled_with_its_reason_and_the_rest_fire(
         assert not Run.objects.filter(periodic_task=row).exists(), name
 
 
+#: Rows written by raw SQL that the claim cannot plan or count: (name, SET clause, the field
+#: its reason names). The first two stopped or slowed every round on both databases.
+_RAW_BAD_ROWS: list[tuple[str, str, str]] = [
+    # run_count + 1 overflowed: OverflowError (SQLite) or a failed ::bigint cast, which the
+    # beat took for an outage (PostgreSQL), in every round, for every task
+    ("run-count-full", f"run_count = {2**63 - 1}", "run_count:"),
+    # planning asserted, the compare-and-swap never won the row: an ERROR line a round
+    ("no-next-slot", "next_slot_at = NULL", "next_slot_at:"),
+    ("interval-past-the-calendar", "interval_every = 2147483647, interval_unit = 'days'", "every:"),
+]
+if test_settings.TEST_DB == "sqlite":  # only SQLite stores text in a number column
+    _RAW_BAD_ROWS += [
+        ("run-count-text", "run_count = 'many'", "run_count:"),
+        ("run-count-fraction", "run_count = 1.5", "run_count:"),
+        ("every-text", "interval_every = 'often'", "interval_every:"),
+        ("jitter-text", "jitter_seconds = 'some'", "jitter_seconds:"),
+    ]
+
+
+def test_rows_written_by_raw_sql_are_disabled_once_and_no_round_slows(
+    scheduler: DriftSafeScheduler, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each row is disabled with its reason in the first round, logged once; every round
+    fires the good task and waits for its next slot (no back-off, no spin)."""
+    good = interval_task("good", 1, anchor=T0, next_slot_at=T0)
+    bad = {name: interval_task(name, 1, anchor=T0, next_slot_at=T0) for name, _, _ in _RAW_BAD_ROWS}
+    with connection.cursor() as cursor:
+        for name, change, _ in _RAW_BAD_ROWS:
+            cursor.execute(
+                f"UPDATE celery_driftsafe_periodictask SET {change} WHERE id = %s", [bad[name].pk]
+            )
+    waits = []
+    with caplog.at_level("INFO"):
+        for _ in range(4):
+            waits.append(scheduler._guarded_round())  # what tick() does, minus the wait
+            clock.advance(S)
+    assert waits == [pytest.approx(1.0)] * 4  # the good task's next slot, each round
+    assert _slots(good) == [T0 + k * S for k in range(4)]
+    assert len(drain()) == 4
+    for name, _, reason in _RAW_BAD_ROWS:
+        row = PeriodicTask.objects.filter(pk=bad[name].pk).values("enabled", "disabled_reason")
+        assert not row[0]["enabled"], name
+        assert row[0]["disabled_reason"].startswith("disabled by the scheduler"), name
+        assert reason in row[0]["disabled_reason"], (name, row[0]["disabled_reason"])
+        assert not Run.objects.filter(periodic_task_id=bad[name].pk).exists(), name
+        assert caplog.text.count(f"task {name} disabled") == 1, (name, caplog.text)
+    assert "failed unexpectedly" not in caplog.text and "paused" not in caplog.text
+
+
+@pytest.mark.skipif(
+    test_settings.TEST_DB != "sqlite", reason=configuration("only SQLite stores any text")
+)
+def test_a_due_instant_that_is_no_instant_is_disabled_and_no_round_backs_off(
+    scheduler: DriftSafeScheduler, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``due_at`` that sorts first but is no instant (here a UTC offset of 99 hours) made
+    every round fail reading the next due instant, and the beat back off (up to 30 s)."""
+    good = interval_task("good", 1, anchor=T0, next_slot_at=T0)
+    broken = interval_task("broken", 60, anchor=T0, next_slot_at=T0 + 60 * S)
+    with connection.cursor() as cursor:  # after now, before the good task's next slot
+        cursor.execute(
+            "UPDATE celery_driftsafe_periodictask SET due_at = '2026-03-01 12:00:00+99:00' "
+            "WHERE id = %s",
+            [broken.pk],
+        )
+    waits = []
+    with caplog.at_level("INFO"):
+        for _ in range(3):
+            waits.append(scheduler._guarded_round())
+            clock.advance(S)
+    assert waits == [pytest.approx(1.0)] * 3
+    assert _slots(good) == [T0, T0 + S, T0 + 2 * S]
+    row = PeriodicTask.objects.filter(pk=broken.pk).values("enabled", "disabled_reason").get()
+    assert not row["enabled"] and row["disabled_reason"].startswith(
+        "disabled by the scheduler: due_at:"
+    )
+    assert caplog.text.count("task broken disabled") == 1
+
+
+@pytest.mark.skipif(
+    test_settings.TEST_DB != "sqlite", reason=configuration("only SQLite stores any text")
+)
+def test_an_enabled_flag_of_two_reads_as_disabled_everywhere_and_the_beat_never_spins(
+    scheduler: DriftSafeScheduler, clock: FakeClock
+) -> None:
+    """Django reads a stored 2 as false and the claim takes only 1; the next-due query took it
+    as true: the beat saw a task due that it never claimed, and waited 10 ms a round."""
+    good = interval_task("good", 1, anchor=T0, next_slot_at=T0)
+    odd = interval_task("odd", 1, anchor=T0, next_slot_at=T0)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE celery_driftsafe_periodictask SET enabled = 2 WHERE id = %s", [odd.pk]
+        )
+    waits = []
+    for _ in range(3):
+        waits.append(scheduler._guarded_round())
+        clock.advance(S)
+    assert waits == [pytest.approx(1.0)] * 3
+    assert _slots(good) == [T0, T0 + S, T0 + 2 * S]
+    assert not PeriodicTask.objects.get(pk=odd.pk).enabled
+    assert not Run.objects.filter(periodic_task=odd).exists()
+
+
 @pytest.mark.skipif(
     test_settings.TEST_DB != "sqlite", reason=configuration("only SQLite stores any text")
 )

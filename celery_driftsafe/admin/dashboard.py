@@ -29,7 +29,7 @@ from django.utils.safestring import SafeString, mark_safe
 from celery_driftsafe import cluster
 from celery_driftsafe.admin.display import local_text, read_authority, relative, seconds_text
 from celery_driftsafe.conf import get_settings
-from celery_driftsafe.models import BeatNode, RunStatus
+from celery_driftsafe.models import BeatNode, PeriodicTask, RunStatus, unreadable_instants
 
 #: The timeline's window.
 WINDOW = timedelta(hours=1)
@@ -315,16 +315,27 @@ def context(now: datetime) -> dict[str, Any]:
     late = [r.lateness for r in runs if r.lateness is not None]
     buckets = cluster.histogram(late)
     upcoming = []
-    for task in cluster.next_fires(limit=NEXT_FIRES):
+    unreadable: dict[int, str] = {}
+    try:
+        fires = cluster.next_fires(limit=NEXT_FIRES)
+    except (ValueError, TypeError, AttributeError):  # Django's reading of a stored instant
+        unreadable = unreadable_instants()
+        if not unreadable:
+            raise
+        fires = cluster.next_fires(limit=NEXT_FIRES, leave_out=list(unreadable))
+    for task in fires:
         due = task.due_at or task.next_slot_at
-        assert due is not None and task.next_slot_at is not None
+        # A row written without a next slot (raw SQL) is listed at its due instant; the
+        # claim disables it.
+        slot = task.next_slot_at or due
+        assert due is not None and slot is not None  # next_fires: one of them is set
         upcoming.append(
             {
                 "task": task,
-                "at": local_text(task.next_slot_at, same_day_as=now),
+                "at": local_text(slot, same_day_as=now),
                 "relative": relative(due, now),
                 "overdue": due <= now,
-                "jitter": (due - task.next_slot_at).total_seconds(),
+                "jitter": (due - slot).total_seconds(),
             }
         )
     settings = get_settings()
@@ -352,6 +363,15 @@ def context(now: datetime) -> dict[str, Any]:
         "timeline": timeline(runs, nodes, now),
         "classes": [(name, legend) for _, name, legend in LATENESS_CLASSES],
         "upcoming": upcoming,
+        # Tasks whose stored instants Django cannot read (SQLite): named, not read.
+        "unreadable": [
+            {"pk": pk, "name": name, "problem": unreadable[pk]}
+            for pk, name in PeriodicTask.objects.filter(pk__in=unreadable)
+            .order_by("name")
+            .values_list("pk", "name")
+        ]
+        if unreadable
+        else [],
         "backlog": cluster.backlog(now),
     }
 

@@ -214,5 +214,6 @@ def describe_schedule(task: PeriodicTask) -> str:
 def schedule_cell(task: PeriodicTask) -> SafeString | str:
     try:
         return describe_schedule(task)
-    except (ScheduleError, ValueError) as exc:
+    except (ScheduleError, ValueError, OverflowError, TypeError) as exc:  # a row written
+        # behind save() (raw SQL, QuerySet.update): the page shows it broken, not a 500
         return format_html('<span style="color:#ba2121">invalid: {}</span>', str(exc))

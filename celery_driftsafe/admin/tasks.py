@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
@@ -32,7 +32,7 @@ from celery_driftsafe.admin.display import (
 )
 from celery_driftsafe.admin.task_actions import PeriodicTaskActions
 from celery_driftsafe.forms import PeriodicTaskForm
-from celery_driftsafe.models import PeriodicTask, Run, RunStatus
+from celery_driftsafe.models import PeriodicTask, Run, RunStatus, unreadable_instants
 from celery_driftsafe.schedule_fields import CRONTAB_FIELDS, ONE_OFF_FIELDS, SOLAR_FIELDS
 
 
@@ -73,7 +73,29 @@ class LastRunChangeList(ChangeList):
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
-        ids = [task.last_run_pk for task in self.result_list if task.last_run_pk is not None]
+        try:
+            listed = list(self.result_list)
+        except (ValueError, TypeError, AttributeError):  # Django's reading of a stored instant
+            broken = unreadable_instants(self.queryset.db)
+            if not broken:
+                raise
+            # Rows written behind save() (raw SQL on SQLite) that Django cannot read are
+            # named above the list, with what is wrong, and the list shows the others.
+            names = dict(
+                PeriodicTask.objects.using(self.queryset.db)
+                .filter(pk__in=broken)
+                .values_list("pk", "name")
+            )
+            for pk, problem in sorted(broken.items()):
+                messages.error(
+                    request,
+                    f"Task {names.get(pk, pk)!r} (id {pk}) cannot be read and is not listed: "
+                    f"{problem}. Correct the column with SQL, or delete the task.",
+                )
+            self.queryset = self.queryset.exclude(pk__in=broken)
+            super().get_results(request)
+            listed = list(self.result_list)
+        ids = [task.last_run_pk for task in listed if task.last_run_pk is not None]
         runs = Run.objects.only("status", "slot", "claimed_at", "claimed_by").in_bulk(ids)
         for task in self.result_list:
             task.last_run_row = runs.get(task.last_run_pk)
@@ -187,6 +209,22 @@ class PeriodicTaskAdmin(AuthorityNowMixin, PeriodicTaskActions):
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return LastRunChangeList
 
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> PeriodicTask | None:
+        """The task, or None; for a task Django cannot read (an instant column written with
+        raw SQL on SQLite), which Django reports as missing, a message says what is wrong."""
+        task: PeriodicTask | None = super().get_object(request, object_id, from_field)
+        if task is None and from_field is None and object_id.isdigit():
+            problem = unreadable_instants(self.get_queryset(request).db).get(int(object_id))
+            if problem is not None:
+                messages.error(
+                    request,
+                    f"Task id {object_id} cannot be read: {problem}. Correct the column with "
+                    "SQL, or delete the task.",
+                )
+        return task
+
     # -- columns ------------------------------------------------------------------------------
 
     @admin.display(description="schedule")
@@ -207,7 +245,11 @@ class PeriodicTaskAdmin(AuthorityNowMixin, PeriodicTaskActions):
         if task.run_once:
             parts.append("once")
         if task.jitter_seconds:
-            parts.append(f"jitter {task.jitter_seconds:g} s")
+            jitter = task.jitter_seconds
+            # Not a number: text stored behind save() (SQLite); the claim disables the task.
+            parts.append(
+                f"jitter {jitter:g} s" if isinstance(jitter, float | int) else "jitter invalid"
+            )
         return " · ".join(parts) or "—"
 
     @admin.display(description="next slot", ordering="next_slot_at")

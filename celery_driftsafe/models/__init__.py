@@ -26,6 +26,7 @@ from celery_driftsafe.models.periodic_task import (
     disabled_by_scheduler,
     schedule_failure,
     schedule_problem,
+    unreadable_instants,
 )
 from celery_driftsafe.models.runs import Run, RunAttempt
 
@@ -50,4 +51,5 @@ __all__ = [
     "disabled_by_scheduler",
     "schedule_failure",
     "schedule_problem",
+    "unreadable_instants",
 ]

@@ -233,15 +233,26 @@ class PeriodicTask(models.Model):
     def build_schedule(self, *, anchor: datetime | None = None) -> Schedule:
         """Build the schedule; ``anchor`` stands in for a not yet stored interval anchor."""
         if self.schedule_kind == ScheduleKind.INTERVAL:
-            if not self.interval_every:
+            every = self.interval_every
+            if not every:
                 raise ScheduleError("every", "an interval task needs a positive 'every'")
+            if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+                raise ScheduleError("every", f"must be a positive whole number, not {every!r}")
             unit = _UNIT_MICROSECONDS.get(self.interval_unit or "seconds")
             if unit is None:
                 raise ScheduleError("every", f"unknown unit {self.interval_unit!r}")
             anchor = self.interval_anchor or anchor
             if anchor is None:
                 raise ScheduleError("anchor", "an interval task needs an anchor")
-            return shared_interval(timedelta(microseconds=self.interval_every * unit), anchor)
+            try:
+                step = timedelta(microseconds=every * unit)
+            except OverflowError:
+                raise ScheduleError(
+                    "every",
+                    f"{every} {self.interval_unit or 'seconds'} is longer than the calendar "
+                    "holds (at most 999999999 days)",
+                ) from None
+            return shared_interval(step, anchor)
         if self.schedule_kind == ScheduleKind.CRONTAB:
             fields = {argument: getattr(self, name) for name, argument in CRONTAB_FIELDS.items()}
             fields["second"] = fields["second"] or "0"
@@ -381,6 +392,37 @@ class PeriodicTask(models.Model):
     #: ``from_db`` is Django's, then this: the claim's reader, which builds instances without
     #: ``from_db`` (:mod:`celery_driftsafe.pg_loaders`), calls it on each.
     from_db_then = _remember_switch
+
+
+def unreadable_instants(using: str = "default") -> dict[int, str]:
+    """Tasks with an instant column Django cannot read (id -> which column holds what), where
+    the database stores any text there (SQLite: raw SQL may write ``2026-13-45``); reading
+    such a row raises, and with it the whole query that reads it. Reads every row's instants
+    as text: for the path on which a query has failed, not for every page."""
+    from django.db import connections
+    from django.db.models import TextField
+    from django.db.models.functions import Cast
+    from django.utils.dateparse import parse_datetime
+
+    if connections[using].vendor != "sqlite":
+        return {}
+    found: dict[int, str] = {}
+    for field in PeriodicTask._meta.concrete_fields:
+        if not isinstance(field, models.DateTimeField):
+            continue
+        rows = (
+            PeriodicTask.objects.using(using)
+            .filter(**{f"{field.name}__isnull": False})
+            .order_by()
+            .annotate(stored=Cast(field.name, TextField()))
+            .values_list("pk", "stored")
+        )
+        for pk, text in rows:
+            try:
+                parse_datetime(text)  # what Django's SQLite converter does with the text
+            except ValueError as exc:
+                found.setdefault(pk, f"{field.name}: {text!r} is no instant ({exc})")
+    return found
 
 
 def schedule_problem(exc: ScheduleError) -> Problem:
