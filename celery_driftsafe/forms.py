@@ -3,7 +3,9 @@
 Each problem is reported on the field at fault, all at once (not the first one only):
 
 * ``task`` — must be registered with the project's Celery app
-  (:func:`celery_driftsafe.celery_app.get_celery_app`);
+  (:func:`celery_driftsafe.celery_app.get_celery_app`), once its task modules are imported as
+  a worker imports them (:func:`~celery_driftsafe.celery_app.load_task_modules`: the web
+  process has not); a module that fails to import is an error on the field naming it;
 * ``args`` / ``kwargs`` / ``headers`` — a JSON list, object and object;
 * ``interval_every`` — a positive whole number (interval tasks);
 * ``crontab_*`` — each field parsed on its own (``crontab_second`` is optional: empty means
@@ -33,8 +35,12 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from celery_driftsafe.bounds import bound_problems
-from celery_driftsafe.celery_app import get_celery_app, registered_task_names
-from celery_driftsafe.exceptions import ClockError, ScheduleError
+from celery_driftsafe.celery_app import (
+    get_celery_app,
+    load_task_modules,
+    registered_task_names,
+)
+from celery_driftsafe.exceptions import ClockError, ScheduleError, TaskModulesError
 from celery_driftsafe.models import PeriodicTask, ScheduleKind
 from celery_driftsafe.schedule_fields import CRONTAB_FIELDS, EDITABLE_SCHEDULE_FIELDS
 from celery_driftsafe.slots import Crontab, Solar
@@ -69,9 +75,17 @@ class SuggestingTextInput(forms.TextInput):
 
 
 def _task_suggestions() -> list[str]:
+    """The tasks of the app's task modules; with a module that fails to import, those
+    registered before it (validation names the module)."""
     try:
-        return registered_task_names()
+        app = get_celery_app()
     except Exception:  # a broken app setting is reported by validation, not by rendering
+        return []
+    try:
+        return registered_task_names(app)
+    except TaskModulesError:
+        return registered_task_names(app, load=False)
+    except Exception:
         return []
 
 
@@ -157,8 +171,13 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         if not name:
             raise forms.ValidationError("Enter the name of a registered Celery task.")
         try:
-            app = get_celery_app()
+            app = load_task_modules(get_celery_app())
             known = name in app.tasks
+        except TaskModulesError as exc:
+            raise forms.ValidationError(
+                f"The task name cannot be checked: {exc}. Fix that module (a worker or beat "
+                "would not start with it either); nothing was saved."
+            ) from exc
         except Exception as exc:
             raise forms.ValidationError(
                 f"The Celery app could not be loaded to check the task name: {exc}"
@@ -166,8 +185,8 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         if not known:
             raise forms.ValidationError(
                 f"{name!r} is not a task registered with the Celery app {app.main!r}. Check "
-                "the spelling, or make sure the module defining it is imported (e.g. by "
-                "autodiscover_tasks)."
+                "the spelling, or make sure the module defining it is one the app's worker "
+                "imports (found by autodiscover_tasks, or in its imports: CELERY_IMPORTS)."
             )
         return name
 

@@ -156,6 +156,23 @@ def test_unknown_task_name_is_refused_on_the_task_field(admin_client: Any, app: 
 
 
 @pytest.mark.django_db
+def test_importing_the_task_modules_keeps_the_request_s_url_prefix(
+    admin_client: Any, app: Any
+) -> None:
+    """Celery's Django fix-up sets Django up again when the task modules are imported, which
+    resets the thread's URL prefix: the admin's redirects under a prefix must keep it."""
+    from django.urls import set_script_prefix
+
+    set_script_prefix("/sub/")  # what a WSGI server under /sub does for each request
+    try:
+        response = admin_client.post(ADD, form_data())
+    finally:
+        set_script_prefix("/")
+    assert response.status_code == 302
+    assert response["Location"].startswith("/sub/admin/"), response["Location"]
+
+
+@pytest.mark.django_db
 def test_a_name_already_taken_is_refused_on_the_name_field(admin_client: Any, app: Any) -> None:
     """The name is unique through a constraint (no LIKE twin index): the form still says so on
     the field, and the first task is left as it was."""
