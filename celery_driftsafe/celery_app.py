@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+import zoneinfo
 from importlib import import_module
 from typing import Any
 
@@ -126,3 +127,25 @@ def registered_task_names(app: Any | None = None, *, load: bool = True) -> list[
     if load:
         load_task_modules(app)
     return sorted(name for name in app.tasks if not name.startswith("celery."))
+
+
+def app_time_zone(app: Any | None = None) -> str:
+    """The time zone Celery evaluates ``app``'s crontabs in (default :func:`get_celery_app`),
+    as an IANA name: its ``timezone`` setting, which with Django's configuration is
+    ``CELERY_TIMEZONE``, else Django's ``TIME_ZONE`` (Celery reads both). ``"UTC"`` when the
+    app sets none (with ``enable_utc`` off Celery would then use the machine's local time,
+    which has no name to store), names a zone this Python does not know, or cannot be
+    loaded."""
+    try:
+        app = app if app is not None else get_celery_app()
+        setting = app.conf.timezone
+    except Exception:
+        return "UTC"
+    name = getattr(setting, "key", setting)  # a ZoneInfo given instead of a name
+    if not isinstance(name, str) or not name:
+        return "UTC"
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (ValueError, zoneinfo.ZoneInfoNotFoundError):
+        return "UTC"
+    return name

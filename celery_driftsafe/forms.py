@@ -12,7 +12,8 @@ Each problem is reported on the field at fault, all at once (not the first one o
   0), so two bad fields give two errors, then the combination (``0 0 31 2 *`` never fires)
   on ``crontab_day_of_month``; a whole expression typed into ``crontab_minute`` (an alias
   such as ``@daily``, five fields, or six with the seconds first) fills every field;
-* ``timezone`` — an IANA zone name;
+* ``timezone`` — an IANA zone name; a new task's starts as the Celery app's time zone
+  (:func:`~celery_driftsafe.celery_app.app_time_zone`), in which Celery evaluates crontabs;
 * ``one_off_at`` — required for a one-off task;
 * ``solar_event`` / ``solar_latitude`` / ``solar_longitude`` — an event, a latitude from -90 to
   90 and a longitude from -180 to 180 (solar tasks);
@@ -36,6 +37,7 @@ from django.utils.safestring import SafeString
 
 from celery_driftsafe.bounds import bound_problems
 from celery_driftsafe.celery_app import (
+    app_time_zone,
     get_celery_app,
     load_task_modules,
     registered_task_names,
@@ -159,6 +161,9 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             ]
             number.widget.attrs.pop("min", None)
         self.fields["schedule_kind"].initial = ScheduleKind.CRONTAB
+        if self.instance._state.adding and "timezone" not in (kwargs.get("initial") or {}):
+            # A new crontab's zone: the Celery app's, as Celery's own beat would use it.
+            self.initial["timezone"] = app_time_zone()
         # The switch as shown travels with the form, so that a form opened before the
         # scheduler disabled the task (it finished, say) does not switch it back on unasked.
         for name in SWITCH:

@@ -94,3 +94,12 @@ def test_a_missing_or_uncompilable_module_is_named(modules: dict[str, str], tmp_
         celery_app.load_task_modules(app)
     assert raised.value.module == f"at {tmp_path / modules['imports']}.py"
     assert "SyntaxError" in str(raised.value)
+
+
+def test_the_app_s_time_zone_is_the_one_celery_evaluates_crontabs_in() -> None:
+    app = Celery("zones", set_as_current=False)
+    assert celery_app.app_time_zone(app) == "UTC"  # none set: Celery's UTC
+    app.conf.timezone = "Asia/Kolkata"
+    assert celery_app.app_time_zone(app) == "Asia/Kolkata"
+    app.conf.timezone = "Mars/Olympus_Mons"
+    assert celery_app.app_time_zone(app) == "UTC"  # unknown here: not offered

@@ -187,6 +187,11 @@ def test_the_admin_knows_the_tasks_of_autodiscovered_and_imported_modules(projec
     assert ["tick", "demoapp.tasks.tick", "America/New_York"] in out["saved"]
 
 
+def test_a_new_crontab_task_starts_in_the_celery_app_s_time_zone(project: Path) -> None:
+    # TIME_ZONE = "Europe/Paris" and no CELERY_TIMEZONE: Celery's app.conf.timezone is Paris.
+    assert _admin(project)["initial_timezone"] == "Europe/Paris"
+
+
 def test_a_broken_task_module_is_a_form_error_naming_it_not_a_server_error(
     tmp_path: Path,
 ) -> None:
