@@ -10,15 +10,20 @@ Celery's autodiscovery has not happened.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests import settings as test_settings
 from tests.test_admin import form_data
 
 #: ``proj/celery.py`` and ``proj/__init__.py``, word for word as Celery's guide writes them.
@@ -212,3 +217,38 @@ def test_driftsafe_import_warns_only_about_names_no_module_registers(project: Pa
     assert "tick-every-minute (beat_schedule)" in result.stdout
     assert "'demoapp.tasks.tick' is not registered" not in result.stdout
     assert "warning: task 'demoapp.tasks.tock' is not registered" in result.stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(
+    test_settings.TEST_DB != "sqlite", reason="the guide's project runs on SQLite: once, there"
+)
+def test_the_beat_banner_shows_the_node_that_registers_and_the_loop_s_interval(
+    project: Path,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "CELERY_"))}
+    log = project / "beat.log"
+    with log.open("wb") as out:
+        beat = subprocess.Popen(
+            [sys.executable, "-m", "celery", "--no-color", "-A", "proj", "beat", "-l", "info"],
+            cwd=project,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        registered: list[str] = []
+        while not registered and time.monotonic() < deadline and beat.poll() is None:
+            time.sleep(0.2)
+            with contextlib.closing(sqlite3.connect(project / "db.sqlite3", timeout=10)) as db:
+                rows = db.execute("SELECT node_id FROM celery_driftsafe_beatnode").fetchall()
+            registered = [row[0] for row in rows]
+    finally:
+        beat.send_signal(signal.SIGTERM)
+        beat.wait(timeout=60)
+    text = log.read_text()
+    assert registered, text
+    (node,) = registered
+    assert f". driftsafe node -> {node}\n" in text, text
+    assert ". maxinterval -> 1.00 second (1.0s)" in text, text
