@@ -149,3 +149,28 @@ def app_time_zone(app: Any | None = None) -> str:
     except (ValueError, zoneinfo.ZoneInfoNotFoundError):
         return "UTC"
     return name
+
+
+#: What :func:`app_argument` says when it cannot name the app.
+APP_PLACEHOLDER = "<the module of your Celery app>"
+
+
+def app_argument(app: Any | None = None) -> str:
+    """What ``celery -A`` takes to find the project's app (default :func:`get_celery_app`), for
+    hints: ``DRIFTSAFE['CELERY_APP']`` when set, else the app's main name when Celery finds
+    this very app from it (``proj`` in the layout of Celery's Django guide), else
+    :data:`APP_PLACEHOLDER`."""
+    path = get_settings().celery_app
+    if path:
+        return str(path)
+    try:
+        app = app if app is not None else get_celery_app()
+        main = app.main
+        if main and main != "__main__":
+            from celery.app.utils import find_app
+
+            if find_app(main) is app:
+                return str(main)
+    except Exception:  # whatever the main name is, it does not lead to this app
+        pass
+    return APP_PLACEHOLDER

@@ -7,6 +7,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery import Celery
@@ -103,3 +104,28 @@ def test_the_app_s_time_zone_is_the_one_celery_evaluates_crontabs_in() -> None:
     assert celery_app.app_time_zone(app) == "Asia/Kolkata"
     app.conf.timezone = "Mars/Olympus_Mons"
     assert celery_app.app_time_zone(app) == "UTC"  # unknown here: not offered
+
+
+def test_the_celery_a_argument_names_the_app_only_where_celery_finds_it(
+    settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    main = f"proj_{uuid.uuid4().hex[:8]}"
+    (tmp_path / main).mkdir()
+    (tmp_path / main / "__init__.py").write_text(
+        f"from celery import Celery\n\napp = Celery({main!r}, set_as_current=False)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        found = __import__(main).app
+        assert celery_app.app_argument(found) == main  # celery -A proj finds it
+    finally:
+        sys.modules.pop(main, None)
+    assert celery_app.app_argument(Celery("not a module", set_as_current=False)) == (
+        celery_app.APP_PLACEHOLDER
+    )
+    # A main name that leads to another app is not this app's.
+    assert celery_app.app_argument(Celery("tests.test_admin", set_as_current=False)) == (
+        celery_app.APP_PLACEHOLDER
+    )
+    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "CELERY_APP": "tests.test_admin:DOTTED_APP"}
+    assert celery_app.app_argument() == "tests.test_admin:DOTTED_APP"

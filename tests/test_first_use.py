@@ -219,6 +219,13 @@ def test_driftsafe_import_warns_only_about_names_no_module_registers(project: Pa
     assert "warning: task 'demoapp.tasks.tock' is not registered" in result.stdout
 
 
+def test_driftsafe_status_names_the_app_in_its_hint(project: Path) -> None:
+    result = _python(project, "manage.py", "driftsafe_status", "--no-color")
+    assert result.returncode == 2, result.stdout + result.stderr
+    hint = "`celery -A proj beat -S celery_driftsafe.scheduler:DriftSafeScheduler`"
+    assert hint in result.stderr
+
+
 @pytest.mark.e2e
 @pytest.mark.skipif(
     test_settings.TEST_DB != "sqlite", reason="the guide's project runs on SQLite: once, there"
