@@ -190,6 +190,8 @@ def test_the_admin_knows_the_tasks_of_autodiscovered_and_imported_modules(projec
     assert '<option value="proj.celery.debug_task">' in out["page"]
     assert out["save_status"] == 302, out.get("errors")
     assert ["tick", "demoapp.tasks.tick", "America/New_York"] in out["saved"]
+    ran = out["run_now_messages"][-1]  # after the add's own message
+    assert ran.startswith("Run now by-code") and ran.endswith(": dispatched"), ran
 
 
 def test_a_new_crontab_task_starts_in_the_celery_app_s_time_zone(project: Path) -> None:
