@@ -86,6 +86,10 @@ def _task_suggestions() -> list[str]:
     try:
         return registered_task_names(app)
     except TaskModulesError:
+        pass
+    except Exception:
+        return []
+    try:
         return registered_task_names(app, load=False)
     except Exception:
         return []

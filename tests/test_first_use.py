@@ -204,7 +204,8 @@ def test_a_broken_task_module_is_a_form_error_naming_it_not_a_server_error(
 ) -> None:
     project = guide_project(tmp_path / "site", tasks="import not_installed_anywhere\n")
     out = _admin(project)
-    assert out["add_status"] == 200  # the page still opens
+    assert out["add_status"] == 200  # the page still opens, suggesting what is registered
+    assert '<option value="proj.celery.debug_task">' in out["page"]
     assert out["save_status"] == 200 and out["saved"] == []
     (error,) = out["errors"]["task"]
     assert "demoapp.tasks" in error and "not_installed_anywhere" in error, error
