@@ -4,4 +4,4 @@ The package is a Django app (add ``"celery_driftsafe"`` to ``INSTALLED_APPS``) a
 beat scheduler (``celery_driftsafe.scheduler:DriftSafeScheduler``).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -18,19 +18,23 @@ Stable ids (documented in the settings reference):
 ``celery_driftsafe.E013``  ``DATABASE_ROUTERS`` write this app's models to another database
 ``celery_driftsafe.E020``  ``METRICS_PORT`` / ``WORKER_METRICS_PORT`` is not a port number
 ``celery_driftsafe.E021``  metrics are switched on but prometheus-client is not installed
-``celery_driftsafe.E022``  ``METRICS_ADDRESS`` is not a non-empty string
+``celery_driftsafe.E022``  ``METRICS_ADDRESS`` is not an IP address or a host name
 ``celery_driftsafe.E023``  ``PRUNE_DUTY_CYCLE`` is not a number above 0 and at most 1
 ``celery_driftsafe.E024``  ``MIN_ROUND_INTERVAL_SECONDS`` is not a number from 0 to
                            ``MAX_LOOP_INTERVAL_SECONDS``
-``celery_driftsafe.W001``  ``TIME_AUTHORITY`` is ``database`` on SQLite (no shared clock)
+``celery_driftsafe.E028``  ``METRICS_TOKEN`` is not printable ASCII without spaces, or None
+``celery_driftsafe.W001``  ``TIME_AUTHORITY`` is set to ``database`` on SQLite (no shared clock)
 ``celery_driftsafe.W002``  ``MAX_CLOCK_OFFSET_SECONDS`` is not below the hard bound
+``celery_driftsafe.W020``  ``METRICS_TOKEN`` is shorter than 32 characters
 ========================  ==============================================================
 """
 
 from __future__ import annotations
 
 import enum
+import ipaddress
 import logging
+import re
 import typing
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -86,6 +90,8 @@ _POSITIVE_OR_NONE = {
 }
 #: Number settings that accept 0 (checked on their own).
 OWN_CHECK = ("MISFIRE_GRACE_SECONDS", "PRUNE_DUTY_CYCLE", "MIN_ROUND_INTERVAL_SECONDS")
+#: Below this many characters, ``METRICS_TOKEN`` is warned about (W020).
+MIN_TOKEN_LENGTH = 32
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
 
 
@@ -172,7 +178,7 @@ def _check_raw(raw: dict[str, Any]) -> Iterable[CheckMessage]:
             "TIME_AUTHORITY",
             "redis",
             "needs DRIFTSAFE['REDIS_URL']",
-            "set REDIS_URL, or use TIME_AUTHORITY 'database'",
+            "set REDIS_URL, or use TIME_AUTHORITY 'auto' (the default) or 'database'",
             "celery_driftsafe.E006",
         )
     prefix = raw.get("KEY_PREFIX", "driftsafe")
@@ -262,14 +268,38 @@ def _check_metrics(raw: dict[str, Any]) -> Iterable[CheckMessage]:
                 "for example 9808; 0 takes any free port (logged); None serves no metrics",
                 "celery_driftsafe.E020",
             )
-    address = raw.get("METRICS_ADDRESS", "0.0.0.0")
-    if not (isinstance(address, str) and address.strip()):
+    address = raw.get("METRICS_ADDRESS", "127.0.0.1")
+    if not _is_address(address):
         yield _error(
             "METRICS_ADDRESS",
             address,
-            "must be a host name or IP address",
-            "for example '0.0.0.0' (every interface) or '127.0.0.1'",
+            "must be an IP address or a host name (no port, no scheme)",
+            "for example '127.0.0.1' (this host only, the default), one interface's address, "
+            "or '0.0.0.0' (every interface: see what that exposes in the monitoring how-to)",
             "celery_driftsafe.E022",
+        )
+    token = raw.get("METRICS_TOKEN")
+    if token is not None and not (
+        isinstance(token, str)
+        and token.isascii()
+        and token.isprintable()
+        and " " not in token
+        and token
+    ):
+        yield _error(
+            "METRICS_TOKEN",
+            "<hidden>" if isinstance(token, str) else type(token).__name__,
+            "must be printable ASCII without spaces (the metrics view's bearer token), or None",
+            "for example secrets.token_urlsafe(32), read from the environment or a secrets file",
+            "celery_driftsafe.E028",
+        )
+    elif isinstance(token, str) and len(token) < MIN_TOKEN_LENGTH:
+        yield Warning(
+            f"DRIFTSAFE['METRICS_TOKEN'] has {len(token)} characters: a short bearer token "
+            "can be guessed",
+            hint=f"use at least {MIN_TOKEN_LENGTH} random characters, for example "
+            "secrets.token_urlsafe(32)",
+            id="celery_driftsafe.W020",
         )
     missing = prometheus_missing() if switched_on else None
     if missing:
@@ -280,6 +310,21 @@ def _check_metrics(raw: dict[str, Any]) -> Iterable[CheckMessage]:
             f"{EXTRA_HINT}, or set it to None",
             "celery_driftsafe.E021",
         )
+
+
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def _is_address(value: Any) -> bool:
+    """An IP address (v4 or v6) or a DNS host name: what a socket can listen on."""
+    if not isinstance(value, str) or not value:
+        return False
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        name = value.removesuffix(".")
+        return len(name) <= 253 and all(_HOST_LABEL.fullmatch(p) for p in name.split("."))
+    return True
 
 
 def check_use_tz(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
@@ -364,12 +409,15 @@ def describe(message: CheckMessage) -> str:
 def check_database(
     app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """Warn when the database cannot be a shared time authority."""
+    """Warn when ``TIME_AUTHORITY`` is set to ``database`` on a database without a clock of
+    its own (SQLite). ``auto``, the default, picks Redis or the local clock there instead, and
+    the beat says which at its start (log action ``local-authority``), so a new project on
+    SQLite gets no warning from every management command."""
     try:
         raw = conf.raw_settings()
     except ConfigurationError:
         return []  # reported by check_settings
-    if raw.get("TIME_AUTHORITY", "database") != "database":
+    if raw.get("TIME_AUTHORITY", "auto") != "database":
         return []
     if connections["default"].vendor != "sqlite":
         return []
@@ -377,7 +425,8 @@ def check_database(
         Warning(
             "DRIFTSAFE['TIME_AUTHORITY'] is 'database' but the database is SQLite, whose clock "
             "is each process's own wall clock, so beats on different machines share no clock",
-            hint="set DRIFTSAFE['TIME_AUTHORITY'] = 'redis' (with REDIS_URL), or use PostgreSQL",
+            hint="remove TIME_AUTHORITY (the default 'auto' takes Redis' clock when REDIS_URL is "
+            "set), set it to 'redis', or use PostgreSQL",
             id="celery_driftsafe.W001",
         )
     ]

@@ -179,8 +179,7 @@ class ClaimSteps:
         self._finished = {}
         planned = []
         for task in tasks:
-            task.coerce()
-            problems = task.problems(schedule=False)  # planning evaluates the schedule
+            problems = task.publish_problems(schedule=False)  # planning evaluates the schedule
             try:
                 if not problems:
                     planned.append((task, self._plan(task, now, busy_since)))

@@ -26,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from celery_driftsafe.exceptions import ClockError
+from celery_driftsafe.names import TimeAuthority
 
 
 @runtime_checkable
@@ -250,30 +251,64 @@ class AuthorityClock:
             self._sleep(seconds)
 
 
+#: Databases whose server clock every beat shares: ``auto`` takes it there.
+SHARED_CLOCK_VENDORS = ("postgresql", "mysql")
+
+
+def resolve_time_authority(setting: str, *, vendor: str, redis_url: str | None) -> TimeAuthority:
+    """The authority ``TIME_AUTHORITY = setting`` means on a database of Django vendor
+    ``vendor`` with ``REDIS_URL = redis_url``: ``auto`` becomes the database's clock where the
+    database has one of its own (PostgreSQL, MySQL), else Redis' when ``REDIS_URL`` is set,
+    else the local clock (SQLite without Redis: beats on one machine only, which is all such
+    a setup can serve). Any other value is itself."""
+    if setting != TimeAuthority.AUTO:
+        return TimeAuthority(setting)
+    if vendor in SHARED_CLOCK_VENDORS:
+        return TimeAuthority.DATABASE
+    if redis_url:
+        return TimeAuthority.REDIS
+    return TimeAuthority.LOCAL
+
+
+def configured_time_authority(settings: Any = None, *, using: str = "default") -> TimeAuthority:
+    """:func:`resolve_time_authority` for the current settings and Django database ``using``."""
+    from django.db import connections
+
+    from celery_driftsafe.conf import get_settings
+
+    settings = settings or get_settings()
+    return resolve_time_authority(
+        settings.time_authority, vendor=connections[using].vendor, redis_url=settings.redis_url
+    )
+
+
 def authority_from_settings(settings: Any = None, *, using: str = "default") -> Authority:
-    """The authority ``DRIFTSAFE['TIME_AUTHORITY']`` names."""
+    """The authority ``DRIFTSAFE['TIME_AUTHORITY']`` names (``auto`` resolved, see
+    :func:`resolve_time_authority`)."""
     from celery_driftsafe.conf import get_settings
     from celery_driftsafe.exceptions import ConfigurationError
     from celery_driftsafe.redis_client import get_redis
 
     settings = settings or get_settings()
-    if settings.time_authority == "database":
+    try:
+        chosen = configured_time_authority(settings, using=using)
+    except ValueError:
+        raise ConfigurationError(
+            "TIME_AUTHORITY",
+            settings.time_authority,
+            "unknown time authority",
+            "use 'auto', 'database', 'redis' or 'local'",
+        ) from None
+    if chosen == TimeAuthority.DATABASE:
         return DatabaseAuthority(using)
-    if settings.time_authority == "redis":
+    if chosen == TimeAuthority.REDIS:
         client = get_redis(settings)
         if client is None:
             raise ConfigurationError(
                 "TIME_AUTHORITY", "redis", "needs DRIFTSAFE['REDIS_URL']", "set REDIS_URL"
             )
         return RedisAuthority(client)
-    if settings.time_authority == "local":
-        return LocalAuthority()
-    raise ConfigurationError(
-        "TIME_AUTHORITY",
-        settings.time_authority,
-        "unknown time authority",
-        "use 'database', 'redis' or 'local'",
-    )
+    return LocalAuthority()
 
 
 # -- The authority outside a beat --------------------------------------------------------------

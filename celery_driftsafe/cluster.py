@@ -15,6 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db.models import Count, Min, Q
 
@@ -26,6 +27,21 @@ OPEN_STATUSES = (RunStatus.CLAIMED, RunStatus.DISPATCHED, RunStatus.STARTED, Run
 STOPPED_NODES_SHOWN = timedelta(hours=1)
 #: At most this many nodes are summarised.
 MAX_NODES = 100
+#: The models whose rows these summaries show (task names and slots, runs, nodes' hosts).
+SHOWN_MODELS = (PeriodicTask, Run, BeatNode)
+
+
+def may_view(user: Any) -> bool:
+    """Whether ``user`` may see these summaries (the metrics view, the cluster dashboard): an
+    active user allowed to view each of :data:`SHOWN_MODELS`, by the admin's rule (the view or
+    the change permission). An anonymous user or None may not."""
+    if user is None or not getattr(user, "is_active", False):
+        return False
+    for model in SHOWN_MODELS:
+        label, name = model._meta.app_label, model._meta.model_name
+        if not (user.has_perm(f"{label}.view_{name}") or user.has_perm(f"{label}.change_{name}")):
+            return False
+    return True
 
 
 def backlog(now: datetime, *, using: str = "default") -> int:

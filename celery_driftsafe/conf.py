@@ -4,7 +4,7 @@ Every setting lives in one dict in Django settings::
 
     DRIFTSAFE = {
         "REDIS_URL": "redis://127.0.0.1:6379/0",
-        "TIME_AUTHORITY": "database",
+        "TIME_AUTHORITY": "auto",
     }
 
 :func:`get_settings` builds a :class:`DriftSafeSettings` from it each time it is asked after a
@@ -59,9 +59,11 @@ class DriftSafeSettings:
     #: the default from the default database (:func:`default_key_prefix`), so two projects
     #: sharing one Redis database never see each other's locks or wake-ups.
     key_prefix: str = DEFAULT_KEY_PREFIX
-    #: Whose clock decides due-ness: ``database`` (the claim query's ``now()``), ``redis``
-    #: (Redis ``TIME``) or ``local`` (this process's wall clock; single-machine tests only).
-    time_authority: TimeAuthority = TimeAuthority.DATABASE
+    #: Whose clock decides due-ness: ``database`` (the database server's clock), ``redis``
+    #: (Redis ``TIME``), ``local`` (this process's wall clock; one machine only), or ``auto``:
+    #: the database's where it has one (PostgreSQL, MySQL), else Redis' when ``REDIS_URL`` is
+    #: set, else the local clock (see :func:`celery_driftsafe.clock.resolve_time_authority`).
+    time_authority: TimeAuthority = TimeAuthority.AUTO
     #: The most runs one claim round takes.
     claim_batch_size: int = 500
     #: Messages written to the broker in one pipelined write (kombu's publish batch, on
@@ -146,8 +148,13 @@ class DriftSafeSettings:
     #: A worker's main process serves its Prometheus metrics on this TCP port (a prefork pool
     #: also needs ``PROMETHEUS_MULTIPROC_DIR``; see the monitoring how-to). ``None``: none.
     worker_metrics_port: int | None = None
-    #: The address the metrics ports listen on.
-    metrics_address: str = "0.0.0.0"
+    #: The address the metrics ports listen on: this host only by default; ``"0.0.0.0"`` (or
+    #: ``"::"``) serves every interface, to anyone who can reach the host.
+    metrics_address: str = "127.0.0.1"
+    #: The bearer token a scraper sends to the metrics view (``Authorization: Bearer <token>``).
+    #: ``None``: only logged-in users allowed to view tasks, runs and nodes see the view.
+    #: Kept out of the settings' ``repr``.
+    metrics_token: str | None = dataclasses.field(default=None, repr=False)
 
     @classmethod
     def setting_names(cls) -> dict[str, str]:

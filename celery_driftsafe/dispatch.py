@@ -22,6 +22,7 @@ from django.db.models import F, Q
 
 from celery_driftsafe._instants import iso_text
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
+from celery_driftsafe.validation import message_problems
 
 logger = logging.getLogger(__name__)
 
@@ -104,14 +105,33 @@ def claimed_run(run: Run, task: PeriodicTask | None = None) -> ClaimedRun:
 
 
 def message_parts(message: dict[str, Any]) -> dict[str, Any]:
-    """A captured message's ``args``, ``kwargs`` and ``options``, each of its own type (a
-    stored value of another shape counts as empty)."""
-    args, kwargs, options = message.get("args"), message.get("kwargs"), message.get("options")
+    """A captured message's ``args``, ``kwargs`` and ``options`` (empty where absent). A
+    stored value of another shape is kept as it is, for the publisher's gate
+    (:func:`message_refusal`) to refuse with the reason."""
     return {
-        "args": list(args) if isinstance(args, list) else [],
-        "kwargs": dict(kwargs) if isinstance(kwargs, dict) else {},
-        "options": dict(options) if isinstance(options, dict) else {},
+        "args": _as_stored(message.get("args"), list),
+        "kwargs": _as_stored(message.get("kwargs"), dict),
+        "options": _as_stored(message.get("options"), dict),
     }
+
+
+def _as_stored(value: Any, kind: type) -> Any:
+    """A copy of ``value`` when it is of ``kind``, an empty one when absent, else ``value``."""
+    if value is None:
+        return kind()
+    return kind(value) if isinstance(value, kind) else value
+
+
+def message_refusal(run: ClaimedRun) -> str:
+    """Why ``run``'s captured message may not be published, "" when it may: the checks its
+    task's row passed at the claim (:func:`~celery_driftsafe.validation.message_problems`),
+    again, on what is about to go out."""
+    problems = message_problems(run.args, run.kwargs, run.options)
+    if not problems:
+        return ""
+    return "the message captured at claim time cannot be published: " + "; ".join(
+        map(str, problems)
+    )
 
 
 def publish_options(task: PeriodicTask) -> dict[str, Any]:

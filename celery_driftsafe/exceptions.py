@@ -51,6 +51,17 @@ class BadRunHeaders(DriftSafeError):
     """A message's driftsafe headers are malformed or do not match its run."""
 
 
+class TaskRefused(DriftSafeError):
+    """A periodic task's row holds something it cannot be published with (the claim would
+    disable it): run now refuses it and writes nothing. ``problems`` names each field at
+    fault and what is wrong with it."""
+
+    def __init__(self, name: str, problems: list[Any]) -> None:
+        self.name = name
+        self.problems = problems
+        super().__init__(f"{name} cannot be published: " + "; ".join(map(str, problems)))
+
+
 class LedgerUnavailable(DriftSafeError):
     """The database could not be reached before the body ran: the delivery is re-sent."""
 

@@ -20,10 +20,11 @@ Where that cannot be exact the fast path declines and the dispatcher uses ``appl
   a receiver may change the message; with receivers, every message takes Celery's path;
 - a publish from inside a running worker task (Celery takes the parent's ids then);
 - publish options other than ``queue``, ``exchange``, ``routing_key``, ``priority`` and
-  ``headers`` (a run's captured options), a task class that overrides ``apply_async`` or
-  ``shadow_name``, a task with an ``expires`` of its own that is not an instant, a task whose
-  arguments Celery turns into something else (pydantic), a task whose arguments do not fit
-  its signature (Celery's error is recorded by the slow path).
+  ``headers`` (the dispatcher refuses those before either path:
+  :data:`~celery_driftsafe.validation.PUBLISH_OPTIONS`), a task class that overrides
+  ``apply_async`` or ``shadow_name``, a task with an ``expires`` of its own that is not an
+  instant, a task whose arguments Celery turns into something else (pydantic), a task whose
+  arguments do not fit its signature (Celery's error is recorded by the slow path).
 
 Routers (``task_routes``) are asked once per task and arguments, when the message is built:
 a router whose answer for the same task and arguments changes from call to call needs
@@ -55,14 +56,16 @@ from celery_driftsafe.skeleton import (
     shared_value,
     short_form,
 )
+from celery_driftsafe.validation import PUBLISH_OPTIONS
 
 if TYPE_CHECKING:
     from celery_driftsafe.dispatch import ClaimedRun
 
 logger = logging.getLogger(__name__)
 
-#: The publish options of a run that the fast path knows how to handle.
-FAST_OPTIONS = frozenset({"queue", "exchange", "routing_key", "priority", "headers"})
+#: The publish options of a run that the fast path knows how to handle: every one the
+#: publisher's gate lets through (a run's message carries no other).
+FAST_OPTIONS = PUBLISH_OPTIONS
 #: Tasks whose message parts a publisher keeps (about 0.5 kB each, with the arguments they
 #: compare against); a beat with more tasks builds the others' parts each time.
 TEMPLATE_CACHE_SIZE = 200_000

@@ -30,6 +30,82 @@ HEADER_LOCKS = "driftsafe_locks"
 ALL = (HEADER_RUN_ID, HEADER_SLOT, HEADER_FENCING_TOKEN, HEADER_PERIODIC_TASK_ID, HEADER_LOCKS)
 
 
+# -- The names no stored value may set -----------------------------------------------------------
+
+#: Header names Celery, kombu or this package give a meaning, which a task's stored ``headers``
+#: must not set (Celery lets a custom header override its own: ``id`` or ``task`` would make
+#: the worker run another task under another id than the run that was claimed). Held equal to
+#: Celery's and kombu's own lists by ``tests/test_ordinary_use.py``.
+RESERVED_HEADERS = frozenset(
+    {
+        # Celery's task protocol 2: the headers ``amqp.as_task_v2`` writes
+        "lang",
+        "task",
+        "id",
+        "shadow",
+        "eta",
+        "expires",
+        "group",
+        "group_index",
+        "retries",
+        "timelimit",
+        "root_id",
+        "parent_id",
+        "argsrepr",
+        "kwargsrepr",
+        "origin",
+        "ignore_result",
+        "replaced_task_nesting",
+        "stamped_headers",
+        "stamps",
+        # its message properties and the body's canvas, which a worker's request reads too
+        "correlation_id",
+        "reply_to",
+        "callbacks",
+        "errbacks",
+        "chain",
+        "chord",
+        # the rest of a worker's request context (``celery.app.task.Context``), which takes
+        # every header as an attribute: a header ``update`` would replace its method
+        "args",
+        "kwargs",
+        "as_execution_options",
+        "called_directly",
+        "children",
+        "clear",
+        "delivery_info",
+        "get",
+        "headers",
+        "hostname",
+        "is_eager",
+        "logfile",
+        "loglevel",
+        "properties",
+        "soft_time_limit",
+        "taskset",
+        "time_limit",
+        "update",
+        "utc",
+        # kombu: how the body is encoded (it decompresses by the ``compression`` header)
+        "compression",
+        "content_type",
+        "content_encoding",
+        "content-type",
+        "content-encoding",
+        # this package's
+        *ALL,
+    }
+)
+#: Prefixes of reserved names: this package's headers, and the private state of Celery's
+#: request context (``_protected``, ``_children``, ...).
+RESERVED_PREFIXES = ("driftsafe_", "_")
+
+
+def reserved(name: str) -> bool:
+    """Whether a stored header may not be called ``name``."""
+    return name in RESERVED_HEADERS or name.startswith(RESERVED_PREFIXES)
+
+
 # -- Building them at dispatch -------------------------------------------------------------------
 
 

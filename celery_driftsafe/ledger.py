@@ -19,6 +19,11 @@ from typing import Any
 from celery_driftsafe.ledger_statements import Statements
 from celery_driftsafe.names import PRE_START, TAKEN_OVER
 
+#: A message may write its run only when it is the run's own: the run's Celery task id is the
+#: message's (a run that never recorded one, ``''``, is judged by its other columns). The one
+#: condition of the body's start and of every outcome recorded beside the body.
+OWN_MESSAGE = "(celery_task_id = '' OR celery_task_id = %s)"
+
 #: Appended to ``worker`` when a run was started without a lock (eager mode, ``fail_open``):
 #: such a start is never taken over by a lock holder, who cannot know whether it still runs.
 UNLOCKED = " (no lock)"
@@ -182,7 +187,7 @@ class Ledger(Statements):
         row = self._fetch(
             f"UPDATE {self.runs} SET error = CASE WHEN status = 'started' THEN %s ELSE '' END, "
             f"{sets} WHERE {where} AND task_name = %s "
-            f"AND (celery_task_id = '' OR celery_task_id = %s) "
+            f"AND {OWN_MESSAGE} "
             f"AND (%s IS NULL OR periodic_task_id = %s "
             f"OR (periodic_task_id IS NULL AND kind <> 'adhoc')) "
             f"AND (expires_at IS NULL OR expires_at > %s OR status = 'started') "
@@ -284,10 +289,18 @@ class Ledger(Statements):
         )
 
     def end_waiting(
-        self, run_id: int, status: str, now: datetime, error: str, *, token: int | None = None
+        self,
+        run_id: int,
+        status: str,
+        now: datetime,
+        error: str,
+        *,
+        token: int | None = None,
+        task_id: str | None = None,
     ) -> bool:
         """End a run nobody started (expired, skipped, revoked); with ``token``, also record
-        that token (a lock holder's decision)."""
+        that token (a lock holder's decision); with ``task_id``, only a run that message is
+        for (:data:`OWN_MESSAGE`)."""
         sql = f"UPDATE {self.runs} SET status = %s, finished_at = %s, error = %s"
         params: list[Any] = [status, self._at(now), error]
         if token is not None:
@@ -295,22 +308,43 @@ class Ledger(Statements):
             params.append(token)
         sql += f" WHERE id = %s AND status IN ({self._pre_start})"
         params.append(run_id)
+        if task_id is not None:
+            sql += f" AND {OWN_MESSAGE}"
+            params.append(task_id)
         if token is not None:
             sql += " AND fencing_token < %s"
             params.append(token)
         return self._write(sql, params) == 1
 
     def end_by_worker(
-        self, run_id: int, attempt: int, worker: str, status: str, now: datetime, error: str
+        self,
+        run_id: int,
+        task_id: str,
+        attempt: int,
+        worker: str,
+        status: str,
+        now: datetime,
+        error: str,
     ) -> bool:
         """End ``attempt`` of a run from the worker's main process (hard time limit, a lost
-        pool process, a terminating revoke): waiting, or started by that worker."""
+        pool process, a terminating revoke): waiting, or started by that worker, and the
+        run of the message ``task_id`` (:data:`OWN_MESSAGE`)."""
         return (
             self._write(
                 f"UPDATE {self.runs} SET status = %s, finished_at = %s, error = %s "
-                f"WHERE id = %s AND attempt = %s AND (status IN ({self._pre_start}) "
+                f"WHERE id = %s AND {OWN_MESSAGE} AND attempt = %s "
+                f"AND (status IN ({self._pre_start}) "
                 f"OR (status = 'started' AND worker IN (%s, %s)))",
-                [status, self._at(now), error, run_id, attempt, worker, worker + UNLOCKED],
+                [
+                    status,
+                    self._at(now),
+                    error,
+                    run_id,
+                    task_id,
+                    attempt,
+                    worker,
+                    worker + UNLOCKED,
+                ],
             )
             == 1
         )
@@ -319,6 +353,7 @@ class Ledger(Statements):
         self,
         run_id: int,
         task_name: str,
+        task_id: str,
         attempt: int,
         worker: str,
         status: str,
@@ -327,12 +362,13 @@ class Ledger(Statements):
         error: str,
     ) -> bool:
         """Record the outcome of a plain task's body (no base class, no lock, no token): only
-        a waiting run of that task, at that attempt or an earlier one, takes it."""
+        a waiting run of that task, of the message ``task_id`` (:data:`OWN_MESSAGE`), at that
+        attempt or an earlier one, takes it."""
         return (
             self._write(
                 f"UPDATE {self.runs} SET status = %s, started_at = %s, finished_at = %s, "
                 f"worker = %s, attempt = %s, error = %s WHERE id = %s AND task_name = %s "
-                f"AND attempt <= %s AND status IN ({self._pre_start})",
+                f"AND {OWN_MESSAGE} AND attempt <= %s AND status IN ({self._pre_start})",
                 [
                     status,
                     None if started_at is None else self._at(started_at),
@@ -342,6 +378,7 @@ class Ledger(Statements):
                     error,
                     run_id,
                     task_name,
+                    task_id,
                     attempt,
                 ],
             )

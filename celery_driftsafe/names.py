@@ -66,8 +66,10 @@ class OverlapPolicy(StrEnum):
 
 
 class TimeAuthority(StrEnum):
-    """Whose clock decides due-ness (the ``TIME_AUTHORITY`` setting)."""
+    """Whose clock decides due-ness (the ``TIME_AUTHORITY`` setting). ``auto`` is resolved to
+    one of the others by the database and ``REDIS_URL`` (``clock.resolve_time_authority``)."""
 
+    AUTO = "auto"
     DATABASE = "database"
     REDIS = "redis"
     LOCAL = "local"

@@ -62,7 +62,8 @@ def on_task_prerun(sender: Any = None, task: Any = None, **kwargs: Any) -> None:
 def on_task_postrun(
     sender: Any = None, task: Any = None, retval: Any = None, state: str | None = None, **kw: Any
 ) -> None:
-    """``task_postrun`` receiver: record the outcome of a plain task's run."""
+    """``task_postrun`` receiver: record the outcome of a plain task's run (the run of
+    that message only: its Celery task id is the run's)."""
     status = _OUTCOMES.get(state or "")
     if status is None:
         return  # a retry (its last attempt records), an Ignore, a Reject
@@ -94,6 +95,7 @@ def on_task_postrun(
         written = Ledger().end_plain(
             headers.run_id,
             task.name,
+            str(request.id or ""),
             int(request.retries or 0),
             request.hostname or socket.gethostname(),
             status,

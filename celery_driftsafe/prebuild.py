@@ -139,8 +139,7 @@ class Prebuilder:
 
     def _build(self, task: PeriodicTask) -> int:
         try:
-            task.coerce()
-            if task.problems(schedule=False) or task.next_slot_at is None:
+            if task.publish_problems(schedule=False) or task.next_slot_at is None:
                 return 0  # the claim disables it, with the reason
             parts: dict[str, Any] = message_parts(run_message(task))
             expires = self.expires_at(task, task.next_slot_at)

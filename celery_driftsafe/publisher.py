@@ -23,6 +23,7 @@ from celery_driftsafe.claim_sql import id_set
 from celery_driftsafe.clock import Clock
 from celery_driftsafe.compiled_sql import select_rows, update, update_query
 from celery_driftsafe.conf import get_settings
+from celery_driftsafe.dispatch import message_refusal
 from celery_driftsafe.exceptions import BrokerUnavailable
 from celery_driftsafe.fastpublish import FastPublisher
 from celery_driftsafe.headers import message_headers
@@ -94,12 +95,16 @@ class Dispatcher:
         owned = self._still_owned(runs, result)
         now = self.clock.now()
         self.fast.wall_ahead = datetime.now(UTC) - now
-        todo = []
+        todo: list[ClaimedRun] = []
+        gated: list[ClaimedRun] = []  # their captured message may not go out
         for run in runs:
             if run.run_id not in owned:
                 continue
             if run.expires_at is not None and run.expires_at <= now:
                 result.expired.append(run.run_id)
+            elif refusal := message_refusal(run):
+                result.failed[run.run_id] = refusal
+                gated.append(run)
             else:
                 todo.append(run)
         fast = self.fast if self.fast.active() else None
@@ -131,7 +136,7 @@ class Dispatcher:
                 exc,
                 extra={"action": "publish-failed"},
             )
-        self._record(result, {r.run_id: r for r in todo})
+        self._record(result, {r.run_id: r for r in (*todo, *gated)})
         return result
 
     def check_broker(self) -> None:

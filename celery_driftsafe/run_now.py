@@ -3,6 +3,12 @@
 The path mirrors a beat's claim, so a manual run is deduplicated, visible and recoverable
 exactly like a scheduled one:
 
+0. the row passes the claim's own gate
+   (:meth:`~celery_driftsafe.models.PeriodicTask.publish_problems`): what the claim would
+   disable (a reserved header, ``args`` that are not a list, a bad option, a broken schedule)
+   raises :class:`~celery_driftsafe.exceptions.TaskRefused` with the reasons, and nothing is
+   written or published. ``args``/``kwargs``/``headers`` stored as a JSON string of the right
+   shape are read as that value, as the claim reads them;
 1. read the time authority once: that instant is the run's *slot*;
 2. commit ``Run(kind=manual, slot=now, status=claimed)`` with the deterministic Celery task id
    of ``(task, slot)``. The unique ``(task, slot)`` constraint refuses a second run at the same
@@ -37,6 +43,7 @@ from django.db import IntegrityError, connections, transaction
 from celery_driftsafe.celery_app import load_task_modules
 from celery_driftsafe.clock import Clock, authority_clock
 from celery_driftsafe.dispatch import celery_task_id, claimed_run, run_message
+from celery_driftsafe.exceptions import TaskRefused
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 from celery_driftsafe.publisher import Dispatcher, DispatchResult
 
@@ -83,8 +90,19 @@ def run_now(
 
     ``clock`` supplies the slot (default: :func:`~celery_driftsafe.clock.authority_clock`);
     ``actor`` is recorded as ``claimed_by``. Inside a caller's transaction the publish waits
-    for its commit, so a worker never receives a run it cannot see yet.
+    for its commit, so a worker never receives a run it cannot see yet. Raises
+    :class:`~celery_driftsafe.exceptions.TaskRefused`, having written nothing, for a row the
+    claim would refuse.
     """
+    problems = task.publish_problems()
+    if problems:
+        refused = TaskRefused(task.name, problems)
+        logger.warning(
+            "run now refused: %s",
+            refused,
+            extra={"action": "run-now-refused", "task": task.name, "node": actor},
+        )
+        raise refused
     app = load_task_modules(app)
     if clock is None:
         clock = authority_clock(using)

@@ -42,6 +42,7 @@ from celery_driftsafe.clock import (
     Clock,
     Reading,
     authority_from_settings,
+    configured_time_authority,
 )
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.db_connection import (
@@ -51,6 +52,7 @@ from celery_driftsafe.db_connection import (
 )
 from celery_driftsafe.exceptions import BrokerUnavailable
 from celery_driftsafe.heap import HeapKeeper, widen_young_generation
+from celery_driftsafe.names import TimeAuthority
 from celery_driftsafe.prebuild import Prebuilder
 from celery_driftsafe.prefetch import Prefetcher
 from celery_driftsafe.publisher import Dispatcher
@@ -195,6 +197,16 @@ class DriftSafeScheduler(BeatNode, Scheduler):
             len(report.removed),
             extra={"action": "start", "node": self.node_id},
         )
+        if self._authority_override is None and (
+            self.settings.time_authority == TimeAuthority.AUTO and self.authority.name == "local"
+        ):
+            logger.warning(
+                "driftsafe node %s: TIME_AUTHORITY 'auto' is this machine's clock (the database "
+                "is SQLite and REDIS_URL is not set), so run every beat on this machine; for "
+                "beats on several machines set REDIS_URL or use PostgreSQL or MySQL",
+                self.node_id,
+                extra={"action": "local-authority", "node": self.node_id},
+            )
         if risk := eviction_risk(self.settings):
             logger.warning("%s", risk, extra={"action": "redis-eviction", "node": self.node_id})
         self._listener = self._start_listener()
@@ -214,7 +226,7 @@ class DriftSafeScheduler(BeatNode, Scheduler):
         settings = get_settings()
         return (
             f"    . driftsafe node -> {self.node_id}\n"
-            f"    . time authority -> {settings.time_authority}"
+            f"    . time authority -> {self._authority_shown(settings)}"
         )
 
     @property
@@ -226,6 +238,15 @@ class DriftSafeScheduler(BeatNode, Scheduler):
     @max_interval.setter
     def max_interval(self, value: float) -> None:
         """Celery's ``Scheduler.__init__`` sets its own value: ignored (see the getter)."""
+
+    def _authority_shown(self, settings: DriftSafeSettings) -> str:
+        """The banner's time authority: what ``auto`` resolves to, when it can be told yet."""
+        if settings.time_authority != TimeAuthority.AUTO:
+            return str(settings.time_authority)
+        try:
+            return f"{configured_time_authority(settings, using=self.using)} (auto)"
+        except Exception:  # the banner comes before start-up, which reports any failure
+            return "auto"
 
     # -- the loop ---------------------------------------------------------------------------
 

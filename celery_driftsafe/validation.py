@@ -1,12 +1,16 @@
 """What a stored :class:`~celery_driftsafe.models.PeriodicTask` may hold.
 
 Anything can end up in a row: the admin validates, but the ORM, raw SQL, fixtures and data
-migrations do not. The same rules are applied in two places:
+migrations do not. The same rules are applied wherever a row is written or published:
 
 * at write time, by ``PeriodicTask.save()`` (and the admin form), which refuses a bad value
   with a :class:`~django.core.exceptions.ValidationError` on the field at fault;
-* at claim time, by the scheduler, which disables just that task with a reason naming the
-  field and goes on firing every other task.
+* before anything is published from a row, by one gate
+  (:meth:`~celery_driftsafe.models.PeriodicTask.publish_problems`): the claim disables just
+  that task with a reason naming the field and goes on firing every other task, run now
+  refuses it with that reason and writes nothing;
+* when a run's captured message is published (:func:`message_problems`), since the run row
+  can be rewritten as well: the run is recorded failed with the reason.
 
 One coercion is made, because it is unambiguous and a common habit from django-celery-beat:
 ``args``, ``kwargs`` or ``headers`` stored as a JSON *string* (``json.dumps([1, 2])``) whose
@@ -23,43 +27,21 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from celery_driftsafe import headers
+from celery_driftsafe.headers import reserved
 from celery_driftsafe.names import MisfirePolicy, OverlapPolicy
 
-#: Header names Celery's task protocol (version 2) sets itself, plus those of this package.
-#: A task's own ``headers`` must not override them: ``id`` or ``task`` would make the worker
-#: run something else than the run that was claimed.
-RESERVED_HEADERS = frozenset(
-    {
-        "lang",
-        "task",
-        "id",
-        "shadow",
-        "eta",
-        "expires",
-        "group",
-        "group_index",
-        "retries",
-        "timelimit",
-        "root_id",
-        "parent_id",
-        "argsrepr",
-        "kwargsrepr",
-        "origin",
-        "ignore_result",
-        "replaced_task_nesting",
-        "stamped_headers",
-        "stamps",
-        "chord",
-        "callbacks",
-        "errbacks",
-        "chain",
-        "reply_to",
-        "correlation_id",
-        "delivery_info",
-        *headers.ALL,
-    }
-)
+#: The publish options a run's message may carry: those the task's own fields give
+#: (:func:`celery_driftsafe.dispatch.publish_options`). Where the message goes is the task's;
+#: everything else is the publisher's or the ledger's, so an option outside these in a stored
+#: message is refused, never passed to Celery (see docs/reference/headers.md): ``task_id``,
+#: ``shadow``, ``link``, ``chain``, ``root_id``… would run another task or the run under
+#: another id than the ledger's; ``countdown``, ``eta``, ``expires``, the time limits and
+#: ``ignore_result`` would change its timing or outcome behind the ledger; ``serializer``,
+#: ``compression`` and the content type would make the message undecodable or pick a
+#: serializer the workers refuse (pickle).
+PUBLISH_OPTIONS = frozenset({"queue", "exchange", "routing_key", "priority", "headers"})
+#: Of those, the ones that hold a name.
+_NAME_OPTIONS = ("queue", "exchange", "routing_key")
 
 MISFIRE_POLICIES = ("", *MisfirePolicy)
 OVERLAP_POLICIES = tuple(OverlapPolicy)
@@ -105,19 +87,71 @@ def json_problems(args: Any, kwargs: Any, headers: Any) -> list[Problem]:
         problems.append(
             Problem("kwargs", f'must be a JSON object such as {{"a": 1}}, not {_shape(kwargs)}')
         )
-    if not isinstance(headers, dict):
-        problems.append(Problem("headers", f"must be a JSON object, not {_shape(headers)}"))
-    else:
-        reserved = sorted(set(headers) & RESERVED_HEADERS)
-        if reserved:
-            problems.append(
-                Problem(
-                    "headers",
-                    f"must not set {', '.join(reserved)}: Celery or celery_driftsafe "
-                    "sets these headers themselves",
-                )
-            )
+    problems += header_problems(headers)
     return problems
+
+
+def header_problems(value: Any) -> list[Problem]:
+    """Problems of a task's custom ``headers``: a JSON object that sets no reserved header
+    (:func:`celery_driftsafe.headers.reserved`)."""
+    if not isinstance(value, dict):
+        return [Problem("headers", f"must be a JSON object, not {_shape(value)}")]
+    names = [name for name in value if not isinstance(name, str) or reserved(name)]
+    if not names:
+        return []
+    names = sorted(map(str, names))
+    return [
+        Problem(
+            "headers",
+            f"must not set {', '.join(names)}: Celery, kombu or celery_driftsafe set or read "
+            "these headers themselves (see the reserved headers in docs/reference/headers.md)",
+        )
+    ]
+
+
+def message_problems(args: Any, kwargs: Any, options: Any) -> list[Problem]:
+    """Problems of a run's captured message (``Run.message``, stored at its claim and
+    published from there): the checks the task's row passed then, applied again to what is
+    about to be published, because that row can be rewritten too. (Run for every message a
+    beat publishes: the common case costs a few type checks.)"""
+    problems = []
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        problems += json_problems(args, kwargs, {})
+    if not isinstance(options, dict):
+        return [*problems, Problem("options", f"must be a JSON object, not {_shape(options)}")]
+    if not PUBLISH_OPTIONS.issuperset(options):
+        unknown = sorted(set(options) - PUBLISH_OPTIONS)
+        problems.append(
+            Problem(
+                "options",
+                f"{', '.join(unknown)}: a run is published with "
+                f"{', '.join(sorted(PUBLISH_OPTIONS))} only",
+            )
+        )
+    for name in _NAME_OPTIONS:
+        value = options.get(name)
+        if value is not None and not isinstance(value, str):
+            problems.append(Problem(name, f"must be a name, not {_shape(value)}"))
+    priority = options.get("priority")
+    if priority is not None:
+        problems += priority_problems(priority)
+    headers = options.get("headers")
+    if headers is not None:
+        problems += header_problems(headers)
+    return problems
+
+
+def priority_problems(priority: Any) -> list[Problem]:
+    """Problems of a message priority: none, or a whole number from 0 to ``MAX_PRIORITY``."""
+    if priority is None or (
+        isinstance(priority, int)
+        and not isinstance(priority, bool)
+        and 0 <= priority <= MAX_PRIORITY
+    ):
+        return []
+    return [
+        Problem("priority", f"must be a whole number from 0 to {MAX_PRIORITY}, not {priority!r}")
+    ]
 
 
 def option_problems(
@@ -133,16 +167,7 @@ def option_problems(
     problems = []
     if not isinstance(task, str) or not task.strip():
         problems.append(Problem("task", "needs the registered Celery task name"))
-    if priority is not None and (
-        not isinstance(priority, int)
-        or isinstance(priority, bool)
-        or not 0 <= priority <= MAX_PRIORITY
-    ):
-        problems.append(
-            Problem(
-                "priority", f"must be a whole number from 0 to {MAX_PRIORITY}, not {priority!r}"
-            )
-        )
+    problems += priority_problems(priority)
     if expires_seconds is not None and not _positive_seconds(expires_seconds):
         problems.append(
             Problem(

@@ -4,18 +4,30 @@ Mount it with ``path("driftsafe/", include("celery_driftsafe.urls"))`` and scrap
 ``/driftsafe/metrics``. It is served by the web application, so it keeps answering when every
 beat is down ("no live beat" is then ``driftsafe_nodes_alive == 0``). Each scrape runs a
 handful of bounded, indexed queries (see :mod:`celery_driftsafe.cluster`) at one reading of
-the time authority. It needs the ``metrics`` extra (prometheus-client). It holds no secrets,
-but like any metrics endpoint it should not be public: restrict it where the project's other
-internal URLs are restricted (or wrap :func:`metrics` in the project's own access check).
+the time authority. It needs the ``metrics`` extra (prometheus-client).
+
+It shows task names, node ids and host names, so it answers only
+
+* a request with ``Authorization: Bearer <DRIFTSAFE["METRICS_TOKEN"]>`` (a scraper), or
+* a logged-in user allowed to view periodic tasks, runs and beat nodes
+  (:func:`celery_driftsafe.cluster.may_view`).
+
+Anyone else gets 401 (with ``WWW-Authenticate: Bearer``), a logged-in user without those
+permissions 403. A failure to read the time authority or the database is logged
+(``metrics-error``) and answered 503 with a body that says which, not the error's text (it
+may name hosts and users).
 """
 
 from __future__ import annotations
 
+import hmac
+import logging
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 
 from celery_driftsafe import cluster
@@ -23,6 +35,8 @@ from celery_driftsafe.clock import authority_clock
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.exceptions import ClockError
 from celery_driftsafe.metrics import EXTRA_HINT, unix
+
+logger = logging.getLogger(__name__)
 
 #: The window of ``driftsafe_runs_recent``: short, so its count stays cheap at 10k runs a
 #: minute (the beats' counters cover longer spans).
@@ -135,20 +149,85 @@ class DatabaseCollector:
         yield pending
 
 
+#: ``WWW-Authenticate`` of a 401.
+CHALLENGE = 'Bearer realm="celery_driftsafe metrics"'
+
+
+def _bearer(request: HttpRequest) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (None: no such header)."""
+    scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip()
+
+
+def _text(body: str, status: int) -> HttpResponse:
+    return HttpResponse(body + "\n", status=status, content_type="text/plain; charset=utf-8")
+
+
+def _unauthorized(error: str = "") -> HttpResponse:
+    response = _text(
+        "authentication required: a bearer token (DRIFTSAFE METRICS_TOKEN), or a logged-in "
+        "user allowed to view periodic tasks, runs and beat nodes",
+        401,
+    )
+    response["WWW-Authenticate"] = f'{CHALLENGE}, error="{error}"' if error else CHALLENGE
+    return response
+
+
+def _refusal(request: HttpRequest) -> HttpResponse | None:
+    """The answer to a request that may not see the metrics (None: it may)."""
+    presented = _bearer(request)
+    if presented is not None:
+        expected = get_settings().metrics_token
+        if expected and hmac.compare_digest(presented.encode(), expected.encode()):
+            return None
+        logger.warning(
+            "metrics view: refused a bearer token from %s (%s)",
+            request.META.get("REMOTE_ADDR", "?"),
+            "it is not METRICS_TOKEN" if expected else "METRICS_TOKEN is not set",
+            extra={"action": "metrics-denied"},
+        )
+        return _unauthorized("invalid_token")
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        return _unauthorized()
+    if not cluster.may_view(user):
+        return _text(
+            "forbidden: the metrics need the permissions to view periodic tasks, runs and beat "
+            "nodes",
+            403,
+        )
+    return None
+
+
+def _unavailable(what: str, exc: Exception) -> HttpResponse:
+    """503 for ``what`` out of reach: the error's text goes to the log, not to the scraper."""
+    logger.error(
+        "metrics view: %s cannot be read: %s", what, exc, extra={"action": "metrics-error"}
+    )
+    return _text(f"metrics unavailable: {what} cannot be read (see the server's log)", 503)
+
+
 def metrics(request: HttpRequest) -> HttpResponse:
-    """The database-derived metrics in Prometheus' text format (503 while the time authority
-    cannot be read)."""
+    """The database-derived metrics in Prometheus' text format, for a scraper with the bearer
+    token or a user allowed to see them (see the module docstring); 503 while the time
+    authority or the database cannot be read."""
     try:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
     except ImportError as exc:
         raise ImproperlyConfigured(
             f"the celery_driftsafe metrics view needs prometheus-client ({exc}): {EXTRA_HINT}"
         ) from exc
+    refused = _refusal(request)
+    if refused is not None:
+        return refused
     try:
         now = authority_clock().now()
     except ClockError as exc:
-        return HttpResponse(
-            f"time authority unreachable: {exc}\n", status=503, content_type="text/plain"
-        )
-    body = generate_latest(DatabaseCollector(now))
+        return _unavailable("the time authority", exc)
+    try:
+        body = generate_latest(DatabaseCollector(now))
+    except DatabaseError as exc:
+        return _unavailable("the database", exc)
     return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

@@ -25,7 +25,8 @@ logger = logging.getLogger("celery_driftsafe.task")
 
 def record_from_worker(request: Any, status: str, error: str, *, started_too: bool) -> bool:
     """End the run of ``request`` (a worker request or its context) as ``status``: if it is
-    still waiting, or (``started_too``) started by this worker in this attempt."""
+    the run of that message (its Celery task id is the request's), still waiting, or
+    (``started_too``) started by this worker in this attempt."""
     from django.db import close_old_connections
 
     from celery_driftsafe.clock import authority_clock
@@ -35,6 +36,7 @@ def record_from_worker(request: Any, status: str, error: str, *, started_too: bo
     headers = valid_headers(request)
     if headers is None:
         return False
+    task_id = str(getattr(request, "id", "") or "")
     attempt = int(getattr(request, "retries", 0) or 0)
     worker = str(getattr(request, "hostname", "") or "")
     close_old_connections()
@@ -42,9 +44,11 @@ def record_from_worker(request: Any, status: str, error: str, *, started_too: bo
     now = authority_clock().now()
     try:
         if started_too:
-            written = ledger.end_by_worker(headers.run_id, attempt, worker, status, now, error)
+            written = ledger.end_by_worker(
+                headers.run_id, task_id, attempt, worker, status, now, error
+            )
         else:
-            written = ledger.end_waiting(headers.run_id, status, now, error)
+            written = ledger.end_waiting(headers.run_id, status, now, error, task_id=task_id)
     except LedgerUnavailable as exc:
         logger.error(
             "run %s: could not record %s: %s",

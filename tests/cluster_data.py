@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from celery_driftsafe import __version__
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunKind, RunStatus
 from tests.factories import crontab_task, interval_task
 
@@ -30,7 +31,7 @@ def beat_node(
         node_id=f"{host}:{pid}:5f2a",
         hostname=host,
         pid=pid,
-        version="0.1.0",
+        version=__version__,
         started_at=now - timedelta(hours=3),
         last_heartbeat_at=now - timedelta(seconds=age),
         clock_offset_seconds=offset,

@@ -30,12 +30,13 @@ say "virtual environment $VENV (fresh)"
 rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
-# the package with the extras the suite needs, and the tools (dependency groups, pip >= 25.1);
+# the package, and what the suite needs (the dependency groups, pip >= 25.1: the user extras
+# it exercises and the tools);
 # then its bytecode, on every core (pip compiles on one: 10 s more here). The bytecode must be
 # written now: where PYTHONDONTWRITEBYTECODE is set (CI sets it) nothing writes it later, and
 # every beat and worker the end-to-end tests start would compile Django, Celery and kombu
 # again (tried: the PostgreSQL pass went from 351 to 486 s, four tests late).
-"$VENV/bin/python" -m pip install -q --no-compile -e '.[test]' --group dev
+"$VENV/bin/python" -m pip install -q --no-compile -e . --group dev
 "$VENV/bin/python" -m compileall -q -j 0 \
   "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 PY="$VENV/bin/python"
@@ -56,7 +57,7 @@ if port_open 127.0.0.1 3306; then
   if ! "$PY" -c "import MySQLdb" 2>/dev/null; then
     command -v mariadb_config >/dev/null || command -v mysql_config >/dev/null \
       || { as_root apt-get install -y -qq libmariadb-dev pkg-config >/dev/null 2>&1 || true; }
-    "$PY" -m pip install -q -e '.[test,mysql]' --group dev || true
+    "$PY" -m pip install -q -e '.[mysql]' --group dev || true
   fi
   "$PY" -c "import MySQLdb" 2>/dev/null && MYSQL_PASS=1
 fi

@@ -17,6 +17,7 @@ from django.urls import reverse
 
 from celery_driftsafe import celery_app, changes, run_now
 from celery_driftsafe.dispatch import celery_task_id
+from celery_driftsafe.exceptions import TaskRefused
 from celery_driftsafe.headers import HEADER_RUN_ID, HEADER_SLOT
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunKind, RunStatus
 from celery_driftsafe.slots import Crontab, Solar
@@ -652,6 +653,73 @@ def test_run_now_inside_a_transaction_publishes_after_commit(app: Any) -> None:
         assert result.deferred and drain(QUEUE) == []
     assert [m["id"] for m in drain(QUEUE)] == [result.celery_task_id]
     assert Run.objects.get().status == RunStatus.DISPATCHED
+
+
+def run_now_button(client: Any, task: PeriodicTask) -> Any:
+    url = reverse("admin:celery_driftsafe_periodictask_run_now", args=[task.pk])
+    return client.post(url, follow=True)
+
+
+#: Rows written behind ``save()`` (``QuerySet.update``, raw SQL, a fixture) that the claim
+#: refuses: run now refuses them too, with the field at fault on the page.
+_UNPUBLISHABLE: list[tuple[str, dict[str, Any], str]] = [
+    ("forged", {"headers": {"task": "exp.danger", "id": "forged-id"}}, "must not set id, task"),
+    ("compression", {"headers": {"compression": "zlib"}}, "must not set compression"),
+    ("own-header", {"headers": {"driftsafe_run_id": 1}}, "must not set driftsafe_run_id"),
+    ("args-text", {"args": "1, 2"}, "args: must be a JSON list"),
+    ("args-number", {"args": 5}, "args: must be a JSON list"),
+    ("kwargs-list", {"kwargs": [1, 2]}, "kwargs: must be a JSON object"),
+    ("kwargs-text", {"kwargs": "[1]"}, "kwargs: must be a JSON object"),
+    ("priority", {"priority": 999}, "priority: must be a whole number"),
+    ("expiry-overflow", {"expires_seconds": 1e12}, "expires_seconds:"),
+]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("how", ["action", "button"])
+@pytest.mark.parametrize(
+    ("values", "reason"), [v[1:] for v in _UNPUBLISHABLE], ids=[v[0] for v in _UNPUBLISHABLE]
+)
+def test_run_now_refuses_what_the_claim_refuses_and_writes_and_sends_nothing(
+    admin_client: Any, app: Any, how: str, values: dict[str, Any], reason: str
+) -> None:
+    task = interval_task("stored", 60, anchor=T0, task="exp.safe", queue=QUEUE)
+    PeriodicTask.objects.filter(pk=task.pk).update(**values)
+    stored = PeriodicTask.objects.get(pk=task.pk)
+    if how == "action":
+        response = action(admin_client, "run_now", [stored])
+    else:
+        response = run_now_button(admin_client, stored)
+    assert response.status_code == 200
+    [text] = page_messages(response)
+    assert text.startswith("Not run, stored cannot be published: "), text
+    assert reason in text, text
+    assert Run.objects.count() == 0 and drain(QUEUE) == []
+    after = PeriodicTask.objects.get(pk=task.pk)
+    assert after.enabled and after.changed_at == stored.changed_at  # nothing written
+    with pytest.raises(TaskRefused) as refused:
+        run_now.run_now(stored, actor="test")
+    assert reason in str(refused.value)
+    assert Run.objects.count() == 0 and drain(QUEUE) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_now_reads_json_strings_as_the_claim_does_and_runs_the_others(
+    admin_client: Any, app: Any
+) -> None:
+    """``args``/``kwargs`` stored as a JSON string of the right shape go out as that value
+    (not one argument per character), and one refused row does not stop the others."""
+    text = interval_task("text", 60, anchor=T0, queue=QUEUE)
+    broken = interval_task("broken", 60, anchor=T0, queue=QUEUE)
+    PeriodicTask.objects.filter(pk=text.pk).update(args="[1]", kwargs='{"y": 3}')
+    PeriodicTask.objects.filter(pk=broken.pk).update(args=5)
+    response = action(admin_client, "run_now", [broken, text])
+    texts = page_messages(response)
+    assert any(t.startswith("Not run, broken cannot be published: args:") for t in texts), texts
+    assert any(t.startswith("Run now text") and "dispatched" in t for t in texts), texts
+    [message] = drain(QUEUE)
+    assert message["args"] == [1] and message["kwargs"] == {"y": 3}
+    assert [r.periodic_task_id for r in Run.objects.all()] == [text.pk]
 
 
 def test_celery_app_from_a_dotted_path() -> None:

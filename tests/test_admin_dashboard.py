@@ -1,7 +1,7 @@
 """The cluster dashboard through Django's test client: what it shows for an hour of three beats,
-that it is linked from the app index and the node list, that it needs the node view
-permission, and that its queries stay bounded with thousands of runs. (The browser test in
-tests/test_admin_browser.py looks at it in Chromium.)"""
+that it is linked from the app index and the node list, that it needs the permissions to view
+tasks, runs and nodes, and that its queries stay bounded with thousands of runs. (The browser
+test in tests/test_admin_browser.py looks at it in Chromium.)"""
 
 from __future__ import annotations
 
@@ -87,12 +87,32 @@ def test_dashboard_is_linked_from_the_app_index_and_the_node_list(admin_client: 
 
 
 @pytest.mark.django_db
-def test_dashboard_needs_the_node_view_permission(client: Any) -> None:
+def test_dashboard_needs_the_view_permissions_of_tasks_runs_and_nodes(client: Any) -> None:
+    """It shows nodes, runs and task names: a user allowed to view only some of them gets
+    403, and sees no link to it."""
+    seed_cluster(changes.authority_now())
     user = User.objects.create_user("ops", password="pw", is_staff=True)
+    nodes = reverse("admin:celery_driftsafe_beatnode_changelist")
+    index = reverse("admin:app_list", args=["celery_driftsafe"])
+
+    def grant(codename: str) -> None:
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+        client.force_login(User.objects.get(pk=user.pk))  # no cached permissions
+
     client.force_login(user)
     assert client.get(DASHBOARD).status_code == 403
-    user.user_permissions.add(Permission.objects.get(codename="view_beatnode"))
-    assert client.get(DASHBOARD).status_code == 200
+    grant("view_beatnode")  # the node list's own permission: not enough any more
+    response = client.get(DASHBOARD)
+    assert response.status_code == 403 and b"refresh-cache" not in response.content
+    assert DASHBOARD not in client.get(nodes).content.decode()
+    assert DASHBOARD not in client.get(index).content.decode()
+    grant("view_run")
+    assert client.get(DASHBOARD).status_code == 403
+    grant("change_periodictask")  # the admin's rule: change implies view
+    response = client.get(DASHBOARD)
+    assert response.status_code == 200 and b"refresh-cache" in response.content
+    assert DASHBOARD in client.get(nodes).content.decode()
+    assert DASHBOARD in client.get(index).content.decode()
 
 
 @pytest.mark.django_db

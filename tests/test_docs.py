@@ -20,7 +20,7 @@ def samples(page: str) -> list[str]:
 
 
 def test_tutorial_settings_sample_is_valid_configuration() -> None:
-    from celery.utils.imports import symbol_by_name
+    from celery.utils.imports import load_extension_class_names, symbol_by_name
 
     from celery_driftsafe import checks
 
@@ -28,7 +28,10 @@ def test_tutorial_settings_sample_is_valid_configuration() -> None:
     namespace: dict[str, Any] = {"INSTALLED_APPS": ["django.contrib.admin"]}
     exec(sample, namespace)
     assert "celery_driftsafe" in namespace["INSTALLED_APPS"]
-    assert symbol_by_name(namespace["CELERY_BEAT_SCHEDULER"]).__name__ == "DriftSafeScheduler"
+    # resolved as Celery's beat resolves it: by path, or by a name in celery.beat_schedulers
+    aliases = dict(load_extension_class_names("celery.beat_schedulers"))
+    scheduler = symbol_by_name(namespace["CELERY_BEAT_SCHEDULER"], aliases=aliases)
+    assert scheduler.__name__ == "DriftSafeScheduler"
     from django.test import override_settings
 
     with override_settings(DRIFTSAFE=namespace["DRIFTSAFE"]):

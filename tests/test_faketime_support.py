@@ -360,6 +360,74 @@ def test_build_shim_reuses_the_cached_build(tmp_path: Path) -> None:
     assert first.stat().st_mtime_ns == built_at
 
 
+def _cached_build(cache_dir: Path) -> Path:
+    """Where build_shim would cache its build in ``cache_dir``."""
+    digest = faketime.hashlib.sha256(
+        faketime.SHIM_SOURCE.read_bytes() + " ".join(faketime._CFLAGS + faketime._LDLIBS).encode()
+    ).hexdigest()[:16]
+    return cache_dir / f"faketime_shim-{digest}.so"
+
+
+@pytest.mark.parametrize(
+    ("owner", "mode"),
+    [(65534, 0o700), (None, 0o777), (None, 0o770)],
+    ids=["owned-by-nobody", "world-writable", "group-writable"],
+)
+def test_a_planted_cache_folder_is_not_used(
+    tmp_path: Path, owner: int | None, mode: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another local user made the shim's folder first (or opened it up) and put a library
+    there under the build's name: it is never handed to LD_PRELOAD."""
+    planted = tmp_path / "shared"
+    planted.mkdir()
+    bait = _cached_build(planted)
+    bait.write_bytes(b"not the shim")
+    bait.chmod(0o755)
+    planted.chmod(mode)
+    if owner is not None:
+        os.chown(planted, owner, owner)
+        os.chown(bait, owner, owner)
+
+    built = build_shim(planted)
+
+    assert built.parent != planted and built.read_bytes() != b"not the shim"
+    folder = built.parent.lstat()
+    assert folder.st_uid == os.getuid() and folder.st_mode & 0o077 == 0
+    assert bait.read_bytes() == b"not the shim"  # left alone
+    (record,) = [r for r in caplog.records if getattr(r, "action", "") == "faketime-shim"]
+    assert str(planted) in record.getMessage()
+    assert build_shim(planted) == built  # the private folder is kept for this process
+
+
+@pytest.mark.parametrize(
+    ("owner", "mode"), [(65534, 0o755), (None, 0o777)], ids=["owned-by-nobody", "world-writable"]
+)
+def test_a_planted_build_in_a_private_folder_is_built_again(
+    tmp_path: Path, owner: int | None, mode: int
+) -> None:
+    target = _cached_build(tmp_path)
+    target.write_bytes(b"not the shim")
+    target.chmod(mode)
+    if owner is not None:
+        os.chown(target, owner, owner)
+
+    assert build_shim(tmp_path) == target
+    info = target.lstat()
+    assert info.st_uid == os.getuid() and info.st_mode & 0o022 == 0
+    assert target.read_bytes() != b"not the shim" and target.read_bytes()[:4] == b"\x7fELF"
+
+
+def test_a_symbolic_link_in_place_of_the_cache_folder_is_not_followed(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    link = tmp_path / "cache"
+    link.symlink_to(elsewhere)
+
+    built = build_shim(link)
+
+    assert built.parent not in (link, elsewhere) and not list(elsewhere.iterdir())
+
+
 def test_missing_libfaketime_says_how_to_install(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

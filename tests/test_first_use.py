@@ -3,9 +3,10 @@
 ``django-admin startproject proj``, ``proj/celery.py`` as the guide writes it (``Celery('proj')``,
 ``config_from_object('django.conf:settings', namespace='CELERY')``, ``autodiscover_tasks()``),
 ``proj/__init__.py`` importing the app, an app ``demoapp`` whose ``tasks.py`` holds a
-``@shared_task``, and the README's settings. Each step runs in a fresh Python process, so
-nothing is imported ahead: the admin's process is a web process that never ran a worker, where
-Celery's autodiscovery has not happened.
+``@shared_task``, and the settings README gives, pasted as they are (its Redis URL pointed at
+the test server). Each step runs in a fresh Python process, so nothing is imported ahead: the
+admin's process is a web process that never ran a worker, where Celery's autodiscovery has not
+happened.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from typing import Any
 import pytest
 
 from tests import settings as test_settings
+from tests.e2e.harness import E2E_REDIS_DB
 from tests.test_admin import form_data
+from tests.test_e2e_first_use import README_REDIS, readme_block
 
 #: ``proj/celery.py`` and ``proj/__init__.py``, word for word as Celery's guide writes them.
 GUIDE_CELERY = """\
@@ -75,13 +78,10 @@ from celery import shared_task
 def cleanup():
     return "clean"
 """
-#: Appended to startproject's settings: the README's, a broker, the project's time zone.
+#: Appended to startproject's settings after README's: the app, a broker, a task module of
+#: CELERY_IMPORTS, a beat_schedule (one name misspelt), the project's time zone.
 SETTINGS = """
-INSTALLED_APPS += ["celery_driftsafe", "demoapp"]
-DRIFTSAFE = {
-    "TIME_AUTHORITY": "database",  # or "redis"
-}
-CELERY_BEAT_SCHEDULER = "celery_driftsafe.scheduler:DriftSafeScheduler"
+INSTALLED_APPS += ["demoapp"]
 CELERY_BROKER_URL = "memory://"
 CELERY_IMPORTS = ["demoapp.jobs"]
 CELERY_BEAT_SCHEDULE = {
@@ -160,8 +160,9 @@ def guide_project(where: Path, *, tasks: str = DEMO_TASKS) -> Path:
     (where / "proj" / "__init__.py").write_text(GUIDE_INIT)
     (where / "demoapp" / "tasks.py").write_text(tasks)
     (where / "demoapp" / "jobs.py").write_text(DEMO_JOBS)
+    readme = readme_block().replace(README_REDIS, f"{test_settings.REDIS_SERVER}/{E2E_REDIS_DB}")
     with (where / "proj" / "settings.py").open("a") as settings:
-        settings.write(SETTINGS)
+        settings.write("\n" + readme + SETTINGS)
     migrated = _python(where, "manage.py", "migrate", "--verbosity", "0")
     assert migrated.returncode == 0, migrated.stderr
     return where
@@ -225,7 +226,7 @@ def test_driftsafe_import_warns_only_about_names_no_module_registers(project: Pa
 def test_driftsafe_status_names_the_app_in_its_hint(project: Path) -> None:
     result = _python(project, "manage.py", "driftsafe_status", "--no-color")
     assert result.returncode == 2, result.stdout + result.stderr
-    hint = "`celery -A proj beat -S celery_driftsafe.scheduler:DriftSafeScheduler`"
+    hint = "`celery -A proj beat -S driftsafe`"
     assert hint in result.stderr
 
 

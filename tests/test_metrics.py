@@ -12,6 +12,7 @@ change a test causes (before and after), never on an absolute count.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
 import threading
@@ -69,9 +70,7 @@ def value(samples: dict[Any, float], name: str, **labels: str) -> float:
 
 
 def metrics_on(**extra: Any) -> Any:
-    return override_settings(
-        DRIFTSAFE={**settings.DRIFTSAFE, "METRICS_ADDRESS": "127.0.0.1", **extra}
-    )
+    return override_settings(DRIFTSAFE={**settings.DRIFTSAFE, **extra})
 
 
 # -- beats -------------------------------------------------------------------------------------
@@ -249,6 +248,37 @@ def test_a_prefork_worker_without_multiprocess_dir_is_warned(
     assert not any("PROMETHEUS_MULTIPROC_DIR" in r.getMessage() for r in caplog.records)
 
 
+def _bound_address(server: metrics_server.Server) -> str:
+    address: str = server.httpd.socket.getsockname()[0]
+    return address
+
+
+def test_metrics_servers_listen_on_this_host_only_unless_configured() -> None:
+    from types import SimpleNamespace
+
+    assert "METRICS_ADDRESS" not in settings.DRIFTSAFE
+    with metrics_on(METRICS_PORT=0, WORKER_METRICS_PORT=0):
+        beat = metrics_server.serve_beat(get_settings())
+        assert beat is not None
+        try:
+            assert _bound_address(beat) == "127.0.0.1"
+        finally:
+            beat.stop()
+        metrics_server.on_worker_init(sender=SimpleNamespace(pool_cls="threads"))
+        try:
+            worker = metrics_server._worker_server
+            assert worker is not None and _bound_address(worker) == "127.0.0.1"
+        finally:
+            metrics_server.on_worker_shutdown()
+    with metrics_on(METRICS_PORT=0, METRICS_ADDRESS="0.0.0.0"):  # configured: every interface
+        wide = metrics_server.serve_beat(get_settings())
+        assert wide is not None
+        try:
+            assert _bound_address(wide) == "0.0.0.0"
+        finally:
+            wide.stop()
+
+
 # -- settings and the missing extra ------------------------------------------------------------
 
 
@@ -259,12 +289,39 @@ def test_a_prefork_worker_without_multiprocess_dir_is_warned(
         ("METRICS_PORT", 70000, "celery_driftsafe.E020"),
         ("WORKER_METRICS_PORT", True, "celery_driftsafe.E020"),
         ("METRICS_ADDRESS", "", "celery_driftsafe.E022"),
+        ("METRICS_ADDRESS", "0.0.0.0:9808", "celery_driftsafe.E022"),
+        ("METRICS_ADDRESS", "http://metrics.internal", "celery_driftsafe.E022"),
+        ("METRICS_ADDRESS", ["127.0.0.1"], "celery_driftsafe.E022"),
+        ("METRICS_TOKEN", 12345, "celery_driftsafe.E028"),
+        ("METRICS_TOKEN", "two words-" * 4, "celery_driftsafe.E028"),
+        ("METRICS_TOKEN", "", "celery_driftsafe.E028"),
+        ("METRICS_TOKEN", "short-token", "celery_driftsafe.W020"),
     ],
 )
 def test_bad_metrics_settings_get_stable_ids(key: str, bad: Any, check_id: str) -> None:
     with override_settings(DRIFTSAFE={key: bad}):
         found = [m for m in checks.check_settings() if m.id == check_id]
     assert found and key in found[0].msg
+    if key == "METRICS_TOKEN" and isinstance(bad, str) and bad:
+        assert bad not in found[0].msg  # a token is never printed
+
+
+@pytest.mark.parametrize(
+    ("key", "good"),
+    [
+        ("METRICS_ADDRESS", "127.0.0.1"),
+        ("METRICS_ADDRESS", "0.0.0.0"),
+        ("METRICS_ADDRESS", "::"),
+        ("METRICS_ADDRESS", "::1"),
+        ("METRICS_ADDRESS", "localhost"),
+        ("METRICS_ADDRESS", "metrics-1.internal"),
+        ("METRICS_TOKEN", None),
+        ("METRICS_TOKEN", "x" * 32),
+    ],
+)
+def test_good_metrics_settings_pass_the_checks(key: str, good: Any) -> None:
+    with override_settings(DRIFTSAFE={key: good}):
+        assert [m for m in checks.check_settings() if key in m.msg] == []
 
 
 def test_metrics_switched_on_without_prometheus_client_name_the_extra(
@@ -288,7 +345,9 @@ def test_metrics_switched_on_without_prometheus_client_name_the_extra(
 
 
 @pytest.mark.django_db
-def test_metrics_view_serves_backlog_nodes_last_slots_and_runs_by_status(client: Any) -> None:
+def test_metrics_view_serves_backlog_nodes_last_slots_and_runs_by_status(
+    admin_client: Any,
+) -> None:
     now = changes.authority_now()
     for host, age, offset in (
         ("beat-a", 1.0, 0.004),
@@ -336,7 +395,7 @@ def test_metrics_view_serves_backlog_nodes_last_slots_and_runs_by_status(client:
             celery_task_id=str(uuid.uuid4()),
         )
 
-    response = client.get("/driftsafe/metrics")
+    response = admin_client.get(METRICS)
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain")
     got = parse(response.content.decode())
@@ -359,6 +418,115 @@ def test_metrics_view_serves_backlog_nodes_last_slots_and_runs_by_status(client:
     assert value(got, "driftsafe_runs_recent", status="failed") == 1
     assert value(got, "driftsafe_runs_recent", status="missed") == 0
     assert value(got, "driftsafe_runs_open", status="dispatched") == 1
+
+
+METRICS = "/driftsafe/metrics"
+TOKEN = "scrape-token-0123456789abcdefghijklmnop"
+
+
+def _with_token(**extra: Any) -> Any:
+    return metrics_on(METRICS_TOKEN=TOKEN, **extra)
+
+
+@pytest.mark.django_db
+def test_metrics_view_refuses_an_anonymous_scrape(client: Any) -> None:
+    task = interval_task("secret-report", 60, anchor=T0)
+    PeriodicTask.objects.filter(pk=task.pk).update(last_slot_at=T0)  # a series of its own
+    response = client.get(METRICS)
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"].startswith("Bearer ")
+    assert b"secret-report" not in response.content and b"driftsafe_" not in response.content
+    with _with_token():  # a token being set changes nothing for a request without one
+        assert client.get(METRICS).status_code == 401
+
+
+@pytest.mark.django_db
+def test_metrics_view_needs_the_view_permissions_of_tasks_runs_and_nodes(client: Any) -> None:
+    from django.contrib.auth.models import Permission, User
+
+    user = User.objects.create_user("grafana", password="pw", is_staff=True)
+    client.force_login(user)
+    assert client.get(METRICS).status_code == 403
+    for codename in ("view_periodictask", "view_run"):
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+        user = User.objects.get(pk=user.pk)  # no cached permissions
+        client.force_login(user)
+        assert client.get(METRICS).status_code == 403, f"up to {codename}"
+    user.user_permissions.add(Permission.objects.get(codename="view_beatnode"))
+    response = client.get(METRICS)
+    assert response.status_code == 200
+    assert "driftsafe_nodes_alive" in response.content.decode()
+    user.is_active = False  # a deactivated account is refused, whatever its permissions
+    user.save()
+    assert client.get(METRICS).status_code == 401
+
+
+@pytest.mark.django_db
+def test_metrics_view_takes_the_bearer_token_of_the_settings(
+    client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    def scrape_with(token: str) -> Any:
+        return client.get(METRICS, HTTP_AUTHORIZATION=f"Bearer {token}")
+
+    with _with_token():
+        right = scrape_with(TOKEN)
+        assert right.status_code == 200 and "driftsafe_backlog_slots" in right.content.decode()
+        assert client.get(METRICS, HTTP_AUTHORIZATION=f"bearer  {TOKEN}").status_code == 200
+        for wrong in (TOKEN[:-1], TOKEN + "x", "", TOKEN.upper()):
+            refused = scrape_with(wrong)
+            assert refused.status_code == 401, wrong
+            assert 'error="invalid_token"' in refused["WWW-Authenticate"]
+        assert client.get(METRICS, HTTP_AUTHORIZATION=f"Basic {TOKEN}").status_code == 401
+    # no token configured: none is accepted
+    assert scrape_with(TOKEN).status_code == 401
+    denied = [r for r in caplog.records if getattr(r, "action", "") == "metrics-denied"]
+    assert denied and not any(TOKEN[:-1] in r.getMessage() for r in denied)
+
+
+@pytest.mark.django_db
+def test_metrics_view_answers_an_unreachable_authority_without_the_errors_text(
+    client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The time authority is a Redis on a closed port, reached with a user and password: the
+    scraper learns that it is unreachable, the log learns where and why."""
+    from celery_driftsafe.testing.processes import free_port
+
+    port = free_port()  # nothing listens there
+    url = f"redis://scraper-user:s3cret-pw@127.0.0.1:{port}/0"
+    with _with_token(TIME_AUTHORITY="redis", REDIS_URL=url):
+        response = client.get(METRICS, HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert response.status_code == 503
+    body = response.content.decode()
+    assert "time authority" in body
+    for secret in ("s3cret", "scraper-user", "127.0.0.1", str(port), "refused", "Error"):
+        assert secret not in body, secret
+    (logged,) = [r for r in caplog.records if getattr(r, "action", "") == "metrics-error"]
+    assert str(port) in logged.getMessage()
+
+
+@pytest.mark.django_db
+def test_metrics_view_answers_a_database_error_without_its_text(
+    client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A table the figures read is missing (an upgrade not migrated yet): 503, the database's
+    message only in the log."""
+    from django.db import connection, transaction
+
+    class RollBack(Exception):
+        pass
+
+    table = BeatNode._meta.db_table
+    with _with_token(), contextlib.suppress(RollBack), transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER TABLE {table} RENAME TO renamed_for_the_test")
+        response = client.get(METRICS, HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+        raise RollBack  # and the rename with it
+    assert BeatNode.objects.count() == 0  # the table is back
+    assert response.status_code == 503
+    body = response.content.decode()
+    assert "database" in body and table not in body and "SELECT" not in body
+    (logged,) = [r for r in caplog.records if getattr(r, "action", "") == "metrics-error"]
+    assert table in logged.getMessage()
 
 
 # -- workers -----------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from celery_driftsafe.publisher import Dispatcher
 from celery_driftsafe.reconcile import reconcile
 from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.testing import FakeClock
+from celery_driftsafe.validation import json_problems
 from tests import settings as test_settings
 from tests.conftest import T0, drain
 from tests.factories import interval_task
@@ -229,6 +230,7 @@ def test_json_strings_in_args_and_kwargs_are_read_as_their_value(
         ("kwargs", json.dumps([1]), "kwargs"),
         ("headers", {"id": "another-task-id"}, "headers"),
         ("headers", {"task": "evil.task"}, "headers"),
+        ("headers", {"compression": "zlib"}, "headers"),
         ("priority", 999, "priority"),
         ("expires_seconds", -5.0, "expires_seconds"),
         ("expires_seconds", 1e12, "expires_seconds"),  # "never", past the calendar's end
@@ -253,11 +255,37 @@ def test_save_refuses_what_the_task_could_not_fire_with(field: str, value: Any, 
     assert not PeriodicTask.objects.exists()
 
 
+def test_every_header_celery_kombu_or_this_package_reads_is_reserved() -> None:
+    """The reserved headers hold Celery's own list (the protocol 2 headers and properties
+    ``as_task_v2`` writes, every name of the worker's request context, the names Celery keeps
+    out of a request's custom headers), the header kombu reads, and this package's."""
+    from celery import Celery
+    from celery.app.task import Context
+
+    from celery_driftsafe import headers
+
+    app = Celery("reserved", set_as_current=False)
+    message = app.amqp.as_task_v2("an-id", "a.task", stamped_headers=["s"], s=1)
+    celerys = {*message.headers, *message.properties}
+    context = {name for name in vars(Context) if not name.startswith("__")}
+    custom = Context({"lang": 1, "task": 1, "argsrepr": 1, "kwargsrepr": 1, "compression": 1})
+    assert custom.headers is None  # Celery keeps these out of the custom headers
+    kombus = {"compression"}  # kombu.Message.decode decompresses by it
+    for name in {*celerys, *context, *kombus, *headers.ALL, "lang", "task", "argsrepr"}:
+        assert headers.reserved(name), name
+    problems = json_problems([], {}, {"tenant": "a", "x-trace": "b", "priority_hint": 1})
+    assert problems == []  # a header of the project's own is not a reserved one
+
+
 _BAD_ROWS: list[tuple[str, dict[str, Any], str]] = [
     ("args-object", {"args": {"a": 1}}, "args:"),
     ("args-text", {"args": "1, 2"}, "args:"),
     ("kwargs-list", {"kwargs": [1, 2]}, "kwargs:"),
     ("headers-protocol", {"headers": {"id": "x", "task": "y"}}, "headers:"),
+    # kombu decompresses a message by its ``compression`` header: every message undecodable
+    ("headers-compression", {"headers": {"compression": "zlib"}}, "headers: must not set"),
+    ("headers-content", {"headers": {"content_type": "x"}}, "headers: must not set"),
+    ("headers-own", {"headers": {"driftsafe_slot": "x"}}, "headers: must not set"),
     (
         "interval-overflow",
         {"interval_every": 2_000_000_000, "interval_unit": "days"},
@@ -463,6 +491,43 @@ def test_outbox_republishes_the_message_captured_at_claim_time(
     Dispatcher(broker_app, clock).dispatch(taken)
     sent = drain()
     assert [(m["id"], m["args"]) for m in sent] == [(claimed[0].celery_task_id, [1, 1])]
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        ({"options": {"headers": {"id": "forged-id", "task": "exp.danger"}}}, "must not set id"),
+        ({"options": {"headers": {"compression": "zlib"}}}, "must not set compression"),
+        ({"options": {"task_id": "forged-id"}}, "options: task_id"),
+        ({"options": {"serializer": "pickle"}}, "options: serializer"),
+        ({"options": {"link": {"task": "exp.danger"}}}, "options: link"),
+        ({"options": {"queue": 5}}, "queue"),
+        ({"options": {"priority": "high"}}, "priority"),
+        ({"args": "abc"}, "args: must be a JSON list"),
+        ({"kwargs": [1]}, "kwargs: must be a JSON object"),
+    ],
+    ids=lambda v: str(v)[:30],
+)
+def test_the_outbox_fails_a_captured_message_rewritten_behind_its_back(
+    broker_app: Any, clock: FakeClock, message: dict[str, Any], reason: str
+) -> None:
+    """A claimed run's captured message is a stored value too: one that would set a
+    reserved header or an option outside the task's publish fields is recorded failed with
+    the reason, never published, and the other runs go out."""
+    bad = interval_task("bad", 10, anchor=T0, next_slot_at=T0, task="exp.safe")
+    good = interval_task("good", 10, anchor=T0, next_slot_at=T0)
+    claimer_for().claim(T0, "crashed")  # the beat died before publishing
+    run = Run.objects.get(periodic_task=bad)
+    Run.objects.filter(pk=run.pk).update(message={**run.message, **message})
+    clock.advance(31 * S)
+    taken = reclaim_stale(clock.now(), "peer", lease=timedelta(seconds=30))
+    result = Dispatcher(broker_app, clock).dispatch(taken)
+    assert list(result.failed) == [run.pk]
+    assert [m["task"] for m in drain()] == ["tests.add"]
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED and reason in run.error, run.error
+    assert run.error.startswith("the message captured at claim time cannot be published")
+    assert Run.objects.get(periodic_task=good).status == RunStatus.DISPATCHED
 
 
 AMQP_URL = os.environ.get("DRIFTSAFE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")

@@ -34,7 +34,7 @@ def test_defaults_without_driftsafe_setting() -> None:
         settings = conf.get_settings()
     derived = conf.default_key_prefix(django_settings.DATABASES["default"])
     assert settings == conf.DriftSafeSettings(key_prefix=derived)
-    assert settings.time_authority == "database"
+    assert settings.time_authority == "auto"
     assert settings.misfire_policy == "fire_once"
 
 
@@ -66,7 +66,11 @@ def test_driftsafe_must_be_a_dict() -> None:
     ("raw", "check_id", "fragment"),
     [
         ({"TIMEOUT": 3}, "celery_driftsafe.E002", "unknown setting"),
-        ({"TIME_AUTHORITY": "ntp"}, "celery_driftsafe.E003", "one of: database, redis, local"),
+        (
+            {"TIME_AUTHORITY": "ntp"},
+            "celery_driftsafe.E003",
+            "one of: auto, database, redis, local",
+        ),
         ({"MISFIRE_POLICY": "often"}, "celery_driftsafe.E003", "fire_once"),
         ({"REDIS_UNAVAILABLE": "panic"}, "celery_driftsafe.E003", "fail_closed"),
         ({"CLAIM_BATCH_SIZE": 0}, "celery_driftsafe.E004", "positive whole number"),

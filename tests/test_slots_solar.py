@@ -18,7 +18,7 @@ from celery_driftsafe.exceptions import ScheduleError
 from celery_driftsafe.slots import Schedule, Solar
 from celery_driftsafe.solar import EVENTS
 
-ephem = pytest.importorskip("ephem", reason="the test extra installs ephem for Celery's solar")
+ephem = pytest.importorskip("ephem", reason="the test group installs ephem for Celery's solar")
 
 QUICK = settings(max_examples=150, deadline=None)
 TROMSO = (69.6492, 18.9553)

@@ -647,9 +647,88 @@ def test_plain_task_in_eager_mode_is_recorded_inside_the_callers_transaction(
     env = make_env(worker=False, eager=True)
     run = new_run("sem.quiet", "manual")
     with transaction.atomic():
-        env.tasks["quiet"].apply(["eager"], headers={"driftsafe_run_id": run.pk})
+        env.tasks["quiet"].apply(
+            ["eager"], headers={"driftsafe_run_id": run.pk}, task_id=run.celery_task_id
+        )
         assert Run.objects.get(pk=run.pk).status == RunStatus.SUCCEEDED
     assert Run.objects.get(pk=run.pk).status == RunStatus.SUCCEEDED  # committed, not broken
+
+
+@pytest.fixture
+def handled() -> Iterator[list[str]]:
+    """The task ids of the messages the worker has handled (after the package's own
+    ``task_postrun`` and ``task_revoked`` receivers, which were connected first)."""
+    from celery.signals import task_postrun, task_revoked
+
+    ids: list[str] = []
+
+    def ran(task_id: str | None = None, **kwargs: Any) -> None:
+        ids.append(str(task_id))
+
+    def revoked(request: Any = None, **kwargs: Any) -> None:
+        ids.append(str(request.id))
+
+    task_postrun.connect(ran, weak=False, dispatch_uid="sem-handled-postrun")
+    task_revoked.connect(revoked, weak=False, dispatch_uid="sem-handled-revoked")
+    yield ids
+    task_postrun.disconnect(dispatch_uid="sem-handled-postrun")
+    task_revoked.disconnect(dispatch_uid="sem-handled-revoked")
+
+
+def test_a_plain_tasks_outcome_is_taken_only_from_its_runs_own_message(
+    make_env: Any, handled: list[str]
+) -> None:
+    """A message that names a run in its headers but carries another Celery task id than the
+    run's is not the run's: its body's outcome is not recorded against the run."""
+    env = make_env(backend=None)
+    run = new_run("sem.quiet", "manual")
+    forged = str(uuid.uuid4())
+    env.app.send_task(
+        "sem.quiet",
+        args=["forged"],
+        task_id=forged,
+        headers={"driftsafe_run_id": run.pk, "driftsafe_fencing_token": 0},
+        queue=env.queue,
+    )
+    wait_for(lambda: forged in handled, what="the forged message's outcome")
+    assert env.bodies("sem.quiet") == [("forged", 0)]
+    assert Run.objects.get(pk=run.pk).status == RunStatus.DISPATCHED
+    env.publish_run(run, ["own"])
+    assert finished(run).status == RunStatus.SUCCEEDED
+
+
+def test_an_eager_plain_call_with_another_task_id_is_not_recorded(make_env: Any) -> None:
+    env = make_env(worker=False, eager=True)
+    run = new_run("sem.quiet", "manual")
+    env.tasks["quiet"].apply(["other"], headers={"driftsafe_run_id": run.pk})
+    assert Run.objects.get(pk=run.pk).status == RunStatus.DISPATCHED
+    env.tasks["quiet"].apply(
+        ["own"], headers={"driftsafe_run_id": run.pk}, task_id=run.celery_task_id
+    )
+    assert Run.objects.get(pk=run.pk).status == RunStatus.SUCCEEDED
+
+
+def test_a_revoked_message_with_another_task_id_leaves_the_run_alone(
+    make_env: Any, handled: list[str]
+) -> None:
+    """The worker's own records (a revoke here; time limits and lost processes go through
+    the same function) take a run's outcome only from the run's own message."""
+    env = make_env()
+    run = new_run("sem.double", "manual")
+    forged = str(uuid.uuid4())
+    deadline = time.monotonic() + 30
+    while not env.app.control.revoke(forged, reply=True, limit=1, timeout=1):
+        assert time.monotonic() < deadline, "the worker never acknowledged the revoke"
+    env.app.send_task(
+        "sem.double",
+        args=[4],
+        task_id=forged,
+        headers={"driftsafe_run_id": run.pk, "driftsafe_fencing_token": 0},
+        queue=env.queue,
+    )
+    wait_for(lambda: forged in handled, what="the forged message's revoke")
+    assert Run.objects.get(pk=run.pk).status == RunStatus.DISPATCHED
+    assert env.seen == []
 
 
 # -- 6. Celery features -------------------------------------------------------------------------

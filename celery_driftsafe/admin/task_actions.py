@@ -23,7 +23,12 @@ from django.urls import URLPattern, path, reverse
 from celery_driftsafe import changes
 from celery_driftsafe.celery_app import get_celery_app
 from celery_driftsafe.clock import authority_clock
-from celery_driftsafe.exceptions import ClockError, ConfigurationError, TaskModulesError
+from celery_driftsafe.exceptions import (
+    ClockError,
+    ConfigurationError,
+    TaskModulesError,
+    TaskRefused,
+)
 from celery_driftsafe.models import PeriodicTask, RunStatus
 from celery_driftsafe.run_now import admin_actor, run_now
 
@@ -35,8 +40,7 @@ def _schedulable(tasks: list[PeriodicTask]) -> tuple[list[PeriodicTask], list[st
     as ``save()`` and the claim: schedule, JSON shapes, options)."""
     good, bad = [], []
     for task in tasks:
-        task.coerce()
-        problems = task.problems()
+        problems = task.publish_problems()
         if problems:
             bad.append(f"{task.name}: " + "; ".join(map(str, problems)))
         else:
@@ -100,7 +104,11 @@ class PeriodicTaskActions(admin.ModelAdmin):  # type: ignore[type-arg]
             clock = authority_clock()
             actor = admin_actor(request.user.get_username())
             for task in tasks:
-                result = run_now(task, app=app, clock=clock, actor=actor)
+                try:
+                    result = run_now(task, app=app, clock=clock, actor=actor)
+                except TaskRefused as exc:
+                    self.message_user(request, f"Not run, {exc}", messages.ERROR)
+                    continue
                 if not result.created:
                     level, text = messages.WARNING, "already ran at this instant; not repeated"
                 elif result.status == RunStatus.FAILED:

@@ -261,6 +261,14 @@ class PeriodicTask(models.Model):
         self.kwargs = coerce_json(self.kwargs, dict)
         self.headers = coerce_json(self.headers, dict)
 
+    def publish_problems(self, *, schedule: bool = True) -> list[Problem]:
+        """The gate of everything published from this row (the claim, the beat's messages
+        built ahead, run now, the admin's actions): read it as the claim does
+        (:meth:`coerce`), then list what keeps it from being published (:meth:`problems`).
+        Empty: it may be published."""
+        self.coerce()
+        return self.problems(schedule=schedule)
+
     def problems(self, *, schedule: bool = True) -> list[Problem]:
         """Everything that keeps this row from firing, each naming the model field at fault.
         ``schedule=False`` leaves the schedule out (a caller about to evaluate it anyway)."""
@@ -299,9 +307,8 @@ class PeriodicTask(models.Model):
 
     def clean(self) -> None:
         """Model validation: every problem on the field at fault."""
-        self.coerce()
         errors: dict[str, list[str]] = {}
-        for problem in self.problems():
+        for problem in self.publish_problems():
             errors.setdefault(problem.field, []).append(problem.message)
         if errors:
             raise ValidationError(errors)

@@ -18,11 +18,14 @@ Debian packages: ``faketime`` (pulls in ``libfaketime``), ``gcc`` and
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -32,6 +35,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 INSTALL_HINT = "install it with `apt-get install -y faketime gcc libc6-dev`"
 
@@ -68,15 +73,33 @@ def libfaketime_path() -> Path:
 def build_shim(cache_dir: Path | None = None) -> Path:
     """Compile ``faketime_shim.c`` once and return the shared object.
 
-    The result is cached in ``cache_dir`` (default: a per-user folder in the
-    temp dir) under a name derived from the source and flags, so an edited
-    source is rebuilt and concurrent test processes share one build.
+    The result is cached in ``cache_dir`` (default: ``celery-driftsafe-<uid>`` in the temp
+    dir) under a name derived from the source and flags, so an edited source is rebuilt and
+    concurrent test processes share one build.
+
+    The shared object is preloaded into every skewed child, so only a private copy is used:
+    the folder must be a directory (not a symbolic link) owned by this user that neither its
+    group nor others may write to, and a cached build a regular file of the same kind. A
+    folder that is not (another local user made it first in the shared temp dir, or opened
+    it up) is left alone with a warning (``faketime-shim``): the shim is built in a fresh
+    private folder of this process's instead. A cached build that is not is built again.
     """
     source = SHIM_SOURCE.read_bytes()
     digest = hashlib.sha256(source + " ".join(_CFLAGS + _LDLIBS).encode()).hexdigest()[:16]
     cache_dir = cache_dir or Path(tempfile.gettempdir()) / f"celery-driftsafe-{os.getuid()}"
+    with contextlib.suppress(OSError):  # judged below, whatever went wrong
+        cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    problem = privacy_problem(cache_dir, directory=True)
+    if problem:
+        logger.warning(
+            "not using %s for the faketime shim: %s; building it in a private folder instead",
+            cache_dir,
+            problem,
+            extra={"action": "faketime-shim"},
+        )
+        cache_dir = _own_dir()
     target = cache_dir / f"faketime_shim-{digest}.so"
-    if target.is_file():
+    if not privacy_problem(target, directory=False):
         return target
 
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
@@ -84,15 +107,48 @@ def build_shim(cache_dir: Path | None = None) -> Path:
         raise FaketimeUnavailable(
             f"no C compiler (cc or gcc) to build {SHIM_SOURCE.name}; {INSTALL_HINT}"
         )
-    cache_dir.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     command = [compiler, *_CFLAGS, "-o", str(partial), str(SHIM_SOURCE), *_LDLIBS]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         partial.unlink(missing_ok=True)
         raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr}")
+    partial.chmod(0o755)  # whatever the umask: nobody else writes what gets preloaded
     partial.replace(target)  # atomic: a concurrent build just wins or loses the rename
     return target
+
+
+def privacy_problem(path: Path, *, directory: bool) -> str:
+    """Why ``path`` is not this user's own directory (or regular file) that nobody else may
+    write to; empty when it is. Symbolic links are not followed (a link is not private)."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return "it does not exist"
+    except OSError as exc:
+        return f"it cannot be examined ({exc})"
+    kind, is_kind = ("directory", stat.S_ISDIR) if directory else ("regular file", stat.S_ISREG)
+    if not is_kind(info.st_mode):
+        return f"it is not a {kind}"
+    if info.st_uid != os.getuid():
+        return f"it is owned by uid {info.st_uid}, not by this user (uid {os.getuid()})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"its group or others may write to it (mode {stat.S_IMODE(info.st_mode):o})"
+    return ""
+
+
+_own: Path | None = None
+_own_lock = threading.Lock()
+
+
+def _own_dir() -> Path:
+    """A private folder of this process's (mode 0700), removed when it exits."""
+    global _own
+    with _own_lock:
+        if _own is None:
+            _own = Path(tempfile.mkdtemp(prefix=f"celery-driftsafe-{os.getuid()}-"))
+            atexit.register(shutil.rmtree, _own, ignore_errors=True)
+        return _own
 
 
 def skewed_env(offset_seconds: float, base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """The demo: three beats whose clocks disagree, one worker, and every slot exactly once.
 
 ``bash example_project/demo/demo.sh`` builds a virtual environment and runs this module; in an
-environment that already has ``celery-driftsafe[results,demo]`` run it from
+environment that already has ``celery-driftsafe[results,admin]`` and matplotlib run it from
 ``example_project/``::
 
     cd example_project

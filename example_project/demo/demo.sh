@@ -29,9 +29,10 @@ if [ "${DEMO_REUSE_VENV:-0}" != 1 ] || [ ! -x "$VENV/bin/python" ]; then
     exit 2
   }
 fi
-echo "== installing celery_driftsafe[results,postgres,demo] (editable)"
+echo "== installing celery_driftsafe[results,postgres,admin] (editable) and matplotlib"
 "$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q -e "$ROOT[results,postgres,demo]"
+"$VENV/bin/python" -m pip install -q -e "$ROOT[results,postgres,admin]" \
+  --group "$ROOT/pyproject.toml:demo"
 echo
 cd "$ROOT/example_project"
 exec "$VENV/bin/python" -m demo "$@"

@@ -243,8 +243,8 @@ def picture(result: Count, path: Path) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return (
-            "no picture: matplotlib is not installed (pip install "
-            "'celery-driftsafe[demo]', or run bash example_project/demo/demo.sh)"
+            "no picture: matplotlib is not installed (pip install matplotlib, "
+            "or run bash example_project/demo/demo.sh)"
         )
     colors = {n.beat.label: _COLORS[i % len(_COLORS)] for i, n in enumerate(result.nodes)}
     colors["?"] = "#7f7f7f"

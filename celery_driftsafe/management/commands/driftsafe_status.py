@@ -159,7 +159,7 @@ class Command(BaseCommand):
         if status.alive == 0:
             raise CommandError(
                 f"no beat node is alive: nothing is claiming slots (start `celery -A "
-                f"{app_argument()} beat -S celery_driftsafe.scheduler:DriftSafeScheduler`)",
+                f"{app_argument()} beat -S driftsafe`)",
                 returncode=NO_NODE_ALIVE,
             )
 
