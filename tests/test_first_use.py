@@ -100,11 +100,9 @@ import json, sys
 import django
 
 django.setup()
-from django.core.management import call_command
 from django.test.utils import setup_test_environment
 
 setup_test_environment()
-call_command("migrate", verbosity=0)
 from django.contrib.auth.models import User
 from django.test import Client
 from celery_driftsafe.models import PeriodicTask
