@@ -3,17 +3,29 @@
 ``DRIFTSAFE['CELERY_APP']`` (a dotted path), else ``celery.current_app``.
 
 Forms and the admin check task names against its registry; run now publishes through it.
+
+Celery imports a project's task modules (those ``autodiscover_tasks()`` finds, ``imports`` /
+``CELERY_IMPORTS``, ``include``) when a worker or a beat starts, never when the app is
+imported: a web process that never ran a worker knows only the tasks of the modules it
+happened to import. :func:`load_task_modules` imports them as the worker does, once per app
+and process, and everything here that reads the app's registry calls it first.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
+import zoneinfo
 from importlib import import_module
 from typing import Any
 
 from celery_driftsafe.conf import get_settings
-from celery_driftsafe.exceptions import ConfigurationError
+from celery_driftsafe.exceptions import ConfigurationError, TaskModulesError
 
 _app_override: Any = None
+#: The apps whose task modules :func:`load_task_modules` imported in this process.
+_loaded: weakref.WeakSet[Any] = weakref.WeakSet()
+_loading = threading.RLock()  # a task module that asks for the names meanwhile
 
 
 def set_celery_app(app: Any) -> None:
@@ -54,8 +66,111 @@ def get_celery_app() -> Any:
     return current_app._get_current_object()
 
 
-def registered_task_names(app: Any | None = None) -> list[str]:
-    """Names of the tasks registered with ``app`` (default :func:`get_celery_app`), sorted,
-    without Celery's own ``celery.*`` tasks."""
+def load_task_modules(app: Any | None = None) -> Any:
+    """Import the task modules of ``app`` (default :func:`get_celery_app`) as its worker and
+    beat do at their start, once per app and process; returns the app.
+
+    This is Celery's ``app.loader.import_default_modules()``, which ``celery worker``,
+    ``celery beat``, ``celery shell`` and ``celery report`` call: it sends Celery's
+    ``import_modules`` signal (on which ``autodiscover_tasks()`` waits, and Celery's Django
+    fix-up, which runs Django's system checks unless ``CELERY_SKIP_CHECKS`` is set), then
+    imports ``imports`` and ``include``. An app whose worker or beat runs in this process is
+    left alone (its modules are in). Django's set-up, which the fix-up repeats, resets the
+    thread's URL prefix: the prefix of the request being served is put back.
+
+    A module that fails to import raises :class:`TaskModulesError` naming it, and the next call
+    tries again (a fixed module is then found without a restart)."""
     app = app if app is not None else get_celery_app()
+    loader = getattr(app, "loader", None)
+    if loader is None or app in _loaded:
+        return app
+    with _loading:
+        if app in _loaded:
+            return app
+        if not getattr(loader, "worker_initialized", False):
+            from django.urls import get_script_prefix, set_script_prefix
+
+            prefix = get_script_prefix()
+            try:
+                loader.import_default_modules()
+            except Exception as exc:
+                raise TaskModulesError(failed_module(exc), exc) from exc
+            finally:
+                set_script_prefix(prefix)
+        _loaded.add(app)
+    return app
+
+
+def failed_module(exc: BaseException) -> str:
+    """Which task module an import failed in, quoted (``'demoapp.tasks'``): the first module
+    the traceback was executing (the one Celery asked for; an error in a module it imports
+    is named in the exception), else the module that was not found, else the file that does
+    not compile; empty when none of them can be told."""
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "<module>":
+            return repr(frame.f_globals.get("__name__", frame.f_code.co_filename))
+        tb = tb.tb_next
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        return repr(exc.name)
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"at {exc.filename}"
+    return ""
+
+
+def registered_task_names(app: Any | None = None, *, load: bool = True) -> list[str]:
+    """Names of the tasks registered with ``app`` (default :func:`get_celery_app`), sorted,
+    without Celery's own ``celery.*`` tasks; first, with ``load``, its task modules are
+    imported (:func:`load_task_modules`, whose :class:`TaskModulesError` passes through)."""
+    app = app if app is not None else get_celery_app()
+    if load:
+        load_task_modules(app)
     return sorted(name for name in app.tasks if not name.startswith("celery."))
+
+
+def app_time_zone(app: Any | None = None) -> str:
+    """The time zone Celery evaluates ``app``'s crontabs in (default :func:`get_celery_app`),
+    as an IANA name: its ``timezone`` setting, which with Django's configuration is
+    ``CELERY_TIMEZONE``, else Django's ``TIME_ZONE`` (Celery reads both). ``"UTC"`` when the
+    app sets none (with ``enable_utc`` off Celery would then use the machine's local time,
+    which has no name to store), names a zone this Python does not know, or cannot be
+    loaded."""
+    try:
+        app = app if app is not None else get_celery_app()
+        setting = app.conf.timezone
+    except Exception:
+        return "UTC"
+    name = getattr(setting, "key", setting)  # a ZoneInfo given instead of a name
+    if not isinstance(name, str) or not name:
+        return "UTC"
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (ValueError, zoneinfo.ZoneInfoNotFoundError):
+        return "UTC"
+    return name
+
+
+#: What :func:`app_argument` says when it cannot name the app.
+APP_PLACEHOLDER = "<the module of your Celery app>"
+
+
+def app_argument(app: Any | None = None) -> str:
+    """What ``celery -A`` takes to find the project's app (default :func:`get_celery_app`), for
+    hints: ``DRIFTSAFE['CELERY_APP']`` when set, else the app's main name when Celery finds
+    this very app from it (``proj`` in the layout of Celery's Django guide), else
+    :data:`APP_PLACEHOLDER`."""
+    path = get_settings().celery_app
+    if path:
+        return str(path)
+    try:
+        app = app if app is not None else get_celery_app()
+        main = app.main
+        if main and main != "__main__":
+            from celery.app.utils import find_app
+
+            if find_app(main) is app:
+                return str(main)
+    except Exception:  # whatever the main name is, it does not lead to this app
+        pass
+    return APP_PLACEHOLDER

@@ -66,6 +66,17 @@ class LedgerUnavailable(DriftSafeError):
     """The database could not be reached before the body ran: the delivery is re-sent."""
 
 
+class TaskModulesError(DriftSafeError):
+    """The Celery app's task modules could not be imported, as a worker imports them at its
+    start: ``module`` names the one that failed (empty when it cannot be told), ``__cause__``
+    is what it raised."""
+
+    def __init__(self, module: str, cause: BaseException) -> None:
+        self.module = module
+        where = f"the task module {module}" if module else "the Celery app's task modules"
+        super().__init__(f"importing {where} failed: {type(cause).__name__}: {cause}")
+
+
 _CONFIGURATION_ERROR_DOC = (
     "A setting has a value that cannot work. The message names the setting and the fix."
 )

@@ -3,7 +3,9 @@
 Each problem is reported on the field at fault, all at once (not the first one only):
 
 * ``task`` — must be registered with the project's Celery app
-  (:func:`celery_driftsafe.celery_app.get_celery_app`);
+  (:func:`celery_driftsafe.celery_app.get_celery_app`), once its task modules are imported as
+  a worker imports them (:func:`~celery_driftsafe.celery_app.load_task_modules`: the web
+  process has not); a module that fails to import is an error on the field naming it;
 * ``args`` / ``kwargs`` / ``headers`` — a JSON list, object and object, whose values Celery's
   ``json`` serializer can send (no ``NaN`` or ``Infinity``, bounded depth and size: read by
   :class:`JSONInputField`);
@@ -12,7 +14,8 @@ Each problem is reported on the field at fault, all at once (not the first one o
   0), so two bad fields give two errors, then the combination (``0 0 31 2 *`` never fires)
   on ``crontab_day_of_month``; a whole expression typed into ``crontab_minute`` (an alias
   such as ``@daily``, five fields, or six with the seconds first) fills every field;
-* ``timezone`` — an IANA zone name;
+* ``timezone`` — an IANA zone name; a new task's starts as the Celery app's time zone
+  (:func:`~celery_driftsafe.celery_app.app_time_zone`), in which Celery evaluates crontabs;
 * ``one_off_at`` — required for a one-off task;
 * ``solar_event`` / ``solar_latitude`` / ``solar_longitude`` — an event, a latitude from -90 to
   90 and a longitude from -180 to 180 (solar tasks);
@@ -40,8 +43,13 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from celery_driftsafe.bounds import bound_problems
-from celery_driftsafe.celery_app import get_celery_app, registered_task_names
-from celery_driftsafe.exceptions import ClockError, ScheduleError
+from celery_driftsafe.celery_app import (
+    app_time_zone,
+    get_celery_app,
+    load_task_modules,
+    registered_task_names,
+)
+from celery_driftsafe.exceptions import ClockError, ScheduleError, TaskModulesError
 from celery_driftsafe.models import PeriodicTask, ScheduleKind
 from celery_driftsafe.schedule_fields import CRONTAB_FIELDS, EDITABLE_SCHEDULE_FIELDS
 from celery_driftsafe.slots import Crontab, Solar
@@ -108,9 +116,21 @@ class JSONInputField(forms.JSONField):
 
 
 def _task_suggestions() -> list[str]:
+    """The tasks of the app's task modules; with a module that fails to import, those
+    registered before it (validation names the module)."""
     try:
-        return registered_task_names()
+        app = get_celery_app()
     except Exception:  # a broken app setting is reported by validation, not by rendering
+        return []
+    try:
+        return registered_task_names(app)
+    except TaskModulesError:
+        pass
+    except Exception:
+        return []
+    try:
+        return registered_task_names(app, load=False)
+    except Exception:
         return []
 
 
@@ -185,6 +205,9 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             ]
             number.widget.attrs.pop("min", None)
         self.fields["schedule_kind"].initial = ScheduleKind.CRONTAB
+        if self.instance._state.adding and "timezone" not in (kwargs.get("initial") or {}):
+            # A new crontab's zone: the Celery app's, as Celery's own beat would use it.
+            self.initial["timezone"] = app_time_zone()
         # The switch as shown travels with the form, so that a form opened before the
         # scheduler disabled the task (it finished, say) does not switch it back on unasked.
         for name in SWITCH:
@@ -197,8 +220,13 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         if not name:
             raise forms.ValidationError("Enter the name of a registered Celery task.")
         try:
-            app = get_celery_app()
+            app = load_task_modules(get_celery_app())
             known = name in app.tasks
+        except TaskModulesError as exc:
+            raise forms.ValidationError(
+                f"The task name cannot be checked: {exc}. Fix that module (a worker or beat "
+                "would not start with it either); nothing was saved."
+            ) from exc
         except Exception as exc:
             raise forms.ValidationError(
                 f"The Celery app could not be loaded to check the task name: {exc}"
@@ -206,8 +234,8 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         if not known:
             raise forms.ValidationError(
                 f"{name!r} is not a task registered with the Celery app {app.main!r}. Check "
-                "the spelling, or make sure the module defining it is imported (e.g. by "
-                "autodiscover_tasks)."
+                "the spelling, or make sure the module defining it is one the app's worker "
+                "imports (found by autodiscover_tasks, or in its imports: CELERY_IMPORTS)."
             )
         return name
 

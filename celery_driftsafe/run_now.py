@@ -22,7 +22,11 @@ exactly like a scheduled one:
 A manual run changes nothing about the schedule: ``next_slot_at``, ``last_slot_at`` and
 ``run_count`` stay as they are, and the overlap policy does not apply (an operator asked).
 
-The Celery app comes from :func:`celery_driftsafe.celery_app.get_celery_app`.
+The Celery app comes from :func:`celery_driftsafe.celery_app.get_celery_app`; its task
+modules are imported first, as a beat imports them
+(:func:`~celery_driftsafe.celery_app.load_task_modules`), so that a manual run is published with
+the task's own options, as the beat's runs are. A module that fails to import raises
+:class:`~celery_driftsafe.exceptions.TaskModulesError` before anything is written.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
-from celery_driftsafe.celery_app import get_celery_app
+from celery_driftsafe.celery_app import load_task_modules
 from celery_driftsafe.clock import Clock, authority_clock
 from celery_driftsafe.dispatch import celery_task_id, claimed_run, run_message
 from celery_driftsafe.exceptions import TaskRefused
@@ -99,7 +103,7 @@ def run_now(
             extra={"action": "run-now-refused", "task": task.name, "node": actor},
         )
         raise refused
-    app = app if app is not None else get_celery_app()
+    app = load_task_modules(app)
     if clock is None:
         clock = authority_clock(using)
     slot = clock.now()

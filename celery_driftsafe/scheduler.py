@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import socket
 import threading
@@ -79,6 +80,27 @@ CONTINUITY_GAP_SECONDS = 5.0
 SATURATION_LOG_SECONDS = 30.0
 
 
+#: The node id a lazy scheduler announced, with its process: ``celery beat`` prints its banner
+#: from a lazy scheduler (never set up), then makes the one that runs, which takes this id.
+_announced: tuple[int, str] | None = None
+_announcing = threading.Lock()
+
+
+def _node_id(*, lazy: bool) -> str:
+    """A new scheduler's node id. A lazy one (Celery's banner) makes one and announces it; the
+    next scheduler this process sets up takes the announced id, once, so the banner names the
+    node that registers; any other gets a new one."""
+    global _announced
+    with _announcing:
+        if lazy:
+            _announced = (os.getpid(), nodes.new_node_id())
+            return _announced[1]
+        announced, _announced = _announced, None
+    if announced is not None and announced[0] == os.getpid():
+        return announced[1]
+    return nodes.new_node_id()
+
+
 class DriftSafeScheduler(BeatNode, Scheduler):
     """The drift-safe beat scheduler (see the module docstring)."""
 
@@ -104,7 +126,7 @@ class DriftSafeScheduler(BeatNode, Scheduler):
         self._ready = False
         self._closed = False
         self._listener: threading.Thread | None = None
-        self.node_id = nodes.new_node_id()
+        self.node_id = _node_id(lazy=bool(kwargs.get("lazy")))
         self.rounds = 0
         super().__init__(app, *args, **kwargs)
 
@@ -198,11 +220,24 @@ class DriftSafeScheduler(BeatNode, Scheduler):
 
     @property
     def info(self) -> str:
+        """The lines of Celery's start-up banner about this beat. Celery prints the banner
+        from a lazy scheduler of its own, never set up: the node id shown is the one the
+        scheduler that runs takes (see :func:`_node_id`)."""
         settings = get_settings()
         return (
             f"    . driftsafe node -> {self.node_id}\n"
             f"    . time authority -> {self._authority_shown(settings)}"
         )
+
+    @property
+    def max_interval(self) -> float:
+        """The loop's longest wait, ``MAX_LOOP_INTERVAL_SECONDS`` (Celery's banner shows it as
+        ``maxinterval``): ``beat_max_loop_interval`` and ``--max-interval`` do not apply."""
+        return float(get_settings().max_loop_interval_seconds)
+
+    @max_interval.setter
+    def max_interval(self, value: float) -> None:
+        """Celery's ``Scheduler.__init__`` sets its own value: ignored (see the getter)."""
 
     def _authority_shown(self, settings: DriftSafeSettings) -> str:
         """The banner's time authority: what ``auto`` resolves to, when it can be told yet."""

@@ -158,6 +158,44 @@ def test_unknown_task_name_is_refused_on_the_task_field(admin_client: Any, app: 
 
 
 @pytest.mark.django_db
+def test_importing_the_task_modules_keeps_the_request_s_url_prefix(
+    admin_client: Any, app: Any
+) -> None:
+    """Celery's Django fix-up sets Django up again when the task modules are imported, which
+    resets the thread's URL prefix: the admin's redirects under a prefix must keep it."""
+    from django.urls import set_script_prefix
+
+    set_script_prefix("/sub/")  # what a WSGI server under /sub does for each request
+    try:
+        response = admin_client.post(ADD, form_data())
+    finally:
+        set_script_prefix("/")
+    assert response.status_code == 302
+    assert response["Location"].startswith("/sub/admin/"), response["Location"]
+
+
+@pytest.mark.django_db
+def test_a_new_task_starts_in_the_celery_app_s_time_zone(admin_client: Any, app: Any) -> None:
+    """As Celery's own beat evaluates a crontab in the app's zone (``CELERY_TIMEZONE``, else
+    Django's ``TIME_ZONE``), the add form starts there; a zone in the URL, or a task's own on
+    its change page, is kept."""
+
+    def shown(url: str) -> str:
+        return str(admin_client.get(url).context["adminform"].form["timezone"].value())
+
+    assert shown(ADD) == "UTC"  # the app names none
+    app.conf.timezone = "Asia/Tokyo"
+    assert shown(ADD) == "Asia/Tokyo"
+    assert shown(ADD + "?timezone=Europe/Berlin") == "Europe/Berlin"
+    task = crontab_task("berlin", "0 3 * * *", timezone="Europe/Berlin")
+    change = reverse("admin:celery_driftsafe_periodictask_change", args=[task.pk])
+    assert shown(change) == "Europe/Berlin"
+    response = admin_client.post(ADD, form_data(timezone="Asia/Tokyo"))
+    assert response.status_code == 302
+    assert PeriodicTask.objects.get(name="nightly").timezone == "Asia/Tokyo"
+
+
+@pytest.mark.django_db
 def test_a_name_already_taken_is_refused_on_the_name_field(admin_client: Any, app: Any) -> None:
     """The name is unique through a constraint (no LIKE twin index): the form still says so on
     the field, and the first task is left as it was."""

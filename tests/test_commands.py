@@ -70,6 +70,18 @@ def test_status_exits_2_when_no_node_is_alive() -> None:
     assert "0 alive of 2" in text and " dead " in text and " stopped " in text
 
 
+@pytest.mark.django_db
+def test_status_hint_names_the_app_for_celery_a(settings: Any) -> None:
+    def hint() -> str:
+        with pytest.raises(CommandError) as raised:
+            call_command("driftsafe_status", stdout=io.StringIO(), no_color=True)
+        return str(raised.value)
+
+    assert "`celery -A <the module of your Celery app> beat -S " in hint()
+    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "CELERY_APP": "tests.test_commands:OTHER_APP"}
+    assert ("(start `celery -A tests.test_commands:OTHER_APP beat -S driftsafe`)") in hint()
+
+
 @pytest.mark.django_db(transaction=True)  # run_from_argv closes the connections
 def test_status_exit_status_through_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:

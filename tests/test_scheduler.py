@@ -4,6 +4,7 @@ clock as the authority so every instant is exact."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -730,3 +731,32 @@ def test_a_node_never_marks_itself_dead() -> None:
     nodes.register("peer", T0)
     assert nodes.mark_dead(T0 + 60 * S, timedelta(seconds=30), "me") == ["peer"]
     assert BeatNode.objects.get(node_id="me").stopped_at is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_beat_banner_names_the_node_that_registers_and_the_loop_s_interval(
+    settings: Any, broker_app: Any, clock: FakeClock
+) -> None:
+    """``celery beat`` prints its banner from a lazy scheduler of its own, then makes the one
+    that runs: the banner names that one's node, registers nothing itself, and shows the
+    loop's real longest wait (``MAX_LOOP_INTERVAL_SECONDS``, not Celery's 5 minutes)."""
+    from celery.apps.beat import Beat
+    from celery.beat import Service
+
+    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "MAX_LOOP_INTERVAL_SECONDS": 2.5}
+    made = partial(DriftSafeScheduler, clock=clock, authority=clock, install_signal_handlers=False)
+    service = Service(app=broker_app, scheduler_cls=made)
+    banner = Beat(app=broker_app, no_color=True).startup_info(service)
+    assert not BeatNode.objects.exists()
+    running = service.scheduler
+    try:
+        assert list(BeatNode.objects.values_list("node_id", flat=True)) == [running.node_id]
+        assert f"    . driftsafe node -> {running.node_id}\n" in banner
+        assert "    . maxinterval -> 2.50 seconds (2.5s)" in banner
+        assert running.max_interval == 2.5
+        # The announced id is taken once: a later scheduler of this process is another node.
+        other = made(app=broker_app)
+        other.close()
+        assert other.node_id != running.node_id
+    finally:
+        running.close()

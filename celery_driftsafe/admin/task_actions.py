@@ -23,7 +23,12 @@ from django.urls import URLPattern, path, reverse
 from celery_driftsafe import changes
 from celery_driftsafe.celery_app import get_celery_app
 from celery_driftsafe.clock import authority_clock
-from celery_driftsafe.exceptions import ClockError, ConfigurationError, TaskRefused
+from celery_driftsafe.exceptions import (
+    ClockError,
+    ConfigurationError,
+    TaskModulesError,
+    TaskRefused,
+)
 from celery_driftsafe.models import PeriodicTask, RunStatus
 from celery_driftsafe.run_now import admin_actor, run_now
 
@@ -132,7 +137,7 @@ class PeriodicTaskActions(admin.ModelAdmin):  # type: ignore[type-arg]
                         f"Run now: run #{result.run_id}, Celery "
                         f"task id {result.celery_task_id}: {text}",
                     )
-        except (ClockError, ConfigurationError) as exc:
+        except (ClockError, ConfigurationError, TaskModulesError) as exc:
             self.message_user(request, f"Cannot run now: {exc}", messages.ERROR)
 
     @admin.action(

@@ -23,7 +23,8 @@ creation, ``last_run_at`` and ``total_run_count`` (``last_slot_at``, ``run_count
 
 Imported django-celery-beat tasks become database-managed tasks (edit them in this admin);
 ``beat_schedule`` entries stay ``beat_schedule``-managed. A task name the Celery app does not
-know is imported with a warning: the beat would record its runs as failed.
+know, once its task modules are imported as a worker imports them, is imported with a warning:
+the beat would record its runs as failed.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from celery_driftsafe.beat_schedule import ENTRY_ERRORS, error_text
-from celery_driftsafe.celery_app import get_celery_app, load_celery_app
+from celery_driftsafe.celery_app import get_celery_app, load_celery_app, load_task_modules
 from celery_driftsafe.changes import authority_now
+from celery_driftsafe.exceptions import TaskModulesError
 from celery_driftsafe.importing import (
     BEAT_SCHEDULE,
     DJANGO_CELERY_BEAT,
@@ -196,8 +198,11 @@ class Command(BaseCommand):
 
     def _report(self, outcomes: list[Outcome], app: Any, *, dry_run: bool) -> None:
         verb = {"create": "would create", "update": "would update"} if dry_run else {}
-        try:
-            known: Any = app.tasks
+        try:  # the registry as a worker has it: its task modules imported
+            known: Any = load_task_modules(app).tasks
+        except TaskModulesError as exc:
+            self.stdout.write(self.style.WARNING(f"warning: task names not checked: {exc}"))
+            known = None
         except Exception:  # an app that cannot finalise: no registry warnings
             known = None
         counts: dict[str, int] = {}

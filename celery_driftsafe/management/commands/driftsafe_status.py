@@ -15,6 +15,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Count, Min, Q
 
+from celery_driftsafe.celery_app import app_argument
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.exceptions import ClockError, ConfigurationError
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus
@@ -157,8 +158,8 @@ class Command(BaseCommand):
             self._print(status)
         if status.alive == 0:
             raise CommandError(
-                "no beat node is alive: nothing is claiming slots (start `celery beat -S "
-                "celery_driftsafe.scheduler:DriftSafeScheduler`)",
+                f"no beat node is alive: nothing is claiming slots (start `celery -A "
+                f"{app_argument()} beat -S driftsafe`)",
                 returncode=NO_NODE_ALIVE,
             )
 
