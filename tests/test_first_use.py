@@ -26,6 +26,7 @@ import pytest
 
 from tests import settings as test_settings
 from tests.e2e.harness import E2E_REDIS_DB
+from tests.skip_guard import configuration
 from tests.test_admin import form_data
 from tests.test_e2e_first_use import README_REDIS, readme_block
 
@@ -230,7 +231,8 @@ def test_driftsafe_status_names_the_app_in_its_hint(project: Path) -> None:
 
 @pytest.mark.e2e
 @pytest.mark.skipif(
-    test_settings.TEST_DB != "sqlite", reason="the guide's project runs on SQLite: once, there"
+    test_settings.TEST_DB != "sqlite",
+    reason=configuration("the guide's project runs on SQLite: once, there"),
 )
 def test_the_beat_banner_shows_the_node_that_registers_and_the_loop_s_interval(
     project: Path,
