@@ -101,7 +101,8 @@ def plan_claim(
 
     ``next_slot`` itself is trusted to be a slot of ``schedule`` (it was computed from it);
     if ``next_slot`` is not due at ``now`` nothing is due and the plan only repeats ``next_slot``.
-    ``busy_since``: since when the beats have been claiming without a break (None: unknown).
+    ``busy_since``: since when the beats have been claiming without a break (None: unknown); a
+    slot due before it fell due in downtime.
 
     ``jitter``: the task's deterministic spread (:mod:`celery_driftsafe.jitter`). A slot ``s``
     is then due at ``jitter.due(s)`` instead of ``s``: it is due when that instant is at or
