@@ -137,6 +137,7 @@ def main(command: str) -> None:
                 "offset": n.clock_offset_seconds,
                 "rtt": n.clock_rtt_seconds,
                 "stopped": iso(n.stopped_at),
+                "claiming_since": iso(n.claiming_since),
             }
             for n in BeatNode.objects.all()
         ]
