@@ -131,7 +131,10 @@ def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
     outages: list[tuple[str, datetime, datetime]] = []
     codes: list[int | None] = []
     try:
-        start = real_now() + timedelta(seconds=8)
+        workers = [run.start_worker("w1", pool="prefork"), run.start_worker("w2", pool="prefork")]
+        alive: list[Any] = [run.start_beat(offset) for offset in offsets]
+        run.wait_until_claiming()  # the slots below fall due while the beats claim
+        start = real_now() + timedelta(seconds=3)
         run.seed(
             [
                 {
@@ -146,9 +149,7 @@ def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
             ],
             start,
         )
-        workers = [run.start_worker("w1", pool="prefork"), run.start_worker("w2", pool="prefork")]
-        alive: list[Any] = [run.start_beat(offset) for offset in offsets]
-        time.sleep(8)
+        time.sleep(max((start - real_now()).total_seconds(), 0) + 3)
         began = time.monotonic()
 
         def at(second: float) -> None:
