@@ -85,7 +85,10 @@ def missed_row(task: PeriodicTask, slot: datetime, now: datetime) -> NewRun:
         task,
         slot,
         RunStatus.MISSED,
-        error=f"missed: claimed {late:.1f} s after its slot, past the misfire grace",
+        error=(
+            f"missed: claimed {late:.1f} s after its slot (it fell due while no beat was "
+            "claiming, or past the misfire grace)"
+        ),
     )
 
 

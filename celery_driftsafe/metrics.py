@@ -145,7 +145,8 @@ def beat_metrics() -> BeatMetrics | None:
                 ),
                 missed=pc.Counter(
                     "driftsafe_beat_slots_missed",
-                    "Slots this beat recorded missed (past the misfire grace)",
+                    "Slots this beat recorded missed (fell due while no beat was claiming, or "
+                    "past the misfire grace)",
                 ),
                 failed=pc.Counter(
                     "driftsafe_beat_slots_failed",

@@ -1,18 +1,25 @@
 """Misfire policies: which due slots of one task fire, which are recorded missed, and where
 the task goes next. Pure: no Django, no Redis, no clock; ``now`` is a parameter.
 
-A slot ``s`` is *due* when ``s <= now``. A due slot is *on time* when ``now - s <= grace``;
-on-time slots always fire, whatever the policy (a beat a few seconds late is late, not down).
-Slots older than the grace are *missed* (the beats were down, or the task was disabled) and
-the policy decides:
+A slot ``s`` is *due* when ``s <= now``. A due slot is *on time* when it fell due while the
+beats were claiming (at or after ``busy_since``, the start of their stretch of claiming without
+a break) and ``now - s <= grace``; on-time slots always fire, whatever the policy (a beat a few
+seconds late is late, not down). Every other due slot is *missed*: it fell due while no beat
+was claiming (all down, paused, or the database away: downtime), or longer than the grace ago.
+The policy decides the missed ones:
 
 ``fire_once`` (default)
-    one catch-up run, under the latest missed slot, when no on-time slot fires anyway;
-    every other missed slot is recorded as missed.
+    one run for them all, under the latest missed slot, when no on-time slot fires anyway;
+    every other missed slot is recorded as missed. After downtime a task fires once, however
+    many of its slots fell due meanwhile, within the grace or not.
 ``fire_all``
     the latest ``fire_all_max`` missed slots fire; older ones are recorded as missed.
 ``skip``
-    no missed slot fires; all are recorded as missed.
+    as ``fire_once``, but the latest missed slot fires only when it is within the grace (it
+    was missed for the downtime alone); all others are recorded as missed.
+
+``busy_since`` None (unknown) counts no slot as fallen due in downtime: the grace alone
+decides.
 
 A task whose only due slot is older than the grace is *late*, not missed, when it fell due while
 the beats were working through a backlog without a break (``busy_since``): a burst that the
@@ -94,7 +101,8 @@ def plan_claim(
 
     ``next_slot`` itself is trusted to be a slot of ``schedule`` (it was computed from it);
     if ``next_slot`` is not due at ``now`` nothing is due and the plan only repeats ``next_slot``.
-    ``busy_since``: since when the beats have been claiming without a break (None: unknown).
+    ``busy_since``: since when the beats have been claiming without a break (None: unknown); a
+    slot due before it fell due in downtime.
 
     ``jitter``: the task's deterministic spread (:mod:`celery_driftsafe.jitter`). A slot ``s``
     is then due at ``jitter.due(s)`` instead of ``s``: it is due when that instant is at or
@@ -119,10 +127,13 @@ def plan_claim(
         following = schedule.next_after(next_slot)
         if following is None or due(following) > now:
             return ClaimPlan(fire=[next_slot], next_slot=following, late_from_load=True)
-    if policy == MisfirePolicy.FIRE_ALL:
-        fired_max = fire_all_max
-    else:
-        fired_max = 1 if policy == MisfirePolicy.FIRE_ONCE else 0
+    grace_start = recent_start
+    if busy_since is not None and busy_since > recent_start:
+        # A slot that fell due before the beats' stretch of claiming began fell due while
+        # none was claiming: missed, however recent (the policy gives the downtime its run).
+        # A stretch that began after now (never in a beat) begins now.
+        recent_start = min(busy_since, now)
+    fired_max = fire_all_max if policy == MisfirePolicy.FIRE_ALL else 1
     keep = fired_max + max(record_max, 1)
     # Slots before window_start are due before recent_start whatever their jitter: missed.
     window_start = recent_start - spread
@@ -143,7 +154,9 @@ def plan_claim(
         if policy == MisfirePolicy.FIRE_ALL:
             fire = tail[-fire_all_max:] + fire
             tail = tail[: max(len(tail) - fire_all_max, 0)]
-        elif policy == MisfirePolicy.FIRE_ONCE and not on_time:
+        elif not on_time and (policy == MisfirePolicy.FIRE_ONCE or due(tail[-1]) >= grace_start):
+            # fire_once: the latest missed slot; skip: only when it is within the grace (it
+            # was missed for the downtime alone).
             fire = [tail.pop()]
     remaining = missed_total - (len(fire) - len(on_time))
     span = None

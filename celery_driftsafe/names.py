@@ -50,7 +50,7 @@ class RunKind(StrEnum):
 
 
 class MisfirePolicy(StrEnum):
-    """What a task does with slots missed past the misfire grace (see
+    """What a task does with missed slots: past the misfire grace, or after downtime (see
     :mod:`celery_driftsafe.misfire`)."""
 
     FIRE_ONCE = "fire_once"

@@ -162,6 +162,43 @@ class TestClaimContract:
         result = make_claimer().claim(now, "n", busy_since=T0 + timedelta(seconds=20))
         assert result.runs == [] and result.missed == 1
 
+    def test_after_downtime_fire_once_claims_one_run(self, make_claimer: MakeClaimer) -> None:
+        """Tasks every 3 s, the beats down for 8 minutes, then a beat's first round (its
+        stretch of claiming begins now): fire_once claims one run, under the latest slot, and
+        one span row for the other 160, 20 of them within the grace; fire_all claims its
+        latest FIRE_ALL_MAX (100). A task whose slots fell due while the beats were claiming
+        (a slow round) still fires every one of them."""
+        once = interval_task("once", 3, anchor=T0, next_slot_at=T0)  # the default policy
+        every = interval_task("all", 3, anchor=T0, next_slot_at=T0, misfire_policy="fire_all")
+        now = T0 + timedelta(minutes=8, seconds=1)
+        result = make_claimer().claim(now, "n", busy_since=now)
+        slots = Counter[int]()
+        for run in result.runs:
+            slots[run.periodic_task_id] += 1
+        assert slots == {once.pk: 1, every.pk: 100}
+        latest = T0 + timedelta(minutes=8)
+        assert [r.slot for r in result.runs if r.periodic_task_id == once.pk] == [latest]
+        spans = {
+            task: (span.slot, span.missed_until, span.missed_count)
+            for task, span in (
+                (t, Run.objects.get(periodic_task=t, status="missed")) for t in (once, every)
+            )
+        }
+        assert spans == {
+            once: (T0, latest - 3 * S, 160),
+            every: (T0, latest - 300 * S, 61),
+        }
+        assert result.missed == 160 + 61
+        slow = interval_task("slow", 1, anchor=now, next_slot_at=now)
+        later = now + 2.5 * S
+        result = make_claimer().claim(later, "n", busy_since=now - timedelta(hours=1))
+        assert [r.slot for r in result.runs if r.periodic_task_id == slow.pk] == [
+            now,
+            now + S,
+            now + 2 * S,
+        ]
+        assert not Run.objects.filter(periodic_task=slow, status="missed").exists()
+
     def test_race_many_threads_one_winner_per_slot(self, make_claimer: MakeClaimer) -> None:
         tasks = [interval_task(f"t{i}", 5, anchor=T0, next_slot_at=T0) for i in range(30)]
 

@@ -39,7 +39,11 @@ def test_skewed_beats_honour_bounds_limits_and_jitter(tmp_path: Path) -> None:
     offsets = [0.0, 2.5, -4.0]
     run = E2ERun(BACKEND, tmp_path)
     try:
-        start = real_now().replace(microsecond=0) + 8 * S
+        run.start_recorder()
+        for skew in offsets:
+            run.start_beat(skew)
+        run.wait_until_claiming()  # the slots below fall due while the beats claim
+        start = real_now().replace(microsecond=0) + 4 * S
         end = start + 24 * S
         jittered = [f"jitter-{i}" for i in range(8)]
         specs: list[dict[str, Any]] = [
@@ -77,9 +81,6 @@ def test_skewed_beats_honour_bounds_limits_and_jitter(tmp_path: Path) -> None:
             },
         ]
         run.seed(specs, start)
-        run.start_recorder()
-        for skew in offsets:
-            run.start_beat(skew)
         time.sleep(max((end - real_now()).total_seconds(), 0))
         codes = run.stop()
         dump = run.tool("dump")

@@ -167,7 +167,10 @@ def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
     outages: list[tuple[str, datetime, datetime]] = []
     codes: list[int | None] = []
     try:
-        start = real_now() + timedelta(seconds=8)
+        workers = [run.start_worker("w1", pool="prefork"), run.start_worker("w2", pool="prefork")]
+        alive: list[Any] = [run.start_beat(offset) for offset in offsets]
+        run.wait_until_claiming()  # the slots below fall due while the beats claim
+        start = real_now() + timedelta(seconds=3)
         run.seed(
             [
                 {
@@ -182,9 +185,7 @@ def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
             ],
             start,
         )
-        workers = [run.start_worker("w1", pool="prefork"), run.start_worker("w2", pool="prefork")]
-        alive: list[Any] = [run.start_beat(offset) for offset in offsets]
-        time.sleep(8)
+        time.sleep(max((start - real_now()).total_seconds(), 0) + 3)
         began = time.monotonic()
 
         def at(second: float) -> None:
@@ -239,9 +240,9 @@ def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
     # (the ledger's own record of when claiming resumed).
     resumed = min(
         (
-            datetime.fromisoformat(row["claimed"])
+            datetime.fromisoformat(row["claimed_at"])
             for row in dump["runs"]
-            if row["claimed"] and datetime.fromisoformat(row["claimed"]) >= pg_back
+            if row["claimed_at"] and datetime.fromisoformat(row["claimed_at"]) >= pg_back
         ),
         default=stopped_at,
     )
@@ -274,7 +275,7 @@ def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
     def missable(slot: datetime, row: dict[str, Any]) -> bool:
         """Due while every beat was down (the PostgreSQL restart), and recorded after it
         began: the only slots that may be recorded missed."""
-        claimed = datetime.fromisoformat(row["claimed"]) if row["claimed"] else None
+        claimed = datetime.fromisoformat(row["claimed_at"]) if row["claimed_at"] else None
         in_outage = down_from <= slot <= down_until
         return in_outage and (claimed is None or claimed >= pg_down)
 

@@ -184,7 +184,10 @@ def test_a_beat_frozen_before_publishing_past_dead_after_publishes_nothing_twice
 def test_a_beat_without_the_task_module_publishes_by_name(tmp_path: Path) -> None:
     run = E2ERun("postgresql", tmp_path)
     try:
-        start = real_now() + timedelta(seconds=8)
+        run.start_worker("w1")
+        run.start_beat(0.0, app="tests.e2e.slim_app")
+        run.wait_until_claiming()  # the slots below fall due while the beat claims
+        start = real_now() + timedelta(seconds=3)
         run.seed(
             [
                 {
@@ -197,8 +200,6 @@ def test_a_beat_without_the_task_module_publishes_by_name(tmp_path: Path) -> Non
             ],
             start,
         )
-        run.start_worker("w1")
-        run.start_beat(0.0, app="tests.e2e.slim_app")
         _sleep_until(start + timedelta(seconds=10))
         end = real_now()
         time.sleep(3)

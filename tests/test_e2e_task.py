@@ -478,12 +478,13 @@ def test_a_backlog_of_a_skipping_task_reaching_a_worker_at_once_runs_one(
 
     run = E2ERun(BACKEND, tmp_path, lease=5.0)
     try:
-        start = real_now() + timedelta(seconds=6)
+        run.start_beat(0.0)
+        run.wait_until_claiming()  # the backlog's slots fall due while the beat claims
+        start = real_now() + timedelta(seconds=3)
         run.seed(
             [_skipping("backlog", 4.0)],
             start,
         )
-        run.start_beat(0.0)
         time.sleep(max((start - real_now()).total_seconds(), 0) + 4.5)
         worker_at = real_now()
         run.start_worker("w1", pool=pool, concurrency=concurrency)

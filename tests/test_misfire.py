@@ -162,6 +162,73 @@ def test_a_slot_that_fell_due_before_the_beats_were_busy_is_missed() -> None:
     assert not plan.late_from_load and plan.fire == [] and plan.missed == [T0]
 
 
+def test_after_downtime_fire_once_fires_once_however_recent_the_slots() -> None:
+    """A task every 3 s, the beats down for 8 minutes: the first round after them (their
+    stretch of claiming starts now) fires the latest slot only. The 160 others, 20 of them
+    within the grace, fell due while no beat was claiming: one span of missed slots."""
+    every_3s = Interval(timedelta(seconds=3), T0)
+    now = T0 + timedelta(minutes=8, seconds=1)
+    plan = plan_claim(every_3s, T0, now, grace=GRACE, busy_since=now)
+    latest = T0 + timedelta(minutes=8)
+    assert plan.fire == [latest]
+    assert plan.missed == []
+    assert plan.missed_span == MissedSpan(T0, latest - timedelta(seconds=3), 160)
+    assert plan.next_slot == latest + timedelta(seconds=3)
+
+
+@pytest.mark.parametrize(("policy", "fired"), [("fire_once", 1), ("fire_all", 100), ("skip", 1)])
+def test_a_day_down_then_a_beat_claims(policy: str, fired: int) -> None:
+    """A task every second, a day down: fire_once and skip fire the latest slot (half a second
+    old), fire_all its latest ``fire_all_max``; every other slot of the day is one span,
+    accounted for exactly once."""
+    now = T0 + DAY + timedelta(seconds=0.5)
+    plan = plan_claim(
+        EVERY_SECOND, T0, now, policy=policy, grace=GRACE, fire_all_max=100, busy_since=now
+    )
+    assert plan.fire == [T0 + DAY - timedelta(seconds=s) for s in range(fired - 1, -1, -1)]
+    assert plan.missed == []
+    span = plan.missed_span
+    assert span == MissedSpan(T0, plan.fire[0] - timedelta(seconds=1), 86_401 - fired)
+    assert plan.next_slot == T0 + DAY + timedelta(seconds=1)
+
+
+def test_skip_fires_the_latest_slot_of_a_downtime_only_within_the_grace() -> None:
+    hourly = Interval(timedelta(hours=1), T0)
+    now = T0 + timedelta(hours=5, seconds=30)
+    plan = plan_claim(hourly, T0, now, policy="skip", grace=GRACE, busy_since=now, record_max=10)
+    assert plan.fire == [T0 + timedelta(hours=5)]
+    assert plan.missed == [T0 + timedelta(hours=h) for h in range(5)]
+    later = now + timedelta(minutes=30)
+    plan = plan_claim(hourly, T0, later, policy="skip", grace=GRACE, busy_since=later)
+    assert plan.fire == [] and plan.missed_span == MissedSpan(T0, T0 + timedelta(hours=5), 6)
+
+
+@pytest.mark.parametrize("policy", ["fire_once", "fire_all", "skip"])
+def test_slots_late_from_a_slow_round_all_fire(policy: str) -> None:
+    """The beats have been claiming all along and a round took 2.5 s: the three slots of a
+    task every second that fell due meanwhile are late, not missed, under every policy."""
+    now = T0 + timedelta(seconds=2.5)
+    plan = plan_claim(EVERY_SECOND, T0, now, policy=policy, busy_since=T0 - timedelta(hours=1))
+    assert plan.fire == [T0, T0 + timedelta(seconds=1), T0 + timedelta(seconds=2)]
+    assert plan.missed == [] and plan.missed_span is None
+
+
+@pytest.mark.parametrize(
+    ("policy", "fired"), [("fire_once", [6, 7, 8]), ("fire_all", range(9)), ("skip", [6, 7, 8])]
+)
+def test_slots_of_a_downtime_give_way_to_the_slots_due_since(policy: str, fired: Any) -> None:
+    """A beat began claiming at T0 + 6 s, and a wave kept it from this task every second
+    until T0 + 8.5 s. The slots since T0 + 6 s (that one included) fell due while it claimed:
+    they fire. Under fire_once and skip the six of the downtime are all missed, none fired for
+    them: the task fires anyway; fire_all fires them too."""
+    now = T0 + timedelta(seconds=8.5)
+    busy_since = T0 + timedelta(seconds=6)
+    plan = plan_claim(EVERY_SECOND, T0, now, policy=policy, grace=GRACE, busy_since=busy_since)
+    assert plan.fire == [T0 + timedelta(seconds=s) for s in fired]
+    assert plan.missed_count == 9 - len(plan.fire)
+    assert plan.next_slot == T0 + timedelta(seconds=9)
+
+
 def test_unknown_policy_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown misfire policy 'sometimes'"):
         plan_claim(EVERY_SECOND, T0, T0, policy="sometimes")
@@ -174,10 +241,10 @@ def test_unknown_policy_is_rejected() -> None:
     behind_us=st.integers(min_value=0, max_value=3 * 3600 * 10**6),
     grace_s=st.integers(min_value=0, max_value=3600),
     policy=st.sampled_from(["fire_once", "fire_all", "skip"]),
-    busy=st.booleans(),
+    busy_us=st.one_of(st.none(), st.integers(min_value=-3600 * 10**6, max_value=3 * 3600 * 10**6)),
 )
 def test_the_on_time_shortcut_plans_as_the_walk_does(
-    every: int, kind: str, behind_us: int, grace_s: int, policy: str, busy: bool
+    every: int, kind: str, behind_us: int, grace_s: int, policy: str, busy_us: int | None
 ) -> None:
     """A slot on time takes a shortcut (no walk over the schedule's slots); a jitter of zero
     takes the walk and plans the same instants: the two plans must be equal, whatever the
@@ -195,7 +262,7 @@ def test_the_on_time_shortcut_plans_as_the_walk_does(
     options: dict[str, Any] = {
         "policy": policy,
         "grace": timedelta(seconds=grace_s),
-        "busy_since": slot - timedelta(seconds=1) if busy else None,
+        "busy_since": None if busy_us is None else slot + timedelta(microseconds=busy_us),
     }
     walked = plan_claim(schedule, slot, now, jitter=Jitter("t", timedelta(0)), **options)
     assert plan_claim(schedule, slot, now, **options) == walked
@@ -230,6 +297,7 @@ def test_more_slots_on_time_than_a_plan_takes_fire_over_the_next_rounds() -> Non
     record_max=st.integers(min_value=0, max_value=5),
     fire_all_max=st.integers(min_value=1, max_value=5),
     on_time_max=st.integers(min_value=1, max_value=5),
+    busy_us=st.one_of(st.none(), st.integers(min_value=-3600 * 10**6, max_value=48 * 3600 * 10**6)),
 )
 def test_an_interval_counted_on_its_grid_plans_as_the_walk_does(
     every_ms: int,
@@ -239,11 +307,12 @@ def test_an_interval_counted_on_its_grid_plans_as_the_walk_does(
     record_max: int,
     fire_all_max: int,
     on_time_max: int,
+    busy_us: int | None,
 ) -> None:
     """An interval without jitter is planned by arithmetic on its slots' indices (a task back
     after an outage); a jitter of zero walks the slots: both must plan the same, whatever the
-    step, how far behind, the grace, the policy and the bounds on rows, catch-ups and slots
-    on time."""
+    step, how far behind, the grace, since when the beats have been claiming, the policy and
+    the bounds on rows, catch-ups and slots on time."""
     from celery_driftsafe.misfire import Jitter
 
     schedule = Interval(timedelta(milliseconds=every_ms), T0)
@@ -255,6 +324,7 @@ def test_an_interval_counted_on_its_grid_plans_as_the_walk_does(
         "record_max": record_max,
         "fire_all_max": fire_all_max,
         "on_time_max": on_time_max,
+        "busy_since": None if busy_us is None else slot + timedelta(microseconds=busy_us),
     }
     walked = plan_claim(schedule, slot, now, jitter=Jitter("t", timedelta(0)), **options)
     assert plan_claim(schedule, slot, now, **options) == walked

@@ -250,11 +250,12 @@ def test_an_entry_removed_from_beat_schedule_is_disabled_and_enabled_when_it_is_
 @pytest.mark.parametrize(
     ("policy", "fired", "missed"),
     [
-        # on-time window (grace 60 s) = 61 slots fire under every policy; the older slots
-        # that do not fire are one row (a span), however many
-        ("fire_once", 61, 86_340),
-        ("fire_all", 61 + 100, 86_340 - 100),
-        ("skip", 61, 86_340),
+        # The beat claims again after a day: the slot due at that very round fires (it fell
+        # due as the beat claimed); the 86,400 of the day fell due while no beat claimed, and
+        # those that do not fire are one row (a span): fire_all fires its latest 100 of them
+        ("fire_once", 1, 86_400),
+        ("fire_all", 1 + 100, 86_400 - 100),
+        ("skip", 1, 86_400),
     ],
 )
 def test_misfire_policies_after_one_day_outage_of_one_second_task(
@@ -417,10 +418,12 @@ def test_outage_logs_once_per_state_change_backs_off_and_catches_up(
         authority.down = False
         sched._guarded_round()
         assert caplog.text.count("claiming resumed") == 1
-        # 60 s of outage, grace 60 s: every slot was still on time and fires now, once
-        assert sorted(m[HEADER_SLOT] for m in drain()) == [
-            (T0 + k * 10 * S).isoformat() for k in range(7)
-        ]
+        # 60 s of outage: the slots due meanwhile fell due while no round claimed, within the
+        # grace or not; under fire_once the one due as claiming resumed fires, the rest are
+        # recorded missed
+        assert [m[HEADER_SLOT] for m in drain()] == [(T0 + 60 * S).isoformat()]
+        missed = Run.objects.get(status=RunStatus.MISSED)
+        assert (missed.slot, missed.missed_until, missed.missed_count) == (T0, T0 + 50 * S, 6)
     finally:
         sched.close()
 

@@ -130,6 +130,50 @@ def test_wrong_expectation_fails_clearly(driftsafe):
 '''
 
 
+#: A task every second in the project's schedule, beside the how-to's nightly report.
+EVERY_SECOND = """
+app.conf.beat_schedule["heartbeat"] = {"task": "proj.heartbeat", "schedule": 1.0}
+"""
+
+#: Around every test of the project with a task every second: the beat steps the slots of the
+#: tasks the test is about only, so it runs a few rounds, not one a second, and publishes the
+#: task every second (which none of the how-to's tests is about) at most once a round.
+FEW_ROUNDS = (
+    CONFTEST
+    + """
+
+@pytest.fixture
+def driftsafe(driftsafe):
+    yield driftsafe
+    heartbeats = [m for m in driftsafe.published if m.task == "proj.heartbeat"]
+    assert 0 < driftsafe.rounds <= 12, f"{driftsafe.rounds} rounds"
+    assert len(heartbeats) <= driftsafe.rounds, f"{len(heartbeats)} heartbeats"
+"""
+)
+
+STEPPING_TESTS = """
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def test_a_task_that_was_not_stepped_is_named_first(driftsafe):
+    driftsafe.clock.set(datetime(2026, 3, 28, 12, 0, tzinfo=UTC))
+    day = (datetime(2026, 3, 29, tzinfo=UTC), datetime(2026, 3, 30, tzinfo=UTC))
+    driftsafe.assert_fires("nightly-report", [datetime(2026, 3, 29, 1, 0, tzinfo=UTC)], between=day)
+    with pytest.raises(LookupError, match=r"driftsafe\\.watch\\('heartbeat'\\)"):
+        driftsafe.fired("heartbeat")
+
+
+def test_a_task_named_first_is_stepped(driftsafe):
+    driftsafe.watch("heartbeat")
+    driftsafe.advance(timedelta(seconds=5))
+    assert driftsafe.fired("heartbeat") == [START + timedelta(seconds=s) for s in range(1, 6)]
+"""
+
+
 def _user_project(pytester: pytest.Pytester) -> None:
     """The how-to's samples as written (its Celery app, its two test modules, its conftest
     overrides in a folder of their own), plus :data:`USER_TESTS`."""
@@ -202,3 +246,24 @@ def test_the_plugin_loads_without_django_configured(
     result.stdout.fnmatch_lines(["*fixtures defined from celery_driftsafe.testing.pytest_plugin*"])
     result = pytester.runpytest_subprocess("-p", "no:xdist")
     result.assert_outcomes(passed=1)
+
+
+# The inner run depends on the database of the pass, as above.
+@pytest.mark.django_db
+def test_the_howto_samples_pass_beside_a_task_every_second_stepping_only_their_tasks(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The how-to's tests as written, in a project whose ``beat_schedule`` also has a task
+    every second: each runs a few rounds (its conftest counts them; stepping every task took
+    one round a second, 129,600 for the nightly report's day and a half, past ``MAX_ROUNDS``),
+    and a task the beat did not step is named before it is asked about."""
+    _environment(monkeypatch, django=True)
+    app, dst_tests, task_tests, _ = samples("howto/test-your-schedules.md")
+    pytester.makeini(INI)
+    pytester.makepyfile(proj_celery=app + EVERY_SECOND)
+    pytester.makeconftest(FEW_ROUNDS)
+    pytester.makepyfile(
+        test_howto_dst=dst_tests, test_howto_tasks=task_tests, test_stepping=STEPPING_TESTS
+    )
+    result = pytester.runpytest_subprocess("-v", "-p", "no:xdist", "--no-migrations")
+    result.assert_outcomes(passed=6)

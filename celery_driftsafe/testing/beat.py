@@ -7,9 +7,15 @@ a :class:`~celery_driftsafe.testing.FakeClock` as its time authority. What it pu
 an in-memory broker (``memory://``) through a Celery app of its own, by task name, as a beat
 publishes, and is recorded as :class:`Published` messages; nothing executes the tasks.
 
-``advance_to(instant)`` behaves like a beat that never sleeps past a slot: it jumps the clock
-to each slot that falls due on the way, in order, and runs a round there, so every slot is
-claimed exactly on time (the claim's own rules, DST included, decide which slots exist).
+``advance_to(instant)`` behaves like a beat that never sleeps past a slot of the tasks the test
+is about: it jumps the clock to each slot of theirs that falls due on the way, in order, and
+runs a round there, so each of their slots is claimed exactly on time (the claim's own rules,
+DST included, decide which slots exist). The tasks the test is about are those it names
+(:meth:`SteppedBeat.watch`, :meth:`~SteppedBeat.assert_fires`, :meth:`~SteppedBeat.fired`,
+:meth:`~SteppedBeat.messages`, :meth:`~SteppedBeat.runs`) and those it creates while the beat
+is there; with none, every task. The others are claimed in those rounds, as by a beat that
+overslept, so a project's task every second costs a round's claim, not a round a second; asking
+about one of them afterwards is an error that says to name it first.
 
 The ``driftsafe`` fixture of the pytest plugin (:mod:`celery_driftsafe.testing.pytest_plugin`)
 is one of these; see :doc:`/howto/test-your-schedules`.
@@ -27,6 +33,8 @@ from zoneinfo import ZoneInfo
 
 from celery import Celery
 from celery.signals import after_task_publish
+from django.db.models import Min
+from django.db.models.signals import post_save
 
 from celery_driftsafe import nodes
 from celery_driftsafe.beat_schedule import SyncReport, sync_beat_schedule
@@ -54,6 +62,8 @@ COPIED_SETTINGS = (
 #: A test advancing further than this many rounds at once is stopped (a schedule firing every
 #: second for a year is more likely a mistake than a test).
 MAX_ROUNDS = 100_000
+#: The ``dispatch_uid`` prefix of the receiver that notes the tasks a test creates.
+_CREATED_UID = "driftsafe-stepped-beat-created"
 
 
 @dataclass(frozen=True)
@@ -137,8 +147,21 @@ class SteppedBeat:
         self.publish_app = publish_app
         self.using = using
         self.published: list[Published] = []
+        #: Rounds run so far (each claims what is due at the clock's time then).
         self.rounds = 0
         self._scheduler: DriftSafeScheduler | None = None
+        #: The tasks the test is about: named, or created while the beat is there (ids).
+        self._named: set[str] = set()
+        self._created: set[int] = set()
+        #: Whether an advance stepped the slots of some tasks only (the others overslept).
+        self._stepped_some = False
+        self._starting = False
+        from celery_driftsafe.models import PeriodicTask
+
+        self._created_uid = f"{_CREATED_UID}-{id(self)}"
+        post_save.connect(
+            self._note_created, sender=PeriodicTask, weak=False, dispatch_uid=self._created_uid
+        )
 
     # -- running ------------------------------------------------------------------------------
 
@@ -151,6 +174,7 @@ class SteppedBeat:
         mirrored into the database at the clock's time then."""
         if self._scheduler is None:
             app = self.publish_app if self.publish_app is not None else memory_app(self.source_app)
+            self._starting = True  # the beat_schedule entries it writes are not the test's
             try:
                 self._scheduler = _SteppedScheduler(
                     app=app,
@@ -161,7 +185,16 @@ class SteppedBeat:
                 )
             except SystemExit as exc:  # the scheduler refuses a bad configuration this way
                 raise RuntimeError(f"the driftsafe beat would not start: {exc}") from None
+            finally:
+                self._starting = False
         return self._scheduler
+
+    def watch(self, *names: str) -> None:
+        """Step the slots of the periodic tasks ``names`` too, from now on (the tasks a test
+        names through the other methods, or creates, are stepped already)."""
+        for name in names:
+            self._task(name)  # an unknown name says which exist
+            self._named.add(name)
 
     def run_round(self) -> list[Published]:
         """One round at the clock's current time; returns what it published."""
@@ -202,21 +235,24 @@ class SteppedBeat:
                 f"{self.clock.now().isoformat()} and does not go back"
             )
         before = len(self.published)
-        scheduler = self.scheduler
+        self.scheduler  # noqa: B018  (started: beat_schedule entries exist from here on)
+        stepped = self._stepped_ids()
+        self._stepped_some |= stepped is not None
         for _ in range(MAX_ROUNDS):
-            due = scheduler.next_due()
+            due = self._next_due(stepped)
             if due is None or due > instant:
                 break
             if due > self.clock.now():
                 self.clock.advance(due - self.clock.now())  # as a beat that slept until then
-            if not self.run_round() and scheduler.next_due() == due:
+            if not self.run_round() and self._next_due(stepped) == due:
                 # Nothing moved: the task is due but cannot be claimed here (a row another
                 # connection holds, say). Do not spin.
                 break
         else:
             raise RuntimeError(
-                f"advance_to({instant.isoformat()}) stopped after {MAX_ROUNDS} "
-                "rounds; advance in shorter steps"
+                f"advance_to({instant.isoformat()}) stopped after {MAX_ROUNDS} rounds; "
+                "advance in shorter steps, or name the tasks the test is about "
+                "(driftsafe.watch(name)): only their slots are stepped then"
             )
         if instant > self.clock.now():
             self.clock.advance(instant - self.clock.now())
@@ -231,6 +267,7 @@ class SteppedBeat:
     def close(self) -> None:
         """Let go of the in-memory app's connections (the fixture calls this). The node stays
         registered: the test database goes with the test."""
+        post_save.disconnect(dispatch_uid=self._created_uid)
         if self._scheduler is not None and self.publish_app is None:
             self._scheduler.app.close()
 
@@ -239,14 +276,14 @@ class SteppedBeat:
     def fired(self, name: str) -> list[datetime]:
         """The slots (aware UTC) published so far for the periodic task named ``name``, in
         the order they were published; a slot published twice appears twice."""
-        task_id = self._task_id(name)
+        task_id = self._asked(name)
         return [
             m.slot for m in self.published if m.periodic_task_id == task_id and m.slot is not None
         ]
 
     def messages(self, name: str) -> list[Published]:
         """The messages published so far for the periodic task named ``name``."""
-        task_id = self._task_id(name)
+        task_id = self._asked(name)
         return [m for m in self.published if m.periodic_task_id == task_id]
 
     def runs(self, name: str) -> Any:
@@ -256,7 +293,7 @@ class SteppedBeat:
 
         return (
             Run.objects.using(self.using)
-            .filter(periodic_task_id=self._task_id(name))
+            .filter(periodic_task_id=self._asked(name))
             .order_by("slot", "pk")
         )
 
@@ -273,7 +310,7 @@ class SteppedBeat:
         With ``between=(start, end)``, the beat first runs up to ``end`` (if the clock is not
         there yet), and only the slots in ``[start, end)`` count."""
         wanted = sorted(_require_aware(t, "assert_fires") for t in expected)
-        fired = self.fired(name)
+        fired = self.fired(name)  # the task is about name from here on
         if between is not None:
             start, end = (_require_aware(t, "assert_fires(between=...)") for t in between)
             if end > self.clock.now():
@@ -285,6 +322,46 @@ class SteppedBeat:
         raise AssertionError(self._explain(name, wanted, sorted(fired), between))
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _note_created(self, sender: Any, instance: Any, created: bool, **_: Any) -> None:
+        if created and not self._starting:
+            self._created.add(int(instance.pk))
+
+    def _stepped_ids(self) -> set[int] | None:
+        """The ids of the tasks whose slots an advance steps: those the test named or created;
+        None (every task) when it did neither."""
+        if not self._named and not self._created:
+            return None
+        from celery_driftsafe.models import PeriodicTask
+
+        named = PeriodicTask.objects.using(self.using).filter(name__in=self._named)
+        return self._created | set(named.values_list("pk", flat=True))
+
+    def _next_due(self, stepped: set[int] | None) -> datetime | None:
+        """When the earliest unclaimed slot of the ``stepped`` tasks (None: of any) is due."""
+        if stepped is None:
+            return self.scheduler.next_due()
+        from celery_driftsafe.models import PeriodicTask
+
+        due: datetime | None = (
+            PeriodicTask.objects.using(self.using)
+            .filter(pk__in=stepped, enabled=True, due_at__isnull=False)
+            .aggregate(first=Min("due_at"))["first"]
+        )
+        return due
+
+    def _asked(self, name: str) -> int:
+        """The id of the task ``name``, which the test is about from now on; an error if an
+        advance already stepped other tasks' slots only (its record would miss slots)."""
+        task = self._task(name)
+        if self._stepped_some and name not in self._named and task.pk not in self._created:
+            raise LookupError(
+                f"periodic task {name!r} was not stepped: the beat advanced through the slots "
+                "of the tasks this test named or created only, and claimed this one as a beat "
+                f"that overslept. Name it before advancing: driftsafe.watch({name!r})"
+            )
+        self._named.add(name)
+        return int(task.pk)
 
     def _record(
         self, body: Any, headers: dict[str, Any], exchange: str, routing_key: str, at: datetime
@@ -326,9 +403,6 @@ class SteppedBeat:
                 f"{', '.join(map(repr, known)) or 'none'}"
             )
         return task
-
-    def _task_id(self, name: str) -> int:
-        return int(self._task(name).pk)
 
     def _explain(
         self,

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -235,6 +236,19 @@ class E2ERun:
         self.beats.append(beat)
         return beat
 
+    def wait_until_claiming(self, timeout: float = 120.0) -> None:
+        """Wait until every beat started so far is up (its start-up line logged; its first
+        round follows at once). Tasks seeded after this have their slots fall due while a
+        beat claims; seeded before, on a loaded machine whose beats start slowly, their first
+        slots can fall due while no beat claims yet: downtime, which the misfire policy answers
+        with one run (``tests/test_e2e_downtime.py``)."""
+        deadline = time.monotonic() + timeout
+        for beat in self.beats:
+            while not (beat.log.exists() and " up (authority " in beat.log.read_text("utf-8")):
+                assert beat.process.poll() is None, f"{beat.name} exited\n{self.logs()}"
+                assert time.monotonic() < deadline, f"{beat.name} not up\n{self.logs()}"
+                time.sleep(0.1)
+
     def start_worker(
         self,
         name: str,
@@ -338,7 +352,18 @@ def analyse(
     until: datetime,
 ) -> dict[int, TaskReport]:
     """Compare what arrived with every slot due in ``[start, until]`` (beat_schedule tasks:
-    after their anchor). Slots after ``until`` may or may not have fired, but never twice."""
+    after their anchor). Slots after ``until`` may or may not have fired, but never twice.
+
+    Slots that fell due before any beat claimed (beats slower to start than the run expected,
+    on a loaded machine) are downtime, which the misfire policy answers with one run
+    (``tests/test_e2e_downtime.py``): the count starts when the first beat began claiming
+    (the earliest ``claiming_since`` of the nodes) if that is after ``start``, and says so."""
+    began = min(
+        (datetime.fromisoformat(n["claiming_since"]) for n in dump["nodes"] if n["claiming_since"]),
+        default=None,
+    )
+    if began is not None and began > start:
+        print(f"the beats began claiming {(began - start).total_seconds():.1f} s after the start")
     by_task: dict[int, list[Received]] = defaultdict(list)
     for message in received:
         by_task[message.periodic_task_id].append(message)
@@ -349,7 +374,8 @@ def analyse(
         first = start
         if task["source"] == "beat_schedule":
             first = datetime.fromisoformat(task["anchor"]) + timedelta(microseconds=1)
-        expected = list(schedule.slots_between(first, until))
+        counted_from = max(first, began) if began is not None else first
+        expected = list(schedule.slots_between(counted_from, until))
         report.expected = len(expected)
         counts = Counter(m.slot for m in by_task[task["id"]])
         report.fired = len(counts)

@@ -118,7 +118,7 @@ def main(command: str) -> None:
                 "celery_task_id": r.celery_task_id,
                 "attempts": r.dispatch_attempts,
                 "claimed_by": r.claimed_by,
-                "claimed": iso(r.claimed_at),
+                "claimed_at": iso(r.claimed_at),
                 "started": iso(r.started_at),
                 "worker": r.worker,
                 "finished": iso(r.finished_at),
@@ -137,6 +137,7 @@ def main(command: str) -> None:
                 "offset": n.clock_offset_seconds,
                 "rtt": n.clock_rtt_seconds,
                 "stopped": iso(n.stopped_at),
+                "claiming_since": iso(n.claiming_since),
             }
             for n in BeatNode.objects.all()
         ]
