@@ -27,6 +27,7 @@ from django.db import DataError, IntegrityError, transaction
 from django.db.models import QuerySet
 
 from celery_driftsafe import validation
+from celery_driftsafe.exceptions import DriftSafeError
 from celery_driftsafe.models import IntervalUnit, PeriodicTask, ScheduleKind, TaskSource
 from celery_driftsafe.upsert import Upserted, upsert_by_name
 
@@ -47,7 +48,7 @@ class SyncReport:
 REMOVED = "removed from beat_schedule"
 
 
-class EntryError(ValueError):
+class EntryError(DriftSafeError, ValueError):
     """A ``beat_schedule`` entry that cannot be synced or imported: the key of the entry at
     fault (``args``, ``options.headers``, ...) and why."""
 

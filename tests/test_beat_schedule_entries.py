@@ -8,8 +8,7 @@ from datetime import timedelta
 import pytest
 from celery.schedules import crontab, schedule, solar
 
-from celery_driftsafe.beat_schedule import entry_fields
-from celery_driftsafe.exceptions import ScheduleError
+from celery_driftsafe.beat_schedule import EntryError, entry_fields
 
 
 class EveryOther(schedule):  # type: ignore[misc]
@@ -39,7 +38,7 @@ def test_intervals_are_kept_to_the_microsecond(value: object, every: int, unit: 
 
 @pytest.mark.parametrize("value", [0, -5, 0.0000004, timedelta(0)])
 def test_an_interval_of_zero_or_less_is_rejected(value: object) -> None:
-    with pytest.raises(ScheduleError, match=r"beat_schedule\['e'\].*longer than zero"):
+    with pytest.raises(EntryError, match=r"beat_schedule\['e'\].*longer than zero"):
         entry_fields("e", {"task": "t", "schedule": value})
 
 
@@ -59,5 +58,5 @@ def test_crontab_and_solar_are_mirrored() -> None:
 
 
 def test_other_schedule_types_are_rejected_naming_the_ones_accepted() -> None:
-    with pytest.raises(ScheduleError, match=r"EveryOther schedules are not supported.*solar"):
+    with pytest.raises(EntryError, match=r"EveryOther schedules are not supported.*solar"):
         entry_fields("x", {"task": "t", "schedule": EveryOther(timedelta(seconds=10))})
