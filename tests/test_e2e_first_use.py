@@ -44,30 +44,40 @@ pytestmark = [
     ),
 ]
 
-#: Celery's "First steps with Django": proj/celery.py and proj/__init__.py.
-CELERY_PY = """\
+#: ``proj/celery.py`` and ``proj/__init__.py``, word for word as Celery's "First steps with
+#: Django" writes them, and the ``tasks.py`` of an app ``demoapp``.
+GUIDE_CELERY = """\
 import os
 
 from celery import Celery
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "proj.settings")
+# Set the default Django settings module for the 'celery' program.
+os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'proj.settings')
 
-app = Celery("proj")
-app.config_from_object("django.conf:settings", namespace="CELERY")
+app = Celery('proj')
+
+# Using a string here means the worker doesn't have to serialize
+# the configuration object to child processes.
+# - namespace='CELERY' means all celery-related configuration keys
+#   should have a `CELERY_` prefix.
+app.config_from_object('django.conf:settings', namespace='CELERY')
+
+# Load task modules from all registered Django apps.
 app.autodiscover_tasks()
 
 
 @app.task(bind=True, ignore_result=True)
 def debug_task(self):
-    print(f"Request: {self.request!r}")
+    print(f'Request: {self.request!r}')
 """
-INIT_PY = """\
+GUIDE_INIT = """\
+# This will make sure the app is always imported when
+# Django starts so that shared_task will use this app.
 from .celery import app as celery_app
 
-__all__ = ("celery_app",)
+__all__ = ('celery_app',)
 """
-#: The app a user adds with ``manage.py startapp demoapp``, and its tasks module.
-TASKS_PY = """\
+DEMO_TASKS = """\
 from celery import shared_task
 
 
@@ -131,9 +141,9 @@ def make_project(root: Path, *, queue: str, with_redis: bool, extra: str = "") -
         capture_output=True,
         cwd=root,
     )
-    (root / "proj" / "celery.py").write_text(CELERY_PY)
-    (root / "proj" / "__init__.py").write_text(INIT_PY)
-    (root / "demoapp" / "tasks.py").write_text(TASKS_PY)
+    (root / "proj" / "celery.py").write_text(GUIDE_CELERY)
+    (root / "proj" / "__init__.py").write_text(GUIDE_INIT)
+    (root / "demoapp" / "tasks.py").write_text(DEMO_TASKS)
     pasted = readme_block()
     assert README_REDIS in pasted, "README's settings no longer name the Redis this test swaps"
     redis_url = f"{test_settings.REDIS_SERVER}/{E2E_REDIS_DB}"
@@ -151,19 +161,24 @@ def make_project(root: Path, *, queue: str, with_redis: bool, extra: str = "") -
     (root / "proj" / "settings.py").write_text(settings)
 
 
-def manage(root: Path, env: dict[str, str], *args: str) -> str:
+def python(root: Path, env: dict[str, str], *args: str, timeout: float = 120) -> str:
+    """Run ``python ARGS`` in the project as its user would; its output, which must end well."""
     result = subprocess.run(
-        [sys.executable, "manage.py", *args],
+        [sys.executable, *args],
         cwd=root,
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         check=False,
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     return output
+
+
+def manage(root: Path, env: dict[str, str], *args: str) -> str:
+    return python(root, env, "manage.py", *args)
 
 
 @pytest.mark.parametrize("with_redis", [True, False], ids=["redis-url", "no-redis"])
@@ -176,14 +191,7 @@ def test_a_new_project_with_readme_settings(
     queue = f"first-use-{uuid.uuid4().hex[:8]}"
     make_project(root, queue=queue, with_redis=with_redis)
     env = project_env(wheel_site)
-    where = subprocess.run(
-        [sys.executable, "-c", "import celery_driftsafe; print(celery_driftsafe.__file__)"],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    where = python(root, env, "-c", "import celery_driftsafe; print(celery_driftsafe.__file__)")
     assert where.startswith(str(wheel_site)), f"the project imports {where}, not the wheel"
 
     checked = manage(root, env, "check")
@@ -262,46 +270,22 @@ def test_the_admin_and_the_testing_kit_know_the_apps_tasks(
     manage(root, env, "migrate")
 
     (root / "admin_add.py").write_text(ADMIN_SCRIPT)
-    saved = subprocess.run(
-        [sys.executable, "admin_add.py"],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert saved.returncode == 0, saved.stdout + saved.stderr
-    assert "saved demoapp.tasks.tick in Europe/Berlin" in saved.stdout, saved.stdout + saved.stderr
+    saved = python(root, env, "admin_add.py")
+    assert "saved demoapp.tasks.tick in Europe/Berlin" in saved, saved
 
     page = (ROOT / "docs" / "howto" / "test-your-schedules.md").read_text()
     tests = [textwrap.dedent(b) for b in PYTHON_FENCE.findall(page) if "def test_" in b]
     count = sum(sample.count("def test_") for sample in tests)
     assert count >= 4, "the testing how-to lost its test samples"
     (root / "test_schedules.py").write_text("\n\n".join(tests))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "--ds",
-            "proj.settings",
-            "-o",
-            "timeout=120",
-            "test_schedules.py",
-        ],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
+    result = python(
+        root,
+        env,
+        *("-m", "pytest", "-q", "-p", "no:cacheprovider", "--ds", "proj.settings"),
+        *("-o", "timeout=120", "test_schedules.py"),
         timeout=300,
-        check=False,
     )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0 and f"{count} passed" in output, output
+    assert f"{count} passed" in result, result
 
 
 #: The admin's add form as a browser submits it: every field's value as the page gives it,

@@ -28,48 +28,14 @@ from tests import settings as test_settings
 from tests.e2e.harness import E2E_REDIS_DB
 from tests.skip_guard import configuration
 from tests.test_admin import form_data
-from tests.test_e2e_first_use import README_REDIS, readme_block
+from tests.test_e2e_first_use import (
+    DEMO_TASKS,
+    GUIDE_CELERY,
+    GUIDE_INIT,
+    README_REDIS,
+    readme_block,
+)
 
-#: ``proj/celery.py`` and ``proj/__init__.py``, word for word as Celery's guide writes them.
-GUIDE_CELERY = """\
-import os
-
-from celery import Celery
-
-# Set the default Django settings module for the 'celery' program.
-os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'proj.settings')
-
-app = Celery('proj')
-
-# Using a string here means the worker doesn't have to serialize
-# the configuration object to child processes.
-# - namespace='CELERY' means all celery-related configuration keys
-#   should have a `CELERY_` prefix.
-app.config_from_object('django.conf:settings', namespace='CELERY')
-
-# Load task modules from all registered Django apps.
-app.autodiscover_tasks()
-
-
-@app.task(bind=True, ignore_result=True)
-def debug_task(self):
-    print(f'Request: {self.request!r}')
-"""
-GUIDE_INIT = """\
-# This will make sure the app is always imported when
-# Django starts so that shared_task will use this app.
-from .celery import app as celery_app
-
-__all__ = ('celery_app',)
-"""
-DEMO_TASKS = """\
-from celery import shared_task
-
-
-@shared_task
-def tick():
-    return "tick"
-"""
 #: A module of ``CELERY_IMPORTS`` (Celery's ``imports``), which autodiscovery does not find.
 DEMO_JOBS = """\
 from celery import shared_task
