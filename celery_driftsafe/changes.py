@@ -243,6 +243,96 @@ def unscheduled_tasks(using: str = "default") -> QuerySet[PeriodicTask]:
     return PeriodicTask.objects.using(using).filter(enabled=True, due_at__isnull=True)
 
 
+#: SQLite rows whose ``enabled`` or ``due_at`` no ORM write stores (raw SQL): an ``enabled``
+#: other than 0 or 1, a ``due_at`` SQLite cannot read as a time or that does not begin with a
+#: date. A superset: each is checked as Django reads it (:func:`_normalise_stored`).
+_ODD_SQLITE_ROWS = (
+    "SELECT id, CAST(enabled AS TEXT), CAST(due_at AS TEXT) FROM {table}"
+    " WHERE enabled NOT IN (0, 1)"
+    " OR (enabled = 1 AND due_at IS NOT NULL AND (typeof(due_at) != 'text'"
+    " OR datetime(due_at) IS NULL"
+    " OR due_at NOT GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9][ T][0-9][0-9]:*'))"
+)
+
+
+def _odd_rows(using: str, limit: int) -> list[tuple[int, Any, str | None]]:
+    """SQLite only (other databases keep a boolean and an instant in their columns): the
+    rows :data:`_ODD_SQLITE_ROWS` finds, at most ``limit``."""
+    from django.db import connections
+
+    connection = connections[using]
+    if connection.vendor != "sqlite":
+        return []
+    table = connection.ops.quote_name(PeriodicTask._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(_ODD_SQLITE_ROWS.format(table=table) + " ORDER BY id LIMIT %s", [limit])
+        return list(cursor.fetchall())
+
+
+def _normalise_stored(using: str, limit: int) -> list[str]:
+    """Put right what raw SQL stored on SQLite in the two columns every read of due tasks
+    filters on, where no read would ever see it again:
+
+    * ``enabled`` holding neither 0 nor 1 (say 2): Django reads it as false and no claim takes
+      it, but nothing said why. It is written 0, with the reason, so the admin shows it
+      disabled and why.
+    * ``due_at`` that Django reads as empty (``'garbage'``) on an enabled task: the claim
+      never saw the task due, so it silently never fired. ``due_at`` is derived (the next slot
+      plus its jitter), so it is cleared, and the task is then scheduled as any task without a
+      due instant is (:func:`schedule_unscheduled`): from its stored next slot, or its first
+      slot after now when that cannot be read either.
+
+    Each write is conditional on the value still being the one read. Returns the names."""
+    from django.db import connections
+    from django.utils.dateparse import parse_datetime
+
+    connection = connections[using]
+    table = connection.ops.quote_name(PeriodicTask._meta.db_table)
+    names = []
+    for pk, enabled, due_text in _odd_rows(using, limit):
+        name = str(
+            PeriodicTask.objects.using(using).filter(pk=pk).values_list("name", flat=True).first()
+        )
+        if enabled not in ("0", "1"):  # as text: Django's converter reads a "bool" as 1 or not
+            reason = disabled_by_scheduler(f"enabled held {enabled}, not a boolean")
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"UPDATE {table} SET enabled = 0, disabled_reason = %s"
+                    " WHERE id = %s AND CAST(enabled AS TEXT) = %s",
+                    [reason, pk, enabled],
+                )
+                done = cursor.rowcount
+            if done:
+                names.append(name)
+                logger.error(
+                    "task %s disabled: %s", name, reason, extra={"action": "disable", "task": name}
+                )
+            continue
+        try:
+            if due_text is not None and parse_datetime(due_text) is not None:
+                continue
+        except ValueError:
+            # Django cannot read it at all: the next-due read and the claim's load, which
+            # meet it, disable the task with that reason.
+            continue
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} SET due_at = NULL WHERE id = %s AND CAST(due_at AS TEXT) = %s",
+                [pk, due_text],
+            )
+            done = cursor.rowcount
+        if done:
+            names.append(name)
+            logger.warning(
+                "task %s had a due instant that is no instant (%r, written without save()):"
+                " scheduled again from its next slot",
+                name,
+                due_text,
+                extra={"action": "unscheduled", "task": name},
+            )
+    return names
+
+
 #: Tasks without a due instant one pass of :func:`schedule_unscheduled` takes at most.
 UNSCHEDULED_BATCH = 500
 
@@ -259,6 +349,7 @@ def schedule_unscheduled(
     disabled as finished, one whose schedule cannot be evaluated is disabled with the reason.
     Each write is conditional on the row still having no due instant, so beats doing this at
     once, or a ``save()`` meanwhile, cannot clash. Returns the names of the tasks scheduled."""
+    _normalise_stored(using, limit)
     rows = unscheduled_tasks(using)
     scheduled = []
     for task in rows.order_by("id")[:limit]:
@@ -322,9 +413,10 @@ class BackgroundUnscheduled(BackgroundPass):
         return UNSCHEDULED_INTERVAL_SECONDS
 
     def wanted(self) -> bool:
-        """Whether there is such a task (one index look-up on the round's connection): a
-        thread, and its connection, only when there is work."""
-        return unscheduled_tasks(self.using).exists()
+        """Whether there is such a task (one index look-up on the round's connection; on
+        SQLite also a look for rows raw SQL left with an odd ``enabled`` or ``due_at``, see
+        :func:`_normalise_stored`): a thread, and its connection, only when there is work."""
+        return unscheduled_tasks(self.using).exists() or bool(_odd_rows(self.using, 1))
 
     def run_pass(self, now: datetime) -> None:
         started = self.monotonic()

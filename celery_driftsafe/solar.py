@@ -225,14 +225,47 @@ class Solar:
         return None if second is None else from_us(second * _US_PER_S)
 
     def _search(self, after_us: int) -> datetime | None:
+        found = self._search_day(after_us)
+        return None if found is None else from_us(found[1] * _US_PER_S)
+
+    def _search_day(self, after_us: int) -> tuple[int, int] | None:
+        """The solar day of the first slot at or after ``after_us``, and the slot (seconds)."""
         second = -(-after_us // _US_PER_S)  # slots fall on whole seconds
         first = max(self._day_of(second) - 1, _FIRST_DAY)
         place = self._place
         for day in range(first, min(first + SEARCH_DAYS + 2, _LAST_DAY + 1)):
             found = _event_on(place, day)
             if found is not None and found >= second:
-                return from_us(found * _US_PER_S)
+                return day, found
         return None
+
+    @property
+    def _every_day(self) -> bool:
+        """Whether every solar day has the event, whatever the season: the sun's noon is above
+        the event's altitude and its midnight below it at any declination (within ±24°, with a
+        degree to spare for refraction, the sun's size and its motion during the day)."""
+        if EVENTS[self.event][0] == "transit":
+            return True
+        altitude = EVENTS[self.event][1]
+        depth = 1.0 if altitude is None else abs(altitude)  # the upper limb at 34': under 1°
+        return abs(self.latitude) + 24 + depth + 1 < 90
+
+    def count_between(self, start: datetime, end: datetime) -> int:
+        """How many slots ``s`` with ``start <= s < end``, as :meth:`slots_between` lists them.
+
+        Where every day has the event (solar noon anywhere; a rising or setting away from the
+        poles, see :attr:`_every_day`) the count is the days between the first slots at or
+        after ``start`` and ``end``; elsewhere the slots are listed, a day at a time."""
+        start_us = to_us(require_aware("after", start))
+        end_us = to_us(require_aware("after", end))
+        if end_us <= start_us:
+            return 0
+        if self._every_day:
+            first = self._search_day(start_us)
+            after = self._search_day(end_us)
+            if first is not None and after is not None:
+                return max(after[0] - first[0], 0)
+        return sum(1 for _ in self._iterate(start_us, end))
 
     def first_at_or_after(self, instant: datetime) -> datetime | None:
         """Return the smallest slot ``>= instant``, or ``None`` if there is none in the two

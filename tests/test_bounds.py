@@ -494,6 +494,48 @@ def test_a_sub_second_interval_fires_each_of_its_slots(claimer: Claimer) -> None
     assert task.next_slot_at == task.due_at == T0 + timedelta(milliseconds=1500)
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize(("every", "refused"), [(1, True), (9_999, True), (10_000, False)])
+def test_an_interval_shorter_than_10_ms_is_refused_on_the_field(every: int, refused: bool) -> None:
+    """A microsecond's interval made a million slots a second: the beat claimed 10,000 runs
+    of it a round, every round, and every other task fired seconds late. The shortest is
+    10 ms, the beat's shortest wait between rounds."""
+    from django.core.exceptions import ValidationError
+
+    task = PeriodicTask(
+        name="quick",
+        task="tests.add",
+        schedule_kind="interval",
+        interval_every=every,
+        interval_unit="microseconds",
+        interval_anchor=T0,
+    )
+    if not refused:
+        task.full_clean()
+        return
+    with pytest.raises(ValidationError) as caught:
+        task.full_clean()
+    assert "shorter than the shortest interval, 10 ms" in str(caught.value.message_dict)
+    assert list(caught.value.message_dict) == ["interval_every"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_microsecond_interval_stored_behind_save_is_disabled_and_the_round_goes_on(
+    claimer: Claimer,
+) -> None:
+    """Stored by SQL, a 1 µs interval is disabled with the reason in the claim, and the
+    other tasks of the round fire: no round of 10,000 runs of it."""
+    good = interval_task("good", 1, anchor=T0, next_slot_at=T0)
+    quick = interval_task("quick", 1, anchor=T0, next_slot_at=T0)
+    PeriodicTask.objects.filter(pk=quick.pk).update(interval_unit="microseconds")
+    result = claimer.claim(T0 + timedelta(milliseconds=500), "n")
+    assert [(r.periodic_task_id, r.slot) for r in result.runs] == [(good.pk, T0)]
+    assert result.disabled == ["quick"]
+    quick.refresh_from_db()
+    assert not quick.enabled
+    assert "shorter than the shortest interval, 10 ms" in quick.disabled_reason
+
+
 @hsettings(max_examples=200, deadline=None)
 @given(
     expires=st.one_of(st.none(), st.floats(min_value=0, max_value=10**6)),

@@ -762,3 +762,31 @@ def test_a_run_row_the_database_refuses_disables_its_task_and_the_batch_goes_on(
     ), bad.disabled_reason
     assert not Run.objects.filter(periodic_task=bad).exists()
     assert Run.objects.filter(periodic_task__in=good, slot=T0).count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_crontab_whose_next_slot_is_in_1900_is_one_span_and_the_round_goes_on(
+    make_claimer: MakeClaimer,
+) -> None:
+    """``next_slot_at`` in 1900 on an every-minute crontab (raw SQL, a restored backup): its
+    66 million missed minutes are counted, not listed (listing them outlasted the test's
+    timeout), so the round completes, the good task fires on time and the bad one fires once
+    with one span row counting exactly every other minute since."""
+    good = interval_task("good", 10, anchor=T0, next_slot_at=T0)
+    bad = crontab_task("bad", "* * * * *", next_slot_at=T0)
+    first = datetime(1900, 1, 1, tzinfo=UTC)
+    PeriodicTask.objects.filter(pk=bad.pk).update(next_slot_at=first)
+    now = T0 + 5 * S
+    result = make_claimer().claim(now, "n", busy_since=now - 30 * S)
+    assert sorted((r.periodic_task_id, r.slot) for r in result.runs) == sorted(
+        [(good.pk, T0), (bad.pk, T0)]
+    ), "T0 is on a whole minute: the latest downtime slot of the bad task"
+    span = Run.objects.get(periodic_task=bad, status=RunStatus.MISSED)
+    minutes = (T0 - first) // timedelta(minutes=1)
+    assert (span.slot, span.missed_until, span.missed_count) == (
+        first,
+        T0 - timedelta(minutes=1),
+        minutes,
+    )
+    bad.refresh_from_db()
+    assert bad.enabled and bad.next_slot_at == T0 + timedelta(minutes=1)

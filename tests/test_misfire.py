@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from celery_driftsafe.misfire import MissedSpan, plan_claim
-from celery_driftsafe.slots import Crontab, Interval, OneOff
+from celery_driftsafe.slots import Crontab, Interval, OneOff, Solar
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 EVERY_SECOND = Interval(timedelta(seconds=1), T0)
@@ -328,3 +328,117 @@ def test_an_interval_counted_on_its_grid_plans_as_the_walk_does(
     }
     walked = plan_claim(schedule, slot, now, jitter=Jitter("t", timedelta(0)), **options)
     assert plan_claim(schedule, slot, now, **options) == walked
+
+
+#: Zones with a 1-hour DST shift, a 30-minute one, none, and one whose spring gap crosses
+#: midnight (Havana: 00:00 -> 01:00).
+COUNTED_ZONES = ["Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata", "UTC"]
+
+
+def _cron_field(low: int, high: int) -> st.SearchStrategy[str]:
+    value = st.integers(min_value=low, max_value=high)
+    return st.one_of(
+        st.just("*"),
+        value.map(str),
+        st.integers(min_value=2, max_value=high - low + 1).map(lambda step: f"*/{step}"),
+        st.lists(value, min_size=1, max_size=3).map(lambda items: ",".join(map(str, items))),
+    )
+
+
+@st.composite
+def _counted_crontabs(draw: st.DrawFn, dense: bool) -> Crontab:
+    zone = draw(st.sampled_from([*COUNTED_ZONES, "America/Havana"]))
+    while True:
+        # A long range is walked in the test: keep its slots to a few a day there.
+        minute = draw(_cron_field(0, 59)) if dense else str(draw(st.integers(0, 59)))
+        hour = draw(st.one_of(st.just("*"), _cron_field(0, 23)))
+        second = draw(st.sampled_from(["0", "*/20", "15,45"])) if dense else "0"
+        try:
+            return Crontab(
+                minute=minute,
+                hour=hour,
+                day_of_month=draw(_cron_field(1, 31)),
+                month_of_year=draw(_cron_field(1, 12)),
+                day_of_week=draw(_cron_field(0, 6)),
+                timezone=zone,
+                second=second,
+            )
+        except ValueError:  # ScheduleError: a combination that never fires
+            continue
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.data(),
+    # Around 2020-2026: DST changes each spring and autumn, Havana's gap at midnight.
+    start_s=st.integers(min_value=0, max_value=6 * 365 * 86_400),
+    long=st.booleans(),
+)
+def test_a_crontab_counted_by_days_and_years_counts_as_the_walk_does(
+    data: st.DataObject, start_s: int, long: bool
+) -> None:
+    """A crontab's slots between two instants are counted a day (and a whole year) at a time,
+    never listed: the count, and the start of the last few slots that a plan records, must be
+    those of the walk, on zones with 1-hour, 30-minute and no DST, across the transitions,
+    for ranges of seconds to over two years."""
+    from celery_driftsafe.misfire import _count_and_tail_start, _walk
+
+    crontab = data.draw(_counted_crontabs(dense=not long))
+    start = datetime(2020, 1, 1, tzinfo=UTC) + timedelta(seconds=start_s)
+    length = data.draw(st.integers(min_value=0, max_value=(900 if long else 3) * 86_400 * 10**6))
+    end = start + timedelta(microseconds=length)
+    keep = data.draw(st.integers(min_value=1, max_value=5))
+    assert crontab.count_between(start, end) == sum(1 for _ in crontab.slots_between(start, end))
+    counted, tail_start = _count_and_tail_start(crontab, start, end, keep)
+    walked, walked_tail_start = _walk(crontab, start, end, keep)
+    assert counted == walked
+    tail = list(crontab.slots_between(tail_start, end))
+    assert tail == list(crontab.slots_between(walked_tail_start, end))[-keep:]
+    assert len(tail) == min(keep, walked)
+
+
+def test_a_crontab_decades_behind_is_one_span_counted_exactly() -> None:
+    """A ``next_slot_at`` in 1900 on an every-minute crontab (written behind ``save()``) plans
+    one run and one span of every other minute since: counted, not listed (listing them took
+    over six minutes); the count is the minutes between, less the one that fires."""
+    every_minute = Crontab()
+    first = datetime(1900, 1, 1, tzinfo=UTC)
+    now = datetime(2026, 12, 4, 18, 0, 30, tzinfo=UTC)
+    plan = plan_claim(every_minute, first, now, busy_since=now - timedelta(seconds=5))
+    minutes = (datetime(2026, 12, 4, 18, 0, tzinfo=UTC) - first) // timedelta(minutes=1) + 1
+    assert plan.fire == [datetime(2026, 12, 4, 18, 0, tzinfo=UTC)]
+    assert plan.missed_span == MissedSpan(
+        first=first, last=datetime(2026, 12, 4, 17, 59, tzinfo=UTC), count=minutes - 1
+    )
+    assert plan.next_slot == datetime(2026, 12, 4, 18, 1, tzinfo=UTC)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    event=st.sampled_from(
+        ["sunrise", "sunset", "solar_noon", "dawn_civil", "dusk_nautical", "dusk_astronomical"]
+    ),
+    latitude=st.floats(min_value=-80, max_value=80),
+    longitude=st.floats(min_value=-180, max_value=180),
+    start_s=st.integers(min_value=0, max_value=3 * 365 * 86_400),
+    length_s=st.integers(min_value=0, max_value=400 * 86_400),
+    keep=st.integers(min_value=1, max_value=5),
+)
+def test_a_solar_schedule_counted_by_days_counts_as_the_walk_does(
+    event: str, latitude: float, longitude: float, start_s: int, length_s: int, keep: int
+) -> None:
+    """A solar schedule has at most one slot a day: away from the poles, where every day has
+    the event, it is counted from the days of its first and last slots, not listed; the count
+    and the last slots must be those of the walk (near the poles, a day at a time)."""
+    from celery_driftsafe.misfire import _count_and_tail_start, _walk
+
+    solar = Solar(event, latitude, longitude)
+    start = datetime(2022, 1, 1, tzinfo=UTC) + timedelta(seconds=start_s)
+    end = start + timedelta(seconds=length_s)
+    counted, tail_start = _count_and_tail_start(solar, start, end, keep)
+    walked, walked_tail_start = _walk(solar, start, end, keep)
+    assert counted == walked
+    assert (
+        list(solar.slots_between(tail_start, end))
+        == list(solar.slots_between(walked_tail_start, end))[-keep:]
+    )

@@ -16,6 +16,7 @@ from django.core.exceptions import ValidationError
 from django.db import connection
 
 from celery_driftsafe import nodes
+from celery_driftsafe.changes import schedule_unscheduled
 from celery_driftsafe.claim import claimer_for
 from celery_driftsafe.dispatch import reclaim_stale
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
@@ -460,7 +461,7 @@ def test_a_due_instant_that_is_no_instant_is_disabled_and_no_round_backs_off(
     test_settings.TEST_DB != "sqlite", reason=configuration("only SQLite stores any text")
 )
 def test_an_enabled_flag_of_two_reads_as_disabled_everywhere_and_the_beat_never_spins(
-    scheduler: DriftSafeScheduler, clock: FakeClock
+    scheduler: DriftSafeScheduler, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Django reads a stored 2 as false and the claim takes only 1; the next-due query took it
     as true: the beat saw a task due that it never claimed, and waited 10 ms a round."""
@@ -471,13 +472,60 @@ def test_an_enabled_flag_of_two_reads_as_disabled_everywhere_and_the_beat_never_
             "UPDATE celery_driftsafe_periodictask SET enabled = 2 WHERE id = %s", [odd.pk]
         )
     waits = []
-    for _ in range(3):
-        waits.append(scheduler._guarded_round())
-        clock.advance(S)
+    with caplog.at_level("INFO"):
+        for _ in range(3):
+            waits.append(scheduler._guarded_round())
+            scheduler.unscheduled.join(30)  # the look runs in a thread of its own
+            clock.advance(S)
     assert waits == [pytest.approx(1.0)] * 3
     assert _slots(good) == [T0, T0 + S, T0 + 2 * S]
     assert not PeriodicTask.objects.get(pk=odd.pk).enabled
     assert not Run.objects.filter(periodic_task=odd).exists()
+    # The beat's look for rows written without save() stored it disabled, with the reason,
+    # once; another look finds nothing more to do.
+    with caplog.at_level("INFO"):
+        assert schedule_unscheduled(clock.now()) == []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT CAST(enabled AS INTEGER), disabled_reason FROM celery_driftsafe_periodictask"
+            " WHERE id = %s",
+            [odd.pk],
+        )
+        assert cursor.fetchone() == (
+            0,
+            "disabled by the scheduler: enabled held 2, not a boolean",
+        )
+    assert caplog.text.count("task odd disabled") == 1
+
+
+@pytest.mark.skipif(
+    test_settings.TEST_DB != "sqlite", reason=configuration("only SQLite stores any text")
+)
+def test_a_due_instant_django_reads_as_empty_is_scheduled_again_from_the_next_slot(
+    scheduler: DriftSafeScheduler, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``due_at = 'garbage'`` (raw SQL): Django reads it as empty and the claim never finds
+    the task due, so it silently never fired. ``due_at`` is derived from the next slot: the
+    beat's look for rows written without save() clears it and schedules the task again from
+    its stored next slot, which then fires on time."""
+    good = interval_task("good", 1, anchor=T0, next_slot_at=T0)
+    lost = interval_task("lost", 1, anchor=T0, next_slot_at=T0 + S)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE celery_driftsafe_periodictask SET due_at = 'garbage' WHERE id = %s", [lost.pk]
+        )
+    waits = []
+    with caplog.at_level("INFO"):
+        for _ in range(3):
+            waits.append(scheduler._guarded_round())
+            scheduler.unscheduled.join(30)  # the look runs in a thread of its own
+            clock.advance(S)
+    assert waits == [pytest.approx(1.0)] * 3
+    assert caplog.text.count("task lost had a due instant that is no instant ('garbage'") == 1
+    assert _slots(lost) == [T0 + S, T0 + 2 * S]
+    assert _slots(good) == [T0, T0 + S, T0 + 2 * S]
+    lost.refresh_from_db()
+    assert lost.enabled and lost.next_slot_at == lost.due_at == T0 + 3 * S
 
 
 @pytest.mark.skipif(

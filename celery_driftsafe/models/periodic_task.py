@@ -34,6 +34,12 @@ from celery_driftsafe.validation import (
 #: (validation, descriptions); never used to compute a real slot.
 STAND_IN_ANCHOR = datetime(2000, 1, 1, tzinfo=UTC)
 
+#: The shortest interval a task may have. A beat waits at least 10 ms between rounds
+#: (``scheduler.MIN_WAIT``), so a shorter step cannot fire slot by slot anyway; and a step of
+#: a microsecond makes a million slots a second: the beat claimed 10,000 runs of that one task
+#: a round, every round, and each round took seconds, so every other task fired seconds late.
+MIN_INTERVAL = timedelta(milliseconds=10)
+
 _UNIT_MICROSECONDS = {
     "microseconds": 1,
     "seconds": 10**6,
@@ -252,6 +258,13 @@ class PeriodicTask(models.Model):
                     f"{every} {self.interval_unit or 'seconds'} is longer than the calendar "
                     "holds (at most 999999999 days)",
                 ) from None
+            if step < MIN_INTERVAL:
+                raise ScheduleError(
+                    "every",
+                    f"{every} {self.interval_unit or 'seconds'} is shorter than the shortest "
+                    f"interval, {MIN_INTERVAL.total_seconds() * 1000:g} ms: a beat waits at least "
+                    "that long between rounds; write 10000 microseconds or more",
+                )
             return shared_interval(step, anchor)
         if self.schedule_kind == ScheduleKind.CRONTAB:
             fields = {argument: getattr(self, name) for name, argument in CRONTAB_FIELDS.items()}
