@@ -16,9 +16,11 @@ Where that cannot be exact the fast path declines and the dispatcher uses ``appl
 
 - Celery's task protocol 1 (``task_protocol = 1``), or task-sent events
   (``task_send_sent_event``), or ``task_always_eager``;
-- receivers connected to ``before_task_publish``/``after_task_publish`` (or the old
-  ``task_sent``): Celery sends those signals from ``send_task``, with the message's parts, and
-  a receiver may change the message; with receivers, every message takes Celery's path;
+- receivers connected to the old ``task_sent`` signal (with receivers of
+  ``before_task_publish``/``after_task_publish``, which Celery sends from
+  ``send_task_message`` with the message's parts, the fast path sends them itself with new
+  parts for each message and publishes what a receiver changed:
+  ``FastPublisher._publish_signalled``);
 - a router function in ``task_routes``: Celery asks it with each message's options (the run's
   headers among them); plain maps and patterns read the task's name alone;
 - any of Celery's publishing methods wrapped or replaced (``Celery.send_task``, the app's
@@ -40,6 +42,7 @@ was built from, types and key order included (:func:`~celery_driftsafe.skeleton.
 
 from __future__ import annotations
 
+import copy
 import logging
 import sys
 from collections.abc import Callable
@@ -99,6 +102,9 @@ class FastPublisher:
         #: Whether ``Task.apply_async`` is Celery's own, found once a batch (:meth:`active`):
         #: if not, the messages of registered tasks take it.
         self._apply_async_own = True
+        #: Whether receivers of ``before_task_publish``/``after_task_publish`` are connected
+        #: (found once a batch): each message is then sent as :meth:`_publish_signalled` does.
+        self._signalled = False
         #: How far this process's wall clock is ahead of the time authority (set by the
         #: dispatcher once a batch): a message's time to live counts from the authority's now.
         self.wall_ahead = timedelta(0)
@@ -117,6 +123,9 @@ class FastPublisher:
             return False
         self._limits = None
         self._apply_async_own = celerys_apply_async()
+        self._signalled = bool(
+            signals.before_task_publish.receivers or signals.after_task_publish.receivers
+        )
         reason = self.declines()
         if reason is not None:
             logger.debug(
@@ -198,12 +207,8 @@ class FastPublisher:
             return "task_send_sent_event is on"
         if conf.task_always_eager:
             return "task_always_eager is on"
-        if (
-            signals.before_task_publish.receivers
-            or signals.after_task_publish.receivers
-            or signals.task_sent.receivers
-        ):
-            return "receivers are connected to before/after_task_publish"
+        if signals.task_sent.receivers:
+            return "receivers are connected to task_sent"
         if self.app.current_worker_task is not None:
             return "publishing from inside a worker task"
         return celerys_send_path(self.app)
@@ -238,6 +243,13 @@ class FastPublisher:
             expiration = self.time_to_live(expires)
         if skeleton.notify_backend:
             app.backend.on_task_call(producer, task_id)
+        if self._signalled:
+            if writer is not None:
+                writer.via_kombu()
+            self._publish_signalled(
+                producer, template, args, kwargs, task_id, expires_text, expiration, headers
+            )
+            return True
         declare = skeleton.to_declare(producer)
         if writer is not None and declare is None and (route := writer.route(skeleton)):
             writer.put_run(
@@ -267,6 +279,69 @@ class FastPublisher:
             **properties,
         )
         return True
+
+    def _publish_signalled(
+        self,
+        producer: Any,
+        template: MessageTemplate,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        task_id: str,
+        expires: str | None,
+        expiration: float | None,
+        headers: dict[str, Any],
+    ) -> None:
+        """Publish a run's message as Celery's ``send_task_message`` does when receivers of
+        its signals are connected: ``before_task_publish`` gets the message's parts (new
+        ones: the body's arguments, headers, properties, declarations and retry policy),
+        what a receiver changes in them is published (the body serialised afresh, as Celery
+        does), and ``after_task_publish`` follows."""
+        skeleton = template.skeleton
+        assert skeleton is not None
+        message_headers, properties = self.parts(
+            template, task_id, self.app.thread_oid, expires, expiration, headers
+        )
+        if template.compression is not None:  # kombu's Producer adds it, as for Celery
+            if "compression" in headers:
+                message_headers["compression"] = headers["compression"]
+            else:
+                del message_headers["compression"]
+        # the run's own arguments, as Celery's; copies where the template holds them
+        if args is template.args:
+            args = copy.deepcopy(args)
+        if kwargs is template.kwargs:
+            kwargs = copy.deepcopy(kwargs)
+        body = (args or (), kwargs or {}, dict(skeleton.embed))
+        publish = dict(skeleton.publish_kwargs)
+        publish["retry_policy"] = dict(publish["retry_policy"])
+        declare = list(skeleton.declare) if skeleton.declare is not None else None
+        exchange, routing_key = publish["exchange"], publish["routing_key"]
+        signals.before_task_publish.send(
+            sender=template.name,
+            body=body,
+            exchange=exchange,
+            routing_key=routing_key,
+            declare=declare,
+            headers=message_headers,
+            properties=properties,
+            retry_policy=publish["retry_policy"],
+        )
+        producer.publish(
+            body,
+            serializer=skeleton.serializer,
+            compression=skeleton.compression,
+            declare=declare,
+            headers=message_headers,
+            **publish,
+            **properties,
+        )
+        signals.after_task_publish.send(
+            sender=template.name,
+            body=body,
+            headers=message_headers,
+            exchange=exchange,
+            routing_key=routing_key,
+        )
 
     @staticmethod
     def parts(

@@ -7,6 +7,7 @@ it falls back to ``apply_async``, and a real worker executes what it publishes."
 from __future__ import annotations
 
 import base64
+import copy
 import functools
 import json
 import os
@@ -14,6 +15,7 @@ import pickle
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -506,28 +508,66 @@ def test_each_slot_gets_its_own_ids_and_an_edited_task_a_new_message(
     assert [m["headers"]["argsrepr"] for m in sent] == ["[1, 2]", "[5, 5]"]
 
 
-def test_receivers_of_the_publish_signals_get_celerys_path(
-    make_app: Callable[..., Celery], queue: str, settings: Any
+def _normal(value: Any) -> Any:
+    """What a receiver got, comparable between two publishes of one message (the time to
+    live counts from the moment of publishing: set or not)."""
+    if isinstance(value, dict):
+        return {k: ("set" if k == "expiration" else _normal(v)) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_normal(v) for v in value)
+    return value
+
+
+@pytest.mark.parametrize("conf", [{}, {"task_compression": "gzip"}], ids=["plain", "gzip"])
+@pytest.mark.parametrize("task", ["fast.add", "fast.safe", "elsewhere.task"])
+def test_receivers_of_the_publish_signals_get_celerys_parts_and_change_the_message(
+    task: str,
+    conf: dict[str, Any],
+    make_app: Callable[..., Celery],
+    queue: str,
+    settings: Any,
 ) -> None:
-    """Celery sends ``before_task_publish``/``after_task_publish`` from ``send_task``, and a
-    receiver may change the message: with receivers, every message takes that path."""
-    app = make_app()
-    seen: list[str] = []
+    """Celery sends ``before_task_publish`` and ``after_task_publish`` from
+    ``send_task_message`` with the message's parts, and a receiver may change the message
+    (OpenTelemetry's stamps its headers): the fast path sends both signals with the parts
+    Celery sends (compared, argument by argument, with what Celery's own path gives the same
+    receivers), and what a receiver changes (a header, a property, the body's arguments)
+    reaches the message, which equals Celery's. It used to step aside for any receiver."""
+    app = make_app(**conf)
+    got: list[tuple[str, dict[str, Any]]] = []
 
-    def receiver(sender: str, headers: dict[str, Any], **kwargs: Any) -> None:
-        seen.append(headers["id"])
-        headers["stamped"] = "yes"
+    def before(**kwargs: Any) -> None:
+        kwargs.pop("signal")
+        got.append(("before", _normal(copy.deepcopy(kwargs))))
+        kwargs["headers"]["traced"] = kwargs["headers"]["id"][::-1]
+        kwargs["headers"]["shadow"] = "shown-as"
+        kwargs["properties"]["priority"] = 3
+        kwargs["body"][1]["stamped"] = True
 
-    signals.before_task_publish.connect(receiver, weak=False)
+    def after(**kwargs: Any) -> None:
+        kwargs.pop("signal")
+        got.append(("after", _normal(copy.deepcopy(kwargs))))
+
+    runs = claim(task=task, headers={"tenant": "a"})
+    signals.before_task_publish.connect(before, weak=False)
+    signals.after_task_publish.connect(after, weak=False)
     try:
-        runs = claim(task="fast.add")
-        dispatcher = Dispatcher(app, FakeClock(T0))
-        dispatcher.dispatch(runs)
+        celery_sent, fast_sent, dispatcher = both_ways(app, settings, runs, queue, FakeClock(T0))
     finally:
-        signals.before_task_publish.disconnect(receiver)
-    assert dispatcher.fast.declined == 2 and dispatcher.fast.published == 0
-    assert seen == [r.celery_task_id for r in runs]
-    assert [m["headers"]["stamped"] for _, m in raw_messages(queue)] == ["yes", "yes"]
+        signals.before_task_publish.disconnect(before)
+        signals.after_task_publish.disconnect(after)
+    assert (dispatcher.fast.published, dispatcher.fast.declined) == (2, 0)
+    for (key, celery_msg), (fast_key, fast_msg) in zip(celery_sent, fast_sent, strict=True):
+        assert comparable(fast_key, fast_msg) == comparable(key, celery_msg)
+        assert same_expiry(fast_msg, celery_msg)
+    assert [m["headers"]["traced"] for _, m in fast_sent] == [r.celery_task_id[::-1] for r in runs]
+    assert {m["headers"]["shadow"] for _, m in fast_sent} == {"shown-as"}
+    assert {m["properties"]["priority"] for _, m in fast_sent} == {3}
+    for _, message in fast_sent:
+        raw = base64.b64decode(message["body"])
+        assert json.loads(zlib.decompress(raw) if conf else raw)[1]["stamped"] is True
+    assert [kind for kind, _ in got] == ["before", "after"] * 4
+    assert got[4:] == got[:4]  # the fast path's receivers got what Celery's did
 
 
 @pytest.mark.parametrize("what", ["setting off", "protocol 1"])
