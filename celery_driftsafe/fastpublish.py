@@ -11,28 +11,38 @@ id, the expiry and the run's headers, then hands the serialised body to kombu's
 The message a worker receives is the one ``apply_async`` would have sent for the same run;
 ``tests/test_fastpublish.py`` compares the two field by field.
 
-Where that cannot be exact the fast path declines and the dispatcher uses ``apply_async``:
+Where that cannot be exact the fast path declines and the dispatcher uses ``apply_async``
+(or ``send_task``, for a name the beat has not imported):
 
 - Celery's task protocol 1 (``task_protocol = 1``), or task-sent events
   (``task_send_sent_event``), or ``task_always_eager``;
-- receivers connected to ``before_task_publish``/``after_task_publish`` (or the old
-  ``task_sent``): Celery sends those signals from ``send_task``, with the message's parts, and
-  a receiver may change the message; with receivers, every message takes Celery's path;
+- receivers connected to the old ``task_sent`` signal (with receivers of
+  ``before_task_publish``/``after_task_publish``, which Celery sends from
+  ``send_task_message`` with the message's parts, the fast path sends them itself with new
+  parts for each message and publishes what a receiver changed:
+  ``FastPublisher._publish_signalled``);
+- a router function in ``task_routes``: Celery asks it with each message's options (the run's
+  headers among them); plain maps and patterns read the task's name alone;
+- any of Celery's publishing methods wrapped or replaced (``Celery.send_task``, the app's
+  ``send_task_message`` or ``create_task_message``, its router; ``Task.apply_async`` for the
+  tasks the beat has registered): a tracing integration's wrapper then runs for every
+  message it concerns (:mod:`celery_driftsafe.originals` tells, from the functions' code);
 - a publish from inside a running worker task (Celery takes the parent's ids then);
 - publish options other than ``queue``, ``exchange``, ``routing_key``, ``priority`` and
   ``headers`` (the dispatcher refuses those before either path:
   :data:`~celery_driftsafe.validation.PUBLISH_OPTIONS`), a task class that overrides
-  ``apply_async`` or ``shadow_name``, a task with an ``expires`` of its own that is not an
+  ``apply_async`` or ``shadow_name``, a task whose soft time limit exceeds its time limit
+  (``apply_async`` refuses it), a task with an ``expires`` of its own that is not an
   instant, a task whose arguments Celery turns into something else (pydantic), a task whose
   arguments do not fit its signature (Celery's error is recorded by the slow path).
 
-Routers (``task_routes``) are asked once per task and arguments, when the message is built:
-a router whose answer for the same task and arguments changes from call to call needs
-``FAST_PUBLISH = False``.
+A task's template is used while the run's task name, arguments and options are the ones it
+was built from, types and key order included (:func:`~celery_driftsafe.skeleton.same_value`).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import sys
 from collections.abc import Callable
@@ -40,7 +50,6 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from celery import signals
-from celery.app.routes import MapRoute
 from celery.utils.nodenames import anon_nodename
 from kombu import serialization
 from kombu.compression import compress
@@ -53,6 +62,8 @@ from celery_driftsafe.skeleton import (
     MessageTemplate,
     Skeleton,
     build_skeleton,
+    celerys_apply_async,
+    celerys_send_path,
     shared_value,
     short_form,
 )
@@ -86,9 +97,14 @@ class FastPublisher:
         self._skeletons: dict[tuple[Any, ...], Skeleton | None] = {}
         self._origin = anon_nodename()
         #: What the app's configuration says, read once a batch (:meth:`active`): the display
-        #: forms' bounds, and whether every router is a plain map (skeletons are shared).
+        #: forms' bounds.
         self._limits: tuple[int, int, int] | None = None
-        self._map_routes: bool | None = None
+        #: Whether ``Task.apply_async`` is Celery's own, found once a batch (:meth:`active`):
+        #: if not, the messages of registered tasks take it.
+        self._apply_async_own = True
+        #: Whether receivers of ``before_task_publish``/``after_task_publish`` are connected
+        #: (found once a batch): each message is then sent as :meth:`_publish_signalled` does.
+        self._signalled = False
         #: How far this process's wall clock is ahead of the time authority (set by the
         #: dispatcher once a batch): a message's time to live counts from the authority's now.
         self.wall_ahead = timedelta(0)
@@ -105,7 +121,11 @@ class FastPublisher:
         about the app or process rules it out (see :meth:`declines`)."""
         if not get_settings().fast_publish:
             return False
-        self._limits = self._map_routes = None
+        self._limits = None
+        self._apply_async_own = celerys_apply_async()
+        self._signalled = bool(
+            signals.before_task_publish.receivers or signals.after_task_publish.receivers
+        )
         reason = self.declines()
         if reason is not None:
             logger.debug(
@@ -187,15 +207,11 @@ class FastPublisher:
             return "task_send_sent_event is on"
         if conf.task_always_eager:
             return "task_always_eager is on"
-        if (
-            signals.before_task_publish.receivers
-            or signals.after_task_publish.receivers
-            or signals.task_sent.receivers
-        ):
-            return "receivers are connected to before/after_task_publish"
+        if signals.task_sent.receivers:
+            return "receivers are connected to task_sent"
         if self.app.current_worker_task is not None:
             return "publishing from inside a worker task"
-        return None
+        return celerys_send_path(self.app)
 
     def publish(
         self,
@@ -218,7 +234,7 @@ class FastPublisher:
         ``headers`` are the custom headers the message carries)."""
         template = self._template(cache_key, name, args, kwargs, options, expires, reprs)
         skeleton = template.skeleton
-        if skeleton is None:
+        if skeleton is None or (skeleton.via_apply_async and not self._apply_async_own):
             return False
         app = self.app
         expires_text = expiration = None
@@ -227,6 +243,13 @@ class FastPublisher:
             expiration = self.time_to_live(expires)
         if skeleton.notify_backend:
             app.backend.on_task_call(producer, task_id)
+        if self._signalled:
+            if writer is not None:
+                writer.via_kombu()
+            self._publish_signalled(
+                producer, template, args, kwargs, task_id, expires_text, expiration, headers
+            )
+            return True
         declare = skeleton.to_declare(producer)
         if writer is not None and declare is None and (route := writer.route(skeleton)):
             writer.put_run(
@@ -256,6 +279,69 @@ class FastPublisher:
             **properties,
         )
         return True
+
+    def _publish_signalled(
+        self,
+        producer: Any,
+        template: MessageTemplate,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        task_id: str,
+        expires: str | None,
+        expiration: float | None,
+        headers: dict[str, Any],
+    ) -> None:
+        """Publish a run's message as Celery's ``send_task_message`` does when receivers of
+        its signals are connected: ``before_task_publish`` gets the message's parts (new
+        ones: the body's arguments, headers, properties, declarations and retry policy),
+        what a receiver changes in them is published (the body serialised afresh, as Celery
+        does), and ``after_task_publish`` follows."""
+        skeleton = template.skeleton
+        assert skeleton is not None
+        message_headers, properties = self.parts(
+            template, task_id, self.app.thread_oid, expires, expiration, headers
+        )
+        if template.compression is not None:  # kombu's Producer adds it, as for Celery
+            if "compression" in headers:
+                message_headers["compression"] = headers["compression"]
+            else:
+                del message_headers["compression"]
+        # the run's own arguments, as Celery's; copies where the template holds them
+        if args is template.args:
+            args = copy.deepcopy(args)
+        if kwargs is template.kwargs:
+            kwargs = copy.deepcopy(kwargs)
+        body = (args or (), kwargs or {}, dict(skeleton.embed))
+        publish = dict(skeleton.publish_kwargs)
+        publish["retry_policy"] = dict(publish["retry_policy"])
+        declare = list(skeleton.declare) if skeleton.declare is not None else None
+        exchange, routing_key = publish["exchange"], publish["routing_key"]
+        signals.before_task_publish.send(
+            sender=template.name,
+            body=body,
+            exchange=exchange,
+            routing_key=routing_key,
+            declare=declare,
+            headers=message_headers,
+            properties=properties,
+            retry_policy=publish["retry_policy"],
+        )
+        producer.publish(
+            body,
+            serializer=skeleton.serializer,
+            compression=skeleton.compression,
+            declare=declare,
+            headers=message_headers,
+            **publish,
+            **properties,
+        )
+        signals.after_task_publish.send(
+            sender=template.name,
+            body=body,
+            headers=message_headers,
+            exchange=exchange,
+            routing_key=routing_key,
+        )
 
     @staticmethod
     def parts(
@@ -374,20 +460,16 @@ class FastPublisher:
         expires: datetime | None,
     ) -> Skeleton | None:
         """What the messages of every task of this name and options share, whatever their
-        arguments; shared by those tasks when the routing does not depend on arguments
-        (no router functions in ``task_routes``)."""
+        arguments (routes are plain maps: :meth:`declines`), shared by those tasks."""
         if not FAST_OPTIONS.issuperset(options):
             return None
         opts: dict[str, Any] = {k: v for k, v in options.items() if k != "headers"}
-        if self._map_routes is None:
-            routes = self.app.amqp.router.routes
-            self._map_routes = all(isinstance(route, MapRoute) for route in routes)
-        key = (name, frozenset(opts.items()), expires is not None) if self._map_routes else None
-        if key is not None and key in self._skeletons:
+        # with the values' types: a priority True is not a priority 1 to Celery's JSON
+        key = (name, frozenset((k, type(v), v) for k, v in opts.items()), expires is not None)
+        if key in self._skeletons:
             return self._skeletons[key]
         skeleton = build_skeleton(self.app, self._origin, name, args, kwargs, opts, expires)
-        if key is not None:
-            if len(self._skeletons) >= TEMPLATE_CACHE_SIZE:
-                self._skeletons.clear()
-            self._skeletons[key] = skeleton
+        if len(self._skeletons) >= TEMPLATE_CACHE_SIZE:
+            self._skeletons.clear()
+        self._skeletons[key] = skeleton
         return skeleton

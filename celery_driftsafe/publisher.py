@@ -30,6 +30,7 @@ from celery_driftsafe.headers import message_headers
 from celery_driftsafe.models import Run, RunStatus
 from celery_driftsafe.redis_writer import BatchWriteError, RedisWriter
 from celery_driftsafe.reprs import argument_reprs
+from celery_driftsafe.skeleton import same_value
 from celery_driftsafe.task import DriftSafeTask
 
 if TYPE_CHECKING:
@@ -189,6 +190,13 @@ class Dispatcher:
                     result.failed[run.run_id] = (
                         f"the arguments do not fit the task's signature: {exc}"
                     )
+                except ValueError as exc:
+                    if not self._limits_refused(run):
+                        result.refused[run.run_id] = describe_error(exc)
+                        continue
+                    # Celery's apply_async refuses the task's own time limits: so would
+                    # every later try.
+                    result.failed[run.run_id] = f"Celery refused the message: {exc}"
                 except Exception as exc:
                     result.refused[run.run_id] = describe_error(exc)
                 else:
@@ -196,6 +204,13 @@ class Dispatcher:
             if writer is not None:
                 writer.flush()  # raises: none of the batch is known to be out
         result.published.extend(sent)
+
+    def _limits_refused(self, run: ClaimedRun) -> bool:
+        """Whether Celery's ``apply_async`` refuses ``run``'s task for its time limits (a soft
+        time limit above the time limit: ``ValueError``)."""
+        task = self.app.tasks.get(run.task_name)
+        soft, hard = getattr(task, "soft_time_limit", None), getattr(task, "time_limit", None)
+        return bool(soft and hard and soft > hard)
 
     def _still_owned(self, runs: Sequence[ClaimedRun], result: DispatchResult) -> set[int]:
         """The ids of ``runs`` whose claims their claimer still holds; the others are added
@@ -280,7 +295,11 @@ class Dispatcher:
         the rest of the message."""
         key = run.periodic_task_id if run.periodic_task_id is not None else run.task_name
         cached = self._repr_cache.get(key)
-        if cached is not None and cached[0] == run.args and cached[1] == run.kwargs:
+        if (
+            cached is not None
+            and same_value(cached[0], run.args)
+            and same_value(cached[1], run.kwargs)
+        ):
             return cached[2], cached[3]
         if len(self._repr_cache) >= REPR_CACHE_SIZE:
             self._repr_cache.clear()

@@ -36,9 +36,10 @@ from uuid import uuid4
 
 from celery_driftsafe import envelope
 from celery_driftsafe.envelope import EnvelopeShape, json_text, make_shape, marker, render
+from celery_driftsafe.originals import is_original
 
 if TYPE_CHECKING:
-    from celery_driftsafe.skeleton import MessageTemplate
+    from celery_driftsafe.skeleton import MessageTemplate, Skeleton
 
 #: Makes a run's message headers and properties: (template, task id, reply to, expires,
 #: expiration seconds, custom headers) -> (headers, properties); see ``FastPublisher.parts``.
@@ -83,20 +84,21 @@ _KNOWN_PUBLISH_KWARGS = frozenset(
 
 def _stock_redis_channel(channel: Any) -> bool:
     """Whether ``channel`` is kombu's Redis channel with its publishing methods as kombu has
-    them (a subclass that changes them gets kombu's path)."""
+    them (a subclass that changes them, or a wrapper installed over them, gets kombu's path)."""
     try:
         from kombu.transport import redis as kombu_redis
-        from kombu.transport import virtual
     except ImportError:  # redis-py missing: no Redis transport
         return False
-    kind = type(channel)
+    virtual = "kombu.transport.virtual.base"
     return (
         isinstance(channel, kombu_redis.Channel)
-        and kind.basic_publish is virtual.Channel.basic_publish
-        and kind.prepare_message is virtual.Channel.prepare_message
-        and kind._inplace_augment_message is virtual.Channel._inplace_augment_message
-        and kind._next_delivery_tag is virtual.Channel._next_delivery_tag
-        and kind._put is kombu_redis.Channel._put
+        and is_original(channel.basic_publish, virtual, "Channel.basic_publish")
+        and is_original(channel.prepare_message, virtual, "Channel.prepare_message")
+        and is_original(
+            channel._inplace_augment_message, virtual, "Channel._inplace_augment_message"
+        )
+        and is_original(channel._next_delivery_tag, virtual, "Channel._next_delivery_tag")
+        and is_original(channel._put, "kombu.transport.redis", "Channel._put")
     )
 
 
@@ -118,8 +120,10 @@ class RedisWriter:
         self._kombu_queued = False
         #: Redis list -> envelopes (JSON), in publishing order.
         self._lists: dict[str, list[str]] = {}
-        #: id(skeleton) -> (exchange name, routing key, delivery mode), or None: kombu's path.
-        self._routes: dict[int, tuple[str, str, Any] | None] = {}
+        #: skeleton -> (exchange name, routing key, delivery mode), or None: kombu's path
+        #: (keyed by the skeleton itself, held while the writer is: never by ``id()``, which
+        #: a skeleton freed meanwhile would leave to another).
+        self._routes: dict[Skeleton, tuple[str, str, Any] | None] = {}
         from kombu.utils.json import JSONEncoder, dumps
 
         self._dumps = dumps
@@ -133,13 +137,11 @@ class RedisWriter:
     def open(cls, producer: Any, batch: Any) -> RedisWriter | None:
         """A writer for ``producer`` beside kombu's publish ``batch`` (``Producer.batch()``),
         or None where its messages must go through kombu."""
-        from kombu.messaging import Producer
-
-        kind = type(producer)
+        messaging = "kombu.messaging"
         if (
-            kind.publish is not Producer.publish
-            or kind._publish is not Producer._publish
-            or kind._prepare is not Producer._prepare
+            not is_original(producer.publish, messaging, "Producer.publish")
+            or not is_original(producer._publish, messaging, "Producer._publish")
+            or not is_original(producer._prepare, messaging, "Producer._prepare")
             or producer.compression
             or (producer.auto_declare and producer.exchange.name)
         ):
@@ -153,13 +155,12 @@ class RedisWriter:
             return None
         return cls(producer, channel, batch)
 
-    def route(self, skeleton: Any) -> tuple[str, str, Any] | None:
+    def route(self, skeleton: Skeleton) -> tuple[str, str, Any] | None:
         """Where messages of ``skeleton`` go (exchange name, queue, delivery mode), or None
         when they must take kombu's path. Asked once per skeleton and batch."""
-        key = id(skeleton)
-        if key not in self._routes:
-            self._routes[key] = self._route(skeleton)
-        return self._routes[key]
+        if skeleton not in self._routes:
+            self._routes[skeleton] = self._route(skeleton)
+        return self._routes[skeleton]
 
     def _route(self, skeleton: Any) -> tuple[str, str, Any] | None:
         publish = skeleton.publish_kwargs

@@ -20,9 +20,14 @@ def argument_reprs(
     app: Any, args: Any, kwargs: Any, limits: tuple[int, int, int] | None = None
 ) -> tuple[str, str]:
     """``argsrepr`` and ``kwargsrepr`` of a message of ``app`` with these arguments
-    (``limits``: :func:`repr_limits` of ``app``, when the caller has them)."""
+    (``limits``: :func:`repr_limits` of ``app``, when the caller has them). As Celery's
+    ``as_task_v2`` writes them: no arguments are ``()`` and ``{}``, whether ``[]`` or ``()``
+    (Celery's beat passes ``[]`` for an entry without arguments)."""
     args_size, kwargs_size, levels = limits or repr_limits(app)
-    return display_form(args, args_size, levels), display_form(kwargs, kwargs_size, levels)
+    return (
+        display_form(args or (), args_size, levels),
+        display_form(kwargs or {}, kwargs_size, levels),
+    )
 
 
 def display_form(value: Any, maxsize: int, maxlevels: int) -> str:

@@ -5,6 +5,8 @@ Celery's own functions, step by step as ``Task.apply_async``, ``Celery.send_task
 
 from __future__ import annotations
 
+import math
+import operator
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -12,16 +14,19 @@ from datetime import datetime
 from typing import Any
 
 from celery import Task
-from celery.backends.base import Backend
+
+from celery_driftsafe.originals import is_original
 
 #: A placeholder task id, replaced in every message built from a skeleton.
 _PLACEHOLDER_ID = "00000000-0000-0000-0000-000000000000"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Skeleton:
     """What the messages of every task with one name and publish options share, whatever
-    their arguments (routing, the task's own options, headers but the argument reprs)."""
+    their arguments (routing, the task's own options, headers but the argument reprs).
+    Compared and hashed as an object (a cache keyed by a skeleton holds it: no other can
+    take its place)."""
 
     headers: dict[str, Any]
     properties: dict[str, Any]
@@ -35,6 +40,9 @@ class Skeleton:
     #: The task's signature check (Celery's ``typing``), run on each task's arguments.
     check_arguments: Callable[..., Any] | None
     notify_backend: bool
+    #: Whether Celery publishes these messages through ``Task.apply_async`` (a registered
+    #: task), which the fast path reproduces only while it is Celery's own.
+    via_apply_async: bool
     #: The Redis envelopes' shapes (:mod:`celery_driftsafe.envelope`), made on first use.
     envelopes: dict[tuple[Any, ...], Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -70,10 +78,12 @@ def build_skeleton(
     check_arguments = None
     if task is not None:
         # Task.apply_async (the dispatcher calls Task.apply_async for a DriftSafeTask)
-        if not _plain_apply_async(task) or type(task).shadow_name is not Task.shadow_name:
+        if not _celerys_apply_async(task):
             return None
         if getattr(task, "_dump_pydantic_arguments", None) is not None:
             return None
+        if task.soft_time_limit and task.time_limit and task.soft_time_limit > task.time_limit:
+            return None  # apply_async refuses it (ValueError): the slow path records why
         if task.typing:
             check_arguments = getattr(task, "__header__", None)
         opts = dict(task._get_exec_options(), **opts)
@@ -124,7 +134,6 @@ def build_skeleton(
     if publish is None:
         return None
     publish_kwargs, declare, serializer, compression = publish
-    backend = app.backend
     for per_message in ("correlation_id", "reply_to", "expiration"):
         properties.pop(per_message, None)
     return Skeleton(
@@ -138,8 +147,12 @@ def build_skeleton(
         declare_idents=_declare_idents(declare),
         check_arguments=check_arguments,
         notify_backend=(
-            not ignore_result and type(backend).on_task_call is not Backend.on_task_call
+            not ignore_result
+            and not is_original(
+                app.backend.on_task_call, "celery.backends.base", "Backend.on_task_call"
+            )
         ),
+        via_apply_async=task is not None,
     )
 
 
@@ -214,12 +227,48 @@ def _publish_arguments(
     )
 
 
-def _plain_apply_async(task: Any) -> bool:
-    """Whether publishing ``task`` goes through Celery's own ``Task.apply_async`` (a task
-    class of the project's may override it to do more)."""
+def celerys_send_path(app: Any) -> str | None:
+    """What of Celery's ``send_task`` path of ``app`` the fast path cannot reproduce, or None:
+    a method wrapped or replaced (``Celery.send_task``, the protocol's message builder, the
+    app's ``send_task_message``, the router's ``route``), or a router function in
+    ``task_routes`` (Celery passes it each message's options, its headers among them: only
+    plain maps and patterns, which read the task's name alone, give one answer a task)."""
+    from celery.app.routes import MapRoute
+
+    amqp = app.amqp
+    if not is_original(app.send_task, "celery.app.base", "Celery.send_task"):
+        return "Celery.send_task is wrapped or replaced"
+    if not is_original(amqp.create_task_message, "celery.app.amqp", "AMQP.as_task_v2"):
+        return "the app's create_task_message is not Celery's as_task_v2"
+    if not is_original(amqp.send_task_message, "celery.app.amqp", _SEND_TASK_MESSAGE):
+        return "the app's send_task_message is wrapped or replaced"
+    router = amqp.router
+    if not is_original(router.route, "celery.app.routes", "Router.route"):
+        return "the app's router is not Celery's"
+    if not all(type(route) is MapRoute for route in router.routes):
+        return "task_routes has a router function"
+    return None
+
+
+#: The function ``AMQP.send_task_message`` is (made by ``_create_task_sender``).
+_SEND_TASK_MESSAGE = "AMQP._create_task_sender.<locals>.send_task_message"
+
+
+def celerys_apply_async() -> bool:
+    """Whether ``Task.apply_async`` is Celery's own (a tracing integration may have wrapped
+    it on the class)."""
+    return is_original(Task.apply_async, "celery.app.task", "Task.apply_async")
+
+
+def _celerys_apply_async(task: Any) -> bool:
+    """Whether publishing ``task`` goes through Celery's own ``Task.apply_async`` and
+    ``shadow_name`` (a task class of the project's may override them to do more)."""
     from celery_driftsafe.task import DriftSafeTask
 
-    return isinstance(task, DriftSafeTask) or type(task).apply_async is Task.apply_async
+    apply_async = Task.apply_async if isinstance(task, DriftSafeTask) else task.apply_async
+    return is_original(apply_async, "celery.app.task", "Task.apply_async") and is_original(
+        task.shadow_name, "celery.app.task", "Task.shadow_name"
+    )
 
 
 def _declare_idents(declare: list[Any] | None) -> tuple[int, ...] | None:
@@ -258,11 +307,50 @@ class MessageTemplate:
     ) -> bool:
         return (
             self.name == name
-            and self.args == args
-            and self.kwargs == kwargs
-            and self.options == options
+            and same_value(self.args, args)
+            and same_value(self.kwargs, kwargs)
+            and same_value(self.options, options)
             and self.has_expiry == has_expiry
         )
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` make the same message: equal, and of the same types throughout,
+    their keys in the same order (``1``, ``True`` and ``1.0`` are equal, but Celery's JSON
+    writes ``1``, ``true`` and ``1.0``; ``0.0`` and ``-0.0`` too; a dict's keys are written in
+    their order, and its display form too). Equality is checked first, in C: then only the
+    types and orders are left to compare."""
+    if a is b:
+        return True
+    kind = type(a)
+    return kind is type(b) and a == b and _same_equal(kind, a, b)
+
+
+def _same_equal(kind: type, a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b``, equal and both of type ``kind``, are the same value."""
+    if kind in _EXACT:
+        return True
+    if kind is list or kind is tuple:
+        return all(map(_same_equal_item, a, b))  # equal lists: their items pairwise equal
+    if kind is dict:
+        # equal dicts, their keys in the same order: items pairwise equal
+        return (
+            all(map(operator.eq, a, b))
+            and all(map(_same_equal_item, a, b))
+            and all(map(_same_equal_item, a.values(), b.values()))
+        )
+    if kind is float:
+        return a != 0.0 or math.copysign(1.0, a) == math.copysign(1.0, b)
+    return True
+
+
+def _same_equal_item(a: Any, b: Any) -> bool:
+    kind = type(a)
+    return kind is type(b) and (kind in _EXACT or _same_equal(kind, a, b))
+
+
+#: Types whose equal values of the same type are the same value (the same JSON, the same repr).
+_EXACT = frozenset({str, int, bool, type(None)})
 
 
 #: Stand-ins for empty arguments and options: a template compares against them, never

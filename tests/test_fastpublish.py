@@ -7,12 +7,15 @@ it falls back to ``apply_async``, and a real worker executes what it publishes."
 from __future__ import annotations
 
 import base64
+import copy
+import functools
 import json
 import os
 import pickle
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -28,7 +31,7 @@ from kombu import Exchange, Queue
 
 from celery_driftsafe import nodes
 from celery_driftsafe.claim import ClaimedRun, claimer_for
-from celery_driftsafe.models import Run, RunStatus
+from celery_driftsafe.models import PeriodicTask, Run, RunStatus
 from celery_driftsafe.publisher import Dispatcher
 from celery_driftsafe.reprs import display_form
 from celery_driftsafe.task import DriftSafeTask
@@ -231,10 +234,6 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"task": "elsewhere.task", "args": [], "kwargs": {}},
     ),
     "gzip": ({"task_compression": "gzip"}, {"task": "fast.add"}),
-    "a router function": (
-        {"task_routes": ["tests.test_fastpublish.route_by_first_argument"]},
-        {"task": "fast.add"},
-    ),
     "no expiry": ({}, {"task": "fast.add", "expires_seconds": None, "__no_expiry": True}),
 }
 
@@ -279,8 +278,6 @@ def test_the_fast_message_is_celerys_message(
         assert pickle.loads(base64.b64decode(fast_sent[0][1]["body"]))[0] == ()
     if case == "gzip":
         assert headers["compression"] == "application/x-gzip"
-    if case == "a router function":
-        assert [m["properties"]["priority"] for _, m in fast_sent] == [0, 4]
 
 
 _JSON_VALUES = st.recursive(
@@ -349,7 +346,10 @@ def test_a_spliced_envelope_is_the_text_put_writes_to_the_byte(
             )
             assert writer._lists == {key: [writer._dumps(message)]}
 
-        check()
+        try:
+            check()
+        finally:  # the channel goes back to the pool: as kombu made it
+            del channel._next_delivery_tag
 
 
 def test_delivery_tags_are_uuid4_texts_unique_across_writers(
@@ -508,28 +508,66 @@ def test_each_slot_gets_its_own_ids_and_an_edited_task_a_new_message(
     assert [m["headers"]["argsrepr"] for m in sent] == ["[1, 2]", "[5, 5]"]
 
 
-def test_receivers_of_the_publish_signals_get_celerys_path(
-    make_app: Callable[..., Celery], queue: str, settings: Any
+def _normal(value: Any) -> Any:
+    """What a receiver got, comparable between two publishes of one message (the time to
+    live counts from the moment of publishing: set or not)."""
+    if isinstance(value, dict):
+        return {k: ("set" if k == "expiration" else _normal(v)) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_normal(v) for v in value)
+    return value
+
+
+@pytest.mark.parametrize("conf", [{}, {"task_compression": "gzip"}], ids=["plain", "gzip"])
+@pytest.mark.parametrize("task", ["fast.add", "fast.safe", "elsewhere.task"])
+def test_receivers_of_the_publish_signals_get_celerys_parts_and_change_the_message(
+    task: str,
+    conf: dict[str, Any],
+    make_app: Callable[..., Celery],
+    queue: str,
+    settings: Any,
 ) -> None:
-    """Celery sends ``before_task_publish``/``after_task_publish`` from ``send_task``, and a
-    receiver may change the message: with receivers, every message takes that path."""
-    app = make_app()
-    seen: list[str] = []
+    """Celery sends ``before_task_publish`` and ``after_task_publish`` from
+    ``send_task_message`` with the message's parts, and a receiver may change the message
+    (OpenTelemetry's stamps its headers): the fast path sends both signals with the parts
+    Celery sends (compared, argument by argument, with what Celery's own path gives the same
+    receivers), and what a receiver changes (a header, a property, the body's arguments)
+    reaches the message, which equals Celery's. It used to step aside for any receiver."""
+    app = make_app(**conf)
+    got: list[tuple[str, dict[str, Any]]] = []
 
-    def receiver(sender: str, headers: dict[str, Any], **kwargs: Any) -> None:
-        seen.append(headers["id"])
-        headers["stamped"] = "yes"
+    def before(**kwargs: Any) -> None:
+        kwargs.pop("signal")
+        got.append(("before", _normal(copy.deepcopy(kwargs))))
+        kwargs["headers"]["traced"] = kwargs["headers"]["id"][::-1]
+        kwargs["headers"]["shadow"] = "shown-as"
+        kwargs["properties"]["priority"] = 3
+        kwargs["body"][1]["stamped"] = True
 
-    signals.before_task_publish.connect(receiver, weak=False)
+    def after(**kwargs: Any) -> None:
+        kwargs.pop("signal")
+        got.append(("after", _normal(copy.deepcopy(kwargs))))
+
+    runs = claim(task=task, headers={"tenant": "a"})
+    signals.before_task_publish.connect(before, weak=False)
+    signals.after_task_publish.connect(after, weak=False)
     try:
-        runs = claim(task="fast.add")
-        dispatcher = Dispatcher(app, FakeClock(T0))
-        dispatcher.dispatch(runs)
+        celery_sent, fast_sent, dispatcher = both_ways(app, settings, runs, queue, FakeClock(T0))
     finally:
-        signals.before_task_publish.disconnect(receiver)
-    assert dispatcher.fast.declined == 2 and dispatcher.fast.published == 0
-    assert seen == [r.celery_task_id for r in runs]
-    assert [m["headers"]["stamped"] for _, m in raw_messages(queue)] == ["yes", "yes"]
+        signals.before_task_publish.disconnect(before)
+        signals.after_task_publish.disconnect(after)
+    assert (dispatcher.fast.published, dispatcher.fast.declined) == (2, 0)
+    for (key, celery_msg), (fast_key, fast_msg) in zip(celery_sent, fast_sent, strict=True):
+        assert comparable(fast_key, fast_msg) == comparable(key, celery_msg)
+        assert same_expiry(fast_msg, celery_msg)
+    assert [m["headers"]["traced"] for _, m in fast_sent] == [r.celery_task_id[::-1] for r in runs]
+    assert {m["headers"]["shadow"] for _, m in fast_sent} == {"shown-as"}
+    assert {m["properties"]["priority"] for _, m in fast_sent} == {3}
+    for _, message in fast_sent:
+        raw = base64.b64decode(message["body"])
+        assert json.loads(zlib.decompress(raw) if conf else raw)[1]["stamped"] is True
+    assert [kind for kind, _ in got] == ["before", "after"] * 4
+    assert got[4:] == got[:4]  # the fast path's receivers got what Celery's did
 
 
 @pytest.mark.parametrize("what", ["setting off", "protocol 1"])
@@ -761,3 +799,241 @@ def test_on_rabbitmq_with_publisher_confirms_the_message_is_celerys_too(
         assert fast_ttl > 80_000_000 and abs(fast_ttl - celery_ttl) < 2000
     assert fast_sent[0]["properties"]["priority"] == 5
     assert fast_sent[0]["headers"]["tenant"] == "b"
+
+
+# -- Celery is the oracle: what the fast path may not take for granted -------------------------
+
+
+def _adding_a_header(function: Callable[..., Any], at: str) -> Callable[..., Any]:
+    """A wrapper of Celery's or kombu's publishing as tracing integrations install them (on
+    the class, with ``functools.wraps``): it adds the header ``traced`` to every message."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if at == "message":  # send_task_message(producer, name, message, ...)
+            args[2][0]["traced"] = "yes"
+        else:
+            kwargs["headers"] = {**(kwargs.get("headers") or {}), "traced": "yes"}
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
+@pytest.mark.parametrize(
+    "wrapped", ["Task.apply_async", "Celery.send_task", "send_task_message", "Producer.publish"]
+)
+@pytest.mark.parametrize("task", ["fast.add", "fast.safe", "elsewhere.task"])
+def test_a_wrapper_installed_over_celerys_publishing_runs_for_the_beats_messages(
+    wrapped: str,
+    task: str,
+    make_app: Callable[..., Celery],
+    queue: str,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Sentry's (Elastic APM's, OpenTracing's) integration replaces ``Task.apply_async`` or
+    ``Celery.send_task`` on the class with a wrapper that adds its tracing headers: the beat's
+    message carries them as Celery's does. The fast path steps aside for the tasks the wrapper
+    concerns (a name only, published with ``send_task``, does not go through
+    ``Task.apply_async``) and keeps the others. It compared ``type(task).apply_async is
+    Task.apply_async``, true after such a patch: no message carried the header."""
+    from celery.app.task import Task
+    from kombu.messaging import Producer
+
+    app = make_app()
+    if wrapped == "send_task_message":
+        amqp = app.amqp
+        monkeypatch.setattr(
+            amqp, "send_task_message", _adding_a_header(amqp.send_task_message, "message")
+        )
+    else:
+        owner = {"Task": Task, "Celery": Celery, "Producer": Producer}[wrapped.split(".")[0]]
+        name = wrapped.split(".")[1]
+        monkeypatch.setattr(owner, name, _adding_a_header(getattr(owner, name), "kwargs"))
+    runs = claim(task=task)
+    celery_sent, fast_sent, dispatcher = both_ways(app, settings, runs, queue, FakeClock(T0))
+    for (key, celery_msg), (fast_key, fast_msg) in zip(celery_sent, fast_sent, strict=True):
+        assert comparable(fast_key, fast_msg) == comparable(key, celery_msg)
+    concerned = wrapped != "Task.apply_async" or task != "elsewhere.task"
+    assert [m["headers"].get("traced") for _, m in fast_sent] == ["yes" if concerned else None] * 2
+    if wrapped == "Producer.publish":  # the fast path calls Producer.publish: kept
+        assert dispatcher.fast.published == 2 and dispatcher.fast.direct == 0
+    else:
+        assert dispatcher.fast.published == (0 if concerned else 2)
+
+
+def route_by_tenant(
+    name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any
+) -> dict[str, Any] | None:
+    """A router that reads the message's headers, as Celery passes them to routers."""
+    tenant = (options.get("headers") or {}).get("tenant")
+    return {"queue": tenant} if tenant else None
+
+
+@pytest.mark.parametrize("router", ["route_by_tenant", "route_by_first_argument"])
+def test_router_functions_get_celerys_options(
+    router: str, make_app: Callable[..., Celery], queue: str, settings: Any
+) -> None:
+    """Celery asks the routers of ``task_routes`` with the publish options, the message's
+    headers among them: a router on a header sends the message where Celery's ``send_task``
+    does. The fast path asked routers once per task without the headers (the message went to
+    the default queue); it now leaves tasks to Celery wherever a router is a function (plain
+    maps and patterns keep the fast path: they read only the task's name)."""
+    app = make_app(task_routes=[f"tests.test_fastpublish.{router}"])
+    runs = claim(task="fast.add", headers={"tenant": f"{queue}-acme"})
+    celery_sent, fast_sent, dispatcher = both_ways(app, settings, runs, queue, FakeClock(T0))
+    for (key, celery_msg), (fast_key, fast_msg) in zip(celery_sent, fast_sent, strict=True):
+        assert comparable(fast_key, fast_msg) == comparable(key, celery_msg)
+    if router == "route_by_tenant":
+        assert [key for key, _ in fast_sent] == [f"{queue}-acme"] * 2
+    else:
+        assert [m["properties"]["priority"] for _, m in fast_sent] == [0, 4]
+    assert (dispatcher.fast.published, dispatcher.fast.declined) == (0, 2)
+
+
+EDITS = {
+    "a number to a boolean": ({"args": [1]}, {"args": [True]}),
+    "a boolean to a number": ({"kwargs": {"flag": False}}, {"kwargs": {"flag": 0}}),
+    "a whole number to a float": ({"args": [1, {"x": 2}]}, {"args": [1, {"x": 2.0}]}),
+    "zero to minus zero": ({"args": [0.0]}, {"args": [-0.0]}),
+    "the keys' order": ({"kwargs": {"a": 1, "b": 2}}, {"kwargs": {"b": 2, "a": 1}}),
+}
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast path", "apply_async"])
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_an_edit_that_changes_only_a_type_or_an_order_is_sent(
+    edit: str, fast: bool, make_app: Callable[..., Celery], queue: str, settings: Any
+) -> None:
+    """``1 == True == 1.0`` and ``{"a": 1, "b": 2} == {"b": 2, "a": 1}``, but Celery's message
+    is not the same (``[true]``, ``'[True]'``): after such an edit the next message is the
+    one Celery sends for the new arguments (its body, and display forms written from them).
+    Templates and display forms were reused while the arguments compared equal: the old
+    body went out until the beat restarted."""
+    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "FAST_PUBLISH": fast}
+    before, after = EDITS[edit]
+    app = make_app()
+    nodes.register("n1", T0)
+    task = interval_task("t1", 60, anchor=T0, next_slot_at=T0, task="elsewhere.task", **before)
+    dispatcher = Dispatcher(app, FakeClock(T0))
+    dispatcher.dispatch(claimer_for().claim(T0, "n1").runs)
+    for field_name, value in after.items():
+        setattr(task, field_name, value)
+    task.save()
+    runs = claimer_for().claim(T0 + timedelta(seconds=60), "n1").runs
+    dispatcher.dispatch(runs)
+    assert dispatcher.fast.published == (2 if fast else 0)
+    first, second = (m for _, m in raw_messages(queue))
+    # the oracle: Celery's own send_task with the run's arguments (as the database gave them)
+    app.send_task("elsewhere.task", args=runs[0].args, kwargs=runs[0].kwargs, queue=queue)
+    ((_, celery_msg),) = raw_messages(queue)
+    assert base64.b64decode(second["body"]) == base64.b64decode(celery_msg["body"])
+    # PostgreSQL's jsonb keeps neither a dict's key order nor a minus zero: no edit there
+    if test_settings.TEST_DB != "postgres" or edit not in ("the keys' order", "zero to minus zero"):
+        assert base64.b64decode(second["body"]) != base64.b64decode(first["body"])
+    for name in ("argsrepr", "kwargsrepr"):
+        assert second["headers"][name] == celery_msg["headers"][name]
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast path", "apply_async"])
+def test_every_message_goes_to_its_own_tasks_queue_whatever_the_cache_keeps(
+    fast: bool,
+    make_app: Callable[..., Celery],
+    queue: str,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With more tasks than the template cache holds (here one), the skeletons of the tasks
+    it does not keep are freed after their message is built and CPython reuses their memory:
+    the Redis writer's routes, kept by ``id(skeleton)``, sent later tasks to an earlier
+    task's queue. Each message lands on its own task's queue."""
+    from celery_driftsafe import fastpublish
+
+    monkeypatch.setattr(fastpublish, "TEMPLATE_CACHE_SIZE", 1)
+    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "FAST_PUBLISH": fast}
+    app = make_app()
+    nodes.register("n1", T0)
+    for i in range(40):
+        interval_task(
+            f"t{i}",
+            60,
+            anchor=T0,
+            next_slot_at=T0,
+            task="fast.add",
+            args=[i, i],
+            queue=f"{queue}-{i}",
+        )
+    dispatcher = Dispatcher(app, FakeClock(T0))
+    # the first wave declares the queues (through kombu), the next ones are written to Redis
+    for wave in range(3):
+        runs = claimer_for().claim(T0 + timedelta(seconds=60 * wave), "n1").runs
+        assert len(dispatcher.dispatch(runs).published) == 40
+    sent = raw_messages(queue)
+    assert len(sent) == 120 and dispatcher.fast.published == (120 if fast else 0)
+    assert dispatcher.fast.direct == (80 if fast else 0)
+    for key, message in sent:
+        (i, _) = json.loads(base64.b64decode(message["body"]))[0]
+        assert key == f"{queue}-{i}", (key, i)
+
+
+def test_time_limits_celery_refuses_fail_the_run_on_both_paths(
+    make_app: Callable[..., Celery], queue: str, settings: Any
+) -> None:
+    """Celery's ``apply_async`` refuses a task whose soft time limit exceeds its time limit
+    (``ValueError``): its runs are recorded failed with Celery's reason on either path, and
+    the round goes on. The fast path published them; the slow path retried them for minutes
+    as if the broker had refused them."""
+    app = make_app()
+
+    @app.task(name="fast.bad_limits", shared=False, time_limit=10, soft_time_limit=20)
+    def bad_limits() -> None:
+        """Never runs."""
+
+    with pytest.raises(ValueError, match="soft_time_limit") as celerys:
+        bad_limits.apply_async()
+    for fast in (True, False):
+        settings.DRIFTSAFE = {**settings.DRIFTSAFE, "FAST_PUBLISH": fast}
+        Run.objects.all().delete()
+        PeriodicTask.objects.all().delete()
+        nodes.register("n1", T0)
+        interval_task("bad", 60, anchor=T0, next_slot_at=T0, task="fast.bad_limits")
+        interval_task("good", 60, anchor=T0, next_slot_at=T0, task="fast.add", args=[1, 2])
+        runs = {r.task_name: r for r in claimer_for().claim(T0, "n1").runs}
+        result = Dispatcher(app, FakeClock(T0)).dispatch(list(runs.values()))
+        assert result.published == [runs["fast.add"].run_id] and not result.refused
+        assert str(celerys.value) in result.failed[runs["fast.bad_limits"].run_id]
+        failed = Run.objects.get(pk=runs["fast.bad_limits"].run_id)
+        assert failed.status == RunStatus.FAILED and str(celerys.value) in failed.error
+        assert [m["headers"]["task"] for _, m in raw_messages(queue)] == ["fast.add"]
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast path", "apply_async"])
+@pytest.mark.parametrize("task", ["fast.add", "elsewhere.task"])
+def test_a_task_without_arguments_shows_them_as_celerys_beat_does(
+    task: str, fast: bool, make_app: Callable[..., Celery], queue: str, settings: Any
+) -> None:
+    """Celery's beat publishes an entry without arguments with ``args=[]``, which Celery's
+    message shows as ``argsrepr '()'`` (``as_task_v2`` takes no arguments as ``()``): so do
+    both paths, which showed ``'[]'``."""
+    from celery.beat import ScheduleEntry, Scheduler
+
+    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "FAST_PUBLISH": fast}
+    app = make_app()
+    if task == "fast.add":
+        app.tasks["fast.add"].typing = False  # no arguments for a task of two
+    nodes.register("n1", T0)
+    interval_task("t1", 60, anchor=T0, next_slot_at=T0, task=task, args=[], kwargs={})
+    dispatcher = Dispatcher(app, FakeClock(T0))
+    assert len(dispatcher.dispatch(claimer_for().claim(T0, "n1").runs).published) == 1
+    ((_, message),) = raw_messages(queue)
+    # the oracle: Celery's own beat, for a beat_schedule entry without arguments
+    beat = Scheduler(app, lazy=True)
+    beat.apply_async(ScheduleEntry(name="t1", task=task, app=app), advance=False)
+    ((_, celery_msg),) = raw_messages(queue)
+    assert celery_msg["headers"]["argsrepr"] == "()"
+    assert (message["headers"]["argsrepr"], message["headers"]["kwargsrepr"]) == (
+        celery_msg["headers"]["argsrepr"],
+        celery_msg["headers"]["kwargsrepr"],
+    )
+    assert base64.b64decode(message["body"]) == base64.b64decode(celery_msg["body"])
+    assert dispatcher.fast.published == int(fast)
