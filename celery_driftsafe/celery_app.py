@@ -13,9 +13,11 @@ and process, and everything here that reads the app's registry calls it first.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 import zoneinfo
+from collections.abc import Iterator
 from importlib import import_module
 from typing import Any
 
@@ -75,8 +77,11 @@ def load_task_modules(app: Any | None = None) -> Any:
     ``import_modules`` signal (on which ``autodiscover_tasks()`` waits, and Celery's Django
     fix-up, which runs Django's system checks unless ``CELERY_SKIP_CHECKS`` is set), then
     imports ``imports`` and ``include``. An app whose worker or beat runs in this process is
-    left alone (its modules are in). Django's set-up, which the fix-up repeats, resets the
-    thread's URL prefix: the prefix of the request being served is put back.
+    left alone (its modules are in). The fix-up also calls ``django.setup()`` first, for a
+    worker that starts Django there; in a process where Django is already set up (a web
+    process) that call is skipped: a second set-up would configure logging again (with
+    ``disable_existing_loggers`` every logger made since start-up would fall silent) and reset
+    the URL prefix of the request being served.
 
     A module that fails to import raises :class:`TaskModulesError` naming it, and the next call
     tries again (a fixed module is then found without a restart)."""
@@ -88,17 +93,35 @@ def load_task_modules(app: Any | None = None) -> Any:
         if app in _loaded:
             return app
         if not getattr(loader, "worker_initialized", False):
-            from django.urls import get_script_prefix, set_script_prefix
-
-            prefix = get_script_prefix()
             try:
-                loader.import_default_modules()
+                with _django_set_up_once():
+                    loader.import_default_modules()
             except Exception as exc:
                 raise TaskModulesError(failed_module(exc), exc) from exc
-            finally:
-                set_script_prefix(prefix)
         _loaded.add(app)
     return app
+
+
+@contextlib.contextmanager
+def _django_set_up_once() -> Iterator[None]:
+    """While it lasts, ``django.setup()`` does nothing if Django is set up already (called
+    under :data:`_loading`; nothing else in a running process sets Django up)."""
+    import django
+    from django.apps import apps
+
+    if not apps.ready:
+        yield
+        return
+    setup = django.setup
+    django.setup = _already_set_up
+    try:
+        yield
+    finally:
+        django.setup = setup
+
+
+def _already_set_up(set_prefix: bool = True) -> None:
+    """``django.setup`` for a process whose Django is set up: nothing to do."""
 
 
 def failed_module(exc: BaseException) -> str:

@@ -129,3 +129,33 @@ def test_the_celery_a_argument_names_the_app_only_where_celery_finds_it(
     )
     settings.DRIFTSAFE = {**settings.DRIFTSAFE, "CELERY_APP": "tests.test_admin:DOTTED_APP"}
     assert celery_app.app_argument() == "tests.test_admin:DOTTED_APP"
+
+
+def test_a_web_process_s_logging_and_url_prefix_survive_the_loading(
+    settings: Any, modules: dict[str, str]
+) -> None:
+    """Celery's Django fix-up calls ``django.setup()`` before the task modules are imported;
+    in a process whose Django is set up, doing it again would configure logging anew (a
+    ``disable_existing_loggers`` config silences every logger made since start-up) and reset
+    the URL prefix of the request being served."""
+    import logging
+
+    from django.urls import get_script_prefix, set_script_prefix
+
+    settings.LOGGING = {"version": 1, "disable_existing_loggers": True}
+    made_since = logging.getLogger(f"driftsafe-test.made-since-start-up.{uuid.uuid4().hex}")
+    loggers = [made_since, *logging.Logger.manager.loggerDict.values()]
+    was_disabled = {id(lg): lg.disabled for lg in loggers if isinstance(lg, logging.Logger)}
+    app = Celery("web", set_as_current=False, include=[modules["include"]])
+    app.config_from_object("django.conf:settings", namespace="CELERY")
+    set_script_prefix("/under/a/path/")
+    try:
+        celery_app.load_task_modules(app)
+        assert f"{modules['include']}.tick" in app.tasks
+        assert get_script_prefix() == "/under/a/path/"
+        assert not made_since.disabled
+    finally:
+        set_script_prefix("/")
+        for lg in loggers:  # should the set-up have run: every logger speaks again
+            if isinstance(lg, logging.Logger):
+                lg.disabled = was_disabled[id(lg)]
