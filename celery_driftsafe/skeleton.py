@@ -120,6 +120,9 @@ def build_skeleton(
     )
     for stamp in opts.pop("stamped_headers", None) or ():
         opts.pop(stamp, None)
+    # The placeholders' only place is the headers: Celery's beat passes no display forms to
+    # apply_async, so its messages carry none among their properties.
+    del opts["argsrepr"], opts["kwargsrepr"]
     publish = _publish_arguments(app, opts, properties)
     if publish is None:
         return None
@@ -262,7 +265,26 @@ class MessageTemplate:
             and self.kwargs == kwargs
             and self.options == options
             and self.has_expiry == has_expiry
+            and _same_key_order(self.args, args)
+            and _same_key_order(self.kwargs, kwargs)
         )
+
+
+def _same_key_order(built: Any, given: Any) -> bool:
+    """Whether the dictionaries in ``given`` (equal to ``built``) have their keys in the same
+    order as ``built``'s: equal dictionaries in another order are another message body and
+    other display forms (``{'b': 2, 'a': 1}``)."""
+    if type(built) is dict:
+        return (
+            type(given) is dict
+            and list(built) == list(given)
+            and all(_same_key_order(value, given[key]) for key, value in built.items())
+        )
+    if type(built) is list:
+        return type(given) is list and all(
+            _same_key_order(a, b) for a, b in zip(built, given, strict=True)
+        )
+    return True
 
 
 #: Stand-ins for empty arguments and options: a template compares against them, never

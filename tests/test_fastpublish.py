@@ -239,7 +239,20 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+#: Cases the fast path gets wrong in a way another change fixes (issue 43, i43a): Celery's
+#: ``argsrepr`` of no arguments is ``'()'``, the fast path's ``'[]'`` (the ``apply_async``
+#: path wrote ``'[]'`` too until it let Celery write its own display forms). Strict: remove
+#: the mark once that change is in.
+_FIXED_ELSEWHERE = {
+    "pickle, no arguments": pytest.mark.xfail(
+        strict=True, reason="(f) empty args: argsrepr '[]' vs Celery's '()', fixed by i43a"
+    )
+}
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(case, marks=_FIXED_ELSEWHERE.get(case, ())) for case in CASES]
+)
 def test_the_fast_message_is_celerys_message(
     case: str, make_app: Callable[..., Celery], queue: str, settings: Any
 ) -> None:
