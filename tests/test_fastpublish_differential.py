@@ -69,8 +69,8 @@ KNOWN_FIXED_ELSEWHERE = {
     "router_reads_headers",
     # (c) an edit that changes only types (``[1]`` -> ``[True]``): the template still matches.
     "type_only_edit",
-    # (d) runs of two versions of a task in one batch with a router function: the writer's
-    # route cache is keyed by ``id(skeleton)`` and a freed skeleton's id is reused.
+    # (d) runs of two versions of a task in one batch with a router function (on Redis): the
+    # writer's route cache is keyed by ``id(skeleton)`` and a freed skeleton's id is reused.
     "edits_in_one_batch",
     # (e) ``soft_time_limit`` above ``time_limit``: Celery raises ValueError, the fast path
     # published.
@@ -125,8 +125,11 @@ def _router(kind: str, prefix: str) -> Any:
     def by_headers(
         name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any
     ) -> Any:
+        # what the beat's messages carry (Celery's marks them), or a tenant's
         headers = options.get("headers") or {}
-        return {"queue": f"{prefix}-a"} if headers.get("tenant") == "x" else None
+        if headers.get("celery_beat_task") or headers.get("tenant") == "x":
+            return {"queue": f"{prefix}-a", "priority": 8}
+        return None
 
     functions = {
         "name": by_name,
