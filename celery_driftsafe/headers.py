@@ -27,6 +27,9 @@ HEADER_PERIODIC_TASK_ID = "driftsafe_periodic_task_id"
 #: Where the publishing process takes run locks (:func:`celery_driftsafe.locks.lock_identity`).
 HEADER_LOCKS = "driftsafe_locks"
 
+#: Celery's beat sets it on every message it sends; a beat of this package does too.
+HEADER_CELERY_BEAT = "celery_beat_task"
+
 ALL = (HEADER_RUN_ID, HEADER_SLOT, HEADER_FENCING_TOKEN, HEADER_PERIODIC_TASK_ID, HEADER_LOCKS)
 
 
@@ -123,6 +126,10 @@ def message_headers(run: ClaimedRun) -> dict[str, Any]:
             HEADER_LOCKS: lock_identity(),
         }
     )
+    if run.slot is not None:
+        # a scheduled run: what Celery's own beat marks every message it sends with
+        # (``Scheduler.apply_async``); a manual run is not the beat's
+        headers[HEADER_CELERY_BEAT] = True
     return headers
 
 

@@ -14,6 +14,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from celery import Task
+from celery.exceptions import QueueNotFound
 from django.db import DatabaseError
 from django.db.models import Case, F, Q, TextField, Value, When
 
@@ -29,8 +30,6 @@ from celery_driftsafe.fastpublish import FastPublisher
 from celery_driftsafe.headers import message_headers
 from celery_driftsafe.models import Run, RunStatus
 from celery_driftsafe.redis_writer import BatchWriteError, RedisWriter
-from celery_driftsafe.reprs import argument_reprs
-from celery_driftsafe.skeleton import same_value
 from celery_driftsafe.task import DriftSafeTask
 
 if TYPE_CHECKING:
@@ -41,8 +40,6 @@ logger = logging.getLogger(__name__)
 
 #: A run whose publish the broker refused this many times is recorded ``failed``.
 MAX_PUBLISH_ATTEMPTS = 8
-#: Tasks whose argument display forms a dispatcher keeps (then it starts afresh).
-REPR_CACHE_SIZE = 200_000
 #: Longest wait before another try of a refused publish.
 MAX_PUBLISH_BACKOFF = timedelta(minutes=5)
 
@@ -73,7 +70,6 @@ class Dispatcher:
         self.clock = clock
         self.using = using
         self.batch_size = batch_size or get_settings().publish_batch_size
-        self._repr_cache: dict[int | str, tuple[list[Any], dict[str, Any], str, str]] = {}
         self.fast = FastPublisher(app)
         #: Why the last publish found the broker out of reach; None while it answers.
         self.broker_down: str | None = None
@@ -180,6 +176,11 @@ class Dispatcher:
                     self._publish(run, producer, fast, writer)
                 except BatchWriteError:
                     raise  # the batch's write, not this message: nothing of it is known out
+                except QueueNotFound as exc:
+                    # Routed to a queue missing from task_queues (task_create_missing_queues
+                    # off): this message's, tried again with backoff. A KeyError, which
+                    # kombu's Redis transport counts among its connection errors.
+                    result.refused[run.run_id] = describe_error(exc)
                 except unreachable as exc:
                     if not refused(exc):
                         raise
@@ -269,7 +270,6 @@ class Dispatcher:
         options = {k: v for k, v in run.options.items() if k != "headers"}
         if run.expires_at is not None:
             options["expires"] = run.expires_at
-        options["argsrepr"], options["kwargsrepr"] = self._reprs(run)
         task = self.app.tasks.get(run.task_name)
         if task is None:
             send = partial(self.app.send_task, run.task_name)
@@ -288,24 +288,6 @@ class Dispatcher:
             producer=producer,
             **options,
         )
-
-    def _reprs(self, run: ClaimedRun) -> tuple[str, str]:
-        """The arguments' display forms (``argsrepr``/``kwargsrepr``, as Celery writes them),
-        built once per task and reused while its arguments stay the same: they cost more than
-        the rest of the message."""
-        key = run.periodic_task_id if run.periodic_task_id is not None else run.task_name
-        cached = self._repr_cache.get(key)
-        if (
-            cached is not None
-            and same_value(cached[0], run.args)
-            and same_value(cached[1], run.kwargs)
-        ):
-            return cached[2], cached[3]
-        if len(self._repr_cache) >= REPR_CACHE_SIZE:
-            self._repr_cache.clear()
-        reprs = argument_reprs(self.app, run.args, run.kwargs)
-        self._repr_cache[key] = (run.args, run.kwargs, *reprs)
-        return reprs
 
     def _record(self, result: DispatchResult, runs: dict[int, ClaimedRun]) -> None:
         now = self.clock.now()

@@ -130,6 +130,9 @@ def build_skeleton(
     )
     for stamp in opts.pop("stamped_headers", None) or ():
         opts.pop(stamp, None)
+    # The placeholders' only place is the headers: Celery's beat passes no display forms to
+    # apply_async, so its messages carry none among their properties.
+    del opts["argsrepr"], opts["kwargsrepr"]
     publish = _publish_arguments(app, opts, properties)
     if publish is None:
         return None

@@ -238,7 +238,7 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", CASES)
 def test_the_fast_message_is_celerys_message(
     case: str, make_app: Callable[..., Celery], queue: str, settings: Any
 ) -> None:
