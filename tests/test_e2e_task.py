@@ -209,7 +209,11 @@ def test_real_beat_overlap_skip_and_a_retrying_scheduled_task(
 
     run = _results_run(tmp_path, monkeypatch, lease=5.0)
     try:
-        start = real_now() + timedelta(seconds=6)
+        run.start_worker("w1")
+        run.start_worker("w2")
+        run.start_beat(0.0)
+        run.wait_until_claiming()  # the slots below fall due while the beat claims
+        start = real_now() + timedelta(seconds=3)
         run.seed(
             [
                 _skipping("slow", 2.5),
@@ -231,10 +235,7 @@ def test_real_beat_overlap_skip_and_a_retrying_scheduled_task(
             ],
             start,
         )
-        run.start_worker("w1")
-        run.start_worker("w2")
-        run.start_beat(0.0)
-        time.sleep(6 + 10)
+        time.sleep(max((start - real_now()).total_seconds(), 0) + 11)
         stopped = real_now()
         run.stop()
         ids = {t["name"]: t["id"] for t in run.tool("dump")["tasks"]}

@@ -236,14 +236,15 @@ class E2ERun:
         self.beats.append(beat)
         return beat
 
-    def wait_until_claiming(self, timeout: float = 120.0) -> None:
-        """Wait until every beat started so far is up (its start-up line logged; its first
-        round follows at once). Tasks seeded after this have their slots fall due while a
-        beat claims; seeded before, on a loaded machine whose beats start slowly, their first
+    def wait_until_claiming(self, *beats: Beat, timeout: float = 120.0) -> None:
+        """Wait until every beat started so far (or each of ``beats``: a ``celery worker -B``
+        started by hand, whose log has its beat's lines) is up (its start-up line logged; its
+        first round follows at once). Tasks seeded after this have their slots fall due while
+        a beat claims; seeded before, on a loaded machine whose beats start slowly, their first
         slots can fall due while no beat claims yet: downtime, which the misfire policy answers
         with one run (``tests/test_e2e_downtime.py``)."""
         deadline = time.monotonic() + timeout
-        for beat in self.beats:
+        for beat in beats or self.beats:
             while not (beat.log.exists() and " up (authority " in beat.log.read_text("utf-8")):
                 assert beat.process.poll() is None, f"{beat.name} exited\n{self.logs()}"
                 assert time.monotonic() < deadline, f"{beat.name} not up\n{self.logs()}"
