@@ -301,6 +301,14 @@ class E2ERun:
         )
         return [json.loads(item) for item in raw]
 
+    def began(self) -> list[str]:
+        """The markers of the e2e.work bodies that began, in order: read in a millisecond,
+        where a look at the ledger is a Django process, seconds on a loaded machine."""
+        raw = redis.Redis.from_url(self.env["DRIFTSAFE_E2E_REDIS"]).lrange(
+            f"{self.env['DRIFTSAFE_E2E_PREFIX']}:began", 0, -1
+        )
+        return [item.decode() for item in raw]
+
     def start_recorder(self) -> None:
         self._recorder = QueueRecorder(self.broker_url, self.queue, _received).start()
 
