@@ -148,12 +148,13 @@ def test_beat_an_hour_off_changes_nothing(tmp_path: Path, authority: str) -> Non
     offsets = [0.0, 3600.0]
     run = E2ERun(BACKEND, tmp_path, authority=authority)
     try:
-        start = real_now() + timedelta(seconds=6)
-        end = start + timedelta(seconds=20)
-        run.seed(_specs(crontabs=False), start)
         run.start_recorder()
         for offset in offsets:
             run.start_beat(offset)
+        run.wait_until_claiming()  # the slots below fall due while the beats claim
+        start = real_now() + timedelta(seconds=3)
+        end = start + timedelta(seconds=20)
+        run.seed(_specs(crontabs=False), start)
         _sleep_until(end)
         codes = run.stop()
         dump = run.tool("dump")
