@@ -100,16 +100,17 @@ def test_skewed_beats_fire_every_slot_exactly_once_never_early(tmp_path: Path) -
     crontabs = BACKEND == "postgresql"
     run = E2ERun(BACKEND, tmp_path, beat_schedule={"from-beat-schedule": 2})
     try:
-        start = real_now() + timedelta(seconds=8)
+        run.start_recorder()
+        for offset in offsets:
+            run.start_beat(offset)
+        run.wait_until_claiming()  # the slots below fall due while the beats claim
+        start = real_now() + timedelta(seconds=3)
         # at least 30 s, and long enough that a minute boundary (the crontabs) falls inside
         minute = (start + timedelta(seconds=62)).replace(second=0, microsecond=0)
         end = start + timedelta(seconds=30)
         if crontabs:
             end = max(end, minute + timedelta(seconds=3))
         run.seed(_specs(crontabs), start)
-        run.start_recorder()
-        for offset in offsets:
-            run.start_beat(offset)
         killed = None
         if BACKEND == "postgresql":
             _sleep_until(start + (end - start) / 2)
@@ -147,12 +148,13 @@ def test_beat_an_hour_off_changes_nothing(tmp_path: Path, authority: str) -> Non
     offsets = [0.0, 3600.0]
     run = E2ERun(BACKEND, tmp_path, authority=authority)
     try:
-        start = real_now() + timedelta(seconds=6)
-        end = start + timedelta(seconds=20)
-        run.seed(_specs(crontabs=False), start)
         run.start_recorder()
         for offset in offsets:
             run.start_beat(offset)
+        run.wait_until_claiming()  # the slots below fall due while the beats claim
+        start = real_now() + timedelta(seconds=3)
+        end = start + timedelta(seconds=20)
+        run.seed(_specs(crontabs=False), start)
         _sleep_until(end)
         codes = run.stop()
         dump = run.tool("dump")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests import settings as test_settings
-from tests.e2e.harness import SCHEDULER, E2ERun, real_now, wait_until_handles_sigterm
+from tests.e2e.harness import SCHEDULER, Beat, E2ERun, real_now, wait_until_handles_sigterm
 from tests.skip_guard import configuration
 
 pytestmark = [
@@ -41,10 +41,13 @@ def _ended(pid: int) -> bool:
         return True
 
 
-def _seed_waves(run: E2ERun, prefix: str) -> datetime:
-    """TASKS tasks every EVERY seconds, all first due at one instant a few seconds from now
-    (returned), and the recorder started."""
-    start = (real_now() + timedelta(seconds=8)).replace(microsecond=0)
+def _seed_waves(run: E2ERun, prefix: str, beat: Beat) -> datetime:
+    """Once ``beat`` is up: TASKS tasks every EVERY seconds, all first due at one instant a
+    few seconds from now (returned), and the recorder started. Seeded before the beat is up,
+    on a loaded machine whose beat starts slowly, the first waves fell due while no beat
+    claimed: downtime, one run for them (the misfire policy), not a wave each."""
+    run.wait_until_claiming(beat)
+    start = (real_now() + timedelta(seconds=5)).replace(microsecond=0)
     run.seed(
         [
             {
@@ -64,9 +67,9 @@ def _seed_waves(run: E2ERun, prefix: str) -> datetime:
 def test_a_beat_claims_its_waves_with_its_claim_process_and_stops_it(tmp_path: Path) -> None:
     run = E2ERun("postgresql", tmp_path, lease=30.0)
     try:
-        start = _seed_waves(run, "wave")
         beat = run.start_beat(0.0, env={"DRIFTSAFE_E2E_CLAIM_BATCH_SIZE": "20"})
         assert wait_until_handles_sigterm(beat.process)
+        start = _seed_waves(run, "wave", beat)
         waves = 3
         end = start + timedelta(seconds=EVERY * (waves - 1))
         deadline = time.monotonic() + (end - real_now()).total_seconds() + 30
@@ -104,7 +107,6 @@ def test_an_embedded_beat_claims_with_its_helper_and_stops_it_with_the_worker(
     helper."""
     run = E2ERun("postgresql", tmp_path, lease=30.0)
     try:
-        start = _seed_waves(run, "embedded")
         # the worker consumes another queue: the beat's messages stay for the recorder
         worker = run.children.start(
             "worker-embedded",
@@ -129,6 +131,7 @@ def test_an_embedded_beat_claims_with_its_helper_and_stops_it_with_the_worker(
             ],
             {**run.env, "DRIFTSAFE_E2E_CLAIM_BATCH_SIZE": "20"},
         )
+        start = _seed_waves(run, "embedded", worker)
         waves = 2
         end = start + timedelta(seconds=EVERY * (waves - 1))
         deadline = time.monotonic() + (end - real_now()).total_seconds() + 30

@@ -61,7 +61,11 @@ _CORRUPTIONS = {
 def test_stale_saves_and_malformed_rows_never_wedge_or_double_the_beats(tmp_path: Path) -> None:
     run = E2ERun("postgresql", tmp_path)
     try:
-        start = real_now() + timedelta(seconds=8)
+        run.start_recorder()
+        for _ in range(3):
+            run.start_beat(0.0)
+        run.wait_until_claiming()  # the slots below fall due while the beats claim
+        start = real_now() + timedelta(seconds=3)
         edited = {
             "name": "edited-1s",
             "schedule_kind": "interval",
@@ -87,9 +91,6 @@ def test_stale_saves_and_malformed_rows_never_wedge_or_double_the_beats(tmp_path
             for name in _CORRUPTIONS
         ]
         run.seed([edited, *untouched, *bad], start)
-        run.start_recorder()
-        for _ in range(3):
-            run.start_beat(0.0)
         _sleep_until(start + timedelta(seconds=3))
         saved: dict[str, Any] = {}
         saver = threading.Thread(
@@ -138,7 +139,15 @@ def test_a_beat_frozen_before_publishing_past_dead_after_publishes_nothing_twice
     run = E2ERun("postgresql", tmp_path, dead_after=dead_after, lease=5.0)
     flag = tmp_path / "pause-now"
     try:
-        start = real_now() + timedelta(seconds=8)
+        run.start_recorder()
+        frozen = run.start_beat(
+            0.0,
+            scheduler="tests.e2e.pausing:PausingScheduler",
+            env={"DRIFTSAFE_E2E_PAUSE_FLAG": str(flag)},
+        )
+        run.start_beat(0.0)
+        run.wait_until_claiming()  # the slots below fall due while the beats claim
+        start = real_now() + timedelta(seconds=3)
         run.seed(
             [
                 {
@@ -151,13 +160,6 @@ def test_a_beat_frozen_before_publishing_past_dead_after_publishes_nothing_twice
             ],
             start,
         )
-        run.start_recorder()
-        frozen = run.start_beat(
-            0.0,
-            scheduler="tests.e2e.pausing:PausingScheduler",
-            env={"DRIFTSAFE_E2E_PAUSE_FLAG": str(flag)},
-        )
-        run.start_beat(0.0)
         _sleep_until(start + timedelta(seconds=4))
         flag.touch()  # the frozen beat stops itself after its next claim, before publishing
         deadline = time.monotonic() + 15
@@ -249,18 +251,22 @@ def test_rows_a_real_beat_cannot_claim_are_disabled_once_and_never_slow_it(
     corruptions = _CLAIM_STATE_CORRUPTIONS[backend]
     run = E2ERun(backend, tmp_path)
     try:
-        start = real_now() + timedelta(seconds=6)
         every_second = {
             "schedule_kind": "interval",
             "interval_every": 1,
             "interval_unit": "seconds",
         }
-        run.seed([{"name": name, **every_second} for name in ["good", *corruptions]], start)
+        # the bad rows are there before the beat; the good task is seeded once it claims, so
+        # each of its slots counted falls due while it does (before: downtime, one run)
+        run.seed([{"name": name, **every_second} for name in corruptions], real_now())
         run.tool(
             "corrupt", [{"name": name, "set": change} for name, (change, _) in corruptions.items()]
         )
         run.start_recorder()
         run.start_beat(0.0)
+        run.wait_until_claiming()
+        start = real_now() + timedelta(seconds=2)
+        run.seed([{"name": "good", **every_second}], start)
         _sleep_until(start + timedelta(seconds=6))
         end = real_now()
         time.sleep(1.5)

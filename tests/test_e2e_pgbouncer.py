@@ -167,7 +167,14 @@ def test_beats_and_a_worker_behind_pgbouncer_in_transaction_pooling(
     # the bodies' messages go to the worker, the plain ones to the recorder, which counts them
     work_queue = f"{run.queue}-work"
     try:
-        start = real_now() + timedelta(seconds=8)
+        run.start_recorder()
+        run.start_worker("w1", env=through_pgbouncer, queue=work_queue)
+        for offset in (0.0, 1.5, -2.0):
+            run.start_beat(offset, env=beats_env)
+        # Seeded once the beats are up: every slot counted below falls due while they claim
+        # (before, it is downtime, one run for it, and the rest recorded missed, not executed).
+        run.wait_until_claiming()
+        start = real_now() + timedelta(seconds=3)
         run.seed(
             [
                 {
@@ -191,10 +198,6 @@ def test_beats_and_a_worker_behind_pgbouncer_in_transaction_pooling(
             ],
             start,
         )
-        run.start_recorder()
-        run.start_worker("w1", env=through_pgbouncer, queue=work_queue)
-        for offset in (0.0, 1.5, -2.0):
-            run.start_beat(offset, env=beats_env)
         time.sleep(max((start - real_now()).total_seconds(), 0) + 4)
         # every process is connected and claiming or running bodies by now
         busiest = 0

@@ -135,12 +135,14 @@ def test_worker_paused_past_its_lease_cannot_record_over_its_successor(tmp_path:
         first = run.start_worker("w1")
         made = run.tool("make_run", {"task": "e2e.work"})
         time.sleep(3)
-        # The body runs 10 s: time for the test to see it started (each look is a Django
-        # process, slow on a busy machine) and stop the worker mid-run, not after it ended.
+        # The body runs 10 s, and the test sees it begin in Redis (a look at the ledger is a
+        # Django process, which a loaded machine made outlast the body): w1 is stopped mid-run.
         _publish(run, made, "paused", 10.0)
-        _wait(lambda: _status(run, made)["status"] == "started", 20, "w1 to start", run)
+        _wait(lambda: "paused" in run.began(), 30, "w1's body to begin", run)
         first.process.send_signal(signal.SIGSTOP)
         try:
+            assert not run.executions(), "w1's body ended before w1 was stopped"
+            assert _status(run, made)["status"] == "started"
             time.sleep(3.0)  # w1's lease (2 s) runs out while it is stopped
             run.start_worker("w2")
             time.sleep(3)
@@ -168,14 +170,15 @@ def test_worker_killed_mid_run_is_retried_not_lost_not_doubled(tmp_path: Path) -
         worker = run.start_worker("w1", pool="prefork")
         made = run.tool("make_run", {"task": "e2e.work"})
         time.sleep(4)
-        # The body runs 8 s: time for the test to see it started (each look is a Django
-        # process, slow on a busy machine) and kill it mid-run, not after it ended.
+        # The body runs 8 s, and the test sees it begin in Redis (a look at the ledger is a
+        # Django process, seconds on a loaded machine): it is killed mid-run.
         _publish(run, made, "killed", 8.0)
-        _wait(lambda: _status(run, made)["status"] == "started", 20, "the run to start", run)
+        _wait(lambda: "killed" in run.began(), 30, "the body to begin", run)
         children = subprocess.run(
             ["pgrep", "-P", str(worker.process.pid)], capture_output=True, text=True, check=False
         ).stdout.split()
         assert children, "prefork worker has no child process"
+        assert not run.executions(), "the body ended before it was killed"
         for child in children:
             subprocess.run(["kill", "-KILL", child], check=False)
         _wait(lambda: _status(run, made)["status"] == "succeeded", 40, "the retry to finish", run)
@@ -209,7 +212,11 @@ def test_real_beat_overlap_skip_and_a_retrying_scheduled_task(
 
     run = _results_run(tmp_path, monkeypatch, lease=5.0)
     try:
-        start = real_now() + timedelta(seconds=6)
+        run.start_worker("w1")
+        run.start_worker("w2")
+        run.start_beat(0.0)
+        run.wait_until_claiming()  # the slots below fall due while the beat claims
+        start = real_now() + timedelta(seconds=3)
         run.seed(
             [
                 _skipping("slow", 2.5),
@@ -231,10 +238,7 @@ def test_real_beat_overlap_skip_and_a_retrying_scheduled_task(
             ],
             start,
         )
-        run.start_worker("w1")
-        run.start_worker("w2")
-        run.start_beat(0.0)
-        time.sleep(6 + 10)
+        time.sleep(max((start - real_now()).total_seconds(), 0) + 11)
         stopped = real_now()
         run.stop()
         ids = {t["name"]: t["id"] for t in run.tool("dump")["tasks"]}
@@ -377,14 +381,15 @@ def test_lost_pool_process_without_reject_on_worker_lost_is_recorded_failed(
         worker = run.start_worker("w1", pool="prefork")
         made = run.tool("make_run", {"task": "e2e.fragile"})
         time.sleep(4)
-        # Killed once seen started; 10 s so that a slow look (a Django process each) still
-        # finds the body running (at 3 s it once ended first, under load).
+        # Killed once seen begun (in Redis: a look at the ledger is a Django process, seconds
+        # on a loaded machine, and at 3 s the body once ended first); the body runs 10 s.
         app = _send(run, made, "e2e.fragile", ["lost", 10.0])
-        _wait(lambda: _status(run, made)["status"] == "started", 20, "the run to start", run)
+        _wait(lambda: "lost" in run.began(), 30, "the body to begin", run)
         children = subprocess.run(
             ["pgrep", "-P", str(worker.process.pid)], capture_output=True, text=True, check=False
         ).stdout.split()
         assert children, "prefork worker has no child process"
+        assert not run.executions(), "the body ended before it was killed"
         for child in children:
             subprocess.run(["kill", "-KILL", child], check=False)
         _wait(lambda: _status(run, made)["status"] == "failed", 20, "the loss recorded", run)

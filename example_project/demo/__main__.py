@@ -184,11 +184,16 @@ def wait_until(what: str, ready: Any, processes: Processes, timeout: float = 60)
         time.sleep(0.2)
 
 
-def beats_registered(pids: list[int]) -> bool:
+def beats_claiming(pids: list[int]) -> bool:
+    """Every beat measured its clock and began claiming (its first round is over): slots that
+    fall due from now on fall due while the beats claim. A slot that fell due before any beat
+    claimed is downtime, which the misfire policy answers with one run, not one a slot."""
     from celery_driftsafe.models import BeatNode
 
-    measured = BeatNode.objects.filter(pid__in=pids, clock_offset_seconds__isnull=False)
-    return measured.count() == len(pids)
+    claiming = BeatNode.objects.filter(
+        pid__in=pids, clock_offset_seconds__isnull=False, claiming_since__isnull=False
+    )
+    return claiming.count() == len(pids)
 
 
 def progress_line(clock: Any, start: datetime, end: datetime, beats: list[demo_report.Beat]) -> str:
@@ -297,7 +302,7 @@ def run_demo(seconds: float, output: Path) -> int:
             beats.append(demo_report.Beat(label, offset, skew.verified[label], process.pid))
         say("  starting  worker and 3 beats ...")
         wait_until("the worker", lambda: " ready." in processes.log("worker"), processes)
-        wait_until("the beats", lambda: beats_registered([b.pid for b in beats]), processes)
+        wait_until("the beats", lambda: beats_claiming([b.pid for b in beats]), processes)
         clock = AuthorityClock(authority_from_settings(), samples=3)
         say(f"  running   for {seconds:g} s; slots due from now on are counted")
         start = watch(seconds, clock, beats, processes)

@@ -30,10 +30,13 @@ def quiet(*args: Any, **kwargs: Any) -> str:
 
 @app.task(name="e2e.work", base=DriftSafeTask, acks_late=True, reject_on_worker_lost=True)
 def work(marker: str, seconds: float = 0.0) -> str:
-    """Sleeps, then records that its body ran to the end (in Redis, for the test to count),
-    with when it began and ended on this machine's clock, which every worker shares."""
+    """Records that its body began (``E2ERun.began``: a test that acts while a body runs
+    looks there, at once), sleeps, then records that it ran to the end (in Redis, for the
+    test to count), with when it began and ended on this machine's clock, which every worker
+    shares."""
     import redis
 
+    _began(marker)
     began = time.time()
     time.sleep(seconds)
     client = redis.Redis.from_url(os.environ["DRIFTSAFE_E2E_REDIS"])
@@ -60,6 +63,14 @@ def slot_work(self: Any, seconds: float = 0.0) -> None:
 # A result backend when the test asks for one (the semantics tests read results back).
 if os.environ.get("DRIFTSAFE_E2E_RESULTS"):
     app.conf.result_backend = os.environ["DRIFTSAFE_E2E_RESULTS"]
+
+
+def _began(marker: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(os.environ["DRIFTSAFE_E2E_REDIS"])
+    client.rpush(f"{os.environ['DRIFTSAFE_E2E_PREFIX']}:began", marker)
+    client.close()
 
 
 def _executed(marker: str, **extra: Any) -> None:
@@ -136,6 +147,7 @@ def hard_limited(marker: str, seconds: float) -> str:
 @app.task(name="e2e.fragile", base=DriftSafeTask, acks_late=True)
 def fragile(marker: str, seconds: float) -> str:
     """Late ack, but no reject_on_worker_lost: a lost pool process is a failure for Celery."""
+    _began(marker)
     time.sleep(seconds)
     _executed(marker)
     return marker

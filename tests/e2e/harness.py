@@ -236,14 +236,15 @@ class E2ERun:
         self.beats.append(beat)
         return beat
 
-    def wait_until_claiming(self, timeout: float = 120.0) -> None:
-        """Wait until every beat started so far is up (its start-up line logged; its first
-        round follows at once). Tasks seeded after this have their slots fall due while a
-        beat claims; seeded before, on a loaded machine whose beats start slowly, their first
+    def wait_until_claiming(self, *beats: Beat, timeout: float = 120.0) -> None:
+        """Wait until every beat started so far (or each of ``beats``: a ``celery worker -B``
+        started by hand, whose log has its beat's lines) is up (its start-up line logged; its
+        first round follows at once). Tasks seeded after this have their slots fall due while
+        a beat claims; seeded before, on a loaded machine whose beats start slowly, their first
         slots can fall due while no beat claims yet: downtime, which the misfire policy answers
         with one run (``tests/test_e2e_downtime.py``)."""
         deadline = time.monotonic() + timeout
-        for beat in self.beats:
+        for beat in beats or self.beats:
             while not (beat.log.exists() and " up (authority " in beat.log.read_text("utf-8")):
                 assert beat.process.poll() is None, f"{beat.name} exited\n{self.logs()}"
                 assert time.monotonic() < deadline, f"{beat.name} not up\n{self.logs()}"
@@ -299,6 +300,14 @@ class E2ERun:
             f"{self.env['DRIFTSAFE_E2E_PREFIX']}:executions", 0, -1
         )
         return [json.loads(item) for item in raw]
+
+    def began(self) -> list[str]:
+        """The markers of the e2e.work bodies that began, in order: read in a millisecond,
+        where a look at the ledger is a Django process, seconds on a loaded machine."""
+        raw = redis.Redis.from_url(self.env["DRIFTSAFE_E2E_REDIS"]).lrange(
+            f"{self.env['DRIFTSAFE_E2E_PREFIX']}:began", 0, -1
+        )
+        return [item.decode() for item in raw]
 
     def start_recorder(self) -> None:
         self._recorder = QueueRecorder(self.broker_url, self.queue, _received).start()
