@@ -378,6 +378,21 @@ def test_each_malformed_row_is_disabled_with_its_reason_and_the_rest_fire(
         assert not Run.objects.filter(periodic_task=row).exists(), name
 
 
+def _rounds(
+    scheduler: DriftSafeScheduler, clock: FakeClock, count: int, *, look: bool = False
+) -> list[float]:
+    """``count`` rounds a second apart, each as tick() runs it minus the wait; with ``look``,
+    each also waits for the look for rows written without save() (a thread of its own).
+    Returns each round's wait."""
+    waits = []
+    for _ in range(count):
+        waits.append(scheduler._guarded_round())
+        if look:
+            scheduler.unscheduled.join(30)
+        clock.advance(S)
+    return waits
+
+
 #: Rows written by raw SQL that the claim cannot plan or count: (name, SET clause, the field
 #: its reason names). The first two stopped or slowed every round on both databases.
 _RAW_BAD_ROWS: list[tuple[str, str, str]] = [
@@ -409,11 +424,8 @@ def test_rows_written_by_raw_sql_are_disabled_once_and_no_round_slows(
             cursor.execute(
                 f"UPDATE celery_driftsafe_periodictask SET {change} WHERE id = %s", [bad[name].pk]
             )
-    waits = []
     with caplog.at_level("INFO"):
-        for _ in range(4):
-            waits.append(scheduler._guarded_round())  # what tick() does, minus the wait
-            clock.advance(S)
+        waits = _rounds(scheduler, clock, 4)
     assert waits == [pytest.approx(1.0)] * 4  # the good task's next slot, each round
     assert _slots(good) == [T0 + k * S for k in range(4)]
     assert len(drain()) == 4
@@ -443,11 +455,8 @@ def test_a_due_instant_that_is_no_instant_is_disabled_and_no_round_backs_off(
             "WHERE id = %s",
             [broken.pk],
         )
-    waits = []
     with caplog.at_level("INFO"):
-        for _ in range(3):
-            waits.append(scheduler._guarded_round())
-            clock.advance(S)
+        waits = _rounds(scheduler, clock, 3)
     assert waits == [pytest.approx(1.0)] * 3
     assert _slots(good) == [T0, T0 + S, T0 + 2 * S]
     row = PeriodicTask.objects.filter(pk=broken.pk).values("enabled", "disabled_reason").get()
@@ -471,12 +480,8 @@ def test_an_enabled_flag_of_two_reads_as_disabled_everywhere_and_the_beat_never_
         cursor.execute(
             "UPDATE celery_driftsafe_periodictask SET enabled = 2 WHERE id = %s", [odd.pk]
         )
-    waits = []
     with caplog.at_level("INFO"):
-        for _ in range(3):
-            waits.append(scheduler._guarded_round())
-            scheduler.unscheduled.join(30)  # the look runs in a thread of its own
-            clock.advance(S)
+        waits = _rounds(scheduler, clock, 3, look=True)
     assert waits == [pytest.approx(1.0)] * 3
     assert _slots(good) == [T0, T0 + S, T0 + 2 * S]
     assert not PeriodicTask.objects.get(pk=odd.pk).enabled
@@ -514,12 +519,8 @@ def test_a_due_instant_django_reads_as_empty_is_scheduled_again_from_the_next_sl
         cursor.execute(
             "UPDATE celery_driftsafe_periodictask SET due_at = 'garbage' WHERE id = %s", [lost.pk]
         )
-    waits = []
     with caplog.at_level("INFO"):
-        for _ in range(3):
-            waits.append(scheduler._guarded_round())
-            scheduler.unscheduled.join(30)  # the look runs in a thread of its own
-            clock.advance(S)
+        waits = _rounds(scheduler, clock, 3, look=True)
     assert waits == [pytest.approx(1.0)] * 3
     assert caplog.text.count("task lost had a due instant that is no instant ('garbage'") == 1
     assert _slots(lost) == [T0 + S, T0 + 2 * S]
