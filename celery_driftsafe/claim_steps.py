@@ -125,12 +125,9 @@ class ClaimSteps:
             except _OUTAGE:
                 raise
             except Exception as exc:
-                name = self._disable_by_id(pk, f"the row cannot be read: {exc!r}")
+                name = disable_by_id(self.using, pk, f"the row cannot be read: {exc!r}")
                 result.disabled.append(name)
         return tasks
-
-    def _disable_by_id(self, pk: int, problem: str) -> str:
-        return disable_by_id(self.using, pk, problem)
 
     def _plan(
         self, task: PeriodicTask, now: datetime, busy_since: datetime | None = None
