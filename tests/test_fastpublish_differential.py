@@ -304,6 +304,11 @@ class Apps:
                 transport["queue_order_strategy"] = config.queue_order_strategy
             if config.global_keyprefix is not None:
                 transport["global_keyprefix"] = config.global_keyprefix
+            if config.broker == "rabbitmq":
+                # a publish returns once the broker has the message: read at once from another
+                # connection, an unconfirmed one may not be in its queue yet (seen in CI: the
+                # fast path's four messages read as none)
+                transport["confirm_publish"] = True
             app.conf.update(
                 task_default_queue=f"{prefix}-default",
                 task_queues=[Queue(f"{prefix}-default"), Queue(f"{prefix}-a")],
