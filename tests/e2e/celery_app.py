@@ -16,6 +16,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.e2e.settings")
 app = Celery("e2e")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 
+if os.environ.get("DRIFTSAFE_E2E_TRACING"):  # tests/test_e2e_tracing.py
+    from tests.e2e.tracing import install
+
+    install(os.environ["DRIFTSAFE_E2E_TRACING"])
+
 
 @app.task(name="e2e.tick")
 def tick(*args: Any, **kwargs: Any) -> None:

@@ -1,0 +1,77 @@
+"""The real tracing integrations, installed in an e2e process as a project installs them: at
+the import of its Celery app (:mod:`tests.e2e.celery_app` calls :func:`install` when
+``DRIFTSAFE_E2E_TRACING`` names one). ``tests/test_e2e_tracing.py`` compares the headers they
+add to a driftsafe beat's messages with those they add to Celery's own beat's.
+
+- ``sentry``: ``sentry_sdk.init`` with its ``CeleryIntegration`` (which wraps
+  ``Task.apply_async``, ``Celery.send_task`` and kombu's ``Producer.publish`` on the class,
+  and Celery beat's ``Scheduler.apply_entry``) and a DSN whose port nothing listens on;
+- ``opentelemetry``: the SDK's ``TracerProvider`` with a batch span processor whose exporter
+  drops the spans, and ``CeleryInstrumentor().instrument()`` (receivers of
+  ``before_task_publish`` and ``after_task_publish``).
+
+With ``DRIFTSAFE_E2E_PATH_LOG`` set, a receiver of ``before_task_publish`` also appends, for
+each message, the path that sent it to that file: ``fast`` (the fast publish path,
+``FastPublisher._publish_signalled``) or ``celery`` (Celery's ``send_task_message``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+#: Where Sentry would send events: a local port nothing listens on (the discard port).
+SENTRY_DSN = "http://public@127.0.0.1:9/1"
+
+
+def install(kind: str) -> None:
+    """Install the integration named ``kind`` in this process."""
+    if kind == "sentry":
+        import sentry_sdk
+        from sentry_sdk.integrations.celery import CeleryIntegration
+
+        sentry_sdk.init(dsn=SENTRY_DSN, integrations=[CeleryIntegration()])
+    elif kind == "opentelemetry":
+        install_opentelemetry()
+    else:
+        raise ValueError(f"DRIFTSAFE_E2E_TRACING={kind!r}: 'sentry' or 'opentelemetry'")
+    if os.environ.get("DRIFTSAFE_E2E_PATH_LOG"):
+        from celery import signals
+
+        signals.before_task_publish.connect(_record_path, weak=False)
+
+
+def install_opentelemetry() -> None:
+    """OpenTelemetry's SDK and Celery instrumentation, spans dropped where an exporter would
+    send them (also used by ``benchmarks/bench_burst.py``)."""
+    from opentelemetry import trace
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Sequence[Any]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    trace.set_tracer_provider(provider)
+    CeleryInstrumentor().instrument()
+
+
+def _record_path(sender: Any = None, **kwargs: Any) -> None:
+    frame = sys._getframe(1)
+    path = "celery"
+    while frame is not None:
+        if frame.f_code.co_qualname == "FastPublisher._publish_signalled":
+            path = "fast"
+            break
+        frame = frame.f_back
+    with open(os.environ["DRIFTSAFE_E2E_PATH_LOG"], "a") as log:
+        log.write(path + "\n")

@@ -1,0 +1,131 @@
+"""End-to-end: the real tracing integrations (Sentry's ``CeleryIntegration``, OpenTelemetry's
+Celery instrumentation: :mod:`tests.e2e.tracing`) in a real driftsafe beat and in Celery's
+own beat (``celery beat``, its default scheduler), same app, same task: the messages each
+puts on the broker carry the same headers, each well formed. The fast publish path is used
+where it can reproduce the integration (OpenTelemetry's publish-signal receivers: it sends
+the signals itself) and steps aside where it must (Sentry wraps ``Task.apply_async`` and
+``Celery.send_task`` on the class).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_driftsafe.testing.recording import QueueRecorder
+from tests import settings as test_settings
+from tests.e2e.harness import E2ERun
+from tests.skip_guard import configuration
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        test_settings.TEST_DB != "postgres", reason=configuration("runs on the PostgreSQL pass")
+    ),
+]
+
+#: Messages read from each beat: a few seconds of a 1-second task.
+MESSAGES = 3
+TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
+SENTRY_TRACE = re.compile(r"([0-9a-f]{32})-[0-9a-f]{16}(-[01])?")
+
+
+def _headers(raw: bytes, stamp: float) -> dict[str, Any]:
+    headers: dict[str, Any] = json.loads(raw)["headers"]
+    return headers
+
+
+def _ours(headers: dict[str, Any]) -> dict[str, Any]:
+    """A message's headers without those only a driftsafe beat's messages carry."""
+    return {k: v for k, v in headers.items() if not k.startswith("driftsafe_")}
+
+
+def _beats(tmp_path: Path, tracing: str) -> dict[str, tuple[list[dict[str, Any]], list[str]]]:
+    """Each beat's (``driftsafe``, ``celery``) messages' headers and the paths that sent
+    them (:func:`tests.e2e.tracing._record_path`)."""
+    run = E2ERun("postgresql", tmp_path, beat_schedule={"tick": 1.0})
+    queues = {"driftsafe": run.queue, "celery": f"{run.queue}-celery"}
+    recorders = {
+        beat: QueueRecorder(run.broker_url, queue, _headers).start()
+        for beat, queue in queues.items()
+    }
+    try:
+        for beat, queue in queues.items():
+            run.start_beat(
+                0,
+                scheduler="celery.beat:PersistentScheduler" if beat == "celery" else "driftsafe",
+                env={
+                    "DRIFTSAFE_E2E_TRACING": tracing,
+                    "DRIFTSAFE_E2E_PATH_LOG": str(tmp_path / f"{beat}.paths"),
+                    "DRIFTSAFE_E2E_QUEUE": queue,
+                },
+            )
+        deadline = time.monotonic() + 60
+        while any(len(r.messages) < MESSAGES for r in recorders.values()):
+            assert time.monotonic() < deadline, f"too few messages\n{run.logs()}"
+            assert all(b.process.poll() is None for b in run.beats), run.logs()
+            time.sleep(0.2)
+        run.stop()
+        return {
+            beat: (recorder.messages, (tmp_path / f"{beat}.paths").read_text().split())
+            for beat, recorder in recorders.items()
+        }
+    finally:
+        for recorder in recorders.values():
+            recorder.stop(timeout=1)
+        run.close()
+
+
+def _same_keys(beats: dict[str, tuple[list[dict[str, Any]], list[str]]]) -> None:
+    """Every message of either beat has the same header keys (a driftsafe beat's own aside),
+    and so have the headers nested under ``headers``, where Sentry repeats its own."""
+    keys = {
+        beat: {(frozenset(_ours(m)), frozenset(_ours(m.get("headers") or {}))) for m in messages}
+        for beat, (messages, _) in beats.items()
+    }
+    assert len(keys["celery"]) == 1, keys
+    assert keys["driftsafe"] == keys["celery"]
+
+
+def test_opentelemetry_headers_match_celerys_beat(tmp_path: Path) -> None:
+    """Each message carries a ``traceparent`` of its own publish span (a new trace: a beat
+    publishes outside any span), as from Celery's beat; the driftsafe beat publishes them on
+    the fast path, sending the publish signals itself."""
+    beats = _beats(tmp_path, "opentelemetry")
+    _same_keys(beats)
+    for beat, (messages, paths) in beats.items():
+        assert paths == ["fast" if beat == "driftsafe" else "celery"] * len(paths), beat
+        assert len(paths) >= len(messages)
+        traces = [TRACEPARENT.fullmatch(m["traceparent"]) for m in messages]
+        assert all(traces), (beat, messages)
+        assert len({t.group(1) for t in traces if t}) == len(messages), beat
+
+
+def test_sentry_headers_match_celerys_beat(tmp_path: Path) -> None:
+    """Each message carries Sentry's ``sentry-trace``, its ``baggage`` naming the same trace
+    and its enqueue time, at the top and nested under ``headers``, as from Celery's beat; the
+    driftsafe beat steps aside from the fast path (Sentry wraps ``Celery.send_task``), so
+    Sentry's wrappers run for every message.
+
+    Not compared: whether each message starts a trace of its own. Celery's beat does (Sentry
+    wraps its ``Scheduler.apply_entry``, which gives each entry a new propagation context); a
+    driftsafe beat publishes without ``apply_entry``, so its messages share the process's
+    trace (see docs/explanation/performance.md, "Tracing integrations")."""
+    beats = _beats(tmp_path, "sentry")
+    _same_keys(beats)
+    for beat, (messages, paths) in beats.items():
+        assert paths == ["celery"] * len(paths), beat
+        assert len(paths) >= len(messages)
+        for message in messages:
+            trace = SENTRY_TRACE.fullmatch(message["sentry-trace"])
+            assert trace, (beat, message)
+            assert f"sentry-trace_id={trace.group(1)}" in message["baggage"].split(","), message
+            assert isinstance(message["sentry-task-enqueued-time"], float), message
+            nested = message["headers"]
+            for key in ("sentry-trace", "baggage", "sentry-task-enqueued-time"):
+                assert nested[key] == message[key], (beat, key, message)
