@@ -303,6 +303,10 @@ class FastPublisher:
         message_headers, properties = self.parts(
             template, task_id, self.app.thread_oid, expires, expiration, headers
         )
+        # new values too (the template's are shared by the task's messages): a receiver may
+        # change one in place (a stamp in ``stamps``), for this message only
+        message_headers = {key: _fresh(value) for key, value in message_headers.items()}
+        properties = {key: _fresh(value) for key, value in properties.items()}
         if template.compression is not None:  # kombu's Producer adds it, as for Celery
             if "compression" in headers:
                 message_headers["compression"] = headers["compression"]
@@ -313,7 +317,7 @@ class FastPublisher:
             args = copy.deepcopy(args)
         if kwargs is template.kwargs:
             kwargs = copy.deepcopy(kwargs)
-        body = (args or (), kwargs or {}, dict(skeleton.embed))
+        body = (args or (), kwargs or {}, _fresh(skeleton.embed))
         publish = dict(skeleton.publish_kwargs)
         publish["retry_policy"] = dict(publish["retry_policy"])
         declare = list(skeleton.declare) if skeleton.declare is not None else None
@@ -328,6 +332,9 @@ class FastPublisher:
             properties=properties,
             retry_policy=publish["retry_policy"],
         )
+        if declare is not None and _same_entities(declare, skeleton.declare):
+            # what kombu's maybe_declare would find, without binding a copy of each entity
+            declare = skeleton.to_declare(producer)
         producer.publish(
             body,
             serializer=skeleton.serializer,
@@ -473,3 +480,26 @@ class FastPublisher:
             self._skeletons.clear()
         self._skeletons[key] = skeleton
         return skeleton
+
+
+def _fresh(value: Any) -> Any:
+    """``value`` or, where it may be changed in place, a copy that shares nothing with it."""
+    if value is None or type(value) in _IMMUTABLE:
+        return value
+    if type(value) is list:
+        return [_fresh(item) for item in value]
+    if type(value) is dict:
+        return {key: _fresh(item) for key, item in value.items()}
+    return copy.deepcopy(value)
+
+
+_IMMUTABLE = frozenset({str, int, float, bool, bytes})
+
+
+def _same_entities(declare: list[Any], entities: tuple[Any, ...] | None) -> bool:
+    """Whether a receiver left the list of entities to declare as it was given."""
+    return (
+        entities is not None
+        and len(declare) == len(entities)
+        and all(a is b for a, b in zip(declare, entities, strict=True))
+    )

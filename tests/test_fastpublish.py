@@ -570,6 +570,42 @@ def test_receivers_of_the_publish_signals_get_celerys_parts_and_change_the_messa
     assert got[4:] == got[:4]  # the fast path's receivers got what Celery's did
 
 
+def test_a_receiver_that_changes_a_value_in_place_changes_its_message_only(
+    make_app: Callable[..., Celery], queue: str, settings: Any
+) -> None:
+    """Celery builds each message's parts afresh, so a receiver of ``before_task_publish``
+    may change a header's value in place (a stamp put in ``stamps``, a time limit in
+    ``timelimit``) or the body's ``embed`` and only that message carries it: so with the fast
+    path, whose tasks' messages share their parts' values. They leaked: the next message's
+    receiver found the first one's stamp, and every later message carried it."""
+    app = make_app()
+    seen: list[Any] = []
+
+    def before(headers: dict[str, Any], body: Any, **kwargs: Any) -> None:
+        seen.append(copy.deepcopy((headers["stamps"], headers["timelimit"], body[2])))
+        headers["stamps"]["seen"] = ["yes"]
+        headers["timelimit"][0] = 60
+        body[2]["callbacks"] = [{"task": "fast.add"}]
+
+    runs = claim(task="fast.add")
+    signals.before_task_publish.connect(before, weak=False)
+    try:
+        celery_sent, fast_sent, dispatcher = both_ways(app, settings, runs, queue, FakeClock(T0))
+        fast_again = Dispatcher(app, FakeClock(datetime.now(UTC)))
+        Run.objects.filter(pk__in=[r.run_id for r in runs]).update(
+            status=RunStatus.CLAIMED, dispatched_at=None
+        )
+        assert len(fast_again.dispatch(runs).published) == 2
+    finally:
+        signals.before_task_publish.disconnect(before)
+    assert dispatcher.fast.published == 2
+    assert seen[:2] == [({}, [None, None], seen[0][2])] * 2
+    assert seen[2:] == seen[:2] * 2
+    for (key, celery_msg), (fast_key, fast_msg) in zip(celery_sent, fast_sent, strict=True):
+        assert comparable(fast_key, fast_msg) == comparable(key, celery_msg)
+    assert [m["headers"]["timelimit"] for _, m in raw_messages(queue)] == [[60, None]] * 2
+
+
 @pytest.mark.parametrize("what", ["setting off", "protocol 1"])
 def test_where_the_fast_path_cannot_be_exact_it_falls_back(
     what: str, make_app: Callable[..., Celery], queue: str, settings: Any
