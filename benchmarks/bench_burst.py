@@ -3,13 +3,18 @@ by the beat's own round (claim, publish, mark) in this process, on PostgreSQL an
 broker, with a per-stage breakdown.
 
     python -m benchmarks.bench_burst [--tasks 20000] [--profile] [--ledger 0] [--explain]
+    python -m benchmarks.bench_burst --tasks 100000 --compare 2
 
 The stages are timed around the scheduler's own calls, so the figures are those of a real
 round minus process start-up; ``--profile`` adds cProfile's top functions. ``--ledger N``
 first fills the run ledger with N finished runs of the same tasks (the cost of a big ledger);
 ``--explain`` prints PostgreSQL's plan of every statement of the first round and of the
-scheduler's other statements (next due instant, outbox, reconciliation). Needs the test
-services (PostgreSQL, Redis) and the test dependencies installed.
+scheduler's other statements (next due instant, outbox, reconciliation). ``--compare R``
+works through a first wave (every message built), then R rounds of three waves over the same
+tasks: the default, OpenTelemetry's Celery instrumentation active (its publish-signal
+receivers; the SDK's tracer provider, spans batched to an exporter that drops them) and the
+fast publish path off (``FAST_PUBLISH = False``), and prints them side by side. Needs the
+test services (PostgreSQL, Redis) and the test dependencies installed.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ import argparse
 import resource
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from statistics import median
 from typing import Any
 
 from benchmarks.django_db import fresh_databases
@@ -29,7 +37,12 @@ from celery_driftsafe.testing.processes import proc_stats
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=20_000)
-    parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile's top functions of the last wave (with --compare: of the last "
+        "instrumented wave)",
+    )
     parser.add_argument("--profile-file", help="with --profile: write cProfile's data here")
     parser.add_argument(
         "--ledger", type=int, default=0, help="finished runs put in the ledger first"
@@ -48,6 +61,14 @@ def main() -> None:
         help="waves worked through one after the other (the tasks' next slots, "
         "60 s apart): the first builds each task's message, the later "
         "ones show a running beat's cost",
+    )
+    parser.add_argument(
+        "--compare",
+        type=int,
+        default=0,
+        metavar="R",
+        help="after a first wave, R rounds of a default wave, one with OpenTelemetry's "
+        "instrumentation and one with the fast path off, side by side (instead of --waves)",
     )
     parser.add_argument(
         "--slow-publish",
@@ -171,23 +192,35 @@ def _measure(args: Any) -> None:
         if args.prebuild:
             _prebuild(dispatcher, due, args.tasks)
         before = _before_waves(args.before_wave)
+        variants = ["default"]
+        if args.compare:
+            args.waves = 1 + 3 * args.compare
+            variants = ["first wave", *(list(VARIANTS) * args.compare)]
+        figures: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        # --profile: the last wave, or with --compare the last instrumented one
+        profiled = args.waves - 2 if args.compare else args.waves - 1
         for wave in range(args.waves):
+            variant = variants[wave % len(variants)] if args.compare else "default"
+            if args.compare:
+                print(f"wave {wave + 1}: {variant}")
             for sql in before.get(wave + 1, []):
                 with connection.cursor() as cursor:
                     cursor.execute(sql)
                     cursor.execute("SELECT pg_reload_conf()")
                 time.sleep(0.5)  # every backend has read the configuration again
                 print(f"before wave {wave + 1}: {sql}")
-            published, elapsed, cpu, rounds, stages, cpu_stages = _wave(
-                args,
-                claimer,
-                dispatcher,
-                connection,
-                app,
-                plans,
-                due + timedelta(seconds=60 * wave),
-                profile=args.profile and wave == args.waves - 1,
-            )
+            with _variant(variant):
+                published, elapsed, cpu, rounds, stages, cpu_stages = _wave(
+                    args,
+                    claimer,
+                    dispatcher,
+                    connection,
+                    app,
+                    plans,
+                    due + timedelta(seconds=60 * wave),
+                    profile=args.profile and wave == profiled,
+                )
+            figures[variant].append((published / elapsed, 1e6 * cpu / max(published, 1)))
             print(
                 f"wave {wave + 1}: {args.tasks} tasks due at one instant: {published} "
                 f"dispatched, {broker.llen('burst')} messages queued, {rounds} rounds, "
@@ -204,6 +237,8 @@ def _measure(args: Any) -> None:
                     f"{1e6 * cpu_stages[stage] / max(published, 1):13.1f}"
                 )
             broker.delete("burst")
+        if args.compare:
+            _compare_table(figures, args.tasks)
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE")
             cursor.execute(
@@ -225,6 +260,53 @@ def _measure(args: Any) -> None:
 
             with open_connection.cursor() as cursor:
                 _drop_wal_slot(cursor)
+
+
+#: The waves ``--compare`` puts side by side, in the order each round works them through.
+VARIANTS = ("default", "instrumented (OpenTelemetry)", "fast path off")
+
+
+@contextmanager
+def _variant(name: str) -> Iterator[None]:
+    """The setting of one wave of ``--compare``: OpenTelemetry's Celery instrumentation
+    active, or the fast publish path off, or neither (and neither left on after it)."""
+    if name == "instrumented (OpenTelemetry)":
+        from opentelemetry import trace
+        from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+        if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+            CeleryInstrumentor().instrument()
+        else:  # the first time: the tracer provider too (it can be set once)
+            from tests.e2e.tracing import install_opentelemetry
+
+            install_opentelemetry()
+        try:
+            yield
+        finally:
+            CeleryInstrumentor().uninstrument()
+    elif name == "fast path off":
+        from django.conf import settings
+        from django.test.utils import override_settings
+
+        with override_settings(DRIFTSAFE={**settings.DRIFTSAFE, "FAST_PUBLISH": False}):
+            yield
+    else:
+        yield
+
+
+def _compare_table(figures: dict[str, list[tuple[float, float]]], tasks: int) -> None:
+    """The waves of ``--compare`` side by side: each variant's median rate and CPU a slot,
+    and its rate as a share of the default's."""
+    base = median(rate for rate, _ in figures["default"])
+    print(f"\n{tasks:,} tasks due at one instant, one beat's round in this process:")
+    print(f"  {'':<30}{'waves':>6}{'slots/s':>9}{'% of default':>14}{'CPU µs/slot':>13}")
+    for variant in VARIANTS:
+        rates = [rate for rate, _ in figures[variant]]
+        cpu = median(c for _, c in figures[variant])
+        print(
+            f"  {variant:<30}{len(rates):>6}{median(rates):>9.0f}"
+            f"{100 * median(rates) / base:>13.0f}%{cpu:>13.1f}"
+        )
 
 
 def _reuse(connection: Any, args: Any, due: datetime) -> datetime | None:
