@@ -606,6 +606,36 @@ def test_a_receiver_that_changes_a_value_in_place_changes_its_message_only(
     assert [m["headers"]["timelimit"] for _, m in raw_messages(queue)] == [[60, None]] * 2
 
 
+def test_a_queue_a_receiver_adds_to_declare_is_declared(
+    make_app: Callable[..., Celery], queue: str
+) -> None:
+    """With receivers, the fast path leaves out the queues the connection has declared, as
+    without them; one a receiver adds to ``declare`` is declared (kombu binds it: Redis
+    holds the binding), as from Celery's path."""
+    app = make_app()
+    extra = Queue(f"{queue}-extra", Exchange(f"{queue}-x"), routing_key="extra")
+
+    def before(declare: list[Any], **kwargs: Any) -> None:
+        if len(runs_seen) == 1:  # the second message: its queue already declared
+            declare.append(extra)
+        runs_seen.append(declare)
+
+    runs_seen: list[Any] = []
+    runs = claim(task="fast.add")
+    signals.before_task_publish.connect(before, weak=False)
+    try:
+        dispatcher = Dispatcher(app, FakeClock(T0))
+        assert len(dispatcher.dispatch(runs).published) == 2
+    finally:
+        signals.before_task_publish.disconnect(before)
+    assert dispatcher.fast.published == 2
+    client = redis.Redis.from_url(BROKER_URL)
+    bound = client.smembers(f"_kombu.binding.{queue}-x")
+    client.close()
+    assert [b.decode().split("\x06\x16")[-1] for b in bound] == [f"{queue}-extra"]
+    assert len(raw_messages(queue)) == 2
+
+
 @pytest.mark.parametrize("what", ["setting off", "protocol 1"])
 def test_where_the_fast_path_cannot_be_exact_it_falls_back(
     what: str, make_app: Callable[..., Celery], queue: str, settings: Any
