@@ -66,6 +66,7 @@ from celery_driftsafe.skeleton import (
     build_skeleton,
     celerys_apply_async,
     celerys_send_path,
+    same_value,
     shared_value,
     short_form,
 )
@@ -246,10 +247,16 @@ class FastPublisher:
         if skeleton.notify_backend:
             app.backend.on_task_call(producer, task_id)
         if self._signalled:
-            if writer is not None:
-                writer.via_kombu()
             self._publish_signalled(
-                producer, template, args, kwargs, task_id, expires_text, expiration, headers
+                producer,
+                template,
+                args,
+                kwargs,
+                task_id,
+                expires_text,
+                expiration,
+                headers,
+                writer,
             )
             return True
         declare = skeleton.to_declare(producer)
@@ -292,21 +299,24 @@ class FastPublisher:
         expires: str | None,
         expiration: float | None,
         headers: dict[str, Any],
+        writer: RedisWriter | None = None,
     ) -> None:
         """Publish a run's message as Celery's ``send_task_message`` does when receivers of
         its signals are connected: ``before_task_publish`` gets the message's parts (new
         ones: the body's arguments, headers, properties, declarations and retry policy),
         what a receiver changes in them is published (the body serialised afresh, as Celery
-        does), and ``after_task_publish`` follows."""
+        does), and ``after_task_publish`` follows. Where the receivers only added headers
+        (OpenTelemetry's ``traceparent``), the message is the template's with those headers
+        more, written as without receivers (on ``writer`` where it can go there)."""
         skeleton = template.skeleton
         assert skeleton is not None
-        message_headers, properties = self.parts(
+        base_headers, base_properties = self.parts(
             template, task_id, self.app.thread_oid, expires, expiration, headers
         )
         # new values too (the template's are shared by the task's messages): a receiver may
         # change one in place (a stamp in ``stamps``), for this message only
-        message_headers = {key: _fresh(value) for key, value in message_headers.items()}
-        properties = {key: _fresh(value) for key, value in properties.items()}
+        message_headers = {key: _fresh(value) for key, value in base_headers.items()}
+        properties = {key: _fresh(value) for key, value in base_properties.items()}
         if template.compression is not None:  # kombu's Producer adds it, as for Celery
             if "compression" in headers:
                 message_headers["compression"] = headers["compression"]
@@ -335,15 +345,42 @@ class FastPublisher:
         if declare is not None and _same_entities(declare, skeleton.declare):
             # what kombu's maybe_declare would find, without binding a copy of each entity
             declare = skeleton.to_declare(producer)
-        producer.publish(
-            body,
-            serializer=skeleton.serializer,
-            compression=skeleton.compression,
-            declare=declare,
-            headers=message_headers,
-            **publish,
-            **properties,
-        )
+        added = None
+        if writer is not None and declare is None and template.compression is None:
+            added = _added_headers(message_headers, base_headers)
+        if (
+            added is not None
+            and writer is not None
+            and (route := writer.route(skeleton))
+            and same_value(properties, base_properties)
+            and same_value(publish["retry_policy"], skeleton.publish_kwargs["retry_policy"])
+            and same_value(body[0], template.args or ())
+            and same_value(body[1], template.kwargs or {})
+            and same_value(body[2], skeleton.embed)
+        ):
+            writer.put_run(
+                route,
+                template,
+                self.parts,
+                task_id,
+                self.app.thread_oid,
+                expires,
+                expiration,
+                {**headers, **added},
+            )
+            self.direct += 1
+        else:
+            if writer is not None:
+                writer.via_kombu()
+            producer.publish(
+                body,
+                serializer=skeleton.serializer,
+                compression=skeleton.compression,
+                declare=declare,
+                headers=message_headers,
+                **publish,
+                **properties,
+            )
         signals.after_task_publish.send(
             sender=template.name,
             body=body,
@@ -494,6 +531,19 @@ def _fresh(value: Any) -> Any:
 
 
 _IMMUTABLE = frozenset({str, int, float, bool, bytes})
+
+
+def _added_headers(headers: dict[str, Any], base: dict[str, Any]) -> dict[str, Any] | None:
+    """The headers receivers added after ``base``'s (which they left as they were, in their
+    order), or None when they changed, removed or moved one of ``base``'s."""
+    if len(headers) < len(base):
+        return None
+    items = iter(headers.items())
+    # base first: zip stops at its end before taking an item more of the others
+    for (base_key, base_value), (key, value) in zip(base.items(), items, strict=False):
+        if key != base_key or not same_value(value, base_value):
+            return None
+    return dict(items)
 
 
 def _same_entities(declare: list[Any], entities: tuple[Any, ...] | None) -> bool:

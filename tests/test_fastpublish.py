@@ -570,6 +570,34 @@ def test_receivers_of_the_publish_signals_get_celerys_parts_and_change_the_messa
     assert got[4:] == got[:4]  # the fast path's receivers got what Celery's did
 
 
+@pytest.mark.parametrize("task", ["fast.add", "fast.safe", "elsewhere.task"])
+def test_a_message_whose_receivers_only_add_headers_is_written_straight_to_redis(
+    task: str, make_app: Callable[..., Celery], queue: str, settings: Any
+) -> None:
+    """OpenTelemetry's receiver of ``before_task_publish`` adds a ``traceparent`` header and
+    changes nothing else: the message is then the task's template with that header more,
+    written straight to Redis as without receivers (it went through kombu, its body
+    serialised again), and equals Celery's."""
+    app = make_app()
+
+    def before(headers: dict[str, Any], **kwargs: Any) -> None:
+        headers["traceparent"] = f"00-{headers['id'].replace('-', '')}-00f067aa0ba902b7-01"
+
+    runs = claim(task=task, headers={"tenant": "a"})
+    signals.before_task_publish.connect(before, weak=False)
+    try:
+        celery_sent, fast_sent, dispatcher = both_ways(app, settings, runs, queue, FakeClock(T0))
+    finally:
+        signals.before_task_publish.disconnect(before)
+    assert (dispatcher.fast.published, dispatcher.fast.direct) == (2, 2)
+    for (key, celery_msg), (fast_key, fast_msg) in zip(celery_sent, fast_sent, strict=True):
+        assert comparable(fast_key, fast_msg) == comparable(key, celery_msg)
+        assert same_expiry(fast_msg, celery_msg)
+    assert [m["headers"]["traceparent"][3:35] for _, m in fast_sent] == [
+        r.celery_task_id.replace("-", "") for r in runs
+    ]
+
+
 def test_a_receiver_that_changes_a_value_in_place_changes_its_message_only(
     make_app: Callable[..., Celery], queue: str, settings: Any
 ) -> None:
