@@ -22,9 +22,13 @@ class DriftSafeConfig(AppConfig):
         from django.core.signals import setting_changed
         from django.db.models.signals import post_delete, post_save
 
-        from celery_driftsafe import changes, conf, metrics_server, plain_tasks, worker
         from celery_driftsafe import checks as driftsafe_checks
+        from celery_driftsafe import conf
+        from celery_driftsafe.definitions import changes
         from celery_driftsafe.models import PeriodicTask
+        from celery_driftsafe.monitoring import metrics_server
+        from celery_driftsafe.worker import plain_task_receivers as plain_tasks
+        from celery_driftsafe.worker import request as worker
 
         setting_changed.connect(conf.clear_cache, dispatch_uid="driftsafe-settings-cache")
         checks.register(driftsafe_checks.check_settings, checks.Tags.compatibility)

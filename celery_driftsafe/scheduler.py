@@ -10,7 +10,7 @@ waits on the local monotonic clock for the authority's time until the next slot 
 clock is read only to report its offset.
 
 The node's side of the beat (start-up through an outage, heartbeat, clock check, signals,
-stop) is :class:`~celery_driftsafe.beat_node.BeatNode`, which this scheduler extends.
+stop) is :class:`~celery_driftsafe.beat.lifecycle.BeatNode`, which this scheduler extends.
 """
 
 from __future__ import annotations
@@ -29,14 +29,26 @@ from typing import Any
 from celery.beat import Scheduler
 from django.db import connections
 
-from celery_driftsafe import checks, metrics, nodes, retention
+from celery_driftsafe import checks
 from celery_driftsafe.apps import ensure_django
-from celery_driftsafe.beat_node import OUTAGE_ERRORS, BeatNode, outage_text
-from celery_driftsafe.changes import BackgroundUnscheduled
-from celery_driftsafe.claim import Claimer, ClaimResult, claimer_for, next_due
-from celery_driftsafe.claim_process import spare_cores
-from celery_driftsafe.claim_steps import run_expiry
-from celery_driftsafe.clock import (
+from celery_driftsafe.beat import nodes
+from celery_driftsafe.beat.gc_freeze import HeapKeeper, widen_young_generation
+from celery_driftsafe.beat.lifecycle import OUTAGE_ERRORS, BeatNode, outage_text
+from celery_driftsafe.beat.recovery import BackgroundReconciler, recover
+from celery_driftsafe.beat.wakeup import Wakeup, start_change_listener
+from celery_driftsafe.claim.claimers import Claimer, ClaimResult, claimer_for, next_due
+from celery_driftsafe.claim.helper_process import spare_cores
+from celery_driftsafe.claim.prefetch import Prefetcher
+from celery_driftsafe.claim.steps import run_expiry
+from celery_driftsafe.conf import DriftSafeSettings, get_settings
+from celery_driftsafe.core.stored_names import TimeAuthority
+from celery_driftsafe.definitions.changes import BackgroundUnscheduled
+from celery_driftsafe.exceptions import BrokerUnavailable
+from celery_driftsafe.ledger import retention
+from celery_driftsafe.monitoring import metrics
+from celery_driftsafe.publish.dispatcher import Dispatcher
+from celery_driftsafe.publish.prebuild import Prebuilder
+from celery_driftsafe.store.clock import (
     Authority,
     AuthorityClock,
     Clock,
@@ -44,28 +56,19 @@ from celery_driftsafe.clock import (
     authority_from_settings,
     configured_time_authority,
 )
-from celery_driftsafe.conf import DriftSafeSettings, get_settings
-from celery_driftsafe.db_connection import (
+from celery_driftsafe.store.connections import (
     read_committed_connections,
     refresh_between_rounds,
     rolled_back,
 )
-from celery_driftsafe.exceptions import BrokerUnavailable
-from celery_driftsafe.heap import HeapKeeper, widen_young_generation
-from celery_driftsafe.names import TimeAuthority
-from celery_driftsafe.prebuild import Prebuilder
-from celery_driftsafe.prefetch import Prefetcher
-from celery_driftsafe.publisher import Dispatcher
-from celery_driftsafe.reconcile import BackgroundReconciler, recover
-from celery_driftsafe.redis_client import eviction_risk
-from celery_driftsafe.wakeup import Wakeup, start_change_listener
+from celery_driftsafe.store.redis import eviction_risk
 
 logger = logging.getLogger(__name__)
 
 #: Shortest wait when something looks due but this beat could not claim it (another beat
 #: holds the row), so a beat never spins.
 MIN_WAIT = 0.01
-#: Messages are built ahead (prebuild.py) only when the next slot is at least this far off,
+#: Messages are built ahead (publish/prebuild.py) only when the next slot is at least this far off,
 #: for at most half the wait and at most PREBUILD_BUDGET seconds a round; while a pass is
 #: unfinished the round's wait is cut to the time it built (half the time building).
 PREBUILD_MIN_WAIT = 0.1

@@ -20,9 +20,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 
-from celery_driftsafe import changes
 from celery_driftsafe.celery_app import get_celery_app
-from celery_driftsafe.clock import authority_clock
+from celery_driftsafe.definitions import changes
 from celery_driftsafe.exceptions import (
     ClockError,
     ConfigurationError,
@@ -30,7 +29,8 @@ from celery_driftsafe.exceptions import (
     TaskRefused,
 )
 from celery_driftsafe.models import PeriodicTask, RunStatus
-from celery_driftsafe.run_now import admin_actor, run_now
+from celery_driftsafe.publish.run_now import admin_actor, run_now
+from celery_driftsafe.store.clock import authority_clock
 
 logger = logging.getLogger(__name__)
 

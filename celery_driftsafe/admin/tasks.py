@@ -4,7 +4,8 @@ The list costs a fixed number of queries however many runs the ledger holds: eac
 run is found by a correlated sub-query on the unique ``(periodic_task, slot)`` index (read
 backwards), and the page's runs are then read in one query (:class:`LastRunChangeList`).
 
-Every write goes through :mod:`celery_driftsafe.changes`: the form saves the model (its signals
+Every write goes through :mod:`celery_driftsafe.definitions.changes`: the form saves the model (its
+signals
 recompute the next slot once and wake the beats). The common chores (enable, disable, run now,
 reset schedule) are in :mod:`celery_driftsafe.admin.task_actions`.
 """
@@ -30,10 +31,10 @@ from celery_driftsafe.admin.display import (
     schedule_cell,
     status_badge,
 )
+from celery_driftsafe.admin.forms import PeriodicTaskForm
 from celery_driftsafe.admin.task_actions import PeriodicTaskActions
-from celery_driftsafe.forms import PeriodicTaskForm
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus, unreadable_instants
-from celery_driftsafe.schedule_fields import CRONTAB_FIELDS, ONE_OFF_FIELDS, SOLAR_FIELDS
+from celery_driftsafe.models.schedule_fields import CRONTAB_FIELDS, ONE_OFF_FIELDS, SOLAR_FIELDS
 
 
 def _last_run(field: str) -> Subquery:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from celery_driftsafe import names
+from celery_driftsafe.core import stored_names
 
 
 class ScheduleKind(models.TextChoices):
@@ -16,7 +16,7 @@ class ScheduleKind(models.TextChoices):
 
 
 class SolarEvent(models.TextChoices):
-    """The events of ``celery.schedules.solar`` (see :mod:`celery_driftsafe.solar`)."""
+    """The events of ``celery.schedules.solar`` (see :mod:`celery_driftsafe.core.solar`)."""
 
     DAWN_ASTRONOMICAL = "dawn_astronomical", "Astronomical dawn (sun 18° below, rising)"
     DAWN_NAUTICAL = "dawn_nautical", "Nautical dawn (sun 12° below, rising)"
@@ -39,33 +39,33 @@ class IntervalUnit(models.TextChoices):
 
 class MisfirePolicy(models.TextChoices):
     DEFAULT = "", "Project default"
-    FIRE_ONCE = names.MisfirePolicy.FIRE_ONCE.value, "Fire once for all missed slots"
-    FIRE_ALL = names.MisfirePolicy.FIRE_ALL.value, "Fire every missed slot (bounded)"
-    SKIP = names.MisfirePolicy.SKIP.value, "Skip to the next future slot"
+    FIRE_ONCE = stored_names.MisfirePolicy.FIRE_ONCE.value, "Fire once for all missed slots"
+    FIRE_ALL = stored_names.MisfirePolicy.FIRE_ALL.value, "Fire every missed slot (bounded)"
+    SKIP = stored_names.MisfirePolicy.SKIP.value, "Skip to the next future slot"
 
 
 class OverlapPolicy(models.TextChoices):
-    ALLOW = names.OverlapPolicy.ALLOW.value, "Allow overlapping runs"
-    SKIP = names.OverlapPolicy.SKIP.value, "Skip a slot while the previous run is running"
+    ALLOW = stored_names.OverlapPolicy.ALLOW.value, "Allow overlapping runs"
+    SKIP = stored_names.OverlapPolicy.SKIP.value, "Skip a slot while the previous run is running"
 
 
 class RunStatus(models.TextChoices):
-    CLAIMED = names.RunStatus.CLAIMED.value, "Claimed"
-    DISPATCHED = names.RunStatus.DISPATCHED.value, "Dispatched"
-    STARTED = names.RunStatus.STARTED.value, "Started"
-    RETRYING = names.RunStatus.RETRYING.value, "Retry scheduled"
-    SUCCEEDED = names.RunStatus.SUCCEEDED.value, "Succeeded"
-    FAILED = names.RunStatus.FAILED.value, "Failed"
-    SKIPPED = names.RunStatus.SKIPPED.value, "Skipped"
-    MISSED = names.RunStatus.MISSED.value, "Missed"
-    EXPIRED = names.RunStatus.EXPIRED.value, "Expired"
-    REVOKED = names.RunStatus.REVOKED.value, "Revoked"
+    CLAIMED = stored_names.RunStatus.CLAIMED.value, "Claimed"
+    DISPATCHED = stored_names.RunStatus.DISPATCHED.value, "Dispatched"
+    STARTED = stored_names.RunStatus.STARTED.value, "Started"
+    RETRYING = stored_names.RunStatus.RETRYING.value, "Retry scheduled"
+    SUCCEEDED = stored_names.RunStatus.SUCCEEDED.value, "Succeeded"
+    FAILED = stored_names.RunStatus.FAILED.value, "Failed"
+    SKIPPED = stored_names.RunStatus.SKIPPED.value, "Skipped"
+    MISSED = stored_names.RunStatus.MISSED.value, "Missed"
+    EXPIRED = stored_names.RunStatus.EXPIRED.value, "Expired"
+    REVOKED = stored_names.RunStatus.REVOKED.value, "Revoked"
 
 
 class RunKind(models.TextChoices):
-    SCHEDULED = names.RunKind.SCHEDULED.value, "Scheduled"
-    MANUAL = names.RunKind.MANUAL.value, "Run now"
-    ADHOC = names.RunKind.ADHOC.value, "Ad-hoc call"
+    SCHEDULED = stored_names.RunKind.SCHEDULED.value, "Scheduled"
+    MANUAL = stored_names.RunKind.MANUAL.value, "Run now"
+    ADHOC = stored_names.RunKind.ADHOC.value, "Ad-hoc call"
 
 
 class TaskSource(models.TextChoices):

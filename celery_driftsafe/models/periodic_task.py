@@ -9,9 +9,17 @@ from django.core.exceptions import ValidationError
 from django.db import models, router, transaction
 from django.utils.timezone import now as django_now
 
-from celery_driftsafe.bounds import bound_problems, bounded
+from celery_driftsafe.core.bounds import bound_problems, bounded
+from celery_driftsafe.core.jitter import due_instant
+from celery_driftsafe.core.schedules import OneOff, Schedule, Solar, shared_crontab, shared_interval
+from celery_driftsafe.core.validation import (
+    Problem,
+    coerce_json,
+    instant_problems,
+    json_problems,
+    option_problems,
+)
 from celery_driftsafe.exceptions import ScheduleError
-from celery_driftsafe.jitter import due_instant
 from celery_driftsafe.models.choices import (
     IntervalUnit,
     MisfirePolicy,
@@ -20,15 +28,7 @@ from celery_driftsafe.models.choices import (
     SolarEvent,
     TaskSource,
 )
-from celery_driftsafe.schedule_fields import CRONTAB_FIELDS, ERROR_FIELDS, KIND_FIELD
-from celery_driftsafe.slots import OneOff, Schedule, Solar, shared_crontab, shared_interval
-from celery_driftsafe.validation import (
-    Problem,
-    coerce_json,
-    instant_problems,
-    json_problems,
-    option_problems,
-)
+from celery_driftsafe.models.schedule_fields import CRONTAB_FIELDS, ERROR_FIELDS, KIND_FIELD
 
 #: Stands in for an interval anchor not stored yet, where only the schedule's shape matters
 #: (validation, descriptions); never used to compute a real slot.
@@ -56,7 +56,7 @@ def _mirror_due_at(values: dict[str, Any]) -> None:
     """A bulk write that sets ``next_slot_at`` but not ``due_at`` makes the task due at its
     slot: never later than its jittered instant, and the claim, which recomputes the jittered
     instant itself, moves ``due_at`` to it without firing early (see
-    :mod:`celery_driftsafe.jitter`)."""
+    :mod:`celery_driftsafe.core.jitter`)."""
     if "next_slot_at" in values and "due_at" not in values:
         values["due_at"] = values["next_slot_at"]
 
@@ -78,7 +78,7 @@ class PeriodicTaskQuerySet(models.QuerySet["PeriodicTask"]):
     def update(self, **kwargs: Any) -> int:
         """``update(next_slot_at=...)`` also sets ``due_at`` (see :func:`_mirror_due_at`); an
         update of anything but the claim's own state stamps ``changed_at``, as ``save()`` does
-        (a compare-and-swap claim reads it: see :mod:`celery_driftsafe.claim`)."""
+        (a compare-and-swap claim reads it: see :mod:`celery_driftsafe.claim.claimers`)."""
         _mirror_due_at(kwargs)
         if kwargs.keys() - CLAIM_FIELDS and "changed_at" not in kwargs:
             kwargs["changed_at"] = django_now()
@@ -155,7 +155,7 @@ class PeriodicTask(models.Model):
         blank=True,
         help_text="Degrees east, -180 to 180 (west is negative).",
     )
-    # Bounds and limits (enforced by the claim; see celery_driftsafe.bounds).
+    # Bounds and limits (enforced by the claim; see celery_driftsafe.core.bounds).
     valid_from = models.DateTimeField(
         null=True,
         blank=True,
@@ -286,7 +286,7 @@ class PeriodicTask(models.Model):
 
     def coerce(self) -> None:
         """Read ``args``/``kwargs``/``headers`` stored as a JSON string of the right shape as
-        that value (see :mod:`celery_driftsafe.validation`)."""
+        that value (see :mod:`celery_driftsafe.core.validation`)."""
         self.args = coerce_json(self.args, list)
         self.kwargs = coerce_json(self.kwargs, dict)
         self.headers = coerce_json(self.headers, dict)
@@ -304,7 +304,7 @@ class PeriodicTask(models.Model):
         ``schedule=False`` leaves the schedule out (a caller about to evaluate it anyway);
         ``writing=True`` adds the checks of a write (:meth:`clean`): every value inside the
         JSON fields, and instants that stay in the calendar (see
-        :mod:`celery_driftsafe.validation`)."""
+        :mod:`celery_driftsafe.core.validation`)."""
         found = json_problems(self.args, self.kwargs, self.headers, contents=writing)
         found += option_problems(
             task=self.task,
@@ -374,10 +374,10 @@ class PeriodicTask(models.Model):
         leaves them out (unless named in ``update_fields``), so saving an instance loaded a
         while ago cannot move a task back to a slot that already fired. A schedule edit or a
         re-enable computes a new next slot after every slot that already has a run (see
-        :mod:`celery_driftsafe.changes`). A value the task could not fire with raises
+        :mod:`celery_driftsafe.definitions.changes`). A value the task could not fire with raises
         :class:`~django.core.exceptions.ValidationError` naming the field.
         """
-        from celery_driftsafe.changes import prepare_save
+        from celery_driftsafe.definitions.changes import prepare_save
 
         prepare_save(self, kwargs)
         super().save(*args, **kwargs)
@@ -396,14 +396,14 @@ class PeriodicTask(models.Model):
     def _remember_switch(self) -> None:
         """Note ``enabled`` and ``disabled_reason`` as loaded (or saved): the scheduler changes
         them behind a loaded instance's back (a finished task, a broken row), so a save that
-        leaves them as they were keeps the database's (:func:`~celery_driftsafe.changes.
+        leaves them as they were keeps the database's (:func:`~celery_driftsafe.definitions.changes.
         prepare_save`) rather than switching a finished task back on."""
         loaded = self.__dict__  # a deferred field is one missing here (get_deferred_fields)
         if "enabled" in loaded and "disabled_reason" in loaded:
             self._switch_loaded = (loaded["enabled"], loaded["disabled_reason"])
 
     #: ``from_db`` is Django's, then this: the claim's reader, which builds instances without
-    #: ``from_db`` (:mod:`celery_driftsafe.pg_loaders`), calls it on each.
+    #: ``from_db`` (:mod:`celery_driftsafe.store.loaders`), calls it on each.
     from_db_then = _remember_switch
 
 
