@@ -292,7 +292,7 @@ def _prebuild(dispatcher: Any, due: datetime, tasks: int) -> None:
     """One whole pass of building ahead (no budget), timed."""
     from functools import partial
 
-    from celery_driftsafe.claim.steps import run_expiry
+    from celery_driftsafe.claim.claimers import run_expiry
     from celery_driftsafe.conf import get_settings
     from celery_driftsafe.publish.prebuild import Prebuilder
 

@@ -26,6 +26,7 @@ class DriftSafeConfig(AppConfig):
         from celery_driftsafe import conf
         from celery_driftsafe.definitions import changes
         from celery_driftsafe.models import PeriodicTask
+        from celery_driftsafe.models.periodic_task import prepare_saves_with
         from celery_driftsafe.monitoring import metrics_server
         from celery_driftsafe.worker import plain_task_receivers as plain_tasks
         from celery_driftsafe.worker import request as worker
@@ -36,6 +37,9 @@ class DriftSafeConfig(AppConfig):
         checks.register(driftsafe_checks.check_autocommit, checks.Tags.database)
         checks.register(driftsafe_checks.check_routing, checks.Tags.database)
         checks.register(driftsafe_checks.check_database, checks.Tags.database)
+        # Before a task's save() writes: its next slot kept right (the models call it, the
+        # definitions layer above them provides it).
+        prepare_saves_with(changes.prepare_save)
         post_save.connect(changes.after_change, sender=PeriodicTask, dispatch_uid="driftsafe-post")
         post_delete.connect(
             changes.after_change, sender=PeriodicTask, dispatch_uid="driftsafe-delete"

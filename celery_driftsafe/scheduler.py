@@ -36,10 +36,9 @@ from celery_driftsafe.beat.gc_freeze import HeapKeeper, widen_young_generation
 from celery_driftsafe.beat.lifecycle import OUTAGE_ERRORS, BeatNode, outage_text
 from celery_driftsafe.beat.recovery import BackgroundReconciler, recover
 from celery_driftsafe.beat.wakeup import Wakeup, start_change_listener
-from celery_driftsafe.claim.claimers import Claimer, ClaimResult, claimer_for, next_due
+from celery_driftsafe.claim.claimers import Claimer, ClaimResult, claimer_for, next_due, run_expiry
 from celery_driftsafe.claim.helper_process import spare_cores
 from celery_driftsafe.claim.prefetch import Prefetcher
-from celery_driftsafe.claim.steps import run_expiry
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.core.stored_names import TimeAuthority
 from celery_driftsafe.definitions.changes import BackgroundUnscheduled

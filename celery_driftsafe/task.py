@@ -58,6 +58,13 @@ class DriftSafeTask(Task):
     #: Records hard time limits and lost pool processes in the ledger, and leaves a run's
     #: expiry to the time authority (see :mod:`celery_driftsafe.worker.request`).
     Request = "celery_driftsafe.worker.request:DriftSafeRequest"
+    #: Its :meth:`apply_async` publishes on commit; a beat publishing a claimed run calls
+    #: Celery's own ``Task.apply_async`` instead
+    #: (:data:`celery_driftsafe.publish.adhoc.PUBLISHES_ON_COMMIT`).
+    driftsafe_publishes_on_commit = True
+    #: It records its runs itself: the receivers of plain tasks' runs leave them alone
+    #: (:data:`celery_driftsafe.worker.plain_task_receivers.RECORDS_ITS_RUNS`).
+    driftsafe_records_its_runs = True
 
     @property
     def backend(self) -> Any:

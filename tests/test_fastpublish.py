@@ -590,7 +590,7 @@ def test_an_option_outside_the_tasks_fields_is_refused_before_either_path(
     """The fast path takes every publish option the publisher's gate lets through (the task's
     own fields); one outside them (a captured message rewritten) is refused by the gate
     before either path, and the fast path on its own declines it too."""
-    from celery_driftsafe.core.headers import message_headers
+    from celery_driftsafe.claim.outbox import message_headers
     from celery_driftsafe.core.validation import PUBLISH_OPTIONS
     from celery_driftsafe.publish.fast_path import FAST_OPTIONS, FastPublisher
 

@@ -17,8 +17,7 @@ import pytest
 from celery import Celery
 
 from celery_driftsafe.beat import nodes
-from celery_driftsafe.claim.claimers import claimer_for
-from celery_driftsafe.claim.steps import run_expiry
+from celery_driftsafe.claim.claimers import claimer_for, run_expiry
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.publish.dispatcher import Dispatcher
 from celery_driftsafe.publish.fast_path import FastPublisher

@@ -23,10 +23,9 @@ from celery_driftsafe.ledger.retention import (
     PRUNE_LOCK,
     Pruner,
     Retention,
-    fence_ttl_seconds,
 )
 from celery_driftsafe.ledger.run_ledger import Ledger, Start
-from celery_driftsafe.locks import RedisLockBackend, lock_backend, lock_identity
+from celery_driftsafe.locks import RedisLockBackend, fence_ttl_seconds, lock_backend, lock_identity
 from celery_driftsafe.models import Lock, PeriodicTask, Run, RunAttempt, RunKind, RunStatus
 from celery_driftsafe.store.redis import key_prefix
 from celery_driftsafe.testing import FakeClock

@@ -1,5 +1,6 @@
 """The outbox: what a claimed run is published with (its captured message and publish
-options, its deterministic Celery task id) and the re-publishing of stale claims. Publishing
+options, its deterministic Celery task id, its headers) and the re-publishing of stale claims.
+Publishing
 runs and recording that they went out is :mod:`celery_driftsafe.publish.dispatcher`.
 
 Order matters: a run is committed as ``claimed`` first, then published with its deterministic
@@ -20,8 +21,17 @@ from typing import Any
 
 from django.db.models import F, Q
 
+from celery_driftsafe.core.headers import (
+    HEADER_CELERY_BEAT,
+    HEADER_FENCING_TOKEN,
+    HEADER_LOCKS,
+    HEADER_PERIODIC_TASK_ID,
+    HEADER_RUN_ID,
+    HEADER_SLOT,
+)
 from celery_driftsafe.core.instants import iso_text
 from celery_driftsafe.core.validation import message_problems
+from celery_driftsafe.locks import lock_identity
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 
 logger = logging.getLogger("celery_driftsafe.dispatch")
@@ -132,6 +142,25 @@ def message_refusal(run: ClaimedRun) -> str:
     return "the message captured at claim time cannot be published: " + "; ".join(
         map(str, problems)
     )
+
+
+def message_headers(run: ClaimedRun) -> dict[str, Any]:
+    """The run's own headers (after the task's custom headers, which cannot override them)."""
+    headers = dict(run.options.get("headers") or {})
+    headers.update(
+        {
+            HEADER_RUN_ID: run.run_id,
+            HEADER_SLOT: iso_text(run.slot) if run.slot else None,
+            HEADER_FENCING_TOKEN: run.fencing_token,
+            HEADER_PERIODIC_TASK_ID: run.periodic_task_id,
+            HEADER_LOCKS: lock_identity(),
+        }
+    )
+    if run.slot is not None:
+        # a scheduled run: what Celery's own beat marks every message it sends with
+        # (``Scheduler.apply_async``); a manual run is not the beat's
+        headers[HEADER_CELERY_BEAT] = True
+    return headers
 
 
 def publish_options(task: PeriodicTask) -> dict[str, Any]:

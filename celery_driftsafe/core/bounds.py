@@ -5,8 +5,9 @@
   slot of a new or edited task, the claim, the misfire catch-up — sees the bounded schedule, so a
   slot before ``valid_from`` never exists, and nothing at or after ``valid_until`` does either.
 * **run once / max runs**: :func:`run_budget` says how many more runs a task may fire, and
-  :func:`limit_plan` cuts a claim plan to that many (the earliest slots) and says whether the
-  task is then used up — the claim disables it in the same transaction, with the reason.
+  :func:`~celery_driftsafe.core.misfire.limit_plan` cuts a claim plan to that many (the
+  earliest slots) and says whether the task is then used up — the claim disables it in the
+  same transaction, with the reason.
 
 Pure: no clock, no Django.
 """
@@ -15,13 +16,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from celery_driftsafe.core.instants import require_aware
-from celery_driftsafe.core.jitter import offset, spread_us
-from celery_driftsafe.core.misfire import ClaimPlan, Jitter, plan_claim
+from celery_driftsafe.core.jitter import offset
 from celery_driftsafe.core.schedules import Schedule
 from celery_driftsafe.core.validation import Problem
 
@@ -88,20 +88,6 @@ def run_budget(*, run_once: bool, max_runs: int | None, run_count: int) -> int |
     return budget
 
 
-def limit_plan(plan: ClaimPlan, budget: int | None) -> tuple[ClaimPlan, bool]:
-    """``plan`` firing at most ``budget`` runs (the earliest), and whether that uses the budget
-    up (the task is then to be disabled: it has no next slot). Slots cut off are not recorded:
-    past its last allowed run a task has no more slots."""
-    if budget is None or len(plan.fire) < budget:
-        return plan, False
-    return replace(
-        plan,
-        fire=plan.fire[:budget],
-        next_slot=None,
-        late_from_load=(plan.late_from_load and budget > 0),
-    ), True
-
-
 @dataclass(frozen=True)
 class Limits:
     """What bounds a task's claim beyond its schedule: its name (the jitter's identity), the
@@ -114,41 +100,6 @@ class Limits:
     run_once: bool = False
     max_runs: int | None = None
     run_count: int = 0
-
-
-def plan_limited(
-    schedule: Schedule, next_slot: datetime, now: datetime, limits: Limits, **options: Any
-) -> tuple[ClaimPlan, str | None]:
-    """:func:`~celery_driftsafe.core.misfire.plan_claim` for a task with ``limits``: ``schedule``
-    is already bounded (:func:`bounded`); a stored ``next_slot`` outside the bounds moves to the
-    first slot within them; slots are due at their jittered instants; the plan fires at most
-    the runs left. Returns the plan and, when the task is used up (no slot left before valid
-    until, or no run left), why — the claim then disables it. ``options`` go to
-    ``plan_claim`` (policy, grace, ...)."""
-    start: datetime | None = next_slot
-    if limits.valid_from is not None or limits.valid_until is not None:
-        start = schedule.first_at_or_after(next_slot)
-    ended = f"valid until {limits.valid_until}: no slot is left before it"
-    if start is None:
-        if limits.valid_until is None:  # a valid_from past the last slot the calendar holds
-            return ClaimPlan(), f"valid from {limits.valid_from}: no slot is left after it"
-        return ClaimPlan(), ended
-    spread = spread_us(limits.jitter_seconds)
-    jitter = Jitter(limits.identity, timedelta(microseconds=spread)) if spread else None
-    plan = plan_claim(schedule, start, now, jitter=jitter, **options)
-    budget = run_budget(
-        run_once=limits.run_once, max_runs=limits.max_runs, run_count=limits.run_count
-    )
-    plan, used_up = limit_plan(plan, budget)
-    if used_up:
-        return plan, (
-            "run once: it fired its run"
-            if limits.run_once and budget == 1
-            else f"max runs: it reached {limits.max_runs} runs"
-        )
-    if plan.next_slot is None and limits.valid_until is not None:
-        return plan, ended
-    return plan, None
 
 
 def message_expiry(

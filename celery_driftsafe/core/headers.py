@@ -1,4 +1,5 @@
-"""The message headers a published run carries, and how a worker reads them back
+"""The message headers a published run carries (set by
+:func:`celery_driftsafe.claim.outbox.message_headers`), and how a worker reads them back
 (see docs/reference/headers.md).
 
 A worker's request has every custom header as an attribute; an eager request
@@ -8,13 +9,9 @@ A worker's request has every custom header as an attribute; an eager request
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from celery_driftsafe.core.instants import iso_text
 from celery_driftsafe.exceptions import BadRunHeaders
-
-if TYPE_CHECKING:
-    from celery_driftsafe.claim.outbox import ClaimedRun
 
 #: Id of the run's row in the ledger.
 HEADER_RUN_ID = "driftsafe_run_id"
@@ -107,30 +104,6 @@ RESERVED_PREFIXES = ("driftsafe_", "_")
 def reserved(name: str) -> bool:
     """Whether a stored header may not be called ``name``."""
     return name in RESERVED_HEADERS or name.startswith(RESERVED_PREFIXES)
-
-
-# -- Building them at dispatch -------------------------------------------------------------------
-
-
-def message_headers(run: ClaimedRun) -> dict[str, Any]:
-    """The run's own headers (after the task's custom headers, which cannot override them)."""
-    from celery_driftsafe.locks import lock_identity
-
-    headers = dict(run.options.get("headers") or {})
-    headers.update(
-        {
-            HEADER_RUN_ID: run.run_id,
-            HEADER_SLOT: iso_text(run.slot) if run.slot else None,
-            HEADER_FENCING_TOKEN: run.fencing_token,
-            HEADER_PERIODIC_TASK_ID: run.periodic_task_id,
-            HEADER_LOCKS: lock_identity(),
-        }
-    )
-    if run.slot is not None:
-        # a scheduled run: what Celery's own beat marks every message it sends with
-        # (``Scheduler.apply_async``); a manual run is not the beat's
-        headers[HEADER_CELERY_BEAT] = True
-    return headers
 
 
 # -- Reading them back in the worker -------------------------------------------------------------

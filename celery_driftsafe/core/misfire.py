@@ -37,13 +37,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import lru_cache
-from typing import Protocol, cast, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
+from celery_driftsafe.core.bounds import Bounded, Limits, run_budget
 from celery_driftsafe.core.instants import from_us, to_us
-from celery_driftsafe.core.jitter import offset
+from celery_driftsafe.core.jitter import offset, spread_us
 from celery_driftsafe.core.schedules import Interval, Schedule
 from celery_driftsafe.core.stored_names import MisfirePolicy
 
@@ -286,8 +287,6 @@ def _count_and_tail_start(
     grow with the slots counted, so a ``next_slot_at`` decades behind plans as fast as one an
     hour behind. Other schedules are walked once, and remembered.
     """
-    from celery_driftsafe.core.bounds import Bounded
-
     if isinstance(schedule, Bounded) and isinstance(schedule.schedule, Interval | Countable):
         start = max(start, schedule.valid_from or start)
         end = min(end, schedule.valid_until or end)
@@ -366,3 +365,55 @@ def _walk_remembered(
     schedule: Hashable, start: datetime, end: datetime, keep: int
 ) -> tuple[int, datetime]:
     return _walk(cast(Schedule, schedule), start, end, keep)
+
+
+# -- Under a task's bounds and run limits -------------------------------------------------------
+
+
+def limit_plan(plan: ClaimPlan, budget: int | None) -> tuple[ClaimPlan, bool]:
+    """``plan`` firing at most ``budget`` runs (the earliest), and whether that uses the budget
+    up (the task is then to be disabled: it has no next slot). Slots cut off are not recorded:
+    past its last allowed run a task has no more slots."""
+    if budget is None or len(plan.fire) < budget:
+        return plan, False
+    return replace(
+        plan,
+        fire=plan.fire[:budget],
+        next_slot=None,
+        late_from_load=(plan.late_from_load and budget > 0),
+    ), True
+
+
+def plan_limited(
+    schedule: Schedule, next_slot: datetime, now: datetime, limits: Limits, **options: Any
+) -> tuple[ClaimPlan, str | None]:
+    """:func:`plan_claim` for a task with ``limits``: ``schedule`` is already bounded
+    (:func:`~celery_driftsafe.core.bounds.bounded`); a stored ``next_slot`` outside the bounds
+    moves to the first slot within them; slots are due at their jittered instants; the plan
+    fires at most the runs left. Returns the plan and, when the task is used up (no slot left
+    before valid until, or no run left), why — the claim then disables it. ``options`` go to
+    ``plan_claim`` (policy, grace, ...)."""
+    start: datetime | None = next_slot
+    if limits.valid_from is not None or limits.valid_until is not None:
+        start = schedule.first_at_or_after(next_slot)
+    ended = f"valid until {limits.valid_until}: no slot is left before it"
+    if start is None:
+        if limits.valid_until is None:  # a valid_from past the last slot the calendar holds
+            return ClaimPlan(), f"valid from {limits.valid_from}: no slot is left after it"
+        return ClaimPlan(), ended
+    spread = spread_us(limits.jitter_seconds)
+    jitter = Jitter(limits.identity, timedelta(microseconds=spread)) if spread else None
+    plan = plan_claim(schedule, start, now, jitter=jitter, **options)
+    budget = run_budget(
+        run_once=limits.run_once, max_runs=limits.max_runs, run_count=limits.run_count
+    )
+    plan, used_up = limit_plan(plan, budget)
+    if used_up:
+        return plan, (
+            "run once: it fired its run"
+            if limits.run_once and budget == 1
+            else f"max runs: it reached {limits.max_runs} runs"
+        )
+    if plan.next_slot is None and limits.valid_until is not None:
+        return plan, ended
+    return plan, None

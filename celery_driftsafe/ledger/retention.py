@@ -13,7 +13,8 @@ counter in Redis (``<prefix>:fence:run:<id>``) or a :class:`~celery_driftsafe.mo
   re-enabling a task reads it to start after every slot that fired (one row per task);
 * with a run go its :class:`~celery_driftsafe.models.RunAttempt` rows, its database lock row
   (when nobody holds it) and its Redis fencing counter. A fencing counter also expires by
-  itself (:func:`fence_ttl_seconds`), so Redis stays bounded when nothing prunes; why a counter
+  itself (:func:`celery_driftsafe.locks.fence_ttl_seconds`), so Redis stays bounded when nothing
+  prunes; why a counter
   that expires cannot let a stale holder win is explained in ``docs/reference/locks.md``.
 
 A batch is one short transaction: the candidates are read in ``claimed_at`` order on the
@@ -46,8 +47,6 @@ logger = logging.getLogger("celery_driftsafe.retention")
 DONE = (RunStatus.SUCCEEDED, RunStatus.SKIPPED, RunStatus.REVOKED)
 #: Finished runs that did not succeed, kept ``FAILED_RUN_RETENTION_SECONDS``.
 NOT_SUCCEEDED = (RunStatus.FAILED, RunStatus.MISSED, RunStatus.EXPIRED)
-#: A fencing counter's time to live when runs are kept forever.
-FENCE_TTL_WHEN_KEPT_FOREVER = 7 * 86400.0
 assert set(DONE) | set(NOT_SUCCEEDED) == set(FINISHED), "every finished status has a retention"
 #: The name of the lock one pruning beat holds.
 PRUNE_LOCK = "prune"
@@ -80,25 +79,6 @@ class Retention:
             if keep is not None:
                 found += [(status, now - keep) for status in statuses]
         return found
-
-
-def fence_ttl_seconds(settings: DriftSafeSettings) -> float:
-    """How long a Redis fencing counter lives after its last acquisition.
-
-    The shorter retention period (runs are pruned, and their counters deleted, after it), or
-    :data:`FENCE_TTL_WHEN_KEPT_FOREVER` when runs are kept forever; never shorter than a run
-    can wait for a worker (``RUN_EXPIRES_SECONDS``) or be reconciled (``STUCK_RUN_SECONDS``)
-    plus a lease. Any value is safe (see ``docs/reference/locks.md``); this one only spares
-    refused writes and their retries while a run is still being worked on.
-    """
-    kept = [
-        s
-        for s in (settings.run_retention_seconds, settings.failed_run_retention_seconds)
-        if s is not None
-    ]
-    ttl = min(kept) if kept else FENCE_TTL_WHEN_KEPT_FOREVER
-    waiting = max(settings.run_expires_seconds or 0.0, settings.stuck_run_seconds)
-    return max(ttl, waiting + settings.lease_seconds)
 
 
 @dataclass

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import models, router, transaction
 from django.utils.timezone import now as django_now
 
@@ -92,6 +93,20 @@ class PeriodicTaskQuerySet(models.QuerySet["PeriodicTask"]):
             if obj.due_at is None and obj.next_slot_at is not None:
                 obj.due_at = due_instant(obj.name, obj.next_slot_at, obj.jitter_seconds)
         return super().bulk_create(objs, *args, **kwargs)
+
+
+#: What :meth:`PeriodicTask.save` runs before it writes, given the instance and ``save()``'s
+#: keyword arguments (adjusted in place):
+#: :func:`celery_driftsafe.definitions.changes.prepare_save`, installed by the app's
+#: ``ready()`` through :func:`prepare_saves_with`. The models sit below the layer that keeps a
+#: task's next slot right, so they call it without importing it.
+_save_preparation: Callable[[PeriodicTask, dict[str, Any]], None] | None = None
+
+
+def prepare_saves_with(prepare: Callable[[PeriodicTask, dict[str, Any]], None]) -> None:
+    """Have every :meth:`PeriodicTask.save` run ``prepare`` before it writes."""
+    global _save_preparation
+    _save_preparation = prepare
 
 
 class PeriodicTask(models.Model):
@@ -377,9 +392,12 @@ class PeriodicTask(models.Model):
         :mod:`celery_driftsafe.definitions.changes`). A value the task could not fire with raises
         :class:`~django.core.exceptions.ValidationError` naming the field.
         """
-        from celery_driftsafe.definitions.changes import prepare_save
-
-        prepare_save(self, kwargs)
+        if _save_preparation is None:
+            raise ImproperlyConfigured(
+                "celery_driftsafe's app is not ready (its AppConfig.ready() installs what "
+                "PeriodicTask.save() runs first): save periodic tasks once Django is set up"
+            )
+        _save_preparation(self, kwargs)
         super().save(*args, **kwargs)
         self._remember_switch()
 

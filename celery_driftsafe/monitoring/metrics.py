@@ -21,18 +21,15 @@ beat.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sized
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
-    from celery_driftsafe.claim.claimers import ClaimResult
-    from celery_driftsafe.claim.outbox import ClaimedRun
-    from celery_driftsafe.publish.dispatcher import DispatchResult
     from celery_driftsafe.store.clock import OffsetSample
 
 #: What to install when metrics are switched on without prometheus-client.
@@ -248,10 +245,48 @@ def worker_metrics() -> WorkerMetrics | None:
     return _worker
 
 
+# -- what the hooks read of their callers' results -----------------------------------------------
+# Monitoring is a sink: it imports nothing of the claim, the publishing or the worker, so the
+# hooks name what they read of the results they are given as protocols.
+
+
+class ClaimFigures(Protocol):
+    """What :func:`round_done` reads of a claim round's result
+    (:class:`~celery_driftsafe.claim.claimers.ClaimResult`)."""
+
+    @property
+    def runs(self) -> Sized: ...
+    @property
+    def missed(self) -> int: ...
+
+
+class SlottedRun(Protocol):
+    """A claimed run's slot (:class:`~celery_driftsafe.claim.outbox.ClaimedRun`)."""
+
+    @property
+    def slot(self) -> datetime | None: ...
+
+
+class DispatchFigures(Protocol):
+    """What :func:`dispatched` reads of a dispatch's result
+    (:class:`~celery_driftsafe.publish.dispatcher.DispatchResult`)."""
+
+    @property
+    def published(self) -> Collection[int]: ...
+    @property
+    def failed(self) -> Sized: ...
+    @property
+    def expired(self) -> Sized: ...
+    @property
+    def deferred(self) -> Sized: ...
+    @property
+    def refused(self) -> Sized: ...
+
+
 # -- beat hooks (each a no-op with metrics off) -------------------------------------------------
 
 
-def round_done(result: ClaimResult, now: datetime, began: float, ended: float) -> float:
+def round_done(result: ClaimFigures, now: datetime, began: float, ended: float) -> float:
     """A claim round read the authority at ``now`` and ran from ``began`` to ``ended`` (local
     monotonic seconds): what it claimed and missed, how long it took. Returns ``ended``."""
     m = beat_metrics()
@@ -264,7 +299,7 @@ def round_done(result: ClaimResult, now: datetime, began: float, ended: float) -
     return ended
 
 
-def dispatched(result: DispatchResult, runs: Mapping[int, ClaimedRun], now: datetime) -> None:
+def dispatched(result: DispatchFigures, runs: Mapping[int, SlottedRun], now: datetime) -> None:
     """A dispatch ended at ``now``: published runs and their lateness, failures, deferrals."""
     m = beat_metrics()
     if m is None:

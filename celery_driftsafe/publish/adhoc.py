@@ -25,6 +25,18 @@ from celery_driftsafe.locks import lock_identity
 _ADHOC_NAMESPACE = uuid.UUID("0b8c7f4e-2a55-4d1e-9d8e-7a61c3f0b2a4")
 
 
+#: The class attribute, true on a task class whose ``apply_async`` publishes on commit
+#: (:class:`~celery_driftsafe.task.DriftSafeTask`'s): a beat, which publishes a claimed run now,
+#: calls Celery's own ``Task.apply_async`` for it. The publishing layer reads this rather than
+#: import the task class above it.
+PUBLISHES_ON_COMMIT = "driftsafe_publishes_on_commit"
+
+
+def publishes_on_commit(task: Any) -> bool:
+    """Whether ``task``'s own ``apply_async`` waits for a transaction's commit."""
+    return getattr(task, PUBLISHES_ON_COMMIT, False) is True
+
+
 def send_on_commit(task: Task, send: Callable[[str], Any], task_id: str | None) -> Any:
     """``send(task_id)`` now, or when the default database's current transaction commits
     (returning the ``AsyncResult`` the send will have)."""

@@ -18,13 +18,13 @@ from celery.exceptions import QueueNotFound
 from django.db import DatabaseError
 from django.db.models import Case, F, Q, TextField, Value, When
 
-from celery_driftsafe.claim.outbox import message_refusal
+from celery_driftsafe.claim.outbox import message_headers, message_refusal
 from celery_driftsafe.claim.sql import id_set
 from celery_driftsafe.conf import get_settings
-from celery_driftsafe.core.headers import message_headers
 from celery_driftsafe.exceptions import BrokerUnavailable
 from celery_driftsafe.models import Run, RunStatus
 from celery_driftsafe.monitoring import metrics
+from celery_driftsafe.publish.adhoc import publishes_on_commit
 from celery_driftsafe.publish.broker_errors import (
     connection_errors,
     describe_error,
@@ -35,7 +35,6 @@ from celery_driftsafe.publish.fast_path import FastPublisher
 from celery_driftsafe.publish.redis_writer import BatchWriteError, RedisWriter
 from celery_driftsafe.store.clock import Clock
 from celery_driftsafe.store.statement_cache import select_rows, update, update_query
-from celery_driftsafe.task import DriftSafeTask
 
 if TYPE_CHECKING:
     from celery_driftsafe.claim.outbox import ClaimedRun
@@ -278,7 +277,7 @@ class Dispatcher:
         task = self.app.tasks.get(run.task_name)
         if task is None:
             send = partial(self.app.send_task, run.task_name)
-        elif isinstance(task, DriftSafeTask):
+        elif publishes_on_commit(task):
             # Its apply_async would wait for a transaction's commit: a beat publishes now.
             send = partial(Task.apply_async, task)
         else:

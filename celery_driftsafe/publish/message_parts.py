@@ -15,6 +15,7 @@ from typing import Any
 
 from celery import Task
 
+from celery_driftsafe.publish.adhoc import publishes_on_commit
 from celery_driftsafe.publish.originals import is_original
 
 #: A placeholder task id, replaced in every message built from a skeleton.
@@ -267,9 +268,7 @@ def celerys_apply_async() -> bool:
 def _celerys_apply_async(task: Any) -> bool:
     """Whether publishing ``task`` goes through Celery's own ``Task.apply_async`` and
     ``shadow_name`` (a task class of the project's may override them to do more)."""
-    from celery_driftsafe.task import DriftSafeTask
-
-    apply_async = Task.apply_async if isinstance(task, DriftSafeTask) else task.apply_async
+    apply_async = Task.apply_async if publishes_on_commit(task) else task.apply_async
     return is_original(apply_async, "celery.app.task", "Task.apply_async") and is_original(
         task.shadow_name, "celery.app.task", "Task.shadow_name"
     )

@@ -33,13 +33,15 @@ logger = logging.getLogger("celery_driftsafe.task")
 #: The request attribute that carries the body's start from ``task_prerun`` to ``task_postrun``.
 _STARTED = "driftsafe_plain_started_at"
 _OUTCOMES = {states.SUCCESS: RunStatus.SUCCEEDED, states.FAILURE: RunStatus.FAILED}
+#: The class attribute, true on a task class that records its runs itself
+#: (:class:`~celery_driftsafe.task.DriftSafeTask`): these receivers leave its runs alone. The
+#: worker layer reads this rather than import the task class above it.
+RECORDS_ITS_RUNS = "driftsafe_records_its_runs"
 
 
 def _plain_run(task: Any) -> RunHeaders | None:
     """The run headers of ``task``'s current request, when the task records nothing itself."""
-    from celery_driftsafe.task import DriftSafeTask
-
-    if task is None or isinstance(task, DriftSafeTask):
+    if task is None or getattr(task, RECORDS_ITS_RUNS, False) is True:
         return None
     return valid_headers(task.request)  # malformed: the body runs as any plain task's does
 
