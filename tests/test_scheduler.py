@@ -637,8 +637,8 @@ def test_a_missing_table_or_column_is_named_not_taken_for_an_outage() -> None:
     through an outage, and its log says what is missing rather than "unreachable"."""
     from django.db import DatabaseError, OperationalError, connection
 
-    from celery_driftsafe.beat.lifecycle import outage_text
     from celery_driftsafe.exceptions import ClockError
+    from celery_driftsafe.scheduler import outage_text
 
     table = PeriodicTask._meta.db_table
     for sql in ("SELECT * FROM driftsafe_no_such_table", f"SELECT no_such_column FROM {table}"):
