@@ -79,13 +79,21 @@ def test_every_module_imports_in_a_fresh_interpreter() -> None:
 
 
 def test_the_models_store_the_names_defined_once() -> None:
+    """The names the claim and the worker read are the very classes the models store, with
+    the labels and choices Django's fields and forms read."""
     from celery_driftsafe import models
     from celery_driftsafe.core import stored_names as names
 
-    assert set(models.RunStatus.values) == set(names.RunStatus)
-    assert set(models.RunKind.values) == set(names.RunKind)
-    assert set(models.MisfirePolicy.values) == {"", *names.MisfirePolicy}
-    assert set(models.OverlapPolicy.values) == set(names.OverlapPolicy)
+    assert models.RunStatus is names.RunStatus
+    assert models.RunKind is names.RunKind
+    assert models.MisfirePolicy is names.MisfirePolicy
+    assert models.OverlapPolicy is names.OverlapPolicy
+    assert models.RunStatus.RETRYING.label == "Retry scheduled"
+    assert models.RunStatus("failed") is models.RunStatus.FAILED
+    status = models.Run._meta.get_field("status")
+    assert status.choices == [(member.value, member.label) for member in names.RunStatus]
+    policy = models.PeriodicTask._meta.get_field("misfire_policy")
+    assert [value for value, _ in policy.choices] == ["", *names.MisfirePolicy]
     assert set(names.PRE_START) | set(names.FINISHED) | {names.RunStatus.STARTED} == set(
         names.RunStatus
     )

@@ -1,11 +1,34 @@
 """Names a run, a task or a schedule takes in the database, with their labels for forms and the
-admin."""
+admin. The run statuses and kinds and the policies are the core's
+(:mod:`celery_driftsafe.core.stored_names`), which the claim and the worker read too; the
+names only the tables use are Django's ``TextChoices`` here."""
 
 from __future__ import annotations
 
 from django.db import models
 
-from celery_driftsafe.core import stored_names
+from celery_driftsafe.core.stored_names import (
+    MisfirePolicy,
+    OverlapPolicy,
+    RunKind,
+    RunStatus,
+)
+
+__all__ = [
+    "MISFIRE_POLICY_CHOICES",
+    "PROJECT_DEFAULT",
+    "IntervalUnit",
+    "MisfirePolicy",
+    "OverlapPolicy",
+    "RunKind",
+    "RunStatus",
+    "ScheduleKind",
+    "SolarEvent",
+    "TaskSource",
+]
+
+#: A task's blank ``misfire_policy``: the project's ``MISFIRE_POLICY``.
+PROJECT_DEFAULT = ""
 
 
 class ScheduleKind(models.TextChoices):
@@ -37,35 +60,9 @@ class IntervalUnit(models.TextChoices):
     DAYS = "days", "days"
 
 
-class MisfirePolicy(models.TextChoices):
-    DEFAULT = "", "Project default"
-    FIRE_ONCE = stored_names.MisfirePolicy.FIRE_ONCE.value, "Fire once for all missed slots"
-    FIRE_ALL = stored_names.MisfirePolicy.FIRE_ALL.value, "Fire every missed slot (bounded)"
-    SKIP = stored_names.MisfirePolicy.SKIP.value, "Skip to the next future slot"
-
-
-class OverlapPolicy(models.TextChoices):
-    ALLOW = stored_names.OverlapPolicy.ALLOW.value, "Allow overlapping runs"
-    SKIP = stored_names.OverlapPolicy.SKIP.value, "Skip a slot while the previous run is running"
-
-
-class RunStatus(models.TextChoices):
-    CLAIMED = stored_names.RunStatus.CLAIMED.value, "Claimed"
-    DISPATCHED = stored_names.RunStatus.DISPATCHED.value, "Dispatched"
-    STARTED = stored_names.RunStatus.STARTED.value, "Started"
-    RETRYING = stored_names.RunStatus.RETRYING.value, "Retry scheduled"
-    SUCCEEDED = stored_names.RunStatus.SUCCEEDED.value, "Succeeded"
-    FAILED = stored_names.RunStatus.FAILED.value, "Failed"
-    SKIPPED = stored_names.RunStatus.SKIPPED.value, "Skipped"
-    MISSED = stored_names.RunStatus.MISSED.value, "Missed"
-    EXPIRED = stored_names.RunStatus.EXPIRED.value, "Expired"
-    REVOKED = stored_names.RunStatus.REVOKED.value, "Revoked"
-
-
-class RunKind(models.TextChoices):
-    SCHEDULED = stored_names.RunKind.SCHEDULED.value, "Scheduled"
-    MANUAL = stored_names.RunKind.MANUAL.value, "Run now"
-    ADHOC = stored_names.RunKind.ADHOC.value, "Ad-hoc call"
+#: A task's ``misfire_policy``: blank for the project's default (``MISFIRE_POLICY``), or one of
+#: the policies.
+MISFIRE_POLICY_CHOICES = [(PROJECT_DEFAULT, "Project default"), *MisfirePolicy.choices]
 
 
 class TaskSource(models.TextChoices):

@@ -22,8 +22,9 @@ from celery_driftsafe.core.validation import (
 )
 from celery_driftsafe.exceptions import ScheduleError
 from celery_driftsafe.models.choices import (
+    MISFIRE_POLICY_CHOICES,
+    PROJECT_DEFAULT,
     IntervalUnit,
-    MisfirePolicy,
     OverlapPolicy,
     ScheduleKind,
     SolarEvent,
@@ -203,7 +204,7 @@ class PeriodicTask(models.Model):
     enabled = models.BooleanField(default=True)
     disabled_reason = models.TextField(blank=True)
     misfire_policy = models.CharField(
-        max_length=16, choices=MisfirePolicy.choices, default=MisfirePolicy.DEFAULT, blank=True
+        max_length=16, choices=MISFIRE_POLICY_CHOICES, default=PROJECT_DEFAULT, blank=True
     )
     misfire_grace_seconds = models.FloatField(
         null=True, blank=True, help_text="Empty: the project default."
