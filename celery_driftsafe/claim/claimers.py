@@ -606,7 +606,7 @@ def _disable_unreadable_due(using: str) -> list[str]:
 
 def _first_due(using: str) -> Any:
     # The first entry of the (enabled, due_at, id) index: as MIN(due_at), which the ORM
-    # cannot give as a statement to keep (compiled_sql).
+    # cannot give as a statement to keep (store/statement_cache.py).
     tasks: Any = PeriodicTask.objects.using(using)
     connection = connections[using]
     if connection.vendor == "sqlite":

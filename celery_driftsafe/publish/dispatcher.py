@@ -383,8 +383,8 @@ def _mark_dispatched(using: str, ids: Any, now: datetime) -> Any:
 
 
 def _key(name: str, ids: Any) -> str | None:
-    """A statement's key (compiled_sql) when :func:`id_set` gave one array: a list of ids
-    (other databases) changes the SQL with its length."""
+    """A statement's key (store/statement_cache.py) when :func:`id_set` gave one array: a
+    list of ids (other databases) changes the SQL with its length."""
     return None if isinstance(ids, list) else name
 
 
