@@ -79,7 +79,7 @@ def main() -> None:
         "--prebuild",
         action="store_true",
         help="first build every task's message ahead, as a beat does while nothing is due "
-        "(celery_driftsafe.prebuild), timed, and a later pass over the same tasks (the "
+        "(celery_driftsafe.publish.prebuild), timed, and a later pass over the same tasks (the "
         "templates there), timed: the first wave then finds them built",
     )
     parser.add_argument(
@@ -141,9 +141,9 @@ def _measure(args: Any) -> None:
     broker = redis.Redis.from_url(broker_url)
     broker.flushdb()
     try:
-        from celery_driftsafe.claim import claimer_for
-        from celery_driftsafe.clock import SystemClock
-        from celery_driftsafe.publisher import Dispatcher
+        from celery_driftsafe.claim.claimers import claimer_for
+        from celery_driftsafe.publish.dispatcher import Dispatcher
+        from celery_driftsafe.store.clock import SystemClock
         from tests.factories import many_interval_tasks
 
         app = Celery("burst", broker=broker_url, set_as_current=False)
@@ -374,9 +374,9 @@ def _prebuild(dispatcher: Any, due: datetime, tasks: int) -> None:
     """One whole pass of building ahead (no budget), timed."""
     from functools import partial
 
-    from celery_driftsafe.claim_steps import run_expiry
+    from celery_driftsafe.claim.claimers import run_expiry
     from celery_driftsafe.conf import get_settings
-    from celery_driftsafe.prebuild import Prebuilder
+    from celery_driftsafe.publish.prebuild import Prebuilder
 
     for what in ("built ahead", "a later pass, every template there"):
         ahead = Prebuilder(dispatcher.fast, partial(run_expiry, settings=get_settings()))
@@ -402,7 +402,7 @@ def _wave(
     profile: bool,
 ) -> tuple[int, float, float, int, dict[str, float], dict[str, float]]:
     """One wave, all due at ``due``: claimed and published round by round."""
-    from celery_driftsafe.heap import HeapKeeper
+    from celery_driftsafe.beat.gc_freeze import HeapKeeper
     from celery_driftsafe.models import Run
 
     stages: dict[str, float] = defaultdict(float)
@@ -605,8 +605,8 @@ def _explain_others(connection: Any, app: Any, plans: list[tuple[str, list[str]]
     """The scheduler's statements outside the claim: next due instant, outbox, reconcile."""
     from datetime import timedelta as td
 
-    from celery_driftsafe.dispatch import reclaim_stale
-    from celery_driftsafe.reconcile import reconcile
+    from celery_driftsafe.beat.recovery import reconcile
+    from celery_driftsafe.claim.outbox import reclaim_stale
     from celery_driftsafe.scheduler import DriftSafeScheduler
 
     now = datetime.now(UTC)

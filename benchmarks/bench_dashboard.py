@@ -69,9 +69,9 @@ def main() -> None:
         from django.test import Client, override_settings
         from django.urls import reverse
 
-        from celery_driftsafe import metrics
-        from celery_driftsafe.claim import ClaimResult
+        from celery_driftsafe.claim.claimers import ClaimResult
         from celery_driftsafe.models import PeriodicTask, Run
+        from celery_driftsafe.monitoring import metrics
 
         started = time.perf_counter()
         PeriodicTask.objects.bulk_create(

@@ -41,8 +41,8 @@ def main() -> None:
 def _wave(count: int, jitter: float) -> None:
     from django.db import connection
 
-    from celery_driftsafe.claim import claimer_for
-    from celery_driftsafe.jitter import offset
+    from celery_driftsafe.claim.claimers import claimer_for
+    from celery_driftsafe.core.jitter import offset
     from celery_driftsafe.models import PeriodicTask, Run
 
     Run.objects.all().delete()

@@ -39,7 +39,7 @@ def _measure(args: Any) -> None:
     from django.conf import settings
     from django.db import connection
 
-    from celery_driftsafe.reconcile import reconcile
+    from celery_driftsafe.beat.recovery import reconcile
     from tests.factories import interval_task
 
     url = f"{settings.DRIFTSAFE['REDIS_URL'].rsplit('/', 1)[0]}/{args.results_db}"

@@ -237,9 +237,9 @@ class Claims:
     publish and mark it, wait 100 ms; each round's claim and whole-round times recorded."""
 
     def __init__(self, app: Any) -> None:
-        from celery_driftsafe.claim import claimer_for
-        from celery_driftsafe.clock import SystemClock
-        from celery_driftsafe.publisher import Dispatcher
+        from celery_driftsafe.claim.claimers import claimer_for
+        from celery_driftsafe.publish.dispatcher import Dispatcher
+        from celery_driftsafe.store.clock import SystemClock
 
         self.claimer = claimer_for()
         self.dispatcher = Dispatcher(app, SystemClock())
@@ -279,11 +279,11 @@ def _stats(name: str, values: list[float]) -> dict[str, float]:
 
 
 def _prune_while_claiming(claims: Claims, args: argparse.Namespace) -> tuple[Any, float, Any]:
-    """The beats' pruning pass (:class:`~celery_driftsafe.retention.Pruner`, pausing as long
+    """The beats' pruning pass (:class:`~celery_driftsafe.ledger.retention.Pruner`, pausing as long
     as each batch took) in a thread, while this thread claims."""
     from django.db import connections
 
-    from celery_driftsafe.retention import Pruned, Pruner
+    from celery_driftsafe.ledger.retention import Pruned, Pruner
 
     stop = threading.Event()
     done: list[Pruned] = []

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from celery_driftsafe.slots import Crontab, Interval, Schedule
+from celery_driftsafe.core.schedules import Crontab, Interval, Schedule
 
 SPREAD = [datetime(2024, 1, 1, tzinfo=UTC) + timedelta(minutes=527 * i + 0.37) for i in range(997)]
 DST_DAY = [datetime(2024, 10, 5, 12, tzinfo=UTC) + timedelta(minutes=7 * i) for i in range(200)]
@@ -90,7 +90,7 @@ def main() -> None:
 
     # Solar schedules search day by day near the poles (tests/test_slots_solar.py checks what
     # they find; this, how long the search takes).
-    from celery_driftsafe.slots import Solar
+    from celery_driftsafe.core.schedules import Solar
 
     polar = Solar("sunrise", 89.9, 45)
     start, end = datetime(2020, 4, 1, tzinfo=UTC), datetime(2022, 4, 1, tzinfo=UTC)

@@ -64,7 +64,7 @@ def main() -> int:
 
 
 def _soak(args: Any, workdir: Path) -> list[Sample]:
-    from celery_driftsafe.slots import Interval
+    from celery_driftsafe.core.schedules import Interval
     from tests.e2e.harness import E2ERun, real_now
 
     run = E2ERun("postgresql", workdir)

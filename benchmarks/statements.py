@@ -24,7 +24,7 @@ def main() -> None:
         from django.db import connection
         from django.test.utils import CaptureQueriesContext
 
-        from celery_driftsafe.claim import claimer_for
+        from celery_driftsafe.claim.claimers import claimer_for
         from tests.factories import many_interval_tasks
 
         start = datetime.now(UTC).replace(microsecond=0)

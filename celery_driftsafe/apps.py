@@ -22,9 +22,13 @@ class DriftSafeConfig(AppConfig):
         from django.core.signals import setting_changed
         from django.db.models.signals import post_delete, post_save
 
-        from celery_driftsafe import changes, conf, metrics_server, plain_tasks, worker
         from celery_driftsafe import checks as driftsafe_checks
+        from celery_driftsafe import conf
+        from celery_driftsafe.definitions import changes
         from celery_driftsafe.models import PeriodicTask
+        from celery_driftsafe.models.periodic_task import prepare_saves_with
+        from celery_driftsafe.monitoring import metrics_server
+        from celery_driftsafe.worker import plain_task_receivers, request
 
         setting_changed.connect(conf.clear_cache, dispatch_uid="driftsafe-settings-cache")
         checks.register(driftsafe_checks.check_settings, checks.Tags.compatibility)
@@ -32,15 +36,22 @@ class DriftSafeConfig(AppConfig):
         checks.register(driftsafe_checks.check_autocommit, checks.Tags.database)
         checks.register(driftsafe_checks.check_routing, checks.Tags.database)
         checks.register(driftsafe_checks.check_database, checks.Tags.database)
+        # Before a task's save() writes: its next slot kept right (the models call it, the
+        # definitions layer above them provides it).
+        prepare_saves_with(changes.prepare_save)
         post_save.connect(changes.after_change, sender=PeriodicTask, dispatch_uid="driftsafe-post")
         post_delete.connect(
             changes.after_change, sender=PeriodicTask, dispatch_uid="driftsafe-delete"
         )
         # Worker side: a revoked or expired run message is recorded (runs' messages only).
-        task_revoked.connect(worker.on_task_revoked, dispatch_uid="driftsafe-revoked")
+        task_revoked.connect(request.on_task_revoked, dispatch_uid="driftsafe-revoked")
         # Worker side: a plain task's run (no DriftSafeTask base) gets its body's outcome.
-        task_prerun.connect(plain_tasks.on_task_prerun, dispatch_uid="driftsafe-plain-start")
-        task_postrun.connect(plain_tasks.on_task_postrun, dispatch_uid="driftsafe-plain-end")
+        task_prerun.connect(
+            plain_task_receivers.on_task_prerun, dispatch_uid="driftsafe-plain-start"
+        )
+        task_postrun.connect(
+            plain_task_receivers.on_task_postrun, dispatch_uid="driftsafe-plain-end"
+        )
         # Worker side: serve metrics on WORKER_METRICS_PORT (a no-op when it is not set).
         worker_init.connect(metrics_server.on_worker_init, dispatch_uid="driftsafe-metrics-init")
         worker_shutdown.connect(

@@ -50,8 +50,8 @@ from django.core.checks import CheckMessage, Error, Warning
 from django.db import connections
 
 from celery_driftsafe import conf
+from celery_driftsafe.core.validation import seconds_in_calendar
 from celery_driftsafe.exceptions import ConfigurationError
-from celery_driftsafe.validation import seconds_in_calendar
 
 #: Start-up refusals speak for the beat.
 _beat_logger = logging.getLogger("celery_driftsafe.scheduler")
@@ -320,7 +320,7 @@ def _check_relations(
 
 
 def _check_metrics(raw: dict[str, Any]) -> Iterable[CheckMessage]:
-    from celery_driftsafe.metrics import EXTRA_HINT, prometheus_missing
+    from celery_driftsafe.monitoring.metrics import EXTRA_HINT, prometheus_missing
 
     switched_on = []
     for key in ("METRICS_PORT", "WORKER_METRICS_PORT"):

@@ -25,8 +25,8 @@ from typing import Any
 
 from django.conf import settings as django_settings
 
+from celery_driftsafe.core.stored_names import MisfirePolicy, RedisUnavailablePolicy, TimeAuthority
 from celery_driftsafe.exceptions import ConfigurationError
-from celery_driftsafe.names import MisfirePolicy, RedisUnavailablePolicy, TimeAuthority
 
 #: The fixed part of the default key prefix (and the prefix of a settings object built by hand).
 DEFAULT_KEY_PREFIX = "driftsafe"
@@ -62,7 +62,7 @@ class DriftSafeSettings:
     #: Whose clock decides due-ness: ``database`` (the database server's clock), ``redis``
     #: (Redis ``TIME``), ``local`` (this process's wall clock; one machine only), or ``auto``:
     #: the database's where it has one (PostgreSQL, MySQL), else Redis' when ``REDIS_URL`` is
-    #: set, else the local clock (see :func:`celery_driftsafe.clock.resolve_time_authority`).
+    #: set, else the local clock (see :func:`celery_driftsafe.store.clock.resolve_time_authority`).
     time_authority: TimeAuthority = TimeAuthority.AUTO
     #: The most runs one claim round takes.
     claim_batch_size: int = 500
@@ -70,11 +70,11 @@ class DriftSafeSettings:
     #: transports that have one: Redis). 1: one write per message.
     publish_batch_size: int = 100
     #: Publish with each task's Celery message built once and filled in per slot (the same
-    #: message ``apply_async`` sends; see :mod:`celery_driftsafe.fastpublish`, which falls
+    #: message ``apply_async`` sends; see :mod:`celery_driftsafe.publish.fast_path`, which falls
     #: back to ``apply_async`` where it cannot be exact). False: always ``apply_async``.
     fast_publish: bool = True
     #: In a wave (a full claim batch), claim the next batches in a helper process of the
-    #: beat's own while the beat publishes (see :mod:`celery_driftsafe.claim_process`).
+    #: beat's own while the beat publishes (see :mod:`celery_driftsafe.claim.helper_process`).
     #: False: in a thread of the beat. Only on databases with ``SKIP LOCKED``.
     claim_process: bool = True
     #: Seconds a claimed run may stay undispatched before another beat re-publishes it.
@@ -126,7 +126,7 @@ class DriftSafeSettings:
     redis_unavailable: RedisUnavailablePolicy = RedisUnavailablePolicy.FAIL_CLOSED
     #: Finished runs (succeeded, skipped, revoked) are deleted this many seconds after their
     #: claim, with their attempts, lock rows and fencing counters (see
-    #: :mod:`celery_driftsafe.retention`). ``None``: kept forever.
+    #: :mod:`celery_driftsafe.ledger.retention`). ``None``: kept forever.
     run_retention_seconds: float | None = 7 * 86400.0
     #: The same for runs that did not succeed (failed, missed, expired). ``None``: kept forever.
     failed_run_retention_seconds: float | None = 30 * 86400.0

@@ -3,7 +3,7 @@ Celery's own semantics (retries, results, transactions, expiry, canvas, time lim
 
 Celery delivers at least once (``acks_late`` redelivery, Redis visibility timeouts, a beat's
 outbox re-publishing after a crash), so the same run can reach several workers. For a message
-that carries ``driftsafe_run_id`` the base class (see :mod:`celery_driftsafe.execution`)
+that carries ``driftsafe_run_id`` the base class (see :mod:`celery_driftsafe.worker.execution`)
 
 1. reads the run from the ledger and rejects the message if the headers do not match it;
 2. drops a delivery of a finished run, or a copy of an earlier attempt (Celery's ``retries``
@@ -34,10 +34,10 @@ from celery import Task, states
 from celery.exceptions import Ignore
 from celery.signals import task_prerun
 
-from celery_driftsafe.clock import authority_clock
+from celery_driftsafe.core.headers import RunHeaders, read_headers
 from celery_driftsafe.exceptions import BadRunHeaders, LedgerUnavailable
-from celery_driftsafe.execution import Execution, current_execution
-from celery_driftsafe.headers import RunHeaders, read_headers
+from celery_driftsafe.store.clock import authority_clock
+from celery_driftsafe.worker.execution import Execution, current_execution
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +56,15 @@ class DriftSafeTask(Task):
 
     abstract = True
     #: Records hard time limits and lost pool processes in the ledger, and leaves a run's
-    #: expiry to the time authority (see :mod:`celery_driftsafe.worker`).
-    Request = "celery_driftsafe.worker:DriftSafeRequest"
+    #: expiry to the time authority (see :mod:`celery_driftsafe.worker.request`).
+    Request = "celery_driftsafe.worker.request:DriftSafeRequest"
+    #: Its :meth:`apply_async` publishes on commit; a beat publishing a claimed run calls
+    #: Celery's own ``Task.apply_async`` instead
+    #: (:data:`celery_driftsafe.publish.adhoc.PUBLISHES_ON_COMMIT`).
+    driftsafe_publishes_on_commit = True
+    #: It records its runs itself: the receivers of plain tasks' runs leave them alone
+    #: (:data:`celery_driftsafe.worker.plain_task_receivers.RECORDS_ITS_RUNS`).
+    driftsafe_records_its_runs = True
 
     @property
     def backend(self) -> Any:
@@ -115,7 +122,7 @@ class DriftSafeTask(Task):
         """Like :meth:`celery.Task.apply_async`, published on commit inside a transaction;
         with ``idempotency_key`` the call is recorded in the run ledger first and runs at most
         once for that key, whoever sends it."""
-        from celery_driftsafe.publish import publish_idempotent, send_on_commit
+        from celery_driftsafe.publish.adhoc import publish_idempotent, send_on_commit
 
         execution = current_execution()
         if execution is not None and execution.is_retry(self, task_id, options):

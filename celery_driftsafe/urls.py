@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from celery_driftsafe import views
+from celery_driftsafe.monitoring import views
 
 app_name = "celery_driftsafe"
 urlpatterns = [path("metrics", views.metrics, name="metrics")]

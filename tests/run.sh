@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command (README.md gives it; .ci/run calls it):
-#   fresh venv -> services -> ruff -> mypy -> docs -> pytest on SQLite -> pytest on PostgreSQL
+#   fresh venv -> services -> ruff, import-linter -> mypy -> docs -> pytest on SQLite -> pytest on PostgreSQL
 #   -> pytest on MariaDB (integration, when one runs) with the chaos test on PostgreSQL beside it
 # The pytest passes run on DRIFTSAFE_TEST_WORKERS pytest-xdist workers (default 3): the
 # end-to-end tests mostly wait for slots to come, so three overlap well even on two cores.
@@ -92,9 +92,11 @@ else
 fi
 
 # The same commands as tox's lint, type and docs environments.
-say "ruff (tox -e lint)"
+say "ruff and import-linter (tox -e lint)"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
+# the layers' contracts and no import cycle (pyproject.toml, [tool.importlinter])
+"$VENV/bin/lint-imports"
 say "mypy (tox -e type)"
 "$VENV/bin/mypy"
 say "docs (tox -e docs; Sphinx, warnings are errors)"

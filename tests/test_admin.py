@@ -15,12 +15,14 @@ from django.conf import settings
 from django.test import override_settings
 from django.urls import reverse
 
-from celery_driftsafe import celery_app, changes, run_now
-from celery_driftsafe.dispatch import celery_task_id
+from celery_driftsafe import celery_app
+from celery_driftsafe.claim.outbox import celery_task_id
+from celery_driftsafe.core.headers import HEADER_RUN_ID, HEADER_SLOT
+from celery_driftsafe.core.schedules import Crontab, Solar
+from celery_driftsafe.definitions import changes
 from celery_driftsafe.exceptions import TaskRefused
-from celery_driftsafe.headers import HEADER_RUN_ID, HEADER_SLOT
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunKind, RunStatus
-from celery_driftsafe.slots import Crontab, Solar
+from celery_driftsafe.publish import run_now
 from celery_driftsafe.testing import FakeClock
 from tests.conftest import T0, drain
 from tests.factories import crontab_task, interval_task

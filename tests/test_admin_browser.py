@@ -21,8 +21,8 @@ import django.contrib.admin
 import pytest
 from django.test import override_settings
 
-from celery_driftsafe import changes
 from celery_driftsafe.admin.display import local_text
+from celery_driftsafe.definitions import changes
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 from tests.cluster_data import beat_node
 from tests.conftest import drain

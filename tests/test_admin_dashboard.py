@@ -14,9 +14,10 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
-from celery_driftsafe import changes, cluster
 from celery_driftsafe.admin import dashboard
+from celery_driftsafe.definitions import changes
 from celery_driftsafe.models import BeatNode, Run, RunKind, RunStatus
+from celery_driftsafe.monitoring import cluster
 from tests.cluster_data import seed_cluster
 
 DASHBOARD = reverse("admin:celery_driftsafe_dashboard")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_driftsafe.beat_schedule import sync_beat_schedule
+from celery_driftsafe.definitions.beat_schedule import sync_beat_schedule
 from celery_driftsafe.models import PeriodicTask
 from tests.conftest import T0
 

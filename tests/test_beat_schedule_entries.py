@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from celery.schedules import crontab, schedule, solar
 
-from celery_driftsafe.beat_schedule import EntryError, entry_fields
+from celery_driftsafe.definitions.beat_schedule import EntryError, entry_fields
 
 
 class EveryOther(schedule):  # type: ignore[misc]

@@ -16,14 +16,14 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from celery_driftsafe import changes
-from celery_driftsafe.bounds import Bounded, bounded, limit_plan, run_budget
-from celery_driftsafe.claim import Claimer, CompareAndSwapClaimer, SkipLockedClaimer
-from celery_driftsafe.dispatch import celery_task_id
-from celery_driftsafe.jitter import due_instant, offset
-from celery_driftsafe.misfire import ClaimPlan, Jitter, plan_claim
+from celery_driftsafe.claim.claimers import Claimer, CompareAndSwapClaimer, SkipLockedClaimer
+from celery_driftsafe.claim.outbox import celery_task_id
+from celery_driftsafe.core.bounds import Bounded, bounded, run_budget
+from celery_driftsafe.core.jitter import due_instant, offset
+from celery_driftsafe.core.misfire import ClaimPlan, Jitter, limit_plan, plan_claim
+from celery_driftsafe.core.schedules import Crontab, Interval, OneOff, Solar
+from celery_driftsafe.definitions import changes
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus, ScheduleKind
-from celery_driftsafe.slots import Crontab, Interval, OneOff, Solar
 from tests.conftest import T0
 from tests.factories import crontab_task, interval_task, solar_task
 from tests.skip_guard import configuration
@@ -548,9 +548,9 @@ def test_a_runs_expiry_is_message_expirys_with_or_without_bounds(
 ) -> None:
     """The claim's expiry of a run (a shortcut without jitter and bounds) is the one
     :func:`message_expiry` gives from the task's limits, whatever is set."""
-    from celery_driftsafe.bounds import message_expiry
-    from celery_driftsafe.claim_steps import _limits, run_expiry
+    from celery_driftsafe.claim.claimers import _limits, run_expiry
     from celery_driftsafe.conf import DriftSafeSettings
+    from celery_driftsafe.core.bounds import message_expiry
 
     slot = T0 + timedelta(minutes=7)
     task = PeriodicTask(
@@ -566,7 +566,8 @@ def test_a_runs_expiry_is_message_expirys_with_or_without_bounds(
 
 def test_a_valid_from_past_the_calendars_last_slot_finishes_the_task_naming_it() -> None:
     """Stored behind save() (9999-12-31): the reason named a valid until of None."""
-    from celery_driftsafe.bounds import Limits, plan_limited
+    from celery_driftsafe.core.bounds import Limits
+    from celery_driftsafe.core.misfire import plan_limited
 
     end = datetime.max.replace(tzinfo=T0.tzinfo)
     schedule = bounded(Interval(S, T0), end, None)

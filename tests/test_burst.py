@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from celery_driftsafe import nodes
-from celery_driftsafe.claim import claimer_for
-from celery_driftsafe.dispatch import reclaim_stale
+from celery_driftsafe.beat import nodes
+from celery_driftsafe.claim.claimers import claimer_for
+from celery_driftsafe.claim.outbox import reclaim_stale
 from celery_driftsafe.models import BeatNode, Run, RunStatus
-from celery_driftsafe.publisher import Dispatcher
+from celery_driftsafe.publish.dispatcher import Dispatcher
 from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.testing import FakeClock
 from celery_driftsafe.testing.processes import NoRedis, start_redis

@@ -11,7 +11,7 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from celery_driftsafe import changes
+from celery_driftsafe.definitions import changes
 from celery_driftsafe.models import PeriodicTask, ScheduleKind
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, 500000, tzinfo=UTC)

@@ -16,11 +16,16 @@ import pytest
 from django.conf import settings
 from django.db import connection, transaction
 
-from celery_driftsafe.claim import Claimer, CompareAndSwapClaimer, SkipLockedClaimer, claimer_for
-from celery_driftsafe.clock import authority_clock
-from celery_driftsafe.dispatch import celery_task_id, reclaim_stale
+from celery_driftsafe.claim.claimers import (
+    Claimer,
+    CompareAndSwapClaimer,
+    SkipLockedClaimer,
+    claimer_for,
+)
+from celery_driftsafe.claim.outbox import celery_task_id, reclaim_stale
+from celery_driftsafe.core.schedules import Solar
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
-from celery_driftsafe.slots import Solar
+from celery_driftsafe.store.clock import authority_clock
 from tests.conftest import T0
 from tests.factories import at_once, crontab_task, interval_task, many_interval_tasks, solar_task
 from tests.skip_guard import configuration
@@ -350,8 +355,8 @@ def test_beats_claim_at_read_committed_whatever_the_project_configures(
     connection to READ COMMITTED; the race then has one winner a slot."""
     from django.db.backends.signals import connection_created
 
-    from celery_driftsafe.claim_helper import _set_up
-    from celery_driftsafe.db_connection import read_committed_connections
+    from celery_driftsafe.claim.helper_main import _set_up
+    from celery_driftsafe.store.connections import read_committed_connections
 
     if connection.vendor == "sqlite":
         pytest.skip(configuration("SQLite has no isolation levels"))
@@ -403,7 +408,7 @@ def test_a_broken_open_connection_does_not_stop_a_beats_set_up() -> None:
     COMMITTED."""
     from django.db.backends.signals import connection_created
 
-    from celery_driftsafe.db_connection import read_committed_connections
+    from celery_driftsafe.store.connections import read_committed_connections
 
     if connection.vendor != "postgresql":
         pytest.skip(
@@ -466,7 +471,7 @@ def test_due_tasks_read_with_the_c_loader_equal_djangos_reading() -> None:
     import django
     from django.db import transaction
 
-    from celery_driftsafe.pg_loaders import _loader_for, _plain_instances, load_models
+    from celery_driftsafe.store.loaders import _loader_for, _plain_instances, load_models
 
     instants = [
         datetime(2026, 3, 29, 0, 59, 59, 999999, tzinfo=UTC),
@@ -516,7 +521,7 @@ def test_due_tasks_reach_a_projects_post_init_receiver() -> None:
     from django.db import transaction
     from django.db.models.signals import post_init
 
-    from celery_driftsafe.pg_loaders import load_models
+    from celery_driftsafe.store.loaders import load_models
 
     for i in range(3):
         interval_task(f"probe-{i}", 60, anchor=T0, next_slot_at=T0)
@@ -570,7 +575,7 @@ def test_remembered_iso_texts_are_isoformat_in_every_zone() -> None:
     two compare equal), and so does its run's task id; the store stays bounded."""
     from zoneinfo import ZoneInfo
 
-    from celery_driftsafe import _instants
+    from celery_driftsafe.core import instants as _instants
 
     utc = datetime(2026, 3, 29, 0, 30, 0, 250, tzinfo=UTC)
     paris = utc.astimezone(ZoneInfo("Europe/Paris"))
@@ -595,7 +600,7 @@ def test_remembered_iso_texts_are_isoformat_in_every_zone() -> None:
 def test_next_due_is_the_earliest_due_instant_of_an_enabled_task() -> None:
     """The first entry of the due index, as MIN(due_at) over enabled tasks: a disabled task
     and an enabled one with no due instant are not it; None when nothing is due ever."""
-    from celery_driftsafe.claim import next_due
+    from celery_driftsafe.claim.claimers import next_due
 
     assert next_due() is None
     interval_task("off", 60, anchor=T0, next_slot_at=T0, enabled=False)
@@ -617,7 +622,7 @@ def test_due_tasks_come_from_the_index_on_a_task_table_without_statistics() -> N
         pytest.skip(configuration("a PostgreSQL planner setting"))
     from django.db import transaction
 
-    from celery_driftsafe.prebuild import CHUNK, Prebuilder
+    from celery_driftsafe.publish.prebuild import CHUNK, Prebuilder
 
     many_interval_tasks(5000, T0)
     with connection.cursor() as cursor:

@@ -1,4 +1,5 @@
-"""A beat's claim process (``celery_driftsafe.claim_process``): in a wave, batches are claimed
+"""A beat's claim process (``celery_driftsafe.claim.helper_process``): in a wave, batches are
+claimed
 by a helper process of the beat's own, on the real test database (PostgreSQL or MariaDB: it
 needs ``SKIP LOCKED``), while the beat publishes; every slot goes out once, also when the
 helper is killed, and the helper ends with the beat or when the beat is gone."""
@@ -14,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from celery_driftsafe import nodes
-from celery_driftsafe.claim_process import ClaimProcess, spare_cores
+from celery_driftsafe.beat import nodes
+from celery_driftsafe.claim.helper_process import ClaimProcess, spare_cores
 from celery_driftsafe.models import Run, RunStatus
 from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.testing import FakeClock
@@ -140,7 +141,7 @@ def test_a_killed_helper_loses_no_slot_and_doubles_none(
     on, and a batch the helper had committed stays claimed until the outbox publishes it
     (after the lease), once. The first wave ``RESTART_SECONDS`` after the loss starts another
     helper, which claims its share of that wave."""
-    from celery_driftsafe.claim_process import RESTART_SECONDS
+    from celery_driftsafe.claim.helper_process import RESTART_SECONDS
 
     for i in range(300):
         interval_task(f"k{i:03d}", 60, anchor=T0, next_slot_at=T0)
@@ -191,7 +192,7 @@ def test_a_helper_idle_since_its_wave_stops_and_the_next_wave_starts_another(
 ) -> None:
     """A helper that has had no batch to claim for ``IDLE_SECONDS`` stops (its memory is not
     held between hourly waves); the next wave starts a new one, and each slot goes out once."""
-    from celery_driftsafe.claim_process import IDLE_SECONDS
+    from celery_driftsafe.claim.helper_process import IDLE_SECONDS
 
     for i in range(100):
         interval_task(f"i{i:03d}", 3600, anchor=T0, next_slot_at=T0)
@@ -288,7 +289,7 @@ def test_settings_that_cannot_reach_a_process_leave_the_beat_claiming_in_a_threa
     to the helper: the beat says so once and claims in its thread."""
     import ssl
 
-    from celery_driftsafe import claim_process
+    from celery_driftsafe.claim import helper_process as claim_process
 
     _needs_skip_locked()
     real_dumps = claim_process.pickle.dumps
@@ -381,7 +382,7 @@ def test_a_helper_that_cannot_be_started_leaves_nothing_to_stop(
 def _spawn_from_a_billiard_child(queue: Any) -> None:
     import multiprocessing
 
-    from celery_driftsafe.claim_process import _spawnable_authkey
+    from celery_driftsafe.claim.helper_process import _spawnable_authkey
 
     _spawnable_authkey()
     context = multiprocessing.get_context("spawn")

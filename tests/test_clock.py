@@ -6,14 +6,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from celery_driftsafe.clock import (
+from celery_driftsafe.exceptions import ClockError
+from celery_driftsafe.store.clock import (
     AuthorityClock,
     DatabaseAuthority,
     LocalAuthority,
     RedisAuthority,
     measure_offset,
 )
-from celery_driftsafe.exceptions import ClockError
 from celery_driftsafe.testing import FakeClock, UnreachableAuthority
 from tests.conftest import T0
 
@@ -130,8 +130,8 @@ def test_fake_clock_rejects_naive_and_backwards() -> None:
 def test_the_authority_outside_a_beat_is_one_cached_clock_and_can_be_injected() -> None:
     from django.test import override_settings
 
-    from celery_driftsafe.changes import authority_now
-    from celery_driftsafe.clock import authority_clock
+    from celery_driftsafe.definitions.changes import authority_now
+    from celery_driftsafe.store.clock import authority_clock
     from celery_driftsafe.testing import inject_authority_clock
 
     with override_settings(DRIFTSAFE={"TIME_AUTHORITY": "local"}):

@@ -15,9 +15,9 @@ from django.conf import settings
 from django.core.management import CommandError, call_command, execute_from_command_line
 from django.test import override_settings
 
-from celery_driftsafe import changes
+from celery_driftsafe.core.schedules import Solar
+from celery_driftsafe.definitions import changes
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus, TaskSource
-from celery_driftsafe.slots import Solar
 from tests.conftest import T0
 from tests.factories import interval_task
 

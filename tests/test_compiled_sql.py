@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from django.db import connection, connections
 
-from celery_driftsafe.compiled_sql import compiled, kept_statements, select_rows
 from celery_driftsafe.models import PeriodicTask
 from celery_driftsafe.scheduler import DriftSafeScheduler
+from celery_driftsafe.store.statement_cache import compiled, kept_statements, select_rows
 from celery_driftsafe.testing import FakeClock
 from tests.conftest import T0, drain
 from tests.factories import interval_task

@@ -1,4 +1,5 @@
-"""The CPUs a process may use (``celery_driftsafe.cores``): its affinity, cut by its control
+"""The CPUs a process may use (``celery_driftsafe.claim.usable_cpus``): its affinity, cut by its
+control
 group's CPU quota, read from a cgroup tree laid out as the kernel does (v2 and v1), here in a
 temporary directory."""
 
@@ -7,8 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from celery_driftsafe.claim_process import spare_cores
-from celery_driftsafe.cores import cgroup_cpu_quota, usable_cores
+from celery_driftsafe.claim.helper_process import spare_cores
+from celery_driftsafe.claim.usable_cpus import cgroup_cpu_quota, usable_cores
 
 
 def _write(path: Path, text: str) -> None:

@@ -115,8 +115,8 @@ def test_bounds_howto_sample_runs() -> None:
 
 @pytest.mark.django_db
 def test_jitter_howto_samples_run() -> None:
-    import celery_driftsafe.changes
-    from celery_driftsafe.jitter import offset
+    import celery_driftsafe.definitions.changes
+    from celery_driftsafe.core.jitter import offset
     from celery_driftsafe.models import PeriodicTask
 
     update, shell = samples("howto/jitter.md")

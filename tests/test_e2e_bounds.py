@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from celery_driftsafe.jitter import offset
-from celery_driftsafe.slots import Interval
+from celery_driftsafe.core.jitter import offset
+from celery_driftsafe.core.schedules import Interval
 from tests import settings as test_settings
 from tests.e2e.harness import E2ERun, real_now
 from tests.skip_guard import configuration

@@ -47,7 +47,7 @@ from typing import Any
 
 import pytest
 
-from celery_driftsafe.slots import Interval
+from celery_driftsafe.core.schedules import Interval
 from celery_driftsafe.testing.processes import RedisServer, start_redis
 from tests import settings as test_settings
 from tests.e2e.harness import E2ERun, real_now, wait_until_handles_sigterm

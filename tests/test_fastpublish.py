@@ -1,4 +1,4 @@
-"""The fast publish path (``celery_driftsafe.fastpublish``) sends the message Celery's own
+"""The fast publish path (``celery_driftsafe.publish.fast_path``) sends the message Celery's own
 ``apply_async``/``send_task`` sends for the same run: every run here is published both ways
 through a real Redis broker and the two raw envelopes are compared field by field (headers,
 properties, body bytes, delivery info, the Redis list it lands on). Where it cannot be exact
@@ -29,11 +29,11 @@ from hypothesis import settings as examples
 from hypothesis import strategies as st
 from kombu import Exchange, Queue
 
-from celery_driftsafe import nodes
-from celery_driftsafe.claim import ClaimedRun, claimer_for
+from celery_driftsafe.beat import nodes
+from celery_driftsafe.claim.claimers import ClaimedRun, claimer_for
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
-from celery_driftsafe.publisher import Dispatcher
-from celery_driftsafe.reprs import display_form
+from celery_driftsafe.publish.argsrepr import display_form
+from celery_driftsafe.publish.dispatcher import Dispatcher
 from celery_driftsafe.task import DriftSafeTask
 from celery_driftsafe.testing import FakeClock
 from tests import settings as test_settings
@@ -252,7 +252,7 @@ def test_the_fast_message_is_celerys_message(
     runs = claim(**fields)
     celery_sent, fast_sent, dispatcher = both_ways(app, settings, runs, queue, clock)
     assert dispatcher.fast.published == 2 and dispatcher.fast.declined == 0
-    # every one of them written straight to the queue's Redis list (redis_writer.py)
+    # every one of them written straight to the queue's Redis list (publish/redis_writer.py)
     assert dispatcher.fast.direct == 2
     assert len(celery_sent) == len(fast_sent) == 2
     for (key, celery_msg), (fast_key, fast_msg) in zip(celery_sent, fast_sent, strict=True):
@@ -295,8 +295,8 @@ def test_a_spliced_envelope_is_the_text_put_writes_to_the_byte(
     text of the envelope built with kombu's channel methods in kombu's JSON, to the same list,
     whatever the custom headers (any JSON values, any names, standard headers overridden), the
     display forms, the expiry and the reply address."""
-    from celery_driftsafe.fastpublish import FastPublisher
-    from celery_driftsafe.redis_writer import RedisWriter
+    from celery_driftsafe.publish.fast_path import FastPublisher
+    from celery_driftsafe.publish.redis_writer import RedisWriter
 
     app = make_app(**conf)
     fast = FastPublisher(app)
@@ -360,7 +360,7 @@ def test_delivery_tags_are_uuid4_texts_unique_across_writers(
     with tags of its own gets kombu's path."""
     from kombu.transport import redis as kombu_redis
 
-    from celery_driftsafe.redis_writer import RedisWriter, _stock_redis_channel
+    from celery_driftsafe.publish.redis_writer import RedisWriter, _stock_redis_channel
 
     with make_app().producer_or_acquire() as producer:
         assert _stock_redis_channel(producer.channel)
@@ -684,9 +684,9 @@ def test_an_option_outside_the_tasks_fields_is_refused_before_either_path(
     """The fast path takes every publish option the publisher's gate lets through (the task's
     own fields); one outside them (a captured message rewritten) is refused by the gate
     before either path, and the fast path on its own declines it too."""
-    from celery_driftsafe.fastpublish import FAST_OPTIONS, FastPublisher
-    from celery_driftsafe.headers import message_headers
-    from celery_driftsafe.validation import PUBLISH_OPTIONS
+    from celery_driftsafe.claim.outbox import message_headers
+    from celery_driftsafe.core.validation import PUBLISH_OPTIONS
+    from celery_driftsafe.publish.fast_path import FAST_OPTIONS, FastPublisher
 
     assert FAST_OPTIONS == PUBLISH_OPTIONS
     app = make_app()
@@ -813,7 +813,7 @@ def test_more_tasks_than_the_template_bound_still_get_their_own_messages(
     settings: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from celery_driftsafe import fastpublish
+    from celery_driftsafe.publish import fast_path as fastpublish
 
     monkeypatch.setattr(fastpublish, "TEMPLATE_CACHE_SIZE", 2)
     app = make_app()
@@ -1041,7 +1041,7 @@ def test_every_message_goes_to_its_own_tasks_queue_whatever_the_cache_keeps(
     it does not keep are freed after their message is built and CPython reuses their memory:
     the Redis writer's routes, kept by ``id(skeleton)``, sent later tasks to an earlier
     task's queue. Each message lands on its own task's queue."""
-    from celery_driftsafe import fastpublish
+    from celery_driftsafe.publish import fast_path as fastpublish
 
     monkeypatch.setattr(fastpublish, "TEMPLATE_CACHE_SIZE", 1)
     settings.DRIFTSAFE = {**settings.DRIFTSAFE, "FAST_PUBLISH": fast}

@@ -47,8 +47,8 @@ from hypothesis import settings as examples
 from hypothesis import strategies as st
 from kombu import Connection, Queue
 
-from celery_driftsafe.dispatch import ClaimedRun
-from celery_driftsafe.publisher import Dispatcher, DispatchResult
+from celery_driftsafe.claim.outbox import ClaimedRun
+from celery_driftsafe.publish.dispatcher import Dispatcher, DispatchResult
 from celery_driftsafe.task import DriftSafeTask
 from celery_driftsafe.testing import FakeClock
 from tests import settings as test_settings

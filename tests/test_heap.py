@@ -1,4 +1,4 @@
-"""The beat's long-lived objects are frozen out of full garbage collections (heap.py)."""
+"""The beat's long-lived objects are frozen out of full garbage collections (beat/gc_freeze.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from celery_driftsafe.heap import (
+from celery_driftsafe.beat.gc_freeze import (
     CHECK_INTERVAL_SECONDS,
     MIN_OBJECTS,
     YOUNG_THRESHOLD,

@@ -27,8 +27,6 @@ import redis
 from django.db import connections, transaction
 from django.test import override_settings
 
-from celery_driftsafe import redis_client
-from celery_driftsafe.clock import AuthorityClock, SystemClock
 from celery_driftsafe.conf import DriftSafeSettings
 from celery_driftsafe.exceptions import ConfigurationError, LockError, LockLost
 from celery_driftsafe.locks import (
@@ -40,7 +38,9 @@ from celery_driftsafe.locks import (
     lock_backend,
 )
 from celery_driftsafe.models import Lock as LockRow
-from celery_driftsafe.redis_client import (
+from celery_driftsafe.store import redis as redis_client
+from celery_driftsafe.store.clock import AuthorityClock, SystemClock
+from celery_driftsafe.store.redis import (
     SentinelURL,
     client_from_url,
     get_redis,
@@ -749,7 +749,7 @@ def test_a_redis_that_may_evict_run_locks_is_named(tmp_path: Path) -> None:
     other than ``noeviction``): an evicted run lock is free while its run still runs. A
     private server, so the shared one's settings are left alone."""
     from celery_driftsafe.conf import DriftSafeSettings
-    from celery_driftsafe.redis_client import eviction_risk
+    from celery_driftsafe.store.redis import eviction_risk
     from celery_driftsafe.testing.processes import NoRedis, start_redis
 
     try:

@@ -32,11 +32,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db.models import F, Sum
 from django.test import override_settings
 
-from celery_driftsafe import changes, checks, metrics, metrics_server
+from celery_driftsafe import checks
 from celery_driftsafe.conf import get_settings
+from celery_driftsafe.core.headers import read_headers
+from celery_driftsafe.definitions import changes
 from celery_driftsafe.exceptions import ConfigurationError
-from celery_driftsafe.headers import read_headers
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunKind, RunStatus
+from celery_driftsafe.monitoring import metrics, metrics_server
 from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.task import DriftSafeTask
 from celery_driftsafe.testing import FakeClock
@@ -186,9 +188,9 @@ def test_with_metrics_off_prometheus_client_is_never_imported() -> None:
     script = (
         "import sys, django; django.setup()\n"
         "from datetime import datetime, UTC\n"
-        "from celery_driftsafe import metrics\n"
-        "from celery_driftsafe.claim import ClaimResult\n"
-        "from celery_driftsafe.publisher import DispatchResult\n"
+        "from celery_driftsafe.monitoring import metrics\n"
+        "from celery_driftsafe.claim.claimers import ClaimResult\n"
+        "from celery_driftsafe.publish.dispatcher import DispatchResult\n"
         "now = datetime.now(UTC)\n"
         "metrics.round_done(ClaimResult(), now, 0.0, 0.1)\n"
         "metrics.dispatched(DispatchResult(published=[1]), {}, now)\n"
@@ -335,7 +337,7 @@ def test_metrics_switched_on_without_prometheus_client_name_the_extra(
         assert "celery-driftsafe[metrics]" in error.hint
     with override_settings(DRIFTSAFE={}):
         assert [m for m in checks.check_settings() if m.id == "celery_driftsafe.E021"] == []
-    from celery_driftsafe import views
+    from celery_driftsafe.monitoring import views
 
     with pytest.raises(ImproperlyConfigured, match=r"celery-driftsafe\[metrics\]"):
         views.metrics(rf.get("/driftsafe/metrics"))
@@ -711,7 +713,7 @@ def _exported_names() -> set[str]:
     """Every sample name the beats, workers and the view can export."""
     from prometheus_client import REGISTRY
 
-    from celery_driftsafe.views import DatabaseCollector
+    from celery_driftsafe.monitoring.views import DatabaseCollector
 
     with metrics_on(WORKER_METRICS_PORT=9808):  # defines the metrics; serves nothing here
         assert metrics.beat_metrics() is not None and metrics.worker_metrics() is not None

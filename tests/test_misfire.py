@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celery_driftsafe.misfire import MissedSpan, plan_claim
-from celery_driftsafe.slots import Crontab, Interval, OneOff, Solar
+from celery_driftsafe.core.misfire import MissedSpan, plan_claim
+from celery_driftsafe.core.schedules import Crontab, Interval, OneOff, Solar
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 EVERY_SECOND = Interval(timedelta(seconds=1), T0)
@@ -249,7 +249,7 @@ def test_the_on_time_shortcut_plans_as_the_walk_does(
     """A slot on time takes a shortcut (no walk over the schedule's slots); a jitter of zero
     takes the walk and plans the same instants: the two plans must be equal, whatever the
     schedule, how far behind, the grace, the policy."""
-    from celery_driftsafe.misfire import Jitter
+    from celery_driftsafe.core.misfire import Jitter
 
     schedule: Any = {
         "interval": Interval(timedelta(seconds=every), T0),
@@ -313,7 +313,7 @@ def test_an_interval_counted_on_its_grid_plans_as_the_walk_does(
     after an outage); a jitter of zero walks the slots: both must plan the same, whatever the
     step, how far behind, the grace, since when the beats have been claiming, the policy and
     the bounds on rows, catch-ups and slots on time."""
-    from celery_driftsafe.misfire import Jitter
+    from celery_driftsafe.core.misfire import Jitter
 
     schedule = Interval(timedelta(milliseconds=every_ms), T0)
     slot = T0 + timedelta(milliseconds=every_ms * 3)
@@ -381,7 +381,7 @@ def test_a_crontab_counted_by_days_and_years_counts_as_the_walk_does(
     never listed: the count, and the start of the last few slots that a plan records, must be
     those of the walk, on zones with 1-hour, 30-minute and no DST, across the transitions,
     for ranges of seconds to over two years."""
-    from celery_driftsafe.misfire import _count_and_tail_start, _walk
+    from celery_driftsafe.core.misfire import _count_and_tail_start, _walk
 
     crontab = data.draw(_counted_crontabs(dense=not long))
     start = datetime(2020, 1, 1, tzinfo=UTC) + timedelta(seconds=start_s)
@@ -430,7 +430,7 @@ def test_a_solar_schedule_counted_by_days_counts_as_the_walk_does(
     """A solar schedule has at most one slot a day: away from the poles, where every day has
     the event, it is counted from the days of its first and last slots, not listed; the count
     and the last slots must be those of the walk (near the poles, a day at a time)."""
-    from celery_driftsafe.misfire import _count_and_tail_start, _walk
+    from celery_driftsafe.core.misfire import _count_and_tail_start, _walk
 
     solar = Solar(event, latitude, longitude)
     start = datetime(2022, 1, 1, tzinfo=UTC) + timedelta(seconds=start_s)

@@ -15,16 +15,16 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.db import connection
 
-from celery_driftsafe import nodes
-from celery_driftsafe.changes import schedule_unscheduled
-from celery_driftsafe.claim import claimer_for
-from celery_driftsafe.dispatch import reclaim_stale
+from celery_driftsafe.beat import nodes
+from celery_driftsafe.beat.recovery import reconcile
+from celery_driftsafe.claim.claimers import claimer_for
+from celery_driftsafe.claim.outbox import reclaim_stale
+from celery_driftsafe.core.validation import json_problems
+from celery_driftsafe.definitions.changes import schedule_unscheduled
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
-from celery_driftsafe.publisher import Dispatcher
-from celery_driftsafe.reconcile import reconcile
+from celery_driftsafe.publish.dispatcher import Dispatcher
 from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.testing import FakeClock
-from celery_driftsafe.validation import json_problems
 from tests import settings as test_settings
 from tests.conftest import T0, drain
 from tests.factories import interval_task
@@ -205,7 +205,7 @@ def test_a_row_written_without_save_at_the_calendars_end_is_disabled_and_the_res
     """A one-off at 9999-12-31 23:59 with a day of jitter, written by ``bulk_create`` (which
     skips ``save()``'s checks): its due instant is past the calendar, which failed every pass
     of the beat's look for unscheduled tasks, for every task after it."""
-    from celery_driftsafe.changes import schedule_unscheduled
+    from celery_driftsafe.definitions.changes import schedule_unscheduled
 
     late = datetime(9999, 12, 31, 23, 59, tzinfo=UTC)
     PeriodicTask.objects.bulk_create(
@@ -317,7 +317,7 @@ def test_every_header_celery_kombu_or_this_package_reads_is_reserved() -> None:
     from celery import Celery
     from celery.app.task import Context
 
-    from celery_driftsafe import headers
+    from celery_driftsafe.core import headers
 
     app = Celery("reserved", set_as_current=False)
     message = app.amqp.as_task_v2("an-id", "a.task", stamped_headers=["s"], s=1)
@@ -804,7 +804,7 @@ def test_a_message_the_broker_refuses_is_retried_alone_with_backoff(
 def test_after_the_last_attempt_a_refused_run_is_recorded_failed(
     amqp_app: tuple[Any, str, str], clock: FakeClock
 ) -> None:
-    from celery_driftsafe.publisher import MAX_PUBLISH_ATTEMPTS
+    from celery_driftsafe.publish.dispatcher import MAX_PUBLISH_ATTEMPTS
 
     app, _, _ = amqp_app
     task = interval_task("refused", 60, anchor=T0, next_slot_at=T0, task="refused.job")
@@ -858,7 +858,7 @@ def test_the_admin_lists_runs_without_an_outcome_under_needs_attention(
 ) -> None:
     from django.urls import reverse
 
-    from celery_driftsafe.changes import authority_now
+    from celery_driftsafe.definitions.changes import authority_now
 
     now = authority_now()
     task = interval_task("t", 60, anchor=T0)

@@ -1,4 +1,5 @@
-"""Building messages ahead (``celery_driftsafe.prebuild``): while nothing is due, a beat builds
+"""Building messages ahead (``celery_driftsafe.publish.prebuild``): while nothing is due, a beat
+builds
 the fast-path templates of the tasks due soonest; their runs then publish without building,
 and what is published is exactly what would have been built then (an edit after the build
 gets a new message)."""
@@ -15,13 +16,12 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_driftsafe import nodes
-from celery_driftsafe.claim import claimer_for
-from celery_driftsafe.claim_steps import run_expiry
+from celery_driftsafe.beat import nodes
+from celery_driftsafe.claim.claimers import claimer_for, run_expiry
 from celery_driftsafe.conf import get_settings
-from celery_driftsafe.fastpublish import FastPublisher
-from celery_driftsafe.prebuild import CHUNK, HORIZON_SECONDS, RESCAN_SECONDS, Prebuilder
-from celery_driftsafe.publisher import Dispatcher
+from celery_driftsafe.publish.dispatcher import Dispatcher
+from celery_driftsafe.publish.fast_path import FastPublisher
+from celery_driftsafe.publish.prebuild import CHUNK, HORIZON_SECONDS, RESCAN_SECONDS, Prebuilder
 from celery_driftsafe.testing import FakeClock
 from tests.factories import interval_task
 from tests.test_fastpublish import T0, make_app, queue, raw_messages  # noqa: F401 (fixtures)
@@ -210,7 +210,8 @@ def test_a_beat_comes_back_soon_while_building_ahead_is_unfinished(
 
 def test_a_beat_freezes_the_templates_it_built_ahead_before_the_wave(scheduler: Any) -> None:
     """Right after a pass that built templates (while the beat waits), the heap is checked
-    at once (heap.py), so that the collection that freezes them does not fall in the wave; a
+    at once (beat/gc_freeze.py), so that the collection that freezes them does not fall in the
+    wave; a
     pass that built nothing does not check."""
     from tests.conftest import T0 as START
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from celery import Celery, states
 
+from celery_driftsafe.beat.recovery import BackgroundReconciler, reconcile
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
-from celery_driftsafe.reconcile import BackgroundReconciler, reconcile
 from tests import settings as test_settings
 from tests.conftest import T0
 from tests.factories import at_once, interval_task
@@ -182,7 +182,7 @@ def test_look_ups_that_settle_nothing_stop_early(
 ) -> None:
     """Runs the backend knows nothing of are read again each time round until they expire:
     a pass gives them a small share of its time, not its whole budget."""
-    from celery_driftsafe import reconcile as module
+    from celery_driftsafe.beat import recovery as module
 
     _waiting(interval_task("silent", 1, anchor=T0), MANY)
     monkeypatch.setattr(module, "RECONCILE_IDLE_SECONDS", 0.0)

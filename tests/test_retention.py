@@ -17,18 +17,17 @@ from django.core.management import call_command
 from django.test import override_settings
 
 from celery_driftsafe import checks
+from celery_driftsafe.beat.recovery import reconcile
 from celery_driftsafe.conf import build_settings, get_settings
-from celery_driftsafe.ledger import Ledger, Start
-from celery_driftsafe.locks import RedisLockBackend, lock_backend, lock_identity
-from celery_driftsafe.models import Lock, PeriodicTask, Run, RunAttempt, RunKind, RunStatus
-from celery_driftsafe.reconcile import reconcile
-from celery_driftsafe.redis_client import key_prefix
-from celery_driftsafe.retention import (
+from celery_driftsafe.ledger.retention import (
     PRUNE_LOCK,
     Pruner,
     Retention,
-    fence_ttl_seconds,
 )
+from celery_driftsafe.ledger.run_ledger import Ledger, Start
+from celery_driftsafe.locks import RedisLockBackend, fence_ttl_seconds, lock_backend, lock_identity
+from celery_driftsafe.models import Lock, PeriodicTask, Run, RunAttempt, RunKind, RunStatus
+from celery_driftsafe.store.redis import key_prefix
 from celery_driftsafe.testing import FakeClock
 from tests.conftest import T0
 from tests.factories import interval_task

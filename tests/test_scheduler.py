@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from celery.schedules import crontab
 
-from celery_driftsafe.dispatch import celery_task_id
-from celery_driftsafe.headers import HEADER_FENCING_TOKEN, HEADER_RUN_ID, HEADER_SLOT
+from celery_driftsafe.claim.outbox import celery_task_id
+from celery_driftsafe.core.headers import HEADER_FENCING_TOKEN, HEADER_RUN_ID, HEADER_SLOT
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus
 from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.testing import FakeClock
@@ -109,7 +109,7 @@ def test_slots_a_few_ms_apart_share_a_round_after_min_round_interval(
 def test_a_jittered_task_is_published_at_its_jittered_instant_under_its_slot(
     scheduler: DriftSafeScheduler, clock: FakeClock
 ) -> None:
-    from celery_driftsafe.jitter import offset
+    from celery_driftsafe.core.jitter import offset
 
     name = next(
         n
@@ -314,7 +314,7 @@ def test_terminate_while_waiting_exits_at_once(scheduler: DriftSafeScheduler) ->
 def test_wakeup_set_from_another_thread_ends_a_wait() -> None:
     import threading
 
-    from celery_driftsafe.wakeup import Wakeup
+    from celery_driftsafe.beat.wakeup import Wakeup
 
     wakeup = Wakeup()
     assert not wakeup.wait(0)
@@ -328,8 +328,8 @@ def test_wakeup_set_from_another_thread_ends_a_wait() -> None:
 def test_dead_node_is_marked_and_its_claims_republished_without_waiting_for_the_lease(
     scheduler: DriftSafeScheduler, clock: FakeClock
 ) -> None:
-    from celery_driftsafe.claim import claimer_for
-    from celery_driftsafe.nodes import register
+    from celery_driftsafe.beat.nodes import register
+    from celery_driftsafe.claim.claimers import claimer_for
 
     task = interval_task("add", 3600, anchor=T0, next_slot_at=T0)
     register("dead-node", T0)
@@ -350,7 +350,7 @@ def test_dead_node_is_marked_and_its_claims_republished_without_waiting_for_the_
 def test_absurd_clock_answer_stops_claiming_on_that_node_only(
     broker_app: Any, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from celery_driftsafe.clock import AuthorityClock
+    from celery_driftsafe.store.clock import AuthorityClock
 
     interval_task("add", 10, anchor=T0, next_slot_at=T0)
     # This node's wall clock reads ten hours ahead of the authority (bound: 6 hours).
@@ -608,7 +608,7 @@ def test_a_slow_reconciliation_does_not_hold_up_the_round(
 ) -> None:
     import threading
 
-    from celery_driftsafe import reconcile
+    from celery_driftsafe.beat import recovery
 
     release, round_over, passes = threading.Event(), threading.Event(), []
     over_when_released: list[bool] = []
@@ -618,7 +618,7 @@ def test_a_slow_reconciliation_does_not_hold_up_the_round(
         release.wait(10)
         over_when_released.append(round_over.is_set())
 
-    monkeypatch.setattr(reconcile, "reconcile", slow)
+    monkeypatch.setattr(recovery, "reconcile", slow)
     interval_task("add", 10, anchor=T0, next_slot_at=T0)
     scheduler.run_round()
     round_over.set()
@@ -637,8 +637,8 @@ def test_a_missing_table_or_column_is_named_not_taken_for_an_outage() -> None:
     through an outage, and its log says what is missing rather than "unreachable"."""
     from django.db import DatabaseError, OperationalError, connection
 
-    from celery_driftsafe.beat_node import outage_text
     from celery_driftsafe.exceptions import ClockError
+    from celery_driftsafe.scheduler import outage_text
 
     table = PeriodicTask._meta.db_table
     for sql in ("SELECT * FROM driftsafe_no_such_table", f"SELECT no_such_column FROM {table}"):
@@ -699,7 +699,7 @@ def test_a_step_of_the_authoritys_clock_is_followed_at_once(
     reading shows it: the beat measures again and heartbeats before it judges who is dead, so
     its heartbeat is the new time and it publishes its own claims (its heartbeat stayed at the
     old time before; that a node never marks itself dead is the next test's)."""
-    from celery_driftsafe.clock import AuthorityClock
+    from celery_driftsafe.store.clock import AuthorityClock
 
     estimate = AuthorityClock(clock, samples=1, monotonic=clock.monotonic, wall=clock.now)
     sched = DriftSafeScheduler(
@@ -728,7 +728,7 @@ def test_a_step_of_the_authoritys_clock_is_followed_at_once(
 def test_a_node_never_marks_itself_dead() -> None:
     """Judging the others by a reading its own heartbeat lags (a step, a slow round), a node
     is alive whatever its last heartbeat says: only the others are marked."""
-    from celery_driftsafe import nodes
+    from celery_driftsafe.beat import nodes
 
     nodes.register("me", T0)
     nodes.register("peer", T0)

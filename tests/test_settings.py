@@ -12,11 +12,12 @@ from django.core.checks import Error, Warning
 from django.db import connection
 from django.test import override_settings
 
-from celery_driftsafe import changes, checks, conf
+from celery_driftsafe import checks, conf
+from celery_driftsafe.definitions import changes
 from celery_driftsafe.exceptions import ConfigurationError
 from celery_driftsafe.locks import RedisLockBackend, lock_backend
-from celery_driftsafe.redis_client import channel, key_prefix
 from celery_driftsafe.scheduler import DriftSafeScheduler
+from celery_driftsafe.store.redis import channel, key_prefix
 from tests import settings as test_settings
 
 PROJECT_A = {

@@ -11,8 +11,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from celery_driftsafe.exceptions import ScheduleError
-from celery_driftsafe.slots import (
+from celery_driftsafe.core.schedules import (
     Crontab,
     Interval,
     OneOff,
@@ -20,6 +19,7 @@ from celery_driftsafe.slots import (
     shared_crontab,
     shared_interval,
 )
+from celery_driftsafe.exceptions import ScheduleError
 
 BERLIN = ZoneInfo("Europe/Berlin")
 
@@ -506,7 +506,7 @@ def test_pure_core_imports_neither_django_nor_redis() -> None:
     import sys
 
     code = (
-        "import sys, celery_driftsafe.slots, celery_driftsafe.misfire; "
+        "import sys, celery_driftsafe.core.schedules, celery_driftsafe.core.misfire; "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'redis', 'celery')); "
         "print(','.join(bad)); sys.exit(1 if bad else 0)"
     )

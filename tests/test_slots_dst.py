@@ -24,7 +24,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from celery_driftsafe.slots import Crontab
+from celery_driftsafe.core.schedules import Crontab
 
 
 def utc(

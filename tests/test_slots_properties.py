@@ -25,7 +25,7 @@ from croniter import croniter
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from celery_driftsafe.slots import Crontab, Interval
+from celery_driftsafe.core.schedules import Crontab, Interval
 
 ZONES = ["Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata", "UTC"]
 # Years of interest per zone with DST. St John's moved its clocks at 00:01 until 2011, so its

@@ -13,8 +13,8 @@ from croniter import croniter
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from celery_driftsafe.core.schedules import Crontab
 from celery_driftsafe.exceptions import ScheduleError
-from celery_driftsafe.slots import Crontab
 from tests.test_slots_properties import (
     DST_YEARS,
     ZONES,

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from celery_driftsafe import solar as solar_module
+from celery_driftsafe.core import solar as solar_module
+from celery_driftsafe.core.schedules import Schedule, Solar
+from celery_driftsafe.core.solar import EVENTS
 from celery_driftsafe.exceptions import ScheduleError
-from celery_driftsafe.slots import Schedule, Solar
-from celery_driftsafe.solar import EVENTS
 
 ephem = pytest.importorskip("ephem", reason="the test group installs ephem for Celery's solar")
 

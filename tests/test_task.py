@@ -15,7 +15,7 @@ import pytest
 from celery.exceptions import Ignore
 from django.test import override_settings
 
-from celery_driftsafe.headers import read_headers
+from celery_driftsafe.core.headers import read_headers
 from celery_driftsafe.locks.database import DatabaseLockBackend
 from celery_driftsafe.models import Run, RunKind, RunStatus
 from celery_driftsafe.task import DriftSafeTask
@@ -288,7 +288,7 @@ def test_a_holder_whose_renewal_is_refused_keeps_its_lease_until_the_body_ends(
     body runs once."""
     import time
 
-    from celery_driftsafe.clock import authority_clock
+    from celery_driftsafe.store.clock import authority_clock
 
     run = _run()
     key = f"driftsafe-test:lock:run:{run.pk}"
@@ -402,7 +402,7 @@ def test_of_two_runs_started_at_once_under_skip_the_earlier_runs(
     and its worker has not taken the task's running lock yet. The first takes the lock and
     runs; it is not skipped for the later start (which then finds the lock held and skips).
     Before, each could skip for the other's start, and neither slot ran."""
-    from celery_driftsafe.clock import authority_clock
+    from celery_driftsafe.store.clock import authority_clock
 
     first, second = _two_slots_of_a_skipping_task("started-at-once")
     later = authority_clock().now() + timedelta(seconds=5)
@@ -426,7 +426,7 @@ def test_a_run_taken_over_while_the_next_one_runs_ends_failed_not_skipped(
     (one conditional start, the fast path) and must not run the body beside the second; the
     run ran in part, so it ends failed, not skipped (a skipped run never ran). A first start
     that finds the running lock held is still skipped."""
-    from celery_driftsafe.ledger import Ledger
+    from celery_driftsafe.ledger.run_ledger import Ledger
     from celery_driftsafe.locks import lock_backend
 
     first, second = _two_slots_of_a_skipping_task("taken-over")
@@ -715,7 +715,7 @@ def test_a_lock_holder_skips_while_a_run_started_without_a_lock_runs(
     without a lock (its worker could not reach Redis) and runs; it has no lease in the
     ledger and holds no running lock in Redis. A worker that reaches Redis gets the next
     slot: it skips it. Before, it counted only runs with a lasting lease, and ran beside."""
-    from celery_driftsafe.clock import authority_clock
+    from celery_driftsafe.store.clock import authority_clock
 
     first, second = _two_slots_of_a_skipping_task("open-and-locked")
     Run.objects.filter(pk=first.pk).update(
@@ -828,7 +828,7 @@ def test_a_start_rolled_back_for_a_concurrent_update_runs_again(
     from django.db import connection, transaction
     from django.db.backends.signals import connection_created
 
-    from celery_driftsafe.ledger import Ledger, Start
+    from celery_driftsafe.ledger.run_ledger import Ledger, Start
 
     if connection.vendor != "postgresql":
         pytest.skip(configuration("PostgreSQL's serialization failures"))
@@ -894,7 +894,7 @@ def test_a_deadlock_counts_as_rolled_back_for_a_concurrent_update() -> None:
     only MySQL's number, ER_LOCK_DEADLOCK (1213), which InnoDB reports with SQLSTATE 40001.
     Either way the database rolled the victim's transaction back, and the ledger runs such a
     statement again (the retry itself: the test above)."""
-    from celery_driftsafe.db_connection import rolled_back, sqlstate
+    from celery_driftsafe.store.connections import rolled_back, sqlstate
 
     deadlock = real_deadlock()
     if test_settings.TEST_DB == "mysql":
@@ -914,7 +914,7 @@ def test_a_worker_before_its_upgrades_migration_says_run_migrate() -> None:
     from django.db import connection
 
     from celery_driftsafe.exceptions import LedgerUnavailable
-    from celery_driftsafe.ledger import Ledger, Start
+    from celery_driftsafe.ledger.run_ledger import Ledger, Start
 
     run = Run.objects.create(task_name="tests.add", status=RunStatus.DISPATCHED)
     table = connection.ops.quote_name(Run._meta.db_table)
@@ -938,7 +938,7 @@ def test_a_worker_before_its_upgrades_migration_says_run_migrate() -> None:
 def test_a_start_without_a_lock_records_no_store() -> None:
     """An attempt started without a lock (eager, ``fail_open``, ``lock-mismatch``) clears the
     store an earlier attempt's lock holder recorded: that store says nothing of this one."""
-    from celery_driftsafe.ledger import Ledger
+    from celery_driftsafe.ledger.run_ledger import Ledger
 
     run = Run.objects.create(
         task_name="tests.add", status=RunStatus.DISPATCHED, attempt=0, lock_store="redis:x"

@@ -317,8 +317,8 @@ def test_a_run_from_a_process_locking_elsewhere_is_reported_once_and_runs(
     """A beat without ``REDIS_URL`` (its messages say ``driftsafe_locks: database``) and a
     worker with it: neither sees the other's run locks. The worker says so, once, and runs
     them, on the database's conditional start alone (the run says "(no lock)")."""
-    from celery_driftsafe import execution
     from celery_driftsafe.locks import lock_identity
+    from celery_driftsafe.worker import execution
 
     execution._LOCKS_REPORTED.clear()
     env = make_env()
@@ -360,10 +360,10 @@ def test_a_worker_locking_elsewhere_never_takes_over_a_started_run(
     start is refused all the same, because the run was started by a worker locking in the
     database (``lock_store``). (Before, in either case the worker took the run over and ran
     the body a second time.)"""
-    from celery_driftsafe import execution
     from celery_driftsafe.conf import get_settings
-    from celery_driftsafe.ledger import Ledger, Start
+    from celery_driftsafe.ledger.run_ledger import Ledger, Start
     from celery_driftsafe.locks import DatabaseLockBackend, lock_backend, lock_identity
+    from celery_driftsafe.worker import execution
 
     execution._LOCKS_REPORTED.clear()
     env = make_env()

@@ -115,7 +115,7 @@ def test_naive_instants_and_going_back_are_refused(driftsafe):
 
 
 def test_no_fake_authority_outside_the_fixture():
-    from celery_driftsafe.clock import authority_clock
+    from celery_driftsafe.store.clock import authority_clock
     from celery_driftsafe.testing import FakeClock
 
     assert not isinstance(authority_clock(), FakeClock)

@@ -17,13 +17,13 @@ from django.core import checks as django_checks
 from django.db import connection
 from django.test import override_settings
 
-from celery_driftsafe.clock import (
+from celery_driftsafe.conf import get_settings
+from celery_driftsafe.exceptions import ConfigurationError
+from celery_driftsafe.store.clock import (
     authority_from_settings,
     configured_time_authority,
     resolve_time_authority,
 )
-from celery_driftsafe.conf import get_settings
-from celery_driftsafe.exceptions import ConfigurationError
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

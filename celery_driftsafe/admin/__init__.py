@@ -1,8 +1,7 @@
 """The Django admin of celery_driftsafe: periodic tasks, the run ledger and the beat nodes.
 
 * :mod:`~celery_driftsafe.admin.tasks` — what runs next and what ran; a form that validates
-  everything before saving; its actions (enable, disable, run now, reset schedule) in
-  :mod:`~celery_driftsafe.admin.task_actions`.
+  everything before saving; its actions (enable, disable, run now, reset schedule).
 * :mod:`~celery_driftsafe.admin.runs` — the read-only ledger: slot, status, node, instants,
   lateness and duration, with a link to the django-celery-results result.
 * :mod:`~celery_driftsafe.admin.nodes` — each beat's heartbeat and measured clock offset.

@@ -9,7 +9,7 @@
 
 Everything is drawn on the server (SVG and HTML/CSS in the template): no JavaScript, nothing
 from a CDN, so it works in an admin without internet. The queries are bounded (see
-:mod:`celery_driftsafe.cluster`): the newest :data:`MAX_RUNS` runs of the last hour, the
+:mod:`celery_driftsafe.monitoring.cluster`): the newest :data:`MAX_RUNS` runs of the last hour, the
 :data:`NEXT_FIRES` nearest slots, at most ``cluster.MAX_NODES`` nodes.
 """
 
@@ -26,10 +26,10 @@ from django.utils import timezone
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from celery_driftsafe import cluster
 from celery_driftsafe.admin.display import local_text, read_authority, relative, seconds_text
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.models import BeatNode, PeriodicTask, RunStatus, unreadable_instants
+from celery_driftsafe.monitoring import cluster
 
 #: The timeline's window.
 WINDOW = timedelta(hours=1)

@@ -18,9 +18,9 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from celery_driftsafe.clock import authority_clock
 from celery_driftsafe.exceptions import ClockError, ConfigurationError, ScheduleError
 from celery_driftsafe.models import STAND_IN_ANCHOR, PeriodicTask, RunStatus, ScheduleKind
+from celery_driftsafe.store.clock import authority_clock
 
 logger = logging.getLogger(__name__)
 

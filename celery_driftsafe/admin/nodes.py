@@ -16,7 +16,6 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from celery_driftsafe import cluster
 from celery_driftsafe.admin.display import (
     AuthorityNowMixin,
     instant,
@@ -26,6 +25,7 @@ from celery_driftsafe.admin.display import (
 )
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.models import BeatNode
+from celery_driftsafe.monitoring import cluster
 
 _STATE_COLOURS = {"alive": "#2e7d32", "dead": "#ba2121", "stopped": "#777777"}
 

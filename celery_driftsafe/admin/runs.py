@@ -30,8 +30,8 @@ from celery_driftsafe.admin.display import (
     status_badge,
 )
 from celery_driftsafe.admin.paginator import EstimatedCountPaginator
+from celery_driftsafe.beat.recovery import stuck
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunAttempt, RunKind
-from celery_driftsafe.reconcile import stuck
 
 #: At most this many choices in the task and node filters; search finds the rest.
 FILTER_CHOICES = 100
@@ -77,7 +77,7 @@ class NodeFilter(admin.SimpleListFilter):
 
 class AttentionFilter(admin.SimpleListFilter):
     """Runs with no outcome ``STUCK_RUN_SECONDS`` after their claim (see
-    :mod:`celery_driftsafe.reconcile`)."""
+    :mod:`celery_driftsafe.beat.recovery`)."""
 
     title = "attention"
     parameter_name = "attention"

@@ -12,14 +12,14 @@ the settings::
 * :class:`RedisLockBackend`: ``SET <prefix>:lock:<name> token NX PX ttl`` and ``INCR
   <prefix>:fence:<name>`` in one Lua script; release and extend are compare-token scripts. The
   lease is timed by Redis. The fencing counter expires ``fence_ttl`` seconds after its last
-  acquisition (:func:`celery_driftsafe.retention.fence_ttl_seconds`; None: never); like a
+  acquisition (:func:`fence_ttl_seconds`; None: never); like a
   counter lost with Redis data (a flush, a failover to a replica that missed the last
   writes), an expired one starts again above the ``fencing_floor`` its next taker passes
   (see ``docs/reference/locks.md``).
 * :class:`DatabaseLockBackend`: one row per name in :class:`celery_driftsafe.models.Lock`,
   taken over by a conditional ``UPDATE`` (free, or ``expires_at <= now``) that also increments
   the fencing token. Time comes from the backend's clock (by default the database server's,
-  see :class:`~celery_driftsafe.clock.AuthorityClock`), never from this machine's wall clock.
+  see :class:`~celery_driftsafe.store.clock.AuthorityClock`), never from this machine's wall clock.
 
 A lease is a promise about time, so a holder paused for longer than its lease (GC, swap, a
 stopped VM) can wake up still believing it holds the lock. Locks give liveness and cheap
@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 
-from celery_driftsafe.clock import Clock
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.locks.contract import DEFAULT_TTL, DistributedLock, HeldLock, LockBackend
 from celery_driftsafe.locks.database import DatabaseLock, DatabaseLockBackend
@@ -41,9 +40,11 @@ from celery_driftsafe.locks.lease import (
     WATCHDOG_START_FRACTION,
 )
 from celery_driftsafe.locks.redis import RedisLock, RedisLockBackend
+from celery_driftsafe.store.clock import Clock
 
 __all__ = [
     "DEFAULT_TTL",
+    "FENCE_TTL_WHEN_KEPT_FOREVER",
     "MAX_LOCK_IDENTITY",
     "POLL_MAX_SECONDS",
     "POLL_MIN_SECONDS",
@@ -55,6 +56,7 @@ __all__ = [
     "LockBackend",
     "RedisLock",
     "RedisLockBackend",
+    "fence_ttl_seconds",
     "lock_backend",
     "lock_backend_for",
     "lock_identity",
@@ -98,6 +100,29 @@ def lock_backend_for(
     return None
 
 
+#: A fencing counter's time to live when runs are kept forever.
+FENCE_TTL_WHEN_KEPT_FOREVER = 7 * 86400.0
+
+
+def fence_ttl_seconds(settings: DriftSafeSettings) -> float:
+    """How long a Redis fencing counter lives after its last acquisition.
+
+    The shorter retention period (runs are pruned, and their counters deleted, after it), or
+    :data:`FENCE_TTL_WHEN_KEPT_FOREVER` when runs are kept forever; never shorter than a run
+    can wait for a worker (``RUN_EXPIRES_SECONDS``) or be reconciled (``STUCK_RUN_SECONDS``)
+    plus a lease. Any value is safe (see ``docs/reference/locks.md``); this one only spares
+    refused writes and their retries while a run is still being worked on.
+    """
+    kept = [
+        s
+        for s in (settings.run_retention_seconds, settings.failed_run_retention_seconds)
+        if s is not None
+    ]
+    ttl = min(kept) if kept else FENCE_TTL_WHEN_KEPT_FOREVER
+    waiting = max(settings.run_expires_seconds or 0.0, settings.stuck_run_seconds)
+    return max(ttl, waiting + settings.lease_seconds)
+
+
 def lock_backend(
     settings: DriftSafeSettings | None = None,
     *,
@@ -108,8 +133,7 @@ def lock_backend(
     database (``using``). ``clock`` overrides each backend's default clock."""
     settings = settings or get_settings()
     if settings.redis_url:
-        from celery_driftsafe.redis_client import get_redis, key_prefix
-        from celery_driftsafe.retention import fence_ttl_seconds
+        from celery_driftsafe.store.redis import get_redis, key_prefix
 
         return RedisLockBackend(
             get_redis(settings),

@@ -6,10 +6,10 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from celery_driftsafe.clock import AuthorityClock, Clock, DatabaseAuthority
 from celery_driftsafe.exceptions import LockError
 from celery_driftsafe.locks.contract import DEFAULT_TTL
 from celery_driftsafe.locks.lease import _LeaseLock
+from celery_driftsafe.store.clock import AuthorityClock, Clock, DatabaseAuthority
 
 
 class DatabaseLockBackend:

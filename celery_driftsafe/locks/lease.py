@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from celery_driftsafe.clock import Clock
 from celery_driftsafe.exceptions import LockError
 from celery_driftsafe.locks.contract import HeldLock
+from celery_driftsafe.store.clock import Clock
 
 logger = logging.getLogger("celery_driftsafe.locks")
 

@@ -8,10 +8,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from celery_driftsafe.clock import Clock, SystemClock
 from celery_driftsafe.exceptions import LockError
 from celery_driftsafe.locks.contract import DEFAULT_TTL
 from celery_driftsafe.locks.lease import _LeaseLock, _log_extra
+from celery_driftsafe.store.clock import Clock, SystemClock
 
 logger = logging.getLogger("celery_driftsafe.locks")
 

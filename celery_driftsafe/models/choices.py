@@ -1,11 +1,34 @@
 """Names a run, a task or a schedule takes in the database, with their labels for forms and the
-admin."""
+admin. The run statuses and kinds and the policies are the core's
+(:mod:`celery_driftsafe.core.stored_names`), which the claim and the worker read too; the
+names only the tables use are Django's ``TextChoices`` here."""
 
 from __future__ import annotations
 
 from django.db import models
 
-from celery_driftsafe import names
+from celery_driftsafe.core.stored_names import (
+    MisfirePolicy,
+    OverlapPolicy,
+    RunKind,
+    RunStatus,
+)
+
+__all__ = [
+    "MISFIRE_POLICY_CHOICES",
+    "PROJECT_DEFAULT",
+    "IntervalUnit",
+    "MisfirePolicy",
+    "OverlapPolicy",
+    "RunKind",
+    "RunStatus",
+    "ScheduleKind",
+    "SolarEvent",
+    "TaskSource",
+]
+
+#: A task's blank ``misfire_policy``: the project's ``MISFIRE_POLICY``.
+PROJECT_DEFAULT = ""
 
 
 class ScheduleKind(models.TextChoices):
@@ -16,7 +39,7 @@ class ScheduleKind(models.TextChoices):
 
 
 class SolarEvent(models.TextChoices):
-    """The events of ``celery.schedules.solar`` (see :mod:`celery_driftsafe.solar`)."""
+    """The events of ``celery.schedules.solar`` (see :mod:`celery_driftsafe.core.solar`)."""
 
     DAWN_ASTRONOMICAL = "dawn_astronomical", "Astronomical dawn (sun 18° below, rising)"
     DAWN_NAUTICAL = "dawn_nautical", "Nautical dawn (sun 12° below, rising)"
@@ -37,35 +60,9 @@ class IntervalUnit(models.TextChoices):
     DAYS = "days", "days"
 
 
-class MisfirePolicy(models.TextChoices):
-    DEFAULT = "", "Project default"
-    FIRE_ONCE = names.MisfirePolicy.FIRE_ONCE.value, "Fire once for all missed slots"
-    FIRE_ALL = names.MisfirePolicy.FIRE_ALL.value, "Fire every missed slot (bounded)"
-    SKIP = names.MisfirePolicy.SKIP.value, "Skip to the next future slot"
-
-
-class OverlapPolicy(models.TextChoices):
-    ALLOW = names.OverlapPolicy.ALLOW.value, "Allow overlapping runs"
-    SKIP = names.OverlapPolicy.SKIP.value, "Skip a slot while the previous run is running"
-
-
-class RunStatus(models.TextChoices):
-    CLAIMED = names.RunStatus.CLAIMED.value, "Claimed"
-    DISPATCHED = names.RunStatus.DISPATCHED.value, "Dispatched"
-    STARTED = names.RunStatus.STARTED.value, "Started"
-    RETRYING = names.RunStatus.RETRYING.value, "Retry scheduled"
-    SUCCEEDED = names.RunStatus.SUCCEEDED.value, "Succeeded"
-    FAILED = names.RunStatus.FAILED.value, "Failed"
-    SKIPPED = names.RunStatus.SKIPPED.value, "Skipped"
-    MISSED = names.RunStatus.MISSED.value, "Missed"
-    EXPIRED = names.RunStatus.EXPIRED.value, "Expired"
-    REVOKED = names.RunStatus.REVOKED.value, "Revoked"
-
-
-class RunKind(models.TextChoices):
-    SCHEDULED = names.RunKind.SCHEDULED.value, "Scheduled"
-    MANUAL = names.RunKind.MANUAL.value, "Run now"
-    ADHOC = names.RunKind.ADHOC.value, "Ad-hoc call"
+#: A task's ``misfire_policy``: blank for the project's default (``MISFIRE_POLICY``), or one of
+#: the policies.
+MISFIRE_POLICY_CHOICES = [(PROJECT_DEFAULT, "Project default"), *MisfirePolicy.choices]
 
 
 class TaskSource(models.TextChoices):

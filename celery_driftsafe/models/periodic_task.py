@@ -2,33 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import models, router, transaction
 from django.utils.timezone import now as django_now
 
-from celery_driftsafe.bounds import bound_problems, bounded
-from celery_driftsafe.exceptions import ScheduleError
-from celery_driftsafe.jitter import due_instant
-from celery_driftsafe.models.choices import (
-    IntervalUnit,
-    MisfirePolicy,
-    OverlapPolicy,
-    ScheduleKind,
-    SolarEvent,
-    TaskSource,
-)
-from celery_driftsafe.schedule_fields import CRONTAB_FIELDS, ERROR_FIELDS, KIND_FIELD
-from celery_driftsafe.slots import OneOff, Schedule, Solar, shared_crontab, shared_interval
-from celery_driftsafe.validation import (
+from celery_driftsafe.core.bounds import bound_problems, bounded
+from celery_driftsafe.core.jitter import due_instant
+from celery_driftsafe.core.schedules import OneOff, Schedule, Solar, shared_crontab, shared_interval
+from celery_driftsafe.core.validation import (
     Problem,
     coerce_json,
     instant_problems,
     json_problems,
     option_problems,
 )
+from celery_driftsafe.exceptions import ScheduleError
+from celery_driftsafe.models.choices import (
+    MISFIRE_POLICY_CHOICES,
+    PROJECT_DEFAULT,
+    IntervalUnit,
+    OverlapPolicy,
+    ScheduleKind,
+    SolarEvent,
+    TaskSource,
+)
+from celery_driftsafe.models.schedule_fields import CRONTAB_FIELDS, ERROR_FIELDS, KIND_FIELD
 
 #: Stands in for an interval anchor not stored yet, where only the schedule's shape matters
 #: (validation, descriptions); never used to compute a real slot.
@@ -56,7 +58,7 @@ def _mirror_due_at(values: dict[str, Any]) -> None:
     """A bulk write that sets ``next_slot_at`` but not ``due_at`` makes the task due at its
     slot: never later than its jittered instant, and the claim, which recomputes the jittered
     instant itself, moves ``due_at`` to it without firing early (see
-    :mod:`celery_driftsafe.jitter`)."""
+    :mod:`celery_driftsafe.core.jitter`)."""
     if "next_slot_at" in values and "due_at" not in values:
         values["due_at"] = values["next_slot_at"]
 
@@ -78,7 +80,7 @@ class PeriodicTaskQuerySet(models.QuerySet["PeriodicTask"]):
     def update(self, **kwargs: Any) -> int:
         """``update(next_slot_at=...)`` also sets ``due_at`` (see :func:`_mirror_due_at`); an
         update of anything but the claim's own state stamps ``changed_at``, as ``save()`` does
-        (a compare-and-swap claim reads it: see :mod:`celery_driftsafe.claim`)."""
+        (a compare-and-swap claim reads it: see :mod:`celery_driftsafe.claim.claimers`)."""
         _mirror_due_at(kwargs)
         if kwargs.keys() - CLAIM_FIELDS and "changed_at" not in kwargs:
             kwargs["changed_at"] = django_now()
@@ -92,6 +94,20 @@ class PeriodicTaskQuerySet(models.QuerySet["PeriodicTask"]):
             if obj.due_at is None and obj.next_slot_at is not None:
                 obj.due_at = due_instant(obj.name, obj.next_slot_at, obj.jitter_seconds)
         return super().bulk_create(objs, *args, **kwargs)
+
+
+#: What :meth:`PeriodicTask.save` runs before it writes, given the instance and ``save()``'s
+#: keyword arguments (adjusted in place):
+#: :func:`celery_driftsafe.definitions.changes.prepare_save`, installed by the app's
+#: ``ready()`` through :func:`prepare_saves_with`. The models sit below the layer that keeps a
+#: task's next slot right, so they call it without importing it.
+_save_preparation: Callable[[PeriodicTask, dict[str, Any]], None] | None = None
+
+
+def prepare_saves_with(prepare: Callable[[PeriodicTask, dict[str, Any]], None]) -> None:
+    """Have every :meth:`PeriodicTask.save` run ``prepare`` before it writes."""
+    global _save_preparation
+    _save_preparation = prepare
 
 
 class PeriodicTask(models.Model):
@@ -155,7 +171,7 @@ class PeriodicTask(models.Model):
         blank=True,
         help_text="Degrees east, -180 to 180 (west is negative).",
     )
-    # Bounds and limits (enforced by the claim; see celery_driftsafe.bounds).
+    # Bounds and limits (enforced by the claim; see celery_driftsafe.core.bounds).
     valid_from = models.DateTimeField(
         null=True,
         blank=True,
@@ -188,7 +204,7 @@ class PeriodicTask(models.Model):
     enabled = models.BooleanField(default=True)
     disabled_reason = models.TextField(blank=True)
     misfire_policy = models.CharField(
-        max_length=16, choices=MisfirePolicy.choices, default=MisfirePolicy.DEFAULT, blank=True
+        max_length=16, choices=MISFIRE_POLICY_CHOICES, default=PROJECT_DEFAULT, blank=True
     )
     misfire_grace_seconds = models.FloatField(
         null=True, blank=True, help_text="Empty: the project default."
@@ -286,7 +302,7 @@ class PeriodicTask(models.Model):
 
     def coerce(self) -> None:
         """Read ``args``/``kwargs``/``headers`` stored as a JSON string of the right shape as
-        that value (see :mod:`celery_driftsafe.validation`)."""
+        that value (see :mod:`celery_driftsafe.core.validation`)."""
         self.args = coerce_json(self.args, list)
         self.kwargs = coerce_json(self.kwargs, dict)
         self.headers = coerce_json(self.headers, dict)
@@ -304,7 +320,7 @@ class PeriodicTask(models.Model):
         ``schedule=False`` leaves the schedule out (a caller about to evaluate it anyway);
         ``writing=True`` adds the checks of a write (:meth:`clean`): every value inside the
         JSON fields, and instants that stay in the calendar (see
-        :mod:`celery_driftsafe.validation`)."""
+        :mod:`celery_driftsafe.core.validation`)."""
         found = json_problems(self.args, self.kwargs, self.headers, contents=writing)
         found += option_problems(
             task=self.task,
@@ -374,12 +390,15 @@ class PeriodicTask(models.Model):
         leaves them out (unless named in ``update_fields``), so saving an instance loaded a
         while ago cannot move a task back to a slot that already fired. A schedule edit or a
         re-enable computes a new next slot after every slot that already has a run (see
-        :mod:`celery_driftsafe.changes`). A value the task could not fire with raises
+        :mod:`celery_driftsafe.definitions.changes`). A value the task could not fire with raises
         :class:`~django.core.exceptions.ValidationError` naming the field.
         """
-        from celery_driftsafe.changes import prepare_save
-
-        prepare_save(self, kwargs)
+        if _save_preparation is None:
+            raise ImproperlyConfigured(
+                "celery_driftsafe's app is not ready (its AppConfig.ready() installs what "
+                "PeriodicTask.save() runs first): save periodic tasks once Django is set up"
+            )
+        _save_preparation(self, kwargs)
         super().save(*args, **kwargs)
         self._remember_switch()
 
@@ -396,14 +415,14 @@ class PeriodicTask(models.Model):
     def _remember_switch(self) -> None:
         """Note ``enabled`` and ``disabled_reason`` as loaded (or saved): the scheduler changes
         them behind a loaded instance's back (a finished task, a broken row), so a save that
-        leaves them as they were keeps the database's (:func:`~celery_driftsafe.changes.
+        leaves them as they were keeps the database's (:func:`~celery_driftsafe.definitions.changes.
         prepare_save`) rather than switching a finished task back on."""
         loaded = self.__dict__  # a deferred field is one missing here (get_deferred_fields)
         if "enabled" in loaded and "disabled_reason" in loaded:
             self._switch_loaded = (loaded["enabled"], loaded["disabled_reason"])
 
     #: ``from_db`` is Django's, then this: the claim's reader, which builds instances without
-    #: ``from_db`` (:mod:`celery_driftsafe.pg_loaders`), calls it on each.
+    #: ``from_db`` (:mod:`celery_driftsafe.store.loaders`), calls it on each.
     from_db_then = _remember_switch
 
 

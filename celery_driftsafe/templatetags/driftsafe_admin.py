@@ -6,7 +6,7 @@ from typing import Any
 
 from django import template
 
-from celery_driftsafe import cluster
+from celery_driftsafe.monitoring import cluster
 
 register = template.Library()
 

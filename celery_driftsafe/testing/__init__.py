@@ -1,6 +1,6 @@
 """Helpers for testing code that uses celery_driftsafe, shipped for users' own tests.
 
-:class:`FakeClock` is a :class:`~celery_driftsafe.clock.Clock` that only moves when told to:
+:class:`FakeClock` is a :class:`~celery_driftsafe.store.clock.Clock` that only moves when told to:
 ``sleep()`` advances it instantly, so a test of a schedule over a day runs in microseconds and
 boundary cases (a slot exactly at ``now``) are exact rather than hoped for::
 
@@ -26,8 +26,8 @@ from __future__ import annotations
 import threading
 from datetime import UTC, datetime, timedelta
 
-from celery_driftsafe.clock import inject_authority_clock
 from celery_driftsafe.exceptions import ClockError
+from celery_driftsafe.store.clock import inject_authority_clock
 
 __all__ = ["FakeClock", "UnreachableAuthority", "inject_authority_clock"]
 

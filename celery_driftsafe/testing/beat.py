@@ -36,9 +36,9 @@ from celery.signals import after_task_publish
 from django.db.models import Min
 from django.db.models.signals import post_save
 
-from celery_driftsafe import nodes
-from celery_driftsafe.beat_schedule import SyncReport, sync_beat_schedule
-from celery_driftsafe.headers import HEADER_PERIODIC_TASK_ID, HEADER_RUN_ID, HEADER_SLOT
+from celery_driftsafe.beat import nodes
+from celery_driftsafe.core.headers import HEADER_PERIODIC_TASK_ID, HEADER_RUN_ID, HEADER_SLOT
+from celery_driftsafe.definitions.beat_schedule import SyncReport, sync_beat_schedule
 from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.testing import FakeClock
 

@@ -104,7 +104,7 @@ def reset_redis() -> None:
     from example_project.celery import app
 
     from celery_driftsafe.conf import get_settings
-    from celery_driftsafe.redis_client import get_redis
+    from celery_driftsafe.store.redis import get_redis
 
     client = get_redis()
     for key in client.scan_iter(f"{get_settings().key_prefix}:*"):
@@ -258,7 +258,7 @@ def wait_for_runs(timeout: float) -> None:
 
 
 def run_demo(seconds: float, output: Path) -> int:
-    from celery_driftsafe.clock import AuthorityClock, authority_from_settings
+    from celery_driftsafe.store.clock import AuthorityClock, authority_from_settings
 
     say(f"  database  {prepare_database()} (migrated; earlier demo runs cleared)")
     reset_redis()

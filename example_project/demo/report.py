@@ -1,7 +1,8 @@
 """The demo's count: every due slot, what fired it, what ran, and the timeline picture.
 
 All instants are the time authority's. For each task, the slots due in the window come from
-its schedule (``celery_driftsafe.slots``), never from what fired. A slot *fired* when a beat
+its schedule (``celery_driftsafe.core.schedules``), never from what fired. A slot *fired* when a
+beat
 claimed and published it (a ``Run`` row with ``dispatched_at``, or ``started_at``: see below);
 it *ran* when the task body wrote its ``Execution`` row. A slot is *doubled* when it has two
 runs or its body ran twice, *missed* when it was due and its body never ran, *early* when it

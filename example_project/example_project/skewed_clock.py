@@ -15,9 +15,9 @@ import os
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from celery_driftsafe.clock import AuthorityClock, authority_from_settings
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.scheduler import DriftSafeScheduler
+from celery_driftsafe.store.clock import AuthorityClock, authority_from_settings
 
 
 class SkewedClockScheduler(DriftSafeScheduler):

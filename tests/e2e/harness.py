@@ -27,7 +27,7 @@ from typing import Any
 
 import redis
 
-from celery_driftsafe.slots import Crontab, Interval, Schedule
+from celery_driftsafe.core.schedules import Crontab, Interval, Schedule
 from celery_driftsafe.testing.processes import (
     Child,
     Children,

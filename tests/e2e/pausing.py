@@ -10,7 +10,7 @@ import signal
 from collections.abc import Sequence
 from typing import Any
 
-from celery_driftsafe.dispatch import ClaimedRun
+from celery_driftsafe.claim.outbox import ClaimedRun
 from celery_driftsafe.scheduler import DriftSafeScheduler
 
 

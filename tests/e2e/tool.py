@@ -154,7 +154,7 @@ def stale_saves(name: str, seconds: float, pause: float) -> None:
 
     from django.forms.models import model_to_dict
 
-    from celery_driftsafe.forms import PeriodicTaskForm
+    from celery_driftsafe.admin.forms import PeriodicTaskForm
     from celery_driftsafe.models import PeriodicTask
 
     deadline = time.monotonic() + seconds

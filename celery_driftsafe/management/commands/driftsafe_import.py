@@ -37,19 +37,19 @@ from typing import Any
 from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from celery_driftsafe.beat_schedule import ENTRY_ERRORS, error_text
 from celery_driftsafe.celery_app import get_celery_app, load_celery_app, load_task_modules
-from celery_driftsafe.changes import authority_now
-from celery_driftsafe.exceptions import TaskModulesError
-from celery_driftsafe.importing import (
+from celery_driftsafe.definitions.beat_schedule import ENTRY_ERRORS, error_text
+from celery_driftsafe.definitions.changes import authority_now
+from celery_driftsafe.definitions.importing import (
     BEAT_SCHEDULE,
     DJANGO_CELERY_BEAT,
     Entry,
     from_beat_schedule,
     from_django_celery_beat,
 )
+from celery_driftsafe.definitions.upsert import Upserted, check_fields, upsert_by_name
+from celery_driftsafe.exceptions import TaskModulesError
 from celery_driftsafe.models import PeriodicTask, TaskSource
-from celery_driftsafe.upsert import Upserted, check_fields, upsert_by_name
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,6 @@
 """``manage.py driftsafe_prune``: delete finished runs past their retention, in small batches
-(see :mod:`celery_driftsafe.retention`), for projects that prune from cron rather than from the
+(see :mod:`celery_driftsafe.ledger.retention`), for projects that prune from cron rather than from
+the
 beats (``PRUNE_INTERVAL_SECONDS = None``).
 
 Exit status: 0 when done (also when retention is off), 1 on errors (for example an unreachable
@@ -16,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.exceptions import ClockError, ConfigurationError
-from celery_driftsafe.retention import Pruner
+from celery_driftsafe.ledger.retention import Pruner
 
 
 class Command(BaseCommand):
@@ -51,7 +52,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print one JSON document")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from celery_driftsafe.clock import authority_from_settings
+        from celery_driftsafe.store.clock import authority_from_settings
 
         for name in ("batch_size", "max_batches"):
             if options[name] is not None and options[name] < 1:

@@ -139,7 +139,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from celery_driftsafe.clock import authority_from_settings
+        from celery_driftsafe.store.clock import authority_from_settings
 
         try:
             authority = authority_from_settings()

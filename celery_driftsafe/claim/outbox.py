@@ -1,0 +1,253 @@
+"""The outbox: what a claimed run is published with (its captured message and publish
+options, its deterministic Celery task id, its headers) and the re-publishing of stale claims.
+Publishing
+runs and recording that they went out is :mod:`celery_driftsafe.publish.dispatcher`.
+
+Order matters: a run is committed as ``claimed`` first, then published with its deterministic
+Celery task id, then marked ``dispatched``. A crash between publish and mark leaves a
+``claimed`` run that the outbox re-publishes under the same task id; ``DriftSafeTask`` makes
+that second delivery harmless. A run is never marked dispatched unless its publish returned,
+and it is published only by the node that still holds its claim.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db.models import F, Q
+
+from celery_driftsafe.core.headers import (
+    HEADER_CELERY_BEAT,
+    HEADER_FENCING_TOKEN,
+    HEADER_LOCKS,
+    HEADER_PERIODIC_TASK_ID,
+    HEADER_RUN_ID,
+    HEADER_SLOT,
+)
+from celery_driftsafe.core.instants import iso_text
+from celery_driftsafe.core.validation import message_problems
+from celery_driftsafe.locks import lock_identity
+from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
+
+logger = logging.getLogger("celery_driftsafe.dispatch")
+
+
+_TASK_ID_NAMESPACE = uuid.UUID("6f1c2b0e-5d0a-4c55-9a43-3f2f0c1d7e11")
+
+
+_NAMESPACE_BYTES = _TASK_ID_NAMESPACE.bytes
+#: RFC 9562's version 8 ("custom") and variant bits, set on the 128 bits of an id.
+_V8_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
+_V8_SET = (0x8000 << 64) | (0x8000 << 48)
+_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+_MAX_MS = 2**48 - 1
+
+
+def celery_task_id(periodic_task_id: int, slot: datetime) -> str:
+    """The deterministic Celery task id of a slot: the same on every beat, every time.
+
+    A version-8 UUID whose first 48 bits are the slot in milliseconds since 1970 and whose
+    other 74 bits come from SHA-1 of a fixed namespace and ``f"{id}:{slot.isoformat()}"``.
+    Ids of nearby slots sort together, so the indexes on the id (the run table's, a result
+    backend's) grow at their end: random ids put each new run on a random page of an index
+    that a big ledger makes far larger than the database's cache, and after every checkpoint
+    PostgreSQL writes that page whole to its WAL (2.8 kB a run on average with 5 million
+    runs kept).
+    Computed once per run, at its claim; every later publish reads the stored id, so runs
+    claimed under the earlier version-5 ids keep them."""
+    name = f"{periodic_task_id}:{iso_text(slot)}".encode()
+    digest = hashlib.sha1(_NAMESPACE_BYTES + name, usedforsecurity=False).digest()
+    ms = min(max((slot - _UNIX_EPOCH) // _MS, 0), _MAX_MS)
+    value = "%032x" % ((ms << 80 | int.from_bytes(digest[:10], "big")) & _V8_CLEAR | _V8_SET)
+    return f"{value[:8]}-{value[8:12]}-{value[12:16]}-{value[16:20]}-{value[20:]}"
+
+
+@dataclass(frozen=True)
+class ClaimedRun:
+    """A committed run that must now be published."""
+
+    run_id: int
+    periodic_task_id: int | None
+    task_name: str
+    slot: datetime | None
+    celery_task_id: str
+    fencing_token: int
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    #: The node (or actor) that holds the claim: publishing re-checks it still does.
+    claimed_by: str = ""
+    #: The message's expiry, an instant of the time authority.
+    expires_at: datetime | None = None
+    dispatch_attempts: int = 1
+
+
+def run_message(task: PeriodicTask) -> dict[str, Any]:
+    """What a run of ``task`` is published with, captured when it is claimed."""
+    return {"args": list(task.args), "kwargs": dict(task.kwargs), "options": publish_options(task)}
+
+
+def claimed_run(run: Run, task: PeriodicTask | None = None) -> ClaimedRun:
+    """What publishing ``run`` needs: its identity and the message captured at claim time
+    (for a row claimed before messages were captured: its task's current arguments and
+    options, none when the task was deleted)."""
+    message = run.message if isinstance(run.message, dict) and run.message else None
+    if message is None:
+        message = run_message(task) if task is not None else {}
+    return ClaimedRun(
+        run_id=run.pk,
+        periodic_task_id=run.periodic_task_id,
+        task_name=run.task_name,
+        slot=run.slot,
+        celery_task_id=run.celery_task_id,
+        fencing_token=run.fencing_token,
+        claimed_by=run.claimed_by,
+        expires_at=run.expires_at,
+        dispatch_attempts=run.dispatch_attempts,
+        **message_parts(message),
+    )
+
+
+def message_parts(message: dict[str, Any]) -> dict[str, Any]:
+    """A captured message's ``args``, ``kwargs`` and ``options`` (empty where absent). A
+    stored value of another shape is kept as it is, for the publisher's gate
+    (:func:`message_refusal`) to refuse with the reason."""
+    return {
+        "args": _as_stored(message.get("args"), list),
+        "kwargs": _as_stored(message.get("kwargs"), dict),
+        "options": _as_stored(message.get("options"), dict),
+    }
+
+
+def _as_stored(value: Any, kind: type) -> Any:
+    """A copy of ``value`` when it is of ``kind``, an empty one when absent, else ``value``."""
+    if value is None:
+        return kind()
+    return kind(value) if isinstance(value, kind) else value
+
+
+def message_refusal(run: ClaimedRun) -> str:
+    """Why ``run``'s captured message may not be published, "" when it may: the checks its
+    task's row passed at the claim (:func:`~celery_driftsafe.core.validation.message_problems`),
+    again, on what is about to go out."""
+    problems = message_problems(run.args, run.kwargs, run.options)
+    if not problems:
+        return ""
+    return "the message captured at claim time cannot be published: " + "; ".join(
+        map(str, problems)
+    )
+
+
+def message_headers(run: ClaimedRun) -> dict[str, Any]:
+    """The run's own headers (after the task's custom headers, which cannot override them)."""
+    headers = dict(run.options.get("headers") or {})
+    headers.update(
+        {
+            HEADER_RUN_ID: run.run_id,
+            HEADER_SLOT: iso_text(run.slot) if run.slot else None,
+            HEADER_FENCING_TOKEN: run.fencing_token,
+            HEADER_PERIODIC_TASK_ID: run.periodic_task_id,
+            HEADER_LOCKS: lock_identity(),
+        }
+    )
+    if run.slot is not None:
+        # a scheduled run: what Celery's own beat marks every message it sends with
+        # (``Scheduler.apply_async``); a manual run is not the beat's
+        headers[HEADER_CELERY_BEAT] = True
+    return headers
+
+
+def publish_options(task: PeriodicTask) -> dict[str, Any]:
+    """The task's own Celery publish options (only those it sets)."""
+    options: dict[str, Any] = {}
+    for name in ("queue", "exchange", "routing_key"):
+        value = getattr(task, name)
+        if value:
+            options[name] = value
+    if task.priority is not None:
+        options["priority"] = task.priority
+    if task.headers:
+        options["headers"] = dict(task.headers)
+    return options
+
+
+def reclaim_stale(
+    now: datetime,
+    node_id: str,
+    *,
+    lease: timedelta,
+    limit: int = 500,
+    using: str = "default",
+    dead_after: timedelta | None = None,
+) -> list[ClaimedRun]:
+    """The outbox: ``claimed`` runs that were never marked dispatched are taken over by this
+    node, one compare-and-swap each on ``claimed_at``, and returned for re-publishing under the
+    same Celery task id, with the message captured when they were claimed. Eligible are runs
+
+    * claimed longer than ``lease`` ago (their beat died between commit and publish, or the
+      broker was unreachable) by this node, by something that is not a beat (a manual run),
+      or by a beat with no heartbeat within ``dead_after`` (when given): a live beat's claims
+      are its own to publish,
+    * claimed by a node known to be stopped or dead (its publisher lost them), or
+    * whose refused publish is due for another try (``retry_at`` reached).
+
+    A run waiting for its ``retry_at`` is left alone until then. The previous publisher
+    re-checks ownership before it publishes (:meth:`Dispatcher.dispatch`), so a paused beat
+    that comes back does not publish a run taken over here.
+    """
+    from celery_driftsafe.models import BeatNode
+
+    nodes = BeatNode.objects.using(using)
+    gone = nodes.filter(stopped_at__isnull=False).values("node_id")
+    expired_lease = Q(retry_at__isnull=True, claimed_at__lt=now - lease)
+    if dead_after is not None:
+        alive = nodes.filter(stopped_at__isnull=True, last_heartbeat_at__gte=now - dead_after)
+        expired_lease &= ~Q(claimed_by__in=alive.exclude(node_id=node_id).values("node_id"))
+    stale = list(
+        Run.objects.using(using)
+        .filter(
+            expired_lease | Q(retry_at__isnull=True, claimed_by__in=gone) | Q(retry_at__lte=now),
+            status=RunStatus.CLAIMED,
+            kind__in=(RunKind.SCHEDULED, RunKind.MANUAL),
+        )
+        .exclude(expires_at__lte=now)
+        .select_related("periodic_task")
+        .order_by("claimed_at")[:limit]
+    )
+    taken: list[ClaimedRun] = []
+    for run in stale:
+        updated = (
+            Run.objects.using(using)
+            .filter(
+                pk=run.pk,
+                status=RunStatus.CLAIMED,
+                claimed_at=run.claimed_at,
+                claimed_by=run.claimed_by,
+            )
+            .update(
+                claimed_at=now,
+                claimed_by=node_id,
+                retry_at=None,
+                dispatch_attempts=F("dispatch_attempts") + 1,
+            )
+        )
+        if not updated:
+            continue
+        logger.warning(
+            "re-publishing run %s of %s (slot %s): claimed by %s but never dispatched",
+            run.pk,
+            run.task_name,
+            run.slot,
+            run.claimed_by,
+            extra={"action": "reclaim", "task": run.task_name, "slot": run.slot, "node": node_id},
+        )
+        run.claimed_at, run.claimed_by = now, node_id
+        run.dispatch_attempts += 1
+        taken.append(claimed_run(run, run.periodic_task))
+    return taken

@@ -1,0 +1,125 @@
+"""The names celery_driftsafe stores and reads: run statuses and kinds, the misfire and overlap
+policies, and the choices of the settings. Defined once, here, as string enums (a member *is*
+its string: ``RunStatus.CLAIMED == "claimed"``), and used by the models (their ``choices``:
+:mod:`celery_driftsafe.models` exports these very classes), the settings and their checks, the
+claim and the task.
+
+Django-free, like the pure core: a stored name carries the label people read, and its class
+gives a Django field's ``choices`` (and ``values``, ``labels``) as Django's ``TextChoices``
+does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import EnumType, StrEnum
+from typing import Self, cast
+
+
+class _StoredNameType(EnumType):
+    """The class side of a :class:`StoredName`: what a Django field and a form read."""
+
+    @property
+    def choices(cls) -> list[tuple[str, str]]:
+        """``(value, label)`` of every member, for a field's ``choices``."""
+        return [(member.value, member.label) for member in _members(cls)]
+
+    @property
+    def values(cls) -> list[str]:
+        return [member.value for member in _members(cls)]
+
+    @property
+    def labels(cls) -> list[str]:
+        return [member.label for member in _members(cls)]
+
+
+def _members(cls: EnumType) -> Iterable[StoredName]:
+    return cast("Iterable[StoredName]", cls)
+
+
+class StoredName(StrEnum, metaclass=_StoredNameType):
+    """A name stored in the database, written ``NAME = "value", "Label"``: the member is its
+    value, and has the label people read."""
+
+    _label: str
+
+    def __new__(cls, value: str, label: str | None = None) -> Self:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member._label = value if label is None else label
+        return member
+
+    @property
+    def label(self) -> str:
+        return self._label
+
+
+class RunStatus(StoredName):
+    """Where a run is in its life (see docs/reference/ledger.md)."""
+
+    CLAIMED = "claimed", "Claimed"
+    DISPATCHED = "dispatched", "Dispatched"
+    STARTED = "started", "Started"
+    RETRYING = "retrying", "Retry scheduled"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    SKIPPED = "skipped", "Skipped"
+    MISSED = "missed", "Missed"
+    EXPIRED = "expired", "Expired"
+    REVOKED = "revoked", "Revoked"
+
+
+#: Waiting for a worker: the first delivery, or the next attempt after a retry.
+PRE_START = (RunStatus.CLAIMED, RunStatus.DISPATCHED, RunStatus.RETRYING)
+#: A run's ``error`` while a worker runs it again after its first worker was lost.
+TAKEN_OVER = "taken over: the worker that started it was lost (its lease ran out)"
+#: A run in one of these has its outcome; nothing changes it any more.
+FINISHED = (
+    RunStatus.SUCCEEDED,
+    RunStatus.FAILED,
+    RunStatus.SKIPPED,
+    RunStatus.MISSED,
+    RunStatus.EXPIRED,
+    RunStatus.REVOKED,
+)
+
+
+class RunKind(StoredName):
+    """Why a run exists: a slot of its schedule, an operator's "run now", an ad-hoc call."""
+
+    SCHEDULED = "scheduled", "Scheduled"
+    MANUAL = "manual", "Run now"
+    ADHOC = "adhoc", "Ad-hoc call"
+
+
+class MisfirePolicy(StoredName):
+    """What a task does with missed slots: past the misfire grace, or after downtime (see
+    :mod:`celery_driftsafe.core.misfire`)."""
+
+    FIRE_ONCE = "fire_once", "Fire once for all missed slots"
+    FIRE_ALL = "fire_all", "Fire every missed slot (bounded)"
+    SKIP = "skip", "Skip to the next future slot"
+
+
+class OverlapPolicy(StoredName):
+    """Whether a slot runs while the previous run of its task is still running."""
+
+    ALLOW = "allow", "Allow overlapping runs"
+    SKIP = "skip", "Skip a slot while the previous run is running"
+
+
+class TimeAuthority(StrEnum):
+    """Whose clock decides due-ness (the ``TIME_AUTHORITY`` setting). ``auto`` is resolved to
+    one of the others by the database and ``REDIS_URL`` (``clock.resolve_time_authority``)."""
+
+    AUTO = "auto"
+    DATABASE = "database"
+    REDIS = "redis"
+    LOCAL = "local"
+
+
+class RedisUnavailablePolicy(StrEnum):
+    """What ``DriftSafeTask`` does when Redis cannot be reached (``REDIS_UNAVAILABLE``)."""
+
+    FAIL_CLOSED = "fail_closed"
+    FAIL_OPEN = "fail_open"

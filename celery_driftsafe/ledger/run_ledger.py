@@ -1,0 +1,502 @@
+"""The run ledger's statements on a worker's path, as plain SQL: this is the per-execution hot
+path, where compiling ORM queries would cost more than the round trips.
+
+Every write is conditional on what the writer may change: a start on the run still waiting (or,
+for a lock holder, started by a holder that locks in the same place and may be dead) and on a
+fencing token below the writer's; an outcome on the writer's own token; an early end (expired,
+revoked, skipped) on a run nobody started. So a writer that lost the run changes nothing.
+
+Each statement is one plain SQL statement on Django's connection, run again when the database
+rolled it back for a concurrent update; an unreachable or unmigrated database is a
+:class:`~celery_driftsafe.exceptions.LedgerUnavailable`.
+
+Status names are spelled out (not imported from the models): a Celery app module imports
+:mod:`celery_driftsafe.task` before Django's app registry is ready.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from celery_driftsafe.core.stored_names import PRE_START, TAKEN_OVER
+from celery_driftsafe.exceptions import LedgerUnavailable
+from celery_driftsafe.store.connections import missing_schema, rolled_back
+
+logger = logging.getLogger("celery_driftsafe.ledger")
+
+#: Times a ledger statement the database rolled back for a concurrent update is run again.
+ROLLED_BACK_RETRIES = 3
+
+#: A message may write its run only when it is the run's own: the run's Celery task id is the
+#: message's (a run that never recorded one, ``''``, is judged by its other columns). The one
+#: condition of the body's start and of every outcome recorded beside the body.
+OWN_MESSAGE = "(celery_task_id = '' OR celery_task_id = %s)"
+
+#: Appended to ``worker`` when a run was started without a lock (eager mode, ``fail_open``):
+#: such a start is never taken over by a lock holder, who cannot know whether it still runs.
+UNLOCKED = " (no lock)"
+
+
+@dataclass(frozen=True)
+class RunRow:
+    status: str
+    task_name: str
+    celery_task_id: str
+    periodic_task_id: int | None
+    overlap_policy: str | None
+    fencing_token: int
+    attempt: int
+    expires_at: datetime | None
+    #: Where the worker that started the run locks (:func:`~celery_driftsafe.locks.lock_identity`);
+    #: None: not started by a lock holder of this version.
+    lock_store: str | None = None
+    #: Until when its worker holds its lease in the ledger (renewed with its lock); None:
+    #: not recorded (judged by the lock alone).
+    lease_until: datetime | None = None
+    #: ``scheduled``, ``manual`` (both made for a periodic task) or ``adhoc``.
+    kind: str = ""
+
+    @property
+    def task_deleted(self) -> bool:
+        """Whether the run was made for a periodic task deleted since (its link set null)."""
+        return self.periodic_task_id is None and self.kind != "adhoc"
+
+
+@dataclass(frozen=True)
+class Start:
+    """A start of ``attempt`` of run ``run_id`` at ``now`` by ``worker``, under a lock's
+    ``token`` taken in ``store``, its lease in the ledger until ``lease_until``."""
+
+    run_id: int
+    token: int
+    now: datetime
+    worker: str
+    attempt: int
+    store: str
+    lease_until: datetime | None = None
+
+
+def _aware(value: Any) -> datetime | None:
+    """A datetime column as read by a raw cursor (SQLite gives text), aware UTC."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        from django.utils.dateparse import parse_datetime
+
+        parsed = parse_datetime(value)
+        if parsed is None:
+            raise ValueError(f"unreadable instant {value!r} in the run ledger")
+        value = parsed
+    assert isinstance(value, datetime)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _start_params(token: int, attempt: int, store: str, now: Any) -> list[Any]:
+    """The parameters of ``Ledger._start_where`` (``now`` adapted for the database)."""
+    return [token, attempt, f"%{UNLOCKED}", store, now]
+
+
+class Ledger:
+    """The run ledger as a worker writes it: the connection, the quoted table names, the
+    statements, and the runner of each (:meth:`_execute`)."""
+
+    def __init__(self) -> None:
+        from django.db import connection
+
+        from celery_driftsafe.models import PeriodicTask, Run, RunAttempt
+
+        self.connection = connection
+        quote = connection.ops.quote_name
+        self.runs = quote(Run._meta.db_table)
+        self.tasks = quote(PeriodicTask._meta.db_table)
+        self.attempts = quote(RunAttempt._meta.db_table)
+        #: UPDATE … RETURNING (PostgreSQL, SQLite 3.35+): the start checks and reads at once.
+        self.can_return = connection.vendor == "postgresql" or (
+            connection.vendor == "sqlite" and sqlite3.sqlite_version_info >= (3, 35)
+        )
+        self._pre_start = ", ".join(f"'{status}'" for status in PRE_START)
+        #: A start's condition after ``id``; parameters: token, attempt, UNLOCKED, store, now.
+        #: A started run is taken over only once the lease its worker renews is over, even
+        #: when the lock is free: Redis may have lost a lock that is still held.
+        self._start_where = (
+            f"fencing_token < %s AND attempt <= %s AND (status IN ({self._pre_start}) "
+            "OR (status = 'started' AND worker NOT LIKE %s "
+            "AND (lock_store IS NULL OR lock_store = %s) "
+            "AND (lease_until IS NULL OR lease_until <= %s)))"
+        )
+
+    def _execute(self, sql: str, params: list[Any], *, fetch: bool) -> Any:
+        """Run one statement. Outside a transaction a statement the database rolled back for a
+        concurrent update (SQLSTATE class 40: a serialization failure, a deadlock) is run
+        again, at most :data:`ROLLED_BACK_RETRIES` times: it changed nothing. PostgreSQL does
+        so where the project's database defaults to REPEATABLE READ or SERIALIZABLE, when a
+        beat's mark of the same run commits under it (at READ COMMITTED it would have waited
+        and gone on); InnoDB when it picks the statement as a deadlock's victim."""
+        from django.db import DatabaseError
+
+        for tries_left in range(ROLLED_BACK_RETRIES, -1, -1):
+            try:
+                with self.connection.cursor() as cursor:
+                    cursor.execute(sql, params)
+                    return cursor.fetchone() if fetch else int(cursor.rowcount)
+            except DatabaseError as exc:
+                why = missing_schema(exc) or f"database unreachable: {exc}"
+                if self.connection.in_atomic_block:
+                    raise LedgerUnavailable(why) from exc
+                if tries_left and rolled_back(exc):
+                    logger.debug("ledger statement rolled back (%s); running it again", exc)
+                    continue
+                self.connection.close()  # the next statement reconnects
+                raise LedgerUnavailable(why) from exc
+        raise AssertionError("unreachable")
+
+    def _write(self, sql: str, params: list[Any]) -> int:
+        """Rows changed."""
+        changed: int = self._execute(sql, params, fetch=False)
+        return changed
+
+    def _fetch(self, sql: str, params: list[Any]) -> tuple[Any, ...] | None:
+        """The first row."""
+        row: tuple[Any, ...] | None = self._execute(sql, params, fetch=True)
+        return row
+
+    def _at(self, instant: datetime) -> Any:
+        return self.connection.ops.adapt_datetimefield_value(instant)
+
+    def load(self, run_id: int) -> RunRow | None:
+        row = self._fetch(
+            f"SELECT r.status, r.task_name, r.celery_task_id, r.periodic_task_id, "
+            f"t.overlap_policy, r.fencing_token, r.attempt, r.expires_at, r.lock_store, "
+            f"r.lease_until, r.kind "
+            f"FROM {self.runs} r "
+            f"LEFT JOIN {self.tasks} t ON t.id = r.periodic_task_id WHERE r.id = %s",
+            [run_id],
+        )
+        if row is None:
+            return None
+        (
+            status,
+            name,
+            task_id,
+            periodic_task,
+            overlap,
+            token,
+            attempt,
+            expires,
+            store,
+            lease,
+            kind,
+        ) = row
+        return RunRow(
+            status,
+            name,
+            task_id,
+            periodic_task,
+            overlap,
+            int(token),
+            int(attempt),
+            _aware(expires),
+            store,
+            _aware(lease),
+            kind,
+        )
+
+    def start(self, start: Start) -> bool:
+        """Start ``start.attempt`` under a lock's token, taken in ``start.store``, its lease in
+        the ledger until ``start.lease_until``: the run is waiting, or was started by a holder
+        locking in that store (or by an earlier version, which did not record where) whose
+        lease is over both in the ledger and by the caller's lock. A holder locking elsewhere
+        may still hold its lock: nobody here can tell."""
+        sets, where, params = self._start_parts(start)
+        sql = f"UPDATE {self.runs} SET error = '', {sets} WHERE {where}"
+        return self._write(sql, params) == 1
+
+    def _start_parts(self, start: Start) -> tuple[str, str, list[Any]]:
+        """What both starts set and require: the assignments, the condition and their
+        parameters."""
+        at = self._at(start.now)
+        sets = (
+            "status = 'started', started_at = %s, fencing_token = %s, worker = %s, "
+            "attempt = %s, lock_store = %s, lease_until = %s"
+        )
+        lease = None if start.lease_until is None else self._at(start.lease_until)
+        params = [at, start.token, start.worker, start.attempt, start.store, lease, start.run_id]
+        params += _start_params(start.token, start.attempt, start.store, at)
+        return sets, f"id = %s AND {self._start_where}", params
+
+    def renew_lease(self, run_id: int, token: int, until: datetime) -> bool:
+        """The started run's worker, still holding its lock under ``token``, keeps its lease
+        in the ledger until ``until``."""
+        return (
+            self._write(
+                f"UPDATE {self.runs} SET lease_until = %s "
+                f"WHERE id = %s AND fencing_token = %s AND status = 'started'",
+                [self._at(until), run_id, token],
+            )
+            == 1
+        )
+
+    def start_checked(
+        self, start: Start, *, task: str, task_id: str | None, periodic_task_id: int | None
+    ) -> tuple[int | None, str | None, bool] | None:
+        """:meth:`start`, refused also when the run is not the headers' (task, Celery task id,
+        periodic task, unless that task was deleted since) or its ``expires_at`` has passed.
+        Returns the run's periodic task id and overlap policy, and whether the run was started
+        before (taken over: its ``error`` says so until it ends); None when refused
+        (:meth:`load` says why)."""
+        sets, where, params = self._start_parts(start)
+        row = self._fetch(
+            f"UPDATE {self.runs} SET error = CASE WHEN status = 'started' THEN %s ELSE '' END, "
+            f"{sets} WHERE {where} AND task_name = %s "
+            f"AND {OWN_MESSAGE} "
+            f"AND (%s IS NULL OR periodic_task_id = %s "
+            f"OR (periodic_task_id IS NULL AND kind <> 'adhoc')) "
+            f"AND (expires_at IS NULL OR expires_at > %s OR status = 'started') "
+            f"RETURNING periodic_task_id, (SELECT t.overlap_policy FROM {self.tasks} t "
+            f"WHERE t.id = {self.runs}.periodic_task_id), error",
+            [
+                TAKEN_OVER,
+                *params,
+                task,
+                task_id or "",
+                periodic_task_id,
+                periodic_task_id,
+                self._at(start.now),
+            ],
+        )
+        return None if row is None else (row[0], row[1], row[2] == TAKEN_OVER)
+
+    def start_unlocked(self, run_id: int, now: datetime, worker: str, attempt: int) -> int | None:
+        """Start a waiting run without a lock: the run's own token sequence goes one up, and
+        no store is recorded (an earlier attempt's would be taken for this one's). Returns
+        the token, None when the run is not waiting."""
+        from django.db import transaction
+
+        with transaction.atomic():  # the row stays locked from the update to the read
+            started = self._write(
+                f"UPDATE {self.runs} SET status = 'started', started_at = %s, "
+                f"fencing_token = fencing_token + 1, worker = %s, error = '', attempt = %s, "
+                f"lock_store = NULL, lease_until = NULL WHERE id = %s AND attempt <= %s "
+                f"AND status IN ({self._pre_start})",
+                [self._at(now), worker + UNLOCKED, attempt, run_id, attempt],
+            )
+            if started != 1:
+                return None
+            row = self._fetch(f"SELECT fencing_token FROM {self.runs} WHERE id = %s", [run_id])
+        assert row is not None
+        return int(row[0])
+
+    def other_started(
+        self,
+        periodic_task_id: int,
+        run_id: int,
+        *,
+        lease_lasting_at: datetime | None = None,
+        before: datetime | None = None,
+    ) -> bool:
+        """Whether another run of the periodic task is recorded ``started``; with
+        ``lease_lasting_at``, only one whose worker's lease in the ledger lasts at that instant
+        (its body runs, whatever a lock says); with ``before``, only one started before that
+        instant, or at it with a smaller id (of two runs started at once, one comes first).
+        A run started without a lock counts whatever the two say: it has no lease, and its
+        start was written only once its worker had decided to run it."""
+        sql = (
+            f"SELECT 1 FROM {self.runs} WHERE periodic_task_id = %s AND status = 'started' "
+            f"AND id <> %s"
+        )
+        params: list[Any] = [periodic_task_id, run_id]
+        lasting: list[str] = []
+        if lease_lasting_at is not None:
+            lasting.append("lease_until > %s")
+            params.append(self._at(lease_lasting_at))
+        if before is not None:
+            lasting.append("(started_at < %s OR (started_at = %s AND id < %s))")
+            params += [self._at(before), self._at(before), run_id]
+        if lasting:
+            sql += f" AND (({' AND '.join(lasting)}) OR (lease_until IS NULL AND worker LIKE %s))"
+            params.append(f"%{UNLOCKED}")
+        return self._fetch(sql, params) is not None
+
+    def finish(self, run_id: int, token: int, status: str, now: datetime, error: str) -> bool:
+        return (
+            self._write(
+                f"UPDATE {self.runs} SET status = %s, finished_at = %s, error = %s "
+                f"WHERE id = %s AND fencing_token = %s",
+                [status, self._at(now), error, run_id, token],
+            )
+            == 1
+        )
+
+    def hand_over(self, run_id: int, token: int, next_attempt: int, error: str) -> bool:
+        """The attempt under ``token`` ends in a retry: the run waits for ``next_attempt``."""
+        return (
+            self._write(
+                f"UPDATE {self.runs} SET status = 'retrying', attempt = %s, error = %s "
+                f"WHERE id = %s AND fencing_token = %s AND status = 'started'",
+                [next_attempt, error, run_id, token],
+            )
+            == 1
+        )
+
+    def requeue(self, run_id: int, token: int, error: str) -> bool:
+        """The attempt under ``token`` gave its message back (``Reject(requeue=True)``)."""
+        return (
+            self._write(
+                f"UPDATE {self.runs} SET status = 'dispatched', error = %s "
+                f"WHERE id = %s AND fencing_token = %s AND status = 'started'",
+                [error, run_id, token],
+            )
+            == 1
+        )
+
+    def end_waiting(
+        self,
+        run_id: int,
+        status: str,
+        now: datetime,
+        error: str,
+        *,
+        token: int | None = None,
+        task_id: str | None = None,
+    ) -> bool:
+        """End a run nobody started (expired, skipped, revoked); with ``token``, also record
+        that token (a lock holder's decision); with ``task_id``, only a run that message is
+        for (:data:`OWN_MESSAGE`)."""
+        sql = f"UPDATE {self.runs} SET status = %s, finished_at = %s, error = %s"
+        params: list[Any] = [status, self._at(now), error]
+        if token is not None:
+            sql += ", fencing_token = %s"
+            params.append(token)
+        sql += f" WHERE id = %s AND status IN ({self._pre_start})"
+        params.append(run_id)
+        if task_id is not None:
+            sql += f" AND {OWN_MESSAGE}"
+            params.append(task_id)
+        if token is not None:
+            sql += " AND fencing_token < %s"
+            params.append(token)
+        return self._write(sql, params) == 1
+
+    def end_by_worker(
+        self,
+        run_id: int,
+        task_id: str,
+        attempt: int,
+        worker: str,
+        status: str,
+        now: datetime,
+        error: str,
+    ) -> bool:
+        """End ``attempt`` of a run from the worker's main process (hard time limit, a lost
+        pool process, a terminating revoke): waiting, or started by that worker, and the
+        run of the message ``task_id`` (:data:`OWN_MESSAGE`)."""
+        return (
+            self._write(
+                f"UPDATE {self.runs} SET status = %s, finished_at = %s, error = %s "
+                f"WHERE id = %s AND {OWN_MESSAGE} AND attempt = %s "
+                f"AND (status IN ({self._pre_start}) "
+                f"OR (status = 'started' AND worker IN (%s, %s)))",
+                [
+                    status,
+                    self._at(now),
+                    error,
+                    run_id,
+                    task_id,
+                    attempt,
+                    worker,
+                    worker + UNLOCKED,
+                ],
+            )
+            == 1
+        )
+
+    def end_plain(
+        self,
+        run_id: int,
+        task_name: str,
+        task_id: str,
+        attempt: int,
+        worker: str,
+        status: str,
+        started_at: datetime | None,
+        finished_at: datetime,
+        error: str,
+    ) -> bool:
+        """Record the outcome of a plain task's body (no base class, no lock, no token): only
+        a waiting run of that task, of the message ``task_id`` (:data:`OWN_MESSAGE`), at that
+        attempt or an earlier one, takes it."""
+        return (
+            self._write(
+                f"UPDATE {self.runs} SET status = %s, started_at = %s, finished_at = %s, "
+                f"worker = %s, attempt = %s, error = %s WHERE id = %s AND task_name = %s "
+                f"AND {OWN_MESSAGE} AND attempt <= %s AND status IN ({self._pre_start})",
+                [
+                    status,
+                    None if started_at is None else self._at(started_at),
+                    self._at(finished_at),
+                    worker,
+                    attempt,
+                    error,
+                    run_id,
+                    task_name,
+                    task_id,
+                    attempt,
+                ],
+            )
+            == 1
+        )
+
+    def note(self, run_id: int, error: str) -> None:
+        """Say on a waiting run why it is still waiting."""
+        self._write(
+            f"UPDATE {self.runs} SET error = %s WHERE id = %s AND status IN ({self._pre_start})",
+            [error, run_id],
+        )
+
+    def count_duplicate(self, run_id: int) -> None:
+        self._write(
+            f"UPDATE {self.runs} SET duplicate_deliveries = duplicate_deliveries + 1 WHERE id = %s",
+            [run_id],
+        )
+
+    def record_attempt(
+        self,
+        run_id: int,
+        number: int,
+        outcome: str,
+        worker: str,
+        started_at: datetime | None,
+        finished_at: datetime,
+        token: int,
+        error: str,
+    ) -> None:
+        """Keep ``number`` of a run that has more than one attempt (idempotent)."""
+        from django.db import IntegrityError, transaction
+
+        from celery_driftsafe.models import RunAttempt
+
+        try:
+            with transaction.atomic():
+                RunAttempt.objects.create(
+                    run_id=run_id,
+                    number=number,
+                    outcome=outcome,
+                    worker=worker,
+                    started_at=started_at,
+                    finished_at=finished_at,
+                    fencing_token=token,
+                    error=error,
+                )
+        except IntegrityError:  # a taken-over attempt of the same number: keep the newer
+            RunAttempt.objects.filter(run_id=run_id, number=number).update(
+                outcome=outcome,
+                worker=worker,
+                started_at=started_at,
+                finished_at=finished_at,
+                fencing_token=token,
+                error=error,
+            )

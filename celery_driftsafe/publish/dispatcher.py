@@ -1,0 +1,410 @@
+"""Publishing claimed runs (the outbox's second half) and recording that they went out: the
+``Dispatcher`` confirms each run's claim, publishes in pipelined batches over one producer
+connection, and marks what went out ``dispatched`` (refused messages retried with backoff,
+expired ones recorded). What a run is published with is :mod:`celery_driftsafe.claim.outbox`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from celery import Task
+from celery.exceptions import QueueNotFound
+from django.db import DatabaseError
+from django.db.models import Case, F, Q, TextField, Value, When
+
+from celery_driftsafe.claim.outbox import message_headers, message_refusal
+from celery_driftsafe.claim.sql import id_set
+from celery_driftsafe.conf import get_settings
+from celery_driftsafe.exceptions import BrokerUnavailable
+from celery_driftsafe.models import Run, RunStatus
+from celery_driftsafe.monitoring import metrics
+from celery_driftsafe.publish.adhoc import publishes_on_commit
+from celery_driftsafe.publish.broker_errors import (
+    connection_errors,
+    describe_error,
+    pipelined,
+    refused,
+)
+from celery_driftsafe.publish.fast_path import FastPublisher
+from celery_driftsafe.publish.redis_writer import BatchWriteError, RedisWriter
+from celery_driftsafe.store.clock import Clock
+from celery_driftsafe.store.statement_cache import select_rows, update, update_query
+
+if TYPE_CHECKING:
+    from celery_driftsafe.claim.outbox import ClaimedRun
+
+logger = logging.getLogger("celery_driftsafe.publisher")
+
+
+#: A run whose publish the broker refused this many times is recorded ``failed``.
+MAX_PUBLISH_ATTEMPTS = 8
+#: Longest wait before another try of a refused publish.
+MAX_PUBLISH_BACKOFF = timedelta(minutes=5)
+
+
+@dataclass
+class DispatchResult:
+    published: list[int] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)
+    #: Runs left ``claimed`` because the broker could not be reached: the outbox retries them
+    #: after the lease.
+    deferred: list[int] = field(default_factory=list)
+    #: Runs whose message the broker refused (the others went out): retried with backoff.
+    refused: dict[int, str] = field(default_factory=dict)
+    #: Runs not published because this publisher no longer owns their claim (another node
+    #: took them over while this one was paused, or this node was marked dead).
+    lost: list[int] = field(default_factory=list)
+    #: Runs not published because their message had expired already (a long outage).
+    expired: list[int] = field(default_factory=list)
+
+
+class Dispatcher:
+    """Publishes runs through a Celery app over one producer connection per batch."""
+
+    def __init__(
+        self, app: Any, clock: Clock, *, using: str = "default", batch_size: int | None = None
+    ) -> None:
+        self.app = app
+        self.clock = clock
+        self.using = using
+        self.batch_size = batch_size or get_settings().publish_batch_size
+        self.fast = FastPublisher(app)
+        #: Why the last publish found the broker out of reach; None while it answers.
+        self.broker_down: str | None = None
+
+    def dispatch(self, runs: Sequence[ClaimedRun]) -> DispatchResult:
+        """Publish ``runs``, then mark what went out ``dispatched``.
+
+        First the claims are confirmed: only runs still ``claimed`` by the node that claimed
+        them, while that node is not marked dead, are published. A run taken over meanwhile
+        (this beat was paused past ``NODE_DEAD_AFTER_SECONDS``) is left to its new owner.
+
+        Each message is published on its own: one the broker refuses is recorded with its
+        error and tried again with backoff, and the rest of the batch goes out once. If the
+        broker cannot be reached, every run not known to be out stays ``claimed`` for the
+        outbox, under the same task id.
+        """
+        result = DispatchResult()
+        if not runs:
+            return result
+        owned = self._still_owned(runs, result)
+        now = self.clock.now()
+        self.fast.wall_ahead = datetime.now(UTC) - now
+        todo: list[ClaimedRun] = []
+        gated: list[ClaimedRun] = []  # their captured message may not go out
+        for run in runs:
+            if run.run_id not in owned:
+                continue
+            if run.expires_at is not None and run.expires_at <= now:
+                result.expired.append(run.run_id)
+            elif refusal := message_refusal(run):
+                result.failed[run.run_id] = refusal
+                gated.append(run)
+            else:
+                todo.append(run)
+        fast = self.fast if self.fast.active() else None
+        # A write the broker holds back (RabbitMQ's flow control) may outlast the dead-after
+        # and peers take the claims over: after a while, the ones left are confirmed again.
+        recheck = timedelta(seconds=get_settings().node_dead_after_seconds / 4)
+        confirmed_at = now
+        try:
+            with self.app.producer_or_acquire() as producer:
+                for start in range(0, len(todo), self.batch_size):
+                    batch = todo[start : start + self.batch_size]
+                    if self.clock.now() - confirmed_at > recheck:
+                        owned = self._still_owned(todo[start:], result)
+                        confirmed_at = self.clock.now()
+                    if result.lost:
+                        batch = [run for run in batch if run.run_id in owned]
+                    self._publish_batch(batch, producer, result, fast)
+        except DatabaseError:
+            raise  # the claims' second confirmation: as when they were first confirmed
+        except Exception as exc:  # broker unreachable: nothing more is known to be out
+            done = {*result.published, *result.refused, *result.failed, *result.lost}
+            result.deferred = [r.run_id for r in todo if r.run_id not in done]
+            self.broker_down = describe_error(exc)
+            logger.error(
+                "publishing failed after %d of %d runs; %d runs stay claimed for the outbox: %s",
+                len(result.published),
+                len(todo),
+                len(result.deferred),
+                exc,
+                extra={"action": "publish-failed"},
+            )
+        self._record(result, {r.run_id: r for r in (*todo, *gated)})
+        return result
+
+    def check_broker(self) -> None:
+        """After a publish found the broker out of reach: raise :class:`BrokerUnavailable`
+        unless it answers a connection now (so a beat claims nothing more meanwhile)."""
+        if self.broker_down is None:
+            return
+        try:
+            with self.app.connection_for_write() as connection:
+                connection.ensure_connection(
+                    max_retries=1, interval_start=0, interval_step=0, interval_max=0
+                )
+                connection.default_channel  # noqa: B018  (Redis: the channel pings)
+        except Exception as exc:
+            raise BrokerUnavailable(describe_error(exc)) from exc
+        self.broker_down = None
+
+    def _publish_batch(
+        self,
+        runs: Sequence[ClaimedRun],
+        producer: Any,
+        result: DispatchResult,
+        fast: FastPublisher | None = None,
+    ) -> None:
+        """Publish ``runs`` in one pipelined broker write where the transport can (kombu's
+        publish batch); they count as published once the write returns. A message refused on
+        its own (a signature error, a negative confirm on a transport that publishes one by
+        one) is recorded and the others go on; a failed write raises, leaving the batch's
+        runs unknown, so they stay claimed for the outbox."""
+        unreachable = connection_errors(producer)
+        sent: list[int] = []
+        with pipelined(producer, len(runs)) as batch:
+            # one message goes through kombu with its publish retry, as a batch kombu would
+            # not pipeline does; the writer takes the batches kombu pipelines
+            writer = None
+            if fast is not None and batch is not None and len(runs) > 1:
+                writer = RedisWriter.open(producer, batch)
+            for run in runs:
+                try:
+                    self._publish(run, producer, fast, writer)
+                except BatchWriteError:
+                    raise  # the batch's write, not this message: nothing of it is known out
+                except QueueNotFound as exc:
+                    # Routed to a queue missing from task_queues (task_create_missing_queues
+                    # off): this message's, tried again with backoff. A KeyError, which
+                    # kombu's Redis transport counts among its connection errors.
+                    result.refused[run.run_id] = describe_error(exc)
+                except unreachable as exc:
+                    if not refused(exc):
+                        raise
+                    result.refused[run.run_id] = describe_error(exc)
+                except TypeError as exc:
+                    # Celery checks the arguments against the task's signature (a task this
+                    # beat registered): no later try can fix the captured ones.
+                    result.failed[run.run_id] = (
+                        f"the arguments do not fit the task's signature: {exc}"
+                    )
+                except ValueError as exc:
+                    if not self._limits_refused(run):
+                        result.refused[run.run_id] = describe_error(exc)
+                        continue
+                    # Celery's apply_async refuses the task's own time limits: so would
+                    # every later try.
+                    result.failed[run.run_id] = f"Celery refused the message: {exc}"
+                except Exception as exc:
+                    result.refused[run.run_id] = describe_error(exc)
+                else:
+                    sent.append(run.run_id)
+            if writer is not None:
+                writer.flush()  # raises: none of the batch is known to be out
+        result.published.extend(sent)
+
+    def _limits_refused(self, run: ClaimedRun) -> bool:
+        """Whether Celery's ``apply_async`` refuses ``run``'s task for its time limits (a soft
+        time limit above the time limit: ``ValueError``)."""
+        task = self.app.tasks.get(run.task_name)
+        soft, hard = getattr(task, "soft_time_limit", None), getattr(task, "time_limit", None)
+        return bool(soft and hard and soft > hard)
+
+    def _still_owned(self, runs: Sequence[ClaimedRun], result: DispatchResult) -> set[int]:
+        """The ids of ``runs`` whose claims their claimer still holds; the others are added
+        to ``result.lost`` (with a warning)."""
+        owned = self._confirm(runs)
+        lost = [r.run_id for r in runs if r.run_id not in owned and r.run_id not in result.lost]
+        if lost:
+            result.lost.extend(lost)
+            logger.warning(
+                "%d claimed runs were taken over by another node before this one published "
+                "them (it was paused or marked dead); not publishing them",
+                len(lost),
+                extra={"action": "claim-lost"},
+            )
+        return owned
+
+    def _confirm(self, runs: Sequence[ClaimedRun]) -> set[int]:
+        """The ids of ``runs`` whose claims their claimer still holds."""
+        by_claimer: dict[str, list[int]] = {}
+        for run in runs:
+            by_claimer.setdefault(run.claimed_by, []).append(run.run_id)
+        owned: set[int] = set()
+        using = self.using
+        for claimer, ids in by_claimer.items():
+            if select_rows(using, ("node-stopped",), [claimer], partial(_stopped, using, claimer)):
+                continue
+            # Read by primary key only and compared here: with the status or the claimer in
+            # the query, PostgreSQL chose their indexes (a new beat's node id is in no
+            # statistics yet, so it looked rare) and read every run this node ever claimed,
+            # or every claimed entry left in the outbox index, for each batch.
+            where = id_set(ids, using)
+            rows = select_rows(
+                using, _key("claim-holders", where), _values(where), partial(_holders, using, where)
+            )
+            owned.update(
+                pk for pk, status, by in rows if status == RunStatus.CLAIMED and by == claimer
+            )
+        return owned
+
+    def _publish(
+        self,
+        run: ClaimedRun,
+        producer: Any,
+        fast: FastPublisher | None = None,
+        writer: RedisWriter | None = None,
+    ) -> None:
+        """Publish by name, as Celery beat does: a task this process has registered gets its
+        own options (``apply_async``), any other goes out with ``send_task``; either way the
+        app's routing (``task_routes``) applies. With ``fast``, the same message is built
+        from the task's prebuilt one where it can be."""
+        if fast is not None and fast.publish_run(run, producer, message_headers(run), writer):
+            return
+        self.fast.declined += 1
+        if writer is not None:
+            writer.via_kombu()
+        options = {k: v for k, v in run.options.items() if k != "headers"}
+        if run.expires_at is not None:
+            options["expires"] = run.expires_at
+        task = self.app.tasks.get(run.task_name)
+        if task is None:
+            send = partial(self.app.send_task, run.task_name)
+        elif publishes_on_commit(task):
+            # Its apply_async would wait for a transaction's commit: a beat publishes now.
+            send = partial(Task.apply_async, task)
+        else:
+            send = task.apply_async
+        if run.expires_at is not None:
+            producer = _TimeToLive(producer, self.fast.time_to_live(run.expires_at))
+        send(
+            args=run.args,
+            kwargs=run.kwargs,
+            task_id=run.celery_task_id,
+            headers=message_headers(run),
+            producer=producer,
+            **options,
+        )
+
+    def _record(self, result: DispatchResult, runs: dict[int, ClaimedRun]) -> None:
+        now = self.clock.now()
+        table = Run.objects.using(self.using)
+        if result.published:
+            # A fast worker may have started or even ended the run already (skipped, say):
+            # keep its status and what it recorded, stamp the time.
+            where = id_set(result.published, self.using)
+            update(
+                self.using,
+                _key("mark-dispatched", where),
+                [
+                    now,
+                    RunStatus.CLAIMED,
+                    "",
+                    RunStatus.CLAIMED,
+                    RunStatus.DISPATCHED,
+                    *_values(where),
+                ],
+                partial(_mark_dispatched, self.using, where, now),
+            )
+        for run_id, reason in result.refused.items():
+            attempts = runs[run_id].dispatch_attempts
+            if attempts >= MAX_PUBLISH_ATTEMPTS:
+                result.failed[run_id] = f"publishing was refused {attempts} times; last: {reason}"
+                continue
+            delay = min(timedelta(seconds=2**attempts), MAX_PUBLISH_BACKOFF)
+            logger.error(
+                "could not publish run %s (attempt %d); trying again in %s: %s",
+                run_id,
+                attempts,
+                delay,
+                reason,
+                extra={"action": "publish-refused", "run": run_id},
+            )
+            table.filter(pk=run_id, status=RunStatus.CLAIMED).update(
+                retry_at=now + delay, error=f"publish attempt {attempts} refused: {reason}"
+            )
+        if result.expired:
+            table.filter(pk__in=result.expired, status=RunStatus.CLAIMED).update(
+                status=RunStatus.EXPIRED,
+                finished_at=now,
+                error="expired before it could be published",
+            )
+        for run_id, reason in result.failed.items():
+            logger.error(
+                "run %s failed before publishing: %s",
+                run_id,
+                reason,
+                extra={"action": "dispatch-failed", "run": run_id},
+            )
+            table.filter(pk=run_id, status=RunStatus.CLAIMED).update(
+                status=RunStatus.FAILED, finished_at=now, error=reason
+            )
+        metrics.dispatched(result, runs, now)
+
+
+def _stopped(using: str, node_id: str) -> Any:
+    from celery_driftsafe.models import BeatNode
+
+    return (
+        BeatNode.objects.using(using)
+        .filter(node_id=node_id, stopped_at__isnull=False)
+        .order_by()
+        .values_list("pk")[:1]
+    )
+
+
+def _holders(using: str, ids: Any) -> Any:
+    return (
+        Run.objects.using(using)
+        .filter(pk__in=ids)
+        .order_by()
+        .values_list("pk", "status", "claimed_by")
+    )
+
+
+def _mark_dispatched(using: str, ids: Any, now: datetime) -> Any:
+    # A fast worker may have started or even ended the run already (skipped, say): keep its
+    # status and what it recorded, stamp the time.
+    claimed = Q(status=RunStatus.CLAIMED)
+    return update_query(
+        Run.objects.using(using).filter(pk__in=ids, dispatched_at__isnull=True).order_by(),
+        dispatched_at=now,
+        retry_at=None,
+        error=Case(When(claimed, then=Value("")), default=F("error"), output_field=TextField()),
+        status=Case(When(claimed, then=Value(RunStatus.DISPATCHED)), default=F("status")),
+    )
+
+
+def _key(name: str, ids: Any) -> str | None:
+    """A statement's key (store/statement_cache.py) when :func:`id_set` gave one array: a
+    list of ids (other databases) changes the SQL with its length."""
+    return None if isinstance(ids, list) else name
+
+
+def _values(ids: Any) -> list[Any]:
+    """The parameters :func:`id_set`'s value compiles to (its one array on PostgreSQL)."""
+    return list(getattr(ids, "params", ids))
+
+
+class _TimeToLive:
+    """A producer whose messages live ``seconds`` in the broker (Celery's ``send_task`` counts
+    them from ``app.now()``, the wall clock); everything else is the wrapped producer's."""
+
+    def __init__(self, producer: Any, seconds: float) -> None:
+        self._producer = producer
+        self._seconds = seconds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+    def publish(self, body: Any, **kwargs: Any) -> Any:
+        if kwargs.get("expiration") is not None:
+            kwargs["expiration"] = self._seconds
+        return self._producer.publish(body, **kwargs)
