@@ -83,13 +83,21 @@ def _skipping(name: str, seconds: float) -> dict[str, Any]:
 
 def _runs_once_ended(run: E2ERun, but: int | None = None) -> list[dict[str, Any]]:
     """Every run once none is still waiting or running (the runs of periodic task ``but``
-    aside)."""
+    aside) and two looks in a row read them alike: a worker records a run's outcome, then its
+    last attempt's row, and a look between the two (the looks are 0.1 s apart) saw the
+    outcome without the row."""
     waiting = {"claimed", "dispatched", "started", "retrying"}
+    last: list[list[dict[str, Any]]] = []
 
     def ended() -> list[dict[str, Any]] | None:
         runs: list[dict[str, Any]] = run.tool("dump")["runs"]
         watched = [r for r in runs if r["task_id"] != but]
-        return runs if not any(r["status"] in waiting for r in watched) else None
+        if any(r["status"] in waiting for r in watched):
+            last.clear()
+            return None
+        settled = bool(last) and last[-1] == watched
+        last[:] = [watched]
+        return runs if settled else None
 
     result: list[dict[str, Any]] = _wait(ended, 30, "every run to end", run)
     return result
