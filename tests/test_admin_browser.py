@@ -109,8 +109,11 @@ def _shoot(driver: Any, name: str, tmp_path: Path) -> None:
     driver.set_window_size(1700, 1000)
 
 
-def _history() -> None:
-    """Some nodes and runs, so the list pages show what operators see in production."""
+def _nodes() -> None:
+    """Beat nodes as operators see them: three heard from a few seconds ago (one with its
+    clock over the allowed offset), one dead for minutes. Made just before their page is
+    read: made at the test's start, on a loaded machine whose test took over 30 s (the
+    dead-after), all four were dead by then."""
     now = changes.authority_now()
     for host, pid, offset, age in (
         ("beat-a", 4101, 0.0031, 1.2),
@@ -119,6 +122,11 @@ def _history() -> None:
         ("beat-d", 3999, 0.002, 420),
     ):
         beat_node(now, host, pid, offset, age)
+
+
+def _history() -> None:
+    """Some runs, so the list pages show what operators see in production."""
+    now = changes.authority_now()
     task = interval_task(  # with bounds and limits, for the list's column
         "cleanup-sessions",
         300,
@@ -229,6 +237,7 @@ def test_admin_add_crontab_task_see_next_slot_and_run_it_now(
     browser.get(f"{base}/admin/celery_driftsafe/run/")
     assert f"#{run.pk}" in browser.find_element(By.ID, "result_list").text
     _shoot(browser, "run-list", tmp_path)
+    _nodes()
     browser.get(f"{base}/admin/celery_driftsafe/beatnode/")
     assert len(browser.find_elements(By.CSS_SELECTOR, ".driftsafe-offset-exceeded")) == 1
     assert len(browser.find_elements(By.CSS_SELECTOR, ".driftsafe-node-dead")) == 1

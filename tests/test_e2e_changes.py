@@ -87,26 +87,10 @@ def test_new_edited_disabled_and_deleted_tasks_take_effect_without_waiting_for_t
         assert new[0].slot == first_slot, "the new task's first slot did not fire"
         assert new[0].received_at >= new[0].slot, "the new task fired early"
 
-        # an edit of the schedule (every 2 s -> every 1 s): the slots after it are 1 s apart
+        # an edit of the schedule (every 2 s -> every 1 s): the slots after it are 1 s apart;
+        # meanwhile a task to delete below fires its first slots
         run.tool("update", {"name": "new", "fields": {"interval_every": 1}})
         edited_at = real_now()
-
-        def three_after_the_edit() -> list[Any] | None:
-            after = [m for m in run.received_for("new") if m.slot > edited_at]
-            return after if len(after) >= 3 else None
-
-        after = _wait(three_after_the_edit, "three slots after the edit", run)
-        gaps = {(b.slot - a.slot).total_seconds() for a, b in itertools.pairwise(after)}
-        assert gaps == {1.0}, gaps
-
-        # disabling stops it: nothing whose slot is over 1 s after the commit
-        run.tool("update", {"name": "new", "fields": {"enabled": False}})
-        disabled_at = real_now()
-        time.sleep(3)
-        late = [m for m in run.received_for("new") if m.slot > disabled_at + timedelta(seconds=1)]
-        assert late == []
-
-        # deleting stops it too
         run.tool(
             "add",
             [
@@ -118,12 +102,26 @@ def test_new_edited_disabled_and_deleted_tasks_take_effect_without_waiting_for_t
                 }
             ],
         )
-        time.sleep(2.5)
-        doomed_ids = {m.periodic_task_id for m in run.received_for("doomed")}
-        assert doomed_ids
+
+        def three_after_the_edit() -> list[Any] | None:
+            after = [m for m in run.received_for("new") if m.slot > edited_at]
+            return after if len(after) >= 3 else None
+
+        after = _wait(three_after_the_edit, "three slots after the edit", run)
+        gaps = {(b.slot - a.slot).total_seconds() for a, b in itertools.pairwise(after)}
+        assert gaps == {1.0}, gaps
+        doomed = _wait(lambda: run.received_for("doomed"), "message of the task to delete", run)
+        doomed_ids = {m.periodic_task_id for m in doomed}
+
+        # disabling stops a task, and deleting one does too: nothing whose slot is over 1 s
+        # after the commit (one wait for both)
+        run.tool("update", {"name": "new", "fields": {"enabled": False}})
+        disabled_at = real_now()
         run.tool("delete", {"name": "doomed"})
         deleted_at = real_now()
-        time.sleep(2.5)
+        time.sleep(3)
+        late = [m for m in run.received_for("new") if m.slot > disabled_at + timedelta(seconds=1)]
+        assert late == []
         after_delete = [
             m
             for m in run.received

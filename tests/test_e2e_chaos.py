@@ -21,14 +21,14 @@ Every beat still running at the end stops with exit code 0 on SIGTERM.
 The broker is RabbitMQ, so a Redis restart (Redis here keeps nothing on disk) takes locks,
 notifications and fencing counters away, not queued messages. PostgreSQL only: its restart is
 part of the test. Its Redis is a ``redis-server`` of its own, so the test can run beside tests
-on other databases that use the machine's Redis (``tests/run.sh`` runs it beside the MySQL
-pass). Needs root (it restarts the machine's PostgreSQL), ``redis-server``, the PostgreSQL
-tools and a running RabbitMQ; ``tests/run.sh`` provides them, and without them the test fails
-the run saying what is missing (see ``tests/skip_guard.py``).
+that use the machine's Redis. Needs root (it restarts the machine's PostgreSQL),
+``redis-server``, the PostgreSQL tools and a running RabbitMQ; ``tests/run.sh`` provides them,
+and without them the test fails the run saying what is missing (see ``tests/skip_guard.py``).
 
 ``DRIFTSAFE_TEST_PG_DATA``: the data directory of a PostgreSQL cluster of its own (on
 ``DRIFTSAFE_TEST_PG_PORT``), restarted with ``pg_ctl`` instead of the machine's cluster with
-``pg_ctlcluster``: the test then runs beside others that use the machine's PostgreSQL.
+``pg_ctlcluster``: the test then runs beside others that use the machine's PostgreSQL
+(``tests/run.sh`` makes such a cluster and runs the test beside the other passes).
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def _runs_alone() -> None:
         pytest.fail(
             f"the chaos test restarts PostgreSQL under the other {workers - 1} "
             "test workers: run it on its own (pytest -m chaos, as tests/run.sh does "
-            "after the parallel pass), and the rest with -m 'not chaos'"
+            "beside the other passes), and the rest with -m 'not chaos'"
         )
 
 

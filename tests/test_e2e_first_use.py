@@ -18,8 +18,10 @@ it, and the samples of docs/howto/test-your-schedules.md pass as written beside 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -100,24 +102,37 @@ def readme_block() -> str:
     return section[start : section.index("```", start)]
 
 
-@pytest.fixture(scope="module")
-def wheel_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="session")
+def wheel_site(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """The package as a user gets it: a wheel built from this tree, installed into a folder
-    that comes first on the new project's path (before the editable checkout)."""
-    out = tmp_path_factory.mktemp("wheel")
-    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
-    subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
-        check=True,
-        capture_output=True,
-    )
-    [wheel] = out.glob("celery_driftsafe-*.whl")
+    that comes first on the new project's path (before the editable checkout).
+
+    Built once a run: the pytest-xdist workers of a run share one (the first to need it builds
+    it under a lock, the others wait for it), as nothing writes to it once it is built; each
+    build took 10-20 s here, and this module's tests go to whichever worker is free."""
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        shared = shared.parent  # the run's base folder; each worker's is a folder in it
+    out = shared / "first-use-wheel"
     site = out / "site"
-    subprocess.run(
-        [*pip, "install", "--no-deps", "--target", str(site), str(wheel)],
-        check=True,
-        capture_output=True,
-    )
+    with (shared / "first-use-wheel.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "built").exists():
+            shutil.rmtree(out, ignore_errors=True)  # a build that failed part way
+            out.mkdir()
+            pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+            subprocess.run(
+                [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
+                check=True,
+                capture_output=True,
+            )
+            [wheel] = out.glob("celery_driftsafe-*.whl")
+            subprocess.run(
+                [*pip, "install", "--no-deps", "--target", str(site), str(wheel)],
+                check=True,
+                capture_output=True,
+            )
+            (out / "built").touch()
     return site
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests import settings as test_settings
-from tests.e2e.harness import E2ERun
+from tests.e2e.harness import Beat, E2ERun
 from tests.skip_guard import configuration
 
 # One database is enough here (the worker's ledger statements on SQLite are covered in-process
@@ -36,6 +36,13 @@ def _wait(condition: Callable[[], Any], timeout: float, what: str, run: E2ERun) 
             return value
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}\n{run.logs()}")
+
+
+def _ready(run: E2ERun, *workers: Beat) -> None:
+    """Wait until each worker logged Celery's ``ready.`` line: it takes messages from then on
+    (a fixed few seconds were too few on a loaded machine, and too many on an idle one)."""
+    for worker in workers:
+        _wait(lambda w=worker: "ready." in w.log.read_text(), 60, f"{worker.name} ready", run)
 
 
 def _publish(
@@ -76,13 +83,21 @@ def _skipping(name: str, seconds: float) -> dict[str, Any]:
 
 def _runs_once_ended(run: E2ERun, but: int | None = None) -> list[dict[str, Any]]:
     """Every run once none is still waiting or running (the runs of periodic task ``but``
-    aside)."""
+    aside) and two looks in a row read them alike: a worker records a run's outcome, then its
+    last attempt's row, and a look between the two (the looks are 0.1 s apart) saw the
+    outcome without the row."""
     waiting = {"claimed", "dispatched", "started", "retrying"}
+    last: list[list[dict[str, Any]]] = []
 
     def ended() -> list[dict[str, Any]] | None:
         runs: list[dict[str, Any]] = run.tool("dump")["runs"]
         watched = [r for r in runs if r["task_id"] != but]
-        return runs if not any(r["status"] in waiting for r in watched) else None
+        if any(r["status"] in waiting for r in watched):
+            last.clear()
+            return None
+        settled = bool(last) and last[-1] == watched
+        last[:] = [watched]
+        return runs if settled else None
 
     result: list[dict[str, Any]] = _wait(ended, 30, "every run to end", run)
     return result
@@ -107,8 +122,7 @@ def test_same_run_delivered_five_times_to_two_workers_executes_once(tmp_path: Pa
     try:
         workers = [run.start_worker("w1"), run.start_worker("w2")]
         made = run.tool("make_run", {"task": "e2e.work"})
-        for worker in workers:
-            _wait(lambda w=worker: "ready." in w.log.read_text(), 30, f"{worker.name} ready", run)
+        _ready(run, *workers)
         _publish(run, made, "five", 6.0)
         _wait(lambda: _status(run, made)["status"] == "started", 20, "the body to start", run)
         _publish(run, made, "five", 6.0, copies=4)
@@ -134,7 +148,7 @@ def test_worker_paused_past_its_lease_cannot_record_over_its_successor(tmp_path:
     try:
         first = run.start_worker("w1")
         made = run.tool("make_run", {"task": "e2e.work"})
-        time.sleep(3)
+        _ready(run, first)
         # The body runs 10 s, and the test sees it begin in Redis (a look at the ledger is a
         # Django process, which a loaded machine made outlast the body): w1 is stopped mid-run.
         _publish(run, made, "paused", 10.0)
@@ -144,8 +158,7 @@ def test_worker_paused_past_its_lease_cannot_record_over_its_successor(tmp_path:
             assert not run.executions(), "w1's body ended before w1 was stopped"
             assert _status(run, made)["status"] == "started"
             time.sleep(3.0)  # w1's lease (2 s) runs out while it is stopped
-            run.start_worker("w2")
-            time.sleep(3)
+            _ready(run, run.start_worker("w2"))
             _publish(run, made, "successor", 1.0)  # the redelivery reaches w2
             _wait(lambda: _status(run, made)["status"] == "succeeded", 30, "w2 to finish", run)
             successor = _status(run, made)
@@ -169,7 +182,7 @@ def test_worker_killed_mid_run_is_retried_not_lost_not_doubled(tmp_path: Path) -
     try:
         worker = run.start_worker("w1", pool="prefork")
         made = run.tool("make_run", {"task": "e2e.work"})
-        time.sleep(4)
+        _ready(run, worker)
         # The body runs 8 s, and the test sees it begin in Redis (a look at the ledger is a
         # Django process, seconds on a loaded machine): it is killed mid-run.
         _publish(run, made, "killed", 8.0)
@@ -326,10 +339,9 @@ def test_retries_hop_between_two_workers_and_a_stale_copy_is_dropped(
 ) -> None:
     run = _results_run(tmp_path, monkeypatch, lease=3.0)
     try:
-        run.start_worker("w1")
-        run.start_worker("w2")
+        workers = [run.start_worker("w1"), run.start_worker("w2")]
         made = run.tool("make_run", {"task": "e2e.flaky"})
-        time.sleep(4)
+        _ready(run, *workers)
         app = _send(run, made, "e2e.flaky", ["hop", 2])
         assert app.AsyncResult(made["celery_task_id"]).get(timeout=40) == "hop:2"
         state = _status(run, made)
@@ -353,10 +365,10 @@ def test_soft_and_hard_time_limits_are_recorded(
 ) -> None:
     run = _results_run(tmp_path, monkeypatch, lease=3.0)
     try:
-        run.start_worker("w1", pool="prefork")
+        worker = run.start_worker("w1", pool="prefork")
         soft = run.tool("make_run", {"task": "e2e.soft_limited"})
         hard = run.tool("make_run", {"task": "e2e.hard_limited"})
-        time.sleep(4)
+        _ready(run, worker)
         app = _send(run, soft, "e2e.soft_limited", ["soft", 3.0])
         _send(run, hard, "e2e.hard_limited", ["hard", 3.0]).close()
         _wait(lambda: _status(run, soft)["status"] == "failed", 30, "soft limit recorded", run)
@@ -380,7 +392,7 @@ def test_lost_pool_process_without_reject_on_worker_lost_is_recorded_failed(
     try:
         worker = run.start_worker("w1", pool="prefork")
         made = run.tool("make_run", {"task": "e2e.fragile"})
-        time.sleep(4)
+        _ready(run, worker)
         # Killed once seen begun (in Redis: a look at the ledger is a Django process, seconds
         # on a loaded machine, and at 3 s the body once ended first); the body runs 10 s.
         app = _send(run, made, "e2e.fragile", ["lost", 10.0])
@@ -452,7 +464,7 @@ def test_revoke_terminate_stops_a_running_body_in_a_prefork_worker(
         first.process.terminate()
         first.process.wait(timeout=30)
         second = run.start_worker("w2")
-        _wait(lambda: "ready." in second.log.read_text(), 20, "w2 to be ready", run)
+        _ready(run, second)
         _send(run, made, "e2e.phased", ["copy", 0.0]).close()
         _wait(lambda: _status(run, made)["duplicates"] == 1, 20, "the copy dropped", run)
         final = _status(run, made)
@@ -493,7 +505,14 @@ def test_a_backlog_of_a_skipping_task_reaching_a_worker_at_once_runs_one(
         time.sleep(max((start - real_now()).total_seconds(), 0) + 4.5)
         worker_at = real_now()
         run.start_worker("w1", pool=pool, concurrency=concurrency)
-        time.sleep(12)
+        # Until a second body has ended (the backlog's one, then the task going on): a loaded
+        # machine starts the worker late, and 12 s after its start once saw only the first.
+        _wait(
+            lambda: sum(e["marker"] == "backlog" for e in run.executions()) >= 2,
+            90,
+            "two bodies to end",
+            run,
+        )
         run.stop()
 
         runs = _runs_once_ended(run)

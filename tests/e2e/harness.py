@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -56,6 +57,8 @@ BROKER_DB = test_settings.REDIS_DB + 2
 E2E_REDIS_DB = test_settings.REDIS_DB + 4
 RABBITMQ_URL = os.environ.get("DRIFTSAFE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 SCHEDULER = "celery_driftsafe.scheduler:DriftSafeScheduler"
+#: The commands of ``tests.e2e.tool`` that one process of a run's answers (they only read).
+SERVED = frozenset({"dump", "run"})
 
 
 #: Per test process and backend: a database migrated once, which each run's database is a copy
@@ -127,6 +130,8 @@ class E2ERun:
         self.beats: list[Beat] = []
         self.workers: list[Beat] = []
         self._recorder: QueueRecorder[Received] | None = None
+        self._server: subprocess.Popen[str] | None = None
+        self._server_lock = threading.Lock()
         redis_broker = f"{redis_server}/{BROKER_DB}"
         self.broker_url = redis_broker
         self.broker = redis.Redis.from_url(redis_broker)
@@ -185,6 +190,12 @@ class E2ERun:
         return _TEMPLATES[self.backend]
 
     def tool(self, command: str, payload: Any = None, env: dict[str, str] | None = None) -> Any:
+        """Run ``tests.e2e.tool command`` with ``payload`` (JSON) on its stdin; what it printed,
+        parsed. The looks the tests poll with (:data:`SERVED`) go to one process of the run's
+        (``tests.e2e.tool serve``), the others each get a process of their own (a command
+        may run beside another, as ``stale_saves`` does)."""
+        if command in SERVED and env is None:
+            return self._served(command, payload)
         result = subprocess.run(
             [sys.executable, "-m", "tests.e2e.tool", command],
             cwd=ROOT,
@@ -197,6 +208,47 @@ class E2ERun:
         if result.returncode != 0:
             raise RuntimeError(f"tests.e2e.tool {command} failed:\n{result.stderr.decode()}")
         return json.loads(result.stdout) if result.stdout.strip() else None
+
+    def _served(self, command: str, payload: Any) -> Any:
+        with self._server_lock:
+            server = self._server
+            if server is None or server.poll() is not None:
+                with (self.workdir / "tool-serve.log").open("ab") as log:
+                    server = self._server = subprocess.Popen(
+                        [sys.executable, "-m", "tests.e2e.tool", "serve"],
+                        cwd=ROOT,
+                        env=self.env,
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=log,
+                        text=True,
+                    )
+            assert server.stdin is not None and server.stdout is not None
+            server.stdin.write(json.dumps({"command": command, "payload": payload}) + "\n")
+            server.stdin.flush()
+            line = server.stdout.readline()
+        if not line:
+            log = (self.workdir / "tool-serve.log").read_text(errors="replace")
+            raise RuntimeError(f"tests.e2e.tool serve exited during {command}:\n{log}")
+        answer = json.loads(line)
+        if not answer["ok"]:
+            raise RuntimeError(f"tests.e2e.tool {command} failed:\n{answer['error']}")
+        out: str = answer["out"]
+        return json.loads(out) if out.strip() else None
+
+    def _stop_server(self) -> None:
+        with self._server_lock:
+            server, self._server = self._server, None
+        if server is None:
+            return
+        assert server.stdin is not None and server.stdout is not None
+        server.stdin.close()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        server.stdout.close()
 
     def received_for(self, name: str) -> list[Received]:
         """Messages of the task called ``name`` (looked up in the database)."""
@@ -331,6 +383,7 @@ class E2ERun:
         return codes
 
     def close(self) -> None:
+        self._stop_server()
         self.children.close()
         if self._recorder is not None:
             self._recorder.stop(timeout=1)

@@ -1,6 +1,7 @@
 """Run inside the e2e database's settings: ``python -m tests.e2e.tool <command>``.
 
-Commands: migrate, seed, add, update, delete, make_run, run, stale_saves, corrupt, dump.
+Commands: migrate, seed, add, update, delete, make_run, run, stale_saves, corrupt, dump; and
+``serve``, which answers commands one after the other in one process (:func:`serve`).
 
 ``seed`` reads a JSON list of task specs on stdin and sets each task's first slot to the first
 slot at or after ``start``; ``dump`` prints tasks, runs and nodes as JSON.
@@ -180,5 +181,39 @@ def stale_saves(name: str, seconds: float, pause: float) -> None:
     json.dump({"saves": saves}, sys.stdout)
 
 
+def serve() -> None:
+    """Answer commands until stdin ends, one a line: ``{"command": ..., "payload": ...}`` in,
+    ``{"ok": ..., "out": ..., "error": ...}`` out (``out``: what the command printed). One
+    process for a run's many looks (``dump``, ``run``): a look is then milliseconds, where a
+    process of its own took about a second of CPU, which the tests' polling loops spent again
+    and again beside the beats and workers they watch on two shared cores. The connections are
+    closed after each command, so a database restarted in between is met afresh."""
+    import io
+    import traceback
+
+    from django.db import connections
+
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # whatever else writes to stdout goes to stderr, not into the answers
+    for line in sys.stdin:
+        request = json.loads(line)
+        payload = request.get("payload")
+        sys.stdin = io.StringIO(json.dumps(payload) if payload is not None else "")
+        sys.stdout = printed = io.StringIO()
+        try:
+            main(request["command"])
+            answer = {"ok": True, "out": printed.getvalue()}
+        except BaseException:  # SystemExit too: the caller raises it
+            answer = {"ok": False, "error": traceback.format_exc()}
+        finally:
+            sys.stdin, sys.stdout = sys.__stdin__, sys.__stdout__
+            connections.close_all()
+        answers.write(json.dumps(answer) + "\n")
+        answers.flush()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "serve":
+        serve()
+    else:
+        main(sys.argv[1])
