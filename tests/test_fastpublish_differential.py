@@ -383,8 +383,16 @@ def task_name(app: Celery, prefix: str, options: TaskOptions) -> str:
 
 
 def runs_of(
-    name: str, row: Row, prefix: str, row_id: int, expires_at: datetime | None, count: int
+    name: str,
+    row: Row,
+    prefix: str,
+    row_id: int,
+    expires_at: datetime | None,
+    count: int,
+    version: int = 0,
 ) -> list[ClaimedRun]:
+    """``count`` runs of ``row`` (``version`` of it: run ids differ from the other version's,
+    as in a beat's batch, where no two runs share one)."""
     options: dict[str, Any] = {}
     if row.queue is not None:
         options["queue"] = f"{prefix}-{row.queue}"
@@ -395,7 +403,7 @@ def runs_of(
     slot = datetime(2026, 1, 1, tzinfo=UTC)
     return [
         ClaimedRun(
-            run_id=row_id * 100 + i,
+            run_id=row_id * 100 + version * 10 + i,
             periodic_task_id=row_id,
             task_name=name,
             slot=slot + timedelta(minutes=i),
@@ -569,14 +577,12 @@ def _check(
         if edit == "type_only":
             row = Row([1, 0, *row.args], row.kwargs, row.queue, row.priority, row.headers)
         versions[0].extend(runs_of(name, row, prefix, row_id, expires_at, 2))
-        versions[1].extend(runs_of(name, edited(row, edit, new), prefix, row_id, expires_at, 2))
-    batches = versions
-    if config.broker == "redis":
-        # each task's two versions in turn, in one batch too: one writer for them all. Not on
-        # RabbitMQ yet: there a router function's run to a queue missing from task_queues,
-        # published right after the same task's run to an existing queue in one batch, goes
-        # out where Celery's beat refuses it (an open difference, issue 43's note).
-        batches = [*versions, [run for pair in zip(*versions, strict=True) for run in pair]]
+        versions[1].extend(
+            runs_of(name, edited(row, edit, new), prefix, row_id, expires_at, 2, version=1)
+        )
+    # each version alone, then each task's two versions in turn in one batch (on Redis, one
+    # writer for them all)
+    batches = [*versions, [run for pair in zip(*versions, strict=True) for run in pair]]
     with wrapped_apply_async(config.wrapped_apply_async):
         for batch in batches:
             went = driftsafe_publish(dispatcher, batch)
