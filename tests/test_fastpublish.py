@@ -291,7 +291,8 @@ _JSON_VALUES = st.recursive(
 def test_a_spliced_envelope_is_the_text_put_writes_to_the_byte(
     make_app: Callable[..., Celery], queue: str, conf: dict[str, Any]
 ) -> None:
-    """``RedisWriter.put_run`` (the envelope spliced into its skeleton's shape) writes the very
+    """``RedisWriter.put_run`` (the envelope spliced into the shape of its skeleton's envelopes,
+    made by the fast path from the message's parts with markers) writes the very
     text of the envelope built with kombu's channel methods in kombu's JSON, to the same list,
     whatever the custom headers (any JSON values, any names, standard headers overridden), the
     display forms, the expiry and the reply address."""
@@ -337,12 +338,12 @@ def test_a_spliced_envelope_is_the_text_put_writes_to_the_byte(
             assert route is not None
             expires = T0.isoformat() if expiry is not None else None
             writer._lists = {}
-            parts = fast.parts(template, "the-id", reply_to, expires, expiry, dict(headers))
+            parts = template.run_parts("the-id", reply_to, expires, expiry, dict(headers))
             key, message = writer.envelope(
                 route, template.body, template.content_type, template.content_encoding, *parts
             )
-            writer.put_run(
-                route, template, fast.parts, "the-id", reply_to, expires, expiry, dict(headers)
+            fast._put_on_writer(
+                writer, route, template, "the-id", reply_to, expires, expiry, dict(headers)
             )
             assert writer._lists == {key: [writer._dumps(message)]}
 

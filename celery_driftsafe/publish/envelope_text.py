@@ -74,6 +74,38 @@ def render(shape: EnvelopeShape, values: Sequence[str]) -> str:
     return "".join(out)
 
 
+def run_text(
+    shape: EnvelopeShape,
+    encode: Callable[[Any], str],
+    body: str,
+    task_id: str,
+    reply_to: str,
+    argsrepr: str,
+    kwargsrepr: str,
+    expires: str | None,
+    expiration: float | None,
+    delivery_tag: str,
+    headers: dict[str, Any],
+) -> str:
+    """One run's envelope text: its values, each as the JSON encoder ``encode`` writes it,
+    in ``shape``'s gaps (``body`` is the body as the channel encodes it, ``expiration`` the
+    message's time to live in seconds, ``headers`` its custom headers, in the order of the
+    names the shape was made for)."""
+    values = [
+        json_text(body, encode),
+        encode_basestring_ascii(task_id),
+        json_text(reply_to, encode),
+        encode_basestring_ascii(argsrepr),
+        encode_basestring_ascii(kwargsrepr),
+        json_text(expires, encode),
+        f'"{int(expiration * 1000)}"' if expiration is not None else "null",
+        f'"{delivery_tag}"',
+    ]
+    for value in headers.values():
+        values.append(json_text(value, encode))
+    return render(shape, values)
+
+
 def json_text(value: Any, encode: Callable[[Any], str]) -> str:
     """``value`` as the JSON encoder ``encode`` writes it inside a document (a string or a
     whole number written directly, the same text the encoder gives them)."""

@@ -49,6 +49,7 @@ import copy
 import logging
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -60,7 +61,9 @@ from kombu.compression import compress
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.core.instants import iso_text
 from celery_driftsafe.core.validation import PUBLISH_OPTIONS
+from celery_driftsafe.publish import envelope_text
 from celery_driftsafe.publish.argsrepr import argument_reprs, repr_limits
+from celery_driftsafe.publish.envelope_text import marker
 from celery_driftsafe.publish.message_parts import (
     MessageTemplate,
     Skeleton,
@@ -263,22 +266,14 @@ class FastPublisher:
             return True
         declare = skeleton.to_declare(producer)
         if writer is not None and declare is None and (route := writer.route(skeleton)):
-            writer.put_run(
-                route,
-                template,
-                self.parts,
-                task_id,
-                app.thread_oid,
-                expires_text,
-                expiration,
-                headers,
+            self._put_on_writer(
+                writer, route, template, task_id, app.thread_oid, expires_text, expiration, headers
             )
-            self.direct += 1
             return True
         if writer is not None:
             writer.via_kombu()
-        message_headers, properties = self.parts(
-            template, task_id, app.thread_oid, expires_text, expiration, headers
+        message_headers, properties = template.run_parts(
+            task_id, app.thread_oid, expires_text, expiration, headers
         )
         producer.publish(
             template.body,
@@ -312,8 +307,8 @@ class FastPublisher:
         more, written as without receivers (on ``writer`` where it can go there)."""
         skeleton = template.skeleton
         assert skeleton is not None
-        base_headers, base_properties = self.parts(
-            template, task_id, self.app.thread_oid, expires, expiration, headers
+        base_headers, base_properties = template.run_parts(
+            task_id, self.app.thread_oid, expires, expiration, headers
         )
         # new values too (the template's are shared by the task's messages): a receiver may
         # change one in place (a stamp in ``stamps``), for this message only
@@ -360,17 +355,16 @@ class FastPublisher:
             and same_value(body[1], template.kwargs or {})
             and same_value(body[2], skeleton.embed)
         ):
-            writer.put_run(
+            self._put_on_writer(
+                writer,
                 route,
                 template,
-                self.parts,
                 task_id,
                 self.app.thread_oid,
                 expires,
                 expiration,
                 {**headers, **added},
             )
-            self.direct += 1
         else:
             if writer is not None:
                 writer.via_kombu()
@@ -391,33 +385,69 @@ class FastPublisher:
             routing_key=routing_key,
         )
 
-    @staticmethod
-    def parts(
+    def _put_on_writer(
+        self,
+        writer: RedisWriter,
+        route: tuple[str, str, Any],
         template: MessageTemplate,
         task_id: str,
         reply_to: str,
         expires: str | None,
         expiration: float | None,
         headers: dict[str, Any],
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """A run's message headers and properties (new dicts), from its task's template:
-        ``expires`` is the expiry (ISO 8601), ``expiration`` the seconds left until it."""
+    ) -> None:
+        """Queue a run's message on ``writer``: its values spliced into the shape of its
+        skeleton's envelopes for this route and these custom header names, made on first use
+        from the message's parts with markers in place of the values
+        (:mod:`celery_driftsafe.publish.envelope_text`)."""
         skeleton = template.skeleton
         assert skeleton is not None
-        message_headers = skeleton.headers.copy()
-        message_headers["id"] = message_headers["root_id"] = task_id
-        message_headers["argsrepr"] = template.argsrepr
-        message_headers["kwargsrepr"] = template.kwargsrepr
-        properties = skeleton.properties.copy()
-        properties["correlation_id"] = task_id
-        properties["reply_to"] = reply_to
-        if expires is not None:
-            message_headers["expires"] = expires
-            properties["expiration"] = expiration
-        message_headers.update(headers)
-        if template.compression is not None:
-            message_headers["compression"] = template.compression
-        return message_headers, properties
+        has_expiry = expires is not None
+        shape_key = (
+            route,
+            tuple(headers),
+            has_expiry,
+            template.content_type,
+            template.content_encoding,
+            template.compression,
+            writer.body_encoding,
+        )
+        shape = skeleton.envelopes.get(shape_key)
+        if shape is None:
+            names = list(headers)
+            stand_in = replace(
+                template,
+                argsrepr=marker(envelope_text.ARGSREPR),
+                kwargsrepr=marker(envelope_text.KWARGSREPR),
+            )
+            marked_headers, marked_properties = stand_in.run_parts(
+                marker(envelope_text.TASK_ID),
+                marker(envelope_text.REPLY_TO),
+                marker(envelope_text.EXPIRES) if has_expiry else None,
+                0.0 if has_expiry else None,
+                {name: marker(envelope_text.FIXED + i) for i, name in enumerate(names)},
+            )
+            shape = skeleton.envelopes[shape_key] = writer.shape(
+                route,
+                template.content_type,
+                template.content_encoding,
+                marked_headers,
+                marked_properties,
+                has_expiry,
+                len(names),
+            )
+        writer.put_run(
+            shape,
+            template.body,
+            task_id,
+            reply_to,
+            template.argsrepr,
+            template.kwargsrepr,
+            expires,
+            expiration,
+            headers,
+        )
+        self.direct += 1
 
     def _template(
         self,

@@ -44,8 +44,8 @@ class Skeleton:
     #: Whether Celery publishes these messages through ``Task.apply_async`` (a registered
     #: task), which the fast path reproduces only while it is Celery's own.
     via_apply_async: bool
-    #: The Redis envelopes' shapes (:mod:`celery_driftsafe.publish.envelope_text`), made on first
-    #: use.
+    #: The Redis envelopes' shapes (:mod:`celery_driftsafe.publish.envelope_text`), made by the
+    #: Redis writer on first use and kept here by the fast path.
     envelopes: dict[tuple[Any, ...], Any] = field(default_factory=dict, compare=False, repr=False)
 
     def to_declare(self, producer: Any) -> list[Any] | None:
@@ -315,6 +315,34 @@ class MessageTemplate:
             and same_value(self.options, options)
             and self.has_expiry == has_expiry
         )
+
+    def run_parts(
+        self,
+        task_id: str,
+        reply_to: str,
+        expires: str | None,
+        expiration: float | None,
+        headers: dict[str, Any],
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A run's message headers and properties (new dicts), from this template:
+        ``expires`` is the expiry (ISO 8601), ``expiration`` the seconds left until it,
+        ``headers`` the run's custom headers."""
+        skeleton = self.skeleton
+        assert skeleton is not None
+        message_headers = skeleton.headers.copy()
+        message_headers["id"] = message_headers["root_id"] = task_id
+        message_headers["argsrepr"] = self.argsrepr
+        message_headers["kwargsrepr"] = self.kwargsrepr
+        properties = skeleton.properties.copy()
+        properties["correlation_id"] = task_id
+        properties["reply_to"] = reply_to
+        if expires is not None:
+            message_headers["expires"] = expires
+            properties["expiration"] = expiration
+        message_headers.update(headers)
+        if self.compression is not None:
+            message_headers["compression"] = self.compression
+        return message_headers, properties
 
 
 def same_value(a: Any, b: Any) -> bool:

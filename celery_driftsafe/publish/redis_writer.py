@@ -21,38 +21,38 @@ an ``x-expires`` of its own, from a producer without compression or an exchange 
 declare, with nothing left to declare for the message. Anything else is published through
 kombu as before. ``tests/test_fastpublish.py`` compares the envelopes with Celery's.
 
-A run's message (:meth:`RedisWriter.put_run`) is not built whole: its values are spliced into
-the shape of its skeleton's envelopes (:mod:`celery_driftsafe.publish.envelope_text`), the text of
-:meth:`RedisWriter.envelope` in kombu's JSON, to the byte.
+A run's message (:meth:`RedisWriter.put_run`) is not built whole: its values are spliced
+(:func:`~celery_driftsafe.publish.envelope_text.run_text`) into the shape of its skeleton's
+envelopes (:meth:`RedisWriter.shape`, made once per route and set of custom header names from
+the message's parts with markers), the text of :meth:`RedisWriter.envelope` in kombu's JSON, to
+the byte. The writer is handed data (the shape, the body, the run's values): it knows no
+template and calls nothing back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import replace
-from json.encoder import encode_basestring_ascii
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from uuid import uuid4
 
 from celery_driftsafe.publish import envelope_text
 from celery_driftsafe.publish.envelope_text import (
     EnvelopeShape,
-    json_text,
     make_shape,
     marker,
-    render,
+    run_text,
 )
 from celery_driftsafe.publish.originals import is_original
 
-if TYPE_CHECKING:
-    from celery_driftsafe.publish.message_parts import MessageTemplate, Skeleton
 
-#: Makes a run's message headers and properties: (template, task id, reply to, expires,
-#: expiration seconds, custom headers) -> (headers, properties); see ``FastPublisher.parts``.
-Parts = Callable[
-    ["MessageTemplate", str, str, "str | None", "float | None", dict[str, Any]],
-    tuple[dict[str, Any], dict[str, Any]],
-]
+class Routed(Protocol):
+    """What the writer reads of a message's skeleton
+    (:class:`~celery_driftsafe.publish.message_parts.Skeleton`) to route it."""
+
+    @property
+    def publish_kwargs(self) -> dict[str, Any]: ...
+    @property
+    def properties(self) -> dict[str, Any]: ...
+
 
 #: ``Producer.publish``'s own parameters that a message property of the same name would be
 #: taken for and that change a Redis message: such a property declines. (``priority`` and
@@ -129,7 +129,7 @@ class RedisWriter:
         #: skeleton -> (exchange name, routing key, delivery mode), or None: kombu's path
         #: (keyed by the skeleton itself, held while the writer is: never by ``id()``, which
         #: a skeleton freed meanwhile would leave to another).
-        self._routes: dict[Skeleton, tuple[str, str, Any] | None] = {}
+        self._routes: dict[Routed, tuple[str, str, Any] | None] = {}
         from kombu.utils.json import JSONEncoder, dumps
 
         self._dumps = dumps
@@ -161,14 +161,14 @@ class RedisWriter:
             return None
         return cls(producer, channel, batch)
 
-    def route(self, skeleton: Skeleton) -> tuple[str, str, Any] | None:
+    def route(self, skeleton: Routed) -> tuple[str, str, Any] | None:
         """Where messages of ``skeleton`` go (exchange name, queue, delivery mode), or None
         when they must take kombu's path. Asked once per skeleton and batch."""
         if skeleton not in self._routes:
             self._routes[skeleton] = self._route(skeleton)
         return self._routes[skeleton]
 
-    def _route(self, skeleton: Any) -> tuple[str, str, Any] | None:
+    def _route(self, skeleton: Routed) -> tuple[str, str, Any] | None:
         publish = skeleton.publish_kwargs
         if not _KNOWN_PUBLISH_KWARGS.issuperset(publish):
             return None
@@ -189,53 +189,43 @@ class RedisWriter:
             return None
         return "", routing_key, delivery_mode
 
+    @property
+    def body_encoding(self) -> str:
+        """How the channel encodes a message's body in its envelope (``base64``): a shape is
+        made for one."""
+        return str(self.channel.body_encoding)
+
     def put_run(
         self,
-        route: tuple[str, str, Any],
-        template: MessageTemplate,
-        parts: Parts,
+        shape: EnvelopeShape,
+        body: bytes,
         task_id: str,
         reply_to: str,
+        argsrepr: str,
+        kwargsrepr: str,
         expires: str | None,
         expiration: float | None,
         headers: dict[str, Any],
     ) -> None:
         """Queue one run's message: the envelope ``Producer.publish`` and the channel's
-        ``basic_publish`` would build (:meth:`envelope`) for the headers and properties
-        ``parts`` makes, its values spliced into the shape of its skeleton's envelopes
-        (:mod:`celery_driftsafe.publish.envelope_text`), made on first use."""
+        ``basic_publish`` would build (:meth:`envelope`), its values spliced into ``shape``
+        (made by :meth:`shape` for the message's route, content and custom header names)."""
         channel = self.channel
-        skeleton = template.skeleton
-        assert skeleton is not None
-        shape_key = (
-            route,
-            tuple(headers),
-            expires is not None,
-            template.content_type,
-            template.content_encoding,
-            template.compression,
-            channel.body_encoding,
+        encoded, _encoding = channel.encode_body(body, channel.body_encoding)
+        text = run_text(
+            shape,
+            self._encoder.encode,
+            encoded,
+            task_id,
+            reply_to,
+            argsrepr,
+            kwargsrepr,
+            expires,
+            expiration,
+            self._next_tag(),
+            headers,
         )
-        shape = skeleton.envelopes.get(shape_key)
-        if shape is None:
-            shape = skeleton.envelopes[shape_key] = self._shape(
-                route, template, parts, list(headers), expires is not None
-            )
-        body, _encoding = channel.encode_body(template.body, channel.body_encoding)
-        encode = self._encoder.encode
-        values = [
-            json_text(body, encode),
-            encode_basestring_ascii(task_id),
-            json_text(reply_to, encode),
-            encode_basestring_ascii(template.argsrepr),
-            encode_basestring_ascii(template.kwargsrepr),
-            json_text(expires, encode),
-            f'"{int(expiration * 1000)}"' if expiration is not None else "null",
-            f'"{self._next_tag()}"',
-        ]
-        for value in headers.values():
-            values.append(json_text(value, encode))
-        self._queue(shape.key, render(shape, values))
+        self._queue(shape.key, text)
 
     def _next_tag(self) -> str:
         """A delivery tag, in the form of kombu's channel's (``str(uuid4())``: one read of
@@ -245,36 +235,28 @@ class RedisWriter:
         self._tags += 1
         return f"{self._tag_prefix}{self._tags:012x}"
 
-    def _shape(
+    def shape(
         self,
         route: tuple[str, str, Any],
-        template: MessageTemplate,
-        parts: Parts,
-        names: list[str],
+        content_type: str,
+        content_encoding: str,
+        headers: dict[str, Any],
+        properties: dict[str, Any],
         has_expiry: bool,
+        custom_headers: int,
     ) -> EnvelopeShape:
-        """The envelope :meth:`envelope` builds, with markers for what varies, cut into a shape."""
-        stand_in = replace(
-            template,
-            argsrepr=marker(envelope_text.ARGSREPR),
-            kwargsrepr=marker(envelope_text.KWARGSREPR),
-        )
-        headers, properties = parts(
-            stand_in,
-            marker(envelope_text.TASK_ID),
-            marker(envelope_text.REPLY_TO),
-            marker(envelope_text.EXPIRES) if has_expiry else None,
-            0.0 if has_expiry else None,
-            {name: marker(envelope_text.FIXED + i) for i, name in enumerate(names)},
-        )
+        """The shape of the envelopes :meth:`envelope` builds for messages with these
+        ``headers`` and ``properties`` (taken over), in which a
+        :func:`~celery_driftsafe.publish.envelope_text.marker` stands for each value that
+        varies (the run's, and the values of its ``custom_headers`` custom headers)."""
         key, message = self.envelope(
-            route, b"", template.content_type, template.content_encoding, headers, properties
+            route, b"", content_type, content_encoding, headers, properties
         )
         message["body"] = marker(envelope_text.BODY)
         message["properties"]["delivery_tag"] = marker(envelope_text.DELIVERY_TAG)
         if has_expiry:
             message["properties"]["expiration"] = marker(envelope_text.EXPIRATION)
-        return make_shape(message, key, envelope_text.FIXED + len(names), self._dumps)
+        return make_shape(message, key, envelope_text.FIXED + custom_headers, self._dumps)
 
     def envelope(
         self,
