@@ -97,3 +97,10 @@ def upcoming_slots(
     if slot is None:
         return Preview(rows, "the schedule has no slot left")
     return Preview(rows)
+
+
+def offset_text(value: timedelta | None) -> str:
+    """A UTC offset as people read it: ``+01:00``, ``-03:30``."""
+    minutes = int((value or timedelta(0)).total_seconds()) // 60
+    sign = "-" if minutes < 0 else "+"
+    return f"{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"

@@ -17,6 +17,7 @@ from django.db.models import Count, Min, Q
 
 from celery_driftsafe.celery_app import app_argument
 from celery_driftsafe.conf import get_settings
+from celery_driftsafe.core.preview import offset_text
 from celery_driftsafe.exceptions import ClockError, ConfigurationError, ScheduleError
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus
 
@@ -115,13 +116,6 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:+.3f} s"
 
 
-def _utc_offset(value: timedelta | None) -> str:
-    """``+01:00``: a zone's offset from UTC."""
-    minutes = int((value or timedelta(0)).total_seconds()) // 60
-    sign = "-" if minutes < 0 else "+"
-    return f"{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
-
-
 class Command(BaseCommand):
     help = (
         "Show beat nodes (alive/dead, clock offsets), due counts and recent failures. "
@@ -212,7 +206,7 @@ class Command(BaseCommand):
                     "local": row.local.isoformat(),
                     "offset_change": None
                     if row.offset_change is None
-                    else [_utc_offset(value) for value in row.offset_change],
+                    else [offset_text(value) for value in row.offset_change],
                 }
                 for row in result.rows
             ]
@@ -226,14 +220,14 @@ class Command(BaseCommand):
             out(self.style.WARNING("  the task is disabled: it fires none of these until enabled"))
         for row in result.rows:
             line = (
-                f"  {row.local:%Y-%m-%d %H:%M:%S} {_utc_offset(row.local.utcoffset())}"
+                f"  {row.local:%Y-%m-%d %H:%M:%S} {offset_text(row.local.utcoffset())}"
                 f"  {row.slot:%Y-%m-%d %H:%M:%S} UTC"
             )
             if row.jittered:
                 line += f"  due {row.due:%H:%M:%S.%f} UTC (jitter)"
             if row.offset_change is not None:
                 before, after = row.offset_change
-                line += f"  DST: UTC offset {_utc_offset(before)} -> {_utc_offset(after)}"
+                line += f"  DST: UTC offset {offset_text(before)} -> {offset_text(after)}"
             out(line)
         if result.end is not None:
             out(f"  no further slot: {result.end}")
