@@ -96,6 +96,8 @@ def test_previewing_an_edit_shows_the_edited_slots_and_leaves_the_task_as_it_was
     ]
     assert response.context["driftsafe_preview_end"] == "max runs: it reached 2 runs"
     assert "No further slot: max runs: it reached 2 runs." in response_text(response)
+    PeriodicTask.objects.filter(pk=task.pk).update(enabled=False)
+    assert "The task is disabled: it fires none of these" in response_text(admin_client.get(change))
     assert [row.slot for row in changes.preview(task, NOW, count=3).rows] == [
         datetime(2026, 3, 28, 1, 30, tzinfo=UTC),
         datetime(2026, 3, 29, 1, 0, tzinfo=UTC),

@@ -531,6 +531,7 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
             context["driftsafe_preview"] = preview_rows(preview)
             context["driftsafe_preview_end"] = preview.end
             context["driftsafe_preview_zone"] = zone
+            context["driftsafe_preview_disabled"] = not (obj or form.instance).enabled
         return super().render_change_form(request, context, add, change, form_url, obj)
 
 
