@@ -13,7 +13,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -290,3 +290,51 @@ def test_cluster_dashboard_in_a_real_browser(
     browser.get(f"{base}/admin/celery_driftsafe/beatnode/")
     _click_and_wait(browser, browser.find_element(By.ID, "driftsafe-dashboard-link"))
     assert "Cluster dashboard" in browser.title
+
+
+@override_settings(TIME_ZONE="Europe/Berlin")
+def test_admin_preview_the_next_slots_before_saving(
+    browser: Any, live_server: Any, admin_user: Any, app: Any, tmp_path: Path
+) -> None:
+    """The form's "Preview the next slots" button, a plain submit: the slots of the values as
+    typed, across Berlin's spring change, and nothing saved until "Save"."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from celery_driftsafe.testing import FakeClock, inject_authority_clock
+
+    base = live_server.url
+    # The live server's thread reads the injected authority too: two days before the change.
+    with inject_authority_clock(FakeClock(datetime(2026, 3, 27, 12, 0, tzinfo=UTC))):
+        browser.get(f"{base}/admin/login/?next=/admin/celery_driftsafe/periodictask/add/")
+        browser.find_element(By.NAME, "username").send_keys("admin")
+        browser.find_element(By.NAME, "password").send_keys("password")
+        _click_and_wait(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+        browser.find_element(By.NAME, "name").send_keys("nightly-report")
+        browser.find_element(By.NAME, "task").send_keys("tests.add")
+        Select(browser.find_element(By.NAME, "schedule_kind")).select_by_value("crontab")
+        for name, value in (
+            ("crontab_minute", "30"),
+            ("crontab_hour", "2"),
+            ("timezone", "Europe/Berlin"),
+            ("jitter_seconds", "20"),
+        ):
+            field = browser.find_element(By.NAME, name)
+            field.clear()
+            field.send_keys(value)
+        _click_and_wait(browser, browser.find_element(By.NAME, "_driftsafe_preview"))
+        assert not PeriodicTask.objects.exists()
+        table = browser.find_element(By.ID, "driftsafe-preview")
+        rows = table.find_elements(By.CSS_SELECTOR, "tr.driftsafe-slot")
+        assert len(rows) == 10
+        assert "2026-03-28 02:30:00 +01:00" in rows[0].text
+        assert "2026-03-29 03:00:00 +02:00" in rows[1].text
+        assert "UTC offset +01:00 → +02:00" in rows[1].text
+        assert browser.find_element(By.NAME, "crontab_minute").get_attribute("value") == "30"
+        _shoot(browser, "task-form-preview", tmp_path)
+        _click_and_wait(browser, browser.find_element(By.NAME, "_save"))
+        assert (
+            "was added successfully" in browser.find_element(By.CSS_SELECTOR, ".messagelist").text
+        )
+        task = PeriodicTask.objects.get(name="nightly-report")
+        assert task.next_slot_at == datetime(2026, 3, 28, 1, 30, tzinfo=UTC)

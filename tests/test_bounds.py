@@ -548,7 +548,7 @@ def test_a_runs_expiry_is_message_expirys_with_or_without_bounds(
 ) -> None:
     """The claim's expiry of a run (a shortcut without jitter and bounds) is the one
     :func:`message_expiry` gives from the task's limits, whatever is set."""
-    from celery_driftsafe.claim.claimers import _limits, run_expiry
+    from celery_driftsafe.claim.claimers import run_expiry
     from celery_driftsafe.conf import DriftSafeSettings
     from celery_driftsafe.core.bounds import message_expiry
 
@@ -561,7 +561,7 @@ def test_a_runs_expiry_is_message_expirys_with_or_without_bounds(
     )
     settings = DriftSafeSettings(run_expires_seconds=default)
     seconds = default if expires is None else expires
-    assert run_expiry(task, slot, settings) == message_expiry(slot, _limits(task), seconds)
+    assert run_expiry(task, slot, settings) == message_expiry(slot, task.limits, seconds)
 
 
 def test_a_valid_from_past_the_calendars_last_slot_finishes_the_task_naming_it() -> None:

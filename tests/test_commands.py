@@ -18,8 +18,9 @@ from django.test import override_settings
 from celery_driftsafe.core.schedules import Solar
 from celery_driftsafe.definitions import changes
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus, TaskSource
+from celery_driftsafe.testing import FakeClock, inject_authority_clock
 from tests.conftest import T0
-from tests.factories import interval_task
+from tests.factories import crontab_task, interval_task
 
 #: A second Celery app, for ``driftsafe_import --app`` (not made the current app).
 OTHER_APP = Celery("commands-tests-other", set_as_current=False)
@@ -140,6 +141,35 @@ def test_status_reports_nodes_offsets_due_counts_and_failures() -> None:
     skewed = next(n for n in data["nodes"] if n["hostname"] == "skewed")
     assert skewed["offset_exceeds_bound"] is True and skewed["state"] == "alive"
     assert data["recent_failures"][0]["error"] == "ZeroDivisionError: division by zero"
+
+
+@pytest.mark.django_db
+def test_status_task_next_lists_the_previews_slots_in_both_zones() -> None:
+    clock = FakeClock(datetime(2026, 3, 27, 12, 0, tzinfo=UTC))
+    with inject_authority_clock(clock):
+        crontab_task("nightly", "30 2 * * *", "Europe/Berlin", jitter_seconds=20, max_runs=3)
+        text = run("driftsafe_status", "--task", "nightly", "--next", "10")
+        expected = changes.preview(PeriodicTask.objects.get(name="nightly"), clock.now())
+        data = json.loads(run("driftsafe_status", "--task", "nightly", "--json"))
+    lines = text.splitlines()
+    assert lines[0].startswith("next slots of nightly (Europe/Berlin and UTC)")
+    assert lines[1].startswith("  2026-03-28 02:30:00 +01:00  2026-03-28 01:30:00 UTC  due 01:30:")
+    assert lines[2].startswith("  2026-03-29 03:00:00 +02:00  2026-03-29 01:00:00 UTC  due 01:00:")
+    assert lines[2].endswith("(jitter)  DST: UTC offset +01:00 -> +02:00")
+    assert lines[3].startswith("  2026-03-30 02:30:00 +02:00  2026-03-30 00:30:00 UTC")
+    assert "DST" not in lines[3]
+    assert lines[4] == "  no further slot: max runs: it reached 3 runs"
+    assert len(lines) == 5
+    assert [row["slot"] for row in data["slots"]] == [r.slot.isoformat() for r in expected.rows]
+    assert [row["due"] for row in data["slots"]] == [r.due.isoformat() for r in expected.rows]
+    assert data["slots"][1]["offset_change"] == ["+01:00", "+02:00"]
+    assert data["end"] == "max runs: it reached 3 runs"
+
+
+@pytest.mark.django_db
+def test_status_task_names_an_unknown_task() -> None:
+    with pytest.raises(CommandError, match="no periodic task is named 'nope'"):
+        run("driftsafe_status", "--task", "nope")
 
 
 class EveryOther(schedule):  # type: ignore[misc]

@@ -50,6 +50,7 @@ from celery_driftsafe.celery_app import (
     registered_task_names,
 )
 from celery_driftsafe.core.bounds import bound_problems
+from celery_driftsafe.core.preview import Preview
 from celery_driftsafe.core.schedules import Crontab, Solar
 from celery_driftsafe.core.validation import loads_json
 from celery_driftsafe.exceptions import ClockError, ScheduleError, TaskModulesError
@@ -146,8 +147,17 @@ def _message(exc: ScheduleError) -> str:
 SWITCH = ("enabled", "disabled_reason")
 
 
+#: The submit button that previews the next slots of the values in the form instead of saving.
+PREVIEW_BUTTON = "_driftsafe_preview"
+#: How many slots a preview lists.
+PREVIEW_COUNT = 10
+
+
 class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
     """Add / change form of :class:`PeriodicTask` (see the module docstring)."""
+
+    #: The next slots of the values in the form, once a preview of valid values is computed.
+    preview: Preview | None = None
 
     class Meta:
         model = PeriodicTask
@@ -213,6 +223,32 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         # scheduler disabled the task (it finished, say) does not switch it back on unasked.
         for name in SWITCH:
             self.fields[name].show_hidden_initial = True
+
+    @property
+    def previewing(self) -> bool:
+        """The form was submitted with the preview button: it is to be shown, never saved."""
+        return self.is_bound and PREVIEW_BUTTON in self.data
+
+    def is_valid(self) -> bool:
+        """Valid, and to be saved. A preview is never saved: for valid values it computes
+        :attr:`preview` and answers False without an error, so that the admin renders the
+        form again as typed, with the slots, and writes nothing; a schedule whose slots
+        cannot be computed is an error of the form."""
+        valid = super().is_valid()
+        if not (valid and self.previewing):
+            return valid
+        if self.preview is None:
+            from celery_driftsafe.definitions.changes import preview
+
+            # The reading of the authority's now that saving would use (see clean()).
+            now = getattr(self.instance, "driftsafe_now", None)
+            try:
+                if now is None:
+                    raise ValueError("the time authority's now was not read")
+                self.preview = preview(self.instance, now, count=PREVIEW_COUNT)
+            except (ScheduleError, OverflowError, ValueError) as exc:
+                self.add_error(None, f"The next slots cannot be computed: {exc}")
+        return False
 
     # -- single fields ----------------------------------------------------------------------
 

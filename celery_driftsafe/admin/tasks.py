@@ -40,12 +40,14 @@ from celery_driftsafe.admin.display import (
     schedule_cell,
     status_badge,
 )
-from celery_driftsafe.admin.forms import PeriodicTaskForm
+from celery_driftsafe.admin.forms import PREVIEW_BUTTON, PREVIEW_COUNT, PeriodicTaskForm
 from celery_driftsafe.celery_app import get_celery_app
+from celery_driftsafe.core.preview import Preview, offset_text
 from celery_driftsafe.definitions import changes
 from celery_driftsafe.exceptions import (
     ClockError,
     ConfigurationError,
+    ScheduleError,
     TaskModulesError,
     TaskRefused,
 )
@@ -494,3 +496,60 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
             current_app=self.admin_site.name,
         )
         return super().change_view(request, object_id, form_url, context)
+
+    # -- the next slots on the change and add pages ----------------------------------------------
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Any = None,
+    ) -> HttpResponse:
+        """The page with a table of the next slots: of the values in the form after its
+        "Preview the next slots" button (nothing saved), or of the saved task when the change
+        page is opened."""
+        form = context["adminform"].form
+        context["driftsafe_preview_button"] = PREVIEW_BUTTON
+        preview: Preview | None = getattr(form, "preview", None)
+        zone = form.instance.timezone
+        if preview is not None:
+            context["driftsafe_preview_of"] = "the values in the form (not saved)"
+        elif obj is not None and request.method == "GET":
+            context["driftsafe_preview_of"] = "the saved task"
+            zone = obj.timezone
+            now = page_now()
+            try:
+                if now is None:
+                    raise ValueError("the time authority cannot be read")
+                preview = changes.preview(obj, now, count=PREVIEW_COUNT)
+            except (ScheduleError, OverflowError, ValueError) as exc:
+                context["driftsafe_preview_error"] = f"The next slots cannot be computed: {exc}"
+        if preview is not None:
+            context["driftsafe_preview"] = preview_rows(preview)
+            context["driftsafe_preview_end"] = preview.end
+            context["driftsafe_preview_zone"] = zone
+            context["driftsafe_preview_disabled"] = not (obj or form.instance).enabled
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+
+def preview_rows(preview: Preview) -> list[dict[str, str]]:
+    """The preview's rows as the page shows them (texts, so no template filter moves them to
+    the site's time zone)."""
+    rows = []
+    for row in preview.rows:
+        mark = ""
+        if row.offset_change is not None:
+            before, after = (offset_text(value) for value in row.offset_change)
+            mark = f"UTC offset {before} → {after}"
+        rows.append(
+            {
+                "local": f"{row.local:%Y-%m-%d %H:%M:%S} {offset_text(row.local.utcoffset())}",
+                "utc": f"{row.slot:%Y-%m-%d %H:%M:%S}",
+                "due": f"{row.due:%H:%M:%S.%f}" if row.jittered else "",
+                "dst": mark,
+            }
+        )
+    return rows

@@ -48,7 +48,7 @@ from celery_driftsafe.claim.sql import (
     span_row,
 )
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
-from celery_driftsafe.core.bounds import Limits, message_expiry
+from celery_driftsafe.core.bounds import message_expiry
 from celery_driftsafe.core.jitter import due_instant, offset
 from celery_driftsafe.core.misfire import ClaimPlan, plan_limited
 from celery_driftsafe.core.validation import Problem
@@ -201,7 +201,7 @@ class ClaimSteps:
             task.schedule,
             task.next_slot_at,
             now,
-            _limits(task),
+            task.limits,
             policy=task.misfire_policy or self.settings.misfire_policy,
             grace=timedelta(seconds=grace),
             fire_all_max=self.settings.fire_all_max,
@@ -476,19 +476,7 @@ def run_expiry(task: PeriodicTask, slot: datetime, settings: DriftSafeSettings) 
         seconds = settings.run_expires_seconds
     if task.jitter_seconds is None and task.valid_until is None:  # what message_expiry gives
         return None if seconds is None else slot + timedelta(seconds=seconds)
-    return message_expiry(slot, _limits(task), seconds)
-
-
-def _limits(task: PeriodicTask) -> Limits:
-    return Limits(
-        task.name,
-        task.jitter_seconds,
-        task.valid_from,
-        task.valid_until,
-        task.run_once,
-        task.max_runs,
-        task.run_count or 0,
-    )
+    return message_expiry(slot, task.limits, seconds)
 
 
 # -- The claimers ---------------------------------------------------------------------------------

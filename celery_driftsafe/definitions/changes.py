@@ -19,6 +19,7 @@ beat's :class:`BackgroundUnscheduled`).
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
@@ -30,6 +31,7 @@ from django.db.models import QuerySet
 
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.core.jitter import due_instant
+from celery_driftsafe.core.preview import Preview, upcoming_slots
 from celery_driftsafe.exceptions import ClockError
 from celery_driftsafe.models import (
     CLAIM_FIELDS,
@@ -435,3 +437,44 @@ class BackgroundUnscheduled(BackgroundPass):
                 exc,
                 extra={"action": "unscheduled"},
             )
+
+
+def preview(
+    task: PeriodicTask, now: datetime, *, count: int = 10, using: str = "default"
+) -> Preview:
+    """The next ``count`` slots ``task`` fires, as it stands in memory (a form's values not
+    saved yet included), at the authority's ``now``; writes nothing.
+
+    It starts where saving it would leave it: a new task, an edited schedule or a re-enabled
+    task at :func:`first_slot` (as :func:`prepare_save` computes it), a saved task whose
+    schedule is unchanged at its stored next slot; from there the claim's own plan is stepped
+    (:func:`~celery_driftsafe.core.preview.upcoming_slots`). Raises what evaluating the schedule
+    raises (:class:`~celery_driftsafe.exceptions.ScheduleError`, ``OverflowError``)."""
+    task = copy.copy(task)
+    previous = None
+    if task.pk is not None and not task._state.adding:
+        previous = (
+            PeriodicTask.objects.using(using)
+            .filter(pk=task.pk)
+            .values(*RESCHEDULE_FIELDS, "enabled", "name", "next_slot_at", "run_count")
+            .first()
+        )
+    if previous is not None:
+        task.run_count = previous["run_count"]  # the claim's, not the form's
+    changed = previous is None or any(
+        previous[name] != getattr(task, name) for name in RESCHEDULE_FIELDS
+    )
+    changed = changed or (
+        previous is not None and previous["name"] != task.name and bool(task.jitter_seconds)
+    )
+    re_enabled = previous is not None and not previous["enabled"] and task.enabled
+    stored = None if previous is None else previous["next_slot_at"]
+    if changed or re_enabled or stored is None:
+        if task.schedule_kind == ScheduleKind.INTERVAL and task.interval_anchor is None:
+            task.interval_anchor = task.valid_from or now
+        latest = None if previous is None else _latest_run_slot(task.pk, using)
+        taken = _run_slots_at(task, using) if previous is not None else []
+        start = first_slot(task, now, after=latest, taken=taken)
+    else:
+        start = stored
+    return upcoming_slots(task.schedule, start, task.limits, zone=task.timezone, count=count)

@@ -10,7 +10,7 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import models, router, transaction
 from django.utils.timezone import now as django_now
 
-from celery_driftsafe.core.bounds import bound_problems, bounded
+from celery_driftsafe.core.bounds import Limits, bound_problems, bounded
 from celery_driftsafe.core.jitter import due_instant
 from celery_driftsafe.core.schedules import OneOff, Schedule, Solar, shared_crontab, shared_interval
 from celery_driftsafe.core.validation import (
@@ -251,6 +251,20 @@ class PeriodicTask(models.Model):
         """The slot arithmetic object for this row, within its bounds (``valid_from``,
         ``valid_until``); raises :class:`ScheduleError`."""
         return bounded(self.build_schedule(), self.valid_from, self.valid_until)
+
+    @property
+    def limits(self) -> Limits:
+        """What bounds the claim of this row beyond its schedule: the jitter (keyed by the
+        name), the bounds and the run limits."""
+        return Limits(
+            self.name,
+            self.jitter_seconds,
+            self.valid_from,
+            self.valid_until,
+            self.run_once,
+            self.max_runs,
+            self.run_count or 0,
+        )
 
     def build_schedule(self, *, anchor: datetime | None = None) -> Schedule:
         """Build the schedule; ``anchor`` stands in for a not yet stored interval anchor."""

@@ -17,7 +17,8 @@ from django.db.models import Count, Min, Q
 
 from celery_driftsafe.celery_app import app_argument
 from celery_driftsafe.conf import get_settings
-from celery_driftsafe.exceptions import ClockError, ConfigurationError
+from celery_driftsafe.core.preview import offset_text
+from celery_driftsafe.exceptions import ClockError, ConfigurationError, ScheduleError
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus
 
 #: Exit status when no beat node is alive.
@@ -131,6 +132,18 @@ class Command(BaseCommand):
             help="failures of the last HOURS hours (default 24)",
         )
         parser.add_argument(
+            "--task",
+            metavar="NAME",
+            help="instead of the status, list the next slots of the task NAME (see --next)",
+        )
+        parser.add_argument(
+            "--next",
+            type=int,
+            default=10,
+            metavar="N",
+            help="with --task: how many slots to list (default 10)",
+        )
+        parser.add_argument(
             "--failures",
             type=int,
             default=10,
@@ -141,6 +154,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         from celery_driftsafe.store.clock import authority_from_settings
 
+        if options["task"] is not None:
+            self._preview(options["task"], max(options["next"], 0), options["json"])
+            return
         try:
             authority = authority_from_settings()
             now = authority.read()
@@ -162,6 +178,59 @@ class Command(BaseCommand):
                 f"{app_argument()} beat -S driftsafe`)",
                 returncode=NO_NODE_ALIVE,
             )
+
+    def _preview(self, name: str, count: int, as_json: bool) -> None:
+        """The next ``count`` slots of the task ``name``, at the authority's now as a save of
+        the task reads it."""
+        from celery_driftsafe.definitions.changes import authority_now, preview
+
+        task = PeriodicTask.objects.filter(name=name).first()
+        if task is None:
+            raise CommandError(
+                f"no periodic task is named {name!r} (the names are listed in the admin, or "
+                "by PeriodicTask.objects.values_list('name'))"
+            )
+        try:
+            now = authority_now()
+        except (ClockError, ConfigurationError) as exc:
+            raise CommandError(f"cannot read the time authority: {exc}") from exc
+        try:
+            result = preview(task, now, count=count)
+        except (ScheduleError, OverflowError) as exc:
+            raise CommandError(f"the schedule of {name!r} cannot be evaluated: {exc}") from exc
+        if as_json:
+            rows = [
+                {
+                    "slot": row.slot.isoformat(),
+                    "due": row.due.isoformat(),
+                    "local": row.local.isoformat(),
+                    "offset_change": None
+                    if row.offset_change is None
+                    else [offset_text(value) for value in row.offset_change],
+                }
+                for row in result.rows
+            ]
+            self.stdout.write(
+                json.dumps({"task": name, "now": now.isoformat(), "slots": rows, "end": result.end})
+            )
+            return
+        out = self.stdout.write
+        out(f"next slots of {name} ({task.timezone} and UTC), at {now.isoformat()}:")
+        if not task.enabled:
+            out(self.style.WARNING("  the task is disabled: it fires none of these until enabled"))
+        for row in result.rows:
+            line = (
+                f"  {row.local:%Y-%m-%d %H:%M:%S} {offset_text(row.local.utcoffset())}"
+                f"  {row.slot:%Y-%m-%d %H:%M:%S} UTC"
+            )
+            if row.jittered:
+                line += f"  due {row.due:%H:%M:%S.%f} UTC (jitter)"
+            if row.offset_change is not None:
+                before, after = row.offset_change
+                line += f"  DST: UTC offset {offset_text(before)} -> {offset_text(after)}"
+            out(line)
+        if result.end is not None:
+            out(f"  no further slot: {result.end}")
 
     def _print(self, status: Status) -> None:
         out, style = self.stdout.write, self.style

@@ -1,0 +1,106 @@
+"""A preview of a task's next slots: what the claim will fire, listed before it fires.
+
+:func:`upcoming_slots` does not compute slots of its own. It steps the claim's own plan
+(:func:`~celery_driftsafe.core.misfire.plan_limited`, with the task's bounds, run limits and
+jitter) as a beat that is never late would: at each slot's jittered due instant it plans the
+claim, takes the slots the plan fires, counts them as runs and moves to the plan's next slot.
+So the preview and the beats cannot disagree on a slot, a jittered instant or where the list
+ends; only a beat that is down or late (the misfire policies) fires differently.
+
+Each row carries the slot in UTC and in the task's time zone, its jittered due instant, and a
+mark where the zone's UTC offset differs from the row before (a DST change between the two
+slots). When the task fires no more slots (a bound, a run limit, a one-off done) the preview
+says why.
+
+Pure: no clock, no Django; the caller passes the task's first unclaimed slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from celery_driftsafe.core.bounds import Limits
+from celery_driftsafe.core.jitter import due_instant
+from celery_driftsafe.core.misfire import plan_limited
+from celery_driftsafe.core.schedules import Schedule
+
+
+@dataclass(frozen=True)
+class SlotRow:
+    """One slot of a preview."""
+
+    #: The slot (aware UTC): the run's identity.
+    slot: datetime
+    #: When the slot is due: the slot plus the task's jitter (equal to ``slot`` without one).
+    due: datetime
+    #: The slot in the task's time zone.
+    local: datetime
+    #: The zone's UTC offset changed since the row before (DST): from what, to what.
+    offset_change: tuple[timedelta, timedelta] | None = None
+
+    @property
+    def jittered(self) -> bool:
+        return self.due != self.slot
+
+
+@dataclass(frozen=True)
+class Preview:
+    """The next slots of a task and, when it fires no more after them, why."""
+
+    rows: list[SlotRow] = field(default_factory=list)
+    #: Why the task fires no slot after these (None: it goes on).
+    end: str | None = None
+
+
+def upcoming_slots(
+    schedule: Schedule,
+    next_slot: datetime | None,
+    limits: Limits,
+    *,
+    zone: str = "UTC",
+    count: int = 10,
+) -> Preview:
+    """The next ``count`` slots the claim fires for a task whose first unclaimed slot is
+    ``next_slot``, under ``limits``, each also read in ``zone`` (an IANA name).
+
+    ``schedule`` is already bounded (:func:`~celery_driftsafe.core.bounds.bounded`), as the
+    claim receives it. ``next_slot`` None: the task has no slot left."""
+    tz = ZoneInfo(zone)
+    rows: list[SlotRow] = []
+    if next_slot is None:
+        return Preview(rows, "the schedule has no slot left")
+    slot: datetime | None = next_slot
+    previous_offset: timedelta | None = None
+    while slot is not None and len(rows) < count:
+        now = due_instant(limits.identity, slot, limits.jitter_seconds)
+        assert now is not None
+        plan, finished = plan_limited(schedule, slot, now, limits)
+        for fired in plan.fire[: count - len(rows)]:
+            local = fired.astimezone(tz)
+            offset = local.utcoffset()
+            assert offset is not None
+            change = None
+            if previous_offset is not None and offset != previous_offset:
+                change = (previous_offset, offset)
+            previous_offset = offset
+            due = due_instant(limits.identity, fired, limits.jitter_seconds)
+            assert due is not None
+            rows.append(SlotRow(fired, due, local, change))
+        limits = replace(limits, run_count=limits.run_count + len(plan.fire))
+        if finished is not None:
+            return Preview(rows, finished)
+        if not plan.fire and plan.next_slot == slot:  # pragma: no cover - never at its due
+            break
+        slot = plan.next_slot
+    if slot is None:
+        return Preview(rows, "the schedule has no slot left")
+    return Preview(rows)
+
+
+def offset_text(value: timedelta | None) -> str:
+    """A UTC offset as people read it: ``+01:00``, ``-03:30``."""
+    minutes = int((value or timedelta(0)).total_seconds()) // 60
+    sign = "-" if minutes < 0 else "+"
+    return f"{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
