@@ -23,6 +23,7 @@ def main(command: str) -> None:
 
     django.setup()
     from django.core.management import call_command
+    from django.db import transaction
 
     from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunAttempt
 
@@ -34,10 +35,14 @@ def main(command: str) -> None:
             task = PeriodicTask(**{"task": "e2e.tick", **spec})
             task.driftsafe_now = start  # type: ignore[attr-defined]
             task.full_clean(exclude=["interval_anchor"])
-            task.save()
-            PeriodicTask.objects.filter(pk=task.pk).update(
-                next_slot_at=task.schedule.first_at_or_after(start)
-            )
+            # one transaction: the beats run while tasks are seeded, and one that claimed
+            # the new row between the two writes made the second fail at repeatable read
+            # (or set it back after the claim)
+            with transaction.atomic():
+                task.save()
+                PeriodicTask.objects.filter(pk=task.pk).update(
+                    next_slot_at=task.schedule.first_at_or_after(start)
+                )
     elif command == "add":  # like the admin would: the authority decides the first slot
         for spec in json.load(sys.stdin):
             task = PeriodicTask(task="e2e.tick", **spec)
