@@ -154,3 +154,66 @@ def test_racing_backfills_run_each_slot_once(app: Any) -> None:
     assert len(slots) == len(set(slots)) == 30
     messages = drain(QUEUE)
     assert len(messages) == 30 and len({m["id"] for m in messages}) == 30
+
+
+# -- the admin ---------------------------------------------------------------------------------
+
+TASKS = "/admin/celery_driftsafe/periodictask/"
+RUNS = "/admin/celery_driftsafe/run/"
+
+
+def _post(client: Any, task: PeriodicTask, **fields: str) -> Any:
+    data = {"action": "backfill", "_selected_action": [task.pk], **fields}
+    return client.post(TASKS, data, follow=True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_admin_action_lists_runs_and_skips_and_writes_nothing_before_confirming(
+    admin_client: Any, app: Any
+) -> None:
+    task = _task()
+    taken = Run.objects.create(
+        periodic_task=task, task_name=task.task, slot=T0 + M, status=RunStatus.SUCCEEDED
+    )
+    page = _post(admin_client, task).content.decode()
+    assert "Backfill past slots" not in page and 'name="backfill_from"' in page
+    range_ = {"backfill_from": T0.isoformat(), "backfill_to": (T0 + 3 * M).isoformat()}
+    listed = _post(admin_client, task, backfill_step="list", **range_)
+    text = listed.content.decode()
+    assert "2 slots to run, 1 skipped" in text
+    assert T0.isoformat() in text and (T0 + 2 * M).isoformat() in text
+    assert f"skipped: run #{taken.pk} (scheduled, succeeded)" in text
+    assert "Run the backfill (2 runs)" in text
+    assert Run.objects.count() == 1 and drain(QUEUE) == []
+    # a bad instant or range is an error on the page, nothing written
+    bad = _post(admin_client, task, backfill_step="confirm", backfill_from="soon", backfill_to="x")
+    assert "not an ISO 8601 instant" in bad.content.decode() and Run.objects.count() == 1
+    done = _post(admin_client, task, backfill_step="confirm", **range_)
+    messages = [str(m) for m in done.context["messages"]]
+    assert any("2 runs inserted, 2 published, 1 skipped" in m for m in messages)
+    backfilled = Run.objects.filter(kind=RunKind.BACKFILL)
+    assert sorted(r.slot for r in backfilled) == [T0, T0 + 2 * M]
+    assert all(r.claimed_by.startswith("backfill:admin:admin:") for r in backfilled)
+    assert len(drain(QUEUE)) == 2
+
+
+@pytest.mark.django_db
+def test_admin_action_takes_one_task_at_a_time(admin_client: Any, app: Any) -> None:
+    tasks = [_task("one"), _task("two")]
+    response = admin_client.post(
+        TASKS, {"action": "backfill", "_selected_action": [t.pk for t in tasks]}, follow=True
+    )
+    assert any("one task at a time" in str(m) for m in response.context["messages"])
+
+
+@pytest.mark.django_db
+def test_run_list_filters_backfill_runs(admin_client: Any, app: Any) -> None:
+    task = _task()
+    scheduled = Run.objects.create(periodic_task=task, task_name=task.task, slot=T0)
+    backfilled = Run.objects.create(
+        periodic_task=task, task_name=task.task, slot=T0 + M, kind=RunKind.BACKFILL
+    )
+    page = admin_client.get(RUNS, {"kind__exact": "backfill"}).content.decode()
+    assert f"#{backfilled.pk}<" in page or f"#{backfilled.pk} " in page
+    assert f"#{scheduled.pk}<" not in page and f"#{scheduled.pk} " not in page
+    assert "Backfill" in admin_client.get(RUNS).content.decode()
