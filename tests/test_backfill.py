@@ -12,9 +12,11 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
+from celery_driftsafe.claim.claimers import claimer_for
 from celery_driftsafe.claim.outbox import celery_task_id
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 from celery_driftsafe.publish.backfill import plan_backfill, run_backfill
+from celery_driftsafe.publish.dispatcher import Dispatcher
 from celery_driftsafe.testing import FakeClock, inject_authority_clock
 from tests.conftest import QUEUE, T0, drain
 from tests.factories import at_once, crontab_task, interval_task
@@ -140,20 +142,37 @@ def test_rate_paces_the_publishing_on_the_injected_clock(app: Any) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_racing_backfills_run_each_slot_once(app: Any) -> None:
-    task = _task()
+def test_racing_backfills_and_a_beat_run_each_slot_once(app: Any) -> None:
+    """Two backfills of the same range and a beat claiming (and publishing) the same slots on
+    time, at once: each slot has one run and one message on the broker."""
+    task = interval_task("raced", 60, anchor=T0, next_slot_at=T0, queue=QUEUE)
     end = T0 + 30 * M
 
     def racer(n: int) -> int:
+        if n == 2:  # the beat: each slot at its instant, published as a beat publishes
+            claimer = claimer_for()
+            dispatcher = Dispatcher(app, FakeClock(end))
+            claimed = 0
+            for k in range(30):
+                runs = claimer.claim(T0 + k * M, "beat-node").runs
+                dispatcher.dispatch(runs)
+                claimed += len(runs)
+            return claimed
         fresh = PeriodicTask.objects.get(pk=task.pk)
         return run_backfill(plan_backfill(fresh, T0, end), app=app).inserted
 
-    inserted = at_once(3, racer)
-    assert sum(inserted) == 30
+    # chunks of 2 runs, so that the racers take turns within the range
+    with override_settings(DRIFTSAFE={**settings.DRIFTSAFE, "PUBLISH_BATCH_SIZE": 2}):
+        counts = at_once(3, racer)
+    assert sum(counts) == 30
     slots = list(Run.objects.values_list("slot", flat=True))
-    assert len(slots) == len(set(slots)) == 30
+    assert sorted(slots) == [T0 + k * M for k in range(30)]
+    kinds = set(Run.objects.values_list("kind", flat=True))
+    assert kinds <= {RunKind.BACKFILL, RunKind.SCHEDULED}
     messages = drain(QUEUE)
-    assert len(messages) == 30 and len({m["id"] for m in messages}) == 30
+    assert sorted(m["id"] for m in messages) == sorted(
+        celery_task_id(task.pk, slot) for slot in slots
+    )
 
 
 # -- the admin ---------------------------------------------------------------------------------
