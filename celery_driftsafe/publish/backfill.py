@@ -7,7 +7,8 @@ slots). A slot that already has a run (of any kind, in any status) is skipped an
 such. The rest go through the path of :mod:`~celery_driftsafe.publish.run_now`, in chunks:
 
 1. the chunk's runs are inserted as ``Run(kind=backfill, status=claimed)`` with the
-   deterministic Celery task id of ``(task, slot)``, each insert ignoring a conflict, so the
+   deterministic Celery task id of ``(task, slot)``, each insert giving way to a run of the
+   same slot (``ON CONFLICT DO NOTHING`` on PostgreSQL, a savepoint per row elsewhere), so the
    unique ``(task, slot)`` constraint decides a race with a beat's claim or another backfill;
    the runs this backfill inserted are those then found claimed by its own actor (an id of its
    own per backfill): only they are counted and published;
@@ -40,6 +41,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
+
+from django.db import IntegrityError, connections, transaction
 
 from celery_driftsafe.celery_app import load_task_modules
 from celery_driftsafe.claim.outbox import celery_task_id, claimed_run, run_message
@@ -244,29 +247,49 @@ def _insert(
     actor: str,
     using: str,
 ) -> list[Run]:
-    """Insert a run per slot, ignoring each conflict; the runs this call inserted."""
+    """Insert a run per slot, giving way where the slot has a run; the runs this call inserted.
+
+    PostgreSQL skips a taken slot itself (``ON CONFLICT DO NOTHING``). Elsewhere each row is
+    inserted in a savepoint: SQLite's ``OR IGNORE`` and MySQL's ``INSERT IGNORE`` would also
+    drop a row refused for another reason, and a refused row whose slot has no run is an error
+    here, not a lost race. One transaction per chunk, holding the task's row: a beat's claim
+    of the task (which locks that row first) waits for the chunk, or skips the task meanwhile,
+    and takes the slots left."""
     expires = (
         None if task.expires_seconds is None else now + timedelta(seconds=task.expires_seconds)
     )
-    Run.objects.using(using).bulk_create(
-        [
-            Run(
-                periodic_task=task,
-                task_name=task.task,
-                kind=RunKind.BACKFILL,
-                slot=slot,
-                status=RunStatus.CLAIMED,
-                claimed_by=actor,
-                claimed_at=now,
-                celery_task_id=celery_task_id(task.pk, slot),
-                dispatch_attempts=1,
-                message=message,
-                expires_at=expires,
-            )
-            for slot in slots
-        ],
-        ignore_conflicts=True,
-    )
+    runs = [
+        Run(
+            periodic_task=task,
+            task_name=task.task,
+            kind=RunKind.BACKFILL,
+            slot=slot,
+            status=RunStatus.CLAIMED,
+            claimed_by=actor,
+            claimed_at=now,
+            celery_task_id=celery_task_id(task.pk, slot),
+            dispatch_attempts=1,
+            message=message,
+            expires_at=expires,
+        )
+        for slot in slots
+    ]
+    with transaction.atomic(using=using):
+        # The task's row first, as a beat's claim takes it before it inserts runs: racers
+        # that lock in the same order wait for each other rather than deadlock.
+        locked = PeriodicTask.objects.using(using).select_for_update().filter(pk=task.pk)
+        list(locked.values_list("pk", flat=True))
+        if connections[using].vendor == "postgresql":
+            Run.objects.using(using).bulk_create(runs, ignore_conflicts=True)
+        else:
+            for run in runs:
+                try:
+                    with transaction.atomic(using=using):
+                        run.save(using=using)
+                except IntegrityError:
+                    taken = Run.objects.using(using).filter(periodic_task=task, slot=run.slot)
+                    if not taken.exists():
+                        raise
     return list(
         Run.objects.using(using)
         .filter(periodic_task=task, slot__in=slots, claimed_by=actor, kind=RunKind.BACKFILL)
