@@ -240,3 +240,16 @@ def test_run_list_filters_backfill_runs(admin_client: Any, app: Any) -> None:
     assert f"#{backfilled.pk}<" in page or f"#{backfilled.pk} " in page
     assert f"#{scheduled.pk}<" not in page and f"#{scheduled.pk} " not in page
     assert "Backfill" in admin_client.get(RUNS).content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_inside_a_transaction_the_runs_are_published_when_it_commits(app: Any) -> None:
+    from django.db import transaction
+
+    task = _task()
+    with transaction.atomic():
+        result = run_backfill(plan_backfill(task, T0, T0 + 3 * M), app=app)
+        assert result.deferred == 3 and result.published == 0
+        assert drain(QUEUE) == []
+    assert len(drain(QUEUE)) == 3
+    assert Run.objects.filter(kind=RunKind.BACKFILL, status=RunStatus.DISPATCHED).count() == 3

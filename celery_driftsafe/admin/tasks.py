@@ -471,10 +471,11 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
         except (ClockError, ConfigurationError, TaskModulesError) as exc:
             self.message_user(request, f"Cannot backfill: {exc}", messages.ERROR)
             return
+        deferred = f" ({result.deferred} when this request commits)" if result.deferred else ""
         text = (
             f"Backfill of {plan.task.name} from {plan.start.isoformat()} to "
             f"{plan.end.isoformat()}: {result.inserted} runs inserted, {result.published} "
-            f"published, {len(plan.taken)} skipped (they had a run), {result.lost} taken "
+            f"published{deferred}, {len(plan.taken)} skipped (they had a run), {result.lost} taken "
             "meanwhile by a beat or another backfill"
         )
         level = messages.SUCCESS

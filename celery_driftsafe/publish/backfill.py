@@ -18,6 +18,9 @@ such. The rest go through the path of :mod:`~celery_driftsafe.publish.run_now`, 
 3. with a ``rate``, the next chunk waits until the runs published so far are no more than the
    rate allows (on the injected clock's ``monotonic``/``sleep``).
 
+Started inside a transaction (a view under ``ATOMIC_REQUESTS``), a backfill publishes its
+runs when that transaction commits, as run now does (unpaced, then).
+
 So an interrupted backfill leaves at most one chunk claimed and unpublished, which the beats'
 outbox publishes; the slots it did not reach have no run, and running the backfill again
 picks them up (the slots done are skipped).
@@ -39,6 +42,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -88,6 +92,9 @@ class BackfillResult:
     actor: str = ""
     inserted: int = 0
     published: int = 0
+    #: Runs to be published when the caller's transaction commits (a backfill started inside
+    #: one); ``rate`` does not pace those.
+    deferred: int = 0
     lost: int = 0
     #: Runs not published, with the reason: left ``claimed`` for a beat's outbox (the broker
     #: out of reach or refusing), or ``failed`` (a message that cannot be built).
@@ -219,7 +226,13 @@ def run_backfill(
         mine = _insert(task, chunk, message, clock.now(), result.actor, using)
         result.inserted += len(mine)
         result.lost += len(chunk) - len(mine)
-        if mine:
+        if mine and connections[using].in_atomic_block:
+            # Inside the caller's transaction (ATOMIC_REQUESTS, say): published when it
+            # commits, as run now does, so a worker never receives a run it cannot see yet.
+            claimed = [claimed_run(run, task) for run in mine]
+            transaction.on_commit(partial(dispatcher.dispatch, claimed), using=using)
+            result.deferred += len(mine)
+        elif mine:
             dispatched = dispatcher.dispatch([claimed_run(run, task) for run in mine])
             result.published += len(dispatched.published)
             result.unpublished.update(dispatched.failed)
