@@ -105,6 +105,7 @@ INT_MAXIMA = {
     "PUBLISH_BATCH_SIZE": (10_000, "one pipelined write to the broker is held in memory"),
     "PRUNE_BATCH_SIZE": (10_000, "one pruning batch is one transaction that locks its rows"),
     "FIRE_ALL_MAX": (10_000, "a fire_all task's catch-up runs are claimed in one round"),
+    "BACKFILL_MAX_SLOTS": (100_000, "a backfill's slots are listed in memory before it runs"),
     "CLOCK_SYNC_SAMPLES": (100, "each sample is a round trip to the time authority"),
 }
 #: The shortest ``LEASE_SECONDS`` (check E031): run locks are renewed every third of it, and

@@ -93,6 +93,9 @@ class DriftSafeSettings:
     misfire_grace_seconds: float = 60.0
     #: Upper bound on catch-up runs one ``fire_all`` task gets after downtime.
     fire_all_max: int = 100
+    #: The most slots one backfill may cover (``driftsafe_backfill``, the admin's action): a
+    #: longer range is refused, naming this setting. Counts the slots that already have a run.
+    backfill_max_slots: int = 1000
     #: Seconds between node heartbeats.
     heartbeat_interval_seconds: float = 5.0
     #: A node whose heartbeat is older than this is considered dead.

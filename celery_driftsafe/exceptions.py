@@ -130,3 +130,8 @@ else:
         if name == "ConfigurationError":
             return _configuration_error()
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class BackfillRefused(DriftSafeError, ValueError):
+    """A backfill cannot run as asked (an empty or reversed range, more slots than
+    ``BACKFILL_MAX_SLOTS``): nothing was written or published. The message says what to do."""

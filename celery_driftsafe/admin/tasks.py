@@ -7,7 +7,8 @@ backwards), and the page's runs are then read in one query (:class:`LastRunChang
 Every write goes through :mod:`celery_driftsafe.definitions.changes`: the form saves the model
 (its signals recompute the next slot once and wake the beats).
 
-The common chores are actions: enable, disable, run now, reset schedule, and the "Run now"
+The common chores are actions: enable, disable, run now, backfill (a page for the range, the
+slots it runs and skips, and a confirmation), reset schedule, and the "Run now"
 button of a task's change page. The bulk actions use ``QuerySet.update()`` and therefore call
 :func:`changes.reschedule` / :func:`changes.notify` themselves (a form's save goes through the
 model's signals instead). Every action is written to Django's admin history (``LogEntry``) for
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
@@ -26,6 +28,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -42,6 +45,7 @@ from celery_driftsafe.admin.display import (
 )
 from celery_driftsafe.admin.forms import PREVIEW_BUTTON, PREVIEW_COUNT, PeriodicTaskForm
 from celery_driftsafe.celery_app import get_celery_app
+from celery_driftsafe.conf import get_settings
 from celery_driftsafe.core.preview import Preview, offset_text
 from celery_driftsafe.definitions import changes
 from celery_driftsafe.exceptions import (
@@ -53,6 +57,13 @@ from celery_driftsafe.exceptions import (
 )
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus, unreadable_instants
 from celery_driftsafe.models.schedule_fields import CRONTAB_FIELDS, ONE_OFF_FIELDS, SOLAR_FIELDS
+from celery_driftsafe.publish.backfill import (
+    BackfillPlan,
+    backfill_actor,
+    parse_instant,
+    plan_backfill,
+    run_backfill,
+)
 from celery_driftsafe.publish.run_now import admin_actor, run_now
 from celery_driftsafe.store.clock import authority_clock
 
@@ -159,7 +170,7 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
     search_fields = ("name", "task")
     list_per_page = 100
     show_full_result_count = False
-    actions = ("enable_tasks", "disable_tasks", "run_now", "reset_schedule")
+    actions = ("enable_tasks", "disable_tasks", "run_now", "backfill", "reset_schedule")
     readonly_fields = (
         "schedule_text",
         "next_slot",
@@ -412,6 +423,71 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
         except (ClockError, ConfigurationError, TaskModulesError) as exc:
             self.message_user(request, f"Cannot run now: {exc}", messages.ERROR)
 
+    @admin.action(description="Backfill past slots of a task…", permissions=["change"])
+    def backfill(
+        self, request: HttpRequest, queryset: QuerySet[PeriodicTask]
+    ) -> HttpResponse | None:
+        """A page for the range, then the slots it runs and skips, then (confirmed) the
+        backfill (:mod:`celery_driftsafe.publish.backfill`). Nothing is written before the
+        confirmation, and the confirmation plans again: a slot that got a run meanwhile is
+        skipped."""
+        tasks = list(queryset[:2])
+        if len(tasks) != 1:
+            self.message_user(request, "Backfill one task at a time.", messages.WARNING)
+            return None
+        task = tasks[0]
+        context: dict[str, Any] = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "task": task,
+            "title": f"Backfill {task.name}",
+            "max_slots": get_settings().backfill_max_slots,
+            "from_text": request.POST.get("backfill_from", ""),
+            "to_text": request.POST.get("backfill_to", ""),
+        }
+        step = request.POST.get("backfill_step")
+        if step in ("list", "confirm"):
+            try:
+                start = parse_instant(context["from_text"], task.timezone)
+                end = parse_instant(context["to_text"], task.timezone)
+                plan = plan_backfill(task, start, end)
+            except (ValueError, TaskRefused, ScheduleError) as exc:
+                context["error"] = str(exc)
+            else:
+                if step == "confirm":
+                    self._backfill(request, plan)
+                    return None
+                context["plan"] = plan
+                context["rows"] = backfill_rows(plan)
+        return TemplateResponse(
+            request, "admin/celery_driftsafe/periodictask/backfill.html", context
+        )
+
+    def _backfill(self, request: HttpRequest, plan: BackfillPlan) -> None:
+        try:
+            result = run_backfill(
+                plan, actor=backfill_actor(admin_actor(request.user.get_username()))
+            )
+        except (ClockError, ConfigurationError, TaskModulesError) as exc:
+            self.message_user(request, f"Cannot backfill: {exc}", messages.ERROR)
+            return
+        deferred = f" ({result.deferred} when this request commits)" if result.deferred else ""
+        text = (
+            f"Backfill of {plan.task.name} from {plan.start.isoformat()} to "
+            f"{plan.end.isoformat()}: {result.inserted} runs inserted, {result.published} "
+            f"published{deferred}, {len(plan.taken)} skipped (they had a run), {result.lost} taken "
+            "meanwhile by a beat or another backfill"
+        )
+        level = messages.SUCCESS
+        if result.unpublished:
+            level = messages.WARNING
+            text += (
+                f"; {len(result.unpublished)} not published (a beat's outbox publishes those "
+                "left claimed)"
+            )
+        self.message_user(request, text, level)
+        self.log_change(request, plan.task, text)
+
     @admin.action(
         description="Reset schedule (next slot after now, no catch-up)", permissions=["change"]
     )
@@ -533,6 +609,26 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
             context["driftsafe_preview_zone"] = zone
             context["driftsafe_preview_disabled"] = not (obj or form.instance).enabled
         return super().render_change_form(request, context, add, change, form_url, obj)
+
+
+def backfill_rows(plan: BackfillPlan) -> list[dict[str, str]]:
+    """The slots of a backfill's plan in order, each to run or skipped (with the run it has),
+    as the confirmation page lists them."""
+    zone = ZoneInfo(plan.task.timezone)
+    rows = [(slot, "run", "runs") for slot in plan.to_run]
+    rows += [
+        (taken.slot, "skip", f"skipped: run #{taken.run_id} ({taken.kind}, {taken.status})")
+        for taken in plan.taken
+    ]
+    return [
+        {
+            "utc": slot.isoformat(),
+            "local": f"{slot.astimezone(zone):%Y-%m-%d %H:%M:%S %Z}",
+            "what": what,
+            "note": note,
+        }
+        for slot, what, note in sorted(rows)
+    ]
 
 
 def preview_rows(preview: Preview) -> list[dict[str, str]]:

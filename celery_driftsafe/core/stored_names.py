@@ -85,11 +85,13 @@ FINISHED = (
 
 
 class RunKind(StoredName):
-    """Why a run exists: a slot of its schedule, an operator's "run now", an ad-hoc call."""
+    """Why a run exists: a slot of its schedule, an operator's "run now", an ad-hoc call, a
+    past slot of its schedule run by a backfill."""
 
     SCHEDULED = "scheduled", "Scheduled"
     MANUAL = "manual", "Run now"
     ADHOC = "adhoc", "Ad-hoc call"
+    BACKFILL = "backfill", "Backfill"
 
 
 class MisfirePolicy(StoredName):
