@@ -93,6 +93,34 @@ def run_message(task: PeriodicTask) -> dict[str, Any]:
     return {"args": list(task.args), "kwargs": dict(task.kwargs), "options": publish_options(task)}
 
 
+def operator_run(
+    task: PeriodicTask,
+    kind: str,
+    slot: datetime,
+    now: datetime,
+    actor: str,
+    message: dict[str, Any] | None = None,
+) -> Run:
+    """An unsaved run of ``task`` at ``slot`` that an operator made (run now, a backfill),
+    claimed by ``actor`` at ``now`` with ``message`` captured (default: the task's own) and
+    its expiry counted from ``now``, not from a slot that may lie in the past."""
+    return Run(
+        periodic_task=task,
+        task_name=task.task,
+        kind=kind,
+        slot=slot,
+        status=RunStatus.CLAIMED,
+        claimed_by=actor,
+        claimed_at=now,
+        celery_task_id=celery_task_id(task.pk, slot),
+        dispatch_attempts=1,
+        message=run_message(task) if message is None else message,
+        expires_at=None
+        if task.expires_seconds is None
+        else now + timedelta(seconds=task.expires_seconds),
+    )
+
+
 def claimed_run(run: Run, task: PeriodicTask | None = None) -> ClaimedRun:
     """What publishing ``run`` needs: its identity and the message captured at claim time
     (for a row claimed before messages were captured: its task's current arguments and

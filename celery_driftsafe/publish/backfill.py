@@ -41,7 +41,7 @@ import socket
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -49,11 +49,11 @@ from zoneinfo import ZoneInfo
 from django.db import IntegrityError, connections, transaction
 
 from celery_driftsafe.celery_app import load_task_modules
-from celery_driftsafe.claim.outbox import celery_task_id, claimed_run, run_message
+from celery_driftsafe.claim.outbox import claimed_run, operator_run, run_message
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.core.preview import upcoming_slots
 from celery_driftsafe.exceptions import BackfillRefused, TaskRefused
-from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
+from celery_driftsafe.models import PeriodicTask, Run, RunKind
 from celery_driftsafe.publish.dispatcher import Dispatcher
 from celery_driftsafe.store.clock import Clock, authority_clock
 
@@ -268,25 +268,7 @@ def _insert(
     here, not a lost race. One transaction per chunk, holding the task's row: a beat's claim
     of the task (which locks that row first) waits for the chunk, or skips the task meanwhile,
     and takes the slots left."""
-    expires = (
-        None if task.expires_seconds is None else now + timedelta(seconds=task.expires_seconds)
-    )
-    runs = [
-        Run(
-            periodic_task=task,
-            task_name=task.task,
-            kind=RunKind.BACKFILL,
-            slot=slot,
-            status=RunStatus.CLAIMED,
-            claimed_by=actor,
-            claimed_at=now,
-            celery_task_id=celery_task_id(task.pk, slot),
-            dispatch_attempts=1,
-            message=message,
-            expires_at=expires,
-        )
-        for slot in slots
-    ]
+    runs = [operator_run(task, RunKind.BACKFILL, slot, now, actor, message) for slot in slots]
     with transaction.atomic(using=using):
         # The task's row first, as a beat's claim takes it before it inserts runs: racers
         # that lock in the same order wait for each other rather than deadlock.

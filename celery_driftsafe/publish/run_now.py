@@ -36,13 +36,13 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
 from celery_driftsafe.celery_app import load_task_modules
-from celery_driftsafe.claim.outbox import celery_task_id, claimed_run, run_message
+from celery_driftsafe.claim.outbox import claimed_run, operator_run
 from celery_driftsafe.exceptions import TaskRefused
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 from celery_driftsafe.publish.dispatcher import Dispatcher, DispatchResult
@@ -108,23 +108,9 @@ def run_now(
     if clock is None:
         clock = authority_clock(using)
     slot = clock.now()
-    task_id = celery_task_id(task.pk, slot)
     actor = actor or _default_actor()
-    run = Run(
-        periodic_task=task,
-        task_name=task.task,
-        kind=RunKind.MANUAL,
-        slot=slot,
-        status=RunStatus.CLAIMED,
-        claimed_by=actor,
-        claimed_at=slot,
-        celery_task_id=task_id,
-        dispatch_attempts=1,
-        message=run_message(task),
-        expires_at=None
-        if task.expires_seconds is None
-        else slot + timedelta(seconds=task.expires_seconds),
-    )
+    run = operator_run(task, RunKind.MANUAL, slot, slot, actor)
+    task_id = run.celery_task_id
     try:
         with transaction.atomic(using=using):
             run.save(using=using)
