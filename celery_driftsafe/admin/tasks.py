@@ -46,7 +46,7 @@ from celery_driftsafe.admin.display import (
 from celery_driftsafe.admin.forms import PREVIEW_BUTTON, PREVIEW_COUNT, PeriodicTaskForm
 from celery_driftsafe.celery_app import get_celery_app
 from celery_driftsafe.conf import get_settings
-from celery_driftsafe.core.preview import Preview, offset_text
+from celery_driftsafe.core.preview import Preview
 from celery_driftsafe.definitions import changes
 from celery_driftsafe.exceptions import (
     ClockError,
@@ -634,18 +634,12 @@ def backfill_rows(plan: BackfillPlan) -> list[dict[str, str]]:
 def preview_rows(preview: Preview) -> list[dict[str, str]]:
     """The preview's rows as the page shows them (texts, so no template filter moves them to
     the site's time zone)."""
-    rows = []
-    for row in preview.rows:
-        mark = ""
-        if row.offset_change is not None:
-            before, after = (offset_text(value) for value in row.offset_change)
-            mark = f"UTC offset {before} → {after}"
-        rows.append(
-            {
-                "local": f"{row.local:%Y-%m-%d %H:%M:%S} {offset_text(row.local.utcoffset())}",
-                "utc": f"{row.slot:%Y-%m-%d %H:%M:%S}",
-                "due": f"{row.due:%H:%M:%S.%f}" if row.jittered else "",
-                "dst": mark,
-            }
-        )
-    return rows
+    return [
+        {
+            "local": row.local_text,
+            "utc": f"{row.slot:%Y-%m-%d %H:%M:%S}",
+            "due": f"{row.due:%H:%M:%S.%f}" if row.jittered else "",
+            "dst": row.offset_change_text("→"),
+        }
+        for row in preview.rows
+    ]

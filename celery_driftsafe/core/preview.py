@@ -44,6 +44,19 @@ class SlotRow:
     def jittered(self) -> bool:
         return self.due != self.slot
 
+    @property
+    def local_text(self) -> str:
+        """The slot in the task's zone with its UTC offset: ``2026-03-29 03:00:00 +02:00``."""
+        return f"{self.local:%Y-%m-%d %H:%M:%S} {offset_text(self.local.utcoffset())}"
+
+    def offset_change_text(self, arrow: str) -> str:
+        """The DST change since the row before (``UTC offset +01:00 → +02:00`` with ``arrow``
+        ``"→"``), or ``""``."""
+        if self.offset_change is None:
+            return ""
+        before, after = (offset_text(value) for value in self.offset_change)
+        return f"UTC offset {before} {arrow} {after}"
+
 
 @dataclass(frozen=True)
 class Preview:

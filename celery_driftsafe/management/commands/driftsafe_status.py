@@ -219,15 +219,11 @@ class Command(BaseCommand):
         if not task.enabled:
             out(self.style.WARNING("  the task is disabled: it fires none of these until enabled"))
         for row in result.rows:
-            line = (
-                f"  {row.local:%Y-%m-%d %H:%M:%S} {offset_text(row.local.utcoffset())}"
-                f"  {row.slot:%Y-%m-%d %H:%M:%S} UTC"
-            )
+            line = f"  {row.local_text}  {row.slot:%Y-%m-%d %H:%M:%S} UTC"
             if row.jittered:
                 line += f"  due {row.due:%H:%M:%S.%f} UTC (jitter)"
             if row.offset_change is not None:
-                before, after = row.offset_change
-                line += f"  DST: UTC offset {offset_text(before)} -> {offset_text(after)}"
+                line += f"  DST: {row.offset_change_text('->')}"
             out(line)
         if result.end is not None:
             out(f"  no further slot: {result.end}")
