@@ -42,6 +42,11 @@ REGISTRY: dict[str, tuple[str, str]] = {
         "benchmarks.compare:recovery",
         "comparison scenario: back after an outage with no beat running",
     ),
+    "ablation": (
+        "benchmarks.ablation:main",
+        "every speed mechanism off in turn: burst (1 and 3 beats), steady, recovery; "
+        "what each buys beside the noise",
+    ),
     "burst-profile": (
         "benchmarks.bench_burst:main",
         "in-process burst: where a slot's time goes per stage, --profile, --ledger N, --explain",

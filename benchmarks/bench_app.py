@@ -13,6 +13,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.bench_settings")
 app = Celery("bench")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 
+if os.environ.get("DRIFTSAFE_BENCH_OTEL") == "1":
+    # OpenTelemetry's Celery instrumentation, installed at the app's import as a project
+    # does (spans made and dropped where an exporter would send them)
+    from tests.e2e.tracing import install_opentelemetry
+
+    install_opentelemetry()
+
 #: The name every benchmark entry calls.
 TASK = "bench.tick"
 

@@ -408,18 +408,32 @@ def _sample_until(trial: Trial, done: Callable[[], bool], until: float) -> None:
 
 
 def burst(
-    services: Services, peer: Peer, tasks: int, beats: int, bound: float, log: Log
+    services: Services,
+    peer: Peer,
+    tasks: int,
+    beats: int,
+    bound: float,
+    log: Log,
+    *,
+    sql_seed: bool = False,
+    idle: float | None = None,
 ) -> dict[str, Any]:
     """``tasks`` entries every 60 s, all first due at one instant T; ``beats`` unskewed beats
     started and given time to come up before T. Every message is recorded until the wave is
-    out or ``bound`` seconds after T (below 60, so no second wave is due)."""
+    out or ``bound`` seconds after T (below 60, so no second wave is due). ``sql_seed``
+    (celery_driftsafe only): the rows written by one statement (:meth:`Trial.sql_seed`);
+    ``idle``: seconds the beats are up before T (default ~0.5 ms an entry)."""
     trial = Trial(services, peer)
     try:
-        # seeding (~0.3 ms an entry), start-up of the beats (a scheduler may load every entry
-        # at start: ~0.5 ms an entry), so that the beats are up and idle when the wave is due
-        due_at = _at(8.0 + tasks * 0.3e-3 + _lead(beats) + tasks * 0.5e-3)
-        entries = [Entry(i, 60, due_at) for i in range(tasks)]
-        trial.seed(entries)
+        # seeding (~0.3 ms an entry by the ORM), start-up of the beats (a scheduler may load
+        # every entry at start: ~0.5 ms an entry), so that the beats are up and idle when the
+        # wave is due
+        seeding = tasks * (0.05e-3 if sql_seed else 0.3e-3)
+        due_at = _at(8.0 + seeding + _lead(beats) + (tasks * 0.5e-3 if idle is None else idle))
+        if sql_seed:
+            trial.sql_seed(tasks, 60, due_at, 0.0)
+        else:
+            trial.seed([Entry(i, 60, due_at) for i in range(tasks)])
         due = due_at.timestamp()
         overran = max(0.0, time.time() - due)
         for _ in range(beats):
@@ -427,10 +441,12 @@ def burst(
         _sleep_until(due - 1.0)
         trial.mark()
         c0 = trial.counters()
+        servers0 = trial.server_cpu()
         end = due + bound
         _sample_until(trial, partial(_every_entry_sent, trial, tasks), end)
         drained_at = time.time()
         c1 = trial.counters()
+        servers1 = trial.server_cpu()
         alive = all(b.process.poll() is None for b in trial.beats)
         cpu = sum(b.cpu - b.cpu_mark for b in trial.beats)
         rss = max(b.peak_rss_kb for b in trial.beats) / 1024
@@ -471,6 +487,7 @@ def burst(
             "rate": len(per_entry) / worst if worst and not worst_bound else None,
             "cpu_s": cpu,
             "cpu_us_per_slot": 1e6 * cpu / len(per_entry) if per_entry else None,
+            "pg_cpu_s": servers1["pg"] - servers0["pg"],
             "rss_mb": rss,
             "db_xacts_per_s": (c1.xacts - c0.xacts) / (c1.at - c0.at),
             "slot_mismatches": sum(
@@ -505,24 +522,36 @@ def _curve(offsets: list[float], points: int = 200) -> list[list[float]]:
 
 
 def recovery(
-    services: Services, peer: Peer, tasks: int, outage: float, bound: float, log: Log
+    services: Services,
+    peer: Peer,
+    tasks: int,
+    outage: float,
+    bound: float,
+    log: Log,
+    *,
+    sql_seed: bool = False,
 ) -> dict[str, Any]:
     """``tasks`` entries every 60 s, first due ``outage`` seconds ago (spread over that
     minute) and never run since: one beat starts. How long until the first message and until
-    every entry has sent its catch-up, what the ledger wrote for the outage (ours), memory."""
+    every entry has sent its catch-up, what the ledger wrote for the outage (ours), memory.
+    ``sql_seed`` (celery_driftsafe only): the rows written by one statement."""
     trial = Trial(services, peer)
     try:
         began = time.time()
-        entries = [
-            Entry(i, 60, datetime.fromtimestamp(began - outage + 60.0 * i / tasks, UTC))
-            for i in range(tasks)
-        ]
-        trial.seed(entries)
+        first = datetime.fromtimestamp(began - outage, UTC)
+        if sql_seed:
+            trial.sql_seed(tasks, 60, first, 60.0)
+        else:
+            trial.seed(
+                [Entry(i, 60, first + timedelta(seconds=60.0 * i / tasks)) for i in range(tasks)]
+            )
         launch = time.time()
+        servers0 = trial.server_cpu()
         beat = trial.start_beat(0.0)
         end = launch + bound
         _sample_until(trial, partial(_every_entry_sent, trial, tasks), end)
         caught_up = time.time()
+        servers1 = trial.server_cpu()
         cpu, rss = beat.cpu, beat.peak_rss_kb / 1024
         alive = beat.process.poll() is None
         trial.stop()
@@ -546,6 +575,7 @@ def recovery(
             "ledger_rows_per_task": ledger["rows"] / tasks if ledger else None,
             "missed_slots": ledger["missed_slots"] if ledger else None,
             "cpu_s": cpu,
+            "pg_cpu_s": servers1["pg"] - servers0["pg"],
             "rss_mb": rss,
             "watched": caught_up - launch,
         }
