@@ -191,6 +191,7 @@ def test_without_building_ahead_nothing_is_built_and_the_messages_are_the_same(
 @pytest.fixture
 def threshold() -> Iterator[tuple[int, ...]]:
     kept = gc.get_threshold()
+    gc.unfreeze()  # what another test froze
     gc.set_threshold(700, *kept[1:])
     yield gc.get_threshold()
     gc.set_threshold(*kept)
