@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from functools import partial
@@ -109,14 +110,17 @@ def test_the_benchmark_names_every_mechanism_one_way() -> None:
 def publish_twice(
     app: Celery, settings: Any, name: str, off: str
 ) -> tuple[list[Any], list[Any], Dispatcher]:
-    """Claim two runs and publish them to queue ``name`` with every mechanism on, then (their
-    claims restored, a new dispatcher) with ``off`` off; the raw envelopes of each, and the
-    second dispatcher."""
+    """Claim two runs and publish them to queue ``name`` with every mechanism on (written
+    straight to Redis), then (their claims restored, a new dispatcher) with ``off`` off; the
+    raw envelopes of each, and the second dispatcher."""
     runs = claim(task="fast.add")
-    on = Dispatcher(app, FakeClock(datetime.now(T0.tzinfo)))
-    assert len(on.dispatch(runs).published) == 2
-    first = raw_messages(name)
-    Run.objects.update(status=RunStatus.CLAIMED, dispatched_at=None)
+    # once to declare the queue (a message that declares one goes through kombu), then on
+    for _ in range(2):
+        on = Dispatcher(app, FakeClock(datetime.now(T0.tzinfo)))
+        assert len(on.dispatch(runs).published) == 2
+        first = raw_messages(name)
+        Run.objects.update(status=RunStatus.CLAIMED, dispatched_at=None)
+    assert on.fast.direct == 2
     switch_off(settings, off)
     plain = Dispatcher(app, FakeClock(datetime.now(T0.tzinfo)))
     assert len(plain.dispatch(runs).published) == 2
@@ -137,6 +141,20 @@ def test_without_the_redis_writer_kombu_publishes_the_same_messages(
 ) -> None:
     first, second, plain = publish_twice(make_app(), settings, queue, "redis_writer")
     assert plain.fast.published == 2 and plain.fast.direct == 0  # on: 2 (test_fastpublish)
+    assert_same_messages(first, second)
+
+
+def test_without_counted_delivery_tags_each_message_draws_its_own(
+    make_app: Callable[..., Celery],  # noqa: F811
+    queue: str,  # noqa: F811
+    settings: Any,
+) -> None:
+    first, second, plain = publish_twice(make_app(), settings, queue, "delivery_tags")
+    assert plain.fast.direct == 2  # still written straight to Redis
+    counted = [uuid.UUID(m["properties"]["delivery_tag"]) for _, m in first]
+    drawn = [uuid.UUID(m["properties"]["delivery_tag"]) for _, m in second]
+    assert counted[0].hex[:20] == counted[1].hex[:20]  # one UUID4, counted
+    assert drawn[0].hex[:20] != drawn[1].hex[:20] and {t.version for t in drawn} == {4}
     assert_same_messages(first, second)
 
 
@@ -398,6 +416,7 @@ CLAIM_SIDE = [
     "iso_texts",
     "misfire_arithmetic",
     "plain_insert",
+    "expiry_shortcut",
 ]
 
 
@@ -420,6 +439,8 @@ def claim_a_mix(settings: Any, off: list[str]) -> tuple[list[Any], list[Any]]:
         )
     interval_task("jittered", 60, anchor=T0, next_slot_at=T0 - 120 * S, jitter_seconds=20)
     crontab_task("crontab", "* * * * *", next_slot_at=T0 - 180 * S)
+    interval_task("expiring", 60, anchor=T0, next_slot_at=T0, expires_seconds=30)
+    interval_task("bounded", 20, anchor=T0, next_slot_at=T0, valid_until=T0 + 30 * S)
     taken = interval_task("taken", 30, anchor=T0, next_slot_at=T0)
     Run.objects.create(periodic_task=taken, task_name="tests.add", slot=T0 + 30 * S)
     nodes.register("n1", T0)
@@ -445,6 +466,27 @@ def claim_a_mix(settings: Any, off: list[str]) -> tuple[list[Any], list[Any]]:
         )
     )
     return runs, tasks
+
+
+def test_without_the_expiry_shortcut_every_expiry_is_the_limits(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery_driftsafe.claim import claimers
+
+    limits: list[datetime] = []
+    original = claimers.message_expiry
+
+    def counting(slot: datetime, *args: Any) -> datetime | None:
+        limits.append(slot)
+        return original(slot, *args)
+
+    monkeypatch.setattr(claimers, "message_expiry", counting)
+    task = interval_task("plain", 60, anchor=T0, next_slot_at=T0, expires_seconds=30)
+    on = run_expiry(task, T0, get_settings())
+    assert limits == []  # the slot plus the seconds
+    switch_off(settings, "expiry_shortcut")
+    assert run_expiry(task, T0, get_settings()) == on == T0 + 30 * S
+    assert limits == [T0]
 
 
 @pytest.mark.parametrize("off", [*CLAIM_SIDE, "all"])
