@@ -170,11 +170,18 @@ class DriftSafeSettings:
     optimisations_off: tuple[Optimisation, ...] = ()
 
     def __post_init__(self) -> None:
-        if isinstance(self.optimisations_off, list | tuple):
-            known = set(Optimisation.values)
-            names = tuple(self.optimisations_off)
-            if all(isinstance(name, str) and name in known for name in names):
-                object.__setattr__(self, "optimisations_off", tuple(map(Optimisation, names)))
+        names = self.optimisations_off
+        known = Optimisation.values
+        if not isinstance(names, list | tuple) or not all(
+            isinstance(name, str) and name in known for name in names
+        ):
+            raise ConfigurationError(
+                "OPTIMISATIONS_OFF",
+                names,
+                "must be a list or tuple of optimisation names",
+                "known: " + ", ".join(known),
+            )
+        object.__setattr__(self, "optimisations_off", tuple(map(Optimisation, names)))
 
     def optimised(self, name: Optimisation) -> bool:
         """Whether the mechanism ``name`` is on (not in ``OPTIMISATIONS_OFF``)."""

@@ -28,10 +28,11 @@ from celery_driftsafe.beat.gc_freeze import MIN_OBJECTS, HeapKeeper, widen_young
 from celery_driftsafe.checks import _check_raw
 from celery_driftsafe.claim.claimers import claimer_for, run_expiry
 from celery_driftsafe.claim.prefetch import Prefetcher
-from celery_driftsafe.conf import get_settings
+from celery_driftsafe.conf import build_settings, get_settings
 from celery_driftsafe.core import instants, misfire
 from celery_driftsafe.core.schedules import Interval
 from celery_driftsafe.core.stored_names import MisfirePolicy, Optimisation
+from celery_driftsafe.exceptions import ConfigurationError
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
 from celery_driftsafe.publish.dispatcher import Dispatcher
 from celery_driftsafe.publish.prebuild import Prebuilder
@@ -86,6 +87,8 @@ def test_the_setting_takes_known_names_and_the_check_refuses_others(settings: An
     assert "must be a list or tuple" in not_a_list.msg
     (not_a_name,) = refusals([3])
     assert "3 is not an optimisation's name" in not_a_name.msg
+    with pytest.raises(ConfigurationError, match=r"OPTIMISATIONS_OFF.*known: redis_writer"):
+        build_settings({"OPTIMISATIONS_OFF": ["prebuilt"]}, database={})
 
 
 def test_the_benchmark_names_every_mechanism_one_way() -> None:
