@@ -11,6 +11,9 @@ one trial comes from the environment, set by :mod:`benchmarks.peers`:
 ``BENCH_QUEUE``           the trial's queue: the recorder pops it
 ``BENCH_MAX_LOOP``        tuned runs only: ``beat_max_loop_interval`` (seconds)
 ``BENCH_REDBEAT_LOCK``    tuned runs only: ``redbeat_lock_timeout`` (seconds)
+``DRIFTSAFE_BENCH_OFF``   celery_driftsafe's performance mechanisms switched off, by name,
+                          comma-separated (:func:`switched_off`), for the ablation benchmark;
+                          inherited from the command's environment
 
 Nothing else is set, so each scheduler runs with its shipped defaults.
 """
@@ -18,6 +21,39 @@ Nothing else is set, so each scheduler runs with its shipped defaults.
 from __future__ import annotations
 
 import os
+from typing import Any
+
+from celery_driftsafe.core.stored_names import Optimisation
+
+#: Mechanisms with a setting of their own, by the name the benchmark gives them, and the
+#: setting that switches each off.
+OWN_SETTINGS: dict[str, tuple[str, Any]] = {
+    "fast_publish": ("FAST_PUBLISH", False),
+    "claim_process": ("CLAIM_PROCESS", False),
+    "publish_batch": ("PUBLISH_BATCH_SIZE", 1),
+    "round_interval": ("MIN_ROUND_INTERVAL_SECONDS", 0),
+}
+
+
+def switched_off(names: str) -> dict[str, Any]:
+    """The ``DRIFTSAFE`` entries that switch off the mechanisms ``names`` (comma-separated):
+    an :class:`~celery_driftsafe.core.stored_names.Optimisation` goes to ``OPTIMISATIONS_OFF``,
+    one of :data:`OWN_SETTINGS` to its setting. An unknown name raises, listing the known."""
+    entries: dict[str, Any] = {}
+    off: list[str] = []
+    for name in filter(None, (part.strip() for part in names.split(","))):
+        if name in OWN_SETTINGS:
+            key, value = OWN_SETTINGS[name]
+            entries[key] = value
+        elif name in Optimisation.values:
+            off.append(name)
+        else:
+            known = ", ".join([*OWN_SETTINGS, *Optimisation.values])
+            raise ValueError(f"DRIFTSAFE_BENCH_OFF: unknown mechanism {name!r}; known: {known}")
+    if off:
+        entries["OPTIMISATIONS_OFF"] = off
+    return entries
+
 
 SECRET_KEY = "benchmark-only-not-secret"
 DEBUG = False
@@ -42,7 +78,7 @@ DATABASES = {
 _PREFIX = os.environ.get("BENCH_PREFIX", "dsbench")
 _STORE = os.environ.get("BENCH_STORE_URL", "redis://127.0.0.1:6379/9")
 
-DRIFTSAFE = {
+DRIFTSAFE: dict[str, Any] = {
     "REDIS_URL": _STORE,
     "KEY_PREFIX": f"{_PREFIX}:driftsafe",
     "TIME_AUTHORITY": "database",
@@ -54,6 +90,8 @@ if os.environ.get("DRIFTSAFE_BENCH_CLAIM_PROCESS") == "0":
 # DRIFTSAFE_BENCH_CLAIM_BATCH_SIZE=N: our beats claim N tasks a batch (default 500).
 if os.environ.get("DRIFTSAFE_BENCH_CLAIM_BATCH_SIZE"):
     DRIFTSAFE["CLAIM_BATCH_SIZE"] = int(os.environ["DRIFTSAFE_BENCH_CLAIM_BATCH_SIZE"])
+# DRIFTSAFE_BENCH_OFF=prebuild,fast_publish: those mechanisms off (the ablation benchmark).
+DRIFTSAFE.update(switched_off(os.environ.get("DRIFTSAFE_BENCH_OFF", "")))
 
 CELERY_BROKER_URL = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/9")
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("BENCH_QUEUE", f"{_PREFIX}:queue")

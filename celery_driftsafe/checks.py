@@ -28,6 +28,8 @@ Stable ids (documented in the settings reference):
 ``celery_driftsafe.E031``  ``LEASE_SECONDS`` is below :data:`MIN_LEASE_SECONDS`
 ``celery_driftsafe.E032``  ``NODE_DEAD_AFTER_SECONDS`` is below twice
                            ``HEARTBEAT_INTERVAL_SECONDS``
+``celery_driftsafe.E033``  ``OPTIMISATIONS_OFF`` is not a list or tuple of known optimisation
+                           names (:class:`~celery_driftsafe.core.stored_names.Optimisation`)
 ``celery_driftsafe.W001``  ``TIME_AUTHORITY`` is set to ``database`` on SQLite (no shared clock)
 ``celery_driftsafe.W002``  ``MAX_CLOCK_OFFSET_SECONDS`` is not below the hard bound
 ``celery_driftsafe.W020``  ``METRICS_TOKEN`` is shorter than 32 characters
@@ -50,6 +52,7 @@ from django.core.checks import CheckMessage, Error, Warning
 from django.db import connections
 
 from celery_driftsafe import conf
+from celery_driftsafe.core.stored_names import Optimisation
 from celery_driftsafe.core.validation import seconds_in_calendar
 from celery_driftsafe.exceptions import ConfigurationError
 
@@ -262,6 +265,7 @@ def _check_raw(raw: dict[str, Any]) -> Iterable[CheckMessage]:
         )
     yield from _check_relations(raw, defaults)
     yield from _check_metrics(raw)
+    yield from _check_optimisations(raw.get("OPTIMISATIONS_OFF", ()))
     warn = raw.get("MAX_CLOCK_OFFSET_SECONDS", defaults.max_clock_offset_seconds)
     hard = raw.get("HARD_CLOCK_OFFSET_SECONDS", defaults.hard_clock_offset_seconds)
     if _is_number(warn) and _is_number(hard) and warn >= hard:
@@ -318,6 +322,29 @@ def _check_relations(
             "heartbeat intervals, better five or more",
             "celery_driftsafe.E032",
         )
+
+
+def _check_optimisations(value: Any) -> Iterable[CheckMessage]:
+    """``OPTIMISATIONS_OFF``: a list or tuple of :class:`Optimisation` names."""
+    known = "known: " + ", ".join(Optimisation.values)
+    if not isinstance(value, list | tuple):
+        yield _error(
+            "OPTIMISATIONS_OFF",
+            value,
+            "must be a list or tuple of optimisation names",
+            f"for example ['prebuild']; {known}",
+            "celery_driftsafe.E033",
+        )
+        return
+    for name in value:
+        if not (isinstance(name, str) and name in Optimisation.values):
+            yield _error(
+                "OPTIMISATIONS_OFF",
+                value,
+                f"{name!r} is not an optimisation's name",
+                known,
+                "celery_driftsafe.E033",
+            )
 
 
 def _check_metrics(raw: dict[str, Any]) -> Iterable[CheckMessage]:

@@ -25,7 +25,13 @@ from typing import Any
 
 from django.conf import settings as django_settings
 
-from celery_driftsafe.core.stored_names import MisfirePolicy, RedisUnavailablePolicy, TimeAuthority
+from celery_driftsafe.core import instants, misfire
+from celery_driftsafe.core.stored_names import (
+    MisfirePolicy,
+    Optimisation,
+    RedisUnavailablePolicy,
+    TimeAuthority,
+)
 from celery_driftsafe.exceptions import ConfigurationError
 
 #: The fixed part of the default key prefix (and the prefix of a settings object built by hand).
@@ -158,6 +164,28 @@ class DriftSafeSettings:
     #: ``None``: only logged-in users allowed to view tasks, runs and nodes see the view.
     #: Kept out of the settings' ``repr``.
     metrics_token: str | None = dataclasses.field(default=None, repr=False)
+    #: Performance mechanisms switched off, by name (:class:`~celery_driftsafe.core.stored_names.
+    #: Optimisation`, a list or tuple): each only saves time, and off the beat does the same
+    #: work the plain way (for measuring what each one buys).
+    optimisations_off: tuple[Optimisation, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = self.optimisations_off
+        known = Optimisation.values
+        if not isinstance(names, list | tuple) or not all(
+            isinstance(name, str) and name in known for name in names
+        ):
+            raise ConfigurationError(
+                "OPTIMISATIONS_OFF",
+                names,
+                "must be a list or tuple of optimisation names",
+                "known: " + ", ".join(known),
+            )
+        object.__setattr__(self, "optimisations_off", tuple(map(Optimisation, names)))
+
+    def optimised(self, name: Optimisation) -> bool:
+        """Whether the mechanism ``name`` is on (not in ``OPTIMISATIONS_OFF``)."""
+        return name not in self.optimisations_off
 
     @classmethod
     def setting_names(cls) -> dict[str, str]:
@@ -214,7 +242,15 @@ def get_settings() -> DriftSafeSettings:
     global _cached
     if _cached is None:
         _cached = build_settings(raw_settings())
+        _switch_core(_cached)
     return _cached
+
+
+def _switch_core(settings: DriftSafeSettings) -> None:
+    """The pure core reads no settings: its switches (``OPTIMISATIONS_OFF``) are set here,
+    each time the settings are read after a change."""
+    instants.remember_iso_texts(settings.optimised(Optimisation.ISO_TEXTS))
+    misfire.plan_by_arithmetic(settings.optimised(Optimisation.MISFIRE_ARITHMETIC))
 
 
 def clear_cache(**kwargs: Any) -> None:
@@ -222,3 +258,7 @@ def clear_cache(**kwargs: Any) -> None:
     global _cached
     if kwargs.get("setting", "DRIFTSAFE") == "DRIFTSAFE":
         _cached = None
+        try:  # the core's switches now, not at the next read of the settings
+            _switch_core(build_settings(raw_settings()))
+        except ConfigurationError:  # the checks say what is wrong; every mechanism on
+            _switch_core(DriftSafeSettings())

@@ -23,6 +23,9 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 
+from celery_driftsafe.conf import get_settings
+from celery_driftsafe.core.stored_names import Optimisation
+
 #: How often the oldest generation is counted (a few milliseconds for 400,000 objects).
 CHECK_INTERVAL_SECONDS = 10.0
 #: Fewer objects than this in the oldest generation cost a full collection little: not frozen.
@@ -37,7 +40,7 @@ def widen_young_generation() -> bool:
     of 0 (collection off) or one already as wide, set by the project, is left as it is.
     Garbage without reference cycles is freed by its reference count whatever this is."""
     young, *older = gc.get_threshold()
-    if not 0 < young < YOUNG_THRESHOLD:
+    if not get_settings().optimised(Optimisation.GC_YOUNG) or not 0 < young < YOUNG_THRESHOLD:
         return False
     gc.set_threshold(YOUNG_THRESHOLD, *older)
     return True
@@ -51,10 +54,14 @@ class HeapKeeper:
         self._next_check = 0.0
         #: Full collections and freezes done, for tests and figures.
         self.freezes = 0
+        #: Off (``OPTIMISATIONS_OFF`` "gc_freeze"): never freezes.
+        self.enabled = get_settings().optimised(Optimisation.GC_FREEZE)
 
     def maybe_freeze(self, *, check_now: bool = False) -> bool:
         """Check (at most every ``CHECK_INTERVAL_SECONDS``, or now with ``check_now``) and
         freeze if it is worth it; whether it froze."""
+        if not self.enabled:
+            return False
         now = self._monotonic()
         if now < self._next_check and not check_now:
             return False

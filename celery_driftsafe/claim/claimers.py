@@ -51,6 +51,7 @@ from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.core.bounds import message_expiry
 from celery_driftsafe.core.jitter import due_instant, offset
 from celery_driftsafe.core.misfire import ClaimPlan, plan_limited
+from celery_driftsafe.core.stored_names import Optimisation
 from celery_driftsafe.core.validation import Problem
 from celery_driftsafe.models import (
     PeriodicTask,
@@ -317,8 +318,10 @@ class ClaimSteps:
         by task and return the tasks whose rows it still refuses. No ``INSERT IGNORE`` (MySQL)
         or ``OR IGNORE`` (SQLite): they also drop a row a constraint refuses, with only a
         warning, and the slot would pass for taken."""
-        refusal = self._attempt(rows, now, node_id, skip_taken=False)
-        if isinstance(refusal, IntegrityError):
+        # OPTIMISATIONS_OFF "plain_insert": skipping taken slots from the first statement
+        plain = self.settings.optimised(Optimisation.PLAIN_INSERT)
+        refusal = self._attempt(rows, now, node_id, skip_taken=not plain)
+        if plain and isinstance(refusal, IntegrityError):
             logger.debug("a slot of the claim batch already has a run (%s)", refusal)
             refusal = self._attempt(rows, now, node_id, skip_taken=True)
         if refusal is None:
@@ -474,7 +477,11 @@ def run_expiry(task: PeriodicTask, slot: datetime, settings: DriftSafeSettings) 
     seconds = task.expires_seconds
     if seconds is None:
         seconds = settings.run_expires_seconds
-    if task.jitter_seconds is None and task.valid_until is None:  # what message_expiry gives
+    if (
+        task.jitter_seconds is None
+        and task.valid_until is None
+        and Optimisation.EXPIRY_SHORTCUT not in settings.optimisations_off
+    ):  # what message_expiry gives
         return None if seconds is None else slot + timedelta(seconds=seconds)
     return message_expiry(slot, task.limits, seconds)
 

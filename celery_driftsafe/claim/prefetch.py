@@ -19,6 +19,8 @@ from django.db import connections
 from celery_driftsafe.claim.claimers import ClaimResult
 from celery_driftsafe.claim.helper_process import IDLE_SECONDS, ClaimProcess, ClaimProcessLost
 from celery_driftsafe.claim.outbox import ClaimedRun
+from celery_driftsafe.conf import get_settings
+from celery_driftsafe.core.stored_names import Optimisation
 from celery_driftsafe.store.connections import refresh_between_rounds
 
 logger = logging.getLogger("celery_driftsafe.scheduler")
@@ -43,7 +45,11 @@ class Prefetcher:
         self._helper_used = 0.0
         self._executor: ThreadPoolExecutor | None = None
         self._process: ClaimProcess | None = None
-        if connections[using].features.has_select_for_update_skip_locked:
+        # Off (OPTIMISATIONS_OFF "claim_ahead"): nothing is claimed ahead (not available)
+        if (
+            get_settings().optimised(Optimisation.CLAIM_AHEAD)
+            and connections[using].features.has_select_for_update_skip_locked
+        ):
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="driftsafe-claim")
             if use_process:
                 self._process = ClaimProcess(using, node_id, monotonic)

@@ -83,6 +83,16 @@ class ClaimPlan:
 #: The policies by value (a plain set: asking an enum for its members each call costs more than
 #: the rest of a plan that fires on time).
 _POLICIES = frozenset(policy.value for policy in MisfirePolicy)
+#: Whether plans take the on-time shortcut and count an interval's slots on its grid (the
+#: ``misfire_arithmetic`` optimisation; the core reads no settings: :func:`plan_by_arithmetic`
+#: is called by the settings layer). Off, every plan walks its slots (the same plans).
+_arithmetic = True
+
+
+def plan_by_arithmetic(on: bool) -> None:
+    """Whether :func:`plan_claim` may plan without walking the schedule's slots."""
+    global _arithmetic
+    _arithmetic = on
 
 
 def plan_claim(
@@ -118,7 +128,7 @@ def plan_claim(
     if due(next_slot) > now:
         return ClaimPlan(next_slot=next_slot)
     recent_start = now - grace
-    if jitter is None and next_slot >= recent_start:
+    if _arithmetic and jitter is None and next_slot >= recent_start:
         # The common case, a slot on time: it fires, and the plan is the one below (no tail,
         # one slot on time, the next slot the first after it and after now) without walking.
         following = schedule.next_after(next_slot)
@@ -140,7 +150,7 @@ def plan_claim(
     window_start = recent_start - spread
     counted = (
         _count_on_the_grid(schedule, next_slot, recent_start, now, keep, on_time_max)
-        if jitter is None and type(schedule) is Interval
+        if _arithmetic and jitter is None and type(schedule) is Interval
         else None
     )
     if counted is not None:

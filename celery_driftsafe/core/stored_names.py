@@ -125,3 +125,26 @@ class RedisUnavailablePolicy(StrEnum):
 
     FAIL_CLOSED = "fail_closed"
     FAIL_OPEN = "fail_open"
+
+
+class Optimisation(StoredName):
+    """A performance mechanism the ``OPTIMISATIONS_OFF`` setting can switch off (each one only
+    saves time: off, the beat does the same work the plain way). ``FAST_PUBLISH``,
+    ``CLAIM_PROCESS``, ``PUBLISH_BATCH_SIZE`` and ``MIN_ROUND_INTERVAL_SECONDS`` are settings of
+    their own and not named here."""
+
+    REDIS_WRITER = "redis_writer", "The fast path writes Redis messages itself, not via kombu"
+    PREBUILD = "prebuild", "Messages of the tasks due soonest are built while the beat waits"
+    CLAIM_AHEAD = "claim_ahead", "The next batch of a wave is claimed while one is published"
+    C_TIMESTAMPS = "c_timestamps", "The claim reads instants with psycopg's C timestamptz loader"
+    PLAIN_INSTANCES = "plain_instances", "Due tasks are built by setting their attributes"
+    JSON_COLUMNS = "json_columns", "Due tasks' JSON columns are read without Django's converter"
+    GC_FREEZE = "gc_freeze", "Long-lived objects are frozen out of full garbage collections"
+    GC_YOUNG = "gc_young", "The youngest garbage generation is collected less often"
+    STATEMENT_CACHE = "statement_cache", "A round's statements are compiled to SQL once"
+    ISO_TEXTS = "iso_texts", "Instants' ISO texts are remembered"
+    MISFIRE_ARITHMETIC = "misfire_arithmetic", "Misfire plans take shortcuts instead of walking"
+    PLAIN_INSERT = "plain_insert", "The claim inserts without ON CONFLICT first"
+    INTERNED_NAMES = "interned_names", "Message templates hold interned task names"
+    DELIVERY_TAGS = "delivery_tags", "The Redis writer counts its delivery tags from one UUID4"
+    EXPIRY_SHORTCUT = "expiry_shortcut", "A run's expiry is its slot plus seconds where it can be"

@@ -21,6 +21,7 @@ from django.db.models import Case, F, Q, TextField, Value, When
 from celery_driftsafe.claim.outbox import message_headers, message_refusal
 from celery_driftsafe.claim.sql import id_set
 from celery_driftsafe.conf import get_settings
+from celery_driftsafe.core.stored_names import Optimisation
 from celery_driftsafe.exceptions import BrokerUnavailable
 from celery_driftsafe.models import Run, RunStatus
 from celery_driftsafe.monitoring import metrics
@@ -75,6 +76,8 @@ class Dispatcher:
         self.using = using
         self.batch_size = batch_size or get_settings().publish_batch_size
         self.fast = FastPublisher(app)
+        #: Whether this batch may write straight to Redis (read once a dispatch).
+        self._direct = True
         #: Why the last publish found the broker out of reach; None while it answers.
         self.broker_down: str | None = None
 
@@ -109,6 +112,8 @@ class Dispatcher:
             else:
                 todo.append(run)
         fast = self.fast if self.fast.active() else None
+        # the writer straight to Redis (OPTIMISATIONS_OFF "redis_writer": kombu's producer)
+        self._direct = get_settings().optimised(Optimisation.REDIS_WRITER)
         # A write the broker holds back (RabbitMQ's flow control) may outlast the dead-after
         # and peers take the claims over: after a while, the ones left are confirmed again.
         recheck = timedelta(seconds=get_settings().node_dead_after_seconds / 4)
@@ -173,7 +178,7 @@ class Dispatcher:
             # one message goes through kombu with its publish retry, as a batch kombu would
             # not pipeline does; the writer takes the batches kombu pipelines
             writer = None
-            if fast is not None and batch is not None and len(runs) > 1:
+            if fast is not None and batch is not None and len(runs) > 1 and self._direct:
                 writer = RedisWriter.open(producer, batch)
             for run in runs:
                 try:

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 
 from celery_driftsafe.claim.outbox import message_parts, run_message
+from celery_driftsafe.conf import get_settings
+from celery_driftsafe.core.stored_names import Optimisation
 from celery_driftsafe.models import PeriodicTask
 from celery_driftsafe.store.connections import order_from_indexes
 from celery_driftsafe.store.loaders import load_models, read_instants_in_c
@@ -71,6 +73,8 @@ class Prebuilder:
         self.read = 0
         self._after: tuple[datetime, int] | None = None
         self._rest_until = 0.0
+        #: Off (``OPTIMISATIONS_OFF`` "prebuild"): nothing is built ahead.
+        self.enabled = get_settings().optimised(Optimisation.PREBUILD)
 
     @property
     def pending(self) -> bool:
@@ -80,7 +84,7 @@ class Prebuilder:
     def run(self, now: datetime, budget: float) -> int:
         """Build templates for at most ``budget`` seconds (a chunk at least); how many."""
         started = self.monotonic()
-        if started < self._rest_until or not self.fast.active():
+        if not self.enabled or started < self._rest_until or not self.fast.active():
             return 0
         built = 0
         while True:  # a chunk at least, then as many as the budget allows

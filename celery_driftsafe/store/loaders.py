@@ -12,6 +12,11 @@ loader (that cursor only: Django's loader stays the connection's) and builds the
 Django's model iterable does (or, where nothing can tell the difference, by setting their
 attributes: see :func:`_plain_instances`); on any other connection (another time zone,
 psycopg 2, psycopg without its C extension, another database) it is ``list(queryset)``.
+
+Each of the three can be switched off on its own (``OPTIMISATIONS_OFF``): ``c_timestamps``
+(the cursor keeps Django's loader), ``plain_instances`` (every instance through ``from_db``),
+``json_columns`` (Django's converter for every JSON column); with all three off the statement
+is still the kept one (:mod:`celery_driftsafe.store.statement_cache`), read as Django reads it.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from typing import Any
 from django.db import connections
 from django.db.models.base import ModelState
 
+from celery_driftsafe.conf import get_settings
+from celery_driftsafe.core.stored_names import Optimisation
 from celery_driftsafe.store.statement_cache import compiled
 
 
@@ -56,9 +63,9 @@ def _loader_for(connection: Any) -> type | None:
 
 def read_instants_in_c(connection: Any, cursor: Any) -> None:
     """Give ``cursor`` (a Django cursor of ``connection``) psycopg's C ``timestamptz`` loader
-    where that changes no value; otherwise leave it as it is."""
+    where that changes no value; otherwise (or with ``c_timestamps`` off) leave it as it is."""
     loader = _loader_for(connection)
-    if loader is not None:
+    if loader is not None and get_settings().optimised(Optimisation.C_TIMESTAMPS):
         cursor.cursor.adapters.register_loader("timestamptz", loader)
 
 
@@ -72,7 +79,7 @@ def load_models(queryset: Any) -> list[Any]:
         return list(queryset)
     compiler = queryset.query.get_compiler(using=queryset.db)
     sql, params = compiler.as_sql()
-    return _read(connection, loader, compiler, sql, params)
+    return _read(connection, _Reading.now(loader), compiler, sql, params)
 
 
 def load_kept_models(
@@ -84,14 +91,36 @@ def load_kept_models(
     loader = _loader_for(connection)
     if loader is None:
         return list(build())
-    return _read(connection, loader, *compiled(using, key, values, build))
+    return _read(connection, _Reading.now(loader), *compiled(using, key, values, build))
+
+
+class _Reading:
+    """How one read goes: the ``timestamptz`` loader given to its cursor (None: Django's),
+    and whether the JSON columns and the instances take the short ways (the
+    ``OPTIMISATIONS_OFF`` names ``c_timestamps``, ``json_columns``, ``plain_instances``, read
+    once a read)."""
+
+    __slots__ = ("json", "loader", "plain")
+
+    def __init__(self, loader: type | None, *, json: bool, plain: bool) -> None:
+        self.loader, self.json, self.plain = loader, json, plain
+
+    @classmethod
+    def now(cls, loader: type) -> _Reading:
+        settings = get_settings()
+        return cls(
+            loader if settings.optimised(Optimisation.C_TIMESTAMPS) else None,
+            json=settings.optimised(Optimisation.JSON_COLUMNS),
+            plain=settings.optimised(Optimisation.PLAIN_INSTANCES),
+        )
 
 
 def _read(
-    connection: Any, loader: type, compiler: Any, sql: str, params: Sequence[Any]
+    connection: Any, reading: _Reading, compiler: Any, sql: str, params: Sequence[Any]
 ) -> list[Any]:
     with connection.cursor() as cursor:
-        cursor.cursor.adapters.register_loader("timestamptz", loader)
+        if reading.loader is not None:
+            cursor.cursor.adapters.register_loader("timestamptz", reading.loader)
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     info = compiler.klass_info
@@ -99,8 +128,9 @@ def _read(
     start, end = info["select_fields"][0], info["select_fields"][-1] + 1
     names = [column[0].target.attname for column in compiler.select[start:end]]
     model, db = info["model"], connection.alias
-    values = [row[start:end] for row in _converted(compiler, rows)]
-    if not _plain_instances(model, tuple(names)):
+    converted = _converted(compiler, rows) if reading.json else compiler.results_iter([rows])
+    values = [row[start:end] for row in converted]
+    if not (reading.plain and _plain_instances(model, tuple(names))):
         return [model.from_db(db, names, row) for row in values]
     # What from_db and Model.__init__ leave for a full row, without their per-field loop
     # (a third of reading a task): the state, then each field's value under its attname,

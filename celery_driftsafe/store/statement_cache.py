@@ -21,6 +21,9 @@ from typing import Any
 
 from django.db import connections, transaction
 
+from celery_driftsafe.conf import get_settings
+from celery_driftsafe.core.stored_names import Optimisation
+
 #: The attribute of a connection wrapper (one per alias and thread, so the statements go with
 #: it) that holds key -> (compiler, SQL).
 _KEPT = "_driftsafe_kept_statements"
@@ -34,6 +37,8 @@ def compiled(
     connection: everything but ``values`` must be the same for one key (and their number,
     which is part of the key). A key of None keeps nothing."""
     kept = kept_statements(using)
+    if not get_settings().optimised(Optimisation.STATEMENT_CACHE):
+        key = None  # compiled each time, as the ORM does
     if key is not None:
         key = (key, len(values))
         entry = kept.get(key)
