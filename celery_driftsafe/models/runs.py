@@ -90,6 +90,13 @@ class Run(models.Model):
         help_text="A missed row may stand for a span of missed slots: how many, from its slot "
         "to missed_until.",
     )
+    late_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When a beat found this scheduled run late: its task has a deadline, and "
+        "the run had not succeeded by its slot plus the deadline. Empty: not late (or "
+        "not checked).",
+    )
     missed_until = models.DateTimeField(
         null=True,
         blank=True,
