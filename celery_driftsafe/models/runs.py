@@ -126,6 +126,12 @@ class Run(models.Model):
                 name="driftsafe_run_unscheduled",
                 condition=models.Q(kind__in=["manual", "adhoc"]),
             ),
+            # The admin's "missed its deadline" filter: the late runs only, newest first.
+            models.Index(
+                fields=["-slot", "-id"],
+                name="driftsafe_run_late",
+                condition=models.Q(late_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
