@@ -130,7 +130,8 @@ class DriftSafeSettings:
     #: of each one's recent runs): a missed deadline is reported at most this long after it
     #: passed (plus a claim round). ``None``: beats never check deadlines.
     deadline_check_interval_seconds: float | None = 2.0
-    #: A task with a deadline whose last this many slots all missed it is flagged stale
+    #: A task with a deadline none of whose last this many slots past their deadline
+    #: succeeded (a late success counts) is flagged stale
     #: (``PeriodicTask.stale_since``, the ``task_became_stale`` signal), until a run succeeds.
     stale_after_slots: int = 3
     #: What ``DriftSafeTask`` does when Redis cannot be reached.

@@ -18,8 +18,8 @@ slow work (an e-mail, an HTTP call) to a thread or a Celery task.
 
 ``task_became_stale``
     ``sender``: :class:`~celery_driftsafe.models.PeriodicTask`. Arguments: ``task``, ``since``
-    (its ``stale_since``), ``slots`` (how many of its last slots had no success by their
-    deadline: ``STALE_AFTER_SLOTS`` or more).
+    (its ``stale_since``), ``slots`` (how many of its last slots past their deadline had no
+    success: ``STALE_AFTER_SLOTS`` or more).
 """
 
 from __future__ import annotations
@@ -28,5 +28,5 @@ from django.dispatch import Signal
 
 #: A scheduled run had not succeeded by its slot plus its task's ``deadline_seconds``.
 run_deadline_missed = Signal()
-#: None of a task's last ``STALE_AFTER_SLOTS`` slots succeeded by its deadline.
+#: None of a task's last ``STALE_AFTER_SLOTS`` slots past their deadline succeeded.
 task_became_stale = Signal()

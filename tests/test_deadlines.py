@@ -208,3 +208,40 @@ def test_the_check_reads_the_tasks_with_a_deadline_on_the_partial_index() -> Non
     # PostgreSQL: "Index Scan using driftsafe_task_deadline on celery_driftsafe_periodictask";
     # SQLite: "SCAN celery_driftsafe_periodictask USING INDEX driftsafe_task_deadline".
     assert "driftsafe_task_deadline" in plan, plan
+
+
+# -- the admin ------------------------------------------------------------------------------
+
+
+def test_the_admin_form_takes_a_deadline_and_refuses_a_bad_one_on_its_field(
+    admin_client: Any, app: Any
+) -> None:
+    from tests.test_admin import ADD, form_data, form_errors
+
+    errors = form_errors(admin_client.post(ADD, form_data(deadline_seconds="-3")))
+    assert list(errors) == ["deadline_seconds"], errors
+    assert admin_client.post(ADD, form_data(deadline_seconds="90")).status_code == 302
+    assert PeriodicTask.objects.get(name="nightly").deadline_seconds == 90
+
+
+def test_the_admin_lists_and_filters_late_runs_and_stale_tasks(admin_client: Any, app: Any) -> None:
+    from tests.test_admin import RUNS, TASKS
+
+    task = interval_task("watched", 60, anchor=T0, deadline_seconds=10)
+    fine = interval_task("fine", 60, anchor=T0, deadline_seconds=10)
+    late = [_run(task, minute, RunStatus.FAILED) for minute in range(3)]
+    on_time = _run(fine, 0, RunStatus.SUCCEEDED)
+    now = T0 + 5 * MINUTE
+    check_deadlines(now)
+
+    runs = admin_client.get(RUNS + "?late=yes")
+    assert {run.pk for run in runs.context["cl"].result_list} == {run.pk for run in late}
+    every = admin_client.get(RUNS)
+    assert on_time.pk in {run.pk for run in every.context["cl"].result_list}
+    assert "deadline missed" in every.content.decode().lower()
+    assert now.isoformat() in every.content.decode()  # the late runs' late_at, as a tooltip
+
+    tasks = admin_client.get(TASKS + "?stale=yes")
+    assert [t.name for t in tasks.context["cl"].result_list] == ["watched"]
+    page = admin_client.get(TASKS).content.decode()
+    assert "stale since" in page.lower() and now.isoformat() in page

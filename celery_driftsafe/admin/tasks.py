@@ -115,7 +115,7 @@ class LastRunStatusFilter(admin.SimpleListFilter):
 
 
 class StaleFilter(admin.SimpleListFilter):
-    """Tasks none of whose last ``STALE_AFTER_SLOTS`` slots succeeded by their deadline."""
+    """Tasks none of whose last ``STALE_AFTER_SLOTS`` slots past their deadline succeeded."""
 
     title = "deadline"
     parameter_name = "stale"
@@ -371,7 +371,7 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
 
     @admin.display(description="stale since")
     def stale(self, task: PeriodicTask) -> SafeString | str:
-        """Since when none of the task's last slots succeeded by its deadline ("—": fresh)."""
+        """Since when none of the task's last slots past their deadline succeeded ("—": fresh)."""
         return instant(task.stale_since)
 
     # -- actions ------------------------------------------------------------------------------

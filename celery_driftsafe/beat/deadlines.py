@@ -103,6 +103,11 @@ def _check_task(
             stale_since=None
         ):
             done.fresh.append(task.pk)
+            logger.info(
+                "task %r is no longer stale: it has no deadline",
+                task.name,
+                extra={"action": "task-fresh", "task": task.name},
+            )
         return
     deadline = timedelta(seconds=seconds)
     cutoff = now - deadline  # runs of slots up to here are past their deadline
@@ -167,7 +172,7 @@ def _check_stale(
         task.stale_since = now
         done.stale.append(task.pk)
         logger.warning(
-            "task %r is stale: none of its last %d slots succeeded by its deadline (%g s)",
+            "task %r is stale: none of its last %d slots past their deadline (%g s) succeeded",
             task.name,
             slots,
             task.deadline_seconds,

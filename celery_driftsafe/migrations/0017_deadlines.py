@@ -26,7 +26,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='periodictask',
             name='stale_since',
-            field=models.DateTimeField(blank=True, help_text='Since when the task is stale: none of its last STALE_AFTER_SLOTS slots succeeded by its deadline. Empty: not stale (or no deadline).', null=True),
+            field=models.DateTimeField(blank=True, help_text='Since when the task is stale: none of its last STALE_AFTER_SLOTS slots past their deadline succeeded. Empty: not stale (or no deadline).', null=True),
         ),
         migrations.AddField(
             model_name='run',

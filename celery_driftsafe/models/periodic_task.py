@@ -226,7 +226,7 @@ class PeriodicTask(models.Model):
         null=True,
         blank=True,
         help_text="Since when the task is stale: none of its last STALE_AFTER_SLOTS slots "
-        "succeeded by its deadline. Empty: not stale (or no deadline).",
+        "past their deadline succeeded. Empty: not stale (or no deadline).",
     )
     source = models.CharField(
         max_length=16, choices=TaskSource.choices, default=TaskSource.DATABASE

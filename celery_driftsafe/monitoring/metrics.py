@@ -214,8 +214,8 @@ def beat_metrics() -> BeatMetrics | None:
                 ),
                 became_stale=pc.Counter(
                     "driftsafe_beat_tasks_became_stale",
-                    "Tasks this beat found stale: none of their last STALE_AFTER_SLOTS slots "
-                    "succeeded by the deadline (counted once each time a task becomes stale)",
+                    "Tasks this beat found stale: none of their last STALE_AFTER_SLOTS slots past "
+                    "their deadline succeeded (counted once each time a task becomes stale)",
                     ["task"],
                 ),
             )
