@@ -245,3 +245,16 @@ def test_the_admin_lists_and_filters_late_runs_and_stale_tasks(admin_client: Any
     assert [t.name for t in tasks.context["cl"].result_list] == ["watched"]
     page = admin_client.get(TASKS).content.decode()
     assert "stale since" in page.lower() and now.isoformat() in page
+
+
+@override_settings(DRIFTSAFE={"STALE_AFTER_SLOTS": 2})
+def test_runs_whose_deadline_passed_over_an_hour_before_any_check_are_not_flagged_but_stale(
+    received: dict[str, list[dict[str, Any]]],
+) -> None:
+    """All beats were down: the check reads each task's runs of the last hour before the
+    deadline (LOOKBACK), so older runs are left; the task is stale all the same."""
+    task = interval_task("long-down", 60, anchor=T0, deadline_seconds=10)
+    old = [_run(task, minute, RunStatus.FAILED) for minute in range(2)]
+    done = check_deadlines(T0 + 2 * 60 * MINUTE)
+    assert done.late == [] and done.stale == [task.pk]
+    assert all(Run.objects.get(pk=run.pk).late_at is None for run in old)
