@@ -258,3 +258,37 @@ def test_runs_whose_deadline_passed_over_an_hour_before_any_check_are_not_flagge
     done = check_deadlines(T0 + 2 * 60 * MINUTE)
     assert done.late == [] and done.stale == [task.pk]
     assert all(Run.objects.get(pk=run.pk).late_at is None for run in old)
+
+
+def test_driftsafe_status_counts_the_late_runs_and_names_the_stale_tasks() -> None:
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    from celery_driftsafe.definitions import changes
+    from celery_driftsafe.models import BeatNode
+
+    now = changes.authority_now()
+    BeatNode.objects.create(
+        node_id="up:1:ab", hostname="up", pid=1, started_at=now, last_heartbeat_at=now
+    )
+    task = interval_task("overdue", 60, anchor=now - 10 * MINUTE, deadline_seconds=10)
+    for minutes in (4, 3, 2):
+        Run.objects.create(
+            periodic_task=task,
+            task_name=task.task,
+            slot=now - minutes * MINUTE,
+            status=RunStatus.FAILED,
+        )
+    check_deadlines(now)
+    out = io.StringIO()
+    call_command("driftsafe_status", stdout=out, no_color=True)
+    text = out.getvalue()
+    assert "runs that missed their deadline since" in text and ": 3\n" in text, text
+    assert "stale tasks (no success in their last slots):\n  overdue since " in text, text
+    out = io.StringIO()
+    call_command("driftsafe_status", "--json", stdout=out)
+    data = json.loads(out.getvalue())
+    assert data["late_count"] == 3
+    assert [stale["task"] for stale in data["stale_tasks"]] == ["overdue"]
