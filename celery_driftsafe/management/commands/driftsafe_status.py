@@ -109,7 +109,8 @@ def collect(now: datetime, *, since: timedelta, limit: int, authority: str) -> S
         .order_by("stale_since", "name")
         .values_list("name", "stale_since")[:limit]
     ):
-        status.stale_tasks.append({"task": name, "stale_since": since_at.isoformat()})
+        if since_at is not None:  # the filter asks for one
+            status.stale_tasks.append({"task": name, "stale_since": since_at.isoformat()})
     for run in failures.order_by("-slot", "-id")[:limit]:
         status.recent_failures.append(
             {
