@@ -22,6 +22,7 @@ from tests.factories import at_once, interval_task, many_interval_tasks
 pytestmark = pytest.mark.django_db(transaction=True)  # racing checks use threads
 
 MINUTE = timedelta(minutes=1)
+S = timedelta(seconds=1)
 
 
 def _run(task: PeriodicTask, minute: int, status: str, **fields: Any) -> Run:
@@ -86,9 +87,6 @@ def test_every_scheduled_run_not_succeeded_by_its_deadline_is_flagged_late_once(
     again = check_deadlines(now + 2 * S)
     assert again.late == [in_time.pk]
     assert len(received["late"]) == len(late) + 1
-
-
-S = timedelta(seconds=1)
 
 
 def test_tasks_without_a_deadline_are_not_watched_and_their_runs_never_late(
