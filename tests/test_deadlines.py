@@ -290,3 +290,22 @@ def test_driftsafe_status_counts_the_late_runs_and_names_the_stale_tasks() -> No
     data = json.loads(out.getvalue())
     assert data["late_count"] == 3
     assert [stale["task"] for stale in data["stale_tasks"]] == ["overdue"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "check_id"),
+    [
+        ({"DEADLINE_CHECK_INTERVAL_SECONDS": 0}, "celery_driftsafe.E004"),
+        ({"DEADLINE_CHECK_INTERVAL_SECONDS": "2"}, "celery_driftsafe.E004"),
+        ({"STALE_AFTER_SLOTS": 0}, "celery_driftsafe.E004"),
+        ({"STALE_AFTER_SLOTS": 5000}, "celery_driftsafe.E030"),
+    ],
+)
+def test_bad_deadline_settings_are_refused_naming_the_setting(
+    raw: dict[str, Any], check_id: str
+) -> None:
+    from celery_driftsafe import checks
+
+    (key,) = raw
+    found = [(m.id, m.msg) for m in checks._check_raw(raw)]
+    assert [i for i, _ in found] == [check_id] and key in found[0][1], found
