@@ -158,8 +158,11 @@ def _check_stale(
         ):
             done.fresh.append(task.pk)
             logger.info(
-                "task %r is no longer stale: a run succeeded",
+                "task %r is no longer stale: %s",
                 task.name,
+                "a run succeeded"
+                if succeeded
+                else f"fewer than {wanted} of its slots past their deadline are left",
                 extra={"action": "task-fresh", "task": task.name},
             )
         return
