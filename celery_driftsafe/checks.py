@@ -95,6 +95,7 @@ _POSITIVE_OR_NONE = {
     "RUN_RETENTION_SECONDS": "for example 604800 (a week), or None to keep runs forever",
     "FAILED_RUN_RETENTION_SECONDS": "for example 2592000 (30 days), or None to keep them forever",
     "PRUNE_INTERVAL_SECONDS": "for example 60, or None when driftsafe_prune runs from cron",
+    "DEADLINE_CHECK_INTERVAL_SECONDS": "for example 2, or None when no beat checks deadlines",
 }
 #: Number settings that accept 0 (checked on their own).
 OWN_CHECK = ("MISFIRE_GRACE_SECONDS", "PRUNE_DUTY_CYCLE", "MIN_ROUND_INTERVAL_SECONDS")
@@ -110,6 +111,7 @@ INT_MAXIMA = {
     "FIRE_ALL_MAX": (10_000, "a fire_all task's catch-up runs are claimed in one round"),
     "BACKFILL_MAX_SLOTS": (100_000, "a backfill's slots are listed in memory before it runs"),
     "CLOCK_SYNC_SAMPLES": (100, "each sample is a round trip to the time authority"),
+    "STALE_AFTER_SLOTS": (1000, "a task's last slots are read at each deadline check"),
 }
 #: The shortest ``LEASE_SECONDS`` (check E031): run locks are renewed every third of it, and
 #: a beat's claims must outlast the round that publishes them, or other beats publish them too.

@@ -131,6 +131,15 @@ class DriftSafeSettings:
     #: (``RUN_EXPIRES_SECONDS``) old, and looking for expired ones reads the runs still
     #: waiting for an outcome (~200 ms in a steady 100,000-task stream).
     reconcile_interval_seconds: float = 60.0
+    #: How often each beat looks for late runs and stale tasks of the tasks with a
+    #: ``deadline_seconds`` (in a thread of its own; one indexed read of those tasks, and one
+    #: of each one's recent runs): a missed deadline is reported at most this long after it
+    #: passed (plus a claim round). ``None``: beats never check deadlines.
+    deadline_check_interval_seconds: float | None = 2.0
+    #: A task with a deadline none of whose last this many slots past their deadline
+    #: succeeded (a late success counts) is flagged stale
+    #: (``PeriodicTask.stale_since``, the ``task_became_stale`` signal), until a run succeeds.
+    stale_after_slots: int = 3
     #: What ``DriftSafeTask`` does when Redis cannot be reached.
     redis_unavailable: RedisUnavailablePolicy = RedisUnavailablePolicy.FAIL_CLOSED
     #: Finished runs (succeeded, skipped, revoked) are deleted this many seconds after their

@@ -37,6 +37,7 @@ from django.db import DatabaseError, InterfaceError, connections
 from celery_driftsafe import checks
 from celery_driftsafe.apps import ensure_django
 from celery_driftsafe.beat import nodes
+from celery_driftsafe.beat.deadlines import BackgroundDeadlines
 from celery_driftsafe.beat.gc_freeze import HeapKeeper, widen_young_generation
 from celery_driftsafe.beat.recovery import BackgroundReconciler, recover
 from celery_driftsafe.beat.wakeup import Wakeup, start_change_listener
@@ -179,6 +180,7 @@ class DriftSafeScheduler(Scheduler):
         self.reconciler = BackgroundReconciler(
             app=self.app, using=self.using, monotonic=self.clock.monotonic
         )
+        self.deadlines = BackgroundDeadlines(using=self.using, monotonic=self.clock.monotonic)
         self._paused_reason = ""
         self._outage: str | None = None
         self._backoff = 0.0
@@ -369,6 +371,7 @@ class DriftSafeScheduler(Scheduler):
             self._next_recovery = mono + min(self.settings.lease_seconds / 2, 5.0)
         self.reconciler.maybe_start(reading.at)  # in its own thread, when due
         self.unscheduled.maybe_start(reading.at)  # tasks written without save(), likewise
+        self.deadlines.maybe_start(reading.at)  # late runs and stale tasks, likewise
         busy_since = self._claiming_since
         if self._others_since is not None and self._others_since < busy_since:
             busy_since = self._others_since
@@ -552,6 +555,7 @@ class DriftSafeScheduler(Scheduler):
             self.pruner.close()
             self.reconciler.close()
             self.unscheduled.close()
+            self.deadlines.close()
             self._mark_stopped()
         if self._listener is not None:
             self._listener.join(timeout=2)

@@ -798,3 +798,40 @@ def test_a_beats_reconciliation_counts_the_outcomes_it_gave(
             )
         finally:
             sched.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_beats_deadline_check_counts_the_late_runs_and_stale_tasks_it_flagged(
+    broker_app: Any, clock: FakeClock
+) -> None:
+    """The beat's round starts the deadline check (celery_driftsafe.beat.deadlines) at the
+    authority's now; the runs and the task it flags are counted, labelled with the task."""
+    from tests.factories import interval_task
+
+    with metrics_on(METRICS_PORT=0):
+        sched = DriftSafeScheduler(
+            app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
+        )
+        try:
+            server = metrics_server.node_server(sched.node_id)
+            assert server is not None
+            before = scrape(server.port)
+            now = clock.now()
+            task = interval_task("due-by", 600, anchor=now, deadline_seconds=60)
+            PeriodicTask.objects.filter(pk=task.pk).update(enabled=False)  # nothing claimed
+            for minutes in (30, 20, 10):
+                Run.objects.create(
+                    periodic_task=task,
+                    task_name="tests.add",
+                    slot=now - timedelta(minutes=minutes),
+                    status=RunStatus.FAILED,
+                )
+            sched.run_round()  # the first round starts a check
+            sched.deadlines.join(10)
+            after = scrape(server.port)
+            missed = "driftsafe_beat_deadlines_missed_total"
+            stale = "driftsafe_beat_tasks_became_stale_total"
+            assert value(after, missed, task="due-by") - value(before, missed, task="due-by") == 3
+            assert value(after, stale, task="due-by") - value(before, stale, task="due-by") == 1
+        finally:
+            sched.close()

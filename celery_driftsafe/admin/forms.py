@@ -178,6 +178,7 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             "misfire_policy",
             "misfire_grace_seconds",
             "overlap_policy",
+            "deadline_seconds",
             "queue",
             "exchange",
             "routing_key",

@@ -75,6 +75,22 @@ class NodeFilter(admin.SimpleListFilter):
         return queryset
 
 
+class LateFilter(admin.SimpleListFilter):
+    """Scheduled runs that missed their task's deadline (see
+    :mod:`celery_driftsafe.beat.deadlines`), newest first on their own partial index."""
+
+    title = "deadline"
+    parameter_name = "late"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "missed its deadline")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "yes":
+            return queryset.filter(late_at__isnull=False)
+        return queryset
+
+
 class AttentionFilter(admin.SimpleListFilter):
     """Runs with no outcome ``STUCK_RUN_SECONDS`` after their claim (see
     :mod:`celery_driftsafe.beat.recovery`)."""
@@ -182,10 +198,11 @@ class RunAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
         "finished",
         "lateness_text",
         "duration_text",
+        "late",
         "attempts",
         "result",
     )
-    list_filter = ("status", AttentionFilter, "kind", PeriodicTaskFilter, NodeFilter)
+    list_filter = ("status", AttentionFilter, LateFilter, "kind", PeriodicTaskFilter, NodeFilter)
     #: Searched by :func:`search_runs` (every part on an index), not by Django's ``icontains``
     #: over the ledger.
     search_fields = ("task_name", "celery_task_id", "=claimed_by")
@@ -209,6 +226,7 @@ class RunAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
         "finished",
         "lateness_text",
         "duration_text",
+        "late",
         "celery_task_id",
         "result",
         "idempotency_key",
@@ -274,6 +292,11 @@ class RunAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.display(description="duration")
     def duration_text(self, run: Run) -> str:
         return duration(run.duration)
+
+    @admin.display(description="deadline missed")
+    def late(self, run: Run) -> SafeString | str:
+        """When a beat found the run late (its task's deadline passed without a success)."""
+        return instant(run.late_at, milliseconds=True, same_day_as=run.slot)
 
     @admin.display(description="attempts", ordering="attempt")
     def attempts(self, run: Run) -> int:

@@ -114,6 +114,21 @@ class LastRunStatusFilter(admin.SimpleListFilter):
         return queryset
 
 
+class StaleFilter(admin.SimpleListFilter):
+    """Tasks none of whose last ``STALE_AFTER_SLOTS`` slots past their deadline succeeded."""
+
+    title = "deadline"
+    parameter_name = "stale"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "stale (no success in its last slots)")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "yes":
+            return queryset.filter(stale_since__isnull=False)
+        return queryset
+
+
 class LastRunChangeList(ChangeList):
     """The task list reads each listed task's latest run in one query after the page is
     known (by the ids its one sub-query selected), not with a sub-query per column that the
@@ -164,9 +179,17 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
         "next_slot",
         "last_run",
         "last_lateness",
+        "stale",
     )
     list_display_links = ("name",)
-    list_filter = ("enabled", "schedule_kind", LastRunStatusFilter, "source", "timezone")
+    list_filter = (
+        "enabled",
+        "schedule_kind",
+        LastRunStatusFilter,
+        StaleFilter,
+        "source",
+        "timezone",
+    )
     search_fields = ("name", "task")
     list_per_page = 100
     show_full_result_count = False
@@ -177,6 +200,7 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
         "due_at",
         "last_slot_at",
         "run_count",
+        "stale_since",
         "interval_anchor",
         "source",
         "source_app",
@@ -230,7 +254,17 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
                 "slot, at an instant every beat computes alike.",
             },
         ),
-        ("Policies", {"fields": ("misfire_policy", "misfire_grace_seconds", "overlap_policy")}),
+        (
+            "Policies",
+            {
+                "fields": (
+                    "misfire_policy",
+                    "misfire_grace_seconds",
+                    "overlap_policy",
+                    "deadline_seconds",
+                ),
+            },
+        ),
         (
             "Publishing",
             {
@@ -334,6 +368,11 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
         if run is None or run.slot is None or run.claimed_at is None:
             return lateness(None)
         return lateness(run.claimed_at - run.slot)
+
+    @admin.display(description="stale since")
+    def stale(self, task: PeriodicTask) -> SafeString | str:
+        """Since when none of the task's last slots past their deadline succeeded ("—": fresh)."""
+        return instant(task.stale_since)
 
     # -- actions ------------------------------------------------------------------------------
 

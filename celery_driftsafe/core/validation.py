@@ -378,6 +378,19 @@ def option_problems(
     return problems
 
 
+def deadline_problems(deadline_seconds: Any) -> list[Problem]:
+    """Problems of a task's deadline: empty (none) or a positive number of seconds."""
+    if deadline_seconds is None or _positive_seconds(deadline_seconds):
+        return []
+    return [
+        Problem(
+            "deadline_seconds",
+            f"must be a positive number of seconds up to {MAX_SECONDS:.0f} (a hundred years; "
+            f"empty: no deadline), not {deadline_seconds!r}",
+        )
+    ]
+
+
 def seconds_in_calendar(value: Any) -> bool:
     """Seconds an instant can be moved by: a finite number up to :data:`MAX_SECONDS`."""
     return _number(value) and math.isfinite(value) and abs(value) <= MAX_SECONDS

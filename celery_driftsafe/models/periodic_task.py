@@ -16,6 +16,7 @@ from celery_driftsafe.core.schedules import OneOff, Schedule, Solar, shared_cron
 from celery_driftsafe.core.validation import (
     Problem,
     coerce_json,
+    deadline_problems,
     instant_problems,
     json_problems,
     option_problems,
@@ -50,8 +51,9 @@ _UNIT_MICROSECONDS = {
     "days": 86400 * 10**6,
 }
 
-#: The columns the claim writes: never written back by a ``save()`` of a loaded instance.
-CLAIM_FIELDS = frozenset({"next_slot_at", "due_at", "last_slot_at", "run_count"})
+#: The columns the scheduler writes (the claim's, and the deadline check's ``stale_since``):
+#: never written back by a ``save()`` of a loaded instance.
+CLAIM_FIELDS = frozenset({"next_slot_at", "due_at", "last_slot_at", "run_count", "stale_since"})
 
 
 def _mirror_due_at(values: dict[str, Any]) -> None:
@@ -212,6 +214,20 @@ class PeriodicTask(models.Model):
     overlap_policy = models.CharField(
         max_length=16, choices=OverlapPolicy.choices, default=OverlapPolicy.ALLOW
     )
+    deadline_seconds = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Each scheduled run must have succeeded this many seconds after its slot; "
+        "a run that has not is flagged late (the run_deadline_missed signal). "
+        "Empty: no deadline.",
+    )
+    # Written by the beats' deadline check only (celery_driftsafe.beat.deadlines).
+    stale_since = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Since when the task is stale: none of its last STALE_AFTER_SLOTS slots "
+        "past their deadline succeeded. Empty: not stale (or no deadline).",
+    )
     source = models.CharField(
         max_length=16, choices=TaskSource.choices, default=TaskSource.DATABASE
     )
@@ -239,7 +255,15 @@ class PeriodicTask(models.Model):
         # The claim reads due tasks in (due_at, id) order; with id in the index a burst
         # (many tasks sharing one due_at) is read in order, without a sort.
         indexes = [
-            models.Index(fields=["enabled", "due_at", "id"], name="driftsafe_task_due_at_id")
+            models.Index(fields=["enabled", "due_at", "id"], name="driftsafe_task_due_at_id"),
+            # The deadline check reads the few tasks with a deadline (or still flagged stale),
+            # not 100,000 rows: see celery_driftsafe.beat.deadlines.
+            models.Index(
+                fields=["id"],
+                name="driftsafe_task_deadline",
+                condition=models.Q(deadline_seconds__isnull=False)
+                | models.Q(stale_since__isnull=False),
+            ),
         ]
         constraints = [models.UniqueConstraint(fields=["name"], name="driftsafe_task_name_once")]
 
@@ -344,6 +368,7 @@ class PeriodicTask(models.Model):
             misfire_policy=self.misfire_policy,
             overlap_policy=self.overlap_policy,
         )
+        found += deadline_problems(self.deadline_seconds)
         found += bound_problems(
             valid_from=self.valid_from,
             valid_until=self.valid_until,

@@ -90,6 +90,13 @@ class Run(models.Model):
         help_text="A missed row may stand for a span of missed slots: how many, from its slot "
         "to missed_until.",
     )
+    late_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When a beat found this scheduled run late: its task has a deadline, and "
+        "the run had not succeeded by its slot plus the deadline. Empty: not late (or "
+        "not checked).",
+    )
     missed_until = models.DateTimeField(
         null=True,
         blank=True,
@@ -118,6 +125,12 @@ class Run(models.Model):
                 fields=["-slot", "-id"],
                 name="driftsafe_run_unscheduled",
                 condition=models.Q(kind__in=["manual", "adhoc"]),
+            ),
+            # The admin's "missed its deadline" filter: the late runs only, newest first.
+            models.Index(
+                fields=["-slot", "-id"],
+                name="driftsafe_run_late",
+                condition=models.Q(late_at__isnull=False),
             ),
         ]
 

@@ -88,6 +88,8 @@ class BeatMetrics:
     last_round: Any
     paused: Any
     reconciled: Any
+    deadlines_missed: Any
+    became_stale: Any
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,18 @@ def beat_metrics() -> BeatMetrics | None:
                     "or the result backend's (succeeded, failed, revoked)",
                     ["outcome"],
                 ),
+                deadlines_missed=pc.Counter(
+                    "driftsafe_beat_deadlines_missed",
+                    "Scheduled runs this beat found late: not succeeded by their slot plus "
+                    "their task's deadline_seconds (each late run is counted by one beat)",
+                    ["task"],
+                ),
+                became_stale=pc.Counter(
+                    "driftsafe_beat_tasks_became_stale",
+                    "Tasks this beat found stale: none of their last STALE_AFTER_SLOTS slots past "
+                    "their deadline succeeded (counted once each time a task becomes stale)",
+                    ["task"],
+                ),
             )
     return _beat
 
@@ -319,6 +333,20 @@ def reconciled(outcomes: Mapping[str, int]) -> None:
     if m is not None:
         for outcome, count in outcomes.items():
             m.reconciled.labels(outcome=outcome).inc(count)
+
+
+def deadline_missed(task: str) -> None:
+    """A beat flagged a run of the periodic task named ``task`` late."""
+    m = beat_metrics()
+    if m is not None:
+        m.deadlines_missed.labels(task=task).inc()
+
+
+def became_stale(task: str) -> None:
+    """A beat flagged the periodic task named ``task`` stale."""
+    m = beat_metrics()
+    if m is not None:
+        m.became_stale.labels(task=task).inc()
 
 
 def heartbeat(

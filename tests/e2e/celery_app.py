@@ -65,6 +65,40 @@ def slot_work(self: Any, seconds: float = 0.0) -> None:
         log.write(line + "\n")
 
 
+@app.task(name="e2e.fail", base=DriftSafeTask)
+def fail(marker: str) -> None:
+    """Always fails (tests/test_e2e_deadlines.py)."""
+    raise RuntimeError(f"{marker} fails, as it always does")
+
+
+if os.environ.get("DRIFTSAFE_E2E_SIGNALS"):  # tests/test_e2e_deadlines.py
+    # The beat's receivers of the deadline signals, connected as a project connects its
+    # alerts: each writes a line (with when it got it, on this machine's clock) to the file.
+    from celery_driftsafe.signals import run_deadline_missed, task_became_stale
+
+    def _write(line: dict[str, Any]) -> None:
+        with open(os.environ["DRIFTSAFE_E2E_SIGNALS"], "a") as out:
+            out.write(json.dumps({**line, "received": time.time(), "pid": os.getpid()}) + "\n")
+
+    def _late(sender: Any, run: Any, task: Any, deadline: Any, late_at: Any, **kw: Any) -> None:
+        _write(
+            {
+                "signal": "late",
+                "task": task.name,
+                "run": run.pk,
+                "status": run.status,
+                "deadline": deadline.timestamp(),
+                "late_at": late_at.timestamp(),
+            }
+        )
+
+    def _stale(sender: Any, task: Any, since: Any, slots: int, **kw: Any) -> None:
+        _write({"signal": "stale", "task": task.name, "since": since.timestamp(), "slots": slots})
+
+    run_deadline_missed.connect(_late, weak=False)
+    task_became_stale.connect(_stale, weak=False)
+
+
 # A result backend when the test asks for one (the semantics tests read results back).
 if os.environ.get("DRIFTSAFE_E2E_RESULTS"):
     app.conf.result_backend = os.environ["DRIFTSAFE_E2E_RESULTS"]

@@ -51,7 +51,11 @@ DRIFTSAFE = {
     "MISFIRE_GRACE_SECONDS": float(os.environ.get("DRIFTSAFE_E2E_MISFIRE_GRACE", "30.0")),
     "MAX_LOOP_INTERVAL_SECONDS": float(os.environ.get("DRIFTSAFE_E2E_MAX_LOOP", "1.0")),
 }
-for _name in ("RECONCILE_INTERVAL_SECONDS", "RESULT_LOOKUP_SECONDS"):  # test_e2e_task.py
+for _name in (
+    "RECONCILE_INTERVAL_SECONDS",  # test_e2e_task.py
+    "RESULT_LOOKUP_SECONDS",
+    "DEADLINE_CHECK_INTERVAL_SECONDS",  # test_e2e_deadlines.py
+):
     if os.environ.get(f"DRIFTSAFE_E2E_{_name}"):
         DRIFTSAFE[_name] = float(os.environ[f"DRIFTSAFE_E2E_{_name}"])
 if os.environ.get("DRIFTSAFE_E2E_CLAIM_BATCH_SIZE"):  # tests/test_e2e_claim_process.py

@@ -110,6 +110,7 @@ def main(command: str) -> None:
                 "source": t.source,
                 "enabled": t.enabled,
                 "disabled_reason": t.disabled_reason,
+                "stale_since": iso(t.stale_since),
             }
             for t in PeriodicTask.objects.all()
         ]
@@ -133,6 +134,7 @@ def main(command: str) -> None:
                 "attempt": r.attempt,
                 "missed_count": r.missed_count,
                 "missed_until": iso(r.missed_until),
+                "late_at": iso(r.late_at),
                 "attempt_rows": attempt_rows.get(r.pk, []),
             }
             for r in Run.objects.all()

@@ -57,6 +57,10 @@ class Status:
     failures_since: str = ""
     failure_count: int = 0
     recent_failures: list[dict[str, Any]] = field(default_factory=list)
+    #: Runs flagged late (their task's deadline passed without a success) since
+    #: ``failures_since``, and the tasks flagged stale (see docs/howto/deadlines.md).
+    late_count: int = 0
+    stale_tasks: list[dict[str, Any]] = field(default_factory=list)
 
 
 def collect(now: datetime, *, since: timedelta, limit: int, authority: str) -> Status:
@@ -98,6 +102,15 @@ def collect(now: datetime, *, since: timedelta, limit: int, authority: str) -> S
     failures = Run.objects.filter(status__in=_FAILED, slot__gte=start)
     status.failures_since = start.isoformat()
     status.failure_count = failures.count()
+    # Both on their partial indexes: the late runs', the tasks with a deadline or stale.
+    status.late_count = Run.objects.filter(late_at__isnull=False, slot__gte=start).count()
+    for name, since_at in (
+        PeriodicTask.objects.filter(stale_since__isnull=False)
+        .order_by("stale_since", "name")
+        .values_list("name", "stale_since")[:limit]
+    ):
+        if since_at is not None:  # the filter asks for one
+            status.stale_tasks.append({"task": name, "stale_since": since_at.isoformat()})
     for run in failures.order_by("-slot", "-id")[:limit]:
         status.recent_failures.append(
             {
@@ -265,3 +278,8 @@ class Command(BaseCommand):
                 f"  #{failure['run']} {failure['task']} slot {failure['slot']} "
                 f"{failure['status']} on {failure['node'] or '-'}: {failure['error']}"
             )
+        out(f"runs that missed their deadline since {status.failures_since}: {status.late_count}")
+        if status.stale_tasks:
+            out(style.WARNING("stale tasks (no success in their last slots):"))
+            for stale in status.stale_tasks:
+                out(f"  {stale['task']} since {stale['stale_since']}")

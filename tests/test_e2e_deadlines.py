@@ -1,0 +1,121 @@
+"""End-to-end: deadlines with two real ``celery beat`` processes and real ``celery worker``s, on
+the pass's database (SQLite and PostgreSQL). A task whose worker is slow, one whose worker is
+stopped (none takes its queue), one that fails, and one that succeeds at once, each with a
+deadline; the beats' receivers of the deadline signals (connected in the beat's Celery app
+module, tests/e2e/celery_app.py) write what they get to a file."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import settings as test_settings
+from tests.e2e.harness import E2ERun, real_now
+
+pytestmark = pytest.mark.e2e
+BACKEND = "postgresql" if test_settings.TEST_DB == "postgres" else "sqlite"
+#: How long after a run's deadline its receiver may hear of it: the check runs every second,
+#: a beat's round at most a second apart, and a loaded machine's processes lag a little.
+WITHIN = 4.0
+
+
+def _task(
+    name: str, queue: str, *, task: str, args: list[Any], deadline: float, every: int = 2
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "task": task,
+        "args": args,
+        "queue": queue,
+        "schedule_kind": "interval",
+        "interval_every": every,
+        "interval_unit": "seconds",
+        "deadline_seconds": deadline,
+    }
+
+
+def test_slow_stopped_and_failing_runs_reach_the_receiver_once_within_seconds(
+    tmp_path: Path,
+) -> None:
+    run = E2ERun(BACKEND, tmp_path, lease=3.0)
+    signals = tmp_path / "signals.jsonl"
+    beat_env = {
+        "DRIFTSAFE_E2E_SIGNALS": str(signals),
+        "DRIFTSAFE_E2E_DEADLINE_CHECK_INTERVAL_SECONDS": "1",
+    }
+    try:
+        quick = run.start_worker("quick")
+        slow = run.start_worker("slow", queue=f"{run.queue}-slow")
+        run.start_beat(0.0, env=beat_env)
+        run.start_beat(0.0, env=beat_env)
+        run.wait_until_claiming()
+        for worker in (quick, slow):
+            deadline = time.monotonic() + 60
+            while "ready." not in worker.log.read_text():
+                assert time.monotonic() < deadline, f"{worker.name} not ready\n{run.logs()}"
+                time.sleep(0.1)
+        q = run.queue
+        run.seed(
+            [
+                # Succeeds at once, with a deadline a loaded machine keeps: never late.
+                _task("fast", q, task="e2e.work", args=["fast", 0], deadline=5),
+                # Its body sleeps 4 s: running past its 1.5 s deadline (and succeeding
+                # before its next slot, so that it never becomes stale).
+                _task(
+                    "slow", f"{q}-slow", task="e2e.work", args=["slow", 4], deadline=1.5, every=6
+                ),
+                # Fails at once.
+                _task("failing", q, task="e2e.fail", args=["failing"], deadline=1.5),
+                # Nobody consumes its queue: a worker stopped.
+                _task("stopped", f"{q}-nobody", task="e2e.work", args=["stopped", 0], deadline=1.5),
+            ],
+            real_now() + timedelta(seconds=1),
+        )
+        time.sleep(12)
+        run.stop()
+        dump = run.tool("dump")
+        logs = run.logs()
+    finally:
+        run.close()
+
+    names = {t["id"]: t["name"] for t in dump["tasks"]}
+    runs = {r["id"]: {**r, "task": names.get(r["task_id"])} for r in dump["runs"]}
+    lines = (
+        [json.loads(line) for line in signals.read_text().splitlines()] if signals.exists() else []
+    )
+    late = [line for line in lines if line["signal"] == "late"]
+    stale = [line for line in lines if line["signal"] == "stale"]
+
+    # Each late run reached a receiver once, from one of the two beats, within seconds.
+    counts = Counter(line["run"] for line in late)
+    assert all(n == 1 for n in counts.values()), (counts, logs)
+    for line in late:
+        assert line["received"] - line["deadline"] < WITHIN, (line, logs)
+        assert line["late_at"] >= line["deadline"], line
+        assert runs[line["run"]]["late_at"] is not None
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for line in late:
+        by_task.setdefault(line["task"], []).append(line)
+    assert "fast" not in by_task, (by_task["fast"], logs)
+    assert all(r["late_at"] is None for r in runs.values() if r["task"] == "fast")
+    assert any(r["status"] == "succeeded" for r in runs.values() if r["task"] == "fast"), logs
+    # The slow body was still running when it was found late.
+    assert any(line["status"] == "started" for line in by_task.get("slow", [])), (late, logs)
+    assert any(line["status"] == "failed" for line in by_task.get("failing", [])), (late, logs)
+    assert any(
+        line["status"] in ("claimed", "dispatched") for line in by_task.get("stopped", [])
+    ), (late, logs)
+    # The ledger flags exactly the runs the receivers heard of.
+    for name in ("slow", "failing", "stopped"):
+        flagged = {r["id"] for r in runs.values() if r["task"] == name and r["late_at"]}
+        assert flagged == {line["run"] for line in by_task[name]}, (name, flagged, logs)
+    # The stopped and the failing tasks became stale (three slots without a success), once
+    # each; the others did not.
+    assert sorted(line["task"] for line in stale) == ["failing", "stopped"], (stale, logs)
+    assert {t["name"] for t in dump["tasks"] if t["stale_since"]} == {"failing", "stopped"}
