@@ -179,7 +179,10 @@ def test_the_command_paces_by_rate_and_refuses_a_range_over_the_cap(tmp_path: Pa
         stamps = sorted(m.received_at for m in run.received)
         assert len(stamps) == 15
         gaps = [(stamps[i + 5] - stamps[i]).total_seconds() for i in range(10)]
+        # A chunk is due a second after the one before it began (the pacing counts from the
+        # backfill's start), so a gap is a second less what the earlier chunk's own insert and
+        # publish took; without pacing the gaps are milliseconds.
         assert min(gaps) >= 0.7, f"published faster than 5/s: {gaps}"
-        assert (stamps[-1] - stamps[0]).total_seconds() >= 1.9
+        assert (stamps[-1] - stamps[0]).total_seconds() >= 1.4
     finally:
         run.close()
