@@ -171,8 +171,7 @@ def test_the_command_paces_by_rate_and_refuses_a_range_over_the_cap(tmp_path: Pa
         assert "BACKFILL_MAX_SLOTS = 20" in refused.log.read_text(), refused.log.read_text()
         assert not [r for r in run.tool("dump")["runs"] if r["task_id"] == task["id"]]
 
-        # 15 slots at 5 per second: chunks of 5, each published after the runs before it are
-        # a second old at that rate: 0 s, 1 s, 2 s.
+        # 15 slots at 5 per second: chunks of 5, published 0 s, 1 s and 2 s after the start.
         paced = command(15, "--rate", "5/s")
         assert paced.process.returncode == 0, paced.log.read_text()
         _wait(lambda: len(run.received) >= 15, 30, "not all published", run)
