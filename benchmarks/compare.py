@@ -8,6 +8,7 @@ docs/_static/comparison/ (and the raw results as results.json beside them).
     python -m benchmarks compare --quick          # every scenario, small sizes (~6 min)
     python -m benchmarks compare --scenarios scale --tasks 10000 --no-docs
     python -m benchmarks compare --scenarios burst --burst-tasks 20000 --merge RESULTS_JSON
+    python -m benchmarks compare --render-only    # the page again from its results.json
 
 (``bash benchmarks/compare.sh ...`` first builds ``.venv-bench`` with the peers, then runs
 exactly this.)
@@ -187,6 +188,12 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="RESULTS_JSON",
         help="rebuild tables and docs from a saved results.json, run nothing",
+    )
+    parser.add_argument(
+        "--render-only",
+        action="store_true",
+        help="rewrite comparison.md from the results.json under --docs (default docs/), with "
+        "the plots as they are: no run, no tables, no plotting",
     )
     parser.add_argument(
         "--merge",
@@ -553,6 +560,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.bench_settings")
     args = _parser().parse_args(argv)
+    if args.render_only:
+        docs = args.docs or ROOT / "docs"
+        results = json.loads((docs / report.STATIC / "results.json").read_text())
+        print(f"wrote {report.write_docs(results, docs, plot=False)}")
+        return
     if args.report_only:
         results = json.loads(args.report_only.read_text())
     elif args.merge:

@@ -13,6 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.features import COLUMNS as FEATURE_COLUMNS
+from benchmarks.features import ROWS as FEATURES
+from benchmarks.features import SOURCES as FEATURE_SOURCES
+
 LABELS = {
     "driftsafe": "celery_driftsafe",
     "django-celery-beat": "django-celery-beat",
@@ -855,13 +859,47 @@ def _flips(now: list[dict[str, Any]], before: list[dict[str, Any]]) -> list[str]
     return lines
 
 
-def write_docs(results: dict[str, Any], docs: Path) -> Path:
+def features() -> str:
+    """The "Features" section: :mod:`benchmarks.features` as a table, with its sources."""
+    header = ["feature", *(title for _, title in FEATURE_COLUMNS)]
+    rows = [[feature, *(cells[key] for key, _ in FEATURE_COLUMNS)] for feature, cells in FEATURES]
+    sources = [f"{n}. <{url}>" for n, url in enumerate(FEATURE_SOURCES, start=1)]
+    return "\n".join(
+        [
+            "## Features",
+            "",
+            "What each scheduler offers, from its own documentation (*measured below* points "
+            "at the tables of this page, the rest is not measured). Temporal schedules and "
+            "Kubernetes CronJob are not Celery schedulers and are not measured here; they are "
+            "in the table for their policies. [n] is a source listed under the table.",
+            "",
+            _table(header, rows, markdown=True),
+            "",
+            "Sources:",
+            "",
+            *sources,
+            "",
+        ]
+    )
+
+
+def write_docs(results: dict[str, Any], docs: Path, *, plot: bool = True) -> Path:
+    """Write ``docs/comparison.md`` from ``results``, and its plots; with ``plot=False`` the
+    page links the plots already under ``docs/_static/comparison/`` and draws none (a page
+    rendered again from a saved results.json, without matplotlib)."""
     static = docs / STATIC
     static.mkdir(parents=True, exist_ok=True)
     images = {}
-    for name, plot, caption in PLOTS:
-        if plot(results, static / name):
+    for name, draw, caption in PLOTS:
+        if draw(results, static / name) if plot else (static / name).exists():
             images[name] = caption
+    page = docs / "comparison.md"
+    page.write_text(render_page(results, images))
+    return page
+
+
+def render_page(results: dict[str, Any], images: dict[str, str]) -> str:
+    """The page's text: ``images`` maps the plot files to link to their captions."""
     meta = results["meta"]
     text = _section_text(results)
     parts = [
@@ -886,6 +924,7 @@ def write_docs(results: dict[str, Any], docs: Path) -> Path:
             "",
         ]
     parts += [
+        features(),
         "## Reproduce",
         "",
         "```",
@@ -963,6 +1002,4 @@ def write_docs(results: dict[str, Any], docs: Path) -> Path:
     parts += ["## What could not be measured", ""]
     parts += [f"- {item}" for item in meta["limits"]]
     parts += ["", "## Load during the run", "", _load(meta), ""]
-    page = docs / "comparison.md"
-    page.write_text("\n".join(parts))
-    return page
+    return "\n".join(parts)

@@ -68,7 +68,7 @@ class NodeFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
-        if value == "admin":  # manual runs: the partial index of manual and ad-hoc runs
+        if value == "admin":  # manual runs: the partial index of the runs operators asked for
             return queryset.filter(kind=RunKind.MANUAL, claimed_by__startswith="admin")
         if value:
             return queryset.filter(claimed_by=value)

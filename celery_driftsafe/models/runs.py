@@ -121,10 +121,12 @@ class Run(models.Model):
             models.Index(fields=["-slot", "-id"], name="driftsafe_run_recent"),
             models.Index(fields=["status", "-slot", "-id"], name="driftsafe_run_status_recent"),
             models.Index(fields=["claimed_by", "-slot", "-id"], name="driftsafe_run_node_recent"),
+            # Runs an operator asked for (run now, ad hoc calls, backfills): the kind filter,
+            # the "admin" node and the search of their task names.
             models.Index(
                 fields=["-slot", "-id"],
-                name="driftsafe_run_unscheduled",
-                condition=models.Q(kind__in=["manual", "adhoc"]),
+                name="driftsafe_run_operator",
+                condition=models.Q(kind__in=["manual", "adhoc", "backfill"]),
             ),
             # The admin's "missed its deadline" filter: the late runs only, newest first.
             models.Index(

@@ -58,6 +58,8 @@ for _name in (
 ):
     if os.environ.get(f"DRIFTSAFE_E2E_{_name}"):
         DRIFTSAFE[_name] = float(os.environ[f"DRIFTSAFE_E2E_{_name}"])
+if os.environ.get("DRIFTSAFE_E2E_BACKFILL_MAX_SLOTS"):  # tests/test_e2e_backfill.py
+    DRIFTSAFE["BACKFILL_MAX_SLOTS"] = int(os.environ["DRIFTSAFE_E2E_BACKFILL_MAX_SLOTS"])
 if os.environ.get("DRIFTSAFE_E2E_CLAIM_BATCH_SIZE"):  # tests/test_e2e_claim_process.py
     DRIFTSAFE["CLAIM_BATCH_SIZE"] = int(os.environ["DRIFTSAFE_E2E_CLAIM_BATCH_SIZE"])
 if os.environ.get("DRIFTSAFE_E2E_METRICS_PORT"):  # tests/test_e2e_metrics.py
