@@ -17,7 +17,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ('celery_driftsafe', '0016_run_kind_backfill'),
+        ('celery_driftsafe', '0017_deadlines'),
     ]
 
     operations = [
