@@ -40,6 +40,7 @@ from django.db.models.functions import Cast, Concat
 
 from celery_driftsafe.beat.result_states import backend_states
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
+from celery_driftsafe.exceptions import LockError
 from celery_driftsafe.ledger.lost_runs import Until, lost_runs, next_page
 from celery_driftsafe.models import Run, RunStatus
 from celery_driftsafe.monitoring import metrics
@@ -68,7 +69,7 @@ RECONCILE_BUDGET_SECONDS = 20.0
 #: until they expire, and must not keep a beat's thread busy a third of every minute.
 RECONCILE_IDLE_SECONDS = 5.0
 
-_WAITING = (RunStatus.CLAIMED, RunStatus.DISPATCHED)
+_WAITING = (RunStatus.CLAIMED, RunStatus.DISPATCHED, RunStatus.WAITING)
 
 
 @dataclass
@@ -280,13 +281,41 @@ def recover(
     """A beat's recovery pass: mark silent nodes dead and re-publish stale claims (the outbox)
     through ``dispatcher``. Reconciling runs is :class:`BackgroundReconciler`'s."""
     from celery_driftsafe.beat import nodes
-    from celery_driftsafe.claim.outbox import reclaim_stale
+    from celery_driftsafe.claim.outbox import reclaim_stale, release_waiting
 
     dead_after = timedelta(seconds=settings.node_dead_after_seconds)
     nodes.mark_dead(now, dead_after, node_id, using=using)
     lease = timedelta(seconds=settings.lease_seconds)
     stale = reclaim_stale(now, node_id, lease=lease, using=using, dead_after=dead_after)
+    free = RunningLockFree(settings, using)
+    stale += release_waiting(now, node_id, lock_free=free, using=using)
     dispatcher.dispatch(stale)
+
+
+class RunningLockFree:
+    """Whether a waiting run's task's running lock is free, looked for where the waiting
+    run's worker looked for it (its ``lock_store``), as far as this beat reaches it: taken
+    and given back at once. Not free when the store is out of reach or cannot tell (a beat
+    that reaches it publishes the run)."""
+
+    def __init__(self, settings: DriftSafeSettings, using: str) -> None:
+        self.settings = settings
+        self.using = using
+
+    def __call__(self, run: Run) -> bool:
+        from celery_driftsafe.locks import lock_backend_for
+
+        locks = lock_backend_for(run.lock_store, self.settings, using=self.using)
+        if locks is None or run.periodic_task_id is None:
+            return False
+        lock = locks.lock(f"task-running:{run.periodic_task_id}", ttl=self.settings.lease_seconds)
+        try:
+            if not lock.acquire(blocking=False):
+                return False
+            lock.release()
+        except LockError:
+            return False
+        return True
 
 
 class BackgroundReconciler(BackgroundPass):

@@ -102,6 +102,16 @@ class Run(models.Model):
             models.UniqueConstraint(
                 fields=["periodic_task", "slot"], name="driftsafe_run_slot_once"
             ),
+            # Overlap policy ``buffer_one``: at most one run of a task waits for its running
+            # run. Two deliveries that find it running at once both try to wait; the database
+            # lets one (the other is recorded skipped). A partial index: no entry for any run
+            # that does not wait. MySQL, which has none, does not create it (see
+            # docs/howto/overlap-policies.md).
+            models.UniqueConstraint(
+                fields=["periodic_task"],
+                condition=models.Q(status="waiting"),
+                name="driftsafe_run_one_waiting",
+            ),
         ]
         indexes = [
             models.Index(fields=["status", "claimed_at"], name="driftsafe_run_outbox"),
