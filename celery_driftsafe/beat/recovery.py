@@ -10,9 +10,9 @@ task's outcome, :mod:`celery_driftsafe.worker.plain_task_receivers`). Each beat 
 read and each change is conditional on the status it read, so beats reconciling at once never
 fight.
 
-* ``claimed`` or ``dispatched`` past its ``expires_at`` (plus a lease, for a worker that took
-  it just in time) becomes ``expired``: a worker discards the message, and ``DriftSafeTask``
-  refuses a finished run.
+* ``claimed``, ``dispatched`` or ``waiting`` (overlap policy ``buffer_one``) past its
+  ``expires_at`` (plus a lease, for a worker that took it just in time) becomes ``expired``:
+  a worker discards the message, and ``DriftSafeTask`` refuses a finished run.
 * ``started`` longer than ``STUCK_RUN_SECONDS`` ago, whose run lock nobody holds (its worker
   renews the lock while the body runs), becomes ``failed`` ("worker lost"), written under a
   fresh fencing token so that a worker that was merely paused cannot record over it. The
@@ -278,8 +278,10 @@ def recover(
     *,
     using: str = "default",
 ) -> None:
-    """A beat's recovery pass: mark silent nodes dead and re-publish stale claims (the outbox)
-    through ``dispatcher``. Reconciling runs is :class:`BackgroundReconciler`'s."""
+    """A beat's recovery pass: mark silent nodes dead, re-publish stale claims (the outbox) and
+    the waiting runs (overlap policy ``buffer_one``) whose task's running run is over (its
+    worker died before it could publish them), through ``dispatcher``. Reconciling runs is
+    :class:`BackgroundReconciler`'s."""
     from celery_driftsafe.beat import nodes
     from celery_driftsafe.claim.outbox import reclaim_stale, release_waiting
 

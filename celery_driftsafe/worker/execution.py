@@ -1,6 +1,6 @@
 """One delivery of one run, inside a worker (or an eager call): the steps
-:class:`~celery_driftsafe.task.DriftSafeTask` takes around the body, the overlap policy
-``skip``, and the outcomes the delivery records.
+:class:`~celery_driftsafe.task.DriftSafeTask` takes around the body, the overlap policies
+``skip`` and ``buffer_one``, and the outcomes the delivery records.
 
 A delivery that must not run the body (duplicate, copy of an earlier attempt, expired, skipped,
 re-sent for later, forged) raises :class:`celery.exceptions.Ignore`: Celery then acknowledges
@@ -14,7 +14,12 @@ under the run's fencing token (retried while the database is away).
 
 The overlap policy ``skip``: the task's running lock, held for the body, and what a run that
 cannot take it records. The delivery's flow calls it before the start (the slow path) or right
-after it (the fast path's one conditional start).
+after it (the fast path's one conditional start). The overlap policy ``buffer_one`` takes the
+same lock; a run that cannot take it waits in the ledger (``waiting``, one a task at most: a
+further one is skipped) and its delivery ends; the delivery that held the lock publishes the
+waiting run again once it gives the lock back, whatever its end
+(:func:`~celery_driftsafe.claim.outbox.release_waiting`), and a beat does when that worker died
+(:func:`~celery_driftsafe.beat.recovery.recover`).
 
 The running lock (``task-running:<periodic task id>``) is one proof that a run of the task is
 running; the other is the ledger: another run ``started`` whose worker's lease lasts. Both are
