@@ -336,6 +336,28 @@ def test_a_beat_publishes_a_waiting_run_once_the_running_ones_worker_is_gone(
     ]
 
 
+def test_a_run_waiting_when_its_periodic_task_is_deleted_is_published_and_runs_once(
+    record: Any, calls: list[Any], broker_app: Any
+) -> None:
+    """The task is deleted while a run of it waits: its runs are kept (their task set null),
+    nothing of the task runs any more to publish the waiting one, so a beat does; it runs
+    once, as a run already sent of a deleted task does."""
+    periodic = _buffering_task("deleted")
+    waiting = _slot_run(
+        periodic, 2, status=RunStatus.WAITING, fencing_token=4, lock_store=lock_identity()
+    )
+    periodic.delete()
+    drain()
+    _recover(broker_app)
+    waiting.refresh_from_db()
+    assert waiting.status == RunStatus.DISPATCHED
+    [message] = drain()
+    with delivery(record, waiting, token=message["driftsafe_fencing_token"]):
+        assert record("x") == "x"
+    assert calls == ["x"]
+    assert Run.objects.get(pk=waiting.pk).status == RunStatus.SUCCEEDED
+
+
 def test_a_waiting_run_past_its_expiry_is_recorded_expired(broker_app: Any) -> None:
     """A run that waited past its message's expiry is not run late: a reconcile pass records
     it expired, and a beat does not publish it."""

@@ -298,7 +298,8 @@ class RunningLockFree:
     """Whether a waiting run's task's running lock is free, looked for where the waiting
     run's worker looked for it (its ``lock_store``), as far as this beat reaches it: taken
     and given back at once. Not free when the store is out of reach or cannot tell (a beat
-    that reaches it publishes the run)."""
+    that reaches it publishes the run). A run whose periodic task was deleted since has no
+    running lock to wait for (a worker runs it without the overlap policy): free."""
 
     def __init__(self, settings: DriftSafeSettings, using: str) -> None:
         self.settings = settings
@@ -307,8 +308,10 @@ class RunningLockFree:
     def __call__(self, run: Run) -> bool:
         from celery_driftsafe.locks import lock_backend_for
 
+        if run.periodic_task_id is None:
+            return True
         locks = lock_backend_for(run.lock_store, self.settings, using=self.using)
-        if locks is None or run.periodic_task_id is None:
+        if locks is None:
             return False
         lock = locks.lock(f"task-running:{run.periodic_task_id}", ttl=self.settings.lease_seconds)
         try:
