@@ -119,14 +119,32 @@ def _running(task: Any, run: Run, value: str, redis_client: Any) -> threading.Th
     return worker
 
 
+@pytest.fixture(params=["fast", "slow"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The worker's path: ``fast``, one conditional start, then the overlap policy (PostgreSQL,
+    SQLite 3.35+); ``slow``, the run read, the policy applied, then the start (a database
+    without ``UPDATE … RETURNING``: MySQL, an older SQLite)."""
+    from celery_driftsafe.ledger.run_ledger import Ledger
+
+    if request.param == "slow":
+        original = Ledger.__init__
+
+        def without_returning(self: Ledger) -> None:
+            original(self)
+            self.can_return = False
+
+        monkeypatch.setattr(Ledger, "__init__", without_returning)
+    return str(request.param)
+
+
 @pytest.mark.parametrize("value", ["a", "boom"])
 def test_one_slot_waits_further_ones_skip_and_the_waiting_one_runs_when_the_running_ends(
-    record: Any, calls: list[Any], redis_client: Any, value: str
+    record: Any, calls: list[Any], redis_client: Any, value: str, path: str
 ) -> None:
     """The first slot runs; the second, delivered meanwhile, waits (its message acknowledged,
     no worker held); the third is skipped, saying another waits. When the first ends (in
     success or failure) its worker publishes the waiting run's message again, same Celery task
-    id, and that delivery runs it."""
+    id, and that delivery runs it. On both of the worker's paths."""
     periodic = _buffering_task("buffered")
     first, second, third = (_slot_run(periodic, s) for s in (1, 2, 3))
     drain()
@@ -165,7 +183,7 @@ def test_one_slot_waits_further_ones_skip_and_the_waiting_one_runs_when_the_runn
 
 
 def test_a_copy_of_the_waiting_runs_message_leaves_it_waiting(
-    record: Any, calls: list[Any], redis_client: Any
+    record: Any, calls: list[Any], redis_client: Any, path: str
 ) -> None:
     """A second delivery of the waiting run's own message (Celery delivers at least once)
     while the first still runs: the run still waits (it is the one waiting), not skipped."""
@@ -184,8 +202,45 @@ def test_a_copy_of_the_waiting_runs_message_leaves_it_waiting(
     assert calls == ["a"]
 
 
+def test_a_run_that_ends_while_the_next_one_decides_to_wait_does_not_strand_it(
+    record: Any, calls: list[Any], monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """The race between an end and a wait: the running run gives its lock back and finds no
+    run waiting, in the instant between the next run's finding the lock held and its being
+    recorded waiting. The waiting run looks at the lock once it waits, finds it free, and
+    publishes itself again at once (not a lease later, by a beat)."""
+    from celery_driftsafe.ledger.run_ledger import Ledger
+
+    settings = get_settings()
+    periodic = _buffering_task("ends-meanwhile")
+    second = _slot_run(periodic, 2)
+    running_lock = lock_backend(settings).lock(
+        f"task-running:{periodic.pk}", ttl=settings.lease_seconds
+    )
+    assert running_lock.acquire(blocking=False)  # the running run's
+    original = Ledger.wait
+
+    def ends_meanwhile(self: Ledger, *args: Any, **kwargs: Any) -> bool:
+        running_lock.release()  # it ends, and finds nothing waiting yet
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Ledger, "wait", ends_meanwhile)
+    drain()
+    with delivery(record, second), pytest.raises(Ignore):
+        record("b")
+    second.refresh_from_db()
+    assert second.status == RunStatus.DISPATCHED, second.error
+    assert second.claimed_by == "worker:worker-1"
+    [message] = drain()
+    assert message["id"] == second.celery_task_id
+    monkeypatch.undo()
+    with delivery(record, second, token=message["driftsafe_fencing_token"]):
+        assert record("x") == "x"
+    assert calls == ["x"]
+
+
 def test_two_deliveries_at_once_while_one_runs_leave_one_waiting_one_skipped(
-    record: Any, calls: list[Any], redis_client: Any
+    record: Any, calls: list[Any], redis_client: Any, path: str
 ) -> None:
     """Two slots' deliveries reach two workers at the same moment while the task runs: the
     database lets one wait; the other is skipped. Repeated, for the race to be a race."""
