@@ -68,9 +68,10 @@ def _slot_run(periodic: PeriodicTask, second: int, **fields: Any) -> Run:
 
 
 @contextmanager
-def delivery(task: Any, run: Run, token: int = 0) -> Iterator[None]:
+def delivery(task: Any, run: Run, token: int = 0, retries: int = 0) -> Iterator[None]:
     task.push_request(
         id=run.celery_task_id,
+        retries=retries,
         hostname="worker-1",
         delivery_info={},
         args=[],
@@ -237,6 +238,29 @@ def test_a_run_that_ends_while_the_next_one_decides_to_wait_does_not_strand_it(
     with delivery(record, second, token=message["driftsafe_fencing_token"]):
         assert record("x") == "x"
     assert calls == ["x"]
+
+
+def test_a_retrys_attempt_does_not_wait_it_is_skipped_saying_why(
+    record: Any, calls: list[Any], redis_client: Any, path: str
+) -> None:
+    """A retry's attempt (its run ``retrying``) finds the task running: it does not wait (its
+    message would come back as the first attempt's, and be dropped as a copy of it); it is
+    skipped as under ``skip``, saying so."""
+    periodic = _buffering_task("retrying")
+    first = _slot_run(periodic, 1)
+    second = _slot_run(periodic, 2, status=RunStatus.RETRYING, attempt=1)
+    worker = _running(record, first, "a", redis_client)
+    try:
+        with delivery(record, second, retries=1), pytest.raises(Ignore):
+            record("b")
+    finally:
+        record.gate.set()
+        worker.join()
+    second.refresh_from_db()
+    assert second.status == RunStatus.SKIPPED
+    assert "a retry's attempt does not wait" in second.error
+    assert not Run.objects.filter(status=RunStatus.WAITING).exists()
+    assert calls == ["a"]
 
 
 def test_two_deliveries_at_once_while_one_runs_leave_one_waiting_one_skipped(

@@ -75,6 +75,11 @@ BUFFER_FULL_WHY = (
     "skipped: the previous run of this task is still running and another run of it is "
     "already waiting for it; at most one waits (overlap policy 'buffer_one')"
 )
+#: Overlap policy ``buffer_one``: a retry's attempt does not wait.
+RETRY_NO_WAIT_WHY = (
+    "skipped: the previous run of this task is still running, and a retry's attempt does not "
+    "wait for it (overlap policy 'buffer_one')"
+)
 #: The overlap policies that keep a task's runs from running side by side.
 ONE_AT_A_TIME = (OverlapPolicy.SKIP, OverlapPolicy.BUFFER_ONE)
 
@@ -410,8 +415,7 @@ class Execution:
                 self.releases = row.periodic_task_id
             return
         if row.overlap_policy == OverlapPolicy.BUFFER_ONE:
-            self._wait(row.periodic_task_id, token, started=False)
-            self._skip(token, BUFFER_FULL_WHY)
+            self._skip(token, self._wait(row.periodic_task_id, token, started=False))
         self._skip(token)
 
     def _check_overlap_unlocked(self, row: RunRow, mode: str) -> None:
@@ -466,14 +470,13 @@ class Execution:
             if policy == OverlapPolicy.BUFFER_ONE:
                 self.releases = periodic_task_id
             return
-        if policy == OverlapPolicy.BUFFER_ONE and not took_over:
-            self._wait(periodic_task_id, token, started=True)
         status = RunStatus.FAILED if took_over else RunStatus.SKIPPED
         why = LOST_NOT_AGAIN if took_over else SKIPPED_WHY
-        if took_over and policy == OverlapPolicy.BUFFER_ONE:
-            why = why.replace("'skip'", "'buffer_one'")
-        if policy == OverlapPolicy.BUFFER_ONE and not took_over:
-            why = BUFFER_FULL_WHY
+        if policy == OverlapPolicy.BUFFER_ONE:
+            if took_over:
+                why = why.replace("'skip'", "'buffer_one'")
+            else:
+                why = self._wait(periodic_task_id, token, started=True)
         self.ledger.finish(self.run_id, token, status, self._now(), why)
         metrics.execution(self.task.name, status)
         log_run(
@@ -486,22 +489,23 @@ class Execution:
         )
         raise Ignore()
 
-    def _wait(self, periodic_task_id: int, token: int, *, started: bool) -> None:
+    def _wait(self, periodic_task_id: int, token: int, *, started: bool) -> str:
         """Overlap policy ``buffer_one``, the task's running lock held by another run: the run
         waits in the ledger, and this delivery ends (its message acknowledged: the run holds
-        no worker while it waits); returns when another run of the task waits already, or the
-        run is no longer this delivery's to change. A retry's attempt does not wait (the run's
-        message would come back as its first attempt's): it returns, and is skipped.
+        no worker while it waits). Returns why the run is skipped instead: another run of the
+        task waits already (or the run is no longer this delivery's to change, when the skip
+        changes nothing either), or this is a retry's attempt, which does not wait (the run's
+        message would come back as its first attempt's).
 
         The run waits first, then looks at the running lock: a run that ends meanwhile gives
         its lock back before it looks for the waiting run, so one of the two sees the other
         and publishes the waiting run (both may: the second finds it no longer waiting)."""
         if self.attempt > 0:
-            return
+            return RETRY_NO_WAIT_WHY
         if not self.ledger.wait(
             self.run_id, token, periodic_task_id, WAITING_WHY, store=self._store, started=started
         ):
-            return
+            return BUFFER_FULL_WHY
         metrics.execution(self.task.name, RunStatus.WAITING)
         log_run(
             logging.INFO,
