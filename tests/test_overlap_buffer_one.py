@@ -19,6 +19,7 @@ from celery_driftsafe.locks import lock_backend, lock_identity
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 from celery_driftsafe.store.clock import authority_clock
 from celery_driftsafe.task import DriftSafeTask
+from tests import settings as test_settings
 from tests.conftest import drain
 from tests.factories import interval_task
 
@@ -115,8 +116,13 @@ def _running(task: Any, run: Run, value: str, redis_client: Any) -> threading.Th
     worker = threading.Thread(target=_deliver, args=(task, run, value))
     worker.start()
     running_lock = f"driftsafe-test:lock:task-running:{run.periodic_task_id}"
-    _wait_for(lambda: redis_client.exists(running_lock))
-    assert Run.objects.get(pk=run.pk).status == RunStatus.STARTED
+    # (the slow path takes the lock before the start, the fast path after it)
+    _wait_for(
+        lambda: (
+            redis_client.exists(running_lock)
+            and Run.objects.get(pk=run.pk).status == RunStatus.STARTED
+        )
+    )
     return worker
 
 
@@ -357,6 +363,32 @@ def test_overlap_skip_still_skips_and_never_waits(
         worker.join()
     assert Run.objects.get(pk=second.pk).status == RunStatus.SKIPPED
     assert drain() == []
+
+
+def test_without_a_run_lock_a_run_does_not_wait_it_is_skipped_saying_why(
+    record: Any, calls: list[Any]
+) -> None:
+    """Redis away and ``REDIS_UNAVAILABLE = "fail_open"``: the database's conditional start
+    alone decides, and no shared running lock would tell when to go on, so a run that finds
+    the task running is skipped as under ``skip``, saying why; it does not wait."""
+    from django.test import override_settings
+
+    periodic = _buffering_task("open")
+    running, late = (_slot_run(periodic, s) for s in (1, 2))
+    Run.objects.filter(pk=running.pk).update(status=RunStatus.STARTED, worker="other")
+    dead_redis = {
+        **test_settings.DRIFTSAFE,
+        "REDIS_URL": "redis://127.0.0.1:1/0",
+        "TIME_AUTHORITY": "database",
+        "REDIS_UNAVAILABLE": "fail_open",
+    }
+    with override_settings(DRIFTSAFE=dead_redis), delivery(record, late), pytest.raises(Ignore):
+        record("a")
+    late.refresh_from_db()
+    assert late.status == RunStatus.SKIPPED
+    assert "without a run lock a run does not wait" in late.error
+    assert not Run.objects.filter(status=RunStatus.WAITING).exists()
+    assert calls == []
 
 
 def _recover(app: Any) -> None:

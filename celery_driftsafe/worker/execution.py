@@ -36,7 +36,7 @@ import threading
 import traceback
 from contextlib import ExitStack, suppress
 from datetime import datetime, timedelta
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
@@ -50,6 +50,9 @@ from celery_driftsafe.locks import lock_backend, lock_identity
 from celery_driftsafe.locks.database import DatabaseLockBackend
 from celery_driftsafe.monitoring import metrics
 from celery_driftsafe.store.clock import authority_clock
+
+if TYPE_CHECKING:
+    from celery_driftsafe.locks.contract import DistributedLock
 
 logger = logging.getLogger("celery_driftsafe.task")
 
@@ -79,6 +82,12 @@ BUFFER_FULL_WHY = (
 RETRY_NO_WAIT_WHY = (
     "skipped: the previous run of this task is still running, and a retry's attempt does not "
     "wait for it (overlap policy 'buffer_one')"
+)
+#: Overlap policy ``buffer_one`` without a run lock (eager, ``fail_open``, a publisher locking
+#: elsewhere): nothing would tell when to go on, so the run does not wait.
+UNLOCKED_NO_WAIT_WHY = (
+    "skipped: the previous run of this task is still running, and without a run lock a run "
+    "does not wait for it (overlap policy 'buffer_one')"
 )
 #: The overlap policies that keep a task's runs from running side by side.
 ONE_AT_A_TIME = (OverlapPolicy.SKIP, OverlapPolicy.BUFFER_ONE)
@@ -421,15 +430,16 @@ class Execution:
     def _check_overlap_unlocked(self, row: RunRow, mode: str) -> None:
         """Before a start without a run lock (``mode``: ``eager``, ``fail_open``,
         ``lock-mismatch``), with overlap policy ``skip`` (or ``buffer_one``, which does not
-        wait here: no shared running lock tells when to go on): record the run ``skipped`` when the
-        ledger has another run of the task started, or when another holds the task's running
-        lock in the database. That lock, held for the body, puts two such starts at the
-        same instant in order (Redis, where the running lock usually lives, is out of reach
-        or not shared); a database lock cannot be taken inside a transaction (an eager call
-        in an ``atomic`` block), where the ledger alone decides."""
+        wait here: no shared running lock tells when to go on): record the run ``skipped``
+        when the ledger has another run of the task started, or when another holds the
+        task's running lock in the database. That lock, held for the body, puts two such
+        starts at the same instant in order (Redis, where the running lock usually lives, is
+        out of reach or not shared); a database lock cannot be taken inside a transaction (an
+        eager call in an ``atomic`` block), where the ledger alone decides."""
         assert row.periodic_task_id is not None
+        why = SKIPPED_WHY if row.overlap_policy == OverlapPolicy.SKIP else UNLOCKED_NO_WAIT_WHY
         if self.ledger.other_started(row.periodic_task_id, self.run_id):
-            self._skip(None)
+            self._skip(None, why)
         task_lock = DatabaseLockBackend().lock(
             f"task-running:{row.periodic_task_id}", ttl=self.settings.lease_seconds
         )
@@ -438,7 +448,7 @@ class Execution:
         except LockError:  # inside a transaction: not seen by others before it commits
             held = None
         if held is False:
-            self._skip(None)
+            self._skip(None, why)
         if held:
             self.locks.enter_context(task_lock.watch())
         log_run(
@@ -757,7 +767,7 @@ class Execution:
                 self._release_waiting(self.releases)
 
     def _run_under(
-        self, lock: Any, row: RunRow | None, now: datetime, args: Any, kwargs: Any
+        self, lock: DistributedLock, row: RunRow | None, now: datetime, args: Any, kwargs: Any
     ) -> Any:
         """The run's lock acquired: start the run under it, the overlap policy applied, and
         run the body; the locks are given back when the delivery ends."""
