@@ -129,3 +129,24 @@ class UniqueWhereSet(migrations.AlterField):
 def _how(schema_editor: Any) -> str:
     """``_concurrently`` as SQL: the word where the index is built without blocking writes."""
     return " CONCURRENTLY" if _concurrently(schema_editor) else ""
+
+
+class AddUniqueWhereConcurrently(migrations.AddConstraint):
+    """``AddConstraint`` of a conditional ``UniqueConstraint`` (a partial unique index), built
+    without blocking writes on PostgreSQL (``CREATE UNIQUE INDEX CONCURRENTLY``): beats keep
+    claiming while a big ledger is read. Plain elsewhere; a database without partial indexes
+    (MySQL) gets nothing, as Django's own operation gives it. A migration using it must not be
+    atomic."""
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        if schema_editor.connection.vendor != "postgresql":
+            super().database_forwards(app_label, schema_editor, from_state, to_state)
+            return
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            sql = str(self.constraint.create_sql(model, schema_editor))
+            head = "CREATE UNIQUE INDEX "
+            assert sql.startswith(head), sql  # a conditional unique constraint is an index
+            schema_editor.execute(f"{head}CONCURRENTLY {sql.removeprefix(head)}")

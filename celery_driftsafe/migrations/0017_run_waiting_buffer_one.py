@@ -1,12 +1,16 @@
 """Overlap policy ``buffer_one``: the run status ``waiting`` and the partial unique index that
 lets at most one run of a task wait (``WHERE status = 'waiting'``; not created on MySQL, which
-has no partial indexes)."""
+has no partial indexes), built concurrently on PostgreSQL. Not atomic, for that."""
 
 import celery_driftsafe.core.stored_names
 from django.db import migrations, models
 
+from celery_driftsafe.migration_operations import AddUniqueWhereConcurrently
+
 
 class Migration(migrations.Migration):
+
+    atomic = False
 
     dependencies = [
         ('celery_driftsafe', '0016_run_kind_backfill'),
@@ -28,7 +32,7 @@ class Migration(migrations.Migration):
             name='outcome',
             field=models.CharField(choices=[('claimed', 'Claimed'), ('dispatched', 'Dispatched'), ('started', 'Started'), ('retrying', 'Retry scheduled'), ('waiting', 'Waiting for the running run'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('skipped', 'Skipped'), ('missed', 'Missed'), ('expired', 'Expired'), ('revoked', 'Revoked')], max_length=16),
         ),
-        migrations.AddConstraint(
+        AddUniqueWhereConcurrently(
             model_name='run',
             constraint=models.UniqueConstraint(condition=models.Q(('status', 'waiting')), fields=('periodic_task',), name='driftsafe_run_one_waiting'),
         ),
