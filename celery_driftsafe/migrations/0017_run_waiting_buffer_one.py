@@ -1,11 +1,12 @@
 """Overlap policy ``buffer_one``: the run status ``waiting`` and the partial unique index that
 lets at most one run of a task wait (``WHERE status = 'waiting'``; not created on MySQL, which
-has no partial indexes), built concurrently on PostgreSQL. Not atomic, for that."""
+has no partial indexes), built concurrently on PostgreSQL. Not atomic, for that. The index is
+the database's alone, as migration 0012's: no model state."""
 
 import celery_driftsafe.core.stored_names
 from django.db import migrations, models
 
-from celery_driftsafe.migration_operations import AddUniqueWhereConcurrently
+from celery_driftsafe.migration_operations import PartialUniqueIndex
 
 
 class Migration(migrations.Migration):
@@ -32,8 +33,10 @@ class Migration(migrations.Migration):
             name='outcome',
             field=models.CharField(choices=[('claimed', 'Claimed'), ('dispatched', 'Dispatched'), ('started', 'Started'), ('retrying', 'Retry scheduled'), ('waiting', 'Waiting for the running run'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('skipped', 'Skipped'), ('missed', 'Missed'), ('expired', 'Expired'), ('revoked', 'Revoked')], max_length=16),
         ),
-        AddUniqueWhereConcurrently(
+        PartialUniqueIndex(
             model_name='run',
-            constraint=models.UniqueConstraint(condition=models.Q(('status', 'waiting')), fields=('periodic_task',), name='driftsafe_run_one_waiting'),
+            name='driftsafe_run_one_waiting',
+            columns=['periodic_task_id'],
+            where="status = 'waiting'",
         ),
     ]

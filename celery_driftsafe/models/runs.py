@@ -104,14 +104,11 @@ class Run(models.Model):
             ),
             # Overlap policy ``buffer_one``: at most one run of a task waits for its running
             # run. Two deliveries that find it running at once both try to wait; the database
-            # lets one (the other is recorded skipped). A partial index: no entry for any run
-            # that does not wait. MySQL, which has none, does not create it (see
+            # lets one (the other is recorded skipped). Migration 0017 makes the unique index
+            # ``driftsafe_run_one_waiting`` on ``periodic_task`` ``WHERE status = 'waiting'``
+            # (no entry for a run that does not wait), the database's alone, as the idempotency
+            # key's: MySQL, which has no partial indexes, has none (see
             # docs/howto/overlap-policies.md).
-            models.UniqueConstraint(
-                fields=["periodic_task"],
-                condition=models.Q(status="waiting"),
-                name="driftsafe_run_one_waiting",
-            ),
         ]
         indexes = [
             models.Index(fields=["status", "claimed_at"], name="driftsafe_run_outbox"),
