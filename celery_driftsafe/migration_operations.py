@@ -129,3 +129,63 @@ class UniqueWhereSet(migrations.AlterField):
 def _how(schema_editor: Any) -> str:
     """``_concurrently`` as SQL: the word where the index is built without blocking writes."""
     return " CONCURRENTLY" if _concurrently(schema_editor) else ""
+
+
+class PartialUniqueIndex(migrations.operations.base.Operation):
+    """A unique index ``name`` on ``columns`` of the rows that match ``where`` (SQL), the
+    database's alone: no model state (a conditional ``UniqueConstraint`` would make Django warn
+    on MySQL that it is not created). Built without blocking writes on PostgreSQL, plainly on
+    SQLite; a database without partial indexes (MySQL) gets nothing. A migration using it must
+    not be atomic."""
+
+    reversible = True
+
+    def __init__(self, model_name: str, name: str, columns: Sequence[str], where: str) -> None:
+        self.model_name = model_name
+        self.name = name
+        self.columns = list(columns)
+        self.where = where
+
+    def deconstruct(self) -> tuple[str, Sequence[Any], dict[str, Any]]:
+        kwargs = {
+            "model_name": self.model_name,
+            "name": self.name,
+            "columns": self.columns,
+            "where": self.where,
+        }
+        return self.__class__.__name__, [], kwargs
+
+    def describe(self) -> str:
+        return f"Create unique index {self.name} on {self.model_name} where {self.where}"
+
+    def state_forwards(self, app_label: str, state: Any) -> None:
+        pass  # the database's alone
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        model = self._model_here(schema_editor, to_state.apps.get_model(app_label, self.model_name))
+        if model is not None:
+            quote = schema_editor.quote_name
+            columns = ", ".join(quote(column) for column in self.columns)
+            schema_editor.execute(
+                f"CREATE UNIQUE INDEX{_how(schema_editor)} {quote(self.name)} "
+                f"ON {quote(model._meta.db_table)} ({columns}) WHERE {self.where}"
+            )
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        if self._model_here(schema_editor, from_state.apps.get_model(app_label, self.model_name)):
+            quoted = schema_editor.quote_name(self.name)
+            schema_editor.execute(f"DROP INDEX{_how(schema_editor)} IF EXISTS {quoted}")
+
+    def _model_here(self, schema_editor: Any, model: Any) -> Any | None:
+        """``model`` where this operation changes the database (partial indexes, and the
+        model migrates on this connection), else None."""
+        connection = schema_editor.connection
+        if connection.features.supports_partial_indexes and self.allow_migrate_model(
+            connection.alias, model
+        ):
+            return model
+        return None

@@ -545,6 +545,21 @@ def test_add_page_suggests_registered_tasks_and_zones(admin_client: Any, app: An
 
 
 @pytest.mark.django_db
+def test_the_form_offers_overlap_policy_buffer_one_and_explains_it(
+    admin_client: Any, app: Any
+) -> None:
+    page = admin_client.get(ADD).content.decode()
+    assert '<option value="buffer_one">Keep one slot waiting while the previous run is running' in (
+        page
+    )
+    assert "buffer_one: wait (one slot at most, further ones are skipped)" in page
+    errors = form_errors(admin_client.post(ADD, form_data(overlap_policy="buffer_two")))
+    assert list(errors) == ["overlap_policy"]
+    assert admin_client.post(ADD, form_data(overlap_policy="buffer_one")).status_code == 302
+    assert PeriodicTask.objects.get(name="nightly").overlap_policy == "buffer_one"
+
+
+@pytest.mark.django_db
 def test_a_form_opened_before_the_task_finished_does_not_switch_it_back_on(
     admin_client: Any, app: Any
 ) -> None:

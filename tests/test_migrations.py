@@ -99,3 +99,33 @@ def test_unique_where_set_keeps_keys_unique_and_takes_no_entry_for_a_run_without
         assert len(runs) == 2 and len(names) == 2
     call_command("migrate", "celery_driftsafe", verbosity=0)
     assert states() == migrated
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_one_waiting_index_is_partial_and_valid_and_goes_back() -> None:
+    """Migration 0017: the partial unique index that lets one run of a task wait (built
+    concurrently on PostgreSQL, where a failed concurrent build would leave it invalid);
+    going back drops it."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    name = "driftsafe_run_one_waiting"
+    indexes = _indexes_on("celery_driftsafe_run", "periodic_task_id")
+    assert indexes[name]["unique"]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_indexes.indexdef, pg_index.indisvalid FROM pg_indexes "
+                "JOIN pg_class ON pg_class.relname = pg_indexes.indexname "
+                "JOIN pg_index ON pg_index.indexrelid = pg_class.oid "
+                "WHERE pg_indexes.indexname = %s",
+                [name],
+            )
+            definition, valid = cursor.fetchone()
+        assert definition.endswith("WHERE ((status)::text = 'waiting'::text)"), definition
+        assert valid
+    executor = MigrationExecutor(connection)
+    executor.migrate([("celery_driftsafe", "0016_run_kind_backfill")])
+    assert name not in _indexes_on("celery_driftsafe_run", "periodic_task_id")
+    call_command("migrate", "celery_driftsafe", verbosity=0)
+    assert name in _indexes_on("celery_driftsafe_run", "periodic_task_id")

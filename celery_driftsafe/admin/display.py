@@ -31,6 +31,7 @@ STATUS_COLOURS: dict[str, str] = {
     RunStatus.CLAIMED: "#79aec8",
     RunStatus.DISPATCHED: "#417690",
     RunStatus.STARTED: "#205067",
+    RunStatus.WAITING: "#8e6fb0",
     RunStatus.SUCCEEDED: "#2e7d32",
     RunStatus.FAILED: "#ba2121",
     RunStatus.SKIPPED: "#777777",

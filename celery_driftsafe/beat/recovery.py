@@ -10,9 +10,9 @@ task's outcome, :mod:`celery_driftsafe.worker.plain_task_receivers`). Each beat 
 read and each change is conditional on the status it read, so beats reconciling at once never
 fight.
 
-* ``claimed`` or ``dispatched`` past its ``expires_at`` (plus a lease, for a worker that took
-  it just in time) becomes ``expired``: a worker discards the message, and ``DriftSafeTask``
-  refuses a finished run.
+* ``claimed``, ``dispatched`` or ``waiting`` (overlap policy ``buffer_one``) past its
+  ``expires_at`` (plus a lease, for a worker that took it just in time) becomes ``expired``:
+  a worker discards the message, and ``DriftSafeTask`` refuses a finished run.
 * ``started`` longer than ``STUCK_RUN_SECONDS`` ago, whose run lock nobody holds (its worker
   renews the lock while the body runs), becomes ``failed`` ("worker lost"), written under a
   fresh fencing token so that a worker that was merely paused cannot record over it. The
@@ -40,6 +40,7 @@ from django.db.models.functions import Cast, Concat
 
 from celery_driftsafe.beat.result_states import backend_states
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
+from celery_driftsafe.exceptions import LockError
 from celery_driftsafe.ledger.lost_runs import Until, lost_runs, next_page
 from celery_driftsafe.models import Run, RunStatus
 from celery_driftsafe.monitoring import metrics
@@ -68,7 +69,7 @@ RECONCILE_BUDGET_SECONDS = 20.0
 #: until they expire, and must not keep a beat's thread busy a third of every minute.
 RECONCILE_IDLE_SECONDS = 5.0
 
-_WAITING = (RunStatus.CLAIMED, RunStatus.DISPATCHED)
+_WAITING = (RunStatus.CLAIMED, RunStatus.DISPATCHED, RunStatus.WAITING)
 
 
 @dataclass
@@ -277,16 +278,49 @@ def recover(
     *,
     using: str = "default",
 ) -> None:
-    """A beat's recovery pass: mark silent nodes dead and re-publish stale claims (the outbox)
-    through ``dispatcher``. Reconciling runs is :class:`BackgroundReconciler`'s."""
+    """A beat's recovery pass: mark silent nodes dead, re-publish stale claims (the outbox) and
+    the waiting runs (overlap policy ``buffer_one``) whose task's running run is over (its
+    worker died before it could publish them), through ``dispatcher``. Reconciling runs is
+    :class:`BackgroundReconciler`'s."""
     from celery_driftsafe.beat import nodes
-    from celery_driftsafe.claim.outbox import reclaim_stale
+    from celery_driftsafe.claim.outbox import reclaim_stale, release_waiting
 
     dead_after = timedelta(seconds=settings.node_dead_after_seconds)
     nodes.mark_dead(now, dead_after, node_id, using=using)
     lease = timedelta(seconds=settings.lease_seconds)
     stale = reclaim_stale(now, node_id, lease=lease, using=using, dead_after=dead_after)
+    free = RunningLockFree(settings, using)
+    stale += release_waiting(now, node_id, lock_free=free, using=using)
     dispatcher.dispatch(stale)
+
+
+class RunningLockFree:
+    """Whether a waiting run's task's running lock is free, looked for where the waiting
+    run's worker looked for it (its ``lock_store``), as far as this beat reaches it: taken
+    and given back at once. Not free when the store is out of reach or cannot tell (a beat
+    that reaches it publishes the run). A run whose periodic task was deleted since has no
+    running lock to wait for (a worker runs it without the overlap policy): free."""
+
+    def __init__(self, settings: DriftSafeSettings, using: str) -> None:
+        self.settings = settings
+        self.using = using
+
+    def __call__(self, run: Run) -> bool:
+        from celery_driftsafe.locks import lock_backend_for
+
+        if run.periodic_task_id is None:
+            return True
+        locks = lock_backend_for(run.lock_store, self.settings, using=self.using)
+        if locks is None:
+            return False
+        lock = locks.lock(f"task-running:{run.periodic_task_id}", ttl=self.settings.lease_seconds)
+        try:
+            if not lock.acquire(blocking=False):
+                return False
+            lock.release()
+        except LockError:
+            return False
+        return True
 
 
 class BackgroundReconciler(BackgroundPass):

@@ -8,6 +8,11 @@ Celery task id, then marked ``dispatched``. A crash between publish and mark lea
 ``claimed`` run that the outbox re-publishes under the same task id; ``DriftSafeTask`` makes
 that second delivery harmless. A run is never marked dispatched unless its publish returned,
 and it is published only by the node that still holds its claim.
+
+A run that waits for its task's running run (overlap policy ``buffer_one``) comes back into
+the outbox when that run ends (:func:`release_waiting`): taken from ``waiting`` to ``claimed``
+by its publisher, then published and marked as any claimed run is, so a publisher that dies
+in between leaves it to :func:`reclaim_stale`.
 """
 
 from __future__ import annotations
@@ -15,11 +20,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 
 from celery_driftsafe.core.headers import (
     HEADER_CELERY_BEAT,
@@ -31,6 +37,7 @@ from celery_driftsafe.core.headers import (
 )
 from celery_driftsafe.core.instants import iso_text
 from celery_driftsafe.core.validation import message_problems
+from celery_driftsafe.ledger.run_ledger import UNLOCKED
 from celery_driftsafe.locks import lock_identity
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 
@@ -276,6 +283,68 @@ def reclaim_stale(
             extra={"action": "reclaim", "task": run.task_name, "slot": run.slot, "node": node_id},
         )
         run.claimed_at, run.claimed_by = now, node_id
+        run.dispatch_attempts += 1
+        taken.append(claimed_run(run, run.periodic_task))
+    return taken
+
+
+def release_waiting(
+    now: datetime,
+    actor: str,
+    *,
+    periodic_task_id: int | None = None,
+    lock_free: Callable[[Run], bool] | None = None,
+    limit: int = 100,
+    using: str = "default",
+) -> list[ClaimedRun]:
+    """Overlap policy ``buffer_one``: waiting runs whose task's running run has ended go back
+    into the outbox. Each is moved from ``waiting`` to ``claimed`` by ``actor`` at ``now``
+    (one conditional update on the row as read: of two releasers one wins) and returned for
+    publishing under its Celery task id, with its captured message and the token it waited
+    under (the next delivery's lock takes one above it).
+
+    With ``periodic_task_id``: that task's waiting run (the caller's run of the task just
+    ended and gave its running lock back). Without: every task's, where no run of the task
+    is ``started`` under a lasting lease (or without a lock) and ``lock_free(run)`` says the
+    task's running lock is free (a beat's recovery, after the worker of the running run died
+    or could not publish). A run whose publisher dies before it is marked dispatched is
+    re-published by :func:`reclaim_stale` after the lease."""
+    runs = Run.objects.using(using)
+    waiting = runs.filter(status=RunStatus.WAITING)
+    if periodic_task_id is not None:
+        waiting = waiting.filter(periodic_task_id=periodic_task_id)
+    else:
+        running = runs.filter(
+            Q(lease_until__gt=now) | Q(lease_until__isnull=True, worker__endswith=UNLOCKED),
+            periodic_task=OuterRef("periodic_task"),
+            status=RunStatus.STARTED,
+        )
+        waiting = waiting.exclude(Exists(running))
+    taken: list[ClaimedRun] = []
+    for run in waiting.select_related("periodic_task").order_by("pk")[:limit]:
+        if lock_free is not None and not lock_free(run):
+            continue
+        updated = runs.filter(
+            pk=run.pk, status=RunStatus.WAITING, fencing_token=run.fencing_token
+        ).update(
+            status=RunStatus.CLAIMED,
+            claimed_by=actor,
+            claimed_at=now,
+            dispatched_at=None,
+            retry_at=None,
+            dispatch_attempts=F("dispatch_attempts") + 1,
+            error="released: the task's running run ended (overlap policy 'buffer_one')",
+        )
+        if not updated:
+            continue  # another releaser took it, or a delivery started it meanwhile
+        logger.info(
+            "publishing waiting run %s of %s (slot %s): the task's running run ended",
+            run.pk,
+            run.task_name,
+            run.slot,
+            extra={"action": "release-waiting", "task": run.task_name, "slot": run.slot},
+        )
+        run.claimed_at, run.claimed_by = now, actor
         run.dispatch_attempts += 1
         taken.append(claimed_run(run, run.periodic_task))
     return taken

@@ -61,6 +61,9 @@ class RunStatus(StoredName):
     DISPATCHED = "dispatched", "Dispatched"
     STARTED = "started", "Started"
     RETRYING = "retrying", "Retry scheduled"
+    #: Overlap policy ``buffer_one``: came while the task's previous run was running, and
+    #: waits in the ledger (not in a worker) to be published again when that run ends.
+    WAITING = "waiting", "Waiting for the running run"
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"
     SKIPPED = "skipped", "Skipped"
@@ -69,8 +72,9 @@ class RunStatus(StoredName):
     REVOKED = "revoked", "Revoked"
 
 
-#: Waiting for a worker: the first delivery, or the next attempt after a retry.
-PRE_START = (RunStatus.CLAIMED, RunStatus.DISPATCHED, RunStatus.RETRYING)
+#: Not started yet: waiting for a worker (the first delivery, or the next attempt after a
+#: retry), or, under overlap policy ``buffer_one``, for the task's running run to end.
+PRE_START = (RunStatus.CLAIMED, RunStatus.DISPATCHED, RunStatus.RETRYING, RunStatus.WAITING)
 #: A run's ``error`` while a worker runs it again after its first worker was lost.
 TAKEN_OVER = "taken over: the worker that started it was lost (its lease ran out)"
 #: A run in one of these has its outcome; nothing changes it any more.
@@ -108,6 +112,10 @@ class OverlapPolicy(StoredName):
 
     ALLOW = "allow", "Allow overlapping runs"
     SKIP = "skip", "Skip a slot while the previous run is running"
+    BUFFER_ONE = (
+        "buffer_one",
+        "Keep one slot waiting while the previous run is running (skip any further)",
+    )
 
 
 class TimeAuthority(StrEnum):

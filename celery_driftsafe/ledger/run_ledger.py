@@ -129,20 +129,27 @@ class Ledger:
             "AND (lease_until IS NULL OR lease_until <= %s)))"
         )
 
-    def _execute(self, sql: str, params: list[Any], *, fetch: bool) -> Any:
+    def _execute(self, sql: str, params: list[Any], *, fetch: bool, unique: bool = False) -> Any:
         """Run one statement. Outside a transaction a statement the database rolled back for a
         concurrent update (SQLSTATE class 40: a serialization failure, a deadlock) is run
         again, at most :data:`ROLLED_BACK_RETRIES` times: it changed nothing. PostgreSQL does
         so where the project's database defaults to REPEATABLE READ or SERIALIZABLE, when a
         beat's mark of the same run commits under it (at READ COMMITTED it would have waited
         and gone on); InnoDB when it picks the statement as a deadlock's victim."""
-        from django.db import DatabaseError
+        from django.db import DatabaseError, IntegrityError
 
         for tries_left in range(ROLLED_BACK_RETRIES, -1, -1):
             try:
                 with self.connection.cursor() as cursor:
                     cursor.execute(sql, params)
                     return cursor.fetchone() if fetch else int(cursor.rowcount)
+            except IntegrityError as exc:
+                # ``unique``: a unique index refused the change, which is an answer (another
+                # row holds the place); outside a transaction the statement changed nothing.
+                if unique and not self.connection.in_atomic_block:
+                    logger.debug("ledger statement refused by a unique index: %s", exc)
+                    return None if fetch else 0
+                raise LedgerUnavailable(f"database refused the statement: {exc}") from exc
             except DatabaseError as exc:
                 why = missing_schema(exc) or f"database unreachable: {exc}"
                 if self.connection.in_atomic_block:
@@ -320,6 +327,41 @@ class Ledger:
             sql += f" AND (({' AND '.join(lasting)}) OR (lease_until IS NULL AND worker LIKE %s))"
             params.append(f"%{UNLOCKED}")
         return self._fetch(sql, params) is not None
+
+    def wait(
+        self,
+        run_id: int,
+        token: int,
+        periodic_task_id: int,
+        why: str,
+        *,
+        store: str,
+        started: bool,
+    ) -> bool:
+        """Overlap policy ``buffer_one``: the run, whose delivery holds its lock under
+        ``token``, waits for the task's running run (``waiting``, with ``why``; ``store``: where
+        that run's running lock is, for a beat to look), unless another run of the task waits
+        already (False). ``started``: the delivery started it (the fast path), under that very
+        token; else it is not started, and its token is below.
+
+        The database decides between two deliveries that try at once: the condition reads the
+        other waiting runs, and where two statements both read none (PostgreSQL's snapshots)
+        the partial unique index ``driftsafe_run_one_waiting`` refuses the second."""
+        if started:
+            mine = "fencing_token = %s AND status = 'started'"
+        else:
+            mine = f"fencing_token < %s AND status IN ({self._pre_start})"
+        # (the inner SELECT in a derived table: MySQL cannot read the table it updates)
+        sql = (
+            f"UPDATE {self.runs} SET status = 'waiting', error = %s, fencing_token = %s, "
+            f"lock_store = %s, started_at = NULL, lease_until = NULL, worker = '' "
+            f"WHERE id = %s AND {mine} "
+            f"AND NOT EXISTS (SELECT 1 FROM (SELECT id FROM {self.runs} "
+            f"WHERE periodic_task_id = %s AND status = 'waiting' AND id <> %s) AS other)"
+        )
+        params = [why, token, store, run_id, token, periodic_task_id, run_id]
+        changed: int = self._execute(sql, params, fetch=False, unique=True)
+        return changed == 1
 
     def finish(self, run_id: int, token: int, status: str, now: datetime, error: str) -> bool:
         return (

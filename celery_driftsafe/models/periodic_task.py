@@ -212,7 +212,12 @@ class PeriodicTask(models.Model):
         null=True, blank=True, help_text="Empty: the project default."
     )
     overlap_policy = models.CharField(
-        max_length=16, choices=OverlapPolicy.choices, default=OverlapPolicy.ALLOW
+        max_length=16,
+        choices=OverlapPolicy.choices,
+        default=OverlapPolicy.ALLOW,
+        help_text="What a slot does while the task's previous run is still running: "
+        "allow: run beside it; skip: record the slot skipped; buffer_one: wait (one slot at "
+        "most, further ones are skipped) and run as soon as the running one ends.",
     )
     deadline_seconds = models.FloatField(
         null=True,

@@ -23,7 +23,13 @@ from django.db.models import Count, Min, Q
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus
 
 #: Open statuses: a run waiting for, or in, its execution.
-OPEN_STATUSES = (RunStatus.CLAIMED, RunStatus.DISPATCHED, RunStatus.STARTED, RunStatus.RETRYING)
+OPEN_STATUSES = (
+    RunStatus.CLAIMED,
+    RunStatus.DISPATCHED,
+    RunStatus.STARTED,
+    RunStatus.RETRYING,
+    RunStatus.WAITING,
+)
 #: Nodes that stopped longer ago than this are left out of the summaries.
 STOPPED_NODES_SHOWN = timedelta(hours=1)
 #: At most this many nodes are summarised.

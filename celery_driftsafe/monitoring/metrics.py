@@ -54,7 +54,7 @@ LATENESS_BUCKETS = (
 #: Buckets of the round duration histogram (seconds).
 ROUND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 #: Outcomes counted by ``driftsafe_worker_executions_total``.
-OUTCOMES = ("succeeded", "failed", "retrying", "skipped", "expired")
+OUTCOMES = ("succeeded", "failed", "retrying", "skipped", "waiting", "expired")
 
 
 def prometheus_missing() -> str | None:

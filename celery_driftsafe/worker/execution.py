@@ -1,6 +1,6 @@
 """One delivery of one run, inside a worker (or an eager call): the steps
-:class:`~celery_driftsafe.task.DriftSafeTask` takes around the body, the overlap policy
-``skip``, and the outcomes the delivery records.
+:class:`~celery_driftsafe.task.DriftSafeTask` takes around the body, the overlap policies
+``skip`` and ``buffer_one``, and the outcomes the delivery records.
 
 A delivery that must not run the body (duplicate, copy of an earlier attempt, expired, skipped,
 re-sent for later, forged) raises :class:`celery.exceptions.Ignore`: Celery then acknowledges
@@ -14,7 +14,12 @@ under the run's fencing token (retried while the database is away).
 
 The overlap policy ``skip``: the task's running lock, held for the body, and what a run that
 cannot take it records. The delivery's flow calls it before the start (the slow path) or right
-after it (the fast path's one conditional start).
+after it (the fast path's one conditional start). The overlap policy ``buffer_one`` takes the
+same lock; a run that cannot take it waits in the ledger (``waiting``, one a task at most: a
+further one is skipped) and its delivery ends; the delivery that held the lock publishes the
+waiting run again once it gives the lock back, whatever its end
+(:func:`~celery_driftsafe.claim.outbox.release_waiting`), and a beat does when that worker died
+(:func:`~celery_driftsafe.beat.recovery.recover`).
 
 The running lock (``task-running:<periodic task id>``) is one proof that a run of the task is
 running; the other is the ledger: another run ``started`` whose worker's lease lasts. Both are
@@ -31,20 +36,23 @@ import threading
 import traceback
 from contextlib import ExitStack, suppress
 from datetime import datetime, timedelta
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.core.headers import RunHeaders
-from celery_driftsafe.core.stored_names import FINISHED, RunStatus
+from celery_driftsafe.core.stored_names import FINISHED, OverlapPolicy, RunStatus
 from celery_driftsafe.exceptions import LedgerUnavailable, LockError, LockLost
 from celery_driftsafe.ledger.run_ledger import Ledger, RunRow, Start
 from celery_driftsafe.locks import lock_backend, lock_identity
 from celery_driftsafe.locks.database import DatabaseLockBackend
 from celery_driftsafe.monitoring import metrics
 from celery_driftsafe.store.clock import authority_clock
+
+if TYPE_CHECKING:
+    from celery_driftsafe.locks.contract import DistributedLock
 
 logger = logging.getLogger("celery_driftsafe.task")
 
@@ -60,6 +68,29 @@ LOST_NOT_AGAIN = (
     "failed: the worker that started it was lost, and it is not run again while the task's "
     "next run is running (overlap policy 'skip')"
 )
+#: Overlap policy ``buffer_one``: the run waits in the ledger for the task's running run.
+WAITING_WHY = (
+    "waiting: the previous run of this task is still running; this run is published again "
+    "when it ends (overlap policy 'buffer_one')"
+)
+#: Overlap policy ``buffer_one``: another run of the task waits already.
+BUFFER_FULL_WHY = (
+    "skipped: the previous run of this task is still running and another run of it is "
+    "already waiting for it; at most one waits (overlap policy 'buffer_one')"
+)
+#: Overlap policy ``buffer_one``: a retry's attempt does not wait.
+RETRY_NO_WAIT_WHY = (
+    "skipped: the previous run of this task is still running, and a retry's attempt does not "
+    "wait for it (overlap policy 'buffer_one')"
+)
+#: Overlap policy ``buffer_one`` without a run lock (eager, ``fail_open``, a publisher locking
+#: elsewhere): nothing would tell when to go on, so the run does not wait.
+UNLOCKED_NO_WAIT_WHY = (
+    "skipped: the previous run of this task is still running, and without a run lock a run "
+    "does not wait for it (overlap policy 'buffer_one')"
+)
+#: The overlap policies that keep a task's runs from running side by side.
+ONE_AT_A_TIME = (OverlapPolicy.SKIP, OverlapPolicy.BUFFER_ONE)
 
 
 def log_run(level: int, message: str, *args: Any, run_id: int, action: str, **extra: Any) -> None:
@@ -97,6 +128,9 @@ class Execution:
         self.handed_over = False
         self.retry_reason = ""
         self.locks = ExitStack()
+        #: Overlap policy ``buffer_one``: the periodic task whose running lock this delivery
+        #: holds for its body; its waiting run is published once the lock is given back.
+        self.releases: int | None = None
 
     # -- outcomes without the body --------------------------------------------------------------
 
@@ -116,10 +150,8 @@ class Execution:
         )
         raise Ignore()
 
-    def _skip(self, token: int | None) -> NoReturn:
-        self.ledger.end_waiting(
-            self.run_id, RunStatus.SKIPPED, self._now(), SKIPPED_WHY, token=token
-        )
+    def _skip(self, token: int | None, why: str = SKIPPED_WHY) -> NoReturn:
+        self.ledger.end_waiting(self.run_id, RunStatus.SKIPPED, self._now(), why, token=token)
         metrics.execution(self.task.name, "skipped")
         log_run(
             logging.INFO,
@@ -378,28 +410,36 @@ class Execution:
 
     @staticmethod
     def _skips_overlaps(row: RunRow) -> bool:
-        return row.periodic_task_id is not None and row.overlap_policy == "skip"
+        return row.periodic_task_id is not None and row.overlap_policy in ONE_AT_A_TIME
 
     def _check_overlap_locked(self, row: RunRow, token: int, args: Any, kwargs: Any) -> None:
-        """Under the run lock, before the start: with overlap policy ``skip``, hold the task's
-        running lock for the body, or record the run ``skipped``."""
+        """Under the run lock, before the start: with overlap policy ``skip`` or
+        ``buffer_one``, hold the task's running lock for the body, or record the run
+        ``skipped`` (``skip``) or ``waiting`` (``buffer_one``)."""
         if not self._skips_overlaps(row):
             return
         assert row.periodic_task_id is not None
-        if not self._hold_running_lock(row.periodic_task_id, token, args, kwargs, None):
-            self._skip(token)
+        if self._hold_running_lock(row.periodic_task_id, token, args, kwargs, None):
+            if row.overlap_policy == OverlapPolicy.BUFFER_ONE:
+                self.releases = row.periodic_task_id
+            return
+        if row.overlap_policy == OverlapPolicy.BUFFER_ONE:
+            self._skip(token, self._wait(row.periodic_task_id, token, started=False))
+        self._skip(token)
 
     def _check_overlap_unlocked(self, row: RunRow, mode: str) -> None:
         """Before a start without a run lock (``mode``: ``eager``, ``fail_open``,
-        ``lock-mismatch``), with overlap policy ``skip``: record the run ``skipped`` when the
-        ledger has another run of the task started, or when another holds the task's running
-        lock in the database. That lock, held for the body, puts two such starts at the
-        same instant in order (Redis, where the running lock usually lives, is out of reach
-        or not shared); a database lock cannot be taken inside a transaction (an eager call
-        in an ``atomic`` block), where the ledger alone decides."""
+        ``lock-mismatch``), with overlap policy ``skip`` (or ``buffer_one``, which does not
+        wait here: no shared running lock tells when to go on): record the run ``skipped``
+        when the ledger has another run of the task started, or when another holds the
+        task's running lock in the database. That lock, held for the body, puts two such
+        starts at the same instant in order (Redis, where the running lock usually lives, is
+        out of reach or not shared); a database lock cannot be taken inside a transaction (an
+        eager call in an ``atomic`` block), where the ledger alone decides."""
         assert row.periodic_task_id is not None
+        why = SKIPPED_WHY if row.overlap_policy == OverlapPolicy.SKIP else UNLOCKED_NO_WAIT_WHY
         if self.ledger.other_started(row.periodic_task_id, self.run_id):
-            self._skip(None)
+            self._skip(None, why)
         task_lock = DatabaseLockBackend().lock(
             f"task-running:{row.periodic_task_id}", ttl=self.settings.lease_seconds
         )
@@ -408,7 +448,7 @@ class Execution:
         except LockError:  # inside a transaction: not seen by others before it commits
             held = None
         if held is False:
-            self._skip(None)
+            self._skip(None, why)
         if held:
             self.locks.enter_context(task_lock.watch())
         log_run(
@@ -428,16 +468,25 @@ class Execution:
         args: Any,
         kwargs: Any,
         *,
+        policy: str,
         took_over: bool,
         started_at: datetime,
     ) -> None:
         """After a fast-path start (at ``started_at``): hold the task's running lock, or end
-        the run skipped; a run taken over from a lost worker ran in part, so it ends failed, as
-        a reconcile pass records it when the slow path leaves it started."""
+        the run skipped (``buffer_one``: wait, unless another run waits); a run taken over
+        from a lost worker ran in part, so it ends failed, as a reconcile pass records it when
+        the slow path leaves it started."""
         if self._hold_running_lock(periodic_task_id, token, args, kwargs, started_at):
+            if policy == OverlapPolicy.BUFFER_ONE:
+                self.releases = periodic_task_id
             return
         status = RunStatus.FAILED if took_over else RunStatus.SKIPPED
         why = LOST_NOT_AGAIN if took_over else SKIPPED_WHY
+        if policy == OverlapPolicy.BUFFER_ONE:
+            if took_over:
+                why = why.replace("'skip'", "'buffer_one'")
+            else:
+                why = self._wait(periodic_task_id, token, started=True)
         self.ledger.finish(self.run_id, token, status, self._now(), why)
         metrics.execution(self.task.name, status)
         log_run(
@@ -449,6 +498,79 @@ class Execution:
             action="overlap-skip",
         )
         raise Ignore()
+
+    def _wait(self, periodic_task_id: int, token: int, *, started: bool) -> str:
+        """Overlap policy ``buffer_one``, the task's running lock held by another run: the run
+        waits in the ledger, and this delivery ends (its message acknowledged: the run holds
+        no worker while it waits). Returns why the run is skipped instead: another run of the
+        task waits already (or the run is no longer this delivery's to change, when the skip
+        changes nothing either), or this is a retry's attempt, which does not wait (the run's
+        message would come back as its first attempt's).
+
+        The run waits first, then looks at the running lock: a run that ends meanwhile gives
+        its lock back before it looks for the waiting run, so one of the two sees the other
+        and publishes the waiting run (both may: the second finds it no longer waiting)."""
+        if self.attempt > 0:
+            return RETRY_NO_WAIT_WHY
+        if not self.ledger.wait(
+            self.run_id, token, periodic_task_id, WAITING_WHY, store=self._store, started=started
+        ):
+            return BUFFER_FULL_WHY
+        metrics.execution(self.task.name, RunStatus.WAITING)
+        log_run(
+            logging.INFO,
+            "run %s waits for the task's running run (overlap policy 'buffer_one')",
+            self.run_id,
+            run_id=self.run_id,
+            action="overlap-wait",
+        )
+        self.locks.close()  # the run's lock: its next delivery takes it at once
+        if self._running_lock_free(periodic_task_id):
+            self._release_waiting(periodic_task_id)
+        raise Ignore()
+
+    def _running_lock_free(self, periodic_task_id: int) -> bool:
+        """Whether no run of the task runs: none started under a lasting lease in the ledger,
+        and its running lock free (taken and given back at once). False when the lock
+        backend cannot tell: a beat publishes the waiting run once it can."""
+        if self.ledger.other_started(periodic_task_id, self.run_id, lease_lasting_at=self._now()):
+            return False
+        task_lock = lock_backend(self.settings).lock(
+            f"task-running:{periodic_task_id}", ttl=self.settings.lease_seconds
+        )
+        try:
+            if not task_lock.acquire(blocking=False):
+                return False
+            task_lock.release()
+        except LockError:
+            return False
+        return True
+
+    def _release_waiting(self, periodic_task_id: int) -> None:
+        """Overlap policy ``buffer_one``: the task's running lock is free (this delivery gave
+        it back, or found it so): publish the task's waiting run, if any, through the outbox
+        (:func:`~celery_driftsafe.claim.outbox.release_waiting`). Never raises: a waiting run
+        this worker could not publish is published by a beat's recovery pass."""
+        from celery_driftsafe.claim.outbox import release_waiting
+        from celery_driftsafe.publish.dispatcher import Dispatcher
+
+        self.releases = None
+        try:
+            clock = authority_clock()
+            runs = release_waiting(
+                clock.now(), f"worker:{self.worker}", periodic_task_id=periodic_task_id
+            )
+            if runs:
+                Dispatcher(self.task.app, clock).dispatch(runs)
+        except Exception as exc:  # the database or the broker away: the beats take it over
+            log_run(
+                logging.WARNING,
+                "run %s: could not publish the task's waiting run (%s); a beat will",
+                self.run_id,
+                exc,
+                run_id=self.run_id,
+                action="release-waiting-failed",
+            )
 
     def _hold_running_lock(
         self,
@@ -638,6 +760,17 @@ class Execution:
             self.resend(
                 "another worker holds the run's lock", self.settings.lease_seconds, args, kwargs
             )
+        try:
+            return self._run_under(lock, row, now, args, kwargs)
+        finally:
+            if self.releases is not None:  # its running lock is given back: the next may go
+                self._release_waiting(self.releases)
+
+    def _run_under(
+        self, lock: DistributedLock, row: RunRow | None, now: datetime, args: Any, kwargs: Any
+    ) -> Any:
+        """The run's lock acquired: start the run under it, the overlap policy applied, and
+        run the body; the locks are given back when the delivery ends."""
         with self.locks:
             ended = threading.Event()  # the run is over: no lease in the ledger to keep
             watched = lock.watch(
@@ -672,9 +805,15 @@ class Execution:
                         return self._run_locked(row, now, args, kwargs)
                     self._refused(row, now, args, kwargs)
                 periodic_task_id, overlap_policy, took_over = started
-                if periodic_task_id is not None and overlap_policy == "skip":
+                if periodic_task_id is not None and overlap_policy in ONE_AT_A_TIME:
                     self._hold_overlap_lock_or_skip(
-                        periodic_task_id, token, args, kwargs, took_over=took_over, started_at=now
+                        periodic_task_id,
+                        token,
+                        args,
+                        kwargs,
+                        policy=overlap_policy,
+                        took_over=took_over,
+                        started_at=now,
                     )
             self.token, self.started_at = token, now
             return self._body(args, kwargs)

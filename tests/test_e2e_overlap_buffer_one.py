@@ -1,0 +1,213 @@
+"""End-to-end: overlap policy ``buffer_one`` with a real ``celery beat`` and real ``celery
+worker`` processes (prefork, gevent, eventlet), real Redis and the real database: a task whose
+body takes longer than its interval runs one body at a time, keeps at most one slot waiting,
+and starts the waiting one as soon as the running one ends; a worker killed mid-body does not
+lose the waiting slot."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import settings as test_settings
+from tests.e2e.harness import E2ERun, real_now
+from tests.skip_guard import configuration
+
+pytestmark = pytest.mark.e2e
+BACKEND = "postgresql" if test_settings.TEST_DB == "postgres" else "sqlite"
+#: A run that has not ended.
+OPEN = {"claimed", "dispatched", "started", "retrying", "waiting"}
+
+
+def _wait(condition: Callable[[], Any], timeout: float, what: str, run: E2ERun) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}\n{run.logs()}")
+
+
+def _ready(run: E2ERun, worker: Any) -> None:
+    _wait(lambda: "ready." in worker.log.read_text(), 60, f"{worker.name} ready", run)
+
+
+def _buffering(name: str, task: str, args: list[Any]) -> dict[str, Any]:
+    """A 1-second task, overlap policy ``buffer_one``."""
+    return {
+        "name": name,
+        "task": task,
+        "args": args,
+        "schedule_kind": "interval",
+        "interval_every": 1,
+        "interval_unit": "seconds",
+        "overlap_policy": "buffer_one",
+    }
+
+
+class WaitingWatch:
+    """Looks at the ledger every 0.2 s from a thread: the most runs of one task seen
+    ``waiting`` at once, and how many looks saw one."""
+
+    def __init__(self, run: E2ERun) -> None:
+        self.run = run
+        self.most = 0
+        self.looks_waiting = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.2):
+            runs = self.run.tool("dump")["runs"]
+            waiting = Counter(r["task_id"] for r in runs if r["status"] == "waiting")
+            if waiting:
+                self.looks_waiting += 1
+                self.most = max(self.most, *waiting.values())
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _all_ended(run: E2ERun, timeout: float = 30) -> list[dict[str, Any]]:
+    """Every run, once none is open and two looks in a row read them alike."""
+    last: list[list[dict[str, Any]]] = []
+
+    def ended() -> list[dict[str, Any]] | None:
+        runs: list[dict[str, Any]] = run.tool("dump")["runs"]
+        if any(r["status"] in OPEN for r in runs):
+            last.clear()
+            return None
+        settled = bool(last) and last[-1] == runs
+        last[:] = [runs]
+        return runs if settled else None
+
+    result: list[dict[str, Any]] = _wait(ended, timeout, "every run to end", run)
+    return result
+
+
+#: The green pools run on the PostgreSQL pass only: the worker's ledger statements are the same
+#: whatever the pool, and the suite must stay short.
+ON_POSTGRES = pytest.mark.skipif(
+    BACKEND != "postgresql", reason=configuration("green pools run on the PostgreSQL pass")
+)
+
+
+@pytest.mark.parametrize(
+    ("pool", "concurrency"),
+    [
+        ("prefork", 2),
+        pytest.param("gevent", 4, marks=ON_POSTGRES),
+        pytest.param("eventlet", 4, marks=ON_POSTGRES),
+    ],
+)
+def test_real_beat_buffer_one_runs_one_at_a_time_and_the_waiting_slot_next(
+    tmp_path: Path, pool: str, concurrency: int
+) -> None:
+    """A 1-second task whose body takes 3 s, on a worker of several slots (so slots'
+    deliveries meet): no two bodies at once, never more than one run waiting, every body
+    after the first starts within a second of the one before it ending (a run is always
+    waiting then), and every slot ends succeeded or skipped (none lost, none left waiting)."""
+    run = E2ERun(BACKEND, tmp_path, lease=3.0, dead_after=3.0)
+    watch: WaitingWatch | None = None
+    try:
+        worker = run.start_worker("w1", pool=pool, concurrency=concurrency)
+        run.start_beat(0.0)
+        run.wait_until_claiming()
+        _ready(run, worker)
+        start = real_now() + timedelta(seconds=1)
+        run.seed([_buffering("buffered", "e2e.work", ["buffered", 3.0])], start)
+        watch = WaitingWatch(run)
+        time.sleep(max((start - real_now()).total_seconds(), 0) + 8)
+        run.stop()
+        runs = _all_ended(run)
+        watch.stop()
+        bodies = sorted((e["began"], e["ended"]) for e in run.executions())
+        statuses = Counter(r["status"] for r in runs)
+        gaps = [began - ended for (_, ended), (began, _) in itertools.pairwise(bodies)]
+        print(
+            f"\n{pool}: {statuses}; bodies {len(bodies)}; gaps between bodies "
+            f"{[round(g, 3) for g in gaps]}; most waiting at once {watch.most} "
+            f"({watch.looks_waiting} looks saw one)"
+        )
+        assert set(statuses) <= {"succeeded", "skipped"}, runs
+        assert statuses["succeeded"] == len(bodies) >= 3
+        assert all(g >= 0 for g in gaps), f"two bodies overlap: {bodies}"
+        assert all(g < 1.0 for g in gaps), f"a waiting slot started late: {gaps}"
+        assert watch.most == 1 and watch.looks_waiting > 0
+        released = [r for r in runs if r["status"] == "succeeded" and r["attempts"] >= 2]
+        assert len(released) >= 2, "no run went through waiting"
+        skipped = [r for r in runs if r["status"] == "skipped"]
+        assert skipped and all("already waiting" in r["error"] for r in skipped), skipped
+        assert "Traceback" not in run.logs()
+    finally:
+        if watch is not None:
+            watch.stop()
+        run.close()
+
+
+def test_worker_killed_mid_body_with_a_slot_waiting_the_slot_still_runs_once(
+    tmp_path: Path,
+) -> None:
+    """The worker running a body is killed (SIGKILL, the whole worker) while another slot
+    waits: nobody is left to publish it but a beat, once the task's running lock and the dead
+    run's lease have run out. Another worker runs it, exactly once."""
+    from datetime import datetime
+
+    run = E2ERun(BACKEND, tmp_path, lease=2.0, dead_after=3.0)
+    try:
+        first = run.start_worker("w1", pool="prefork", concurrency=2)
+        run.start_beat(0.0)
+        run.wait_until_claiming()
+        _ready(run, first)
+        run.seed([_buffering("killed", "e2e.slot_work", [3.0])], real_now())
+
+        def one_waiting() -> tuple[dict[str, Any], dict[str, Any]] | None:
+            runs = run.tool("dump")["runs"]
+            started = [r for r in runs if r["status"] == "started"]
+            waiting = [r for r in runs if r["status"] == "waiting"]
+            return (started[0], waiting[0]) if started and waiting else None
+
+        lost, waiting = _wait(one_waiting, 30, "a slot waiting beside a started one", run)
+        children = subprocess.run(
+            ["pgrep", "-P", str(first.process.pid)], capture_output=True, text=True, check=False
+        ).stdout.split()
+        run.kill(first)
+        for child in children:
+            subprocess.run(["kill", "-KILL", child], check=False)
+        # no more slots: the waiting one is the next to run
+        run.tool("update", {"name": "killed", "fields": {"enabled": False}})
+
+        def waiting_run() -> dict[str, Any]:
+            runs: list[dict[str, Any]] = run.tool("dump")["runs"]
+            return next(r for r in runs if r["id"] == waiting["id"])
+
+        # no worker is left: only the beat can publish it, once the lock and lease are over
+        _wait(lambda: waiting_run()["status"] == "dispatched", 20, "a beat to publish it", run)
+        published = waiting_run()
+        assert not published["claimed_by"].startswith("worker:"), published
+        _ready(run, run.start_worker("w2", pool="prefork", concurrency=2))
+        _wait(lambda: waiting_run()["status"] == "succeeded", 40, "the waiting slot to run", run)
+        run.stop()
+        row = waiting_run()
+        print(f"\nkilled run {lost['id']}; the slot waiting then: {row}")
+        assert row["worker"].startswith("w2@")
+        assert row["attempts"] >= 2  # published again after it waited
+        log = (tmp_path / "executions.log").read_text().splitlines()
+        ran = Counter(datetime.fromisoformat(line.split()[1]) for line in log)
+        assert ran[datetime.fromisoformat(row["slot"])] == 1, log
+        assert ran[datetime.fromisoformat(lost["slot"])] == 0, log  # killed before its end
+        assert all(count == 1 for count in ran.values()), log
+    finally:
+        run.close()
