@@ -13,15 +13,16 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from celery_driftsafe.claim.claimers import claimer_for
-from celery_driftsafe.claim.outbox import celery_task_id
+from celery_driftsafe.claim.outbox import celery_task_id, reclaim_stale, run_message
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
-from celery_driftsafe.publish.backfill import plan_backfill, run_backfill
+from celery_driftsafe.publish.backfill import _insert, backfill_actor, plan_backfill, run_backfill
 from celery_driftsafe.publish.dispatcher import Dispatcher
 from celery_driftsafe.testing import FakeClock, inject_authority_clock
 from tests.conftest import QUEUE, T0, drain
 from tests.factories import at_once, crontab_task, interval_task
 
 M = timedelta(minutes=1)
+S = timedelta(seconds=1)
 
 
 def backfill(*args: str) -> str:
@@ -253,3 +254,26 @@ def test_inside_a_transaction_the_runs_are_published_when_it_commits(app: Any) -
         assert drain(QUEUE) == []
     assert len(drain(QUEUE)) == 3
     assert Run.objects.filter(kind=RunKind.BACKFILL, status=RunStatus.DISPATCHED).count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runs_of_a_backfill_that_died_before_publishing_are_published_by_the_outbox(
+    app: Any,
+) -> None:
+    """A backfill killed between a chunk's insert and its publish leaves that chunk claimed:
+    a beat's outbox publishes each run once, after the lease, under its slot's task id."""
+    task = _task()
+    slots = plan_backfill(task, T0, T0 + 3 * M).to_run
+    mine = _insert(task, slots, run_message(task), T0, backfill_actor("killed"), "default")
+    assert [run.status for run in mine] == [RunStatus.CLAIMED] * 3
+    lease = timedelta(seconds=30)
+    assert reclaim_stale(T0 + 29 * S, "beat", lease=lease) == []
+    taken = reclaim_stale(T0 + 31 * S, "beat", lease=lease)
+    assert sorted(run.slot for run in taken) == slots
+    clock = FakeClock(T0 + 31 * S)
+    with inject_authority_clock(clock):
+        assert len(Dispatcher(app, clock).dispatch(taken).published) == 3
+    assert sorted(m["id"] for m in drain(QUEUE)) == sorted(
+        celery_task_id(task.pk, slot) for slot in slots
+    )
+    assert reclaim_stale(T0 + 99 * S, "beat", lease=lease) == []

@@ -249,7 +249,7 @@ def reclaim_stale(
         .filter(
             expired_lease | Q(retry_at__isnull=True, claimed_by__in=gone) | Q(retry_at__lte=now),
             status=RunStatus.CLAIMED,
-            kind__in=(RunKind.SCHEDULED, RunKind.MANUAL),
+            kind__in=(RunKind.SCHEDULED, RunKind.MANUAL, RunKind.BACKFILL),
         )
         .exclude(expires_at__lte=now)
         .select_related("periodic_task")
