@@ -346,7 +346,10 @@ class Ledger:
 
         The database decides between two deliveries that try at once: the condition reads the
         other waiting runs, and where two statements both read none (PostgreSQL's snapshots)
-        the partial unique index ``driftsafe_run_one_waiting`` refuses the second."""
+        the partial unique index ``driftsafe_run_one_waiting`` refuses the second. MySQL has no
+        partial index, and InnoDB reads the condition's rows without locking them, so there
+        the statement runs holding the task's row (:meth:`_holding_task`): the second delivery
+        waits for the first to commit and then reads its waiting run."""
         if started:
             mine = "fencing_token = %s AND status = 'started'"
         else:
@@ -360,8 +363,32 @@ class Ledger:
             f"WHERE periodic_task_id = %s AND status = 'waiting' AND id <> %s) AS other)"
         )
         params = [why, token, store, run_id, token, periodic_task_id, run_id]
+        if self.connection.vendor == "mysql":
+            return self._holding_task(periodic_task_id, sql, params) == 1
         changed: int = self._execute(sql, params, fetch=False, unique=True)
         return changed == 1
+
+    def _holding_task(self, periodic_task_id: int, sql: str, params: list[Any]) -> int:
+        """Rows ``sql`` changed, run in a transaction that first locks the task's row (a
+        task deleted meanwhile has none to lock: the statement then runs alone). Rolled back
+        for a deadlock, it is run again, as :meth:`_execute` does."""
+        from django.db import DatabaseError, transaction
+
+        for tries_left in range(ROLLED_BACK_RETRIES, -1, -1):
+            try:
+                with transaction.atomic(), self.connection.cursor() as cursor:
+                    cursor.execute(
+                        f"SELECT id FROM {self.tasks} WHERE id = %s FOR UPDATE", [periodic_task_id]
+                    )
+                    cursor.execute(sql, params)
+                    return int(cursor.rowcount)
+            except DatabaseError as exc:
+                if tries_left and rolled_back(exc) and not self.connection.in_atomic_block:
+                    logger.debug("ledger statement rolled back (%s); running it again", exc)
+                    continue
+                why = missing_schema(exc) or f"database unreachable: {exc}"
+                raise LedgerUnavailable(why) from exc
+        raise AssertionError("unreachable")
 
     def finish(self, run_id: int, token: int, status: str, now: datetime, error: str) -> bool:
         return (
