@@ -115,7 +115,7 @@ def test_sentry_headers_match_celerys_beat(tmp_path: Path) -> None:
     Not compared: whether each message starts a trace of its own. Celery's beat does (Sentry
     wraps its ``Scheduler.apply_entry``, which gives each entry a new propagation context); a
     driftsafe beat publishes without ``apply_entry``, so its messages share the process's
-    trace (see docs/explanation/performance.md, "Tracing integrations")."""
+    trace (see docs/reference/settings.md, "The fast publish path")."""
     beats = _beats(tmp_path, "sentry")
     _same_keys(beats)
     for beat, (messages, paths) in beats.items():

@@ -11,7 +11,7 @@ Celery's beat (``celery.beat.Scheduler.apply_async``, the very method ``celery b
 for an entry) publishes the same entries with the same task ids, expiries and headers.
 The raw broker messages (Redis: the list entries, read with a Redis client; RabbitMQ: what
 ``basic_get`` returns) must be equal field by field, except what differs per message by
-nature (docs/explanation/performance.md, "What the fast path guarantees"):
+nature (docs/reference/settings.md, "The fast publish path"):
 
 - the delivery tag (kombu draws one per message);
 - the message's time to live (``expiration``): the beat counts it from the time authority's

@@ -21,8 +21,8 @@ from celery_driftsafe.store.clock import authority_clock
 from celery_driftsafe.task import DriftSafeTask
 from tests import settings as test_settings
 from tests.conftest import drain
-from tests.skip_guard import configuration
 from tests.factories import interval_task
+from tests.skip_guard import configuration
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,6 +1,6 @@
 """Claiming a wave in a process of its own: while a beat publishes one full batch, the next
-is claimed by a helper process rather than a thread (see docs/explanation/performance.md,
-"A claim process").
+is claimed by a helper process rather than a thread (what it buys: docs/explanation/performance.md,
+"The mechanisms, and what each buys").
 
 A beat is one Python process, and in a wave its claiming and publishing threads hold Python's
 lock between them 80 to 85% of the time: adding threads adds nothing. The claim needs only the

@@ -1,5 +1,5 @@
 """A fast-path message's Redis envelope as JSON text, spliced from a shape made once per
-skeleton (see docs/explanation/performance.md, "the fast publish path").
+skeleton (see docs/reference/settings.md, "The fast publish path").
 
 kombu's Redis channel stores a message as one JSON document: the body (base64), its content
 type and encoding, the headers and the properties. For a task whose messages share a

@@ -1,5 +1,5 @@
 """A beat's fast publish path: each task's Celery message is built once, each slot fills in
-only what varies (see docs/explanation/performance.md, "the fast publish path").
+only what varies (see docs/reference/settings.md, "The fast publish path").
 
 Celery's ``apply_async``/``send_task`` spends about 0.2 ms of CPU a message on work whose
 result is the same for every slot of a task: the execution options, the routing, the

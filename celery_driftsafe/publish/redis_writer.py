@@ -1,5 +1,5 @@
 """Fast-path messages written straight into the Redis lists kombu's Redis transport would push
-them onto (see docs/explanation/performance.md, "the fast publish path").
+them onto (see docs/reference/settings.md, "The fast publish path").
 
 With a prebuilt message (:mod:`celery_driftsafe.publish.fast_path`), what is left of a publish is
 kombu's: ``Producer.publish`` (its arguments, the retry wrapper, the declarations), the
