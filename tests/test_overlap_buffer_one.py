@@ -493,3 +493,30 @@ def test_a_waiting_run_past_its_expiry_is_recorded_expired(broker_app: Any) -> N
     waiting.refresh_from_db()
     assert waiting.status == RunStatus.EXPIRED
     assert "expired" in waiting.error
+
+
+def test_releasing_the_waiting_run_drops_the_later_slots_queued_behind_the_running_one() -> None:
+    """A worker busy (or dead) with the running run leaves the task's later slots queued; the
+    waiting run, published again when the running one ends, would come after them, and the
+    first of them would start in its place. Released, it goes first: the later slots not
+    started are skipped, a started one is left alone, another task's are not touched."""
+    from celery_driftsafe.claim.outbox import DROPPED_WHY, release_waiting
+
+    periodic, other = _buffering_task("busy"), _buffering_task("bystander")
+    _slot_run(periodic, 1, status=RunStatus.SUCCEEDED)  # the run that ended
+    waiting = _slot_run(periodic, 2, status=RunStatus.WAITING, fencing_token=1)
+    queued = [_slot_run(periodic, s) for s in (3, 4)]
+    claimed = _slot_run(periodic, 5, status=RunStatus.CLAIMED)
+    bystander = _slot_run(other, 3)
+    now = datetime(2026, 3, 1, 0, 0, 6, tzinfo=UTC)
+    released = release_waiting(now, "worker:w1", periodic_task_id=periodic.pk)
+    assert [run.run_id for run in released] == [waiting.pk]
+    assert Run.objects.get(pk=waiting.pk).status == RunStatus.CLAIMED
+    for run in (*queued, claimed):
+        row = Run.objects.get(pk=run.pk)
+        assert (row.status, row.error) == (RunStatus.SKIPPED, DROPPED_WHY)
+    assert Run.objects.get(pk=bystander.pk).status == RunStatus.DISPATCHED
+    # a slot claimed after the release is the next one's business, not dropped
+    later = _slot_run(periodic, 7)
+    assert release_waiting(now, "worker:w1", periodic_task_id=periodic.pk) == []
+    assert Run.objects.get(pk=later.pk).status == RunStatus.DISPATCHED

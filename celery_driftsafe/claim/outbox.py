@@ -288,6 +288,13 @@ def reclaim_stale(
     return taken
 
 
+#: A later slot of a ``buffer_one`` task dropped when its waiting run is released.
+DROPPED_WHY = (
+    "skipped: it came while the task's previous run was running and another run of it was "
+    "waiting; the waiting run goes first (overlap policy 'buffer_one')"
+)
+
+
 def release_waiting(
     now: datetime,
     actor: str,
@@ -337,11 +344,21 @@ def release_waiting(
         )
         if not updated:
             continue  # another releaser took it, or a delivery started it meanwhile
+        # The task's later slots not started yet came while the run ran and this one waited
+        # (a worker busy or dead left their messages queued): under buffer_one they are
+        # dropped, and this one, published behind them, runs next rather than be skipped.
+        dropped = runs.filter(
+            periodic_task_id=run.periodic_task_id,
+            kind=RunKind.SCHEDULED,
+            slot__gt=run.slot,
+            status__in=(RunStatus.CLAIMED, RunStatus.DISPATCHED),
+        ).update(status=RunStatus.SKIPPED, error=DROPPED_WHY, finished_at=now)
         logger.info(
-            "publishing waiting run %s of %s (slot %s): the task's running run ended",
+            "publishing waiting run %s of %s (slot %s): the task's running run ended%s",
             run.pk,
             run.task_name,
             run.slot,
+            f"; {dropped} later slots not started are skipped" if dropped else "",
             extra={"action": "release-waiting", "task": run.task_name, "slot": run.slot},
         )
         run.claimed_at, run.claimed_by = now, actor
