@@ -291,7 +291,7 @@ def reclaim_stale(
 #: A later slot of a ``buffer_one`` task dropped when its waiting run is released.
 DROPPED_WHY = (
     "skipped: it came while the task's previous run was running and another run of it was "
-    "waiting; the waiting run goes first (overlap policy 'buffer_one')"
+    "already waiting for it; the waiting run goes first (overlap policy 'buffer_one')"
 )
 
 
