@@ -81,7 +81,9 @@ class UniqueWhereSet(migrations.AlterField):
     def database_forwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
-        model = self._model_here(schema_editor, to_state.apps.get_model(app_label, self.model_name))
+        model = _model_here(
+            self, schema_editor, to_state.apps.get_model(app_label, self.model_name)
+        )
         if model is None:
             return
         column = model._meta.get_field(self.name).column
@@ -101,22 +103,12 @@ class UniqueWhereSet(migrations.AlterField):
     def database_backwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
-        if self._model_here(schema_editor, to_state.apps.get_model(app_label, self.model_name)):
+        if _model_here(self, schema_editor, to_state.apps.get_model(app_label, self.model_name)):
             # AlterField goes back by altering forwards between the swapped states.
             super().database_forwards(app_label, schema_editor, from_state, to_state)
             how = _how(schema_editor)
             quoted = schema_editor.quote_name(self.index)
             schema_editor.execute(f"DROP INDEX{how} IF EXISTS {quoted}")
-
-    def _model_here(self, schema_editor: Any, model: Any) -> Any | None:
-        """``model`` where this operation changes the database (partial indexes, and the
-        model migrates on this connection), else None."""
-        connection = schema_editor.connection
-        if connection.features.supports_partial_indexes and self.allow_migrate_model(
-            connection.alias, model
-        ):
-            return model
-        return None
 
     def _create(self, schema_editor: Any, model: Any, column: str) -> None:
         quote, table = schema_editor.quote_name, model._meta.db_table
@@ -124,6 +116,17 @@ class UniqueWhereSet(migrations.AlterField):
             f"CREATE UNIQUE INDEX{_how(schema_editor)} {quote(self.index)} ON {quote(table)} "
             f"({quote(column)}) WHERE {quote(column)} IS NOT NULL"
         )
+
+
+def _model_here(operation: Any, schema_editor: Any, model: Any) -> Any | None:
+    """``model`` where ``operation`` (of a partial index) changes the database (partial
+    indexes, and the model migrates on this connection), else None."""
+    connection = schema_editor.connection
+    if connection.features.supports_partial_indexes and operation.allow_migrate_model(
+        connection.alias, model
+    ):
+        return model
+    return None
 
 
 def _how(schema_editor: Any) -> str:
@@ -164,7 +167,9 @@ class PartialUniqueIndex(migrations.operations.base.Operation):
     def database_forwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
-        model = self._model_here(schema_editor, to_state.apps.get_model(app_label, self.model_name))
+        model = _model_here(
+            self, schema_editor, to_state.apps.get_model(app_label, self.model_name)
+        )
         if model is not None:
             quote = schema_editor.quote_name
             columns = ", ".join(quote(column) for column in self.columns)
@@ -176,16 +181,6 @@ class PartialUniqueIndex(migrations.operations.base.Operation):
     def database_backwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
-        if self._model_here(schema_editor, from_state.apps.get_model(app_label, self.model_name)):
+        if _model_here(self, schema_editor, from_state.apps.get_model(app_label, self.model_name)):
             quoted = schema_editor.quote_name(self.name)
             schema_editor.execute(f"DROP INDEX{_how(schema_editor)} IF EXISTS {quoted}")
-
-    def _model_here(self, schema_editor: Any, model: Any) -> Any | None:
-        """``model`` where this operation changes the database (partial indexes, and the
-        model migrates on this connection), else None."""
-        connection = schema_editor.connection
-        if connection.features.supports_partial_indexes and self.allow_migrate_model(
-            connection.alias, model
-        ):
-            return model
-        return None
