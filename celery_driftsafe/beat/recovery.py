@@ -40,7 +40,6 @@ from django.db.models.functions import Cast, Concat
 
 from celery_driftsafe.beat.result_states import backend_states
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
-from celery_driftsafe.exceptions import LockError
 from celery_driftsafe.ledger.lost_runs import Until, lost_runs, next_page
 from celery_driftsafe.models import Run, RunStatus
 from celery_driftsafe.monitoring import metrics
@@ -306,21 +305,14 @@ class RunningLockFree:
         self.using = using
 
     def __call__(self, run: Run) -> bool:
-        from celery_driftsafe.locks import lock_backend_for
+        from celery_driftsafe.locks import lock_backend_for, lock_is_free, running_lock
 
         if run.periodic_task_id is None:
             return True
         locks = lock_backend_for(run.lock_store, self.settings, using=self.using)
         if locks is None:
             return False
-        lock = locks.lock(f"task-running:{run.periodic_task_id}", ttl=self.settings.lease_seconds)
-        try:
-            if not lock.acquire(blocking=False):
-                return False
-            lock.release()
-        except LockError:
-            return False
-        return True
+        return lock_is_free(running_lock(locks, run.periodic_task_id, self.settings))
 
 
 class BackgroundReconciler(BackgroundPass):

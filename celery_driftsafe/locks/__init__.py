@@ -32,6 +32,7 @@ import hashlib
 from dataclasses import replace
 
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
+from celery_driftsafe.exceptions import LockError
 from celery_driftsafe.locks.contract import DEFAULT_TTL, DistributedLock, HeldLock, LockBackend
 from celery_driftsafe.locks.database import DatabaseLock, DatabaseLockBackend
 from celery_driftsafe.locks.lease import (
@@ -60,6 +61,8 @@ __all__ = [
     "lock_backend",
     "lock_backend_for",
     "lock_identity",
+    "lock_is_free",
+    "running_lock",
 ]
 
 
@@ -142,3 +145,23 @@ def lock_backend(
             fence_ttl=fence_ttl_seconds(settings),
         )
     return DatabaseLockBackend(clock=clock, using=using)
+
+
+def running_lock(
+    locks: LockBackend, periodic_task_id: int, settings: DriftSafeSettings
+) -> DistributedLock:
+    """A periodic task's running lock (overlap policies ``skip`` and ``buffer_one``): held by
+    the delivery whose body runs, renewed with the run's lease."""
+    return locks.lock(f"task-running:{periodic_task_id}", ttl=settings.lease_seconds)
+
+
+def lock_is_free(lock: DistributedLock) -> bool:
+    """Whether nobody holds ``lock``: taken and given back at once. False when the backend
+    cannot tell (a :class:`~celery_driftsafe.exceptions.LockError`)."""
+    try:
+        if not lock.acquire(blocking=False):
+            return False
+        lock.release()
+    except LockError:
+        return False
+    return True

@@ -46,7 +46,7 @@ from celery_driftsafe.core.headers import RunHeaders
 from celery_driftsafe.core.stored_names import FINISHED, OverlapPolicy, RunStatus
 from celery_driftsafe.exceptions import LedgerUnavailable, LockError, LockLost
 from celery_driftsafe.ledger.run_ledger import Ledger, RunRow, Start
-from celery_driftsafe.locks import lock_backend, lock_identity
+from celery_driftsafe.locks import lock_backend, lock_identity, lock_is_free, running_lock
 from celery_driftsafe.locks.database import DatabaseLockBackend
 from celery_driftsafe.monitoring import metrics
 from celery_driftsafe.store.clock import authority_clock
@@ -440,9 +440,7 @@ class Execution:
         why = SKIPPED_WHY if row.overlap_policy == OverlapPolicy.SKIP else UNLOCKED_NO_WAIT_WHY
         if self.ledger.other_started(row.periodic_task_id, self.run_id):
             self._skip(None, why)
-        task_lock = DatabaseLockBackend().lock(
-            f"task-running:{row.periodic_task_id}", ttl=self.settings.lease_seconds
-        )
+        task_lock = running_lock(DatabaseLockBackend(), row.periodic_task_id, self.settings)
         try:
             held: bool | None = task_lock.acquire(blocking=False)
         except LockError:  # inside a transaction: not seen by others before it commits
@@ -535,16 +533,9 @@ class Execution:
         backend cannot tell: a beat publishes the waiting run once it can."""
         if self.ledger.other_started(periodic_task_id, self.run_id, lease_lasting_at=self._now()):
             return False
-        task_lock = lock_backend(self.settings).lock(
-            f"task-running:{periodic_task_id}", ttl=self.settings.lease_seconds
+        return lock_is_free(
+            running_lock(lock_backend(self.settings), periodic_task_id, self.settings)
         )
-        try:
-            if not task_lock.acquire(blocking=False):
-                return False
-            task_lock.release()
-        except LockError:
-            return False
-        return True
 
     def _release_waiting(self, periodic_task_id: int) -> None:
         """Overlap policy ``buffer_one``: the task's running lock is free (this delivery gave
@@ -595,9 +586,7 @@ class Execution:
             periodic_task_id, self.run_id, lease_lasting_at=now, before=started_at or now
         ):
             return False
-        task_lock = lock_backend(self.settings).lock(
-            f"task-running:{periodic_task_id}", ttl=self.settings.lease_seconds
-        )
+        task_lock = running_lock(lock_backend(self.settings), periodic_task_id, self.settings)
         try:
             held = task_lock.acquire(blocking=False)
         except LockError as exc:
