@@ -161,6 +161,36 @@ def broker_app() -> Iterator[Celery]:
 
 
 @pytest.fixture
+def calls() -> list[Any]:
+    """What the ``record`` task's bodies were called with, in order."""
+    return []
+
+
+@pytest.fixture
+def record(broker_app: Celery, calls: list[Any], redis_client: Any) -> Any:
+    """A ``DriftSafeTask`` named ``tests.record`` on :func:`broker_app`: its body waits for its
+    ``gate`` (set: it does not wait), appends its value to ``calls`` and raises for
+    ``"boom"``."""
+    import threading
+
+    from celery_driftsafe.task import DriftSafeTask
+
+    gate = threading.Event()
+    gate.set()
+
+    @broker_app.task(name="tests.record", base=DriftSafeTask, shared=False)
+    def record(value: str) -> str:
+        gate.wait(10)
+        calls.append(value)
+        if value == "boom":
+            raise ValueError("boom")
+        return value
+
+    record.gate = gate
+    return record
+
+
+@pytest.fixture
 def app(broker_app: Celery) -> Iterator[Celery]:
     """:func:`broker_app` installed as the package's Celery app (``DRIFTSAFE['CELERY_APP']``'s
     place): what the admin, run now and the commands validate task names against and publish

@@ -18,36 +18,12 @@ from celery_driftsafe.conf import get_settings
 from celery_driftsafe.locks import lock_backend, lock_identity
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 from celery_driftsafe.store.clock import authority_clock
-from celery_driftsafe.task import DriftSafeTask
 from tests import settings as test_settings
 from tests.conftest import drain
 from tests.factories import interval_task
 from tests.skip_guard import configuration
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def calls() -> list[Any]:
-    return []
-
-
-@pytest.fixture
-def record(broker_app: Any, calls: list[Any], redis_client: Any) -> Any:
-    """A DriftSafeTask whose body waits for its ``gate`` (set: it does not wait)."""
-    gate = threading.Event()
-    gate.set()
-
-    @broker_app.task(name="tests.record", base=DriftSafeTask, shared=False)
-    def record(value: str) -> str:
-        gate.wait(10)
-        calls.append(value)
-        if value == "boom":
-            raise ValueError("boom")
-        return value
-
-    record.gate = gate
-    return record
 
 
 def _buffering_task(name: str, policy: str = "buffer_one") -> PeriodicTask:

@@ -27,28 +27,6 @@ from tests.skip_guard import configuration
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def calls() -> list[Any]:
-    return []
-
-
-@pytest.fixture
-def record(broker_app: Any, calls: list[Any], redis_client: Any) -> Any:
-    gate = threading.Event()
-    gate.set()
-
-    @broker_app.task(name="tests.record", base=DriftSafeTask, shared=False)
-    def record(value: str) -> str:
-        gate.wait(10)
-        calls.append(value)
-        if value == "boom":
-            raise ValueError("boom")
-        return value
-
-    record.gate = gate
-    return record
-
-
 def _run(task_name: str = "tests.record", **fields: Any) -> Run:
     return Run.objects.create(
         kind=fields.pop("kind", RunKind.MANUAL),
