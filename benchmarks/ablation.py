@@ -4,6 +4,7 @@ every mechanism on, then with each one off in turn, in one run on one machine.
     python -m benchmarks ablation                          # everything, 3 repeats (hours)
     python -m benchmarks ablation --scenarios burst1 recovery --repeats 2
     python -m benchmarks ablation --only prebuild gc_freeze --tasks 20000
+    python -m benchmarks ablation --only otel receivers --against ../before  # all on, beside
     python -m benchmarks ablation --table RESULTS_JSON     # the tables again, from a saved run
 
 A mechanism is turned off the way a user would: its setting (``FAST_PUBLISH``,
@@ -41,6 +42,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -71,9 +73,26 @@ PRIMARY = {
 }
 #: A mechanism must be worth more than this share of its scenario's primary figure.
 LEAST_GAIN = 0.05
-#: The configuration with OpenTelemetry's Celery instrumentation in the beats
-#: (``DRIFTSAFE_BENCH_OTEL=1``, benchmarks/bench_app.py); ``otel+NAME``: and NAME off.
-INSTRUMENTED = "otel"
+#: The configurations of ``--instrumented``, beside the mechanisms': what the beats' app
+#: installs (``DRIFTSAFE_BENCH_TRACING``, benchmarks/bench_app.py) and the tables' label;
+#: ``otel+NAME``: and the mechanism NAME off. ``receivers``: publish-signal receivers that do
+#: nothing, so that the beat's own cost of having receivers and the instrumentation's own work
+#: can be told apart.
+TRACING = {
+    "otel": ("opentelemetry", "instrumented (OpenTelemetry)"),
+    "receivers": ("noop", "no-op publish-signal receivers"),
+}
+INSTRUMENTED_CONFIGS = ("otel", "otel+fast_publish", "receivers")
+
+
+#: The configuration of ``--against``: everything on, the beats running another checkout's code.
+AGAINST = "against"
+
+
+def tracing(config: str | None) -> str | None:
+    """The ``TRACING`` name a configuration begins with (None: a mechanism's or all on)."""
+    first = (config or "").split("+")[0]
+    return first if first in TRACING else None
 
 
 def mechanisms() -> list[str]:
@@ -107,13 +126,28 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     parser.add_argument(
-        "--only", nargs="+", default=None, help="mechanisms to turn off (default: every one)"
+        "--only",
+        nargs="*",
+        default=None,
+        help="mechanisms to turn off (default: every one; none: all on alone, with "
+        "--instrumented or --against); also the configurations of --instrumented by name "
+        "(otel, receivers, otel+NAME: NAME off with the instrumentation)",
     )
     parser.add_argument(
         "--instrumented",
         action="store_true",
-        help=f"two configurations more: {INSTRUMENTED} (OpenTelemetry's Celery "
-        f"instrumentation in the beats, everything on) and {INSTRUMENTED}+fast_publish",
+        help="three configurations more: otel (OpenTelemetry's Celery instrumentation in "
+        "the beats, everything on), otel+fast_publish (and the fast publish path off) and "
+        "receivers (publish-signal receivers that do nothing)",
+    )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        metavar="CHECKOUT",
+        help="one configuration more: everything on, the beats running the code of another "
+        "checkout of the repository (an earlier commit's: git worktree add), whose "
+        "migrations are this one's",
     )
     parser.add_argument(
         "--idle", type=float, default=30.0, help="seconds the beats are up before a burst"
@@ -195,6 +229,17 @@ def _run_one(
     )
 
 
+def _commit_of(checkout: Path) -> str:
+    """The commit a checkout holds (its path when git cannot tell)."""
+    found = subprocess.run(
+        ["git", "-C", str(checkout), "log", "-1", "--format=%h %s"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return found.stdout.strip()[:60] if found.returncode == 0 else str(checkout)
+
+
 #: The machine's speed, as this page's figures have always stated it: a Python loop of 10^7
 #: additions at a module's top level (names are globals there, as in ``python -c``).
 SPEED_LOOP = "total = 0\nfor i in range(10**7):\n    total += i\n"
@@ -212,13 +257,23 @@ def _machine() -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    names = args.only or mechanisms()
-    unknown = sorted(set(names) - set(mechanisms()))
+    chosen = mechanisms() if args.only is None else args.only
+    unknown = sorted(
+        name
+        for name in chosen
+        if name.removeprefix(f"{tracing(name)}+") not in mechanisms() and name not in TRACING
+    )
     if unknown:
         raise SystemExit(f"unknown mechanism(s) {unknown}; known: {', '.join(mechanisms())}")
+    names = [name for name in chosen if not tracing(name)]
     configs: list[str | None] = [None, *names]
+    configs += [name for name in chosen if tracing(name)]
     if args.instrumented:
-        configs += [INSTRUMENTED, f"{INSTRUMENTED}+fast_publish"]
+        configs += [name for name in INSTRUMENTED_CONFIGS if name not in configs]
+    if args.against is not None:
+        if not (args.against / "benchmarks" / "bench_settings.py").exists():
+            raise SystemExit(f"--against {args.against}: not a checkout of this repository")
+        configs.append(AGAINST)
     out = args.out or Path(tempfile.gettempdir()) / (
         f"ablation-{datetime.now(UTC):%Y%m%d-%H%M%S}.json"
     )
@@ -229,6 +284,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "repeats": args.repeats,
         "scenarios": args.scenarios,
         "mechanisms": names,
+        "against": _commit_of(args.against) if args.against is not None else None,
         "machine": [_machine()],
         "runs": [],
     }
@@ -252,9 +308,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     for i in range(0, len(others), args.baseline_every):
                         order += [*others[i : i + args.baseline_every], None]
                 for config in order:
-                    instrumented = (config or "").startswith(INSTRUMENTED)
-                    off = (config or "").removeprefix(INSTRUMENTED).removeprefix("+")
-                    os.environ["DRIFTSAFE_BENCH_OTEL"] = "1" if instrumented else ""
+                    kind = tracing(config)
+                    off = (config or "").removeprefix(kind or "").removeprefix("+")
+                    os.environ["DRIFTSAFE_BENCH_TRACING"] = TRACING[kind][0] if kind else ""
+                    os.environ["DRIFTSAFE_BENCH_CODE"] = (
+                        str(args.against.resolve()) if config == AGAINST else ""
+                    )
                     os.environ["DRIFTSAFE_BENCH_OFF"] = off
                     for scenario in args.scenarios:
                         label = config or "all on"
@@ -279,7 +338,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 results["machine"].append(_machine())
         finally:
             os.environ.pop("DRIFTSAFE_BENCH_OFF", None)
-            os.environ.pop("DRIFTSAFE_BENCH_OTEL", None)
+            os.environ.pop("DRIFTSAFE_BENCH_TRACING", None)
+            os.environ.pop("DRIFTSAFE_BENCH_CODE", None)
             services.close()
     results["ended"] = datetime.now(UTC).isoformat(timespec="seconds")
     out.write_text(json.dumps(results, indent=1))
@@ -323,7 +383,7 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
             "rss_mb": _median(_values(runs, None, scenario, "rss_mb")),
         }
     configs = [*results["mechanisms"]]
-    configs += sorted({r["off"] for r in runs if (r["off"] or "").startswith(INSTRUMENTED)})
+    configs += sorted({r["off"] for r in runs if tracing(r["off"]) or r["off"] == AGAINST})
     for name in configs:
         rows: dict[str, Any] = {}
         earns = False
@@ -350,7 +410,7 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
             pg = _change(_median(_values(runs, name, scenario, "pg_us")), base["pg_us"])
             beat_gains, pg_gains = _beyond(beat, base["beat_noise"]), _beyond(pg, base["pg_noise"])
             cpu_gains = beat_gains or pg_gains
-            if not name.startswith(INSTRUMENTED):
+            if not tracing(name) and name != AGAINST:
                 earns = earns or gains or cpu_gains
             rows[scenario] = {
                 "median": middle,
@@ -450,8 +510,10 @@ def tables(results: dict[str, Any]) -> str:
                 text += f" {len(r['errors'])} failed"
             cells.append(text)
         verdict = "yes" if row["earns"] else "no"
-        if name.startswith(INSTRUMENTED):
-            name, verdict = name.replace(INSTRUMENTED, "instrumented (OpenTelemetry)"), "-"
+        if kind := tracing(name):
+            name, verdict = name.replace(kind, TRACING[kind][1], 1), "-"
+        elif name == AGAINST:
+            name, verdict = f"the code of {results['against']} (all on)", "-"
         lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {verdict} |")
     return "\n".join(lines)
 

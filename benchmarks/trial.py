@@ -61,6 +61,13 @@ class Disturbed(RuntimeError):
     """Something outside the benchmark restarted PostgreSQL during a trial."""
 
 
+def code_root() -> Path:
+    """Where the schedulers' processes run from (``python -m``, so the package and
+    ``benchmarks`` import there): this checkout, or the one ``DRIFTSAFE_BENCH_CODE`` names
+    (``python -m benchmarks ablation --against``)."""
+    return Path(os.environ.get("DRIFTSAFE_BENCH_CODE") or ROOT)
+
+
 def _child_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BENCH_", "DJANGO_"))}
     # children run from the repository root (``python -m``), so ``benchmarks`` imports there
@@ -179,7 +186,8 @@ class Trial:
         self.queue = f"{self.prefix}:queue"
         self.dir = self.services.workdir / f"{n:02d}-{self.peer.key}"
         self.dir.mkdir()
-        self.children = Children(self.dir, cwd=ROOT)
+        self.code = code_root()
+        self.children = Children(self.dir, cwd=self.code)
         pg_exec(f"CREATE DATABASE {self.db} TEMPLATE {self.services.template}")
         self.env = _child_env(
             BENCH_DB=self.db,
@@ -208,7 +216,7 @@ class Trial:
     def _child(self, command: str, payload: dict[str, Any], timeout: float) -> Any:
         result = subprocess.run(
             [sys.executable, "-m", "benchmarks.peers", self.peer.key, command],
-            cwd=ROOT,
+            cwd=self.code,
             env=self.env,
             input=json.dumps(payload),
             capture_output=True,
