@@ -26,7 +26,7 @@ from celery_driftsafe.checks import _check_raw
 from celery_driftsafe.claim.claimers import claimer_for, run_expiry
 from celery_driftsafe.claim.prefetch import Prefetcher
 from celery_driftsafe.conf import build_settings, get_settings
-from celery_driftsafe.core import instants, misfire
+from celery_driftsafe.core import misfire
 from celery_driftsafe.core.schedules import Interval
 from celery_driftsafe.core.stored_names import MisfirePolicy, Optimisation
 from celery_driftsafe.exceptions import ConfigurationError
@@ -67,8 +67,8 @@ def postgresql_only(what: str) -> None:
 
 
 def test_the_setting_takes_known_names_and_the_check_refuses_others(settings: Any) -> None:
-    switch_off(settings, "prebuild", "iso_texts")
-    assert get_settings().optimisations_off == (Optimisation.PREBUILD, Optimisation.ISO_TEXTS)
+    switch_off(settings, "prebuild", "claim_ahead")
+    assert get_settings().optimisations_off == (Optimisation.PREBUILD, Optimisation.CLAIM_AHEAD)
     assert not get_settings().optimised(Optimisation.PREBUILD)
     assert get_settings().optimised(Optimisation.GC_FREEZE)
     assert [m for m in _check_raw(settings.DRIFTSAFE) if m.id == "celery_driftsafe.E033"] == []
@@ -208,18 +208,14 @@ def test_without_gc_young_the_threshold_stays(settings: Any, threshold: tuple[in
 @pytest.fixture
 def core_switches() -> Iterator[None]:
     yield
-    instants.remember_iso_texts(True)
     misfire.plan_by_arithmetic(True)
 
 
 def test_the_settings_switch_the_cores_mechanisms(settings: Any, core_switches: None) -> None:
-    when = T0 + timedelta(microseconds=7)
-    switch_off(settings, "iso_texts", "misfire_arithmetic")  # set as the settings change
-    assert instants.iso_text(when) == when.isoformat()
-    assert instants.iso_text(when) is not instants.iso_text(when)  # made again each time
-    assert instants._iso_texts == {} and not misfire._arithmetic
+    switch_off(settings, "misfire_arithmetic")  # set as the settings change
+    assert not misfire._arithmetic
     settings.DRIFTSAFE = {**settings.DRIFTSAFE, "OPTIMISATIONS_OFF": []}
-    assert instants.iso_text(when) is instants.iso_text(when) and misfire._arithmetic
+    assert misfire._arithmetic
 
 
 @pytest.fixture
@@ -379,7 +375,6 @@ CLAIM_SIDE = [
     "c_timestamps",
     "plain_instances",
     "json_columns",
-    "iso_texts",
     "misfire_arithmetic",
 ]
 
