@@ -15,9 +15,6 @@ import pytest
 from celery import Celery
 from django.core.checks import Error
 from django.db import connection, transaction
-from hypothesis import given
-from hypothesis import settings as examples
-from hypothesis import strategies as st
 
 from benchmarks.bench_settings import OWN_SETTINGS, switched_off
 from celery_driftsafe.beat import nodes
@@ -26,8 +23,6 @@ from celery_driftsafe.checks import _check_raw
 from celery_driftsafe.claim.claimers import claimer_for, run_expiry
 from celery_driftsafe.claim.prefetch import Prefetcher
 from celery_driftsafe.conf import build_settings, get_settings
-from celery_driftsafe.core import misfire
-from celery_driftsafe.core.schedules import Interval
 from celery_driftsafe.core.stored_names import MisfirePolicy, Optimisation
 from celery_driftsafe.exceptions import ConfigurationError
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
@@ -202,94 +197,6 @@ def test_without_gc_young_the_threshold_stays(settings: Any, threshold: tuple[in
     assert widen_young_generation() and gc.get_threshold() != threshold
 
 
-# -- the core's switches ------------------------------------------------------------------------
-
-
-@pytest.fixture
-def core_switches() -> Iterator[None]:
-    yield
-    misfire.plan_by_arithmetic(True)
-
-
-def test_the_settings_switch_the_cores_mechanisms(settings: Any, core_switches: None) -> None:
-    switch_off(settings, "misfire_arithmetic")  # set as the settings change
-    assert not misfire._arithmetic
-    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "OPTIMISATIONS_OFF": []}
-    assert misfire._arithmetic
-
-
-@pytest.fixture
-def walks(monkeypatch: pytest.MonkeyPatch, core_switches: None) -> list[int]:
-    """One entry each time a plan walks its slots."""
-    seen: list[int] = []
-    walk = misfire._walk_due
-
-    def counting(*args: Any) -> Any:
-        seen.append(1)
-        return walk(*args)
-
-    monkeypatch.setattr(misfire, "_walk_due", counting)
-    return seen
-
-
-def test_without_misfire_arithmetic_plans_walk(walks: list[int]) -> None:
-    minutely = Interval(timedelta(minutes=1), T0)
-    on_time = misfire.plan_claim(minutely, T0, T0 + S)
-    behind = misfire.plan_claim(minutely, T0, T0 + timedelta(hours=2))
-    assert walks == []  # the shortcut, then the count on the grid
-    misfire.plan_by_arithmetic(False)
-    assert misfire.plan_claim(minutely, T0, T0 + S) == on_time
-    assert misfire.plan_claim(minutely, T0, T0 + timedelta(hours=2)) == behind
-    assert len(walks) == 2
-
-
-@examples(max_examples=300, deadline=None)
-@given(
-    every_ms=st.integers(1, 7_200_000),
-    anchor_us=st.integers(-(10**9), 10**9),
-    behind_us=st.integers(-(10**9), 4 * 10**10),
-    grace_s=st.integers(0, 600),
-    busy_us=st.none() | st.integers(-4 * 10**10, 10**9),
-    policy=st.sampled_from(list(MisfirePolicy)),
-    fire_all_max=st.integers(1, 20),
-    record_max=st.integers(0, 5),
-    on_time_max=st.integers(1, 50),
-)
-def test_plans_by_arithmetic_are_the_walks_plans(
-    every_ms: int,
-    anchor_us: int,
-    behind_us: int,
-    grace_s: int,
-    busy_us: int | None,
-    policy: MisfirePolicy,
-    fire_all_max: int,
-    record_max: int,
-    on_time_max: int,
-) -> None:
-    """The walk is the oracle: with the shortcut and the count on the grid, every plan of a
-    plain interval is the one the walk makes (from a slot of the schedule, as a task's next
-    slot is: ``plan_claim`` trusts it to be one)."""
-    schedule = Interval(timedelta(milliseconds=every_ms), T0 + timedelta(microseconds=anchor_us))
-    next_slot = schedule.first_at_or_after(T0)
-    assert next_slot is not None
-    now = T0 + timedelta(microseconds=behind_us)
-    options: dict[str, Any] = {
-        "policy": policy,
-        "grace": timedelta(seconds=grace_s),
-        "fire_all_max": fire_all_max,
-        "record_max": record_max,
-        "on_time_max": on_time_max,
-        "busy_since": None if busy_us is None else now + timedelta(microseconds=busy_us),
-    }
-    try:
-        planned = misfire.plan_claim(schedule, next_slot, now, **options)
-        misfire.plan_by_arithmetic(False)
-        walked = misfire.plan_claim(schedule, next_slot, now, **options)
-    finally:
-        misfire.plan_by_arithmetic(True)
-    assert planned == walked
-
-
 # -- reading the due tasks ----------------------------------------------------------------------
 
 
@@ -375,7 +282,6 @@ CLAIM_SIDE = [
     "c_timestamps",
     "plain_instances",
     "json_columns",
-    "misfire_arithmetic",
 ]
 
 
@@ -428,9 +334,7 @@ def claim_a_mix(settings: Any, off: list[str]) -> tuple[list[Any], list[Any]]:
 
 
 @pytest.mark.parametrize("off", [*CLAIM_SIDE, "all"])
-def test_rounds_claim_the_same_runs_with_an_optimisation_off(
-    off: str, settings: Any, core_switches: None
-) -> None:
+def test_rounds_claim_the_same_runs_with_an_optimisation_off(off: str, settings: Any) -> None:
     names = CLAIM_SIDE if off == "all" else [off]
     runs, tasks = claim_a_mix(settings, [])
     assert len(runs) > 12 and any(r[2] == RunStatus.MISSED for r in runs)

@@ -150,4 +150,3 @@ class Optimisation(StoredName):
     GC_FREEZE = "gc_freeze", "Long-lived objects are frozen out of full garbage collections"
     GC_YOUNG = "gc_young", "The youngest garbage generation is collected less often"
     STATEMENT_CACHE = "statement_cache", "A round's statements are compiled to SQL once"
-    MISFIRE_ARITHMETIC = "misfire_arithmetic", "Misfire plans take shortcuts instead of walking"
