@@ -201,52 +201,39 @@ def test_without_gc_young_the_threshold_stays(settings: Any, threshold: tuple[in
 
 
 @pytest.fixture
-def reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
-    """What each read of due tasks used: the cursor's loader, the JSON reader's calls and the
-    plain build's checks."""
-    seen: dict[str, list[Any]] = {"loader": [], "json": [], "plain": []}
-    read, json_, plain = loaders._read, loaders._json, loaders._plain_instances
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The ``timestamptz`` loader each read of due tasks gave its cursor (None: Django's)."""
+    seen: list[Any] = []
+    read = loaders._read
 
-    def reading(connection: Any, how: Any, *args: Any) -> Any:
-        seen["loader"].append(how.loader)
-        return read(connection, how, *args)
-
-    def json_reading(value: Any) -> Any:
-        seen["json"].append(value)
-        return json_(value)
-
-    def plain_check(*args: Any) -> bool:
-        seen["plain"].append(plain(*args))
-        return seen["plain"][-1]  # type: ignore[no-any-return]
+    def reading(connection: Any, loader: Any, *args: Any) -> Any:
+        seen.append(loader)
+        return read(connection, loader, *args)
 
     monkeypatch.setattr(loaders, "_read", reading)
-    monkeypatch.setattr(loaders, "_json", json_reading)
-    monkeypatch.setattr(loaders, "_plain_instances", plain_check)
     return seen
 
 
-@pytest.mark.parametrize("off", ["c_timestamps", "json_columns", "plain_instances"])
-def test_each_short_way_of_reading_tasks_steps_aside_alone_and_reads_the_same(
-    off: str, settings: Any, reads: dict[str, list[Any]]
+@pytest.mark.parametrize("off", [("c_timestamps",), ()])
+def test_the_c_timestamp_loader_steps_aside_when_off_and_reads_the_same(
+    off: tuple[str, ...], settings: Any, reads: list[Any]
 ) -> None:
     postgresql_only("reading the due tasks their own way")
     interval_task("a", 60, anchor=T0, args=[1, "é"], kwargs={"k": [None, 1.5]})
     interval_task("b", 60, anchor=T0, headers={"h": "v"})
     due = PeriodicTask.objects.order_by("id").select_for_update()
-    switch_off(settings, off)
+    switch_off(settings, *off)
     with transaction.atomic():
         ours = loaders.load_models(due)
         djangos = list(due)
         with connection.cursor() as cursor:
             loaders.read_instants_in_c(connection, cursor)
             instant_loader = cursor.cursor.adapters.get_loader(1184, 0)
-    (loader,) = reads["loader"]
-    if off == "c_timestamps":
+    (loader,) = reads
+    if off:
         assert loader is None and instant_loader.__module__.startswith("django")
     else:
         assert "psycopg" in loader.__module__ and "psycopg" in instant_loader.__module__
-    assert (reads["json"] == []) == (off == "json_columns")
-    assert reads["plain"] == ([] if off == "plain_instances" else [True])
     fields = [f.attname for f in PeriodicTask._meta.concrete_fields]
     for mine, theirs in zip(ours, djangos, strict=True):
         assert vars(mine).keys() == vars(theirs).keys()
@@ -280,8 +267,6 @@ def test_without_the_statement_cache_each_statement_is_compiled_again(settings: 
 CLAIM_SIDE = [
     "statement_cache",
     "c_timestamps",
-    "plain_instances",
-    "json_columns",
 ]
 
 
