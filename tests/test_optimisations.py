@@ -18,7 +18,7 @@ from django.db import connection, transaction
 
 from benchmarks.bench_settings import OWN_SETTINGS, switched_off
 from celery_driftsafe.beat import nodes
-from celery_driftsafe.beat.gc_freeze import MIN_OBJECTS, HeapKeeper, widen_young_generation
+from celery_driftsafe.beat.gc_young import widen_young_generation
 from celery_driftsafe.checks import _check_raw
 from celery_driftsafe.claim.claimers import claimer_for, run_expiry
 from celery_driftsafe.claim.prefetch import Prefetcher
@@ -65,7 +65,7 @@ def test_the_setting_takes_known_names_and_the_check_refuses_others(settings: An
     switch_off(settings, "prebuild", "claim_ahead")
     assert get_settings().optimisations_off == (Optimisation.PREBUILD, Optimisation.CLAIM_AHEAD)
     assert not get_settings().optimised(Optimisation.PREBUILD)
-    assert get_settings().optimised(Optimisation.GC_FREEZE)
+    assert get_settings().optimised(Optimisation.GC_YOUNG)
     assert [m for m in _check_raw(settings.DRIFTSAFE) if m.id == "celery_driftsafe.E033"] == []
 
     def refusals(value: Any) -> list[Error]:
@@ -175,18 +175,6 @@ def threshold() -> Iterator[tuple[int, ...]]:
     yield gc.get_threshold()
     gc.set_threshold(*kept)
     gc.unfreeze()
-
-
-def test_without_gc_freeze_nothing_is_frozen(settings: Any, threshold: tuple[int, ...]) -> None:
-    cache = [{"template": [i]} for i in range(MIN_OBJECTS)]
-    gc.collect()
-    switch_off(settings, "gc_freeze")
-    keeper = HeapKeeper(lambda: 0.0)
-    assert not keeper.maybe_freeze(check_now=True)
-    assert keeper.freezes == 0 and gc.get_freeze_count() == 0
-    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "OPTIMISATIONS_OFF": []}
-    assert HeapKeeper(lambda: 0.0).maybe_freeze(check_now=True)  # on, the same heap freezes
-    assert len(cache) == MIN_OBJECTS
 
 
 def test_without_gc_young_the_threshold_stays(settings: Any, threshold: tuple[int, ...]) -> None:

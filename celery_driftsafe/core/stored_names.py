@@ -145,6 +145,5 @@ class Optimisation(StoredName):
     PREBUILD = "prebuild", "Messages of the tasks due soonest are built while the beat waits"
     CLAIM_AHEAD = "claim_ahead", "The next batch of a wave is claimed while one is published"
     C_TIMESTAMPS = "c_timestamps", "The claim reads instants with psycopg's C timestamptz loader"
-    GC_FREEZE = "gc_freeze", "Long-lived objects are frozen out of full garbage collections"
     GC_YOUNG = "gc_young", "The youngest garbage generation is collected less often"
     STATEMENT_CACHE = "statement_cache", "A round's statements are compiled to SQL once"
