@@ -58,7 +58,6 @@ from kombu import serialization
 from kombu.compression import compress
 
 from celery_driftsafe.conf import get_settings
-from celery_driftsafe.core.instants import iso_text
 from celery_driftsafe.core.validation import PUBLISH_OPTIONS
 from celery_driftsafe.publish import envelope_text
 from celery_driftsafe.publish.argsrepr import argument_reprs, repr_limits
@@ -247,7 +246,7 @@ class FastPublisher:
         app = self.app
         expires_text = expiration = None
         if expires is not None:
-            expires_text = iso_text(expires)
+            expires_text = expires.isoformat()
             expiration = self.time_to_live(expires)
         if skeleton.notify_backend:
             app.backend.on_task_call(producer, task_id)
