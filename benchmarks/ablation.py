@@ -309,7 +309,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         order += [*others[i : i + args.baseline_every], None]
                 for config in order:
                     kind = tracing(config)
-                    off = (config or "").removeprefix(kind or "").removeprefix("+")
+                    off = "" if config == AGAINST else (config or "")
+                    off = off.removeprefix(kind or "").removeprefix("+")
                     os.environ["DRIFTSAFE_BENCH_TRACING"] = TRACING[kind][0] if kind else ""
                     os.environ["DRIFTSAFE_BENCH_CODE"] = (
                         str(args.against.resolve()) if config == AGAINST else ""
