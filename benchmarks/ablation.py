@@ -3,7 +3,7 @@ every mechanism on, then with each one off in turn, in one run on one machine.
 
     python -m benchmarks ablation                          # everything, 3 repeats (hours)
     python -m benchmarks ablation --scenarios burst1 recovery --repeats 2
-    python -m benchmarks ablation --only prebuild gc_young --tasks 20000
+    python -m benchmarks ablation --only prebuild gc_freeze --tasks 20000
     python -m benchmarks ablation --only otel receivers --against ../before  # all on, beside
     python -m benchmarks ablation --table RESULTS_JSON     # the tables again, from a saved run
 

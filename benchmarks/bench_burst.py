@@ -402,6 +402,7 @@ def _wave(
     profile: bool,
 ) -> tuple[int, float, float, int, dict[str, float], dict[str, float]]:
     """One wave, all due at ``due``: claimed and published round by round."""
+    from celery_driftsafe.beat.gc_freeze import HeapKeeper
     from celery_driftsafe.models import Run
 
     stages: dict[str, float] = defaultdict(float)
@@ -418,7 +419,9 @@ def _wave(
     cpu_started = time.process_time()
     rounds = 0
     claim_times: list[float] = []
+    heap = HeapKeeper(time.monotonic)  # as a beat does before each round
     while True:
+        heap.maybe_freeze()
         # The authority's now stays at the wave's instant: one wave is measured, not the
         # waves after it (a slow run would otherwise never end).
         now = due

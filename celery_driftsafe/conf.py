@@ -25,6 +25,7 @@ from typing import Any
 
 from django.conf import settings as django_settings
 
+from celery_driftsafe.core import instants, misfire
 from celery_driftsafe.core.stored_names import (
     MisfirePolicy,
     Optimisation,
@@ -250,7 +251,15 @@ def get_settings() -> DriftSafeSettings:
     global _cached
     if _cached is None:
         _cached = build_settings(raw_settings())
+        _switch_core(_cached)
     return _cached
+
+
+def _switch_core(settings: DriftSafeSettings) -> None:
+    """The pure core reads no settings: its switches (``OPTIMISATIONS_OFF``) are set here,
+    each time the settings are read after a change."""
+    instants.remember_iso_texts(settings.optimised(Optimisation.ISO_TEXTS))
+    misfire.plan_by_arithmetic(settings.optimised(Optimisation.MISFIRE_ARITHMETIC))
 
 
 def clear_cache(**kwargs: Any) -> None:
@@ -258,3 +267,7 @@ def clear_cache(**kwargs: Any) -> None:
     global _cached
     if kwargs.get("setting", "DRIFTSAFE") == "DRIFTSAFE":
         _cached = None
+        try:  # the core's switches now, not at the next read of the settings
+            _switch_core(build_settings(raw_settings()))
+        except ConfigurationError:  # the checks say what is wrong; every mechanism on
+            _switch_core(DriftSafeSettings())

@@ -26,6 +26,7 @@ import random
 import signal
 import socket
 import threading
+import time
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
@@ -37,7 +38,7 @@ from celery_driftsafe import checks
 from celery_driftsafe.apps import ensure_django
 from celery_driftsafe.beat import nodes
 from celery_driftsafe.beat.deadlines import BackgroundDeadlines
-from celery_driftsafe.beat.gc_young import widen_young_generation
+from celery_driftsafe.beat.gc_freeze import HeapKeeper, widen_young_generation
 from celery_driftsafe.beat.recovery import BackgroundReconciler, recover
 from celery_driftsafe.beat.wakeup import Wakeup, start_change_listener
 from celery_driftsafe.claim.claimers import Claimer, ClaimResult, claimer_for, next_due, run_expiry
@@ -200,6 +201,7 @@ class DriftSafeScheduler(Scheduler):
             use_process=self.settings.claim_process,
             monotonic=self.clock.monotonic,
         )
+        self._heap = HeapKeeper(time.monotonic)
         widen_young_generation()
         #: While nothing is due, the messages of the tasks due soonest are built ahead.
         self._prebuilder = Prebuilder(
@@ -349,6 +351,7 @@ class DriftSafeScheduler(Scheduler):
     def run_round(self) -> float:
         """Claim and publish what is due; return the seconds to wait before the next round."""
         self.rounds += 1
+        self._heap.maybe_freeze()
         mono = self.clock.monotonic()
         if self._note_continuity(mono):
             self._next_heartbeat = 0.0  # learn afresh what the other nodes did meanwhile
@@ -397,7 +400,8 @@ class DriftSafeScheduler(Scheduler):
         if wait >= PREBUILD_MIN_WAIT:
             started = self.clock.monotonic()
             try:
-                self._prebuilder.run(reading.at, min(wait / 2, PREBUILD_BUDGET))
+                if self._prebuilder.run(reading.at, min(wait / 2, PREBUILD_BUDGET)):
+                    self._heap.maybe_freeze(check_now=True)  # before the wave, not in it
             except Exception as exc:  # an outage, a row it cannot read: the claim reports it
                 logger.debug("not building messages ahead: %s", exc)
             spent = self.clock.monotonic() - started

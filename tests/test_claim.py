@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from contextlib import nullcontext
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -468,9 +468,10 @@ def test_due_tasks_read_with_the_c_loader_equal_djangos_reading() -> None:
     """pg_loaders.load_models reads what ``list(queryset)`` reads (every field, each instant's
     tzinfo object included, JSON of every shape), with psycopg's C ``timestamptz`` loader on
     PostgreSQL in UTC and only on that cursor; elsewhere it is ``list(queryset)``."""
+    import django
     from django.db import transaction
 
-    from celery_driftsafe.store.loaders import _loader_for, load_models
+    from celery_driftsafe.store.loaders import _loader_for, _plain_instances, load_models
 
     instants = [
         datetime(2026, 3, 29, 0, 59, 59, 999999, tzinfo=UTC),
@@ -498,6 +499,9 @@ def test_due_tasks_read_with_the_c_loader_equal_djangos_reading() -> None:
         with connection.cursor() as cursor:  # the connection keeps Django's own loader
             assert cursor.cursor.adapters.get_loader(1184, 0).__module__.startswith("django")
     fields = [f.attname for f in PeriodicTask._meta.concrete_fields]
+    if django.VERSION[:2] <= (5, 2):
+        # built without from_db (a third of reading a task), its own addition included
+        assert _plain_instances(PeriodicTask, tuple(fields))
     assert len(ours) == len(djangos) == 3
     for mine, theirs in zip(ours, djangos, strict=True):
         assert type(mine) is PeriodicTask and vars(mine).keys() == vars(theirs).keys()
@@ -563,6 +567,33 @@ def test_celery_task_id_is_a_version_8_uuid_led_by_the_slot() -> None:
         assert minutes == sorted(minutes)
     before_1970 = datetime(1969, 7, 20, 20, 17, tzinfo=UTC)
     assert uuid.UUID(celery_task_id(1, before_1970)).int >> 80 == 0
+
+
+def test_remembered_iso_texts_are_isoformat_in_every_zone() -> None:
+    """iso_text keeps the texts of the instants a burst repeats, keyed by instant and offset:
+    the same instant given in another zone after a UTC one still prints in its own zone (the
+    two compare equal), and so does its run's task id; the store stays bounded."""
+    from zoneinfo import ZoneInfo
+
+    from celery_driftsafe.core import instants as _instants
+
+    utc = datetime(2026, 3, 29, 0, 30, 0, 250, tzinfo=UTC)
+    paris = utc.astimezone(ZoneInfo("Europe/Paris"))
+    plus_one = utc.astimezone(timezone(timedelta(hours=1)))
+    assert utc == paris == plus_one
+    _instants._iso_texts.clear()
+    paris_alone = celery_task_id(7, paris)  # nothing remembered yet
+    for _ in range(2):  # once to remember, once to read back
+        assert [_instants.iso_text(v) for v in (utc, paris, plus_one)] == [
+            "2026-03-29T00:30:00.000250+00:00",
+            "2026-03-29T01:30:00.000250+01:00",
+            "2026-03-29T01:30:00.000250+01:00",
+        ]
+        assert celery_task_id(7, utc) != celery_task_id(7, paris) == paris_alone
+    for i in range(_instants.ISO_TEXTS_KEPT + 10):
+        instant = T0 + timedelta(seconds=i)
+        assert _instants.iso_text(instant) == instant.isoformat()
+    assert len(_instants._iso_texts) <= _instants.ISO_TEXTS_KEPT
 
 
 @pytest.mark.django_db

@@ -15,14 +15,19 @@ import pytest
 from celery import Celery
 from django.core.checks import Error
 from django.db import connection, transaction
+from hypothesis import given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
 
 from benchmarks.bench_settings import OWN_SETTINGS, switched_off
 from celery_driftsafe.beat import nodes
-from celery_driftsafe.beat.gc_young import widen_young_generation
+from celery_driftsafe.beat.gc_freeze import MIN_OBJECTS, HeapKeeper, widen_young_generation
 from celery_driftsafe.checks import _check_raw
 from celery_driftsafe.claim.claimers import claimer_for, run_expiry
 from celery_driftsafe.claim.prefetch import Prefetcher
 from celery_driftsafe.conf import build_settings, get_settings
+from celery_driftsafe.core import instants, misfire
+from celery_driftsafe.core.schedules import Interval
 from celery_driftsafe.core.stored_names import MisfirePolicy, Optimisation
 from celery_driftsafe.exceptions import ConfigurationError
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
@@ -62,10 +67,10 @@ def postgresql_only(what: str) -> None:
 
 
 def test_the_setting_takes_known_names_and_the_check_refuses_others(settings: Any) -> None:
-    switch_off(settings, "prebuild", "claim_ahead")
-    assert get_settings().optimisations_off == (Optimisation.PREBUILD, Optimisation.CLAIM_AHEAD)
+    switch_off(settings, "prebuild", "iso_texts")
+    assert get_settings().optimisations_off == (Optimisation.PREBUILD, Optimisation.ISO_TEXTS)
     assert not get_settings().optimised(Optimisation.PREBUILD)
-    assert get_settings().optimised(Optimisation.GC_YOUNG)
+    assert get_settings().optimised(Optimisation.GC_FREEZE)
     assert [m for m in _check_raw(settings.DRIFTSAFE) if m.id == "celery_driftsafe.E033"] == []
 
     def refusals(value: Any) -> list[Error]:
@@ -177,6 +182,18 @@ def threshold() -> Iterator[tuple[int, ...]]:
     gc.unfreeze()
 
 
+def test_without_gc_freeze_nothing_is_frozen(settings: Any, threshold: tuple[int, ...]) -> None:
+    cache = [{"template": [i]} for i in range(MIN_OBJECTS)]
+    gc.collect()
+    switch_off(settings, "gc_freeze")
+    keeper = HeapKeeper(lambda: 0.0)
+    assert not keeper.maybe_freeze(check_now=True)
+    assert keeper.freezes == 0 and gc.get_freeze_count() == 0
+    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "OPTIMISATIONS_OFF": []}
+    assert HeapKeeper(lambda: 0.0).maybe_freeze(check_now=True)  # on, the same heap freezes
+    assert len(cache) == MIN_OBJECTS
+
+
 def test_without_gc_young_the_threshold_stays(settings: Any, threshold: tuple[int, ...]) -> None:
     switch_off(settings, "gc_young")
     assert not widen_young_generation()
@@ -185,43 +202,148 @@ def test_without_gc_young_the_threshold_stays(settings: Any, threshold: tuple[in
     assert widen_young_generation() and gc.get_threshold() != threshold
 
 
+# -- the core's switches ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def core_switches() -> Iterator[None]:
+    yield
+    instants.remember_iso_texts(True)
+    misfire.plan_by_arithmetic(True)
+
+
+def test_the_settings_switch_the_cores_mechanisms(settings: Any, core_switches: None) -> None:
+    when = T0 + timedelta(microseconds=7)
+    switch_off(settings, "iso_texts", "misfire_arithmetic")  # set as the settings change
+    assert instants.iso_text(when) == when.isoformat()
+    assert instants.iso_text(when) is not instants.iso_text(when)  # made again each time
+    assert instants._iso_texts == {} and not misfire._arithmetic
+    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "OPTIMISATIONS_OFF": []}
+    assert instants.iso_text(when) is instants.iso_text(when) and misfire._arithmetic
+
+
+@pytest.fixture
+def walks(monkeypatch: pytest.MonkeyPatch, core_switches: None) -> list[int]:
+    """One entry each time a plan walks its slots."""
+    seen: list[int] = []
+    walk = misfire._walk_due
+
+    def counting(*args: Any) -> Any:
+        seen.append(1)
+        return walk(*args)
+
+    monkeypatch.setattr(misfire, "_walk_due", counting)
+    return seen
+
+
+def test_without_misfire_arithmetic_plans_walk(walks: list[int]) -> None:
+    minutely = Interval(timedelta(minutes=1), T0)
+    on_time = misfire.plan_claim(minutely, T0, T0 + S)
+    behind = misfire.plan_claim(minutely, T0, T0 + timedelta(hours=2))
+    assert walks == []  # the shortcut, then the count on the grid
+    misfire.plan_by_arithmetic(False)
+    assert misfire.plan_claim(minutely, T0, T0 + S) == on_time
+    assert misfire.plan_claim(minutely, T0, T0 + timedelta(hours=2)) == behind
+    assert len(walks) == 2
+
+
+@examples(max_examples=300, deadline=None)
+@given(
+    every_ms=st.integers(1, 7_200_000),
+    anchor_us=st.integers(-(10**9), 10**9),
+    behind_us=st.integers(-(10**9), 4 * 10**10),
+    grace_s=st.integers(0, 600),
+    busy_us=st.none() | st.integers(-4 * 10**10, 10**9),
+    policy=st.sampled_from(list(MisfirePolicy)),
+    fire_all_max=st.integers(1, 20),
+    record_max=st.integers(0, 5),
+    on_time_max=st.integers(1, 50),
+)
+def test_plans_by_arithmetic_are_the_walks_plans(
+    every_ms: int,
+    anchor_us: int,
+    behind_us: int,
+    grace_s: int,
+    busy_us: int | None,
+    policy: MisfirePolicy,
+    fire_all_max: int,
+    record_max: int,
+    on_time_max: int,
+) -> None:
+    """The walk is the oracle: with the shortcut and the count on the grid, every plan of a
+    plain interval is the one the walk makes (from a slot of the schedule, as a task's next
+    slot is: ``plan_claim`` trusts it to be one)."""
+    schedule = Interval(timedelta(milliseconds=every_ms), T0 + timedelta(microseconds=anchor_us))
+    next_slot = schedule.first_at_or_after(T0)
+    assert next_slot is not None
+    now = T0 + timedelta(microseconds=behind_us)
+    options: dict[str, Any] = {
+        "policy": policy,
+        "grace": timedelta(seconds=grace_s),
+        "fire_all_max": fire_all_max,
+        "record_max": record_max,
+        "on_time_max": on_time_max,
+        "busy_since": None if busy_us is None else now + timedelta(microseconds=busy_us),
+    }
+    try:
+        planned = misfire.plan_claim(schedule, next_slot, now, **options)
+        misfire.plan_by_arithmetic(False)
+        walked = misfire.plan_claim(schedule, next_slot, now, **options)
+    finally:
+        misfire.plan_by_arithmetic(True)
+    assert planned == walked
+
+
 # -- reading the due tasks ----------------------------------------------------------------------
 
 
 @pytest.fixture
-def reads(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """The ``timestamptz`` loader each read of due tasks gave its cursor (None: Django's)."""
-    seen: list[Any] = []
-    read = loaders._read
+def reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
+    """What each read of due tasks used: the cursor's loader, the JSON reader's calls and the
+    plain build's checks."""
+    seen: dict[str, list[Any]] = {"loader": [], "json": [], "plain": []}
+    read, json_, plain = loaders._read, loaders._json, loaders._plain_instances
 
-    def reading(connection: Any, loader: Any, *args: Any) -> Any:
-        seen.append(loader)
-        return read(connection, loader, *args)
+    def reading(connection: Any, how: Any, *args: Any) -> Any:
+        seen["loader"].append(how.loader)
+        return read(connection, how, *args)
+
+    def json_reading(value: Any) -> Any:
+        seen["json"].append(value)
+        return json_(value)
+
+    def plain_check(*args: Any) -> bool:
+        seen["plain"].append(plain(*args))
+        return seen["plain"][-1]  # type: ignore[no-any-return]
 
     monkeypatch.setattr(loaders, "_read", reading)
+    monkeypatch.setattr(loaders, "_json", json_reading)
+    monkeypatch.setattr(loaders, "_plain_instances", plain_check)
     return seen
 
 
-@pytest.mark.parametrize("off", [("c_timestamps",), ()])
-def test_the_c_timestamp_loader_steps_aside_when_off_and_reads_the_same(
-    off: tuple[str, ...], settings: Any, reads: list[Any]
+@pytest.mark.parametrize("off", ["c_timestamps", "json_columns", "plain_instances"])
+def test_each_short_way_of_reading_tasks_steps_aside_alone_and_reads_the_same(
+    off: str, settings: Any, reads: dict[str, list[Any]]
 ) -> None:
     postgresql_only("reading the due tasks their own way")
     interval_task("a", 60, anchor=T0, args=[1, "é"], kwargs={"k": [None, 1.5]})
     interval_task("b", 60, anchor=T0, headers={"h": "v"})
     due = PeriodicTask.objects.order_by("id").select_for_update()
-    switch_off(settings, *off)
+    switch_off(settings, off)
     with transaction.atomic():
         ours = loaders.load_models(due)
         djangos = list(due)
         with connection.cursor() as cursor:
             loaders.read_instants_in_c(connection, cursor)
             instant_loader = cursor.cursor.adapters.get_loader(1184, 0)
-    (loader,) = reads
-    if off:
+    (loader,) = reads["loader"]
+    if off == "c_timestamps":
         assert loader is None and instant_loader.__module__.startswith("django")
     else:
         assert "psycopg" in loader.__module__ and "psycopg" in instant_loader.__module__
+    assert (reads["json"] == []) == (off == "json_columns")
+    assert reads["plain"] == ([] if off == "plain_instances" else [True])
     fields = [f.attname for f in PeriodicTask._meta.concrete_fields]
     for mine, theirs in zip(ours, djangos, strict=True):
         assert vars(mine).keys() == vars(theirs).keys()
@@ -255,6 +377,10 @@ def test_without_the_statement_cache_each_statement_is_compiled_again(settings: 
 CLAIM_SIDE = [
     "statement_cache",
     "c_timestamps",
+    "plain_instances",
+    "json_columns",
+    "iso_texts",
+    "misfire_arithmetic",
 ]
 
 
@@ -307,7 +433,9 @@ def claim_a_mix(settings: Any, off: list[str]) -> tuple[list[Any], list[Any]]:
 
 
 @pytest.mark.parametrize("off", [*CLAIM_SIDE, "all"])
-def test_rounds_claim_the_same_runs_with_an_optimisation_off(off: str, settings: Any) -> None:
+def test_rounds_claim_the_same_runs_with_an_optimisation_off(
+    off: str, settings: Any, core_switches: None
+) -> None:
     names = CLAIM_SIDE if off == "all" else [off]
     runs, tasks = claim_a_mix(settings, [])
     assert len(runs) > 12 and any(r[2] == RunStatus.MISSED for r in runs)

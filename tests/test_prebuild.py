@@ -206,3 +206,26 @@ def test_a_beat_comes_back_soon_while_building_ahead_is_unfinished(
     assert len(builds) == CHUNK
     assert scheduler.run_round() == pytest.approx(1.0)  # done: MAX_LOOP_INTERVAL_SECONDS
     assert len(builds) == CHUNK + 10
+
+
+def test_a_beat_freezes_the_templates_it_built_ahead_before_the_wave(scheduler: Any) -> None:
+    """Right after a pass that built templates (while the beat waits), the heap is checked
+    at once (beat/gc_freeze.py), so that the collection that freezes them does not fall in the
+    wave; a
+    pass that built nothing does not check."""
+    from tests.conftest import T0 as START
+
+    for i in range(20):
+        interval_task(f"h{i:02d}", 60, anchor=START, next_slot_at=START + timedelta(seconds=30))
+    checks: list[bool] = []
+    original = scheduler._heap.maybe_freeze
+
+    def recording(*, check_now: bool = False) -> bool:
+        checks.append(check_now)
+        return bool(original(check_now=check_now))
+
+    scheduler._heap.maybe_freeze = recording
+    scheduler.run_round()  # builds the 20 templates while nothing is due
+    assert checks == [False, True]
+    scheduler.run_round()  # nothing left to build
+    assert checks == [False, True, False]

@@ -35,6 +35,7 @@ from celery_driftsafe.core.headers import (
     HEADER_RUN_ID,
     HEADER_SLOT,
 )
+from celery_driftsafe.core.instants import iso_text
 from celery_driftsafe.core.validation import message_problems
 from celery_driftsafe.ledger.run_ledger import UNLOCKED
 from celery_driftsafe.locks import lock_identity
@@ -67,7 +68,7 @@ def celery_task_id(periodic_task_id: int, slot: datetime) -> str:
     runs kept).
     Computed once per run, at its claim; every later publish reads the stored id, so runs
     claimed under the earlier version-5 ids keep them."""
-    name = f"{periodic_task_id}:{slot.isoformat()}".encode()
+    name = f"{periodic_task_id}:{iso_text(slot)}".encode()
     digest = hashlib.sha1(_NAMESPACE_BYTES + name, usedforsecurity=False).digest()
     ms = min(max((slot - _UNIX_EPOCH) // _MS, 0), _MAX_MS)
     value = "%032x" % ((ms << 80 | int.from_bytes(digest[:10], "big")) & _V8_CLEAR | _V8_SET)
@@ -184,7 +185,7 @@ def message_headers(run: ClaimedRun) -> dict[str, Any]:
     headers.update(
         {
             HEADER_RUN_ID: run.run_id,
-            HEADER_SLOT: run.slot.isoformat() if run.slot else None,
+            HEADER_SLOT: iso_text(run.slot) if run.slot else None,
             HEADER_FENCING_TOKEN: run.fencing_token,
             HEADER_PERIODIC_TASK_ID: run.periodic_task_id,
             HEADER_LOCKS: lock_identity(),

@@ -17,6 +17,7 @@ from django.db import (
 )
 
 from celery_driftsafe.claim.outbox import ClaimedRun, message_parts
+from celery_driftsafe.core.instants import iso_text
 from celery_driftsafe.core.misfire import MissedSpan
 from celery_driftsafe.models import (
     PeriodicTask,
@@ -130,12 +131,12 @@ _ROW_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
 
 
 def _instant(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
+    return None if value is None else iso_text(value)
 
 
 def _row_values(row: NewRun) -> list[Any]:
     """A row of the insert's JSON document, in the order of :data:`_ROW_COLUMNS`."""
-    values: list[Any] = [row.task.pk, row.task.task, row.slot.isoformat()]
+    values: list[Any] = [row.task.pk, row.task.task, iso_text(row.slot)]
     if row.status == RunStatus.CLAIMED:
         return [*values, row.celery_task_id, row.message, _instant(row.expires_at)]
     return [*values, row.error, row.missed_count, _instant(row.missed_until)]

@@ -43,6 +43,7 @@ from functools import lru_cache
 from typing import Any, Protocol, cast, runtime_checkable
 
 from celery_driftsafe.core.bounds import Bounded, Limits, run_budget
+from celery_driftsafe.core.instants import from_us, to_us
 from celery_driftsafe.core.jitter import offset, spread_us
 from celery_driftsafe.core.schedules import Interval, Schedule
 from celery_driftsafe.core.stored_names import MisfirePolicy
@@ -82,6 +83,16 @@ class ClaimPlan:
 #: The policies by value (a plain set: asking an enum for its members each call costs more than
 #: the rest of a plan that fires on time).
 _POLICIES = frozenset(policy.value for policy in MisfirePolicy)
+#: Whether plans take the on-time shortcut and count an interval's slots on its grid (the
+#: ``misfire_arithmetic`` optimisation; the core reads no settings: :func:`plan_by_arithmetic`
+#: is called by the settings layer). Off, every plan walks its slots (the same plans).
+_arithmetic = True
+
+
+def plan_by_arithmetic(on: bool) -> None:
+    """Whether :func:`plan_claim` may plan without walking the schedule's slots."""
+    global _arithmetic
+    _arithmetic = on
 
 
 def plan_claim(
@@ -117,6 +128,12 @@ def plan_claim(
     if due(next_slot) > now:
         return ClaimPlan(next_slot=next_slot)
     recent_start = now - grace
+    if _arithmetic and jitter is None and next_slot >= recent_start:
+        # The common case, a slot on time: it fires, and the plan is the one below (no tail,
+        # one slot on time, the next slot the first after it and after now) without walking.
+        following = schedule.next_after(next_slot)
+        if following is None or following > now:
+            return ClaimPlan(fire=[next_slot], next_slot=following)
     if busy_since is not None and busy_since <= due(next_slot) < recent_start:
         following = schedule.next_after(next_slot)
         if following is None or due(following) > now:
@@ -131,9 +148,17 @@ def plan_claim(
     keep = fired_max + max(record_max, 1)
     # Slots before window_start are due before recent_start whatever their jitter: missed.
     window_start = recent_start - spread
-    missed_total, tail, on_time, upcoming = _walk_due(
-        schedule, next_slot, window_start, recent_start, now, keep, on_time_max, due
+    counted = (
+        _count_on_the_grid(schedule, next_slot, recent_start, now, keep, on_time_max)
+        if _arithmetic and jitter is None and type(schedule) is Interval
+        else None
     )
+    if counted is not None:
+        missed_total, tail, on_time, upcoming = counted
+    else:
+        missed_total, tail, on_time, upcoming = _walk_due(
+            schedule, next_slot, window_start, recent_start, now, keep, on_time_max, due
+        )
 
     fire = on_time
     if tail:
@@ -200,6 +225,43 @@ def _walk_due(
             upcoming = schedule.next_after(slot)
             break
     return missed_total, tail[-keep:], on_time, upcoming
+
+
+def _count_on_the_grid(
+    schedule: Interval,
+    next_slot: datetime,
+    recent_start: datetime,
+    now: datetime,
+    keep: int,
+    on_time_max: int,
+) -> _Counted | None:
+    """What :func:`_walk_due` finds for an interval without jitter, by arithmetic on the
+    slots' indices: a task back after an outage plans in a few microseconds, where the walk
+    took some 14 (a tenth of the beat's cost of a slot). None when ``next_slot`` is not on the
+    interval's grid (the walk then starts from it as it is)."""
+    anchor, every = schedule.grid_us
+    first, off_grid = divmod(to_us(next_slot) - anchor, every)
+    if off_grid:
+        return None
+    now_us = to_us(now)
+    recent = -(-(now_us - (now - recent_start) // _TICK - anchor) // every)  # first on time
+    last = (now_us - anchor) // every  # the last slot due
+    on_from = max(first, recent)
+    taken = min(max(last - on_from + 1, 0), on_time_max)
+    # The last `keep` missed slots and the slots on time are one run of the grid: one
+    # conversion, then a step at a time (a conversion costs ten steps).
+    low = max(first, recent - keep)
+    slots: list[datetime] = []
+    slot = from_us(anchor + low * every)
+    for _ in range(on_from + taken - low):
+        assert slot is not None  # every slot here is at or before now
+        slots.append(slot)
+        slot += schedule.every
+    missed = max(on_from - low, 0)
+    # After the slots taken: the first after now, or the first on-time slot left for the next
+    # round when there were more than on_time_max.
+    upcoming = from_us(anchor + (on_from + taken) * every)
+    return max(recent - first, 0), slots[:missed], slots[missed:], upcoming
 
 
 @dataclass(frozen=True)

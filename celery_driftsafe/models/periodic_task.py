@@ -465,6 +465,10 @@ class PeriodicTask(models.Model):
         if "enabled" in loaded and "disabled_reason" in loaded:
             self._switch_loaded = (loaded["enabled"], loaded["disabled_reason"])
 
+    #: ``from_db`` is Django's, then this: the claim's reader, which builds instances without
+    #: ``from_db`` (:mod:`celery_driftsafe.store.loaders`), calls it on each.
+    from_db_then = _remember_switch
+
 
 def unreadable_instants(using: str = "default") -> dict[int, str]:
     """Tasks with an instant column Django cannot read (id -> which column holds what), where

@@ -58,6 +58,7 @@ from kombu import serialization
 from kombu.compression import compress
 
 from celery_driftsafe.conf import get_settings
+from celery_driftsafe.core.instants import iso_text
 from celery_driftsafe.core.validation import PUBLISH_OPTIONS
 from celery_driftsafe.publish import envelope_text
 from celery_driftsafe.publish.argsrepr import argument_reprs, repr_limits
@@ -246,7 +247,7 @@ class FastPublisher:
         app = self.app
         expires_text = expiration = None
         if expires is not None:
-            expires_text = expires.isoformat()
+            expires_text = iso_text(expires)
             expiration = self.time_to_live(expires)
         if skeleton.notify_backend:
             app.backend.on_task_call(producer, task_id)
