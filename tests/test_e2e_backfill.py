@@ -182,9 +182,12 @@ def test_the_command_paces_by_rate_and_refuses_a_range_over_the_cap(tmp_path: Pa
         assert len(stamps) == 15
         gaps = [(stamps[i + 5] - stamps[i]).total_seconds() for i in range(10)]
         # A chunk is due a second after the one before it began (the pacing counts from the
-        # backfill's start), so a gap is a second less what the earlier chunk's own insert and
-        # publish took; without pacing the gaps are milliseconds.
-        assert min(gaps) >= 0.7, f"published faster than 5/s: {gaps}"
+        # backfill's start), so a gap is a second plus the later chunk's insert and publish
+        # less the earlier one's; without pacing the gaps are milliseconds. The first chunk
+        # also pays the command's first connection and publish (0.4 s more than the second on
+        # a slow machine), so the second and third chunks, both warm, show the pace.
+        assert min(gaps[5:]) >= 0.7, f"published faster than 5/s: {gaps}"
+        assert min(gaps) >= 0.3, f"published faster than 5/s: {gaps}"
         assert (stamps[-1] - stamps[0]).total_seconds() >= 1.4
     finally:
         run.close()

@@ -21,8 +21,9 @@ from tests.e2e.harness import E2ERun, real_now
 pytestmark = pytest.mark.e2e
 BACKEND = "postgresql" if test_settings.TEST_DB == "postgres" else "sqlite"
 #: How long after a run's deadline its receiver may hear of it: the check runs every second,
-#: a beat's round at most a second apart, and a loaded machine's processes lag a little.
-WITHIN = 4.0
+#: a beat's round at most a second apart, and a loaded machine's processes lag (4.0-4.2 s were
+#: seen on a slow machine of this kind running three test passes side by side).
+WITHIN = 6.0
 
 
 def _task(
