@@ -127,9 +127,12 @@ def test_backfills_racing_beats_run_each_slot_of_the_range_once(tmp_path: Path) 
             assert message.celery_task_id == ids[message.slot.isoformat()]
         assert len({m.celery_task_id for m in messages}) == len(expected)
 
-        # Both sides took slots: the backfills and the beats raced over the range.
-        backfilled = [r for r in in_range if r["claimed_by"].startswith("backfill:")]
-        by_beats = [r for r in in_range if not r["claimed_by"].startswith("backfill:")]
+        # Both sides took slots: the backfills and the beats raced over the range. A run is the
+        # backfills' by its kind: a beat's outbox takes over a backfill's claim left unpublished
+        # past the lease (a slow machine), and then it is the beat's claim.
+        backfilled = [r for r in in_range if r["run_kind"] == "backfill"]
+        by_beats = [r for r in in_range if r["run_kind"] != "backfill"]
+        taken_over = [r for r in backfilled if not r["claimed_by"].startswith("backfill:")]
         print(
             f"\n{BACKEND}: {len(backfilled)} slots backfilled "
             f"({len({r['claimed_by'] for r in backfilled})} backfills), "
@@ -142,7 +145,10 @@ def test_backfills_racing_beats_run_each_slot_of_the_range_once(tmp_path: Path) 
         assert all(said), run.logs()
         counts = [tuple(int(n) for n in m.groups()) for m in said if m]
         assert sum(inserted for inserted, _, _ in counts) == len(backfilled)
-        assert all(inserted == published for inserted, published, _ in counts)
+        # each inserted run was published by its backfill or, taken over, by a beat (once:
+        # no slot was published twice, above)
+        published_by_backfills = sum(published for _, published, _ in counts)
+        assert published_by_backfills + len(taken_over) == len(backfilled), (counts, taken_over)
         assert sum(lost for _, _, lost in counts) > 0, "no backfill met a slot taken meanwhile"
     finally:
         run.close()

@@ -125,6 +125,7 @@ def main(command: str) -> None:
                 "celery_task_id": r.celery_task_id,
                 "attempts": r.dispatch_attempts,
                 "claimed_by": r.claimed_by,
+                "run_kind": r.kind,
                 "claimed_at": iso(r.claimed_at),
                 "started": iso(r.started_at),
                 "worker": r.worker,
