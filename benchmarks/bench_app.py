@@ -30,33 +30,6 @@ elif os.environ.get("DRIFTSAFE_BENCH_TRACING") == "noop":
     signals.before_task_publish.connect(_nothing, weak=False)
     signals.after_task_publish.connect(_nothing, weak=False)
 
-if os.environ.get("DRIFTSAFE_BENCH_GC_LOG"):
-    # Where a beat's garbage collections go: each generation's collections and seconds, in
-    # the file of that name and the process id, written at most once a second (for a person
-    # looking into a figure; the benchmarks do not read it)
-    import gc
-    import json
-    import sys
-    import time
-
-    _gc_totals: dict[str, list[float]] = {"0": [0, 0.0], "1": [0, 0.0], "2": [0, 0.0]}
-    _gc_began = [0.0, 0.0]
-
-    def _time_collections(phase: str, info: dict[str, int]) -> None:
-        now = time.perf_counter()
-        if phase == "start":
-            _gc_began[0] = now
-            return
-        total = _gc_totals[str(info["generation"])]
-        total[0] += 1
-        total[1] += now - _gc_began[0]
-        if now - _gc_began[1] > 1.0:
-            _gc_began[1] = now
-            with open(f"{os.environ['DRIFTSAFE_BENCH_GC_LOG']}.{os.getpid()}", "w") as log:
-                json.dump({"argv": sys.argv, "collections": _gc_totals}, log)
-
-    gc.callbacks.append(_time_collections)
-
 #: The name every benchmark entry calls.
 TASK = "bench.tick"
 
