@@ -95,6 +95,26 @@ def tracing(config: str | None) -> str | None:
     return first if first in TRACING else None
 
 
+def switched_off(config: str | None) -> str:
+    """The mechanism a configuration turns off ("": none, as all on, ``against``, ``otel``)."""
+    if config is None or config == AGAINST:
+        return ""
+    return config.removeprefix(tracing(config) or "").removeprefix("+")
+
+
+def beside(config: str | None) -> bool:
+    """Whether a configuration is shown beside the mechanisms, with no verdict of its own."""
+    return config == AGAINST or tracing(config) is not None
+
+
+def _known(config: str) -> bool:
+    """Whether ``--only`` may name this configuration."""
+    off = switched_off(config)
+    if tracing(config):
+        return off == "" or off in mechanisms()
+    return config in mechanisms()
+
+
 def mechanisms() -> list[str]:
     """Every switchable mechanism: the settings' four, then ``OPTIMISATIONS_OFF``'s names."""
     names = list(SETTING_SWITCHES)
@@ -258,11 +278,7 @@ def _machine() -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     chosen = mechanisms() if args.only is None else args.only
-    unknown = sorted(
-        name
-        for name in chosen
-        if name.removeprefix(f"{tracing(name)}+") not in mechanisms() and name not in TRACING
-    )
+    unknown = sorted(name for name in chosen if not _known(name))
     if unknown:
         raise SystemExit(f"unknown mechanism(s) {unknown}; known: {', '.join(mechanisms())}")
     names = [name for name in chosen if not tracing(name)]
@@ -309,8 +325,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         order += [*others[i : i + args.baseline_every], None]
                 for config in order:
                     kind = tracing(config)
-                    off = "" if config == AGAINST else (config or "")
-                    off = off.removeprefix(kind or "").removeprefix("+")
+                    off = switched_off(config)
                     os.environ["DRIFTSAFE_BENCH_TRACING"] = TRACING[kind][0] if kind else ""
                     os.environ["DRIFTSAFE_BENCH_CODE"] = (
                         str(args.against.resolve()) if config == AGAINST else ""
@@ -384,7 +399,7 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
             "rss_mb": _median(_values(runs, None, scenario, "rss_mb")),
         }
     configs = [*results["mechanisms"]]
-    configs += sorted({r["off"] for r in runs if tracing(r["off"]) or r["off"] == AGAINST})
+    configs += sorted({r["off"] for r in runs if beside(r["off"])})
     for name in configs:
         rows: dict[str, Any] = {}
         earns = False
@@ -411,7 +426,7 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
             pg = _change(_median(_values(runs, name, scenario, "pg_us")), base["pg_us"])
             beat_gains, pg_gains = _beyond(beat, base["beat_noise"]), _beyond(pg, base["pg_noise"])
             cpu_gains = beat_gains or pg_gains
-            if not tracing(name) and name != AGAINST:
+            if not beside(name):
                 earns = earns or gains or cpu_gains
             rows[scenario] = {
                 "median": middle,
