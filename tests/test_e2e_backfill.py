@@ -180,20 +180,20 @@ def test_the_command_paces_by_rate_and_refuses_a_range_over_the_cap(tmp_path: Pa
         assert "BACKFILL_MAX_SLOTS = 20" in refused.log.read_text(), refused.log.read_text()
         assert not [r for r in run.tool("dump")["runs"] if r["task_id"] == task["id"]]
 
-        # 15 slots at 5 per second: chunks of 5, published 0 s, 1 s and 2 s after the start.
-        paced = command(15, "--rate", "5/s")
+        # 20 slots at 5 per second: chunks of 5, due 0 s, 1 s, 2 s and 3 s after the start.
+        paced = command(20, "--rate", "5/s")
         assert paced.process.returncode == 0, paced.log.read_text()
-        _wait(lambda: len(run.received) >= 15, 30, "not all published", run)
+        _wait(lambda: len(run.received) >= 20, 30, "not all published", run)
         stamps = sorted(m.received_at for m in run.received)
-        assert len(stamps) == 15
-        gaps = [(stamps[i + 5] - stamps[i]).total_seconds() for i in range(10)]
-        # A chunk is due a second after the one before it began (the pacing counts from the
-        # backfill's start), so a gap is a second plus the later chunk's insert and publish
-        # less the earlier one's; without pacing the gaps are milliseconds. The first chunk
-        # also pays the command's first connection and publish (0.4 s more than the second on
-        # a slow machine), so the second and third chunks, both warm, show the pace.
-        assert min(gaps[5:]) >= 0.7, f"published faster than 5/s: {gaps}"
-        assert min(gaps) >= 0.3, f"published faster than 5/s: {gaps}"
-        assert (stamps[-1] - stamps[0]).total_seconds() >= 1.4
+        assert len(stamps) == 20
+        # A chunk is due a second after the one before it was due (the pacing counts from the
+        # backfill's start), so the gap between two chunks' arrivals is a second plus the later
+        # chunk's insert and publish less the earlier one's; without pacing the gaps are
+        # milliseconds. The first chunk also pays the command's first connection and publish
+        # (0.4-0.7 s more than the next on a slow, loaded machine), so its gap is not judged:
+        # the second, third and fourth chunks, all warm, show the pace.
+        warm = [(stamps[i + 5] - stamps[i]).total_seconds() for i in range(5, 15)]
+        assert min(warm) >= 0.7, f"published faster than 5/s: {warm}"
+        assert (stamps[15] - stamps[5]).total_seconds() >= 1.7, stamps
     finally:
         run.close()
