@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,10 @@ BACKEND = "postgresql" if test_settings.TEST_DB == "postgres" else "sqlite"
 #: a beat's round at most a second apart, and a loaded machine's processes lag (4.0-4.2 s were
 #: seen on a slow machine of this kind running three test passes side by side).
 WITHIN = 6.0
+
+
+def _instant(text: str) -> datetime:
+    return datetime.fromisoformat(text)
 
 
 def _task(
@@ -64,7 +68,7 @@ def test_slow_stopped_and_failing_runs_reach_the_receiver_once_within_seconds(
         q = run.queue
         run.seed(
             [
-                # Succeeds at once, with a deadline a loaded machine keeps: never late.
+                # Succeeds at once, with a deadline of 5 s: late only if the machine holds it.
                 _task("fast", q, task="e2e.work", args=["fast", 0], deadline=5),
                 # Its body sleeps 4 s: running past its 1.5 s deadline (and succeeding
                 # before its next slot, so that it never becomes stale).
@@ -103,9 +107,26 @@ def test_slow_stopped_and_failing_runs_reach_the_receiver_once_within_seconds(
     by_task: dict[str, list[dict[str, Any]]] = {}
     for line in late:
         by_task.setdefault(line["task"], []).append(line)
-    assert "fast" not in by_task, (by_task["fast"], logs)
-    assert all(r["late_at"] is None for r in runs.values() if r["task"] == "fast")
-    assert any(r["status"] == "succeeded" for r in runs.values() if r["task"] == "fast"), logs
+    # A run that succeeded by its deadline is never flagged; one the loaded machine held past
+    # it (the first slot's claim and publish, beside two other test passes, took over 5 s once)
+    # is flagged, and had not succeeded then. The finish is stamped before the worker's commit,
+    # so a flag may meet a finish up to a commit's lag (well under half a second) before it.
+    fast = [r for r in runs.values() if r["task"] == "fast"]
+    for r in fast:
+        due = _instant(r["slot"]) + timedelta(seconds=5)
+        finished = _instant(r["finished"]) if r["finished"] else None
+        if r["late_at"] is not None:
+            assert finished is None or finished > due - timedelta(seconds=0.5), (r, logs)
+    on_time = [
+        r
+        for r in fast
+        if r["status"] == "succeeded"
+        and _instant(r["finished"]) <= _instant(r["slot"]) + timedelta(seconds=4.5)
+    ]
+    assert on_time and all(r["late_at"] is None for r in on_time), (fast, logs)
+    assert {line["run"] for line in by_task.get("fast", [])} == {
+        r["id"] for r in fast if r["late_at"]
+    }, (late, fast)
     # The slow body was still running when it was found late.
     assert any(line["status"] == "started" for line in by_task.get("slow", [])), (late, logs)
     assert any(line["status"] == "failed" for line in by_task.get("failing", [])), (late, logs)
