@@ -117,8 +117,9 @@ def test_real_beat_buffer_one_runs_one_at_a_time_and_the_waiting_slot_next(
 ) -> None:
     """A 1-second task whose body takes 3 s, on a worker of several slots (so slots'
     deliveries meet): no two bodies at once, never more than one run waiting, every body
-    after the first starts within a second of the one before it ending (a run is always
-    waiting then), and every slot ends succeeded or skipped (none lost, none left waiting)."""
+    after the first starts within two seconds of the one before it ending (a run is always
+    waiting then, released by the body's end, not left to a beat), and every slot ends
+    succeeded or skipped (none lost, none left waiting)."""
     run = E2ERun(BACKEND, tmp_path, lease=3.0, dead_after=3.0)
     watch: WaitingWatch | None = None
     try:
@@ -144,7 +145,10 @@ def test_real_beat_buffer_one_runs_one_at_a_time_and_the_waiting_slot_next(
         assert set(statuses) <= {"succeeded", "skipped"}, runs
         assert statuses["succeeded"] == len(bodies) >= 3
         assert all(g >= 0 for g in gaps), f"two bodies overlap: {bodies}"
-        assert all(g < 1.0 for g in gaps), f"a waiting slot started late: {gaps}"
+        # The ending body releases the waiting run: one publish and one delivery, well under a
+        # second on an idle machine, 1.06 s seen beside two other test passes on a slow one. A
+        # run left for a beat to publish would wait out its lease (3 s) first.
+        assert all(g < 2.0 for g in gaps), f"a waiting slot started late: {gaps}"
         assert watch.most == 1 and watch.looks_waiting > 0
         released = [r for r in runs if r["status"] == "succeeded" and r["attempts"] >= 2]
         assert len(released) >= 2, "no run went through waiting"
