@@ -15,6 +15,7 @@ import pytest
 from celery import Celery
 from django.core.checks import Error
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from hypothesis import given
 from hypothesis import settings as examples
 from hypothesis import strategies as st
@@ -381,6 +382,7 @@ CLAIM_SIDE = [
     "json_columns",
     "iso_texts",
     "misfire_arithmetic",
+    "plain_insert",
 ]
 
 
@@ -440,6 +442,27 @@ def test_rounds_claim_the_same_runs_with_an_optimisation_off(
     runs, tasks = claim_a_mix(settings, [])
     assert len(runs) > 12 and any(r[2] == RunStatus.MISSED for r in runs)
     assert claim_a_mix(settings, names) == (runs, tasks)
+
+
+def test_without_the_plain_insert_taken_slots_are_skipped_from_the_first_statement(
+    settings: Any,
+) -> None:
+    switch_off(settings, "plain_insert")
+    interval_task("free", 10, anchor=T0, next_slot_at=T0)
+    taken = interval_task("taken", 10, anchor=T0, next_slot_at=T0)
+    Run.objects.create(periodic_task=taken, task_name="tests.add", slot=T0)
+    table = connection.ops.quote_name(Run._meta.db_table)
+    with CaptureQueriesContext(connection) as queries:
+        result = claimer_for().claim(T0, "node-a")
+    sqls = [q["sql"] for q in queries.captured_queries]
+    assert not any(sql.startswith("ROLLBACK TO SAVEPOINT") for sql in sqls)  # none refused
+    inserts = [i for i, sql in enumerate(sqls) if sql.startswith(f"INSERT INTO {table}")]
+    if connection.vendor == "postgresql":
+        assert len(inserts) == 1 and "ON CONFLICT DO NOTHING" in sqls[inserts[0]]
+    else:  # the taken slots looked up before the insert
+        assert any(f"FROM {table}" in sql for sql in sqls[: inserts[0]])
+    assert [r.periodic_task_id for r in result.runs] != [taken.pk]
+    assert len(result.runs) == 1
 
 
 def test_without_claiming_ahead_a_wave_goes_out_a_batch_a_round(

@@ -152,3 +152,4 @@ class Optimisation(StoredName):
     STATEMENT_CACHE = "statement_cache", "A round's statements are compiled to SQL once"
     ISO_TEXTS = "iso_texts", "Instants' ISO texts are remembered"
     MISFIRE_ARITHMETIC = "misfire_arithmetic", "Misfire plans take shortcuts instead of walking"
+    PLAIN_INSERT = "plain_insert", "The claim inserts without ON CONFLICT first"
