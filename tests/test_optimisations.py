@@ -383,6 +383,7 @@ CLAIM_SIDE = [
     "iso_texts",
     "misfire_arithmetic",
     "plain_insert",
+    "expiry_shortcut",
 ]
 
 
@@ -432,6 +433,27 @@ def claim_a_mix(settings: Any, off: list[str]) -> tuple[list[Any], list[Any]]:
         )
     )
     return runs, tasks
+
+
+def test_without_the_expiry_shortcut_every_expiry_is_the_limits(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery_driftsafe.claim import claimers
+
+    limits: list[datetime] = []
+    original = claimers.message_expiry
+
+    def counting(slot: datetime, *args: Any) -> datetime | None:
+        limits.append(slot)
+        return original(slot, *args)
+
+    monkeypatch.setattr(claimers, "message_expiry", counting)
+    task = interval_task("plain", 60, anchor=T0, next_slot_at=T0, expires_seconds=30)
+    on = run_expiry(task, T0, get_settings())
+    assert limits == []  # the slot plus the seconds
+    switch_off(settings, "expiry_shortcut")
+    assert run_expiry(task, T0, get_settings()) == on == T0 + 30 * S
+    assert limits == [T0]
 
 
 @pytest.mark.parametrize("off", [*CLAIM_SIDE, "all"])

@@ -477,6 +477,12 @@ def run_expiry(task: PeriodicTask, slot: datetime, settings: DriftSafeSettings) 
     seconds = task.expires_seconds
     if seconds is None:
         seconds = settings.run_expires_seconds
+    if (
+        task.jitter_seconds is None
+        and task.valid_until is None
+        and Optimisation.EXPIRY_SHORTCUT not in settings.optimisations_off
+    ):  # what message_expiry gives
+        return None if seconds is None else slot + timedelta(seconds=seconds)
     return message_expiry(slot, task.limits, seconds)
 
 

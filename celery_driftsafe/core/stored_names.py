@@ -153,3 +153,4 @@ class Optimisation(StoredName):
     ISO_TEXTS = "iso_texts", "Instants' ISO texts are remembered"
     MISFIRE_ARITHMETIC = "misfire_arithmetic", "Misfire plans take shortcuts instead of walking"
     PLAIN_INSERT = "plain_insert", "The claim inserts without ON CONFLICT first"
+    EXPIRY_SHORTCUT = "expiry_shortcut", "A run's expiry is its slot plus seconds where it can be"
