@@ -6,6 +6,7 @@ same claimed runs and task states, the same published messages, the same misfire
 from __future__ import annotations
 
 import gc
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from functools import partial
@@ -142,6 +143,20 @@ def test_without_the_redis_writer_kombu_publishes_the_same_messages(
 ) -> None:
     first, second, plain = publish_twice(make_app(), settings, queue, "redis_writer")
     assert plain.fast.published == 2 and plain.fast.direct == 0  # on: 2 (test_fastpublish)
+    assert_same_messages(first, second)
+
+
+def test_without_counted_delivery_tags_each_message_draws_its_own(
+    make_app: Callable[..., Celery],  # noqa: F811
+    queue: str,  # noqa: F811
+    settings: Any,
+) -> None:
+    first, second, plain = publish_twice(make_app(), settings, queue, "delivery_tags")
+    assert plain.fast.direct == 2  # still written straight to Redis
+    counted = [uuid.UUID(m["properties"]["delivery_tag"]) for _, m in first]
+    drawn = [uuid.UUID(m["properties"]["delivery_tag"]) for _, m in second]
+    assert counted[0].hex[:20] == counted[1].hex[:20]  # one UUID4, counted
+    assert drawn[0].hex[:20] != drawn[1].hex[:20] and {t.version for t in drawn} == {4}
     assert_same_messages(first, second)
 
 
