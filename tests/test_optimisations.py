@@ -6,6 +6,7 @@ same claimed runs and task states, the same published messages, the same misfire
 from __future__ import annotations
 
 import gc
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
@@ -157,6 +158,26 @@ def test_without_counted_delivery_tags_each_message_draws_its_own(
     drawn = [uuid.UUID(m["properties"]["delivery_tag"]) for _, m in second]
     assert counted[0].hex[:20] == counted[1].hex[:20]  # one UUID4, counted
     assert drawn[0].hex[:20] != drawn[1].hex[:20] and {t.version for t in drawn} == {4}
+    assert_same_messages(first, second)
+
+
+def test_without_interned_names_the_templates_hold_the_names_read(
+    make_app: Callable[..., Celery],  # noqa: F811
+    queue: str,  # noqa: F811
+    settings: Any,
+) -> None:
+    app = make_app()
+    name = "".join(["fast.", "add"])  # a new string, not the interned one
+
+    def template_name(dispatcher: Dispatcher) -> str:
+        assert dispatcher.fast.active()
+        built = dispatcher.fast._template(1, name, [1, 2], {}, {}, None, lambda: ("", ""))
+        return str(built.name)
+
+    assert template_name(Dispatcher(app, FakeClock(T0))) is sys.intern(name)
+    switch_off(settings, "interned_names")
+    assert template_name(Dispatcher(app, FakeClock(T0))) is name
+    first, second, _ = publish_twice(app, settings, queue, "interned_names")
     assert_same_messages(first, second)
 
 
