@@ -56,6 +56,10 @@ REGISTRY: dict[str, tuple[str, str]] = {
         "plain tasks' runs settled by reconciliation (expired, from the result backend)",
     ),
     "statements": ("benchmarks.statements:main", "statements one claim round issues"),
+    "claim-insert": (
+        "benchmarks.claim_insert:main",
+        "the claim's insert, plain against ON CONFLICT DO NOTHING: backend CPU a run",
+    ),
     "hot-mark": (
         "benchmarks.hot_mark:main",
         "the run table's insert and mark as they are, and as a HOT mark would need them",

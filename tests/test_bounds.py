@@ -546,8 +546,8 @@ def test_a_microsecond_interval_stored_behind_save_is_disabled_and_the_round_goe
 def test_a_runs_expiry_is_message_expirys_with_or_without_bounds(
     expires: float | None, default: float | None, jitter: float | None, until: int | None
 ) -> None:
-    """The claim's expiry of a run is the one :func:`message_expiry` gives from the task's
-    limits, whatever is set."""
+    """The claim's expiry of a run (a shortcut without jitter and bounds) is the one
+    :func:`message_expiry` gives from the task's limits, whatever is set."""
     from celery_driftsafe.claim.claimers import run_expiry
     from celery_driftsafe.conf import DriftSafeSettings
     from celery_driftsafe.core.bounds import message_expiry

@@ -305,6 +305,7 @@ def test_a_spliced_envelope_is_the_text_put_writes_to_the_byte(
         channel = producer.channel
         channel._next_delivery_tag = lambda: "the-delivery-tag"
         writer = RedisWriter(producer, channel, None)
+        writer._next_tag = lambda: "the-delivery-tag"  # type: ignore[method-assign]
 
         @given(
             headers=st.dictionaries(
@@ -352,18 +353,23 @@ def test_a_spliced_envelope_is_the_text_put_writes_to_the_byte(
             del channel._next_delivery_tag
 
 
-def test_a_channel_with_delivery_tags_of_its_own_gets_kombus_path(
+def test_delivery_tags_are_uuid4_texts_unique_across_writers(
     make_app: Callable[..., Celery],
 ) -> None:
-    """The writer takes each message's delivery tag from kombu's channel (a new ``uuid4()``:
-    shown in the envelopes of :func:`test_the_fast_message_is_celerys_message`); a channel
-    class with tags of its own gets kombu's path."""
+    """The writer's delivery tags (counted, not drawn from os.urandom each) are canonical
+    UUID4 texts as kombu's, none repeated within a writer or between two; a channel class
+    with tags of its own gets kombu's path."""
     from kombu.transport import redis as kombu_redis
 
-    from celery_driftsafe.publish.redis_writer import _stock_redis_channel
+    from celery_driftsafe.publish.redis_writer import RedisWriter, _stock_redis_channel
 
     with make_app().producer_or_acquire() as producer:
         assert _stock_redis_channel(producer.channel)
+        writers = [RedisWriter(producer, producer.channel, None) for _ in range(2)]
+        tags = [writer._next_tag() for writer in writers for _ in range(5000)]
+    assert len(set(tags)) == len(tags)
+    assert {str(uuid.UUID(tag)) for tag in tags} == set(tags)
+    assert {uuid.UUID(tag).version for tag in tags} == {4}
 
     class OwnTags(kombu_redis.Channel):
         def _next_delivery_tag(self) -> str:

@@ -6,6 +6,8 @@ same claimed runs and task states, the same published messages, the same misfire
 from __future__ import annotations
 
 import gc
+import sys
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from functools import partial
@@ -15,6 +17,7 @@ import pytest
 from celery import Celery
 from django.core.checks import Error
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from hypothesis import given
 from hypothesis import settings as examples
 from hypothesis import strategies as st
@@ -141,6 +144,40 @@ def test_without_the_redis_writer_kombu_publishes_the_same_messages(
 ) -> None:
     first, second, plain = publish_twice(make_app(), settings, queue, "redis_writer")
     assert plain.fast.published == 2 and plain.fast.direct == 0  # on: 2 (test_fastpublish)
+    assert_same_messages(first, second)
+
+
+def test_without_counted_delivery_tags_each_message_draws_its_own(
+    make_app: Callable[..., Celery],  # noqa: F811
+    queue: str,  # noqa: F811
+    settings: Any,
+) -> None:
+    first, second, plain = publish_twice(make_app(), settings, queue, "delivery_tags")
+    assert plain.fast.direct == 2  # still written straight to Redis
+    counted = [uuid.UUID(m["properties"]["delivery_tag"]) for _, m in first]
+    drawn = [uuid.UUID(m["properties"]["delivery_tag"]) for _, m in second]
+    assert counted[0].hex[:20] == counted[1].hex[:20]  # one UUID4, counted
+    assert drawn[0].hex[:20] != drawn[1].hex[:20] and {t.version for t in drawn} == {4}
+    assert_same_messages(first, second)
+
+
+def test_without_interned_names_the_templates_hold_the_names_read(
+    make_app: Callable[..., Celery],  # noqa: F811
+    queue: str,  # noqa: F811
+    settings: Any,
+) -> None:
+    app = make_app()
+    name = "".join(["fast.", "add"])  # a new string, not the interned one
+
+    def template_name(dispatcher: Dispatcher) -> str:
+        assert dispatcher.fast.active()
+        built = dispatcher.fast._template(1, name, [1, 2], {}, {}, None, lambda: ("", ""))
+        return str(built.name)
+
+    assert template_name(Dispatcher(app, FakeClock(T0))) is sys.intern(name)
+    switch_off(settings, "interned_names")
+    assert template_name(Dispatcher(app, FakeClock(T0))) is name
+    first, second, _ = publish_twice(app, settings, queue, "interned_names")
     assert_same_messages(first, second)
 
 
@@ -381,6 +418,8 @@ CLAIM_SIDE = [
     "json_columns",
     "iso_texts",
     "misfire_arithmetic",
+    "plain_insert",
+    "expiry_shortcut",
 ]
 
 
@@ -432,6 +471,27 @@ def claim_a_mix(settings: Any, off: list[str]) -> tuple[list[Any], list[Any]]:
     return runs, tasks
 
 
+def test_without_the_expiry_shortcut_every_expiry_is_the_limits(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery_driftsafe.claim import claimers
+
+    limits: list[datetime] = []
+    original = claimers.message_expiry
+
+    def counting(slot: datetime, *args: Any) -> datetime | None:
+        limits.append(slot)
+        return original(slot, *args)
+
+    monkeypatch.setattr(claimers, "message_expiry", counting)
+    task = interval_task("plain", 60, anchor=T0, next_slot_at=T0, expires_seconds=30)
+    on = run_expiry(task, T0, get_settings())
+    assert limits == []  # the slot plus the seconds
+    switch_off(settings, "expiry_shortcut")
+    assert run_expiry(task, T0, get_settings()) == on == T0 + 30 * S
+    assert limits == [T0]
+
+
 @pytest.mark.parametrize("off", [*CLAIM_SIDE, "all"])
 def test_rounds_claim_the_same_runs_with_an_optimisation_off(
     off: str, settings: Any, core_switches: None
@@ -440,6 +500,27 @@ def test_rounds_claim_the_same_runs_with_an_optimisation_off(
     runs, tasks = claim_a_mix(settings, [])
     assert len(runs) > 12 and any(r[2] == RunStatus.MISSED for r in runs)
     assert claim_a_mix(settings, names) == (runs, tasks)
+
+
+def test_without_the_plain_insert_taken_slots_are_skipped_from_the_first_statement(
+    settings: Any,
+) -> None:
+    switch_off(settings, "plain_insert")
+    interval_task("free", 10, anchor=T0, next_slot_at=T0)
+    taken = interval_task("taken", 10, anchor=T0, next_slot_at=T0)
+    Run.objects.create(periodic_task=taken, task_name="tests.add", slot=T0)
+    table = connection.ops.quote_name(Run._meta.db_table)
+    with CaptureQueriesContext(connection) as queries:
+        result = claimer_for().claim(T0, "node-a")
+    sqls = [q["sql"] for q in queries.captured_queries]
+    assert not any(sql.startswith("ROLLBACK TO SAVEPOINT") for sql in sqls)  # none refused
+    inserts = [i for i, sql in enumerate(sqls) if sql.startswith(f"INSERT INTO {table}")]
+    if connection.vendor == "postgresql":
+        assert len(inserts) == 1 and "ON CONFLICT DO NOTHING" in sqls[inserts[0]]
+    else:  # the taken slots looked up before the insert
+        assert any(f"FROM {table}" in sql for sql in sqls[: inserts[0]])
+    assert [r.periodic_task_id for r in result.runs] != [taken.pk]
+    assert len(result.runs) == 1
 
 
 def test_without_claiming_ahead_a_wave_goes_out_a_batch_a_round(

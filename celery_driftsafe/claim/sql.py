@@ -143,15 +143,19 @@ def _row_values(row: NewRun) -> list[Any]:
 
 
 def insert_runs_postgresql(
-    connection: Any, rows: Sequence[NewRun], now: datetime, node_id: str
+    connection: Any, rows: Sequence[NewRun], now: datetime, node_id: str, *, skip_taken: bool
 ) -> None:
     """``INSERT … SELECT … FROM jsonb_array_elements(…) RETURNING``: one statement for rows of
     one status, the varying columns of every row in one JSON document (one ``json.dumps`` in
     C, where per-column arrays were quoted element by element in Python) and one value for
     each column that does not vary; sets the new ids on ``rows``.
 
-    A row whose slot already has a run is skipped (``ON CONFLICT DO NOTHING``: its ``pk``
-    stays None)."""
+    With ``skip_taken`` (``ON CONFLICT DO NOTHING``) a row whose slot already has a run is
+    skipped (its ``pk`` stays None); without it such a row fails the statement with an
+    ``IntegrityError``. The plain insert costs the database less: ``ON CONFLICT`` first looks
+    for the row in the (task, slot) index and then descends it again to insert, where a
+    plain insert descends it once (``python -m benchmarks claim-insert``: 3-5 µs of
+    PostgreSQL's CPU a slot)."""
     status = rows[0].status
     columns = _ROW_COLUMNS[status]
     constants = {
@@ -184,7 +188,8 @@ def insert_runs_postgresql(
         cursor.execute(
             f"INSERT INTO {table} ({names}) SELECT {selects} "
             "FROM jsonb_array_elements(%s::jsonb) AS r "
-            "ON CONFLICT DO NOTHING RETURNING id, periodic_task_id, slot",
+            f"{'ON CONFLICT DO NOTHING ' if skip_taken else ''}"
+            "RETURNING id, periodic_task_id, slot",
             [*constants.values(), document],
         )
         ids = {(task_id, slot): pk for pk, task_id, slot in cursor.fetchall()}

@@ -152,3 +152,7 @@ class Optimisation(StoredName):
     STATEMENT_CACHE = "statement_cache", "A round's statements are compiled to SQL once"
     ISO_TEXTS = "iso_texts", "Instants' ISO texts are remembered"
     MISFIRE_ARITHMETIC = "misfire_arithmetic", "Misfire plans take shortcuts instead of walking"
+    PLAIN_INSERT = "plain_insert", "The claim inserts without ON CONFLICT first"
+    INTERNED_NAMES = "interned_names", "Message templates hold interned task names"
+    DELIVERY_TAGS = "delivery_tags", "The Redis writer counts its delivery tags from one UUID4"
+    EXPIRY_SHORTCUT = "expiry_shortcut", "A run's expiry is its slot plus seconds where it can be"

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -59,6 +60,7 @@ from kombu.compression import compress
 
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.core.instants import iso_text
+from celery_driftsafe.core.stored_names import Optimisation
 from celery_driftsafe.core.validation import PUBLISH_OPTIONS
 from celery_driftsafe.publish import envelope_text
 from celery_driftsafe.publish.argsrepr import argument_reprs, repr_limits
@@ -114,6 +116,9 @@ class FastPublisher:
         #: How far this process's wall clock is ahead of the time authority (set by the
         #: dispatcher once a batch): a message's time to live counts from the authority's now.
         self.wall_ahead = timedelta(0)
+        #: Whether templates hold their task names interned (``OPTIMISATIONS_OFF``
+        #: "interned_names"; read once a batch, :meth:`active`).
+        self._intern = True
 
     def time_to_live(self, expires: datetime) -> float:
         """A message's time to live in the broker (its ``expiration``): as ``send_task``
@@ -128,6 +133,7 @@ class FastPublisher:
         settings = get_settings()
         if not settings.fast_publish:
             return False
+        self._intern = settings.optimised(Optimisation.INTERNED_NAMES)
         self._limits = None
         self._apply_async_own = celerys_apply_async()
         self._signalled = bool(
@@ -513,7 +519,7 @@ class FastPublisher:
             # What kombu's Producer does with a str body that has a content type.
             payload = payload.encode(content_encoding or "utf-8")
         return MessageTemplate(
-            name,
+            sys.intern(name) if self._intern else name,
             shared_value(args),
             shared_value(kwargs),
             shared_value(options),

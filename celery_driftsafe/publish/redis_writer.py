@@ -32,7 +32,10 @@ template and calls nothing back.
 from __future__ import annotations
 
 from typing import Any, Protocol
+from uuid import uuid4
 
+from celery_driftsafe.conf import get_settings
+from celery_driftsafe.core.stored_names import Optimisation
 from celery_driftsafe.publish import envelope_text
 from celery_driftsafe.publish.envelope_text import (
     EnvelopeShape,
@@ -134,6 +137,11 @@ class RedisWriter:
         self._dumps = dumps
         #: kombu's encoder as its ``dumps`` makes it, for the values spliced into a shape.
         self._encoder = JSONEncoder()
+        #: Delivery tags: this writer's own random UUID4 with its last 48 bits a count.
+        self._tag_prefix = str(uuid4())[:24]
+        self._tags = 0
+        #: Off (``OPTIMISATIONS_OFF`` "delivery_tags"): a new ``uuid4()`` a message, as kombu.
+        self._counted_tags = get_settings().optimised(Optimisation.DELIVERY_TAGS)
 
     @classmethod
     def open(cls, producer: Any, batch: Any) -> RedisWriter | None:
@@ -218,10 +226,20 @@ class RedisWriter:
             kwargsrepr,
             expires,
             expiration,
-            channel._next_delivery_tag(),  # kombu's own: a new uuid4() a message
+            self._next_tag(),
             headers,
         )
         self._queue(shape.key, text)
+
+    def _next_tag(self) -> str:
+        """A delivery tag, in the form of kombu's channel's (``str(uuid4())``: one read of
+        ``os.urandom`` a message, 2.4 to 3.2 µs here) and as unique: the consumer's channel
+        keys its unacknowledged messages by it. The writer's random UUID4 (74 random bits),
+        its last 12 hex digits the count of the writer's messages; 0.3 to 0.4 µs."""
+        if not self._counted_tags:
+            return str(uuid4())
+        self._tags += 1
+        return f"{self._tag_prefix}{self._tags:012x}"
 
     def shape(
         self,
