@@ -12,8 +12,9 @@ first fills the run ledger with N finished runs of the same tasks (the cost of a
 scheduler's other statements (next due instant, outbox, reconciliation). ``--compare R``
 works through a first wave (every message built), then R rounds of three waves over the same
 tasks: the default, OpenTelemetry's Celery instrumentation active (its publish-signal
-receivers; the SDK's tracer provider, spans batched to an exporter that drops them) and the
-fast publish path off (``FAST_PUBLISH = False``), and prints them side by side. Needs the
+receivers; the SDK's tracer provider, spans batched to an exporter that drops them), the
+fast publish path off (``FAST_PUBLISH = False``) and publish-signal receivers that do nothing
+(the fast path's own cost of serving receivers), and prints them side by side. Needs the
 test services (PostgreSQL, Redis) and the test dependencies installed.
 """
 
@@ -41,9 +42,15 @@ def main() -> None:
         "--profile",
         action="store_true",
         help="cProfile's top functions of the last wave (with --compare: of the last "
-        "instrumented wave)",
+        "wave of --profile-variant)",
     )
     parser.add_argument("--profile-file", help="with --profile: write cProfile's data here")
+    parser.add_argument(
+        "--profile-variant",
+        default="instrumented (OpenTelemetry)",
+        choices=VARIANTS,
+        help="with --profile and --compare: the variant whose last wave is profiled",
+    )
     parser.add_argument(
         "--ledger", type=int, default=0, help="finished runs put in the ledger first"
     )
@@ -68,7 +75,8 @@ def main() -> None:
         default=0,
         metavar="R",
         help="after a first wave, R rounds of a default wave, one with OpenTelemetry's "
-        "instrumentation and one with the fast path off, side by side (instead of --waves)",
+        "instrumentation, one with the fast path off and one with publish-signal receivers "
+        "that do nothing, side by side (instead of --waves)",
     )
     parser.add_argument(
         "--slow-publish",
@@ -194,11 +202,13 @@ def _measure(args: Any) -> None:
         before = _before_waves(args.before_wave)
         variants = ["default"]
         if args.compare:
-            args.waves = 1 + 3 * args.compare
+            args.waves = 1 + len(VARIANTS) * args.compare
             variants = ["first wave", *(list(VARIANTS) * args.compare)]
         figures: dict[str, list[tuple[float, float]]] = defaultdict(list)
-        # --profile: the last wave, or with --compare the last instrumented one
-        profiled = args.waves - 2 if args.compare else args.waves - 1
+        # --profile: the last wave, or with --compare the last of --profile-variant's
+        profiled = args.waves - 1
+        if args.compare:
+            profiled = max(w for w in range(args.waves) if variants[w] == args.profile_variant)
         for wave in range(args.waves):
             variant = variants[wave % len(variants)] if args.compare else "default"
             if args.compare:
@@ -263,7 +273,7 @@ def _measure(args: Any) -> None:
 
 
 #: The waves ``--compare`` puts side by side, in the order each round works them through.
-VARIANTS = ("default", "instrumented (OpenTelemetry)", "fast path off")
+VARIANTS = ("default", "instrumented (OpenTelemetry)", "fast path off", "no-op receivers")
 
 
 @contextmanager
@@ -290,6 +300,21 @@ def _variant(name: str) -> Iterator[None]:
 
         with override_settings(DRIFTSAFE={**settings.DRIFTSAFE, "FAST_PUBLISH": False}):
             yield
+    elif name == "no-op receivers":
+        from celery import signals
+
+        def nothing(**kwargs: Any) -> None:
+            pass
+
+        # what any receiver costs the fast path (its signals and the message parts it makes
+        # afresh for them), apart from the receiver's own work
+        for signal in (signals.before_task_publish, signals.after_task_publish):
+            signal.connect(nothing, weak=False)
+        try:
+            yield
+        finally:
+            for signal in (signals.before_task_publish, signals.after_task_publish):
+                signal.disconnect(nothing)
     else:
         yield
 
