@@ -257,7 +257,7 @@ def _commit_of(checkout: Path) -> str:
         text=True,
         check=False,
     )
-    return found.stdout.strip()[:60] if found.returncode == 0 else str(checkout)
+    return found.stdout.strip() if found.returncode == 0 else str(checkout)
 
 
 #: The machine's speed, as this page's figures have always stated it: a Python loop of 10^7
@@ -471,7 +471,8 @@ def tables(results: dict[str, Any]) -> str:
         f"{results['tasks']:,} tasks, {results['repeats']} repeats, "
         f"{results['began']} to {results.get('ended', '(unfinished)')}; "
         f"a loop of 10^7 additions "
-        + ", ".join(f"{m['loop_1e7_s']:.2f} s" for m in results["machine"]),
+        + ", ".join(f"{m['loop_1e7_s']:.2f} s" for m in results["machine"])
+        + (f"; against {results['against']}" if results.get("against") else ""),
         "",
         "| all on | " + " | ".join(PRIMARY[s][1] for s in scenarios_run) + " |",
         "|---|" + "---|" * len(scenarios_run),
@@ -529,7 +530,8 @@ def tables(results: dict[str, Any]) -> str:
         if kind := tracing(name):
             name, verdict = name.replace(kind, TRACING[kind][1], 1), "-"
         elif name == AGAINST:
-            name, verdict = f"the code of {results['against']} (all on)", "-"
+            # the commit alone (its subject is in the line above the tables)
+            name, verdict = f"the code of {results['against'].split()[0]} (all on)", "-"
         lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {verdict} |")
     return "\n".join(lines)
 
