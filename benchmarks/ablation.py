@@ -4,6 +4,7 @@ every mechanism on, then with each one off in turn, in one run on one machine.
     python -m benchmarks ablation                          # everything, 3 repeats (hours)
     python -m benchmarks ablation --scenarios burst1 recovery --repeats 2
     python -m benchmarks ablation --only prebuild gc_freeze --tasks 20000
+    python -m benchmarks ablation --only iso_texts,gc_freeze     # both off in one run
     python -m benchmarks ablation --only otel receivers --against ../before  # all on, beside
     python -m benchmarks ablation --table RESULTS_JSON     # the tables again, from a saved run
 
@@ -108,11 +109,13 @@ def beside(config: str | None) -> bool:
 
 
 def _known(config: str) -> bool:
-    """Whether ``--only`` may name this configuration."""
+    """Whether ``--only`` may name this configuration: a mechanism, several joined by commas
+    (turned off together: small gains that the noise hides one at a time may add up), or a
+    configuration of ``--instrumented``."""
     off = switched_off(config)
-    if tracing(config):
-        return off == "" or off in mechanisms()
-    return config in mechanisms()
+    if tracing(config) and off == "":
+        return True
+    return all(name in mechanisms() for name in off.split(","))
 
 
 def mechanisms() -> list[str]:
@@ -149,9 +152,10 @@ def _parser() -> argparse.ArgumentParser:
         "--only",
         nargs="*",
         default=None,
-        help="mechanisms to turn off (default: every one; none: all on alone, with "
-        "--instrumented or --against); also the configurations of --instrumented by name "
-        "(otel, receivers, otel+NAME: NAME off with the instrumentation)",
+        help="mechanisms to turn off, each in a run of its own (default: every one; none: "
+        "all on alone, with --instrumented or --against); NAME,NAME: those off together, in "
+        "one run; also the configurations of --instrumented by name (otel, receivers, "
+        "otel+NAME: NAME off with the instrumentation)",
     )
     parser.add_argument(
         "--instrumented",
