@@ -22,13 +22,9 @@ if os.environ.get("DRIFTSAFE_BENCH_TRACING") == "opentelemetry":
 elif os.environ.get("DRIFTSAFE_BENCH_TRACING") == "noop":
     # receivers of the publish signals that do nothing: what any receiver costs the beat's
     # publishing, apart from the receiver's own work
-    from celery import signals
+    from tests.e2e.tracing import connect_noop_receivers
 
-    def _nothing(**kwargs: Any) -> None:
-        pass
-
-    signals.before_task_publish.connect(_nothing, weak=False)
-    signals.after_task_publish.connect(_nothing, weak=False)
+    connect_noop_receivers()
 
 #: The name every benchmark entry calls.
 TASK = "bench.tick"

@@ -301,20 +301,13 @@ def _variant(name: str) -> Iterator[None]:
         with override_settings(DRIFTSAFE={**settings.DRIFTSAFE, "FAST_PUBLISH": False}):
             yield
     elif name == "no-op receivers":
-        from celery import signals
+        from tests.e2e.tracing import connect_noop_receivers
 
-        def nothing(**kwargs: Any) -> None:
-            pass
-
-        # what any receiver costs the fast path (its signals and the message parts it makes
-        # afresh for them), apart from the receiver's own work
-        for signal in (signals.before_task_publish, signals.after_task_publish):
-            signal.connect(nothing, weak=False)
+        disconnect = connect_noop_receivers()
         try:
             yield
         finally:
-            for signal in (signals.before_task_publish, signals.after_task_publish):
-                signal.disconnect(nothing)
+            disconnect()
     else:
         yield
 
