@@ -480,7 +480,7 @@ def run_expiry(task: PeriodicTask, slot: datetime, settings: DriftSafeSettings) 
     if (
         task.jitter_seconds is None
         and task.valid_until is None
-        and Optimisation.EXPIRY_SHORTCUT not in settings.optimisations_off
+        and settings.optimised(Optimisation.EXPIRY_SHORTCUT)
     ):  # what message_expiry gives
         return None if seconds is None else slot + timedelta(seconds=seconds)
     return message_expiry(slot, task.limits, seconds)
