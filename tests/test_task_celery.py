@@ -133,7 +133,42 @@ def _make_app(
             raise self.retry(countdown=0.2, max_retries=3)
         raise ValueError(f"{marker} breaks at attempt {self.request.retries}")
 
-    tasks.update(flaky=flaky, auto=auto, double=double, add=add, quiet=quiet, broken=broken)
+    @app.task(name="sem.away", base=DriftSafeTask, bind=True, shared=False)
+    def away(self: Any, marker: str, when: str) -> str:
+        """Takes the attempts' table away (:func:`attempts_table`) as its first attempt hands
+        over to its retry (``when="hand-over"``: what the hand-over wrote is read, and the
+        table put back, before the error goes on), or as its second attempt's body ends
+        (``"outcome"``: a thread reads the run and puts the table back a second later)."""
+        seen.append(("sem.away", marker, self.request.retries))
+        if when == "hand-over":
+            attempts_table(away=True)
+            try:
+                self.retry(countdown=0.1, max_retries=1)
+            except Exception:
+                seen.append(("sem.away:run", run_now(self.request.id), 0))
+                raise
+            finally:
+                attempts_table(away=False)
+        if self.request.retries == 0:
+            raise self.retry(countdown=0.1, max_retries=1)
+        attempts_table(away=True)
+        task_id = self.request.id  # the request is the worker thread's
+
+        def back() -> None:
+            try:
+                seen.append(("sem.away:run", run_now(task_id), 1))
+                attempts_table(away=False)
+            finally:
+                from django.db import connections
+
+                connections.close_all()
+
+        threading.Timer(1.0, back).start()
+        return marker
+
+    tasks.update(
+        flaky=flaky, auto=auto, double=double, add=add, quiet=quiet, broken=broken, away=away
+    )
     return app
 
 
@@ -306,6 +341,73 @@ def test_retry_in_eager_mode_records_each_attempt(make_env: Any) -> None:
     again = env.tasks["flaky"].apply_async(["e", 1], idempotency_key=KEY + "eager-retry")
     assert again.id == run.celery_task_id
     assert len(env.bodies("sem.flaky")) == 2, "the key ran once"
+
+
+#: Where :func:`attempts_table` puts the run attempts' table.
+ATTEMPTS_AWAY = f"{RunAttempt._meta.db_table}_away"
+
+
+def attempts_table(*, away: bool) -> None:
+    """Rename the run attempts' table away, so that the database refuses a write to it as it
+    refuses one to a table that is not there, or back."""
+    from django.db import connection
+
+    names = (RunAttempt._meta.db_table, ATTEMPTS_AWAY)
+    old, new = names if away else names[::-1]
+    quote = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {quote(old)} RENAME TO {quote(new)}")
+
+
+@pytest.fixture
+def attempts_back() -> Iterator[None]:
+    """The run attempts' table is back after the test, whatever happened in it."""
+    from django.db import connection
+
+    yield
+    if ATTEMPTS_AWAY in connection.introspection.table_names():
+        attempts_table(away=False)
+
+
+def run_now(task_id: str) -> tuple[str, int]:
+    """The status and attempt of the run of ``task_id``, read now."""
+    run = Run.objects.get(celery_task_id=task_id)
+    return run.status, run.attempt
+
+
+def test_an_outcome_and_its_attempts_row_are_written_together(
+    make_env: Any, attempts_back: None
+) -> None:
+    """The second attempt's outcome cannot be written without its attempt's row: while the
+    attempts' table is away the run stays started (the worker keeps trying, as while the
+    database is away), and once it is back both are written, and the result is the body's."""
+    env = make_env()
+    run = start(env, "manual", "sem.away", ["o", "outcome"])
+    assert env.app.AsyncResult(run.celery_task_id).get(timeout=30) == "o"
+    run = finished(run)
+    assert env.bodies("sem.away") == [("o", 0), ("o", 1)]
+    assert env.bodies("sem.away:run") == [((RunStatus.STARTED, 1), 1)], "written without its row"
+    assert run.status == RunStatus.SUCCEEDED and run.attempt == 1
+    attempts = list(RunAttempt.objects.filter(run=run).values_list("number", "outcome"))
+    assert attempts == [(0, "retrying"), (1, "succeeded")]
+
+
+def test_a_hand_over_and_its_attempts_row_are_written_together(
+    make_env: Any, attempts_back: None
+) -> None:
+    """A hand-over to the retry that cannot write its attempt's row writes nothing: the run is
+    still at its first attempt, started, when the error reaches the body (and the retry is
+    not sent: Celery's ``retry()`` rejects the message, and the run is recorded failed)."""
+    env = make_env()
+    run = start(env, "manual", "sem.away", ["h", "hand-over"])
+    run = finished(run)
+    assert env.bodies("sem.away:run") == [((RunStatus.STARTED, 0), 0)], (
+        "handed over without its row"
+    )
+    assert "LedgerUnavailable" in run.error and RunAttempt._meta.db_table in run.error
+    assert env.bodies("sem.away") == [("h", 0)]
+    assert run.status == RunStatus.FAILED and run.attempt == 0
+    assert not RunAttempt.objects.filter(run=run).exists()
 
 
 # -- 2. results ---------------------------------------------------------------------------------

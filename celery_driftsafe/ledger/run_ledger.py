@@ -8,7 +8,8 @@ revoked, skipped) on a run nobody started. So a writer that lost the run changes
 
 Each statement is one plain SQL statement on Django's connection, run again when the database
 rolled it back for a concurrent update; an unreachable or unmigrated database is a
-:class:`~celery_driftsafe.exceptions.LedgerUnavailable`.
+:class:`~celery_driftsafe.exceptions.LedgerUnavailable`. Writes that must not land one without
+the other (an attempt's end and its row) share a transaction (:meth:`Ledger.together`).
 
 Status names are spelled out (not imported from the models): a Celery app module imports
 :mod:`celery_driftsafe.task` before Django's app registry is ready.
@@ -18,9 +19,10 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from celery_driftsafe.core.stored_names import PRE_START, TAKEN_OVER
 from celery_driftsafe.exceptions import LedgerUnavailable
@@ -39,6 +41,8 @@ OWN_MESSAGE = "(celery_task_id = '' OR celery_task_id = %s)"
 #: Appended to ``worker`` when a run was started without a lock (eager mode, ``fail_open``):
 #: such a start is never taken over by a lock holder, who cannot know whether it still runs.
 UNLOCKED = " (no lock)"
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,30 @@ class Ledger:
                     continue
                 self.connection.close()  # the next statement reconnects
                 raise LedgerUnavailable(why) from exc
+        raise AssertionError("unreachable")
+
+    def together(self, write: Callable[[], T]) -> T:
+        """``write()``'s statements in one transaction: they stand or fall together (a run's
+        outcome and its attempt's row, say: never one without the other). A database error in
+        it, or at its commit, is a :class:`LedgerUnavailable`, and none of them was written;
+        a transaction the database rolled back for a concurrent one is run again, as a single
+        statement is (:meth:`_execute`)."""
+        from django.db import DatabaseError, transaction
+
+        for tries_left in range(ROLLED_BACK_RETRIES, -1, -1):
+            try:
+                with transaction.atomic():
+                    return write()
+            except (DatabaseError, LedgerUnavailable) as exc:
+                cause = exc if isinstance(exc, DatabaseError) else exc.__cause__
+                if tries_left and cause is not None and rolled_back(cause):
+                    logger.debug("ledger transaction rolled back (%s); running it again", cause)
+                    continue
+                if isinstance(exc, LedgerUnavailable):
+                    raise
+                raise LedgerUnavailable(
+                    missing_schema(exc) or f"database unreachable: {exc}"
+                ) from exc
         raise AssertionError("unreachable")
 
     def _write(self, sql: str, params: list[Any]) -> int:

@@ -34,6 +34,7 @@ import logging
 import socket
 import threading
 import traceback
+from collections.abc import Callable
 from contextlib import ExitStack, suppress
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -232,7 +233,13 @@ class Execution:
         assert self.token is not None
         now = self._now()
         reason = reason or self.retry_reason
-        if not self.ledger.hand_over(self.run_id, self.token, next_attempt, f"retry: {reason}"):
+        token = self.token
+        if not self._with_attempt(
+            lambda: self.ledger.hand_over(self.run_id, token, next_attempt, f"retry: {reason}"),
+            RunStatus.RETRYING,
+            now,
+            reason,
+        ):
             metrics.fenced_out(self.task.name)
             log_run(
                 logging.ERROR,
@@ -245,16 +252,6 @@ class Execution:
             raise LockLost(f"run {self.run_id} was taken over; its retry is not sent")
         self.handed_over = True
         metrics.execution(self.task.name, "retrying")
-        self.ledger.record_attempt(
-            self.run_id,
-            self.attempt,
-            RunStatus.RETRYING,
-            self.worker,
-            self.started_at,
-            now,
-            self.token,
-            reason,
-        )
         self.locks.close()
         log_run(
             logging.INFO,
@@ -361,7 +358,7 @@ class Execution:
         while True:
             try:
                 now = self._now()
-                written = self.ledger.finish(self.run_id, self.token, status, now, error)
+                written = self._write_outcome(status, now, error)
                 break
             except LedgerUnavailable as exc:
                 if waited >= FINISH_RETRY_SECONDS:
@@ -393,18 +390,36 @@ class Execution:
             )
             return False
         metrics.execution(self.task.name, status)
-        if self.attempt > 0:
-            self.ledger.record_attempt(
-                self.run_id,
-                self.attempt,
-                status,
-                self.worker,
-                self.started_at,
-                now,
-                self.token,
-                error,
-            )
         return True
+
+    def _write_outcome(self, status: str, now: datetime, error: str) -> bool:
+        """The outcome under the token and, for a run that had more than one attempt, this
+        attempt's row (a first attempt has none, and its one statement needs no transaction)."""
+        token = self.token
+        assert token is not None
+
+        def finish() -> bool:
+            return self.ledger.finish(self.run_id, token, status, now, error)
+
+        return finish() if self.attempt == 0 else self._with_attempt(finish, status, now, error)
+
+    def _with_attempt(
+        self, write: Callable[[], bool], outcome: str, now: datetime, error: str
+    ) -> bool:
+        """``write()``, a write of the run under the token, and when it wrote, this attempt's
+        row: both or neither (:meth:`Ledger.together`)."""
+        token = self.token
+        assert token is not None
+
+        def both() -> bool:
+            if not write():
+                return False
+            self.ledger.record_attempt(
+                self.run_id, self.attempt, outcome, self.worker, self.started_at, now, token, error
+            )
+            return True
+
+        return self.ledger.together(both)
 
     # -- overlap policy skip --------------------------------------------------------------------
 
