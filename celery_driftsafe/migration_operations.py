@@ -184,3 +184,51 @@ class PartialUniqueIndex(migrations.operations.base.Operation):
         if _model_here(self, schema_editor, from_state.apps.get_model(app_label, self.model_name)):
             quoted = schema_editor.quote_name(self.name)
             schema_editor.execute(f"DROP INDEX{_how(schema_editor)} IF EXISTS {quoted}")
+
+
+class IndexWithoutPartialIndexes(migrations.operations.base.Operation):
+    """A plain index ``name`` on ``columns``, the database's alone (no model state), built only
+    on a database without partial indexes (MySQL, MariaDB): there it serves a query that a
+    partial index serves elsewhere, where it would only cost every write of the table."""
+
+    reversible = True
+
+    def __init__(self, model_name: str, name: str, columns: Sequence[str]) -> None:
+        self.model_name = model_name
+        self.name = name
+        self.columns = list(columns)
+
+    def deconstruct(self) -> tuple[str, Sequence[Any], dict[str, Any]]:
+        kwargs = {"model_name": self.model_name, "name": self.name, "columns": self.columns}
+        return self.__class__.__name__, [], kwargs
+
+    def describe(self) -> str:
+        return f"Create index {self.name} on {self.model_name} where partial indexes are missing"
+
+    def state_forwards(self, app_label: str, state: Any) -> None:
+        pass  # the database's alone
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if self._here(schema_editor, model):
+            quote = schema_editor.quote_name
+            columns = ", ".join(quote(column) for column in self.columns)
+            schema_editor.execute(
+                f"CREATE INDEX {quote(self.name)} ON {quote(model._meta.db_table)} ({columns})"
+            )
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        model = from_state.apps.get_model(app_label, self.model_name)
+        if self._here(schema_editor, model):
+            quote = schema_editor.quote_name
+            schema_editor.execute(f"DROP INDEX {quote(self.name)} ON {quote(model._meta.db_table)}")
+
+    def _here(self, schema_editor: Any, model: Any) -> bool:
+        connection = schema_editor.connection
+        return not connection.features.supports_partial_indexes and self.allow_migrate_model(
+            connection.alias, model
+        )
