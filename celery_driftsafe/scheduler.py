@@ -51,6 +51,7 @@ from celery_driftsafe.definitions.changes import BackgroundUnscheduled
 from celery_driftsafe.exceptions import BrokerUnavailable, ClockError
 from celery_driftsafe.ledger import retention
 from celery_driftsafe.monitoring import metrics
+from celery_driftsafe.publish.beat_entries import BeatEntries, RunEntry
 from celery_driftsafe.publish.dispatcher import Dispatcher
 from celery_driftsafe.publish.prebuild import Prebuilder
 from celery_driftsafe.store.clock import (
@@ -175,6 +176,7 @@ class DriftSafeScheduler(Scheduler):
         )
         self.claimer: Claimer = claimer_for(self.using, self.settings)
         self.dispatcher = Dispatcher(self.app, self.clock, using=self.using)
+        self.dispatcher.entries = BeatEntries(self)
         self.pruner = retention.BackgroundPruner(using=self.using, monotonic=self.clock.monotonic)
         self.unscheduled = BackgroundUnscheduled(using=self.using, monotonic=self.clock.monotonic)
         self.reconciler = BackgroundReconciler(
@@ -240,6 +242,15 @@ class DriftSafeScheduler(Scheduler):
 
     def _start_listener(self) -> threading.Thread | None:  # a test's stepped beat has none
         return start_change_listener(self.settings, self._wake, self._shutdown)
+
+    def apply_async(
+        self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
+    ) -> Any:
+        """Celery's; a claimed run handed to ``apply_entry`` (:class:`RunEntry`, where code
+        wraps it) is published as its entry's options now say."""
+        if isinstance(entry, RunEntry):
+            return entry.publish()
+        return super().apply_async(entry, producer, advance, **kwargs)
 
     def sync(self) -> None:
         """Nothing to persist: every claim is committed when made."""

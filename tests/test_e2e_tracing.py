@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 
 from celery_driftsafe.testing.recording import QueueRecorder
 from tests import settings as test_settings
-from tests.e2e.harness import E2ERun
+from tests.e2e.harness import E2ERun, real_now
 from tests.skip_guard import configuration
 
 pytestmark = [
@@ -92,6 +93,13 @@ def _same_keys(beats: dict[str, tuple[list[dict[str, Any]], list[str]]]) -> None
     assert keys["driftsafe"] == keys["celery"]
 
 
+def _sentry_traces(messages: list[dict[str, Any]]) -> set[str]:
+    """The trace ids of the messages' ``sentry-trace`` headers, each well formed."""
+    traces = [SENTRY_TRACE.fullmatch(m["sentry-trace"]) for m in messages]
+    assert all(traces), messages
+    return {t.group(1) for t in traces if t}
+
+
 def test_opentelemetry_headers_match_celerys_beat(tmp_path: Path) -> None:
     """Each message carries a ``traceparent`` of its own publish span (a new trace: a beat
     publishes outside any span), as from Celery's beat; the driftsafe beat publishes them on
@@ -110,17 +118,15 @@ def test_sentry_headers_match_celerys_beat(tmp_path: Path) -> None:
     """Each message carries Sentry's ``sentry-trace``, its ``baggage`` naming the same trace
     and its enqueue time, at the top and nested under ``headers``, as from Celery's beat; the
     driftsafe beat steps aside from the fast path (Sentry wraps ``Celery.send_task``), so
-    Sentry's wrappers run for every message.
-
-    Not compared: whether each message starts a trace of its own. Celery's beat does (Sentry
-    wraps its ``Scheduler.apply_entry``, which gives each entry a new propagation context); a
-    driftsafe beat publishes without ``apply_entry``, so its messages share the process's
-    trace (see docs/reference/settings.md, "The fast publish path")."""
+    Sentry's wrappers run for every message. Each message starts a trace of its own, as from
+    Celery's beat: Sentry wraps ``Scheduler.apply_entry`` for that, and a driftsafe beat hands
+    each run to it (:mod:`celery_driftsafe.publish.beat_entries`)."""
     beats = _beats(tmp_path, "sentry")
     _same_keys(beats)
     for beat, (messages, paths) in beats.items():
         assert paths == ["celery"] * len(paths), beat
         assert len(paths) >= len(messages)
+        assert len(_sentry_traces(messages)) == len(messages), (beat, messages)
         for message in messages:
             trace = SENTRY_TRACE.fullmatch(message["sentry-trace"])
             assert trace, (beat, message)
@@ -129,3 +135,47 @@ def test_sentry_headers_match_celerys_beat(tmp_path: Path) -> None:
             nested = message["headers"]
             for key in ("sentry-trace", "baggage", "sentry-task-enqueued-time"):
                 assert nested[key] == message[key], (beat, key, message)
+
+
+def test_sentry_crons_monitors_each_scheduled_message(tmp_path: Path) -> None:
+    """With ``monitor_beat_tasks=True`` Sentry's wrapper of ``apply_entry`` puts its Crons
+    headers in each message of a task it can monitor (an interval of whole minutes) and sends
+    the check-in the worker completes: from a driftsafe beat too, one check-in for each run,
+    whichever beat claimed it. Tasks it cannot monitor (every second) get none, and every
+    message starts a trace of its own."""
+    run = E2ERun("postgresql", tmp_path)
+    recorder = QueueRecorder(run.broker_url, run.queue, _headers).start()
+    try:
+        minutely = {"schedule_kind": "interval", "interval_every": 60, "interval_unit": "seconds"}
+        each_second = {**minutely, "interval_every": 1}
+        start = real_now() + timedelta(seconds=3)
+        run.seed(
+            [
+                {"name": "minutely-a", **minutely},
+                {"name": "minutely-b", **minutely},
+                {"name": "each-second", **each_second},
+            ],
+            start,
+        )
+        run.start_beat(0, env={"DRIFTSAFE_E2E_TRACING": "sentry-crons"})
+        deadline = time.monotonic() + 60
+        while len(recorder.messages) < 2 + MESSAGES:
+            assert time.monotonic() < deadline, f"too few messages\n{run.logs()}"
+            assert all(b.process.poll() is None for b in run.beats), run.logs()
+            time.sleep(0.2)
+        run.stop()
+    finally:
+        recorder.stop(timeout=1)
+        run.close()
+    messages = recorder.messages
+    monitored = [m for m in messages if "sentry-monitor-slug" in m]
+    assert sorted(m["sentry-monitor-slug"] for m in monitored) == ["minutely-a", "minutely-b"]
+    for message in monitored:
+        assert message["sentry-monitor-config"] == {
+            "schedule": {"type": "interval", "value": 1, "unit": "minute"},
+            "timezone": "UTC",
+        }, message
+        assert re.fullmatch(r"[0-9a-f]{32}", message["sentry-monitor-check-in-id"]), message
+    assert len({m["sentry-monitor-check-in-id"] for m in monitored}) == 2
+    assert len(messages) - len(monitored) >= MESSAGES - 1  # each second's: not monitored
+    assert len(_sentry_traces(messages)) == len(messages), messages

@@ -93,6 +93,8 @@ class ClaimedRun:
     #: The message's expiry, an instant of the time authority.
     expires_at: datetime | None = None
     dispatch_attempts: int = 1
+    #: Why the run exists (``RunKind``): a claim round makes scheduled ones.
+    kind: str = RunKind.SCHEDULED
 
 
 def run_message(task: PeriodicTask) -> dict[str, Any]:
@@ -145,6 +147,7 @@ def claimed_run(run: Run, task: PeriodicTask | None = None) -> ClaimedRun:
         claimed_by=run.claimed_by,
         expires_at=run.expires_at,
         dispatch_attempts=run.dispatch_attempts,
+        kind=run.kind,
         **message_parts(message),
     )
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from celery import Task
 from celery.exceptions import QueueNotFound
@@ -23,7 +23,7 @@ from celery_driftsafe.claim.sql import id_set
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.core.stored_names import Optimisation
 from celery_driftsafe.exceptions import BrokerUnavailable
-from celery_driftsafe.models import Run, RunStatus
+from celery_driftsafe.models import Run, RunKind, RunStatus
 from celery_driftsafe.monitoring import metrics
 from celery_driftsafe.publish.adhoc import publishes_on_commit
 from celery_driftsafe.publish.broker_errors import (
@@ -39,6 +39,7 @@ from celery_driftsafe.store.statement_cache import select_rows, update, update_q
 
 if TYPE_CHECKING:
     from celery_driftsafe.claim.outbox import ClaimedRun
+    from celery_driftsafe.publish.beat_entries import BeatEntries
 
 logger = logging.getLogger("celery_driftsafe.publisher")
 
@@ -80,6 +81,11 @@ class Dispatcher:
         self._direct = True
         #: Why the last publish found the broker out of reach; None while it answers.
         self.broker_down: str | None = None
+        #: A beat's ``apply_entry`` (set by its scheduler): where code wraps it, each run of a
+        #: periodic task is handed to it (:mod:`celery_driftsafe.publish.beat_entries`).
+        self.entries: BeatEntries | None = None
+        #: This dispatch's periodic tasks by id while runs go through ``apply_entry``.
+        self._entry_tasks: dict[int, Any] | None = None
 
     def dispatch(self, runs: Sequence[ClaimedRun]) -> DispatchResult:
         """Publish ``runs``, then mark what went out ``dispatched``.
@@ -112,6 +118,9 @@ class Dispatcher:
             else:
                 todo.append(run)
         fast = self.fast if self.fast.active() else None
+        self._entry_tasks = None
+        if self.entries is not None and self.entries.wrapped():
+            self._entry_tasks = self.entries.tasks(todo, self.using)
         # the writer straight to Redis (OPTIMISATIONS_OFF "redis_writer": kombu's producer)
         self._direct = get_settings().optimised(Optimisation.REDIS_WRITER)
         # A write the broker holds back (RabbitMQ's flow control) may outlast the dead-after
@@ -270,8 +279,19 @@ class Dispatcher:
         """Publish by name, as Celery beat does: a task this process has registered gets its
         own options (``apply_async``), any other goes out with ``send_task``; either way the
         app's routing (``task_routes``) applies. With ``fast``, the same message is built
-        from the task's prebuilt one where it can be."""
-        if fast is not None and fast.publish_run(run, producer, message_headers(run), writer):
+        from the task's prebuilt one where it can be. A scheduled run goes through the beat's
+        ``apply_entry`` where code wraps it (:attr:`entries`)."""
+        entry_tasks = self._entry_tasks
+        through_entry = (
+            entry_tasks is not None
+            and run.kind == RunKind.SCHEDULED
+            and run.periodic_task_id is not None
+        )
+        if (
+            not through_entry
+            and fast is not None
+            and fast.publish_run(run, producer, message_headers(run), writer)
+        ):
             return
         self.fast.declined += 1
         if writer is not None:
@@ -279,6 +299,17 @@ class Dispatcher:
         options = {k: v for k, v in run.options.items() if k != "headers"}
         if run.expires_at is not None:
             options["expires"] = run.expires_at
+        options["headers"] = message_headers(run)
+        send = partial(self._send, run, producer)
+        if through_entry:
+            assert self.entries is not None and entry_tasks is not None
+            task = entry_tasks.get(cast(int, run.periodic_task_id))
+            self.entries.publish(run, task, options, producer, send)
+        else:
+            send(options)
+
+    def _send(self, run: ClaimedRun, producer: Any, options: dict[str, Any]) -> Any:
+        """Publish ``run`` with ``options`` (its headers among them) through Celery."""
         task = self.app.tasks.get(run.task_name)
         if task is None:
             send = partial(self.app.send_task, run.task_name)
@@ -289,11 +320,10 @@ class Dispatcher:
             send = task.apply_async
         if run.expires_at is not None:
             producer = _TimeToLive(producer, self.fast.time_to_live(run.expires_at))
-        send(
+        return send(
             args=run.args,
             kwargs=run.kwargs,
             task_id=run.celery_task_id,
-            headers=message_headers(run),
             producer=producer,
             **options,
         )

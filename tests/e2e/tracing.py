@@ -6,6 +6,8 @@ add to a driftsafe beat's messages with those they add to Celery's own beat's.
 - ``sentry``: ``sentry_sdk.init`` with its ``CeleryIntegration`` (which wraps
   ``Task.apply_async``, ``Celery.send_task`` and kombu's ``Producer.publish`` on the class,
   and Celery beat's ``Scheduler.apply_entry``) and a DSN whose port nothing listens on;
+  ``sentry-crons``: the same with ``monitor_beat_tasks=True`` (Sentry Crons' headers and
+  check-ins for each scheduled message);
 - ``opentelemetry``: the SDK's ``TracerProvider`` with a batch span processor whose exporter
   drops the spans, and ``CeleryInstrumentor().instrument()`` (receivers of
   ``before_task_publish`` and ``after_task_publish``).
@@ -28,15 +30,18 @@ SENTRY_DSN = "http://public@127.0.0.1:9/1"
 
 def install(kind: str) -> None:
     """Install the integration named ``kind`` in this process."""
-    if kind == "sentry":
+    if kind in ("sentry", "sentry-crons"):
         import sentry_sdk
         from sentry_sdk.integrations.celery import CeleryIntegration
 
-        sentry_sdk.init(dsn=SENTRY_DSN, integrations=[CeleryIntegration()])
+        crons = kind == "sentry-crons"
+        sentry_sdk.init(dsn=SENTRY_DSN, integrations=[CeleryIntegration(monitor_beat_tasks=crons)])
     elif kind == "opentelemetry":
         install_opentelemetry()
     else:
-        raise ValueError(f"DRIFTSAFE_E2E_TRACING={kind!r}: 'sentry' or 'opentelemetry'")
+        raise ValueError(
+            f"DRIFTSAFE_E2E_TRACING={kind!r}: 'sentry', 'sentry-crons' or 'opentelemetry'"
+        )
     if os.environ.get("DRIFTSAFE_E2E_PATH_LOG"):
         from celery import signals
 
