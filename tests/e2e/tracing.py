@@ -7,7 +7,8 @@ add to a driftsafe beat's messages with those they add to Celery's own beat's.
   ``Task.apply_async``, ``Celery.send_task`` and kombu's ``Producer.publish`` on the class,
   and Celery beat's ``Scheduler.apply_entry``) and a DSN whose port nothing listens on;
   ``sentry-crons``: the same with ``monitor_beat_tasks=True`` (Sentry Crons' headers and
-  check-ins for each scheduled message);
+  check-ins for each scheduled message); ``DRIFTSAFE_E2E_SENTRY_DSN`` sends either to a
+  :class:`tests.e2e.sentry_sink.SentrySink` instead;
 - ``opentelemetry``: the SDK's ``TracerProvider`` with a batch span processor whose exporter
   drops the spans, and ``CeleryInstrumentor().instrument()`` (receivers of
   ``before_task_publish`` and ``after_task_publish``).
@@ -35,7 +36,10 @@ def install(kind: str) -> None:
         from sentry_sdk.integrations.celery import CeleryIntegration
 
         crons = kind == "sentry-crons"
-        sentry_sdk.init(dsn=SENTRY_DSN, integrations=[CeleryIntegration(monitor_beat_tasks=crons)])
+        sentry_sdk.init(
+            dsn=os.environ.get("DRIFTSAFE_E2E_SENTRY_DSN", SENTRY_DSN),
+            integrations=[CeleryIntegration(monitor_beat_tasks=crons)],
+        )
     elif kind == "opentelemetry":
         install_opentelemetry()
     else:
