@@ -134,62 +134,9 @@ def _how(schema_editor: Any) -> str:
     return " CONCURRENTLY" if _concurrently(schema_editor) else ""
 
 
-class PartialUniqueIndex(migrations.operations.base.Operation):
-    """A unique index ``name`` on ``columns`` of the rows that match ``where`` (SQL), the
-    database's alone: no model state (a conditional ``UniqueConstraint`` would make Django warn
-    on MySQL that it is not created). Built without blocking writes on PostgreSQL, plainly on
-    SQLite; a database without partial indexes (MySQL) gets nothing. A migration using it must
-    not be atomic."""
-
-    reversible = True
-
-    def __init__(self, model_name: str, name: str, columns: Sequence[str], where: str) -> None:
-        self.model_name = model_name
-        self.name = name
-        self.columns = list(columns)
-        self.where = where
-
-    def deconstruct(self) -> tuple[str, Sequence[Any], dict[str, Any]]:
-        kwargs = {
-            "model_name": self.model_name,
-            "name": self.name,
-            "columns": self.columns,
-            "where": self.where,
-        }
-        return self.__class__.__name__, [], kwargs
-
-    def describe(self) -> str:
-        return f"Create unique index {self.name} on {self.model_name} where {self.where}"
-
-    def state_forwards(self, app_label: str, state: Any) -> None:
-        pass  # the database's alone
-
-    def database_forwards(
-        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
-    ) -> None:
-        model = _model_here(
-            self, schema_editor, to_state.apps.get_model(app_label, self.model_name)
-        )
-        if model is not None:
-            quote = schema_editor.quote_name
-            columns = ", ".join(quote(column) for column in self.columns)
-            schema_editor.execute(
-                f"CREATE UNIQUE INDEX{_how(schema_editor)} {quote(self.name)} "
-                f"ON {quote(model._meta.db_table)} ({columns}) WHERE {self.where}"
-            )
-
-    def database_backwards(
-        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
-    ) -> None:
-        if _model_here(self, schema_editor, from_state.apps.get_model(app_label, self.model_name)):
-            quoted = schema_editor.quote_name(self.name)
-            schema_editor.execute(f"DROP INDEX{_how(schema_editor)} IF EXISTS {quoted}")
-
-
-class IndexWithoutPartialIndexes(migrations.operations.base.Operation):
-    """A plain index ``name`` on ``columns``, the database's alone (no model state), built only
-    on a database without partial indexes (MySQL, MariaDB): there it serves a query that a
-    partial index serves elsewhere, where it would only cost every write of the table."""
+class _DatabaseIndex(migrations.operations.base.Operation):
+    """An index ``name`` on ``columns`` of ``model_name``'s table that is the database's alone
+    (no model state), built where :meth:`_here` says: its subclasses say how."""
 
     reversible = True
 
@@ -202,9 +149,6 @@ class IndexWithoutPartialIndexes(migrations.operations.base.Operation):
         kwargs = {"model_name": self.model_name, "name": self.name, "columns": self.columns}
         return self.__class__.__name__, [], kwargs
 
-    def describe(self) -> str:
-        return f"Create index {self.name} on {self.model_name} where partial indexes are missing"
-
     def state_forwards(self, app_label: str, state: Any) -> None:
         pass  # the database's alone
 
@@ -215,9 +159,8 @@ class IndexWithoutPartialIndexes(migrations.operations.base.Operation):
         if self._here(schema_editor, model):
             quote = schema_editor.quote_name
             columns = ", ".join(quote(column) for column in self.columns)
-            schema_editor.execute(
-                f"CREATE INDEX {quote(self.name)} ON {quote(model._meta.db_table)} ({columns})"
-            )
+            table = quote(model._meta.db_table)
+            schema_editor.execute(self._create(schema_editor, quote(self.name), table, columns))
 
     def database_backwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
@@ -225,10 +168,64 @@ class IndexWithoutPartialIndexes(migrations.operations.base.Operation):
         model = from_state.apps.get_model(app_label, self.model_name)
         if self._here(schema_editor, model):
             quote = schema_editor.quote_name
-            schema_editor.execute(f"DROP INDEX {quote(self.name)} ON {quote(model._meta.db_table)}")
+            table = quote(model._meta.db_table)
+            schema_editor.execute(self._drop(schema_editor, quote(self.name), table))
+
+    def _here(self, schema_editor: Any, model: Any) -> bool:
+        raise NotImplementedError
+
+    def _create(self, schema_editor: Any, name: str, table: str, columns: str) -> str:
+        raise NotImplementedError
+
+    def _drop(self, schema_editor: Any, name: str, table: str) -> str:
+        raise NotImplementedError
+
+
+class PartialUniqueIndex(_DatabaseIndex):
+    """A unique index ``name`` on ``columns`` of the rows that match ``where`` (SQL), the
+    database's alone: no model state (a conditional ``UniqueConstraint`` would make Django warn
+    on MySQL that it is not created). Built without blocking writes on PostgreSQL, plainly on
+    SQLite; a database without partial indexes (MySQL) gets nothing. A migration using it must
+    not be atomic."""
+
+    def __init__(self, model_name: str, name: str, columns: Sequence[str], where: str) -> None:
+        super().__init__(model_name, name, columns)
+        self.where = where
+
+    def deconstruct(self) -> tuple[str, Sequence[Any], dict[str, Any]]:
+        name, args, kwargs = super().deconstruct()
+        return name, args, {**kwargs, "where": self.where}
+
+    def describe(self) -> str:
+        return f"Create unique index {self.name} on {self.model_name} where {self.where}"
+
+    def _here(self, schema_editor: Any, model: Any) -> bool:
+        return _model_here(self, schema_editor, model) is not None
+
+    def _create(self, schema_editor: Any, name: str, table: str, columns: str) -> str:
+        how = _how(schema_editor)
+        return f"CREATE UNIQUE INDEX{how} {name} ON {table} ({columns}) WHERE {self.where}"
+
+    def _drop(self, schema_editor: Any, name: str, table: str) -> str:
+        return f"DROP INDEX{_how(schema_editor)} IF EXISTS {name}"
+
+
+class IndexWithoutPartialIndexes(_DatabaseIndex):
+    """A plain index ``name`` on ``columns``, the database's alone (no model state), built only
+    on a database without partial indexes (MySQL, MariaDB): there it serves a query that a
+    partial index serves elsewhere, where it would only cost every write of the table."""
+
+    def describe(self) -> str:
+        return f"Create index {self.name} on {self.model_name} where partial indexes are missing"
 
     def _here(self, schema_editor: Any, model: Any) -> bool:
         connection = schema_editor.connection
         return not connection.features.supports_partial_indexes and self.allow_migrate_model(
             connection.alias, model
         )
+
+    def _create(self, schema_editor: Any, name: str, table: str, columns: str) -> str:
+        return f"CREATE INDEX {name} ON {table} ({columns})"
+
+    def _drop(self, schema_editor: Any, name: str, table: str) -> str:
+        return f"DROP INDEX {name} ON {table}"
