@@ -31,7 +31,7 @@ from zoneinfo import ZoneInfo
 from celery.beat import ScheduleEntry
 from celery.schedules import BaseSchedule, crontab, schedule, solar
 
-from celery_driftsafe.models import PeriodicTask, ScheduleKind
+from celery_driftsafe.models import PeriodicTask, RunKind, ScheduleKind
 from celery_driftsafe.publish.originals import is_original
 
 if TYPE_CHECKING:
@@ -114,6 +114,8 @@ class RunEntry(ScheduleEntry):
             app=app,
         )
         self.run = run
+        #: The run's own headers, as they were before any wrapper saw the entry.
+        self.run_headers = dict(options.get("headers") or {})
         self._send = send
         self.sent = False
         self.error: BaseException | None = None
@@ -132,12 +134,6 @@ class RunEntry(ScheduleEntry):
         self.sent = True
         return result
 
-    @property
-    def run_headers(self) -> dict[str, Any]:
-        from celery_driftsafe.claim.outbox import message_headers
-
-        return message_headers(self.run)
-
 
 class BeatEntries:
     """A beat scheduler's ``apply_entry``, for the runs its dispatcher publishes."""
@@ -153,8 +149,12 @@ class BeatEntries:
         return not is_original(apply_entry, "celery.beat", "Scheduler.apply_entry")
 
     def tasks(self, runs: Sequence[ClaimedRun], using: str) -> dict[int, PeriodicTask]:
-        """The periodic tasks of ``runs``, by id (one read)."""
-        ids = {run.periodic_task_id for run in runs if run.periodic_task_id is not None}
+        """The periodic tasks of the scheduled ones of ``runs``, by id (one read)."""
+        ids = {
+            run.periodic_task_id
+            for run in runs
+            if run.kind == RunKind.SCHEDULED and run.periodic_task_id is not None
+        }
         return PeriodicTask.objects.using(using).in_bulk(ids) if ids else {}
 
     def publish(

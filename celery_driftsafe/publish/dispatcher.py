@@ -23,7 +23,7 @@ from celery_driftsafe.claim.sql import id_set
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.core.stored_names import Optimisation
 from celery_driftsafe.exceptions import BrokerUnavailable
-from celery_driftsafe.models import Run, RunKind, RunStatus
+from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 from celery_driftsafe.monitoring import metrics
 from celery_driftsafe.publish.adhoc import publishes_on_commit
 from celery_driftsafe.publish.broker_errors import (
@@ -85,7 +85,7 @@ class Dispatcher:
         #: periodic task is handed to it (:mod:`celery_driftsafe.publish.beat_entries`).
         self.entries: BeatEntries | None = None
         #: This dispatch's periodic tasks by id while runs go through ``apply_entry``.
-        self._entry_tasks: dict[int, Any] | None = None
+        self._entry_tasks: dict[int, PeriodicTask] | None = None
 
     def dispatch(self, runs: Sequence[ClaimedRun]) -> DispatchResult:
         """Publish ``runs``, then mark what went out ``dispatched``.
