@@ -924,3 +924,47 @@ def test_a_start_without_a_lock_records_no_store() -> None:
     assert Ledger().start_unlocked(run.pk, T0, "w1", 1) is not None
     run.refresh_from_db()
     assert (run.status, run.lock_store, run.worker) == (RunStatus.STARTED, None, "w1 (no lock)")
+
+
+def test_a_ledger_transaction_rolled_back_for_a_concurrent_one_is_run_again() -> None:
+    """At REPEATABLE READ, PostgreSQL rolls back a transaction that changes a row another one
+    changed after its snapshot ("could not serialize access", SQLSTATE 40001): nothing of it
+    was written. ``Ledger.together`` (an attempt's end and its row) runs it again, as single
+    ledger statements are, and it then writes."""
+    from django.db import connection, connections
+
+    from celery_driftsafe.ledger.run_ledger import Ledger
+
+    if connection.vendor != "postgresql":
+        pytest.skip(configuration("PostgreSQL's serialization failure at REPEATABLE READ"))
+    run = Run.objects.create(
+        task_name="tests.record",
+        kind=RunKind.ADHOC,
+        status=RunStatus.STARTED,
+        celery_task_id=str(uuid.uuid4()),
+        fencing_token=1,
+    )
+    ledger = Ledger()
+    calls: list[str] = []
+
+    def other_transaction() -> None:
+        try:
+            Run.objects.filter(pk=run.pk).update(worker="another")  # this thread's connection
+        finally:
+            connections.close_all()
+
+    def write() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cursor.execute(f"SELECT status FROM {ledger.runs} WHERE id = %s", [run.pk])
+            calls.append(cursor.fetchone()[0])  # the snapshot is taken
+        if len(calls) == 1:  # the first time, another transaction changes the row meanwhile
+            thread = threading.Thread(target=other_transaction)
+            thread.start()
+            thread.join(10)
+        return ledger.finish(run.pk, 1, RunStatus.SUCCEEDED, T0, "")
+
+    assert ledger.together(write) is True
+    assert calls == [RunStatus.STARTED, RunStatus.STARTED]  # rolled back once, then again
+    run.refresh_from_db()
+    assert (run.status, run.worker) == (RunStatus.SUCCEEDED, "another")
