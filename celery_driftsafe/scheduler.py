@@ -176,7 +176,7 @@ class DriftSafeScheduler(Scheduler):
         )
         self.claimer: Claimer = claimer_for(self.using, self.settings)
         self.dispatcher = Dispatcher(self.app, self.clock, using=self.using)
-        self.dispatcher.entries = BeatEntries(self)
+        self.dispatcher.entries = self._entries = BeatEntries(self)
         self.pruner = retention.BackgroundPruner(using=self.using, monotonic=self.clock.monotonic)
         self.unscheduled = BackgroundUnscheduled(using=self.using, monotonic=self.clock.monotonic)
         self.reconciler = BackgroundReconciler(
@@ -408,7 +408,9 @@ class DriftSafeScheduler(Scheduler):
         self.pruner.maybe_start(reading.at)  # low priority: in its own thread, when due
         self._prefetcher.rest()  # a claim process idle since its last wave ends
         wait = self._wait_after(reading, claimed=bool(result.tasks_seen))
-        if wait >= PREBUILD_MIN_WAIT:
+        # Where runs go through a wrapped apply_entry, Celery's own path publishes them: no
+        # message of the fast path is worth building ahead.
+        if wait >= PREBUILD_MIN_WAIT and not self._entries.wrapped():
             started = self.clock.monotonic()
             try:
                 if self._prebuilder.run(reading.at, min(wait / 2, PREBUILD_BUDGET)):

@@ -145,6 +145,21 @@ def test_a_wrapper_that_does_not_publish_leaves_the_run_to_be_tried_again(
     assert run.retry_at is not None  # tried again, with backoff
 
 
+def test_nothing_is_built_ahead_while_runs_go_through_apply_entry(
+    scheduler: DriftSafeScheduler,
+    wrap_apply_entry: Callable[[Callable[..., Any]], list[Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fast path's messages built ahead (while nothing is due) would never be used."""
+    interval_task("later", 60, anchor=T0, next_slot_at=T0 + timedelta(seconds=30), args=[1, 2])
+    wrap_apply_entry(add_header)
+    scheduler.run_round()
+    assert scheduler._prebuilder.built == 0
+    monkeypatch.undo()  # Celery's own apply_entry again: built ahead
+    scheduler.run_round()
+    assert scheduler._prebuilder.built == 1
+
+
 def test_a_subclass_that_overrides_apply_entry_gets_the_runs_too(
     broker_app: Any, clock: FakeClock
 ) -> None:
