@@ -82,6 +82,7 @@ LEAST_GAIN = 0.05
 TRACING = {
     "otel": ("opentelemetry", "instrumented (OpenTelemetry)"),
     "receivers": ("noop", "no-op publish-signal receivers"),
+    "sentry": ("sentry", "Sentry's Celery integration"),
 }
 INSTRUMENTED_CONFIGS = ("otel", "otel+fast_publish", "receivers")
 
@@ -155,7 +156,8 @@ def _parser() -> argparse.ArgumentParser:
         help="mechanisms to turn off, each in a run of its own (default: every one; none: "
         "all on alone, with --instrumented or --against); NAME,NAME: those off together, in "
         "one run; also the configurations of --instrumented by name (otel, receivers, "
-        "otel+NAME: NAME off with the instrumentation)",
+        "otel+NAME: NAME off with the instrumentation) and sentry (Sentry's Celery "
+        "integration in the beats)",
     )
     parser.add_argument(
         "--instrumented",

@@ -19,6 +19,12 @@ if os.environ.get("DRIFTSAFE_BENCH_TRACING") == "opentelemetry":
     from tests.e2e.tracing import install_opentelemetry
 
     install_opentelemetry()
+elif os.environ.get("DRIFTSAFE_BENCH_TRACING") == "sentry":
+    # Sentry's Celery integration (it wraps apply_async, send_task and Celery beat's
+    # apply_entry on the class), events sent nowhere
+    from tests.e2e.tracing import install
+
+    install("sentry")
 elif os.environ.get("DRIFTSAFE_BENCH_TRACING") == "noop":
     # receivers of the publish signals that do nothing: what any receiver costs the beat's
     # publishing, apart from the receiver's own work
