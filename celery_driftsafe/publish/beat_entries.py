@@ -10,7 +10,8 @@ would see no scheduled task at all.
 
 Where the scheduler's ``apply_entry`` is not Celery's own (wrapped on the class, or overridden
 in a subclass), the beat's :class:`~celery_driftsafe.publish.dispatcher.Dispatcher` hands each
-run of a periodic task to it as a :class:`RunEntry`: named as the periodic task, with its
+scheduled run to it as a :class:`RunEntry` (Celery's beat has no entry for a run an operator
+started: those go out as without a wrapper): named as the periodic task, with its
 schedule as a Celery schedule (:func:`celery_schedule`), the run's arguments and its publish
 options with the run's headers. Celery's ``apply_entry`` calls the scheduler's
 ``apply_async(entry, ...)``, which publishes the run with the options the wrappers left in the
@@ -56,7 +57,7 @@ class _ZonedCrontab(crontab):
 class Unmapped(BaseSchedule):
     """A periodic task's schedule that Celery has no class for (a one-off instant, a crontab
     with seconds): the entry's ``schedule`` for what wraps ``apply_entry``, which then finds
-    a schedule it does not know (Sentry Crons says so and leaves the task unmonitored)."""
+    a schedule it does not know (Sentry Crons leaves the task unmonitored)."""
 
     def __init__(self, description: str) -> None:
         super().__init__()
