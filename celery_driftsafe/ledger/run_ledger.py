@@ -99,6 +99,11 @@ def _aware(value: Any) -> datetime | None:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
+def _unavailable(exc: BaseException) -> str:
+    """Why a ledger statement failed: the schema missing (run migrate), or the database away."""
+    return missing_schema(exc) or f"database unreachable: {exc}"
+
+
 def _start_params(token: int, attempt: int, store: str, now: Any) -> list[Any]:
     """The parameters of ``Ledger._start_where`` (``now`` adapted for the database)."""
     return [token, attempt, f"%{UNLOCKED}", store, now]
@@ -155,7 +160,7 @@ class Ledger:
                     return None if fetch else 0
                 raise LedgerUnavailable(f"database refused the statement: {exc}") from exc
             except DatabaseError as exc:
-                why = missing_schema(exc) or f"database unreachable: {exc}"
+                why = _unavailable(exc)
                 if self.connection.in_atomic_block:
                     raise LedgerUnavailable(why) from exc
                 if tries_left and rolled_back(exc):
@@ -174,19 +179,19 @@ class Ledger:
         from django.db import DatabaseError, transaction
 
         for tries_left in range(ROLLED_BACK_RETRIES, -1, -1):
+            again = tries_left > 0 and not self.connection.in_atomic_block  # not the caller's
             try:
                 with transaction.atomic():
                     return write()
-            except (DatabaseError, LedgerUnavailable) as exc:
-                cause = exc if isinstance(exc, DatabaseError) else exc.__cause__
-                if tries_left and cause is not None and rolled_back(cause):
-                    logger.debug("ledger transaction rolled back (%s); running it again", cause)
-                    continue
-                if isinstance(exc, LedgerUnavailable):
+            except LedgerUnavailable as exc:  # a ledger statement's: its cause says why
+                cause = exc.__cause__
+                if not (again and cause is not None and rolled_back(cause)):
                     raise
-                raise LedgerUnavailable(
-                    missing_schema(exc) or f"database unreachable: {exc}"
-                ) from exc
+            except DatabaseError as exc:  # the commit's, or a statement of ``write``'s own
+                if not (again and rolled_back(exc)):
+                    raise LedgerUnavailable(_unavailable(exc)) from exc
+                cause = exc
+            logger.debug("ledger transaction rolled back (%s); running it again", cause)
         raise AssertionError("unreachable")
 
     def _write(self, sql: str, params: list[Any]) -> int:
@@ -398,25 +403,18 @@ class Ledger:
 
     def _holding_task(self, periodic_task_id: int, sql: str, params: list[Any]) -> int:
         """Rows ``sql`` changed, run in a transaction that first locks the task's row (a
-        task deleted meanwhile has none to lock: the statement then runs alone). Rolled back
-        for a deadlock, it is run again, as :meth:`_execute` does."""
-        from django.db import DatabaseError, transaction
+        task deleted meanwhile has none to lock: the statement then runs alone); rolled back
+        for a deadlock, it is run again (:meth:`together`)."""
 
-        for tries_left in range(ROLLED_BACK_RETRIES, -1, -1):
-            try:
-                with transaction.atomic(), self.connection.cursor() as cursor:
-                    cursor.execute(
-                        f"SELECT id FROM {self.tasks} WHERE id = %s FOR UPDATE", [periodic_task_id]
-                    )
-                    cursor.execute(sql, params)
-                    return int(cursor.rowcount)
-            except DatabaseError as exc:
-                if tries_left and rolled_back(exc) and not self.connection.in_atomic_block:
-                    logger.debug("ledger statement rolled back (%s); running it again", exc)
-                    continue
-                why = missing_schema(exc) or f"database unreachable: {exc}"
-                raise LedgerUnavailable(why) from exc
-        raise AssertionError("unreachable")
+        def holding() -> int:
+            with self.connection.cursor() as cursor:
+                cursor.execute(
+                    f"SELECT id FROM {self.tasks} WHERE id = %s FOR UPDATE", [periodic_task_id]
+                )
+                cursor.execute(sql, params)
+                return int(cursor.rowcount)
+
+        return self.together(holding)
 
     def finish(self, run_id: int, token: int, status: str, now: datetime, error: str) -> bool:
         return (
