@@ -356,9 +356,14 @@ def test_overlap_skip_holds_when_redis_loses_the_running_lock(
     worker = threading.Thread(target=lambda: _deliver(record, first))
     worker.start()
     running_lock = f"driftsafe-test:lock:task-running:{first.periodic_task_id}"
-    # the fast path takes the running lock right after the run's start: wait for both
-    _wait_for(lambda: redis_client.exists(running_lock))
-    assert Run.objects.get(pk=first.pk).status == RunStatus.STARTED
+    # both the running lock and the run's start: the fast path takes the lock right after
+    # the start, the slow path (where UPDATE ... RETURNING is missing: MariaDB) just before it
+    _wait_for(
+        lambda: (
+            redis_client.exists(running_lock)
+            and Run.objects.get(pk=first.pk).status == RunStatus.STARTED
+        )
+    )
     assert redis_client.delete(running_lock)
     try:
         with delivery(record, second), pytest.raises(Ignore):
