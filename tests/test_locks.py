@@ -209,6 +209,54 @@ class TestLockContract:
         assert not locks.lock("job", ttl=10).acquire(blocking=False), "new holder kept it"
         assert new.release()
 
+    def test_a_lock_handed_over_is_taken_by_its_heir_alone(self, harness: Harness) -> None:
+        locks = harness.backend()
+        holder, other, heir = (locks.lock("job", ttl=10) for _ in range(3))
+        assert holder.acquire(blocking=False) and holder.fencing_token == 1
+        assert holder.hand_over("heir:run:7")
+        assert holder.token is None and holder.fencing_token is None
+        assert not holder.release(), "no longer its to release"
+        assert not other.acquire(blocking=False), "held for its heir"
+        assert not other.take_handed("heir:run:8"), "nor for another heir"
+        assert heir.take_handed("heir:run:7")
+        assert isinstance(heir.token, str) and heir.fencing_token == 2
+        assert not locks.lock("job", ttl=10).take_handed("heir:run:7"), "taken once"
+        assert heir.release()
+        assert not other.take_handed("heir:run:7"), "a free lock is not a handed one"
+        assert other.acquire(blocking=False) and other.fencing_token == 3
+
+    def test_a_handed_lock_nobody_takes_is_free_once_its_lease_runs_out(
+        self, harness: Harness
+    ) -> None:
+        locks, expire = harness.expiring_backend(ttl=0.2)
+        holder = locks.lock("job", ttl=0.2)
+        assert holder.acquire(blocking=False) and holder.hand_over("heir:run:7")
+        assert not locks.lock("job", ttl=10).acquire(blocking=False)
+        expire()
+        assert not locks.lock("job", ttl=10).take_handed("heir:run:7"), "the lease is over"
+        taker = locks.lock("job", ttl=10)
+        assert taker.acquire(blocking=False) and taker.fencing_token == 2
+
+    def test_only_the_holder_hands_over_and_watch_hands_to_a_heir_set_meanwhile(
+        self, harness: Harness, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        locks, expire = harness.expiring_backend(ttl=0.2)
+        lapsed = locks.lock("job", ttl=0.2)
+        assert lapsed.acquire(blocking=False)
+        expire()
+        taker = locks.lock("job", ttl=10)
+        assert taker.acquire(blocking=False)
+        with caplog.at_level(logging.WARNING, logger="celery_driftsafe.locks"):
+            assert not lapsed.hand_over("heir:run:7")
+        assert [getattr(r, "action", None) for r in caplog.records] == ["lock-release-lost"]
+        assert not locks.lock("job", ttl=10).take_handed("heir:run:7"), "the taker's still"
+        assert taker.release()
+        with locks.lock("job", ttl=10).hold() as held:
+            held.heir = "heir:run:9"
+        assert not held.lost.is_set(), "handed, not lost"
+        assert not locks.lock("job", ttl=10).acquire(blocking=False)
+        assert locks.lock("job", ttl=10).take_handed("heir:run:9")
+
     def test_blocking_acquire_waits_for_release(self, harness: Harness) -> None:
         holder = harness.backend().lock("job", ttl=10)
         waiter_backend = harness.backend()

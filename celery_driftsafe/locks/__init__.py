@@ -63,6 +63,7 @@ __all__ = [
     "lock_identity",
     "lock_is_free",
     "running_lock",
+    "running_lock_heir",
 ]
 
 
@@ -153,6 +154,12 @@ def running_lock(
     """A periodic task's running lock (overlap policies ``skip`` and ``buffer_one``): held by
     the delivery whose body runs, renewed with the run's lease."""
     return locks.lock(f"task-running:{periodic_task_id}", ttl=settings.lease_seconds)
+
+
+def running_lock_heir(run_id: int) -> str:
+    """The name a task's running lock is handed to (:meth:`DistributedLock.hand_over`) for
+    run ``run_id`` (overlap policy ``buffer_one``: the waiting run goes next)."""
+    return f"heir:run:{run_id}"
 
 
 def lock_is_free(lock: DistributedLock) -> bool:

@@ -35,6 +35,12 @@ class DistributedLock(Protocol):
       ``fencing_floor=n`` hands out a token above ``n`` (the counter jumps if it is behind):
       pass the highest token the store has seen, and tokens stay one sequence across backends
       and across a counter that was lost.
+    * ``hand_over(heir)`` gives the lock up to a named successor instead of freeing it: in one
+      atomic step, while this holder's token is stored, ``heir`` is stored in its place under a
+      fresh lease of ``ttl``. ``acquire()`` then fails as for any holder; ``take_handed(heir)``
+      takes it (a fresh token, the fencing counter incremented) while that lease lasts; once it
+      has run out the lock is free. A holder passes its turn on this way so that nobody can
+      take the lock in the moment between its release and its successor's acquisition.
     * A backend that cannot be reached raises :class:`LockError`; that call's outcome is
       unknown (the lease still ends by itself).
     * ``lease_remaining()`` is the local, pessimistic view: measured from before the request
@@ -50,6 +56,10 @@ class DistributedLock(Protocol):
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool: ...
 
     def release(self) -> bool: ...
+
+    def hand_over(self, heir: str) -> bool: ...
+
+    def take_handed(self, heir: str) -> bool: ...
 
     def extend(self, ttl: float | None = None) -> bool: ...
 
@@ -86,7 +96,8 @@ class HeldLock:
     """What :meth:`DistributedLock.hold` yields while the lock is held.
 
     ``lost`` is set (and ``lost_reason`` says why) when the watchdog failed to renew the
-    lease, or when the lock was found no longer held at release.
+    lease, or when the lock was found no longer held at release. ``heir``, set while held:
+    on exit the lock is handed to it (:meth:`DistributedLock.hand_over`) rather than released.
     """
 
     lock: DistributedLock
@@ -94,6 +105,7 @@ class HeldLock:
     fencing_token: int
     lost: threading.Event = field(default_factory=threading.Event)
     lost_reason: str | None = None
+    heir: str | None = None
 
     def check(self) -> None:
         """Raise :class:`LockLost` if the lock is known lost or its lease has run out."""

@@ -59,7 +59,7 @@ class DatabaseLock(_LeaseLock):
                 "outside a transaction (others would not see the lock until it commits)"
             )
 
-    def _acquire_token(self, token: str, ttl: float) -> int | None:
+    def _acquire_token(self, token: str, ttl: float, heir: str | None = None) -> int | None:
         from django.db import DatabaseError, transaction
         from django.db.models import F, Q, Value
         from django.db.models.functions import Greatest
@@ -71,11 +71,17 @@ class DatabaseLock(_LeaseLock):
         expires_at = now + timedelta(seconds=ttl)
         try:
             with transaction.atomic(using=self.using):
-                # Take over a free or expired row. On PostgreSQL a concurrent taker waits on
-                # the row lock and then re-checks the condition against the new row: one wins.
+                # Take over a free or expired row (or the one handed to ``heir``). On
+                # PostgreSQL a concurrent taker waits on the row lock and then re-checks the
+                # condition against the new row: one wins.
+                takeable = (
+                    Q(token="") | Q(expires_at__lte=now)
+                    if heir is None
+                    else Q(token=heir, expires_at__gt=now)
+                )
                 taken = (
                     self._rows()
-                    .filter(Q(token="") | Q(expires_at__lte=now))
+                    .filter(takeable)
                     .update(
                         token=token,
                         fencing_token=Greatest(
@@ -84,7 +90,7 @@ class DatabaseLock(_LeaseLock):
                         expires_at=expires_at,
                     )
                 )
-                if not taken:  # no row yet, or held: insert unless a row exists
+                if not taken and heir is None:  # no row yet, or held: insert unless one is
                     LockRow.objects.using(self.using).bulk_create(
                         [
                             LockRow(
@@ -117,6 +123,11 @@ class DatabaseLock(_LeaseLock):
 
     def _extend_token(self, token: str, ttl: float) -> bool:
         return self._update_if_held(token, lambda now: {"expires_at": now + timedelta(seconds=ttl)})
+
+    def _hand_token(self, token: str, heir: str, ttl: float) -> bool:
+        return self._update_if_held(
+            token, lambda now: {"token": heir, "expires_at": now + timedelta(seconds=ttl)}
+        )
 
     def _release_token(self, token: str) -> bool:
         # The row stays (with an empty token) so the fencing counter keeps counting.

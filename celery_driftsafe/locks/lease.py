@@ -57,8 +57,14 @@ class _LeaseLock:
         return f"<{type(self).__name__} {self.name!r} ttl={self.ttl} {state}>"
 
     # -- the backend's three atomic steps -------------------------------------------------------
-    def _acquire_token(self, token: str, ttl: float) -> int | None:
-        """Take the lock for ``token``: the new fencing token, or None when it is held."""
+    def _acquire_token(self, token: str, ttl: float, heir: str | None = None) -> int | None:
+        """Take the lock for ``token``: the new fencing token, or None when it is held. With
+        ``heir``: only the lock handed to ``heir`` (:meth:`hand_over`), and its lease lasting."""
+        raise NotImplementedError
+
+    def _hand_token(self, token: str, heir: str, ttl: float) -> bool:
+        """Store ``heir`` in place of ``token`` (if it is still the holder's) with a lease of
+        ``ttl`` seconds."""
         raise NotImplementedError
 
     def _extend_token(self, token: str, ttl: float) -> bool:
@@ -90,21 +96,55 @@ class _LeaseLock:
             self.clock.sleep(delay if give_up is None else min(delay, give_up - now))
             pause = min(pause * 2, POLL_MAX_SECONDS)
 
-    def _try_acquire(self) -> bool:
+    def _try_acquire(self, heir: str | None = None) -> bool:
         token = secrets.token_hex(16)
         sent = self.clock.monotonic()
-        fencing_token = self._acquire_token(token, self.ttl)
+        fencing_token = self._acquire_token(token, self.ttl, heir)
         if fencing_token is None:
             return False
         self.token, self.fencing_token = token, fencing_token
         self._lease_ends = sent + self.ttl
         logger.debug(
-            "acquired lock %s, fencing token %s",
+            "acquired lock %s%s, fencing token %s",
             self.name,
+            "" if heir is None else f" handed to {heir}",
             fencing_token,
             extra=_log_extra("lock-acquired", self),
         )
         return True
+
+    def take_handed(self, heir: str) -> bool:
+        """Acquire the lock if, and only if, its holder handed it to ``heir``
+        (:meth:`hand_over`) and that lease lasts; tries once. A fresh token and fencing token,
+        as :meth:`acquire`."""
+        return self._try_acquire(heir)
+
+    def hand_over(self, heir: str) -> bool:
+        """Give the lock up to ``heir`` rather than free it: while this object holds it, its
+        token is replaced by ``heir`` under a fresh lease of ``ttl`` seconds, in one atomic
+        step. Nobody can :meth:`acquire` it then; :meth:`take_handed` with ``heir`` can, until
+        that lease runs out (then it is free again). This object no longer holds it either
+        way; False (logged) when it no longer held it."""
+        if self.token is None:
+            logger.warning(
+                "hand-over of lock %s, which this object does not hold",
+                self.name,
+                extra=_log_extra("lock-release-not-held", self),
+            )
+            return False
+        handed = self._hand_token(self.token, heir, self.ttl)
+        if not handed:
+            logger.warning(
+                "lock %s (fencing token %s) was no longer held when handed to %s: lease "
+                "expired or taken over; the current holder's lease was left alone",
+                self.name,
+                self.fencing_token,
+                heir,
+                extra=_log_extra("lock-release-lost", self),
+            )
+        self.token = self.fencing_token = None
+        self._lease_ends = 0.0
+        return handed
 
     def extend(self, ttl: float | None = None) -> bool:
         ttl = self.ttl if ttl is None else ttl
@@ -187,7 +227,8 @@ class _LeaseLock:
         on_renewed: Callable[[], object] | None = None,
     ) -> Iterator[HeldLock]:
         """For a lock this object already acquired: yield a :class:`HeldLock`, renewing the
-        lease meanwhile when ``watchdog`` is true, and release it on exit (as :meth:`hold`).
+        lease meanwhile when ``watchdog`` is true, and release it on exit (as :meth:`hold`;
+        hand it over, :meth:`hand_over`, when ``held.heir`` was set meanwhile).
         ``on_renewed()`` is called in the watchdog's thread after each renewal (an error it
         raises is logged; the lease is kept)."""
         if self.token is None or self.fencing_token is None:
@@ -204,7 +245,7 @@ class _LeaseLock:
             if dog is not None and not _starter.cancel(dog):
                 dog.stop()
             try:
-                released = self.release()
+                released = self.hand_over(held.heir) if held.heir else self.release()
             except LockError as exc:
                 logger.warning(
                     "could not release lock %s: %s; its lease will run out",

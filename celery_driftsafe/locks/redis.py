@@ -17,9 +17,15 @@ logger = logging.getLogger("celery_driftsafe.locks")
 
 # KEYS[1] the lock, KEYS[2] its fencing counter; ARGV[1] the token, ARGV[2] the lease in ms,
 # ARGV[3] the fencing floor (the token handed out is above it), ARGV[4] the counter's time to
-# live in ms (0: none).
+# live in ms (0: none), ARGV[5] '' (a free lock) or the heir it must have been handed to.
 _ACQUIRE_SCRIPT = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+local taken
+if ARGV[5] == '' then
+    taken = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+elseif redis.call('GET', KEYS[1]) == ARGV[5] then
+    taken = redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
+if taken then
     local token = redis.call('INCR', KEYS[2])
     local floor = tonumber(ARGV[3])
     if token <= floor then
@@ -44,6 +50,14 @@ end
 if not held and ARGV[3] == '1' then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
     return 2
+end
+return 0
+"""
+# KEYS[1] the lock; ARGV[1] the token, ARGV[2] the heir, ARGV[3] the heir's lease in ms.
+_HAND_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+    return 1
 end
 return 0
 """
@@ -80,6 +94,7 @@ class RedisLockBackend:
         self.acquire_script = client.register_script(_ACQUIRE_SCRIPT)
         self.extend_script = client.register_script(_EXTEND_SCRIPT)
         self.release_script = client.register_script(_RELEASE_SCRIPT)
+        self.hand_script = client.register_script(_HAND_SCRIPT)
 
     def lock(self, name: str, ttl: float = DEFAULT_TTL, *, fencing_floor: int = 0) -> RedisLock:
         return RedisLock(self, name, ttl, fencing_floor=fencing_floor)
@@ -119,15 +134,18 @@ class RedisLock(_LeaseLock):
         except RedisError as exc:
             raise LockError(f"lock {self.name!r}: Redis error: {exc}") from exc
 
-    def _acquire_token(self, token: str, ttl: float) -> int | None:
+    def _acquire_token(self, token: str, ttl: float, heir: str | None = None) -> int | None:
         keys = (self.key, self.backend.fence_key(self.name))
         fence_ttl = self.backend.fence_ttl
         fencing_token = self._call(
             self.backend.acquire_script,
             keys,
-            (token, _ms(ttl), self.fencing_floor, _ms(fence_ttl) if fence_ttl else 0),
+            (token, _ms(ttl), self.fencing_floor, _ms(fence_ttl) if fence_ttl else 0, heir or ""),
         )
         return fencing_token or None
+
+    def _hand_token(self, token: str, heir: str, ttl: float) -> bool:
+        return self._call(self.backend.hand_script, (self.key,), (token, heir, _ms(ttl))) == 1
 
     def _extend_token(self, token: str, ttl: float) -> bool:
         """Restart the lease; or, while this holder's own lease lasts, set again a key Redis
