@@ -223,6 +223,181 @@ def test_a_run_that_ends_while_the_next_one_decides_to_wait_does_not_strand_it(
     assert calls == ["x"]
 
 
+def _held_for(redis_client: Any, run: Run) -> bytes | None:
+    """What the task's running lock holds in Redis (a holder's token, or the heir's name)."""
+    value: bytes | None = redis_client.get(
+        f"driftsafe-test:lock:task-running:{run.periodic_task_id}"
+    )
+    return value
+
+
+def test_a_later_slot_delivered_as_the_running_run_ends_does_not_go_before_the_waiting_one(
+    record: Any, calls: list[Any], redis_client: Any, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """A later slot's delivery comes in the instant the running run ends, just before that run
+    takes the waiting run back. The running lock is still held then (it is given up after, and
+    handed to the waiting run): the later slot is skipped, another run waiting, and does not
+    start in the waiting run's place. Before, the lock was given back first and the later
+    slot ran, the waiting one after it, or skipped."""
+    from celery_driftsafe.claim import outbox
+
+    periodic = _buffering_task("ends-as-one-comes")
+    first, second, third = (_slot_run(periodic, s) for s in (1, 2, 3))
+    original = outbox.release_waiting
+    came: list[str] = []
+
+    def a_later_slot_comes_first(*args: Any, **kwargs: Any) -> Any:
+        if not came:
+            came.append("third")
+            late = threading.Thread(target=_deliver, args=(record, third, "c"))
+            late.start()
+            late.join()
+        return original(*args, **kwargs)
+
+    drain()
+    worker = _running(record, first, "a", redis_client)
+    try:
+        with delivery(record, second), pytest.raises(Ignore):
+            record("b")
+        assert Run.objects.get(pk=second.pk).status == RunStatus.WAITING
+        monkeypatch.setattr(outbox, "release_waiting", a_later_slot_comes_first)
+    finally:
+        record.gate.set()
+        worker.join()
+    assert came == ["third"]
+    third.refresh_from_db()
+    assert third.status == RunStatus.SKIPPED, third.error
+    assert "already waiting" in third.error
+    assert _held_for(redis_client, second) == f"heir:run:{second.pk}".encode()
+    [message] = drain()
+    assert message["id"] == second.celery_task_id
+    with delivery(record, second, token=message["driftsafe_fencing_token"]):
+        assert record("x") == "x"
+    assert calls == ["a", "x"]
+    assert Run.objects.get(pk=second.pk).status == RunStatus.SUCCEEDED
+    assert _held_for(redis_client, second) is None, "given back at the end"
+
+
+def test_a_slot_delivered_before_the_released_run_waits_behind_it(
+    record: Any, calls: list[Any], redis_client: Any, path: str
+) -> None:
+    """The running run ended and published the waiting run again; a later slot's delivery
+    reaches a worker before it (the broker, a worker's prefetch, a busy pool). The running
+    lock was handed to the released run: the later slot cannot take it, so it waits; the
+    released run takes the lock handed to it and runs, then hands it on to the later slot,
+    which runs next. Before, the later slot took the free lock and ran first."""
+    periodic = _buffering_task("overtaken")
+    first, second = (_slot_run(periodic, s) for s in (1, 2))
+    drain()
+    worker = _running(record, first, "a", redis_client)
+    try:
+        with delivery(record, second), pytest.raises(Ignore):
+            record("b")
+    finally:
+        record.gate.set()
+        worker.join()
+    [released] = drain()
+    assert released["id"] == second.celery_task_id
+    third = _slot_run(periodic, 3)  # claimed after the release: not dropped
+    with delivery(record, third), pytest.raises(Ignore):
+        record("c")
+    third.refresh_from_db()
+    assert third.status == RunStatus.WAITING, third.error
+    assert drain() == [], "the lock is not free: the waiting slot does not publish itself"
+    with delivery(record, second, token=released["driftsafe_fencing_token"]):
+        assert record("x") == "x"
+    [next_one] = drain()
+    assert next_one["id"] == third.celery_task_id
+    assert _held_for(redis_client, third) == f"heir:run:{third.pk}".encode()
+    with delivery(record, third, token=next_one["driftsafe_fencing_token"]):
+        assert record("y") == "y"
+    assert calls == ["a", "x", "y"]
+    assert [Run.objects.get(pk=run.pk).status for run in (first, second, third)] == [
+        RunStatus.SUCCEEDED
+    ] * 3
+
+
+def test_a_released_run_that_expired_passes_its_turn_on(
+    record: Any, calls: list[Any], redis_client: Any, path: str
+) -> None:
+    """The running lock was handed to the released run, whose message then expired before a
+    worker took it: its delivery records it expired and hands the lock on to the run that
+    waits meanwhile, published at once, rather than leave the task's slots waiting until the
+    handed lock's lease runs out."""
+    periodic = _buffering_task("expired-heir")
+    first, second = (_slot_run(periodic, s) for s in (1, 2))
+    drain()
+    worker = _running(record, first, "a", redis_client)
+    try:
+        with delivery(record, second), pytest.raises(Ignore):
+            record("b")
+    finally:
+        record.gate.set()
+        worker.join()
+    [released] = drain()
+    third = _slot_run(periodic, 3)
+    with delivery(record, third), pytest.raises(Ignore):
+        record("c")
+    assert Run.objects.get(pk=third.pk).status == RunStatus.WAITING
+    past = authority_clock().now() - timedelta(seconds=1)
+    Run.objects.filter(pk=second.pk).update(expires_at=past)
+    with (
+        delivery(record, second, token=released["driftsafe_fencing_token"]),
+        pytest.raises(Ignore),
+    ):
+        record("x")
+    assert Run.objects.get(pk=second.pk).status == RunStatus.EXPIRED
+    [next_one] = drain()
+    assert next_one["id"] == third.celery_task_id
+    with delivery(record, third, token=next_one["driftsafe_fencing_token"]):
+        assert record("y") == "y"
+    assert calls == ["a", "y"]
+
+
+def test_a_run_whose_running_lock_was_lost_leaves_the_waiting_run_to_a_beat(
+    record: Any,
+    calls: list[Any],
+    redis_client: Any,
+    broker_app: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+) -> None:
+    """The running run's lock was declared lost by the time its body ended (its lease ran out
+    while the worker was paused, say): the lock is no longer its to hand over, so it does not
+    take the waiting run back; a beat's recovery does, once the lock is free and the run's
+    lease in the ledger over, and hands the lock to it."""
+    from celery_driftsafe.worker.execution import Execution
+
+    periodic = _buffering_task("lost-at-the-end")
+    first, second = (_slot_run(periodic, s) for s in (1, 2))
+    original = Execution._take_back_waiting
+
+    def lost_meanwhile(self: Execution, periodic_task_id: int, held: Any) -> None:
+        held._mark_lost("the lease ran out while the worker was paused")
+        original(self, periodic_task_id, held)
+
+    monkeypatch.setattr(Execution, "_take_back_waiting", lost_meanwhile)
+    drain()
+    worker = _running(record, first, "a", redis_client)
+    try:
+        with delivery(record, second), pytest.raises(Ignore):
+            record("b")
+    finally:
+        record.gate.set()
+        worker.join()
+    assert Run.objects.get(pk=second.pk).status == RunStatus.WAITING
+    assert drain() == []
+    assert _held_for(redis_client, second) is None, "freed, not handed"
+    _recover(broker_app)
+    [message] = drain()
+    assert message["id"] == second.celery_task_id
+    assert _held_for(redis_client, second) == f"heir:run:{second.pk}".encode()
+    monkeypatch.undo()
+    with delivery(record, second, token=message["driftsafe_fencing_token"]):
+        assert record("x") == "x"
+    assert calls == ["a", "x"]
+
+
 def test_a_retrys_attempt_does_not_wait_it_is_skipped_saying_why(
     record: Any, calls: list[Any], redis_client: Any, path: str
 ) -> None:
@@ -426,6 +601,9 @@ def test_a_beat_publishes_a_waiting_run_once_the_running_ones_worker_is_gone(
     assert [(m["id"], m["driftsafe_fencing_token"]) for m in messages] == [
         (waiting.celery_task_id, 4)
     ]
+    # and the running lock was handed to it: no later slot starts before it
+    assert _held_for(redis_client, waiting) == f"heir:run:{waiting.pk}".encode()
+    assert not running_lock.acquire(blocking=False)
 
 
 def test_a_run_waiting_when_its_periodic_task_is_deleted_is_published_and_runs_once(

@@ -40,6 +40,7 @@ from django.db.models.functions import Cast, Concat
 
 from celery_driftsafe.beat.result_states import backend_states
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
+from celery_driftsafe.exceptions import LockError
 from celery_driftsafe.ledger.lost_runs import Until, lost_runs, next_page
 from celery_driftsafe.models import Run, RunStatus
 from celery_driftsafe.monitoring import metrics
@@ -288,31 +289,59 @@ def recover(
     nodes.mark_dead(now, dead_after, node_id, using=using)
     lease = timedelta(seconds=settings.lease_seconds)
     stale = reclaim_stale(now, node_id, lease=lease, using=using, dead_after=dead_after)
-    free = RunningLockFree(settings, using)
-    stale += release_waiting(now, node_id, lock_free=free, using=using)
+    take_lock = TakeRunningLock(settings, using)
+    stale += release_waiting(now, node_id, take_lock=take_lock, using=using)
     dispatcher.dispatch(stale)
 
 
-class RunningLockFree:
-    """Whether a waiting run's task's running lock is free, looked for where the waiting
-    run's worker looked for it (its ``lock_store``), as far as this beat reaches it: taken
-    and given back at once. Not free when the store is out of reach or cannot tell (a beat
-    that reaches it publishes the run). A run whose periodic task was deleted since has no
-    running lock to wait for (a worker runs it without the overlap policy): free."""
+class TakeRunningLock:
+    """Takes a waiting run's task's running lock for its release, where the waiting run's
+    worker looked for it (its ``lock_store``), as far as this beat reaches it; then hands it
+    to the run taken back (it runs next), or frees it. None (the run left waiting) when the
+    lock is held, or the store is out of reach or cannot tell: a beat that reaches it
+    publishes the run. A run whose periodic task was deleted since has no running lock to
+    wait for (a worker runs it without the overlap policy): nothing to take."""
 
     def __init__(self, settings: DriftSafeSettings, using: str) -> None:
         self.settings = settings
         self.using = using
 
-    def __call__(self, run: Run) -> bool:
-        from celery_driftsafe.locks import lock_backend_for, lock_is_free, running_lock
+    def __call__(self, run: Run) -> Callable[[bool], None] | None:
+        from celery_driftsafe.locks import lock_backend_for, running_lock, running_lock_heir
 
         if run.periodic_task_id is None:
-            return True
+            return _nothing_to_settle
         locks = lock_backend_for(run.lock_store, self.settings, using=self.using)
         if locks is None:
-            return False
-        return lock_is_free(running_lock(locks, run.periodic_task_id, self.settings))
+            return None
+        lock = running_lock(locks, run.periodic_task_id, self.settings)
+        try:
+            if not lock.acquire(blocking=False):
+                return None
+        except LockError:
+            return None
+
+        def settle(taken_back: bool) -> None:
+            try:
+                if taken_back:
+                    lock.hand_over(running_lock_heir(run.pk))
+                else:
+                    lock.release()
+            except LockError as exc:
+                logger.warning(
+                    "could not hand the running lock of %s to its waiting run %s, or free it "
+                    "(%s): it is free once its lease runs out",
+                    run.task_name,
+                    run.pk,
+                    exc,
+                    extra={"action": "release-waiting-failed", "task": run.task_name},
+                )
+
+        return settle
+
+
+def _nothing_to_settle(taken_back: bool) -> None:
+    """No running lock was taken."""
 
 
 class BackgroundReconciler(BackgroundPass):

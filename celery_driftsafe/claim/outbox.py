@@ -12,7 +12,8 @@ and it is published only by the node that still holds its claim.
 A run that waits for its task's running run (overlap policy ``buffer_one``) comes back into
 the outbox when that run ends (:func:`release_waiting`): taken from ``waiting`` to ``claimed``
 by its publisher, then published and marked as any claimed run is, so a publisher that dies
-in between leaves it to :func:`reclaim_stale`.
+in between leaves it to :func:`reclaim_stale`. Whoever takes it back holds the task's running
+lock meanwhile, and hands that lock to it: no later slot can start in between.
 """
 
 from __future__ import annotations
@@ -298,12 +299,18 @@ DROPPED_WHY = (
 )
 
 
+#: Takes a waiting run's task's running lock for :func:`release_waiting`: None when it is held
+#: (or cannot be told); else a function told, once the release was tried, whether the run was
+#: taken back (then the lock is handed to it, so that it runs next) or not (then it is freed).
+TakeRunningLock = Callable[[Run], Callable[[bool], None] | None]
+
+
 def release_waiting(
     now: datetime,
     actor: str,
     *,
     periodic_task_id: int | None = None,
-    lock_free: Callable[[Run], bool] | None = None,
+    take_lock: TakeRunningLock | None = None,
     limit: int = 100,
     using: str = "default",
 ) -> list[ClaimedRun]:
@@ -313,12 +320,13 @@ def release_waiting(
     publishing under its Celery task id, with its captured message and the token it waited
     under (the next delivery's lock takes one above it).
 
-    With ``periodic_task_id``: that task's waiting run (the caller's run of the task just
-    ended and gave its running lock back). Without: every task's, where no run of the task
-    is ``started`` under a lasting lease (or without a lock) and ``lock_free(run)`` says the
-    task's running lock is free (a beat's recovery, after the worker of the running run died
-    or could not publish). A run whose publisher dies before it is marked dispatched is
-    re-published by :func:`reclaim_stale` after the lease."""
+    With ``periodic_task_id``: that task's waiting run (the caller holds the task's running
+    lock: its run of the task just ended, or it found the lock free; it hands the lock to the
+    run it gets). Without: every task's, where no run of the task is ``started`` under a
+    lasting lease (or without a lock) and ``take_lock(run)`` took the task's running lock (a
+    beat's recovery, after the worker of the running run died or could not publish). A run
+    whose publisher dies before it is marked dispatched is re-published by
+    :func:`reclaim_stale` after the lease."""
     runs = Run.objects.using(using)
     waiting = runs.filter(status=RunStatus.WAITING)
     if periodic_task_id is not None:
@@ -332,19 +340,25 @@ def release_waiting(
         waiting = waiting.exclude(Exists(running))
     taken: list[ClaimedRun] = []
     for run in waiting.select_related("periodic_task").order_by("pk")[:limit]:
-        if lock_free is not None and not lock_free(run):
+        settle = take_lock(run) if take_lock is not None else None
+        if take_lock is not None and settle is None:
             continue
-        updated = runs.filter(
-            pk=run.pk, status=RunStatus.WAITING, fencing_token=run.fencing_token
-        ).update(
-            status=RunStatus.CLAIMED,
-            claimed_by=actor,
-            claimed_at=now,
-            dispatched_at=None,
-            retry_at=None,
-            dispatch_attempts=F("dispatch_attempts") + 1,
-            error="released: the task's running run ended (overlap policy 'buffer_one')",
-        )
+        updated = 0
+        try:
+            updated = runs.filter(
+                pk=run.pk, status=RunStatus.WAITING, fencing_token=run.fencing_token
+            ).update(
+                status=RunStatus.CLAIMED,
+                claimed_by=actor,
+                claimed_at=now,
+                dispatched_at=None,
+                retry_at=None,
+                dispatch_attempts=F("dispatch_attempts") + 1,
+                error="released: the task's running run ended (overlap policy 'buffer_one')",
+            )
+        finally:
+            if settle is not None:
+                settle(bool(updated))
         if not updated:
             continue  # another releaser took it, or a delivery started it meanwhile
         # The task's later slots not started yet came while the run ran and this one waited

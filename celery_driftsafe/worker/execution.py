@@ -16,9 +16,11 @@ The overlap policy ``skip``: the task's running lock, held for the body, and wha
 cannot take it records. The delivery's flow calls it before the start (the slow path) or right
 after it (the fast path's one conditional start). The overlap policy ``buffer_one`` takes the
 same lock; a run that cannot take it waits in the ledger (``waiting``, one a task at most: a
-further one is skipped) and its delivery ends; the delivery that held the lock publishes the
-waiting run again once it gives the lock back, whatever its end
-(:func:`~celery_driftsafe.claim.outbox.release_waiting`), and a beat does when that worker died
+further one is skipped) and its delivery ends; the delivery that held the lock takes the
+waiting run back into the outbox as it ends, whatever its end
+(:func:`~celery_driftsafe.claim.outbox.release_waiting`), hands the lock to it
+(:meth:`~celery_driftsafe.locks.DistributedLock.hand_over`: no later slot can start in
+between, the waiting run is next) and publishes it; a beat does when that worker died
 (:func:`~celery_driftsafe.beat.recovery.recover`).
 
 The running lock (``task-running:<periodic task id>``) is one proof that a run of the task is
@@ -47,13 +49,14 @@ from celery_driftsafe.core.headers import RunHeaders
 from celery_driftsafe.core.stored_names import FINISHED, OverlapPolicy, RunStatus
 from celery_driftsafe.exceptions import LedgerUnavailable, LockError, LockLost
 from celery_driftsafe.ledger.run_ledger import Ledger, RunRow, Start
-from celery_driftsafe.locks import lock_backend, lock_identity, lock_is_free, running_lock
+from celery_driftsafe.locks import lock_backend, lock_identity, running_lock, running_lock_heir
 from celery_driftsafe.locks.database import DatabaseLockBackend
 from celery_driftsafe.monitoring import metrics
 from celery_driftsafe.store.clock import authority_clock
 
 if TYPE_CHECKING:
-    from celery_driftsafe.locks.contract import DistributedLock
+    from celery_driftsafe.claim.outbox import ClaimedRun
+    from celery_driftsafe.locks.contract import DistributedLock, HeldLock
 
 logger = logging.getLogger("celery_driftsafe.task")
 
@@ -129,9 +132,9 @@ class Execution:
         self.handed_over = False
         self.retry_reason = ""
         self.locks = ExitStack()
-        #: Overlap policy ``buffer_one``: the periodic task whose running lock this delivery
-        #: holds for its body; its waiting run is published once the lock is given back.
-        self.releases: int | None = None
+        #: Overlap policy ``buffer_one``: the waiting run this delivery took back into the
+        #: outbox and handed the task's running lock to; published once the locks are given up.
+        self.released: list[ClaimedRun] = []
 
     # -- outcomes without the body --------------------------------------------------------------
 
@@ -163,12 +166,13 @@ class Execution:
         )
         raise Ignore()
 
-    def _expire(self, now: datetime, expires_at: datetime) -> NoReturn:
+    def _expire(self, now: datetime, expires_at: datetime, row: RunRow) -> NoReturn:
         why = (
             f"expired: the run expired at {expires_at.isoformat()}, the time authority "
             f"said {now.isoformat()} when it was delivered"
         )
         if self.ledger.end_waiting(self.run_id, RunStatus.EXPIRED, now, why):
+            self._pass_turn_on(row)
             metrics.execution(self.task.name, "expired")
             log_run(
                 logging.WARNING,
@@ -434,9 +438,9 @@ class Execution:
         if not self._skips_overlaps(row):
             return
         assert row.periodic_task_id is not None
-        if self._hold_running_lock(row.periodic_task_id, token, args, kwargs, None):
-            if row.overlap_policy == OverlapPolicy.BUFFER_ONE:
-                self.releases = row.periodic_task_id
+        if self._hold_running_lock(
+            row.periodic_task_id, token, args, kwargs, None, policy=row.overlap_policy
+        ):
             return
         if row.overlap_policy == OverlapPolicy.BUFFER_ONE:
             self._skip(token, self._wait(row.periodic_task_id, token, started=False))
@@ -489,9 +493,9 @@ class Execution:
         the run skipped (``buffer_one``: wait, unless another run waits); a run taken over
         from a lost worker ran in part, so it ends failed, as a reconcile pass records it when
         the slow path leaves it started."""
-        if self._hold_running_lock(periodic_task_id, token, args, kwargs, started_at):
-            if policy == OverlapPolicy.BUFFER_ONE:
-                self.releases = periodic_task_id
+        if self._hold_running_lock(
+            periodic_task_id, token, args, kwargs, started_at, policy=policy
+        ):
             return
         status = RunStatus.FAILED if took_over else RunStatus.SKIPPED
         why = LOST_NOT_AGAIN if took_over else SKIPPED_WHY
@@ -520,9 +524,9 @@ class Execution:
         changes nothing either), or this is a retry's attempt, which does not wait (the run's
         message would come back as its first attempt's).
 
-        The run waits first, then looks at the running lock: a run that ends meanwhile gives
-        its lock back before it looks for the waiting run, so one of the two sees the other
-        and publishes the waiting run (both may: the second finds it no longer waiting)."""
+        The run waits first, then looks at the running lock: a run that ends meanwhile looks
+        for the waiting run before it gives its lock up, so one of the two sees the other and
+        takes the waiting run back (:meth:`_hand_on`)."""
         if self.attempt > 0:
             return RETRY_NO_WAIT_WHY
         if not self.ledger.wait(
@@ -538,45 +542,82 @@ class Execution:
             action="overlap-wait",
         )
         self.locks.close()  # the run's lock: its next delivery takes it at once
-        if self._running_lock_free(periodic_task_id):
-            self._release_waiting(periodic_task_id)
+        if not self.ledger.other_started(
+            periodic_task_id, self.run_id, lease_lasting_at=self._now()
+        ):
+            self._hand_on(periodic_task_id, handed=False)
         raise Ignore()
 
-    def _running_lock_free(self, periodic_task_id: int) -> bool:
-        """Whether no run of the task runs: none started under a lasting lease in the ledger,
-        and its running lock free (taken and given back at once). False when the lock
-        backend cannot tell: a beat publishes the waiting run once it can."""
-        if self.ledger.other_started(periodic_task_id, self.run_id, lease_lasting_at=self._now()):
-            return False
-        return lock_is_free(
-            running_lock(lock_backend(self.settings), periodic_task_id, self.settings)
-        )
+    def _hand_on(self, periodic_task_id: int, *, handed: bool) -> None:
+        """Overlap policy ``buffer_one``, outside a body: take the task's running lock (free,
+        or, ``handed``, handed to this run), take the task's waiting run back and hand the lock
+        to it (:meth:`_take_back_waiting`), then publish it. A run that just waited does this
+        when no run of the task runs (so it publishes itself), and a run the lock was handed
+        to whose delivery ends without its body (expired, a copy of a finished run) passes
+        its turn on. Nothing when the lock is held, or the lock backend cannot tell: then a
+        beat publishes the waiting run once the lock is free."""
+        task_lock = running_lock(lock_backend(self.settings), periodic_task_id, self.settings)
+        try:
+            taken = (
+                task_lock.take_handed(running_lock_heir(self.run_id))
+                if handed
+                else task_lock.acquire(blocking=False)
+            )
+        except LockError:
+            return
+        if not taken:
+            return
+        with task_lock.watch(watchdog=False) as held:
+            self._take_back_waiting(periodic_task_id, held)
+        self._publish_released()
 
-    def _release_waiting(self, periodic_task_id: int) -> None:
-        """Overlap policy ``buffer_one``: the task's running lock is free (this delivery gave
-        it back, or found it so): publish the task's waiting run, if any, through the outbox
-        (:func:`~celery_driftsafe.claim.outbox.release_waiting`). Never raises: a waiting run
-        this worker could not publish is published by a beat's recovery pass."""
+    def _take_back_waiting(self, periodic_task_id: int, held: HeldLock) -> None:
+        """Overlap policy ``buffer_one``, the task's running lock still held (this delivery's
+        body ended, or :meth:`_hand_on` took it): the task's waiting run, if any, back into
+        the outbox (:func:`~celery_driftsafe.claim.outbox.release_waiting`), and the lock to
+        be handed to it as it is given up, so that no later slot's delivery takes it in
+        between; the run is published once the lock is handed (:meth:`_publish_released`).
+        Never raises: a waiting run left is published by a beat's recovery pass. Nothing when
+        the lock is no longer this delivery's (its lease ran out while the worker was paused,
+        say): its holder, or a beat, takes the waiting run back."""
         from celery_driftsafe.claim.outbox import release_waiting
+
+        if held.lost.is_set() or held.lock.lease_remaining() <= 0:
+            return
+        try:
+            runs = release_waiting(
+                self._now(), f"worker:{self.worker}", periodic_task_id=periodic_task_id
+            )
+        except Exception as exc:  # the database away: the beats take it over
+            self._release_failed(exc)
+            return
+        if runs:
+            held.heir = running_lock_heir(runs[0].run_id)
+            self.released.extend(runs)
+
+    def _publish_released(self) -> None:
+        """Publish the waiting run taken back (:meth:`_take_back_waiting`) through the outbox.
+        Never raises: a run this worker could not publish stays claimed, and a beat publishes
+        it after the lease."""
         from celery_driftsafe.publish.dispatcher import Dispatcher
 
-        self.releases = None
+        runs, self.released = self.released, []
+        if not runs:
+            return
         try:
-            clock = authority_clock()
-            runs = release_waiting(
-                clock.now(), f"worker:{self.worker}", periodic_task_id=periodic_task_id
-            )
-            if runs:
-                Dispatcher(self.task.app, clock).dispatch(runs)
-        except Exception as exc:  # the database or the broker away: the beats take it over
-            log_run(
-                logging.WARNING,
-                "run %s: could not publish the task's waiting run (%s); a beat will",
-                self.run_id,
-                exc,
-                run_id=self.run_id,
-                action="release-waiting-failed",
-            )
+            Dispatcher(self.task.app, authority_clock()).dispatch(runs)
+        except Exception as exc:  # the broker away: the beats take it over
+            self._release_failed(exc)
+
+    def _release_failed(self, exc: Exception) -> None:
+        log_run(
+            logging.WARNING,
+            "run %s: could not publish the task's waiting run (%s); a beat will",
+            self.run_id,
+            exc,
+            run_id=self.run_id,
+            action="release-waiting-failed",
+        )
 
     def _hold_running_lock(
         self,
@@ -585,25 +626,34 @@ class Execution:
         args: Any,
         kwargs: Any,
         started_at: datetime | None,
+        *,
+        policy: str | None,
     ) -> bool:
         """Take the task's running lock and watch it for the body; False when another run of
         the task runs by the ledger or holds the lock. With the lock backend unreachable, the
         delivery comes again later (a run already started, at ``started_at``, goes back to
-        waiting first).
+        waiting first). Overlap policy ``buffer_one``: a lock handed to this run (it waited)
+        is taken whatever else, and at the body's end the task's waiting run is taken back
+        and the lock handed to it (:meth:`_take_back_waiting`).
 
         The ledger is asked first, and only about runs started before this one (a run not
         started yet comes after every started one): of two runs started at once, the later
         neither takes the lock nor skips the earlier, so one of them runs. A run started
         before this one under a lasting lease runs whatever the lock says (Redis may have
-        lost the key while its body runs)."""
+        lost the key while its body runs); one started before a waiting run was handed the
+        lock is a later slot's, which finds the lock held and waits or is skipped."""
         now = self._now()
-        if self.ledger.other_started(
+        buffering = policy == OverlapPolicy.BUFFER_ONE
+        earlier = self.ledger.other_started(
             periodic_task_id, self.run_id, lease_lasting_at=now, before=started_at or now
-        ):
+        )
+        if earlier and not buffering:
             return False
         task_lock = running_lock(lock_backend(self.settings), periodic_task_id, self.settings)
         try:
-            held = task_lock.acquire(blocking=False)
+            held = (not earlier and task_lock.acquire(blocking=False)) or (
+                buffering and task_lock.take_handed(running_lock_heir(self.run_id))
+            )
         except LockError as exc:
             metrics.lock_error(self.task.name)
             if started_at is not None:
@@ -616,7 +666,9 @@ class Execution:
                 kwargs,
             )
         if held:
-            self.locks.enter_context(task_lock.watch())
+            watched = self.locks.enter_context(task_lock.watch())
+            if buffering:  # given up before the lock is (the stack's order)
+                self.locks.callback(self._take_back_waiting, periodic_task_id, watched)
         return held
 
     # -- the delivery ---------------------------------------------------------------------------
@@ -659,11 +711,19 @@ class Execution:
         assert row is not None
         duplicate = self._duplicate(row)
         if duplicate:
+            self._pass_turn_on(row)
             self._suppress(duplicate)
         expires_at = row.expires_at or self._message_expiry()
         if expires_at is not None and now >= expires_at and row.status != RunStatus.STARTED:
-            self._expire(now, expires_at)  # a started run is taken over, not expired
+            self._expire(now, expires_at, row)  # a started run is taken over, not expired
         return row
+
+    def _pass_turn_on(self, row: RunRow) -> None:
+        """Overlap policy ``buffer_one``: the run ends without its body; if the task's running
+        lock was handed to it (it waited), the next waiting run gets it (:meth:`_hand_on`),
+        rather than the task's slots waiting for that lock's lease to run out."""
+        if row.periodic_task_id is not None and row.overlap_policy == OverlapPolicy.BUFFER_ONE:
+            self._hand_on(row.periodic_task_id, handed=True)
 
     def _locks_elsewhere(self) -> bool:
         """Whether the run was published by a process that takes run locks elsewhere (no
@@ -767,8 +827,7 @@ class Execution:
         try:
             return self._run_under(lock, row, now, args, kwargs)
         finally:
-            if self.releases is not None:  # its running lock is given back: the next may go
-                self._release_waiting(self.releases)
+            self._publish_released()  # the waiting run the running lock was handed to
 
     def _run_under(
         self, lock: DistributedLock, row: RunRow | None, now: datetime, args: Any, kwargs: Any
