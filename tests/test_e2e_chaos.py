@@ -37,7 +37,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections import Counter
@@ -48,9 +47,17 @@ from typing import Any
 import pytest
 
 from celery_driftsafe.core.schedules import Interval
-from celery_driftsafe.testing.processes import RedisServer, start_redis
+from celery_driftsafe.testing.processes import start_redis
 from tests import settings as test_settings
-from tests.e2e.harness import E2ERun, real_now, wait_until_handles_sigterm
+from tests.e2e.harness import (
+    OWN_REDIS_OPTIONS,
+    E2ERun,
+    port_open,
+    real_now,
+    restart_redis,
+    wait_port,
+    wait_until_handles_sigterm,
+)
 from tests.skip_guard import configuration
 
 pytestmark = [
@@ -78,34 +85,6 @@ _TOOLS = {
 }
 
 
-def _port_open(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _wait_port(port: int, up: bool = True, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while _port_open(port) != up:
-        assert time.monotonic() < deadline, f"port {port} did not come {'up' if up else 'down'}"
-        time.sleep(0.1)
-
-
-#: The run's own Redis: as many databases as the e2e harness numbers for this test process.
-REDIS_OPTIONS = (
-    "--databases",
-    str(max(16, test_settings.REDIS_DB + test_settings.REDIS_DBS_PER_PROCESS)),
-)
-
-
-def restart_redis(server: RedisServer, workdir: Path) -> RedisServer:
-    """Shut the run's own Redis down (nothing is kept on disk) and start it again on its port."""
-    port = int(server.url.rsplit(":", 1)[1])
-    server.stop()
-    _wait_port(port, up=False)
-    return start_redis(workdir, options=REDIS_OPTIONS, port=port)
-
-
 def restart_postgresql() -> None:
     if PG_DATA:
         command = [_pg_ctl(), "-D", PG_DATA, "-l", f"{PG_DATA}.log", "-m", "fast", "-w", "restart"]
@@ -116,7 +95,7 @@ def restart_postgresql() -> None:
         version = sorted(os.listdir("/etc/postgresql"))[-1]
         command = ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"]
     subprocess.run(command, check=True, timeout=120, capture_output=True)
-    _wait_port(PG_PORT)
+    wait_port(PG_PORT)
 
 
 def _pg_ctl() -> str:
@@ -148,7 +127,7 @@ def _needs_root_and_tools() -> None:
             continue
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} not on PATH: apt-get install {package}")
-    if not _port_open(5672):
+    if not port_open(5672):
         pytest.skip(
             "RabbitMQ is not running on 127.0.0.1:5672: apt-get install "
             "rabbitmq-server, then start it with rabbitmq-server -detached"
@@ -158,7 +137,7 @@ def _needs_root_and_tools() -> None:
 def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
     offsets = [0.0, 2.5, -4.0]
     redis_dir = tmp_path / "redis"
-    server = start_redis(redis_dir, options=REDIS_OPTIONS)
+    server = start_redis(redis_dir, options=OWN_REDIS_OPTIONS)
     run = E2ERun("postgresql", tmp_path, lease=3.0, broker="amqp", redis_server=server.url)
     run.env["DRIFTSAFE_E2E_MISFIRE_GRACE"] = str(GRACE.total_seconds())
     rng = random.Random(20261129)

@@ -12,14 +12,15 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from celery_driftsafe.testing.processes import start_redis
 from tests import settings as test_settings
-from tests.e2e.harness import E2ERun, real_now
+from tests.e2e.harness import OWN_REDIS_OPTIONS, E2ERun, port_open, real_now, restart_redis
 from tests.skip_guard import configuration
 
 pytestmark = pytest.mark.e2e
@@ -169,7 +170,6 @@ def test_worker_killed_mid_body_with_a_slot_waiting_the_slot_still_runs_once(
     """The worker running a body is killed (SIGKILL, the whole worker) while another slot
     waits: nobody is left to publish it but a beat, once the task's running lock and the dead
     run's lease have run out. Another worker runs it, exactly once."""
-    from datetime import datetime
 
     run = E2ERun(BACKEND, tmp_path, lease=2.0, dead_after=3.0)
     try:
@@ -220,3 +220,61 @@ def test_worker_killed_mid_body_with_a_slot_waiting_the_slot_still_runs_once(
         assert all(count == 1 for count in ran.values()), log
     finally:
         run.close()
+
+
+@ON_POSTGRES
+def test_buffer_one_through_a_redis_restart_keeps_one_body_at_a_time_and_strands_nothing(
+    tmp_path: Path,
+) -> None:
+    """The Redis that holds the locks restarts (keeping nothing) while a ``buffer_one`` task
+    runs back to back: the running lock, and a lock handed to a waiting run, are lost with it.
+    The ledger still keeps the bodies one at a time (a run started under a lasting lease runs
+    whatever the lock says), a released run whose handed lock is gone takes the lock as any
+    run does, and the hand-over goes on after the restart; every slot ends succeeded or
+    skipped, each body ran at most once, none is left waiting. The broker is RabbitMQ (the
+    restart takes locks away, not queued messages)."""
+    if not port_open(5672):
+        pytest.fail("RabbitMQ is not running on 127.0.0.1:5672 (tests/services.sh starts it)")
+    redis_dir = tmp_path / "redis"
+    server = start_redis(redis_dir, options=OWN_REDIS_OPTIONS)
+    run = E2ERun(
+        BACKEND, tmp_path, lease=2.0, dead_after=3.0, broker="amqp", redis_server=server.url
+    )
+    try:
+        worker = run.start_worker("w1", pool="prefork", concurrency=2)
+        run.start_beat(0.0)
+        run.wait_until_claiming()
+        _ready(run, worker)
+        start = real_now() + timedelta(seconds=1)
+        run.seed([_buffering("restarted", "e2e.slot_work", [1.5, True])], start)
+        time.sleep(max((start - real_now()).total_seconds(), 0) + 5)
+        restarted = time.time()
+        server = restart_redis(server, redis_dir)
+        time.sleep(7)
+        run.stop()
+        runs = _all_ended(run)
+    finally:
+        run.close()
+        server.stop()
+    lines = [line.split() for line in (tmp_path / "executions.log").read_text().splitlines()]
+    ran = Counter(slot for _, slot, *_ in lines)
+    bodies = sorted((float(began), float(ended)) for *_, began, ended in lines)
+    gaps = [began - ended for (_, ended), (began, _) in itertools.pairwise(bodies)]
+    statuses = Counter(r["status"] for r in runs)
+    after = [began for began, _ in bodies if began > restarted]
+    slots_after = {
+        datetime.fromisoformat(slot) for _, slot, _, began, _ in lines if float(began) > restarted
+    }
+    released_after = [
+        r for r in runs if datetime.fromisoformat(r["slot"]) in slots_after and r["attempts"] >= 2
+    ]
+    print(
+        f"\n{statuses}; bodies {len(bodies)} ({len(after)} after the restart, "
+        f"{len(released_after)} of them runs that waited); gaps {[round(g, 3) for g in gaps]}"
+    )
+    assert set(statuses) <= {"succeeded", "skipped"}, runs
+    assert all(count == 1 for count in ran.values()), ran
+    assert statuses["succeeded"] == len(bodies), (statuses, bodies)
+    assert all(g >= 0 for g in gaps), f"two bodies overlap: {bodies}"
+    assert len(after) >= 3, f"the task did not go on after the restart: {bodies}"
+    assert released_after, "no run waited and was handed the lock after the restart"

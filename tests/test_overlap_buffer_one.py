@@ -231,6 +231,27 @@ def _held_for(redis_client: Any, run: Run) -> bytes | None:
     return value
 
 
+def _first_ran_while_second_waited(
+    record: Any, redis_client: Any, name: str, meanwhile: Any = None
+) -> tuple[Run, Run]:
+    """Two slots of a ``buffer_one`` task: the first runs (body "a"), the second is delivered
+    meanwhile and waits, ``meanwhile()`` is called, then the first ends."""
+    periodic = _buffering_task(name)
+    first, second = (_slot_run(periodic, s) for s in (1, 2))
+    drain()
+    worker = _running(record, first, "a", redis_client)
+    try:
+        with delivery(record, second), pytest.raises(Ignore):
+            record("b")
+        assert Run.objects.get(pk=second.pk).status == RunStatus.WAITING
+        if meanwhile is not None:
+            meanwhile()
+    finally:
+        record.gate.set()
+        worker.join()
+    return first, second
+
+
 def test_a_later_slot_delivered_as_the_running_run_ends_does_not_go_before_the_waiting_one(
     record: Any, calls: list[Any], redis_client: Any, monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
@@ -241,30 +262,24 @@ def test_a_later_slot_delivered_as_the_running_run_ends_does_not_go_before_the_w
     slot ran, the waiting one after it, or skipped."""
     from celery_driftsafe.claim import outbox
 
-    periodic = _buffering_task("ends-as-one-comes")
-    first, second, third = (_slot_run(periodic, s) for s in (1, 2, 3))
     original = outbox.release_waiting
-    came: list[str] = []
+    later: list[Run] = []
 
     def a_later_slot_comes_first(*args: Any, **kwargs: Any) -> Any:
-        if not came:
-            came.append("third")
-            late = threading.Thread(target=_deliver, args=(record, third, "c"))
+        if not later:
+            later.append(_slot_run(PeriodicTask.objects.get(name="ends-as-one-comes"), 3))
+            late = threading.Thread(target=_deliver, args=(record, later[0], "c"))
             late.start()
             late.join()
         return original(*args, **kwargs)
 
-    drain()
-    worker = _running(record, first, "a", redis_client)
-    try:
-        with delivery(record, second), pytest.raises(Ignore):
-            record("b")
-        assert Run.objects.get(pk=second.pk).status == RunStatus.WAITING
-        monkeypatch.setattr(outbox, "release_waiting", a_later_slot_comes_first)
-    finally:
-        record.gate.set()
-        worker.join()
-    assert came == ["third"]
+    _, second = _first_ran_while_second_waited(
+        record,
+        redis_client,
+        "ends-as-one-comes",
+        lambda: monkeypatch.setattr(outbox, "release_waiting", a_later_slot_comes_first),
+    )
+    [third] = later
     third.refresh_from_db()
     assert third.status == RunStatus.SKIPPED, third.error
     assert "already waiting" in third.error
@@ -286,19 +301,10 @@ def test_a_slot_delivered_before_the_released_run_waits_behind_it(
     lock was handed to the released run: the later slot cannot take it, so it waits; the
     released run takes the lock handed to it and runs, then hands it on to the later slot,
     which runs next. Before, the later slot took the free lock and ran first."""
-    periodic = _buffering_task("overtaken")
-    first, second = (_slot_run(periodic, s) for s in (1, 2))
-    drain()
-    worker = _running(record, first, "a", redis_client)
-    try:
-        with delivery(record, second), pytest.raises(Ignore):
-            record("b")
-    finally:
-        record.gate.set()
-        worker.join()
+    first, second = _first_ran_while_second_waited(record, redis_client, "overtaken")
     [released] = drain()
     assert released["id"] == second.celery_task_id
-    third = _slot_run(periodic, 3)  # claimed after the release: not dropped
+    third = _slot_run(first.periodic_task, 3)  # claimed after the release: not dropped
     with delivery(record, third), pytest.raises(Ignore):
         record("c")
     third.refresh_from_db()
@@ -324,18 +330,9 @@ def test_a_released_run_that_expired_passes_its_turn_on(
     worker took it: its delivery records it expired and hands the lock on to the run that
     waits meanwhile, published at once, rather than leave the task's slots waiting until the
     handed lock's lease runs out."""
-    periodic = _buffering_task("expired-heir")
-    first, second = (_slot_run(periodic, s) for s in (1, 2))
-    drain()
-    worker = _running(record, first, "a", redis_client)
-    try:
-        with delivery(record, second), pytest.raises(Ignore):
-            record("b")
-    finally:
-        record.gate.set()
-        worker.join()
+    first, second = _first_ran_while_second_waited(record, redis_client, "expired-heir")
     [released] = drain()
-    third = _slot_run(periodic, 3)
+    third = _slot_run(first.periodic_task, 3)
     with delivery(record, third), pytest.raises(Ignore):
         record("c")
     assert Run.objects.get(pk=third.pk).status == RunStatus.WAITING
@@ -368,8 +365,6 @@ def test_a_run_whose_running_lock_was_lost_leaves_the_waiting_run_to_a_beat(
     lease in the ledger over, and hands the lock to it."""
     from celery_driftsafe.worker.execution import Execution
 
-    periodic = _buffering_task("lost-at-the-end")
-    first, second = (_slot_run(periodic, s) for s in (1, 2))
     original = Execution._take_back_waiting
 
     def lost_meanwhile(self: Execution, periodic_task_id: int, held: Any) -> None:
@@ -377,14 +372,7 @@ def test_a_run_whose_running_lock_was_lost_leaves_the_waiting_run_to_a_beat(
         original(self, periodic_task_id, held)
 
     monkeypatch.setattr(Execution, "_take_back_waiting", lost_meanwhile)
-    drain()
-    worker = _running(record, first, "a", redis_client)
-    try:
-        with delivery(record, second), pytest.raises(Ignore):
-            record("b")
-    finally:
-        record.gate.set()
-        worker.join()
+    _, second = _first_ran_while_second_waited(record, redis_client, "lost-at-the-end")
     assert Run.objects.get(pk=second.pk).status == RunStatus.WAITING
     assert drain() == []
     assert _held_for(redis_client, second) is None, "freed, not handed"

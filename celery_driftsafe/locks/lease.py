@@ -125,26 +125,9 @@ class _LeaseLock:
         step. Nobody can :meth:`acquire` it then; :meth:`take_handed` with ``heir`` can, until
         that lease runs out (then it is free again). This object no longer holds it either
         way; False (logged) when it no longer held it."""
-        if self.token is None:
-            logger.warning(
-                "hand-over of lock %s, which this object does not hold",
-                self.name,
-                extra=_log_extra("lock-release-not-held", self),
-            )
-            return False
-        handed = self._hand_token(self.token, heir, self.ttl)
-        if not handed:
-            logger.warning(
-                "lock %s (fencing token %s) was no longer held when handed to %s: lease "
-                "expired or taken over; the current holder's lease was left alone",
-                self.name,
-                self.fencing_token,
-                heir,
-                extra=_log_extra("lock-release-lost", self),
-            )
-        self.token = self.fencing_token = None
-        self._lease_ends = 0.0
-        return handed
+        return self._give_up(
+            f"hand-over to {heir}", lambda token: self._hand_token(token, heir, self.ttl)
+        )
 
     def extend(self, ttl: float | None = None) -> bool:
         ttl = self.ttl if ttl is None else ttl
@@ -170,25 +153,33 @@ class _LeaseLock:
         return extended
 
     def release(self) -> bool:
+        return self._give_up("release", self._release_token)
+
+    def _give_up(self, what: str, step: Callable[[str], bool]) -> bool:
+        """Release or hand over (``what``) through the backend's ``step`` on this holder's
+        token; this object no longer holds the lock afterwards (on :class:`LockError` it keeps
+        the token: the call can be tried again)."""
         if self.token is None:
             logger.warning(
-                "release of lock %s, which this object does not hold",
+                "%s of lock %s, which this object does not hold",
+                what,
                 self.name,
                 extra=_log_extra("lock-release-not-held", self),
             )
             return False
-        released = self._release_token(self.token)  # on LockError, keep the token: retryable
-        if not released:
+        done = step(self.token)
+        if not done:
             logger.warning(
-                "lock %s (fencing token %s) was no longer held at release: lease expired or "
+                "lock %s (fencing token %s) was no longer held at its %s: lease expired or "
                 "taken over; the current holder's lease was left alone",
                 self.name,
                 self.fencing_token,
+                what,
                 extra=_log_extra("lock-release-lost", self),
             )
         self.token = self.fencing_token = None
         self._lease_ends = 0.0
-        return released
+        return done
 
     def lease_remaining(self) -> float:
         if self.token is None:

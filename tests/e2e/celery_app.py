@@ -56,11 +56,14 @@ def work(marker: str, seconds: float = 0.0) -> str:
 @app.task(
     name="e2e.slot_work", base=DriftSafeTask, bind=True, acks_late=True, reject_on_worker_lost=True
 )
-def slot_work(self: Any, seconds: float = 0.0) -> None:
+def slot_work(self: Any, seconds: float = 0.0, timed: bool = False) -> None:
     """Sleeps, then appends "<periodic task id> <slot> <pid>" to a file (a file, because the
-    chaos test restarts Redis)."""
+    chaos test restarts Redis); ``timed``: then " <began> <ended>", this machine's clock."""
+    began = time.time()
     time.sleep(seconds)
     line = f"{self.request.driftsafe_periodic_task_id} {self.request.driftsafe_slot} {os.getpid()}"
+    if timed:
+        line += f" {began} {time.time()}"
     with open(os.environ["DRIFTSAFE_E2E_EXEC_LOG"], "a") as log:
         log.write(line + "\n")
 

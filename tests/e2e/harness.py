@@ -14,6 +14,7 @@ import atexit
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -32,21 +33,27 @@ from celery_driftsafe.core.schedules import Crontab, Interval, Schedule
 from celery_driftsafe.testing.processes import (
     Child,
     Children,
+    RedisServer,
     handles_sigterm,
     postgres_exec,
+    start_redis,
     wait_until_handles_sigterm,
 )
 from celery_driftsafe.testing.recording import QueueRecorder, percentile
 from tests import settings as test_settings
 
 __all__ = [
+    "OWN_REDIS_OPTIONS",
     "E2ERun",
     "Received",
     "TaskReport",
     "analyse",
     "handles_sigterm",
+    "port_open",
     "real_now",
+    "restart_redis",
     "table",
+    "wait_port",
     "wait_until_handles_sigterm",
 ]
 
@@ -65,6 +72,36 @@ SERVED = frozenset({"dump", "run"})
 #: of (PostgreSQL's ``CREATE DATABASE … TEMPLATE``, a file copy for SQLite). Migrating took
 #: 2.4 s of a run's start on this machine (1.7 s of CPU), a copy 0.3 s.
 _TEMPLATES: dict[str, str] = {}
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_port(port: int, up: bool = True, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while port_open(port) != up:
+        assert time.monotonic() < deadline, f"port {port} did not come {'up' if up else 'down'}"
+        time.sleep(0.1)
+
+
+#: A run's own Redis (``start_redis(..., options=OWN_REDIS_OPTIONS)``, passed to
+#: :class:`E2ERun` as ``redis_server``): as many databases as the harness numbers for this test
+#: process.
+OWN_REDIS_OPTIONS = (
+    "--databases",
+    str(max(16, test_settings.REDIS_DB + test_settings.REDIS_DBS_PER_PROCESS)),
+)
+
+
+def restart_redis(server: RedisServer, workdir: Path) -> RedisServer:
+    """Shut a run's own Redis down (nothing is kept on disk) and start it again on its port."""
+    port = int(server.url.rsplit(":", 1)[1])
+    server.stop()
+    wait_port(port, up=False)
+    return start_redis(workdir, options=OWN_REDIS_OPTIONS, port=port)
 
 
 def real_now() -> datetime:
