@@ -448,7 +448,7 @@ def test_revoke_terminate_stops_a_running_body_in_a_prefork_worker(
         assert started["status"] == "started"
         body_pid = run.executions()[0]["pid"]
         replies = app.control.revoke(task_id, terminate=True, reply=True, limit=1, timeout=10)
-        assert replies == [{"w1@e2e": {"ok": f"terminate: {task_id}"}}]
+        assert replies == [{f"w1@e2e-{run.token}": {"ok": f"terminate: {task_id}"}}]
         _wait(lambda: _status(run, made)["status"] == "revoked", 10, "the run revoked", run)
         revoked = _status(run, made)
         print(f"\nafter revoke(terminate=True): {revoked}")

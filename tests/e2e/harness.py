@@ -360,8 +360,11 @@ class E2ERun:
                 pool,
                 "-c",
                 str(concurrency),
+                # a node name of the run's own: two runs side by side on one RabbitMQ (the
+                # chaos test beside the PostgreSQL pass) must not share a remote-control
+                # (pidbox) queue, which a worker of the same name declares exclusively
                 "-n",
-                f"{name}@e2e",
+                f"{name}@e2e-{self.token}",
                 "-Q",
                 queue or self.queue,
                 "--loglevel",
