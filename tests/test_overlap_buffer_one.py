@@ -351,6 +351,22 @@ def test_a_released_run_that_expired_passes_its_turn_on(
     assert calls == ["a", "y"]
 
 
+def test_a_released_run_takes_the_lock_handed_to_it_after_the_policy_became_skip(
+    record: Any, calls: list[Any], redis_client: Any, path: str
+) -> None:
+    """The task's overlap policy is changed to ``skip`` while the running lock is handed to
+    the released run: its delivery still takes the lock handed to it and runs (no run of the
+    task runs), rather than be skipped and leave the task's slots skipped until the handed
+    lock's lease runs out."""
+    first, second = _first_ran_while_second_waited(record, redis_client, "became-skip")
+    [released] = drain()
+    PeriodicTask.objects.filter(pk=first.periodic_task_id).update(overlap_policy="skip")
+    with delivery(record, second, token=released["driftsafe_fencing_token"]):
+        assert record("x") == "x"
+    assert calls == ["a", "x"]
+    assert _held_for(redis_client, second) is None, "freed at the end (skip hands nothing on)"
+
+
 def test_a_run_whose_running_lock_was_lost_leaves_the_waiting_run_to_a_beat(
     record: Any,
     calls: list[Any],

@@ -632,9 +632,10 @@ class Execution:
         """Take the task's running lock and watch it for the body; False when another run of
         the task runs by the ledger or holds the lock. With the lock backend unreachable, the
         delivery comes again later (a run already started, at ``started_at``, goes back to
-        waiting first). Overlap policy ``buffer_one``: a lock handed to this run (it waited)
-        is taken whatever else, and at the body's end the task's waiting run is taken back
-        and the lock handed to it (:meth:`_take_back_waiting`).
+        waiting first). A lock handed to this run (it waited, overlap policy ``buffer_one``;
+        the policy may have changed to ``skip`` since) is taken whatever else. Under
+        ``buffer_one``, at the body's end the task's waiting run is taken back and the lock
+        handed to it (:meth:`_take_back_waiting`).
 
         The ledger is asked first, and only about runs started before this one (a run not
         started yet comes after every started one): of two runs started at once, the later
@@ -647,12 +648,10 @@ class Execution:
         earlier = self.ledger.other_started(
             periodic_task_id, self.run_id, lease_lasting_at=now, before=started_at or now
         )
-        if earlier and not buffering:
-            return False
         task_lock = running_lock(lock_backend(self.settings), periodic_task_id, self.settings)
         try:
-            held = (not earlier and task_lock.acquire(blocking=False)) or (
-                buffering and task_lock.take_handed(running_lock_heir(self.run_id))
+            held = (not earlier and task_lock.acquire(blocking=False)) or task_lock.take_handed(
+                running_lock_heir(self.run_id)
             )
         except LockError as exc:
             metrics.lock_error(self.task.name)
