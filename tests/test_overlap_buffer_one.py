@@ -92,11 +92,10 @@ def _running(task: Any, run: Run, value: str, redis_client: Any) -> threading.Th
     task.gate.clear()
     worker = threading.Thread(target=_deliver, args=(task, run, value))
     worker.start()
-    running_lock = f"driftsafe-test:lock:task-running:{run.periodic_task_id}"
     # (the slow path takes the lock before the start, the fast path after it)
     _wait_for(
         lambda: (
-            redis_client.exists(running_lock)
+            _held_for(redis_client, run) is not None
             and Run.objects.get(pk=run.pk).status == RunStatus.STARTED
         )
     )
@@ -223,12 +222,40 @@ def test_a_run_that_ends_while_the_next_one_decides_to_wait_does_not_strand_it(
     assert calls == ["x"]
 
 
-def _held_for(redis_client: Any, run: Run) -> bytes | None:
-    """What the task's running lock holds in Redis (a holder's token, or the heir's name)."""
+def _held_for(redis_client: Any, run: Run) -> str | None:
+    """What the running lock of ``run``'s task holds, in Redis or (database locks) in its row:
+    a holder's token, or the name of the run it was handed to; None: free."""
+    from celery_driftsafe.models import Lock as LockRow
+
     value: bytes | None = redis_client.get(
         f"driftsafe-test:lock:task-running:{run.periodic_task_id}"
     )
-    return value
+    if value is not None:
+        return value.decode()
+    row: str | None = (
+        LockRow.objects.filter(name=f"task-running:{run.periodic_task_id}")
+        .exclude(token="")
+        .values_list("token", flat=True)
+        .first()
+    )
+    return row
+
+
+@pytest.fixture(params=["redis", "database"])
+def locks(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Where the worker takes its locks: Redis (the tests' settings), or the database (no
+    ``REDIS_URL``; the database is the time authority then)."""
+    if request.param == "redis":
+        yield "redis"
+        return
+    from django.test import override_settings
+
+    without_redis = {**test_settings.DRIFTSAFE, "REDIS_URL": None, "TIME_AUTHORITY": "database"}
+    from celery_driftsafe.models import Lock as LockRow
+
+    with override_settings(DRIFTSAFE=without_redis):
+        yield "database"
+    assert LockRow.objects.filter(name__startswith="task-running:").exists(), "no database lock"
 
 
 def _first_ran_while_second_waited(
@@ -253,7 +280,12 @@ def _first_ran_while_second_waited(
 
 
 def test_a_later_slot_delivered_as_the_running_run_ends_does_not_go_before_the_waiting_one(
-    record: Any, calls: list[Any], redis_client: Any, monkeypatch: pytest.MonkeyPatch, path: str
+    record: Any,
+    calls: list[Any],
+    redis_client: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+    locks: str,
 ) -> None:
     """A later slot's delivery comes in the instant the running run ends, just before that run
     takes the waiting run back. The running lock is still held then (it is given up after, and
@@ -283,7 +315,7 @@ def test_a_later_slot_delivered_as_the_running_run_ends_does_not_go_before_the_w
     third.refresh_from_db()
     assert third.status == RunStatus.SKIPPED, third.error
     assert "already waiting" in third.error
-    assert _held_for(redis_client, second) == f"heir:run:{second.pk}".encode()
+    assert _held_for(redis_client, second) == f"heir:run:{second.pk}"
     [message] = drain()
     assert message["id"] == second.celery_task_id
     with delivery(record, second, token=message["driftsafe_fencing_token"]):
@@ -294,7 +326,7 @@ def test_a_later_slot_delivered_as_the_running_run_ends_does_not_go_before_the_w
 
 
 def test_a_slot_delivered_before_the_released_run_waits_behind_it(
-    record: Any, calls: list[Any], redis_client: Any, path: str
+    record: Any, calls: list[Any], redis_client: Any, path: str, locks: str
 ) -> None:
     """The running run ended and published the waiting run again; a later slot's delivery
     reaches a worker before it (the broker, a worker's prefetch, a busy pool). The running
@@ -314,7 +346,7 @@ def test_a_slot_delivered_before_the_released_run_waits_behind_it(
         assert record("x") == "x"
     [next_one] = drain()
     assert next_one["id"] == third.celery_task_id
-    assert _held_for(redis_client, third) == f"heir:run:{third.pk}".encode()
+    assert _held_for(redis_client, third) == f"heir:run:{third.pk}"
     with delivery(record, third, token=next_one["driftsafe_fencing_token"]):
         assert record("y") == "y"
     assert calls == ["a", "x", "y"]
@@ -395,7 +427,7 @@ def test_a_run_whose_running_lock_was_lost_leaves_the_waiting_run_to_a_beat(
     _recover(broker_app)
     [message] = drain()
     assert message["id"] == second.celery_task_id
-    assert _held_for(redis_client, second) == f"heir:run:{second.pk}".encode()
+    assert _held_for(redis_client, second) == f"heir:run:{second.pk}"
     monkeypatch.undo()
     with delivery(record, second, token=message["driftsafe_fencing_token"]):
         assert record("x") == "x"
@@ -606,7 +638,7 @@ def test_a_beat_publishes_a_waiting_run_once_the_running_ones_worker_is_gone(
         (waiting.celery_task_id, 4)
     ]
     # and the running lock was handed to it: no later slot starts before it
-    assert _held_for(redis_client, waiting) == f"heir:run:{waiting.pk}".encode()
+    assert _held_for(redis_client, waiting) == f"heir:run:{waiting.pk}"
     assert not running_lock.acquire(blocking=False)
 
 
