@@ -32,7 +32,6 @@ import hashlib
 from dataclasses import replace
 
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
-from celery_driftsafe.exceptions import LockError
 from celery_driftsafe.locks.contract import DEFAULT_TTL, DistributedLock, HeldLock, LockBackend
 from celery_driftsafe.locks.database import DatabaseLock, DatabaseLockBackend
 from celery_driftsafe.locks.lease import (
@@ -61,7 +60,6 @@ __all__ = [
     "lock_backend",
     "lock_backend_for",
     "lock_identity",
-    "lock_is_free",
     "running_lock",
     "running_lock_heir",
 ]
@@ -160,15 +158,3 @@ def running_lock_heir(run_id: int) -> str:
     """The name a task's running lock is handed to (:meth:`DistributedLock.hand_over`) for
     run ``run_id`` (overlap policy ``buffer_one``: the waiting run goes next)."""
     return f"heir:run:{run_id}"
-
-
-def lock_is_free(lock: DistributedLock) -> bool:
-    """Whether nobody holds ``lock``: taken and given back at once. False when the backend
-    cannot tell (a :class:`~celery_driftsafe.exceptions.LockError`)."""
-    try:
-        if not lock.acquire(blocking=False):
-            return False
-        lock.release()
-    except LockError:
-        return False
-    return True
