@@ -582,7 +582,9 @@ class Execution:
         say): its holder, or a beat, takes the waiting run back."""
         from celery_driftsafe.claim.outbox import release_waiting
 
-        if held.lost.is_set() or held.lock.lease_remaining() <= 0:
+        try:
+            held.check()
+        except LockLost:
             return
         try:
             runs = release_waiting(
