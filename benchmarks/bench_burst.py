@@ -152,7 +152,7 @@ def _measure(args: Any) -> None:
         from celery_driftsafe.claim.claimers import claimer_for
         from celery_driftsafe.publish.dispatcher import Dispatcher
         from celery_driftsafe.store.clock import SystemClock
-        from tests.factories import many_interval_tasks
+        from tests.support.factories import many_interval_tasks
 
         app = Celery("burst", broker=broker_url, set_as_current=False)
         app.conf.task_default_queue = "burst"

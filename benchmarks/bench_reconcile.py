@@ -40,7 +40,7 @@ def _measure(args: Any) -> None:
     from django.db import connection
 
     from celery_driftsafe.beat.recovery import reconcile
-    from tests.factories import interval_task
+    from tests.support.factories import interval_task
 
     url = f"{settings.DRIFTSAFE['REDIS_URL'].rsplit('/', 1)[0]}/{args.results_db}"
     app = Celery("reconcile", broker="memory://", backend=url, set_as_current=False)

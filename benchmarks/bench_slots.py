@@ -88,7 +88,7 @@ def main() -> None:
 
     print(f"\n{'Crontab.from_expression':38} {per_call_us(build, 3, repeat * 200):14.2f} µs")
 
-    # Solar schedules search day by day near the poles (tests/test_slots_solar.py checks what
+    # Solar schedules search day by day near the poles (tests/core/test_slots_solar.py checks what
     # they find; this, how long the search takes).
     from celery_driftsafe.core.schedules import Solar
 

@@ -25,7 +25,7 @@ def main() -> None:
         from django.test.utils import CaptureQueriesContext
 
         from celery_driftsafe.claim.claimers import claimer_for
-        from tests.factories import many_interval_tasks
+        from tests.support.factories import many_interval_tasks
 
         start = datetime.now(UTC).replace(microsecond=0)
         many_interval_tasks(args.tasks, start, name="q{i}", task="bench.tick")

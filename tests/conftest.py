@@ -12,10 +12,8 @@ reason through ``skip_guard.configuration()`` and stay skips. Soak runs are not 
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -29,6 +27,7 @@ from tests.skip_guard import (  # noqa: F401  (the hooks)
     pytest_runtest_makereport,
     pytest_terminal_summary,
 )
+from tests.support import BROKER_URL, QUEUE, T0
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -100,10 +99,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items.sort(key=lambda item: not runs_first(item))
 
 
-#: The reference instant of the tests (and of :func:`fake_clock` and :func:`clock`).
-T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
-
-
 @pytest.fixture
 def fake_clock() -> FakeClock:
     return FakeClock(T0)
@@ -131,12 +126,6 @@ def redis_client() -> Iterator[Any]:
     yield client
     client.flushdb()
     client.close()
-
-
-BROKER_DB = test_settings.REDIS_DB + 1
-BROKER_URL = f"{test_settings.REDIS_SERVER}/{BROKER_DB}"
-# One queue per test process, so concurrent runs on one Redis never see each other's messages.
-QUEUE = f"tests-{os.getpid()}"
 
 
 @pytest.fixture
@@ -200,26 +189,6 @@ def app(broker_app: Celery) -> Iterator[Celery]:
     celery_app.set_celery_app(broker_app)
     yield broker_app
     celery_app.set_celery_app(None)
-
-
-def drain(queue: str = QUEUE) -> list[dict[str, Any]]:
-    """Pop every message published to ``queue`` on the test broker; returns their headers
-    (with ``args``/``kwargs`` decoded from the body)."""
-    import base64
-
-    import redis
-
-    client = redis.Redis.from_url(BROKER_URL)
-    out = []
-    while (raw := client.rpop(queue)) is not None:
-        message = json.loads(raw)
-        headers = dict(message["headers"])
-        body = json.loads(base64.b64decode(message["body"]))
-        headers["args"], headers["kwargs"] = body[0], body[1]
-        headers["properties"] = message.get("properties", {})
-        out.append(headers)
-    client.close()
-    return out
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ The check reads only tasks with a deadline (or still flagged stale), on a partia
 (``driftsafe_task_deadline``): with 20,000 tasks of which one has a deadline, PostgreSQL's
 plan is ``Index Scan using driftsafe_task_deadline on celery_driftsafe_periodictask
 (cost=0.12..8.14 rows=1)``, SQLite's ``SCAN celery_driftsafe_periodictask USING INDEX
-driftsafe_task_deadline`` (``tests/test_deadlines.py`` asserts the index is used); MySQL
+driftsafe_task_deadline`` (``tests/beat/test_deadlines.py`` asserts the index is used); MySQL
 and MariaDB, which have no partial indexes, merge two plain ones (migration 0020), MariaDB's
 plan ``index_merge … Using sort_union(driftsafe_task_deadline_s,driftsafe_task_stale_since)``;
 the cost grows with the tasks that have a deadline, not with the table. Each task's runs are

@@ -35,7 +35,7 @@ ALL = (HEADER_RUN_ID, HEADER_SLOT, HEADER_FENCING_TOKEN, HEADER_PERIODIC_TASK_ID
 #: Header names Celery, kombu or this package give a meaning, which a task's stored ``headers``
 #: must not set (Celery lets a custom header override its own: ``id`` or ``task`` would make
 #: the worker run another task under another id than the run that was claimed). Held equal to
-#: Celery's and kombu's own lists by ``tests/test_ordinary_use.py``.
+#: Celery's and kombu's own lists by ``tests/usage/test_ordinary_use.py``.
 RESERVED_HEADERS = frozenset(
     {
         # Celery's task protocol 2: the headers ``amqp.as_task_v2`` writes

@@ -11,7 +11,7 @@ So the document is built once per skeleton, route and set of custom header names
 methods), with a marker in place of each value that varies; its JSON text is cut at the
 markers; and each message is the pieces with its own values, each encoded by the same JSON
 encoder, in between. The text is the one kombu would have stored, to the byte
-(``tests/test_fastpublish.py`` compares them). A marker holds a random word drawn when the
+(``tests/publish/test_fast_path.py`` compares them). A marker holds a random word drawn when the
 process starts, so no task's data can be taken for one.
 """
 

@@ -9,8 +9,8 @@ change), with Celery's own functions, and per slot copies it and sets the task i
 id, the expiry and the run's headers, then hands the serialised body to kombu's
 ``Producer.publish`` (which does not serialise a body that comes with its content type).
 The message a worker receives is the one ``apply_async`` would have sent for the same run;
-``tests/test_fastpublish.py`` compares the two field by field, and
-``tests/test_fastpublish_differential.py`` holds both paths equal to what Celery's own beat
+``tests/publish/test_fast_path.py`` compares the two field by field, and
+``tests/publish/test_fast_path_equals_celery.py`` holds both paths equal to what Celery's own beat
 sends over generated configurations, tasks, rows and edits, on Redis and RabbitMQ.
 
 Where that cannot be exact the fast path declines and the dispatcher uses ``apply_async``

@@ -19,7 +19,7 @@ for a message to the default (nameless) exchange, that is to a queue by name (Ce
 by queue; a named exchange goes through kombu, which looks its bindings up), a queue without
 an ``x-expires`` of its own, from a producer without compression or an exchange of its own to
 declare, with nothing left to declare for the message. Anything else is published through
-kombu as before. ``tests/test_fastpublish.py`` compares the envelopes with Celery's.
+kombu as before. ``tests/publish/test_fast_path.py`` compares the envelopes with Celery's.
 
 A run's message (:meth:`RedisWriter.put_run`) is not built whole: its values are spliced
 (:func:`~celery_driftsafe.publish.envelope_text.run_text`) into the shape of its skeleton's

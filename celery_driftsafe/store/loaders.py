@@ -6,7 +6,7 @@ zone: about 4.7 µs a value where psycopg's C loader takes 0.4 µs. A claim roun
 instants a task (500 tasks a round in a burst), so this was a tenth of the claim's time. When
 the connection's time zone is UTC (Django's setting with ``USE_TZ = True``, which this package
 requires, and no ``TIME_ZONE`` of the database's own), both loaders return the same value: an
-aware datetime whose ``tzinfo`` is :data:`datetime.timezone.utc` (``tests/test_claim.py``
+aware datetime whose ``tzinfo`` is :data:`datetime.timezone.utc` (``tests/claim/test_claim.py``
 compares them). :func:`load_models` then runs the queryset's own SQL on a cursor given the C
 loader (that cursor only: Django's loader stays the connection's) and builds the instances as
 Django's model iterable does (or, where nothing can tell the difference, by setting their

@@ -16,7 +16,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.e2e.settings")
 app = Celery("e2e")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 
-if os.environ.get("DRIFTSAFE_E2E_TRACING"):  # tests/test_e2e_tracing.py
+if os.environ.get("DRIFTSAFE_E2E_TRACING"):  # tests/e2e/test_tracing.py
     from tests.e2e.tracing import install
 
     install(os.environ["DRIFTSAFE_E2E_TRACING"])
@@ -70,11 +70,11 @@ def slot_work(self: Any, seconds: float = 0.0, timed: bool = False) -> None:
 
 @app.task(name="e2e.fail", base=DriftSafeTask)
 def fail(marker: str) -> None:
-    """Always fails (tests/test_e2e_deadlines.py)."""
+    """Always fails (tests/e2e/test_deadlines.py)."""
     raise RuntimeError(f"{marker} fails, as it always does")
 
 
-if os.environ.get("DRIFTSAFE_E2E_SIGNALS"):  # tests/test_e2e_deadlines.py
+if os.environ.get("DRIFTSAFE_E2E_SIGNALS"):  # tests/e2e/test_deadlines.py
     # The beat's receivers of the deadline signals, connected as a project connects its
     # alerts: each writes a line (with when it got it, on this machine's clock) to the file.
     from celery_driftsafe.signals import run_deadline_missed, task_became_stale

@@ -331,7 +331,7 @@ class E2ERun:
         first round follows at once). Tasks seeded after this have their slots fall due while
         a beat claims; seeded before, on a loaded machine whose beats start slowly, their first
         slots can fall due while no beat claims yet: downtime, which the misfire policy answers
-        with one run (``tests/test_e2e_downtime.py``)."""
+        with one run (``tests/e2e/test_downtime.py``)."""
         deadline = time.monotonic() + timeout
         for beat in beats or self.beats:
             while not (beat.log.exists() and " up (authority " in beat.log.read_text("utf-8")):
@@ -458,7 +458,7 @@ def analyse(
 
     Slots that fell due before any beat claimed (beats slower to start than the run expected,
     on a loaded machine) are downtime, which the misfire policy answers with one run
-    (``tests/test_e2e_downtime.py``): the count starts when the first beat began claiming
+    (``tests/e2e/test_downtime.py``): the count starts when the first beat began claiming
     (the earliest ``claiming_since`` of the nodes) if that is after ``start``, and says so."""
     began = min(
         (datetime.fromisoformat(n["claiming_since"]) for n in dump["nodes"] if n["claiming_since"]),

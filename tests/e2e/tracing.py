@@ -1,6 +1,6 @@
 """The real tracing integrations, installed in an e2e process as a project installs them: at
 the import of its Celery app (:mod:`tests.e2e.celery_app` calls :func:`install` when
-``DRIFTSAFE_E2E_TRACING`` names one). ``tests/test_e2e_tracing.py`` compares the headers they
+``DRIFTSAFE_E2E_TRACING`` names one). ``tests/e2e/test_tracing.py`` compares the headers they
 add to a driftsafe beat's messages with those they add to Celery's own beat's.
 
 - ``sentry``: ``sentry_sdk.init`` with its ``CeleryIntegration`` (which wraps
