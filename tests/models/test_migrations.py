@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.conf import settings
 from django.core.management import call_command
@@ -17,10 +19,54 @@ def test_models_and_migrations_agree() -> None:
         pytest.fail(f"models changed without a migration (makemigrations --check: {exc.code})")
 
 
+def _package_schema() -> dict[str, Any]:
+    """The package's tables as the database describes them: each table's columns (name, type,
+    nullability) and its constraints and indexes (columns, unique, primary key, foreign key)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        tables = sorted(
+            info.name
+            for info in connection.introspection.get_table_list(cursor)
+            if info.name.startswith("celery_driftsafe_")
+        )
+        schema: dict[str, Any] = {}
+        for table in tables:
+            columns = sorted(
+                (column.name, column.type_code, bool(column.null_ok))
+                for column in connection.introspection.get_table_description(cursor, table)
+            )
+            constraints = sorted(
+                (
+                    tuple(c["columns"] or ()),
+                    bool(c["unique"]),
+                    bool(c["primary_key"]),
+                    str(c["foreign_key"]),
+                    bool(c["index"]),
+                )
+                for c in connection.introspection.get_constraints(cursor, table).values()
+            )
+            schema[table] = {"columns": columns, "constraints": constraints}
+    return schema
+
+
 @pytest.mark.django_db(transaction=True)
-def test_migrations_apply_and_unapply() -> None:
+def test_migrations_unapply_to_nothing_and_reapply_to_the_same_schema() -> None:
+    """Unapplying every migration leaves none of the package's tables; applying them again
+    gives back every table with the same columns, constraints and indexes."""
+    from django.apps import apps
+
+    applied = _package_schema()
+    model_tables = {
+        model._meta.db_table for model in apps.get_app_config("celery_driftsafe").get_models()
+    }
+    assert model_tables <= set(applied), (
+        f"tables missing after migrate: {model_tables - set(applied)}"
+    )
     call_command("migrate", "celery_driftsafe", "zero", verbosity=0)
+    assert _package_schema() == {}, "migrate to zero left tables of the package behind"
     call_command("migrate", "celery_driftsafe", verbosity=0)
+    assert _package_schema() == applied
 
 
 @pytest.mark.django_db(transaction=True)
