@@ -1,5 +1,7 @@
 """Shared fixtures. Tests that use no database are marked ``pure`` automatically, so the
-PostgreSQL pass of ``tests/run.sh`` (``-m "not pure"``) runs only what depends on the database.
+PostgreSQL and MariaDB passes of ``tests/run.sh`` (``-m "not pure"``) run only what depends on
+the database; a test that reaches the database through a fixture without the ``django_db``
+marker stops the collection, naming it (it would otherwise never run on those passes).
 
 No test skips silently (``tests/skip_guard.py``): a test that skips because something it
 needs is missing (libfaketime, RabbitMQ, ``redis-server``, ``openssl``, root, a browser) *fails*,
@@ -83,7 +85,38 @@ def _flush_with_delete() -> None:
     DatabaseOperations.sql_flush = sql_flush  # type: ignore[method-assign]
 
 
+#: pytest-django's fixtures that open the test database: a test using one without the
+#: ``django_db`` marker would be marked ``pure`` and never run on the PostgreSQL or MariaDB pass.
+DATABASE_FIXTURES = frozenset(
+    {
+        "db",
+        "transactional_db",
+        "django_db_reset_sequences",
+        "django_db_serialized_rollback",
+        "admin_client",
+        "admin_user",
+        "django_user_model",
+        "django_username_field",
+        "live_server",
+    }
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = [
+        f"{item.nodeid} (uses {', '.join(sorted(DATABASE_FIXTURES & set(item.fixturenames)))})"
+        for item in items
+        if isinstance(item, pytest.Function)
+        and DATABASE_FIXTURES & set(item.fixturenames)
+        and item.get_closest_marker("django_db") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            "these tests use the database through a fixture but have no django_db marker, so "
+            "the database passes would leave them out as pure: mark them "
+            "@pytest.mark.django_db (transaction=True where they need it):\n  "
+            + "\n  ".join(unmarked)
+        )
     for item in items:
         if item.get_closest_marker("django_db") is None and item.get_closest_marker("e2e") is None:
             item.add_marker(pytest.mark.pure)

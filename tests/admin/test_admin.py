@@ -1240,6 +1240,7 @@ if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # text in numbe
     ]
 
 
+@pytest.mark.django_db
 def test_the_task_list_change_page_and_dashboard_show_rows_written_behind_save(
     admin_client: Any, app: Any
 ) -> None:
@@ -1274,6 +1275,7 @@ def test_the_task_list_change_page_and_dashboard_show_rows_written_behind_save(
     assert "no-next-slot" in dashboard.content.decode()
 
 
+@pytest.mark.django_db
 @pytest.mark.skipif(
     not settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"),
     reason=configuration("only SQLite stores any text in an instant column"),

@@ -318,7 +318,8 @@ def test_a_due_instant_raw_sql_spelled_with_a_t_falls_due_on_time() -> None:
         assert cursor.fetchone()[0].startswith("2026-03-01 12:01:00")
 
 
-def test_only_updates_of_the_claims_own_state_leave_changed_at_as_it_was(db: None) -> None:
+@pytest.mark.django_db
+def test_only_updates_of_the_claims_own_state_leave_changed_at_as_it_was() -> None:
     task = interval_task("stamped", 60, anchor=T0, next_slot_at=T0)
     rows = PeriodicTask.objects.filter(pk=task.pk)
     rows.update(next_slot_at=T0 + S, last_slot_at=T0, run_count=1)
