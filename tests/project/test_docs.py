@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.docs import samples
+from tests.support.docs import DOCS, samples
 
 
 def test_tutorial_settings_sample_is_valid_configuration() -> None:
@@ -148,3 +148,53 @@ def test_every_log_action_is_listed_in_the_docs() -> None:
     assert len(used) > 40  # the scan finds them
     assert sorted(used - listed) == []
     assert all("_" not in action for action in used), "one style: words joined by hyphens"
+
+
+#: A test a page names: ``tests/<path>.py`` and, after ``::``, a class, a test, or both.
+TEST_REFERENCE = re.compile(r"`(tests/[\w/]+\.py)((?:::\w+)*)(\[[^\]`]*\])?`?")
+
+
+def _defined(module: Path, names: list[str]) -> bool:
+    """Whether ``module`` defines the class or function path ``names`` (Class, test_x)."""
+    import ast
+
+    scope: list[ast.stmt] = ast.parse(module.read_text()).body
+    for name in names:
+        found = next(
+            (
+                node
+                for node in scope
+                if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+                and node.name == name
+            ),
+            None,
+        )
+        if found is None:
+            return False
+        scope = found.body
+    return True
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        *sorted(str(page.relative_to(DOCS)) for page in DOCS.rglob("*.md")),
+        "../README.md",
+        "../CONTRIBUTING.md",
+    ],
+)
+def test_every_test_a_page_names_exists(page: str) -> None:
+    """The tests a page cites as its evidence (``tests/<layer>/test_x.py::test_y``) are there:
+    the file, and the class and test it names. A test renamed or moved fails this until the
+    page follows it."""
+    root = DOCS.parent
+    text = (DOCS / page).read_text()
+    cited = TEST_REFERENCE.findall(text)
+    if page == "explanation/drift-safety.md":
+        assert len(cited) >= 20, "the guarantees index names its tests as tests/<path>::<test>"
+    missing = [
+        f"{path}{names}"
+        for path, names, _ in cited
+        if not (root / path).is_file() or not _defined(root / path, names.split("::")[1:])
+    ]
+    assert not missing, f"{page} names tests that do not exist: {missing}"
