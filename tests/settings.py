@@ -1,49 +1,126 @@
 """Django settings for the test suite.
 
-``DRIFTSAFE_TEST_DB`` picks the database: ``sqlite`` (default) or ``postgres`` (PostgreSQL on
-``DRIFTSAFE_TEST_PG_HOST``:``DRIFTSAFE_TEST_PG_PORT``, user ``DRIFTSAFE_TEST_PG_USER``; the test
-runner creates and drops its own database). Redis tests use db ``DRIFTSAFE_TEST_REDIS_DB``
-(default 11) of ``DRIFTSAFE_TEST_REDIS_URL``'s server and the key prefix ``driftsafe-test``;
-the suite also uses the next four databases (broker, e2e broker, locks, e2e runs).
+The servers come from the environment, one URL a service; ``tests/run.sh`` starts servers of
+its own (``tests/services.sh``) and sets them, and ``eval "$(bash tests/services.sh up)"`` does
+the same for a pytest run by hand. Nothing falls back to a server of the machine:
 
-Under pytest-xdist each worker gets five databases of its own: worker ``gw<i>`` starts at
-``DRIFTSAFE_TEST_REDIS_DB + 5 * i``. Without the variable the workers take the top of a
-16-database Redis (a fresh server's count), ``16 - 5 * workers`` .. 15: 11..15 for one
-process, as before; 6..15 for two workers; 1..15 for three. Test databases are named per
-process, so workers never share one.
+* ``DRIFTSAFE_TEST_REDIS_URL`` (``redis://host:port``): always needed. Under pytest-xdist each
+  worker takes five databases of its own (locks, broker, e2e broker, e2e runs): worker
+  ``gw<i>`` starts at ``DRIFTSAFE_TEST_REDIS_DB + 5 * i`` (default 0). The Redis of the run's
+  own (``DRIFTSAFE_TEST_REDIS_PRIVATE``, set by ``tests/services.sh``, names it) may be emptied
+  (:data:`REDIS_IS_PRIVATE`); on any other Redis the suite touches only keys under
+  :data:`RUN_PREFIX` and never flushes a database.
+* ``DRIFTSAFE_TEST_DB`` picks the database: ``sqlite`` (default, a file here), ``postgres``
+  (``DRIFTSAFE_TEST_POSTGRES_URL``, ``postgresql://user[:password]@host:port``) or ``mysql``
+  (``DRIFTSAFE_TEST_MARIADB_URL``, ``mysql://user[:password]@host:port``). The test runner
+  creates and drops databases of its own there, named per process.
+* ``DRIFTSAFE_TEST_RABBITMQ_URL`` (``amqp://user:password@host:port/vhost``): the tests that
+  use RabbitMQ as the broker read :data:`RABBITMQ_URL`.
+* ``DRIFTSAFE_TEST_RUN_ID``: names the run (:data:`RUN_PREFIX`); ``tests/services.sh`` makes one.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import django
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent
 TEST_DB = os.environ.get("DRIFTSAFE_TEST_DB", "sqlite")
-REDIS_SERVER = os.environ.get("DRIFTSAFE_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+
+#: What to do when a server's URL is not set (the suite never guesses the machine's own).
+SERVICES_HINT = (
+    "Run the tests with `bash tests/run.sh` (it starts servers of its own), or start them for "
+    'pytest with `eval "$(bash tests/services.sh up)"` (`bash tests/services.sh down` stops '
+    "them), or set {variable} to a server of yours (see README.md, Run the tests)"
+)
+
+
+def _service_url(variable: str, what: str) -> str:
+    value = os.environ.get(variable, "")
+    if not value:
+        raise ImproperlyConfigured(
+            f"{variable} is not set: the tests need {what}, and never use the machine's own. "
+            + SERVICES_HINT.format(variable=variable)
+        )
+    return value
+
+
+def _server(variable: str, what: str, schemes: tuple[str, ...], user: str) -> dict[str, str]:
+    """``NAME``, ``HOST``, ``PORT``, ``USER`` and ``PASSWORD`` of Django's ``DATABASES`` from a
+    URL (``NAME`` is only where Django connects first: it makes its test databases beside it)."""
+    url = urlsplit(_service_url(variable, what))
+    if url.scheme not in schemes or not url.hostname or not url.port:
+        raise ImproperlyConfigured(
+            f"{variable}={url.geturl()!r}: give {schemes[0]}://user@host:port (the port too)"
+        )
+    return {
+        "NAME": unquote(url.path.strip("/")) or "driftsafe",
+        "HOST": url.hostname,
+        "PORT": str(url.port),
+        "USER": unquote(url.username or user),
+        "PASSWORD": unquote(url.password or ""),
+    }
+
+
+def postgres_server() -> dict[str, str]:
+    """The test PostgreSQL (``DRIFTSAFE_TEST_POSTGRES_URL``): ``NAME``, ``HOST``, ``PORT``,
+    ``USER``, ``PASSWORD``, as in ``DATABASES``."""
+    return _server(
+        "DRIFTSAFE_TEST_POSTGRES_URL", "PostgreSQL", ("postgresql", "postgres"), "postgres"
+    )
+
+
+def mariadb_server() -> dict[str, str]:
+    """The test MariaDB (``DRIFTSAFE_TEST_MARIADB_URL``), as :func:`postgres_server`."""
+    return _server("DRIFTSAFE_TEST_MARIADB_URL", "MariaDB", ("mysql", "mariadb"), "root")
+
+
+#: The run's name (lower-case letters and digits): keys of the run's own on a Redis start with
+#: :data:`RUN_PREFIX`, and its test databases' names hold it.
+RUN_ID = os.environ.get("DRIFTSAFE_TEST_RUN_ID") or f"pid{os.getpid()}"
+if not re.fullmatch(r"[a-z0-9]{1,16}", RUN_ID):
+    raise ImproperlyConfigured(
+        f"DRIFTSAFE_TEST_RUN_ID={RUN_ID!r}: use 1 to 16 lower-case letters and digits"
+    )
+#: The run's key prefix (the package's ``KEY_PREFIX`` here): on a Redis not of the run's own the
+#: suite touches nothing else.
+RUN_PREFIX = f"driftsafe-test-{RUN_ID}"
+#: The Redis server, without a database: ``redis://host:port``.
+REDIS_SERVER = _service_url("DRIFTSAFE_TEST_REDIS_URL", "a Redis server").rstrip("/")
+#: Whether the Redis server is the run's own (started by tests/services.sh): then a test may empty
+#: its databases. On any other server a test deletes only keys under :data:`RUN_PREFIX`.
+REDIS_IS_PRIVATE = os.environ.get("DRIFTSAFE_TEST_REDIS_PRIVATE", "").rstrip("/") == REDIS_SERVER
+if urlsplit(REDIS_SERVER).path.strip("/"):
+    raise ImproperlyConfigured(
+        f"DRIFTSAFE_TEST_REDIS_URL={REDIS_SERVER!r}: give the server without a database "
+        "(redis://host:port); DRIFTSAFE_TEST_REDIS_DB picks the first database"
+    )
+#: RabbitMQ (``amqp://...``) for the tests that use it as the broker, or None when not set: such
+#: a test fails with :data:`RABBITMQ_MISSING`.
+RABBITMQ_URL = os.environ.get("DRIFTSAFE_TEST_RABBITMQ_URL") or None
+RABBITMQ_MISSING = (
+    "DRIFTSAFE_TEST_RABBITMQ_URL is not set: this test needs RabbitMQ. "
+    + SERVICES_HINT.format(variable="DRIFTSAFE_TEST_RABBITMQ_URL")
+)
+
 #: Redis databases one test process uses: REDIS_DB .. REDIS_DB + 4; the run's workers use
 #: FIRST_REDIS_DB .. FIRST_REDIS_DB + 5 * workers - 1.
 REDIS_DBS_PER_PROCESS = 5
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or "1")
 _WORKER = int((os.environ.get("PYTEST_XDIST_WORKER") or "gw0").removeprefix("gw"))
-FIRST_REDIS_DB = int(
-    os.environ.get("DRIFTSAFE_TEST_REDIS_DB") or 16 - REDIS_DBS_PER_PROCESS * _WORKERS
-)
+FIRST_REDIS_DB = int(os.environ.get("DRIFTSAFE_TEST_REDIS_DB") or "0")
 if _WORKER >= _WORKERS:
     # pytest-xdist names a worker that replaces a crashed one gw<N>, gw<N+1>...: which range
     # it may take over is unknown (tests/run.sh runs with --max-worker-restart 0).
     raise RuntimeError(
         f"test worker gw{_WORKER} of {_WORKERS} replaces a crashed one, and its Redis databases "
         "are unknown: run with --max-worker-restart 0 and see why the worker crashed"
-    )
-if FIRST_REDIS_DB < 0:
-    raise RuntimeError(
-        f"{_WORKERS} test workers need {REDIS_DBS_PER_PROCESS * _WORKERS} Redis databases, more "
-        "than a default server's 16 hold: set DRIFTSAFE_TEST_REDIS_DB to the first of a free range "
-        "(and raise the server's `databases`), or run fewer workers"
     )
 REDIS_DB = FIRST_REDIS_DB + REDIS_DBS_PER_PROCESS * _WORKER
 REDIS_URL = f"{REDIS_SERVER}/{REDIS_DB}"
@@ -92,27 +169,21 @@ if TEST_DB == "postgres":
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.postgresql",
-            "NAME": os.environ.get("DRIFTSAFE_TEST_PG_NAME", "driftsafe"),
-            "USER": os.environ.get("DRIFTSAFE_TEST_PG_USER", "postgres"),
-            "HOST": os.environ.get("DRIFTSAFE_TEST_PG_HOST", "127.0.0.1"),
-            "PORT": os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432"),
-            # one test database per run, so concurrent runs on one server never collide
+            **postgres_server(),
+            # one test database per process, so concurrent runs on one server never collide
             "TEST": {
                 "NAME": os.environ.get("DRIFTSAFE_TEST_PG_TEST_NAME")
-                or f"test_driftsafe_{os.getpid()}"
+                or f"test_driftsafe_{RUN_ID}_{os.getpid()}"
             },
         }
     }
 elif TEST_DB == "mysql":
-    # MySQL 8 / MariaDB 10.6+ (needs mysqlclient): not part of tests/run.sh yet.
+    # MariaDB 10.6+ / MySQL 8 (needs mysqlclient, the mysql extra)
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.mysql",
-            "NAME": os.environ.get("DRIFTSAFE_TEST_MYSQL_NAME", "driftsafe"),
-            "USER": os.environ.get("DRIFTSAFE_TEST_MYSQL_USER", "root"),
-            "HOST": os.environ.get("DRIFTSAFE_TEST_MYSQL_HOST", "127.0.0.1"),
-            "PORT": os.environ.get("DRIFTSAFE_TEST_MYSQL_PORT", "3306"),
-            "TEST": {"NAME": f"test_driftsafe_{os.getpid()}"},
+            **mariadb_server(),
+            "TEST": {"NAME": f"test_driftsafe_{RUN_ID}_{os.getpid()}"},
         }
     }
 elif TEST_DB == "sqlite":
@@ -137,7 +208,7 @@ else:
 
 DRIFTSAFE = {
     "REDIS_URL": REDIS_URL,
-    "KEY_PREFIX": "driftsafe-test",
+    "KEY_PREFIX": RUN_PREFIX,
     "TIME_AUTHORITY": "redis" if TEST_DB == "sqlite" else "database",
     # A beat's claim process (a spawned interpreter) would make in-process rounds depend on
     # when it gets ready: tests/test_claim_process.py turns it on and waits for it.

@@ -13,17 +13,22 @@ import os
 
 import django
 
-from tests.settings import INSTALLED_APPS, SECRET_KEY, TEMPLATES  # noqa: F401
+from tests.settings import INSTALLED_APPS, SECRET_KEY, TEMPLATES, postgres_server  # noqa: F401
 
 _kind, _, _name = os.environ["DRIFTSAFE_E2E_DB"].partition(":")
 if _kind == "postgresql":
+    # The test PostgreSQL (DRIFTSAFE_TEST_POSTGRES_URL, as tests/settings.py reads it); a run
+    # may send a process elsewhere with DRIFTSAFE_TEST_PG_HOST / _PORT / _USER, say through
+    # PgBouncer (tests/e2e/test_pgbouncer.py).
+    _server = postgres_server()
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": _name,
-            "USER": os.environ.get("DRIFTSAFE_TEST_PG_USER", "postgres"),
-            "HOST": os.environ.get("DRIFTSAFE_TEST_PG_HOST", "127.0.0.1"),
-            "PORT": os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432"),
+            "USER": os.environ.get("DRIFTSAFE_TEST_PG_USER") or _server["USER"],
+            "PASSWORD": _server["PASSWORD"],
+            "HOST": os.environ.get("DRIFTSAFE_TEST_PG_HOST") or _server["HOST"],
+            "PORT": os.environ.get("DRIFTSAFE_TEST_PG_PORT") or _server["PORT"],
         }
     }
 else:
