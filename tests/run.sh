@@ -241,9 +241,14 @@ LANES+=("$lane3_pid")
 say "pytest on PostgreSQL ($WORKERS workers; beside it: the checks and the SQLite pass, the" \
   "chaos test and the MariaDB pass; their output follows)"
 pg_code=0
+# in the background and waited for: a TERM to the command then stops it at once (bash runs a
+# trap only once its foreground command is done)
 step postgres env DRIFTSAFE_TEST_DB=postgres DRIFTSAFE_TEST_REDIS_DB="$(first_db 0)" \
   DRIFTSAFE_TEST_RUN_ID="${RUN_ID}p" \
-  "$PY" -m pytest "${PARALLEL[@]}" -m "not pure and not chaos" "$@" || pg_code=$?
+  "$PY" -m pytest "${PARALLEL[@]}" -m "not pure and not chaos" "$@" &
+pg_pid=$!
+LANES+=("$pg_pid")
+wait "$pg_pid" || pg_code=$?
 lane2_code=0
 wait "$lane2_pid" || lane2_code=$?
 cat "$scratch/lane2.log"
