@@ -29,7 +29,7 @@ from tests.skip_guard import (  # noqa: F401  (the hooks)
     pytest_runtest_makereport,
     pytest_terminal_summary,
 )
-from tests.support import BROKER_URL, QUEUE, T0
+from tests.support import BROKER_URL, QUEUE, T0, empty_redis, forget_queue
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -151,13 +151,14 @@ def needs_faketime() -> None:
 
 @pytest.fixture
 def redis_client() -> Iterator[Any]:
-    """The test Redis database (``DRIFTSAFE_TEST_REDIS_DB``), emptied before and after."""
+    """The test Redis database (this process's first), emptied before and after (on a Redis
+    not of the run's own, only of the run's keys: :func:`tests.support.empty_redis`)."""
     import redis
 
     client = redis.Redis.from_url(test_settings.REDIS_URL)
-    client.flushdb()
+    empty_redis(client)
     yield client
-    client.flushdb()
+    empty_redis(client)
     client.close()
 
 
@@ -178,7 +179,7 @@ def broker_app() -> Iterator[Celery]:
         return x + y
 
     yield app
-    client.delete(QUEUE)
+    forget_queue(client, QUEUE)
     client.close()
 
 

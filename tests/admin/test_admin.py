@@ -24,6 +24,7 @@ from celery_driftsafe.exceptions import TaskRefused
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunKind, RunStatus
 from celery_driftsafe.publish import run_now
 from celery_driftsafe.testing import FakeClock
+from tests import settings as test_settings
 from tests.skip_guard import configuration
 from tests.support import T0, drain
 from tests.support.admin_forms import ADD, RUNS, TASKS, form_data, form_errors
@@ -42,7 +43,7 @@ QUEUE = f"driftsafe-admin-tests-{uuid.uuid4().hex[:8]}"
 def wakeups(redis_client: Any) -> Iterator[Any]:
     """Counts schedule-change notifications published while the test runs, on a channel of
     its own (a key prefix unique to the test: other runs on the same Redis publish too)."""
-    prefix = f"driftsafe-test-{uuid.uuid4().hex[:12]}"
+    prefix = f"{test_settings.RUN_PREFIX}-{uuid.uuid4().hex[:12]}"
     with override_settings(DRIFTSAFE={**settings.DRIFTSAFE, "KEY_PREFIX": prefix}):
         pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
         pubsub.subscribe(f"{prefix}:changes")

@@ -13,6 +13,7 @@ from django.test import override_settings
 
 from celery_driftsafe.definitions import changes
 from celery_driftsafe.models import PeriodicTask, ScheduleKind
+from tests import settings as test_settings
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, 500000, tzinfo=UTC)
 S = timedelta(seconds=1)
@@ -95,7 +96,7 @@ def test_reenabling_starts_after_now_without_catch_up() -> None:
 def test_changes_wake_beats_through_redis(redis_client: Any) -> None:
     # A key prefix of the test's own: Redis channels ignore the database number, and another
     # test process publishing on the shared prefix would make this pass without our save.
-    prefix = f"driftsafe-test-{uuid.uuid4().hex[:12]}"
+    prefix = f"{test_settings.RUN_PREFIX}-{uuid.uuid4().hex[:12]}"
     pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(f"{prefix}:changes")
     received = threading.Event()

@@ -51,7 +51,7 @@ from celery_driftsafe.store.redis import (
 from celery_driftsafe.testing import FakeClock
 from celery_driftsafe.testing.processes import free_port
 from tests import settings as test_settings
-from tests.support import T0
+from tests.support import T0, empty_redis
 
 PREFIX = test_settings.DRIFTSAFE["KEY_PREFIX"]
 # A Redis database of its own (the locks database of tests/settings.py, ``REDIS_DB + 3``):
@@ -120,9 +120,9 @@ class Harness:
 def lock_redis() -> Iterator[Any]:
     """A client on the locks database (``REDIS_DB + 3``), emptied before and after."""
     client = redis.Redis.from_url(LOCK_REDIS_URL)
-    client.flushdb()
+    empty_redis(client)
     yield client
-    client.flushdb()
+    empty_redis(client)
     client.close()
 
 

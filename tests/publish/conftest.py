@@ -12,18 +12,18 @@ import redis
 from celery import Celery
 
 from celery_driftsafe.task import DriftSafeTask
+from tests import settings as test_settings
+from tests.support import forget_queue
 from tests.support.fast_path import BROKER_URL
 
 
 @pytest.fixture
 def queue() -> Iterator[str]:
     """A queue name of this test's own; its Redis lists are deleted afterwards."""
-    name = f"fast-{uuid.uuid4().hex[:8]}"
+    name = f"{test_settings.RUN_PREFIX}-fast-{uuid.uuid4().hex[:8]}"
     yield name
     client = redis.Redis.from_url(BROKER_URL)
-    keys = client.keys(f"{name}*") + client.keys("_kombu.binding.*")
-    if keys:
-        client.delete(*keys)
+    forget_queue(client, name)
     client.close()
 
 

@@ -308,7 +308,7 @@ def test_with_a_global_key_prefix_the_messages_land_in_the_prefixed_lists(
 ) -> None:
     """kombu's ``global_keyprefix`` transport option: written straight to Redis, the message
     lands in the prefixed list, where Celery's lands."""
-    prefix = f"pfx-{uuid.uuid4().hex[:6]}-"
+    prefix = f"{test_settings.RUN_PREFIX}-pfx-{uuid.uuid4().hex[:6]}-"
     app = make_app(broker_transport_options={"global_keyprefix": prefix})
     runs = claim(task="fast.add")
     celery_sent, fast_sent, dispatcher = both_ways(

@@ -309,7 +309,7 @@ class Apps:
 
     def get(self, config: Config) -> tuple[Celery, str, Dispatcher]:
         if config not in self.apps:
-            prefix = f"dq-{uuid.uuid4().hex[:10]}"
+            prefix = f"{test_settings.RUN_PREFIX}-dq-{uuid.uuid4().hex[:10]}"
             broker = REDIS_URL if config.broker == "redis" else AMQP_URL
             app = Celery("driftsafe-differential", broker=broker, set_as_current=False)
             transport: dict[str, Any] = {}

@@ -19,10 +19,39 @@ T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 BROKER_DB = test_settings.REDIS_DB + 1
 BROKER_URL = f"{test_settings.REDIS_SERVER}/{BROKER_DB}"
-#: One queue per test process, so concurrent runs on one Redis never see each other's messages.
-QUEUE = f"tests-{os.getpid()}"
+#: One queue per test process, so concurrent runs on one Redis never see each other's messages;
+#: under the run's prefix, so a Redis not of the run's own is left as it was.
+QUEUE = f"{test_settings.RUN_PREFIX}-tests-{os.getpid()}"
 
 T = TypeVar("T")
+#: What separates a kombu binding's routing key, pattern and queue on Redis.
+KOMBU_SEPARATOR = "\x06\x16"
+
+
+def empty_redis(client: Any) -> None:
+    """Empty a test database of the Redis ``client`` is on: all of it on the run's own server
+    (``tests/services.sh`` started it); on any other only the keys under the run's prefix, so
+    nothing the run did not write is read or removed."""
+    if test_settings.REDIS_IS_PRIVATE:
+        client.flushdb()
+        return
+    keys = list(client.scan_iter(f"{test_settings.RUN_PREFIX}*", count=1000))
+    if keys:
+        client.delete(*keys)
+
+
+def forget_queue(client: Any, queue: str) -> None:
+    """Remove what kombu keeps on a Redis broker for ``queue``: its lists (one per priority),
+    and its entries in the exchanges' binding sets (``_kombu.binding.<exchange>``: each member
+    names its queue last), leaving other queues' bindings as they were."""
+    keys = list(client.scan_iter(f"{queue}*", count=1000))
+    if keys:
+        client.delete(*keys)
+    for binding in client.scan_iter("_kombu.binding.*", count=1000):
+        members = client.smembers(binding)
+        ours = [m for m in members if m.decode().rpartition(KOMBU_SEPARATOR)[2].startswith(queue)]
+        if ours:
+            client.srem(binding, *ours)
 
 
 def drain(queue: str = QUEUE) -> list[dict[str, Any]]:

@@ -23,6 +23,9 @@ from tests.skip_guard import configuration
 from tests.support import drain
 from tests.support.factories import interval_task
 
+#: The package's Redis keys in these tests start with it (the tests' KEY_PREFIX).
+PREFIX = test_settings.DRIFTSAFE["KEY_PREFIX"]
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -227,9 +230,7 @@ def _held_for(redis_client: Any, run: Run) -> str | None:
     a holder's token, or the name of the run it was handed to; None: free."""
     from celery_driftsafe.models import Lock as LockRow
 
-    value: bytes | None = redis_client.get(
-        f"driftsafe-test:lock:task-running:{run.periodic_task_id}"
-    )
+    value: bytes | None = redis_client.get(f"{PREFIX}:lock:task-running:{run.periodic_task_id}")
     if value is not None:
         return value.decode()
     row: str | None = (

@@ -24,6 +24,9 @@ from tests.skip_guard import configuration
 from tests.support import T0, drain
 from tests.support.factories import interval_task, real_deadlock
 
+#: The package's Redis keys in these tests start with it (the tests' KEY_PREFIX).
+PREFIX = test_settings.DRIFTSAFE["KEY_PREFIX"]
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -205,7 +208,7 @@ def test_stale_started_run_is_taken_over_with_a_newer_token(
 ) -> None:
     """A worker died mid-run: the row says started, but nobody holds the lock any more."""
     run = _run(status=RunStatus.STARTED, fencing_token=7)
-    redis_client.set(f"driftsafe-test:fence:run:{run.pk}", 7)
+    redis_client.set(f"{PREFIX}:fence:run:{run.pk}", 7)
     with delivery(record, run):
         assert record("a") == "a"
     run.refresh_from_db()
@@ -242,7 +245,7 @@ def test_a_lock_redis_lost_while_the_body_runs_lets_no_copy_run_it_again(
     once that lease is over. The holder sets its lock again at its next renewal, and the body
     runs once."""
     run = _run()
-    key = f"driftsafe-test:lock:run:{run.pk}"
+    key = f"{PREFIX}:lock:run:{run.pk}"
     with _running_with_a_short_lease(record, run):
         leased = Run.objects.get(pk=run.pk).lease_until
         assert leased is not None
@@ -269,7 +272,7 @@ def test_a_holder_whose_renewal_is_refused_keeps_its_lease_until_the_body_ends(
     from celery_driftsafe.store.clock import authority_clock
 
     run = _run()
-    key = f"driftsafe-test:lock:run:{run.pk}"
+    key = f"{PREFIX}:lock:run:{run.pk}"
     with _running_with_a_short_lease(record, run):
         redis_client.set(key, "a copy's token", px=5000)
         _wait_for(lambda: _logged(caplog, "lock-lost"))
@@ -295,7 +298,7 @@ def test_a_holder_taken_over_while_away_stops_keeping_its_lease(
     run = _run()
     with _running_with_a_short_lease(record, run):
         token = Run.objects.get(pk=run.pk).fencing_token
-        redis_client.set(f"driftsafe-test:lock:run:{run.pk}", "the newer holder's", px=5000)
+        redis_client.set(f"{PREFIX}:lock:run:{run.pk}", "the newer holder's", px=5000)
         Run.objects.filter(pk=run.pk).update(fencing_token=token + 1, worker="newer")
         _wait_for(lambda: _logged(caplog, "lease-taken-over"))
     run.refresh_from_db()
@@ -355,7 +358,7 @@ def test_overlap_skip_holds_when_redis_loses_the_running_lock(
     record.gate.clear()
     worker = threading.Thread(target=lambda: _deliver(record, first))
     worker.start()
-    running_lock = f"driftsafe-test:lock:task-running:{first.periodic_task_id}"
+    running_lock = f"{PREFIX}:lock:task-running:{first.periodic_task_id}"
     # both the running lock and the run's start: the fast path takes the lock right after
     # the start, the slow path (where UPDATE ... RETURNING is missing: MariaDB) just before it
     _wait_for(
@@ -416,7 +419,7 @@ def test_a_run_taken_over_while_the_next_one_runs_ends_failed_not_skipped(
     Run.objects.filter(pk=first.pk).update(
         status=RunStatus.STARTED, worker="dead-worker", fencing_token=1, started_at=T0
     )
-    redis_client.set(f"driftsafe-test:fence:run:{first.pk}", 1)  # as the dead worker left it
+    redis_client.set(f"{PREFIX}:fence:run:{first.pk}", 1)  # as the dead worker left it
     running = lock_backend().lock(f"task-running:{first.periodic_task_id}", ttl=30)
     assert running.acquire(blocking=False)  # the second run's body
     try:
@@ -570,7 +573,7 @@ def test_lost_fence_counter_continues_the_runs_sequence(
     """Redis lost its fencing counter (restart without persistence): the next lock's token
     still goes above the run's, so the take-over of a dead holder's run is recorded."""
     run = _run(status=RunStatus.STARTED, fencing_token=9, worker="dead-worker")
-    assert redis_client.get(f"driftsafe-test:fence:run:{run.pk}") is None
+    assert redis_client.get(f"{PREFIX}:fence:run:{run.pk}") is None
     with delivery(record, run):
         assert record("a") == "a"
     run.refresh_from_db()
