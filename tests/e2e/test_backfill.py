@@ -23,6 +23,7 @@ import pytest
 
 from tests import settings as test_settings
 from tests.e2e.harness import E2ERun, real_now
+from tests.support import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("needs_faketime")]
 
@@ -55,13 +56,6 @@ def _move_next_slot(run: E2ERun, name: str, instant: Any) -> None:
     run.tool("corrupt", [{"name": name, "set": f"next_slot_at = '{value}', due_at = '{value}'"}])
 
 
-def _wait(condition: Any, timeout: float, what: str, run: E2ERun) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}\n{run.logs()}"
-        time.sleep(0.05)
-
-
 def test_backfills_racing_beats_run_each_slot_of_the_range_once(tmp_path: Path) -> None:
     offsets = [0.0, 1.5, -2.0] if BACKEND == "postgresql" else [1.5, -2.0]
     name = "raced"
@@ -92,14 +86,14 @@ def test_backfills_racing_beats_run_each_slot_of_the_range_once(tmp_path: Path) 
         ]
         # The first backfilled message is on the broker: the schedule moves back to the start
         # of the range, and the beats catch up (fire_all) the slots the backfills are taking.
-        _wait(
+        wait_until(
             lambda: (
                 any(m.periodic_task_id == task["id"] for m in run.received)
                 or any(b.process.poll() for b in backfills)
             ),
-            60,
-            "no backfill published",
-            run,
+            "a backfilled message on the broker (or a backfill to exit)",
+            timeout=60,
+            context=run.logs,
         )
         _move_next_slot(run, name, start)
         for backfill in backfills:
@@ -183,7 +177,9 @@ def test_the_command_paces_by_rate_and_refuses_a_range_over_the_cap(tmp_path: Pa
         # 20 slots at 5 per second: chunks of 5, due 0 s, 1 s, 2 s and 3 s after the start.
         paced = command(20, "--rate", "5/s")
         assert paced.process.returncode == 0, paced.log.read_text()
-        _wait(lambda: len(run.received) >= 20, 30, "not all published", run)
+        wait_until(
+            lambda: len(run.received) >= 20, "all 20 published", timeout=30, context=run.logs
+        )
         stamps = sorted(m.received_at for m in run.received)
         assert len(stamps) == 20
         # A chunk is due a second after the one before it was due (the pacing counts from the

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 from tests import settings as test_settings
 from tests.e2e.harness import E2ERun, real_now
 from tests.skip_guard import configuration
+from tests.support import wait_until
 
 # One database is enough here (change notifications do not depend on the database; the SQLite
 # claim path has its own end-to-end run in tests/e2e/test_beats.py): the suite must stay under
@@ -35,15 +35,10 @@ BACKEND = "postgresql" if test_settings.TEST_DB == "postgres" else "sqlite"
 MAX_LOOP = 30.0
 
 
-def _wait(condition: Callable[[], Any], what: str, run: E2ERun) -> Any:
-    """Wait for ``condition`` for at most half the beats' sleep: a beat that was not woken
-    by the notification would still be asleep."""
-    deadline = time.monotonic() + MAX_LOOP / 2
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"no {what} within {MAX_LOOP / 2:g} s: not woken?\n{run.logs()}")
+#: How long the test waits for a change to take effect: half the beats' sleep, so that a beat
+#: the change notification did not wake would still be asleep.
+WOKEN_WITHIN = MAX_LOOP / 2
+NOT_WOKEN = f" (within half the beats' {MAX_LOOP:g} s sleep: not woken?)"
 
 
 def test_new_edited_disabled_and_deleted_tasks_take_effect_without_waiting_for_the_loop(
@@ -66,7 +61,13 @@ def test_new_edited_disabled_and_deleted_tasks_take_effect_without_waiting_for_t
         run.start_recorder()
         run.start_beat(0.0)
         run.start_beat(0.0)
-        _wait(lambda: len(run.tool("dump")["nodes"]) == 2, "two beats registered", run)
+        wait_until(
+            lambda: len(run.tool("dump")["nodes"]) == 2,
+            "two beats registered" + NOT_WOKEN,
+            timeout=WOKEN_WITHIN,
+            interval=0.1,
+            context=run.logs,
+        )
         time.sleep(2)  # their first rounds are over: asleep (the next slot is an hour away)
 
         # a new task: first slot = authority now + 2 s; must fire on time, not 30 s later
@@ -81,7 +82,13 @@ def test_new_edited_disabled_and_deleted_tasks_take_effect_without_waiting_for_t
                 }
             ],
         )
-        new = _wait(lambda: run.received_for("new")[:2] or None, "message of the new task", run)
+        new = wait_until(
+            lambda: run.received_for("new")[:2] or None,
+            "message of the new task" + NOT_WOKEN,
+            timeout=WOKEN_WITHIN,
+            interval=0.1,
+            context=run.logs,
+        )
         (task,) = [t for t in run.tool("dump")["tasks"] if t["name"] == "new"]
         first_slot = datetime.fromisoformat(task["anchor"]) + timedelta(seconds=2)
         assert new[0].slot == first_slot, "the new task's first slot did not fire"
@@ -107,10 +114,22 @@ def test_new_edited_disabled_and_deleted_tasks_take_effect_without_waiting_for_t
             after = [m for m in run.received_for("new") if m.slot > edited_at]
             return after if len(after) >= 3 else None
 
-        after = _wait(three_after_the_edit, "three slots after the edit", run)
+        after = wait_until(
+            three_after_the_edit,
+            "three slots after the edit" + NOT_WOKEN,
+            timeout=WOKEN_WITHIN,
+            interval=0.1,
+            context=run.logs,
+        )
         gaps = {(b.slot - a.slot).total_seconds() for a, b in itertools.pairwise(after)}
         assert gaps == {1.0}, gaps
-        doomed = _wait(lambda: run.received_for("doomed"), "message of the task to delete", run)
+        doomed = wait_until(
+            lambda: run.received_for("doomed"),
+            "message of the task to delete" + NOT_WOKEN,
+            timeout=WOKEN_WITHIN,
+            interval=0.1,
+            context=run.logs,
+        )
         doomed_ids = {m.periodic_task_id for m in doomed}
 
         # disabling stops a task, and deleting one does too: nothing whose slot is over 1 s
