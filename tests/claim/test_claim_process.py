@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +20,7 @@ from celery_driftsafe.models import Run, RunStatus
 from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.testing import FakeClock
 from tests.skip_guard import configuration
-from tests.support import T0, drain
+from tests.support import T0, drain, wait_until
 from tests.support.factories import interval_task
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -60,16 +59,9 @@ def wave_beat(settings: Any, broker_app: Any, clock: FakeClock) -> Iterator[Drif
     helper = sched._prefetcher.process
     assert helper is not None
     helper.start()
-    _wait(lambda: helper.ready, "the claim process to get ready")
+    wait_until(lambda: helper.ready, "the claim process to get ready")
     yield sched
     sched.close()
-
-
-def _wait(condition: Any, what: str, seconds: float = 60.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
-        time.sleep(0.05)
 
 
 def _rounds_until_idle(sched: DriftSafeScheduler, limit: int = 100) -> int:
@@ -123,7 +115,7 @@ def test_a_beat_set_up_with_settings_configure_has_its_helper_too(
         assert helper is not None
         with caplog.at_level(logging.WARNING, logger="celery_driftsafe"):
             helper.start()
-            _wait(lambda: helper.ready or helper.unavailable is not None, "the claim process")
+            wait_until(lambda: helper.ready or helper.unavailable is not None, "the claim process")
         assert helper.unavailable is None and "not used" not in caplog.text
         for i in range(200):
             interval_task(f"c{i:03d}", 60, anchor=T0, next_slot_at=T0)
@@ -174,7 +166,7 @@ def test_a_killed_helper_loses_no_slot_and_doubles_none(
         interval_task(f"n{i:03d}", 3600, anchor=clock.now(), next_slot_at=clock.now())
     wave_beat._guarded_round()
     assert helper.unavailable is None and helper.running and helper._process is not killed
-    _wait(lambda: helper.ready, "the new claim process to get ready")
+    wait_until(lambda: helper.ready, "the new claim process to get ready")
     _rounds_until_idle(wave_beat)
     assert helper.claims > claims
     ids = [m["id"] for m in drain()]  # the new wave, and the killed wave's tasks' next slots
@@ -233,7 +225,7 @@ def test_a_helper_started_by_a_short_wave_is_kept_for_the_next(
         assert helper is not None and helper.running
         sched._guarded_round()
         assert helper.running
-        _wait(lambda: helper.ready, "the claim process to get ready")
+        wait_until(lambda: helper.ready, "the claim process to get ready")
         clock.advance(60)
         _rounds_until_idle(sched)
         assert helper.claims >= 1
@@ -275,7 +267,7 @@ def test_the_helper_ends_when_the_beat_is_gone(settings: Any) -> None:
     _needs_skip_locked()
     helper = ClaimProcess("default", "gone-node")
     helper.start()
-    _wait(lambda: helper.ready, "the claim process to get ready")
+    wait_until(lambda: helper.ready, "the claim process to get ready")
     process = helper._process
     helper._conn.close()  # what the beat's death does to its end
     process.join(20)

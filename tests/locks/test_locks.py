@@ -51,7 +51,7 @@ from celery_driftsafe.store.redis import (
 from celery_driftsafe.testing import FakeClock
 from celery_driftsafe.testing.processes import free_port
 from tests import settings as test_settings
-from tests.support import T0, empty_redis
+from tests.support import T0, empty_redis, wait_until
 
 PREFIX = test_settings.DRIFTSAFE["KEY_PREFIX"]
 # A Redis database of its own (the locks database of tests/settings.py, ``REDIS_DB + 3``):
@@ -301,10 +301,10 @@ class TestLockContract:
         locks = harness.backend(clock)
         with locks.lock("job", ttl=30).hold(watchdog=True) as held:
             for _ in range(6):  # two leases' worth, a renewal every ttl/3
-                _until(lambda: clock.waiters == 2, "the renewer and the timekeeper waiting")
+                wait_until(lambda: clock.waiters == 2, "the renewer and the timekeeper waiting")
                 harness.mark_unrenewed("job")
                 clock.advance(10)
-                _until(lambda: harness.renewed("job", clock, 30), "renewed at the fake now")
+                wait_until(lambda: harness.renewed("job", clock, 30), "renewed at the fake now")
             assert not held.lost.is_set()
             held.check()
             assert not locks.lock("job", ttl=10).acquire(blocking=False)
@@ -333,11 +333,11 @@ class TestLockContract:
         calls: list[HeldLock] = []
         locks = harness.backend(clock)
         with locks.lock("job", ttl=30).hold(watchdog=True, on_lost=calls.append) as held:
-            _until(lambda: clock.waiters == 2, "the renewer and the timekeeper waiting")
+            wait_until(lambda: clock.waiters == 2, "the renewer and the timekeeper waiting")
             getattr(harness, tamper)("job")
             assert not held.lost.is_set()
             clock.advance(10)  # the next renewal is refused
-            _until(held.lost.is_set, "the lock declared lost at its next renewal")
+            wait_until(held.lost.is_set, "the lock declared lost at its next renewal")
             assert held.lost_reason is not None and "renewal refused" in held.lost_reason
             assert calls == [held]
             with pytest.raises(LockLost, match="renewal refused"):
@@ -357,11 +357,11 @@ class TestLockContract:
         calls: list[HeldLock] = []
         locks = harness.backend(clock)
         with locks.lock("job", ttl=30).hold(watchdog=True, on_lost=calls.append) as held:
-            _until(lambda: clock.waiters == 2, "the renewer and the timekeeper waiting")
+            wait_until(lambda: clock.waiters == 2, "the renewer and the timekeeper waiting")
             harness.delete("job")
             clock.advance(10)  # the next renewal
             key = f"{PREFIX}:lock:job"
-            _until(lambda: harness.admin.get(key) is not None, "the key set again")
+            wait_until(lambda: harness.admin.get(key) is not None, "the key set again")
             assert harness.admin.pttl(key) > 25_000, "with a whole lease"
             assert not harness.backend(clock).lock("job", ttl=10).acquire(blocking=False)
             assert not held.lost.is_set() and calls == []
@@ -535,14 +535,14 @@ class TestRedisLock:
             try:
                 lock = RedisLockBackend(client, PREFIX, clock=clock).lock("job", ttl=30)
                 with lock.hold(watchdog=True, on_lost=calls.append) as held:
-                    _until(lambda: clock.waiters == 2, "the renewer and the timekeeper waiting")
+                    wait_until(lambda: clock.waiters == 2, "the renewer and the timekeeper waiting")
                     process.kill()
                     process.wait()
                     clock.advance(10)  # a renewal fails; the lease has 20 s left
-                    _until(lambda: clock.waiters == 2, "the renewer waiting to retry")
+                    wait_until(lambda: clock.waiters == 2, "the renewer waiting to retry")
                     assert not held.lost.is_set(), held.lost_reason
                     clock.advance(21)  # past the lease's end
-                    _until(held.lost.is_set, "the lock declared lost at the lease's end")
+                    wait_until(held.lost.is_set, "the lock declared lost at the lease's end")
                     assert "lease ran out" in (held.lost_reason or "")
                     assert calls == [held]
             finally:
@@ -558,13 +558,13 @@ class TestRedisLock:
             try:
                 lock = RedisLockBackend(client, PREFIX, clock=clock).lock("job", ttl=30)
                 with lock.hold(watchdog=True) as held:
-                    _until(lambda: clock.waiters == 2, "the renewer and the timekeeper waiting")
+                    wait_until(lambda: clock.waiters == 2, "the renewer and the timekeeper waiting")
                     process.send_signal(signal.SIGSTOP)
                     try:
                         clock.advance(10)  # the renewal call hangs on the frozen Redis
-                        _until(lambda: clock.waiters == 1, "only the timekeeper waiting")
+                        wait_until(lambda: clock.waiters == 1, "only the timekeeper waiting")
                         clock.advance(21)  # past the lease's end, the call still hanging
-                        _until(held.lost.is_set, "lost at the lease's end, the call stuck")
+                        wait_until(held.lost.is_set, "lost at the lease's end, the call stuck")
                         assert held.lost_reason == "the lease ran out before it could be renewed"
                     finally:
                         process.send_signal(signal.SIGCONT)
@@ -760,14 +760,6 @@ def connected(url: str, **options: Any) -> Iterator[Any]:
         yield client
     finally:
         client.close()
-
-
-def _until(condition: Callable[[], bool], what: str, seconds: float = 10.0) -> None:
-    """Wait (really, briefly) until a watchdog thread has reacted to the fake clock."""
-    give_up = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < give_up, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 def test_lock_identity_names_the_store_and_fits_the_run_column() -> None:

@@ -16,10 +16,9 @@ import contextlib
 import socket
 import sys
 import threading
-import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -43,7 +42,7 @@ from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.task import DriftSafeTask
 from celery_driftsafe.testing import FakeClock
 from tests import settings as test_settings
-from tests.support import drain
+from tests.support import drain, wait_until
 from tests.support.factories import interval_task
 from tests.support.metrics import parse, scrape, value
 
@@ -522,14 +521,6 @@ def test_metrics_view_answers_a_database_error_without_its_text(
 BROKER_URL = f"{test_settings.REDIS_SERVER}/{test_settings.REDIS_DB + 1}"
 
 
-def _wait(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return result
-
-
 @pytest.fixture
 def worker_env(redis_client: Any) -> Iterator[tuple[Celery, str]]:
     """An in-process worker (threads pool) on a queue of its own, serving its metrics on a
@@ -613,7 +604,7 @@ def _new_run(name: str) -> Run:
 
 
 def _ended(run: Run) -> Run:
-    return _wait(
+    return wait_until(
         lambda: Run.objects.filter(
             pk=run.pk, status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED]
         ).first(),
@@ -641,12 +632,12 @@ def test_worker_figures_move_as_runs_execute(worker_env: tuple[Celery, str]) -> 
     assert _ended(good).status == RunStatus.SUCCEEDED
     assert _ended(bad).status == RunStatus.FAILED
     executions = "driftsafe_worker_executions_total"
-    _wait(lambda: moved(executions, task="metrics.boom", outcome="failed") == 1, "failed")
+    wait_until(lambda: moved(executions, task="metrics.boom", outcome="failed") == 1, "failed")
     assert moved(executions, task="metrics.ok", outcome="succeeded") == 1
 
     # the same message again: a duplicate of a finished run, dropped and counted
     _publish(app, queue, good, [1])
-    _wait(
+    wait_until(
         lambda: moved("driftsafe_worker_duplicates_suppressed_total", task="metrics.ok") == 1,
         "the duplicate",
     )
@@ -655,7 +646,7 @@ def test_worker_figures_move_as_runs_execute(worker_env: tuple[Celery, str]) -> 
     # taken over mid-body: the outcome is refused by the fencing token, and counted
     fenced = _new_run("metrics.taken_over")
     _publish(app, queue, fenced, [])
-    _wait(
+    wait_until(
         lambda: moved("driftsafe_worker_fenced_out_total", task="metrics.taken_over") == 1,
         "the fenced-out outcome",
     )
@@ -676,7 +667,7 @@ def test_worker_figures_move_as_runs_execute(worker_env: tuple[Celery, str]) -> 
         lonely = _new_run("metrics.ok")
         _publish(app, queue, lonely, [2])
         assert _ended(lonely).status == RunStatus.SUCCEEDED
-        _wait(
+        wait_until(
             lambda: moved("driftsafe_worker_lock_errors_total", task="metrics.ok") == 1,
             "the lock error",
         )

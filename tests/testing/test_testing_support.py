@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from celery_driftsafe.testing.processes import (
 )
 from celery_driftsafe.testing.recording import QueueRecorder, percentile
 from tests import settings as test_settings
+from tests.support import wait_until
 
 CLEAN = (
     "import signal, sys, time\n"
@@ -63,11 +65,8 @@ def test_percentile_of_nothing_is_nan() -> None:
     assert percentile([], 50) != percentile([], 50)
 
 
-def _wait_for(path: Path, text: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in (path.read_text() if path.exists() else ""):
-        assert time.monotonic() < deadline, f"{path.name}: no {text!r}"
-        time.sleep(0.02)
+def _logged(path: Path, text: str) -> bool:
+    return text in (path.read_text() if path.exists() else "")
 
 
 def test_children_stop_with_sigterm_and_kill_what_ignores_it(tmp_path: Path) -> None:
@@ -76,7 +75,7 @@ def test_children_stop_with_sigterm_and_kill_what_ignores_it(tmp_path: Path) -> 
         clean = children.start("clean", [], {}, command=[sys.executable, "-c", CLEAN])
         stubborn = children.start("stubborn", [], {}, command=[sys.executable, "-c", STUBBORN])
         for child in (clean, stubborn):
-            _wait_for(child.log, "up")
+            wait_until(partial(_logged, child.log, "up"), f"{child.log.name}: up", timeout=20)
         rss, cpu = proc_stats(clean.pid)
         assert rss > 1000 and cpu >= 0.08  # the 0.1 s it spent, counted in clock ticks
         assert children.died() is None
@@ -92,7 +91,7 @@ def test_children_kill_records_the_time(tmp_path: Path) -> None:
     children = Children(tmp_path)
     try:
         child = children.start("victim", [], {}, command=[sys.executable, "-c", CLEAN])
-        _wait_for(child.log, "up")
+        wait_until(lambda: _logged(child.log, "up"), f"{child.log.name}: up", timeout=20)
         before = time.time()
         at = children.kill(child)
         assert before <= at <= time.time() and child.killed_at == at

@@ -27,6 +27,7 @@ from django.utils import timezone
 from celery_driftsafe.models import Run, RunAttempt, RunKind, RunStatus
 from celery_driftsafe.task import DriftSafeTask, authority_clock
 from tests import settings as test_settings
+from tests.support import wait_until
 from tests.support.factories import interval_task
 
 pytestmark = [
@@ -235,16 +236,6 @@ def make_env(redis_client: Any) -> Iterator[Callable[..., Env]]:
     client.close()
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what or condition}"
-        time.sleep(0.05)
-
-
 def finished(run: Run) -> Run:
     """Wait until the run has a final status; return it fresh."""
 
@@ -254,7 +245,7 @@ def finished(run: Run) -> Run:
             fresh if fresh.status not in ("claimed", "dispatched", "started", "retrying") else None
         )
 
-    result: Run = wait_for(done, what=f"run {run.pk} to finish")
+    result: Run = wait_until(done, what=f"run {run.pk} to finish")
     return result
 
 
@@ -306,7 +297,7 @@ def test_self_retry_runs_every_attempt_of_the_same_run(make_env: Any, kind: str)
     # A redelivered copy of attempt 1 (or of the first message) is dropped: no body, no result.
     env.publish_run(run, ["m", 2], retries=1)
     env.publish_run(run, ["m", 2])
-    wait_for(lambda: Run.objects.get(pk=run.pk).duplicate_deliveries == 2, what="2 duplicates")
+    wait_until(lambda: Run.objects.get(pk=run.pk).duplicate_deliveries == 2, what="2 duplicates")
     assert len(env.bodies("sem.flaky")) == 3
     assert env.app.AsyncResult(run.celery_task_id).get(timeout=5) == "m:2"
     assert Run.objects.get(pk=run.pk).status == RunStatus.SUCCEEDED
@@ -483,7 +474,7 @@ def test_a_worker_locking_elsewhere_never_takes_over_a_started_run(
         assert Ledger().start(Start(run.pk, token, timezone.now(), "other-worker", 0, "database"))
         with caplog.at_level("INFO", logger="celery_driftsafe"):
             env.publish_run(run, [5], headers={"driftsafe_locks": locks})
-            wait_for(
+            wait_until(
                 lambda: Run.objects.get(pk=run.pk).duplicate_deliveries == 1,
                 what="the copy dropped as a duplicate",
             )
@@ -514,17 +505,19 @@ def test_duplicates_never_write_the_result(
         env.gate.clear()
         run = new_run("sem.double", "manual")
         env.publish_run(run, [21])
-        wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.STARTED)
+        wait_until(
+            lambda: Run.objects.get(pk=run.pk).status == RunStatus.STARTED, "the run started"
+        )
         for _ in range(3):
             env.publish_run(run, [21])
-        wait_for(lambda: caplog.text.count("re-sent for") >= 3, what="3 copies re-sent")
+        wait_until(lambda: caplog.text.count("re-sent for") >= 3, what="3 copies re-sent")
         if url is not None:
             assert env.app.AsyncResult(run.celery_task_id).state == "PENDING"
         env.gate.set()
         run = finished(run)
         for _ in range(2):
             env.publish_run(run, [21])
-        wait_for(
+        wait_until(
             lambda: Run.objects.get(pk=run.pk).duplicate_deliveries == 5,
             timeout=30,
             what="5 duplicates",
@@ -561,13 +554,13 @@ def test_with_track_started_a_duplicate_leaves_the_stored_outcome(
     assert env.app.AsyncResult(run.celery_task_id).get(timeout=5) == 8
     for _ in range(2):
         env.publish_run(run, [4])
-    wait_for(lambda: Run.objects.get(pk=run.pk).duplicate_deliveries == 2, what="2 duplicates")
+    wait_until(lambda: Run.objects.get(pk=run.pk).duplicate_deliveries == 2, what="2 duplicates")
     # A retried run: a copy of its first attempt, delivered after the run succeeded.
     retried = new_run("sem.flaky", "manual")
     env.publish_run(retried, ["r", 1])
     retried = finished(retried)
     env.publish_run(retried, ["r", 1])
-    wait_for(
+    wait_until(
         lambda: Run.objects.get(pk=retried.pk).duplicate_deliveries == 1,
         what="the stale copy dropped",
     )
@@ -639,7 +632,11 @@ def test_run_past_its_expiry_is_recorded_expired_not_run(make_env: Any) -> None:
     assert run.status == RunStatus.EXPIRED and "expired" in run.error
     assert env.seen == []
     # the ledger is written first (it decides), the result backend right after
-    wait_for(lambda: env.app.AsyncResult(run.celery_task_id).state == "REVOKED", timeout=5)
+    wait_until(
+        lambda: env.app.AsyncResult(run.celery_task_id).state == "REVOKED",
+        "the run revoked",
+        timeout=5,
+    )
 
 
 def test_expiry_is_the_authoritys_not_the_workers_clock(make_env: Any) -> None:
@@ -738,7 +735,7 @@ def test_plain_tasks_runs_get_their_outcome_from_the_worker(make_env: Any) -> No
         headers={"driftsafe_run_id": foreign.pk, "driftsafe_fencing_token": 0},
         queue=env.queue,
     )
-    wait_for(lambda: len(env.bodies("sem.quiet")) == 3, what="both deliveries")
+    wait_until(lambda: len(env.bodies("sem.quiet")) == 3, what="both deliveries")
     assert Run.objects.get(pk=quiet.pk).finished_at == quiet.finished_at
     assert Run.objects.get(pk=foreign.pk).status == RunStatus.DISPATCHED
 
@@ -792,7 +789,7 @@ def test_a_plain_tasks_outcome_is_taken_only_from_its_runs_own_message(
         headers={"driftsafe_run_id": run.pk, "driftsafe_fencing_token": 0},
         queue=env.queue,
     )
-    wait_for(lambda: forged in handled, what="the forged message's outcome")
+    wait_until(lambda: forged in handled, what="the forged message's outcome")
     assert env.bodies("sem.quiet") == [("forged", 0)]
     assert Run.objects.get(pk=run.pk).status == RunStatus.DISPATCHED
     env.publish_run(run, ["own"])
@@ -828,7 +825,7 @@ def test_a_revoked_message_with_another_task_id_leaves_the_run_alone(
         headers={"driftsafe_run_id": run.pk, "driftsafe_fencing_token": 0},
         queue=env.queue,
     )
-    wait_for(lambda: forged in handled, what="the forged message's revoke")
+    wait_until(lambda: forged in handled, what="the forged message's revoke")
     assert Run.objects.get(pk=run.pk).status == RunStatus.DISPATCHED
     assert env.seen == []
 

@@ -20,7 +20,7 @@ from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 from celery_driftsafe.store.clock import authority_clock
 from tests import settings as test_settings
 from tests.skip_guard import configuration
-from tests.support import drain
+from tests.support import drain, wait_until
 from tests.support.factories import interval_task
 
 #: The package's Redis keys in these tests start with it (the tests' KEY_PREFIX).
@@ -80,15 +80,6 @@ def _deliver(task: Any, run: Run, value: str) -> None:
         connections.close_all()
 
 
-def _wait_for(condition: Any, timeout: float = 10.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
-
-
 def _running(task: Any, run: Run, value: str, redis_client: Any) -> threading.Thread:
     """``run``'s body running in a thread, held at the task's gate, once it holds the task's
     running lock."""
@@ -96,11 +87,12 @@ def _running(task: Any, run: Run, value: str, redis_client: Any) -> threading.Th
     worker = threading.Thread(target=_deliver, args=(task, run, value))
     worker.start()
     # (the slow path takes the lock before the start, the fast path after it)
-    _wait_for(
+    wait_until(
         lambda: (
             _held_for(redis_client, run) is not None
             and Run.objects.get(pk=run.pk).status == RunStatus.STARTED
-        )
+        ),
+        "the run started holding the task's running lock",
     )
     return worker
 

@@ -21,7 +21,7 @@ from celery_driftsafe.models import Run, RunKind, RunStatus
 from celery_driftsafe.task import DriftSafeTask
 from tests import settings as test_settings
 from tests.skip_guard import configuration
-from tests.support import T0, drain
+from tests.support import T0, drain, wait_until
 from tests.support.factories import interval_task, real_deadlock
 
 #: The package's Redis keys in these tests start with it (the tests' KEY_PREFIX).
@@ -166,7 +166,7 @@ def test_concurrent_deliveries_execute_once(record: Any, calls: list[Any]) -> No
     record.gate.clear()
     first = threading.Thread(target=lambda: _deliver(record, run))
     first.start()
-    _wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.STARTED)
+    wait_until(lambda: Run.objects.get(pk=run.pk).status == RunStatus.STARTED, "the run started")
     for _ in range(4):
         with delivery(record, run), pytest.raises(Ignore):
             record("a")
@@ -194,15 +194,6 @@ def _deliver(task: Any, run: Run) -> None:
         connections.close_all()
 
 
-def _wait_for(condition: Any, timeout: float = 10.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
-
-
 def test_stale_started_run_is_taken_over_with_a_newer_token(
     record: Any, calls: list[Any], redis_client: Any
 ) -> None:
@@ -225,7 +216,9 @@ def _running_with_a_short_lease(record: Any, run: Run) -> Iterator[None]:
         first = threading.Thread(target=lambda: _deliver(record, run))
         first.start()
         try:
-            _wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.STARTED)
+            wait_until(
+                lambda: Run.objects.get(pk=run.pk).status == RunStatus.STARTED, "the run started"
+            )
             yield
         finally:
             record.gate.set()
@@ -249,12 +242,16 @@ def test_a_lock_redis_lost_while_the_body_runs_lets_no_copy_run_it_again(
     with _running_with_a_short_lease(record, run):
         leased = Run.objects.get(pk=run.pk).lease_until
         assert leased is not None
-        _wait_for(lambda: Run.objects.get(pk=run.pk).lease_until > leased)  # renewed
+        wait_until(
+            lambda: Run.objects.get(pk=run.pk).lease_until > leased, "the lease renewed"
+        )  # renewed
         redis_client.delete(key)
         with delivery(record, run), pytest.raises(Ignore):
             record("copy")
         assert [m["id"] for m in drain()] == [run.celery_task_id], "re-sent for later"
-        _wait_for(lambda: redis_client.get(key) is not None)  # the holder's, set again
+        wait_until(
+            lambda: redis_client.get(key) is not None, "the holder's lock set again"
+        )  # the holder's, set again
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED and calls == ["a"]
 
@@ -275,7 +272,7 @@ def test_a_holder_whose_renewal_is_refused_keeps_its_lease_until_the_body_ends(
     key = f"{PREFIX}:lock:run:{run.pk}"
     with _running_with_a_short_lease(record, run):
         redis_client.set(key, "a copy's token", px=5000)
-        _wait_for(lambda: _logged(caplog, "lock-lost"))
+        wait_until(lambda: _logged(caplog, "lock-lost"), "the lock-lost log line")
         redis_client.delete(key)  # the copy gave it back
         leased = Run.objects.get(pk=run.pk).lease_until
         assert leased is not None
@@ -300,7 +297,7 @@ def test_a_holder_taken_over_while_away_stops_keeping_its_lease(
         token = Run.objects.get(pk=run.pk).fencing_token
         redis_client.set(f"{PREFIX}:lock:run:{run.pk}", "the newer holder's", px=5000)
         Run.objects.filter(pk=run.pk).update(fencing_token=token + 1, worker="newer")
-        _wait_for(lambda: _logged(caplog, "lease-taken-over"))
+        wait_until(lambda: _logged(caplog, "lease-taken-over"), "the lease-taken-over log line")
     run.refresh_from_db()
     assert (run.status, run.worker, calls) == (RunStatus.STARTED, "newer", ["a"])
     assert _logged(caplog, "fenced-out")
@@ -315,7 +312,7 @@ def test_outcome_of_a_fenced_out_holder_is_discarded(
     record.gate.clear()
     first = threading.Thread(target=lambda: _deliver(record, run))
     first.start()
-    _wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.STARTED)
+    wait_until(lambda: Run.objects.get(pk=run.pk).status == RunStatus.STARTED, "the run started")
     token = Run.objects.get(pk=run.pk).fencing_token
     Run.objects.filter(pk=run.pk).update(
         fencing_token=token + 1, status=RunStatus.SUCCEEDED, error="recorded by the successor"
@@ -335,7 +332,9 @@ def test_overlap_skip_records_skipped_slot_while_previous_runs(
     record.gate.clear()
     worker = threading.Thread(target=lambda: _deliver(record, first))
     worker.start()
-    _wait_for(lambda: Run.objects.get(pk=first.pk).status == RunStatus.STARTED)
+    wait_until(
+        lambda: Run.objects.get(pk=first.pk).status == RunStatus.STARTED, "the first run started"
+    )
     with delivery(record, second), pytest.raises(Ignore):
         record("a")
     second.refresh_from_db()
@@ -361,11 +360,12 @@ def test_overlap_skip_holds_when_redis_loses_the_running_lock(
     running_lock = f"{PREFIX}:lock:task-running:{first.periodic_task_id}"
     # both the running lock and the run's start: the fast path takes the lock right after
     # the start, the slow path (where UPDATE ... RETURNING is missing: MariaDB) just before it
-    _wait_for(
+    wait_until(
         lambda: (
             redis_client.exists(running_lock)
             and Run.objects.get(pk=first.pk).status == RunStatus.STARTED
-        )
+        ),
+        "the first run started holding the running lock",
     )
     assert redis_client.delete(running_lock)
     try:
@@ -480,7 +480,9 @@ def test_overlap_allow_runs_side_by_side(record: Any, calls: list[Any]) -> None:
     record.gate.clear()
     worker = threading.Thread(target=lambda: _deliver(record, first))
     worker.start()
-    _wait_for(lambda: Run.objects.get(pk=first.pk).status == RunStatus.STARTED)
+    wait_until(
+        lambda: Run.objects.get(pk=first.pk).status == RunStatus.STARTED, "the first run started"
+    )
     record.gate.set()
     with delivery(record, second):
         assert record("b") == "b"
@@ -674,7 +676,7 @@ def test_two_fail_open_deliveries_at_once_run_one_body(record: Any, calls: list[
         threads = [threading.Thread(target=deliver, args=(run,)) for run in (first, second)]
         for thread in threads:
             thread.start()
-        _wait_for(
+        wait_until(
             lambda: (
                 sorted(
                     Run.objects.filter(pk__in=[first.pk, second.pk]).values_list(
@@ -682,7 +684,8 @@ def test_two_fail_open_deliveries_at_once_run_one_body(record: Any, calls: list[
                     )
                 )
                 == [RunStatus.SKIPPED, RunStatus.STARTED]
-            )
+            ),
+            "one run started and the other skipped",
         )
         record.gate.set()
         for thread in threads:
