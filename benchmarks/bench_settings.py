@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from celery_driftsafe.core.stored_names import Optimisation
 
@@ -66,13 +67,24 @@ INSTALLED_APPS = [
     "django_celery_beat",
     "celery_driftsafe",
 ]
+# The PostgreSQL server, as the tests take it (DRIFTSAFE_TEST_POSTGRES_URL): no server is assumed;
+# `eval "$(bash tests/services.sh up)"` starts one of the checkout's own and sets it.
+_PG_URL = os.environ.get("DRIFTSAFE_TEST_POSTGRES_URL")
+if not _PG_URL:
+    raise RuntimeError(
+        "DRIFTSAFE_TEST_POSTGRES_URL is not set: the benchmarks need PostgreSQL. Start servers "
+        'of the checkout\'s own with eval "$(bash tests/services.sh up)", or set it to yours '
+        "(postgresql://user@host:port)"
+    )
+_PG = urlsplit(_PG_URL)
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": os.environ.get("BENCH_DB", "driftsafe_bench"),
-        "USER": os.environ.get("DRIFTSAFE_TEST_PG_USER", "postgres"),
-        "HOST": os.environ.get("DRIFTSAFE_TEST_PG_HOST", "127.0.0.1"),
-        "PORT": os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432"),
+        "USER": unquote(_PG.username or "postgres"),
+        "PASSWORD": unquote(_PG.password or ""),
+        "HOST": _PG.hostname,
+        "PORT": str(_PG.port or 5432),
     }
 }
 _PREFIX = os.environ.get("BENCH_PREFIX", "dsbench")

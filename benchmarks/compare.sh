@@ -4,7 +4,7 @@
 #   bash benchmarks/compare.sh            # the published run (about 35 minutes on 2 cores)
 #   bash benchmarks/compare.sh --quick    # every scenario at small sizes (a few minutes)
 #   bash benchmarks/compare.sh --help     # pick scenarios, sizes, bounds
-# Needs PostgreSQL (DRIFTSAFE_TEST_PG_HOST/PORT/USER, default 127.0.0.1:5432 postgres, trust),
+# Needs PostgreSQL (DRIFTSAFE_TEST_POSTGRES_URL; eval "$(bash tests/services.sh up)" starts one),
 # redis-server (the run starts its own broker and schedule store; without it, the Redis at
 # DRIFTSAFE_BENCH_REDIS_URL, default redis://127.0.0.1:6379/9) and libfaketime (Debian package
 # faketime, plus gcc for its shim). The peers are installed into .venv-bench only.

@@ -16,7 +16,7 @@ start-up, aside): the beat's or the worker's median memory grew by more than
 ``--max-rss-growth-mb``, or the median of the samples' p99 dispatch lateness grew by more than
 ``--max-lateness-growth`` seconds, or a slot of the last interval did not run. A soak is not a
 test: it takes an hour to mean something, and it is the growth over that hour it watches, not
-a speed. Needs what the end-to-end tests need (PostgreSQL, Redis; ``DRIFTSAFE_TEST_PG_*``,
+a speed. Needs what the end-to-end tests need (PostgreSQL, Redis; ``DRIFTSAFE_TEST_POSTGRES_URL``,
 ``DRIFTSAFE_TEST_REDIS_URL``).
 """
 

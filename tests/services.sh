@@ -319,23 +319,6 @@ exports() {
       [ -z "${!var:-}" ] || printf 'export %s=%q\n' "$var" "${!var}"
     fi
   done | tee "$dir/exports"
-  # Transitional: the names some test modules (and celery_driftsafe.testing.processes'
-  # postgres_exec) still read, from the URLs above, so that none falls back to the machine's
-  # servers. To go once every reader takes tests/settings.py's constants.
-  ( set +u; . "$dir/exports"; "$PY" - <<'PYEOF'
-import os, shlex
-from urllib.parse import urlsplit
-pg = os.environ.get("DRIFTSAFE_TEST_POSTGRES_URL")
-if pg:
-    url = urlsplit(pg)
-    for name, value in (("HOST", url.hostname), ("PORT", url.port or 5432), ("USER", url.username)):
-        if value:
-            print(f"export DRIFTSAFE_TEST_PG_{name}={shlex.quote(str(value))}")
-amqp = os.environ.get("DRIFTSAFE_TEST_RABBITMQ_URL")
-if amqp:
-    print(f"export DRIFTSAFE_TEST_AMQP_URL={shlex.quote(amqp)}")
-PYEOF
-  )
 }
 
 case ${1:-} in

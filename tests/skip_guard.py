@@ -28,8 +28,8 @@ ALLOW_SKIPS = "DRIFTSAFE_ALLOW_SKIPS"
 #: The start of every declared configuration skip's reason.
 TAG = "configuration: "
 _HINT = (
-    "Install what it names (tests/run.sh installs and starts it when run as root), or set "
-    f"{ALLOW_SKIPS}=1 to allow this skip."
+    "Install what it names (`bash tests/services.sh --install` installs every Debian package "
+    f"the suite uses), or set {ALLOW_SKIPS}=1 to allow this skip."
 )
 
 

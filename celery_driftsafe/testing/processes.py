@@ -224,17 +224,30 @@ def redis_from_pypi(cache: Path) -> Path:
 # -- PostgreSQL databases of a run --------------------------------------------------------------
 
 
-def postgres_exec(sql: str, dbname: str = "postgres") -> list[tuple[Any, ...]]:
+def postgres_exec(
+    sql: str, dbname: str = "postgres", url: str | None = None
+) -> list[tuple[Any, ...]]:
     """Run ``sql`` in autocommit (``CREATE DATABASE`` / ``DROP DATABASE`` of a run, a count)
-    on the server of ``DRIFTSAFE_TEST_PG_HOST`` / ``_PORT`` / ``_USER`` (default
-    127.0.0.1:5432, ``postgres``, trust auth); returns the rows, if any. Needs psycopg (the
+    on the PostgreSQL server of ``url`` (``postgresql://user[:password]@host:port``; default
+    ``DRIFTSAFE_TEST_POSTGRES_URL``, which the test suite's services set: no server is
+    assumed), in database ``dbname``; returns the rows, if any. Needs psycopg (the
     ``postgres`` extra)."""
+    from urllib.parse import unquote, urlsplit
+
     import psycopg
 
+    url = url or os.environ.get("DRIFTSAFE_TEST_POSTGRES_URL")
+    if not url:
+        raise RuntimeError(
+            "postgres_exec needs a server: pass url= or set DRIFTSAFE_TEST_POSTGRES_URL "
+            "(postgresql://user@host:port)"
+        )
+    server = urlsplit(url)
     with psycopg.connect(
-        host=os.environ.get("DRIFTSAFE_TEST_PG_HOST", "127.0.0.1"),
-        port=os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432"),
-        user=os.environ.get("DRIFTSAFE_TEST_PG_USER", "postgres"),
+        host=server.hostname,
+        port=server.port or 5432,
+        user=unquote(server.username or "postgres"),
+        password=unquote(server.password or "") or None,
         dbname=dbname,
         autocommit=True,
     ) as conn:

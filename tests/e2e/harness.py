@@ -27,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 
 from celery_driftsafe.core.schedules import Crontab, Interval, Schedule
@@ -62,7 +63,6 @@ BROKER_DB = test_settings.REDIS_DB + 2
 # Locks, notifications and the Redis authority of e2e runs: a database no test flushes (runs
 # are told apart by their key prefix and clean up after themselves).
 E2E_REDIS_DB = test_settings.REDIS_DB + 4
-RABBITMQ_URL = os.environ.get("DRIFTSAFE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 SCHEDULER = "celery_driftsafe.scheduler:DriftSafeScheduler"
 #: How long after a run's ``start`` its beats may begin claiming (the nodes' earliest
 #: ``claiming_since``) with the slots due meanwhile excused (:func:`analyse`). The callers
@@ -183,7 +183,12 @@ class E2ERun:
         redis_broker = f"{redis_server}/{BROKER_DB}"
         self.broker_url = redis_broker
         self.broker = redis.Redis.from_url(redis_broker)
-        broker_url = redis_broker if broker == "redis" else RABBITMQ_URL
+        if broker == "redis":
+            broker_url = redis_broker
+        elif test_settings.RABBITMQ_URL is None:
+            pytest.fail(test_settings.RABBITMQ_MISSING)
+        else:
+            broker_url = test_settings.RABBITMQ_URL
         self.queue = f"e2e-{self.token}"
         if backend == "postgresql":
             self.db_name = f"driftsafe_e2e_{self.token}"
@@ -199,7 +204,7 @@ class E2ERun:
             "DRIFTSAFE_E2E_EXEC_LOG": str(workdir / "executions.log"),
             "DRIFTSAFE_E2E_QUEUE": self.queue,
             "DRIFTSAFE_E2E_REDIS": f"{redis_server}/{E2E_REDIS_DB}",
-            "DRIFTSAFE_E2E_PREFIX": f"driftsafe-e2e-{self.token}",
+            "DRIFTSAFE_E2E_PREFIX": f"{test_settings.RUN_PREFIX}-e2e-{self.token}",
             "DRIFTSAFE_E2E_AUTHORITY": authority
             or ("database" if backend == "postgresql" else "redis"),
             "DRIFTSAFE_E2E_BEAT_SCHEDULE": json.dumps(beat_schedule or {}),

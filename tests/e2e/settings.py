@@ -18,17 +18,17 @@ from tests.settings import INSTALLED_APPS, SECRET_KEY, TEMPLATES, postgres_serve
 _kind, _, _name = os.environ["DRIFTSAFE_E2E_DB"].partition(":")
 if _kind == "postgresql":
     # The test PostgreSQL (DRIFTSAFE_TEST_POSTGRES_URL, as tests/settings.py reads it); a run
-    # may send a process elsewhere with DRIFTSAFE_TEST_PG_HOST / _PORT / _USER, say through
+    # may send a process elsewhere with DRIFTSAFE_E2E_PG_HOST / _PORT / _USER, say through
     # PgBouncer (tests/e2e/test_pgbouncer.py).
     _server = postgres_server()
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": _name,
-            "USER": os.environ.get("DRIFTSAFE_TEST_PG_USER") or _server["USER"],
+            "USER": os.environ.get("DRIFTSAFE_E2E_PG_USER") or _server["USER"],
             "PASSWORD": _server["PASSWORD"],
-            "HOST": os.environ.get("DRIFTSAFE_TEST_PG_HOST") or _server["HOST"],
-            "PORT": os.environ.get("DRIFTSAFE_TEST_PG_PORT") or _server["PORT"],
+            "HOST": os.environ.get("DRIFTSAFE_E2E_PG_HOST") or _server["HOST"],
+            "PORT": os.environ.get("DRIFTSAFE_E2E_PG_PORT") or _server["PORT"],
         }
     }
 else:

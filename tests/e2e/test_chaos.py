@@ -23,15 +23,11 @@ Every beat still running at the end stops with exit code 0 on SIGTERM.
 
 The broker is RabbitMQ, so a Redis restart (Redis here keeps nothing on disk) takes locks,
 notifications and fencing counters away, not queued messages. PostgreSQL only: its restart is
-part of the test. Its Redis is a ``redis-server`` of its own, so the test can run beside tests
-that use the machine's Redis. Needs root (it restarts the machine's PostgreSQL),
-``redis-server``, the PostgreSQL tools and a running RabbitMQ; ``tests/run.sh`` provides them,
-and without them the test fails the run saying what is missing (see ``tests/skip_guard.py``).
-
-``DRIFTSAFE_TEST_PG_DATA``: the data directory of a PostgreSQL cluster of its own (on
-``DRIFTSAFE_TEST_PG_PORT``), restarted with ``pg_ctl`` instead of the machine's cluster with
-``pg_ctlcluster``: the test then runs beside others that use the machine's PostgreSQL
-(``tests/run.sh`` makes such a cluster and runs the test beside the other passes).
+part of the test, so it runs only on a cluster of its own: ``DRIFTSAFE_TEST_PG_DATA`` names
+its data folder, restarted with ``pg_ctl``, and ``DRIFTSAFE_TEST_POSTGRES_URL`` its server
+(``tests/run.sh`` starts such a cluster and runs the test beside the other passes). Its Redis
+is a ``redis-server`` of its own; RabbitMQ is ``DRIFTSAFE_TEST_RABBITMQ_URL``. Without them
+the test fails, saying what is missing.
 """
 
 from __future__ import annotations
@@ -55,7 +51,6 @@ from tests import settings as test_settings
 from tests.e2e.harness import (
     OWN_REDIS_OPTIONS,
     E2ERun,
-    port_open,
     real_now,
     restart_redis,
     wait_port,
@@ -71,7 +66,6 @@ pytestmark = [
     ),
 ]
 
-PG_HOST, PG_PORT = "127.0.0.1", int(os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432"))
 #: MISFIRE_GRACE_SECONDS of the beats: a slot claimed later than this after it is missed.
 GRACE = timedelta(seconds=30)
 #: A slot due this long before the PostgreSQL restart began may still be waiting for its claim
@@ -90,12 +84,9 @@ RESUME_SLACK = timedelta(seconds=3)
 #: How long the run goes on past the latest instant claiming may resume: slots due then must
 #: all run, so a beat that never came back fails the run.
 AFTER_RESUME = timedelta(seconds=6)
-#: A PostgreSQL cluster of the test's own (see the module's docstring), or None.
+#: The data folder of the PostgreSQL cluster of the test's own (``DRIFTSAFE_TEST_POSTGRES_URL``
+#: is that cluster), which it restarts; tests/run.sh starts it.
 PG_DATA = os.environ.get("DRIFTSAFE_TEST_PG_DATA")
-_TOOLS = {
-    "redis-server": "redis-server",
-    "pg_ctlcluster": "postgresql-common",
-}
 
 
 def reconnect_bound(outage: timedelta) -> timedelta:
@@ -110,23 +101,19 @@ def reconnect_bound(outage: timedelta) -> timedelta:
     return timedelta(seconds=backoff)
 
 
-def restart_postgresql() -> None:
-    if PG_DATA:
-        command = [_pg_ctl(), "-D", PG_DATA, "-l", f"{PG_DATA}.log", "-m", "fast", "-w", "restart"]
-        owner = Path(PG_DATA).owner()
-        if os.geteuid() == 0 and owner != "root":
-            command = ["runuser", "-u", owner, "--", *command]
-    else:
-        version = sorted(os.listdir("/etc/postgresql"))[-1]
-        command = ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"]
+def restart_postgresql(data: str) -> None:
+    command = [_pg_ctl(), "-D", data, "-l", f"{data}.log", "-m", "fast", "-w", "restart"]
+    owner = Path(data).owner()
+    if os.geteuid() == 0 and owner != "root":
+        command = ["runuser", "-u", owner, "--", *command]
     subprocess.run(command, check=True, timeout=120, capture_output=True)
-    wait_port(PG_PORT)
+    wait_port(int(test_settings.postgres_server()["PORT"]))
 
 
 def _pg_ctl() -> str:
     found = shutil.which("pg_ctl") or sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
     if not found:
-        pytest.fail("DRIFTSAFE_TEST_PG_DATA is set but pg_ctl is not found")
+        pytest.fail("pg_ctl is not found: apt-get install postgresql")
     return str(found if isinstance(found, str) else found[-1])
 
 
@@ -143,23 +130,23 @@ def _runs_alone() -> None:
         )
 
 
-@pytest.fixture(autouse=True)
-def _needs_root_and_tools() -> None:
-    if os.geteuid() != 0 and not PG_DATA:
-        pytest.skip("restarts PostgreSQL: run the tests as root")
-    for tool, package in _TOOLS.items():
-        if PG_DATA and tool == "pg_ctlcluster":
-            continue
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} not on PATH: apt-get install {package}")
-    if not port_open(5672):
-        pytest.skip(
-            "RabbitMQ is not running on 127.0.0.1:5672: apt-get install "
-            "rabbitmq-server, then start it with rabbitmq-server -detached"
+@pytest.fixture
+def pg_data() -> str:
+    """The cluster the test restarts: its own, never one it was not given."""
+    if not PG_DATA:
+        pytest.fail(
+            "the chaos test restarts PostgreSQL, so it runs only on a cluster of its own: "
+            "DRIFTSAFE_TEST_PG_DATA names its data folder and DRIFTSAFE_TEST_POSTGRES_URL its "
+            "server (tests/run.sh starts one: bash tests/run.sh -m chaos)"
         )
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server not on PATH: apt-get install redis-server")
+    if test_settings.RABBITMQ_URL is None:
+        pytest.fail(test_settings.RABBITMQ_MISSING)
+    return PG_DATA
 
 
-def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
+def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path, pg_data: str) -> None:
     offsets = [0.0, 2.5, -4.0]
     redis_dir = tmp_path / "redis"
     server = start_redis(redis_dir, options=OWN_REDIS_OPTIONS)
@@ -217,7 +204,7 @@ def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
                 outages.append((action, down, real_now()))
             elif action == "postgresql":
                 down = real_now()
-                restart_postgresql()
+                restart_postgresql(pg_data)
                 outages.append((action, down, real_now()))
             log.append(f"{time.monotonic() - began:5.1f}s {action}")
         (pg_down, pg_back) = next((d, b) for what, d, b in outages if what == "postgresql")

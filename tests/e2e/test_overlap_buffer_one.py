@@ -19,7 +19,7 @@ import pytest
 
 from celery_driftsafe.testing.processes import start_redis
 from tests import settings as test_settings
-from tests.e2e.harness import OWN_REDIS_OPTIONS, E2ERun, port_open, real_now, restart_redis
+from tests.e2e.harness import OWN_REDIS_OPTIONS, E2ERun, real_now, restart_redis
 from tests.skip_guard import configuration
 from tests.support import wait_until
 
@@ -271,8 +271,6 @@ def test_buffer_one_through_a_redis_restart_keeps_one_body_at_a_time_and_strands
     run does, and the hand-over goes on after the restart; every slot ends succeeded or
     skipped, each body ran at most once, none is left waiting. The broker is RabbitMQ (the
     restart takes locks away, not queued messages)."""
-    if not port_open(5672):
-        pytest.fail("RabbitMQ is not running on 127.0.0.1:5672 (tests/services.sh starts it)")
     redis_dir = tmp_path / "redis"
     server = start_redis(redis_dir, options=OWN_REDIS_OPTIONS)
     run = E2ERun(

@@ -149,8 +149,8 @@ def test_beats_and_a_worker_behind_pgbouncer_in_transaction_pooling(
     level on a server connection."""
     run = E2ERun("postgresql", tmp_path, dead_after=5.0)
     through_pgbouncer = {
-        "DRIFTSAFE_TEST_PG_HOST": "127.0.0.1",
-        "DRIFTSAFE_TEST_PG_PORT": str(pgbouncer.port),
+        "DRIFTSAFE_E2E_PG_HOST": "127.0.0.1",
+        "DRIFTSAFE_E2E_PG_PORT": str(pgbouncer.port),
     }
     beats_env = dict(through_pgbouncer)
     role = f"driftsafe_e2e_beat_{run.token}"
@@ -163,7 +163,7 @@ def test_beats_and_a_worker_behind_pgbouncer_in_transaction_pooling(
         for what in ("TABLES", "SEQUENCES"):
             postgres_exec(f"GRANT ALL ON ALL {what} IN SCHEMA public TO {role}", run.db_name)
         pgbouncer.allow(role)
-        beats_env["DRIFTSAFE_TEST_PG_USER"] = role
+        beats_env["DRIFTSAFE_E2E_PG_USER"] = role
     # the bodies' messages go to the worker, the plain ones to the recorder, which counts them
     work_queue = f"{run.queue}-work"
     try:

@@ -30,26 +30,11 @@ SECONDS = 20
 
 
 @pytest.fixture
-def redis_for_demo() -> Iterator[dict[str, str]]:
-    """Nothing when ``redis-server`` is installed: the demo starts its own. Else two databases
-    of the test Redis that nothing else uses, emptied afterwards."""
-    if shutil.which("redis-server"):
-        yield {}
-        return
-    import redis
-
-    # the demo's keys; its broker is the next database: below every worker's range
-    first = test_settings.FIRST_REDIS_DB - 4
-    if first < 0:
-        pytest.skip(
-            "redis-server is not installed, and the test Redis has no two databases "
-            "below the workers' ranges for the demo: apt-get install redis-server"
-        )
-    yield {"EXAMPLE_REDIS_URL": test_settings.REDIS_SERVER, "EXAMPLE_REDIS_DB": str(first)}
-    for db in (first, first + 1):
-        client = redis.Redis.from_url(f"{test_settings.REDIS_SERVER}/{db}")
-        client.flushdb()
-        client.close()
+def redis_for_demo() -> dict[str, str]:
+    """Nothing: the demo starts a Redis of its own (``redis-server``, which the suite needs)."""
+    if not shutil.which("redis-server"):
+        pytest.skip("redis-server is not installed: apt-get install redis-server")
+    return {}
 
 
 @pytest.fixture
@@ -61,9 +46,8 @@ def database_for_demo(tmp_path: Path) -> Iterator[dict[str, str]]:
     from celery_driftsafe.testing.processes import postgres_exec as run
 
     name = f"driftsafe_demo_{os.getpid()}"
-    host = os.environ.get("DRIFTSAFE_TEST_PG_HOST", "127.0.0.1")
-    port = os.environ.get("DRIFTSAFE_TEST_PG_PORT", "5432")
-    user = os.environ.get("DRIFTSAFE_TEST_PG_USER", "postgres")
+    server = test_settings.postgres_server()
+    host, port, user = server["HOST"], server["PORT"], server["USER"]
     run(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     run(f"CREATE DATABASE {name}")
     try:

@@ -10,7 +10,6 @@ import base64
 import copy
 import functools
 import json
-import os
 import pickle
 import threading
 import time
@@ -37,6 +36,7 @@ from celery_driftsafe.publish.dispatcher import Dispatcher
 from celery_driftsafe.task import DriftSafeTask
 from celery_driftsafe.testing import FakeClock
 from tests import settings as test_settings
+from tests.support import rabbitmq_url
 from tests.support.factories import interval_task
 from tests.support.fast_path import (
     BROKER_URL,
@@ -734,15 +734,12 @@ def test_more_tasks_than_the_template_bound_still_get_their_own_messages(
     )
 
 
-AMQP_URL = os.environ.get("DRIFTSAFE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
-
-
 def test_on_rabbitmq_with_publisher_confirms_the_message_is_celerys_too(
     settings: Any,
 ) -> None:
     """The same comparison on RabbitMQ (publisher confirms on): what a consumer gets, fields
     and body, both ways."""
-    app = Celery("driftsafe-fast-amqp", broker=AMQP_URL, set_as_current=False)
+    app = Celery("driftsafe-fast-amqp", broker=rabbitmq_url(), set_as_current=False)
     name = f"fast-amqp-{uuid.uuid4().hex[:8]}"
     app.conf.update(
         broker_transport_options={"confirm_publish": True},

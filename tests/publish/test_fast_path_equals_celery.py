@@ -29,7 +29,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import os
 import re
 import time
 import uuid
@@ -56,6 +55,7 @@ from celery_driftsafe.task import DriftSafeTask
 from celery_driftsafe.testing import FakeClock
 from tests import settings as test_settings
 from tests.skip_guard import configuration
+from tests.support import rabbitmq_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -71,7 +71,6 @@ ONE_PASS = pytest.mark.skipif(
 )
 
 REDIS_URL = f"{test_settings.REDIS_SERVER}/{test_settings.REDIS_DB + 2}"
-AMQP_URL = os.environ.get("DRIFTSAFE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
 
 SERIALIZERS = ["json", "pickle", "yaml", "msgpack"]  # yaml and msgpack: the test group
@@ -310,7 +309,7 @@ class Apps:
     def get(self, config: Config) -> tuple[Celery, str, Dispatcher]:
         if config not in self.apps:
             prefix = f"{test_settings.RUN_PREFIX}-dq-{uuid.uuid4().hex[:10]}"
-            broker = REDIS_URL if config.broker == "redis" else AMQP_URL
+            broker = REDIS_URL if config.broker == "redis" else rabbitmq_url()
             app = Celery("driftsafe-differential", broker=broker, set_as_current=False)
             transport: dict[str, Any] = {}
             if config.priority_steps is not None:
@@ -479,7 +478,7 @@ def received(app: Celery, config: Config, prefix: str) -> list[tuple[str, dict[s
     if config.broker == "redis":
         return _redis_messages(prefix)
     out = []
-    with Connection(AMQP_URL) as connection:
+    with Connection(rabbitmq_url()) as connection:
         channel = connection.default_channel
         for queue in _queue_names(prefix):
             channel.queue_declare(queue, durable=True, auto_delete=False)
@@ -657,17 +656,7 @@ def test_on_redis_the_beat_sends_what_celerys_beat_sends(settings: Any) -> None:
     assert published >= direct > 0 and declined > 0
 
 
-def _rabbitmq_running() -> bool:
-    try:
-        with Connection(AMQP_URL, connect_timeout=2) as connection:
-            connection.ensure_connection(max_retries=1)
-    except Exception:
-        return False
-    return True
-
-
 @ONE_PASS
-@pytest.mark.skipif(not _rabbitmq_running(), reason="RabbitMQ is not running on 127.0.0.1:5672")
 def test_on_rabbitmq_the_beat_sends_what_celerys_beat_sends(settings: Any) -> None:
     published, direct, declined = _paths_taken(_property(settings, "rabbitmq", 60))
     assert published > 0 and declined > 0 and direct == 0

@@ -28,6 +28,16 @@ T = TypeVar("T")
 KOMBU_SEPARATOR = "\x06\x16"
 
 
+def rabbitmq_url() -> str:
+    """The test RabbitMQ's URL (``DRIFTSAFE_TEST_RABBITMQ_URL``); without one the test fails,
+    saying how to get one."""
+    if test_settings.RABBITMQ_URL is None:
+        import pytest
+
+        pytest.fail(test_settings.RABBITMQ_MISSING)
+    return test_settings.RABBITMQ_URL
+
+
 def empty_redis(client: Any) -> None:
     """Empty a test database of the Redis ``client`` is on: all of it on the run's own server
     (``tests/services.sh`` started it); on any other only the keys under the run's prefix, so

@@ -27,6 +27,7 @@ from celery_driftsafe.testing.faketime import (
     skewed_env,
     verify_skew,
 )
+from tests import settings as test_settings
 
 pytestmark = pytest.mark.skew  # a missing libfaketime fails the run (tests/conftest.py)
 
@@ -248,7 +249,7 @@ import json, time, redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-client = redis.Redis(host="127.0.0.1", port=6379, socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
+client = redis.Redis.from_url(URL, socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
 seconds, microseconds = client.time()
 local = time.time()
 start = time.monotonic()
@@ -265,8 +266,8 @@ print(json.dumps({
 
 @pytest.mark.redis
 def test_redis_client_in_skewed_process() -> None:
-    key = f"celery_driftsafe:test:faketime:{uuid.uuid4().hex}"
-    script = REDIS_SCRIPT.replace("KEY", repr(key))
+    key = f"{test_settings.RUN_PREFIX}:faketime:{uuid.uuid4().hex}"
+    script = REDIS_SCRIPT.replace("KEY", repr(key)).replace("URL", repr(test_settings.REDIS_URL))
 
     report = json.loads(run_python(script, skewed_env(2.5)))
 

@@ -5,7 +5,6 @@ beat, a slim beat process, a broker that refuses one message. Real database, rea
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -27,7 +26,7 @@ from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.testing import FakeClock
 from tests import settings as test_settings
 from tests.skip_guard import configuration
-from tests.support import T0, drain
+from tests.support import T0, drain, rabbitmq_url
 from tests.support.factories import interval_task
 
 S = timedelta(seconds=1)
@@ -740,9 +739,6 @@ def test_the_outbox_fails_a_captured_message_rewritten_behind_its_back(
     assert Run.objects.get(periodic_task=good).status == RunStatus.DISPATCHED
 
 
-AMQP_URL = os.environ.get("DRIFTSAFE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
-
-
 @pytest.fixture
 def amqp_app(settings: Any) -> Iterator[tuple[Any, str, str]]:
     """A Celery app on RabbitMQ with publisher confirms, and two queues: one that takes
@@ -754,7 +750,7 @@ def amqp_app(settings: Any) -> Iterator[tuple[Any, str, str]]:
     settings.DRIFTSAFE = {**settings.DRIFTSAFE, "RUN_EXPIRES_SECONDS": None}
     unique = uuid.uuid4().hex[:8]
     good, refusing = f"ok-{unique}", f"full-{unique}"
-    app = Celery("driftsafe-amqp", broker=AMQP_URL, set_as_current=False)
+    app = Celery("driftsafe-amqp", broker=rabbitmq_url(), set_as_current=False)
     app.conf.broker_transport_options = {"confirm_publish": True}
     app.conf.broker_connection_retry_on_startup = False
     app.conf.task_queues = [
