@@ -57,7 +57,7 @@ def forget_queue(client: Any, queue: str) -> None:
     keys = list(client.scan_iter(f"{queue}*", count=1000))
     if keys:
         client.delete(*keys)
-    for binding in client.scan_iter("_kombu.binding.*", count=1000):
+    for binding in client.scan_iter("_kombu.binding*", count=1000):
         members = client.smembers(binding)
         ours = [m for m in members if m.decode().rpartition(KOMBU_SEPARATOR)[2].startswith(queue)]
         if ours:
