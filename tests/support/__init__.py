@@ -52,12 +52,18 @@ def empty_redis(client: Any) -> None:
 
 def forget_queue(client: Any, queue: str) -> None:
     """Remove what kombu keeps on a Redis broker for ``queue``: its lists (one per priority),
-    and its entries in the exchanges' binding sets (``_kombu.binding.<exchange>``: each member
-    names its queue last), leaving other queues' bindings as they were."""
+    and its entries in the exchanges' binding sets (``_kombu.binding.<exchange>`` and
+    ``_kombu.binding_permanent.<exchange>``: each member names its queue last), leaving other
+    queues' bindings as they were."""
     keys = list(client.scan_iter(f"{queue}*", count=1000))
     if keys:
         client.delete(*keys)
-    for binding in client.scan_iter("_kombu.binding*", count=1000):
+    bindings = [
+        key
+        for pattern in ("_kombu.binding.*", "_kombu.binding_permanent.*")
+        for key in client.scan_iter(pattern, count=1000)
+    ]
+    for binding in bindings:
         members = client.smembers(binding)
         ours = [m for m in members if m.decode().rpartition(KOMBU_SEPARATOR)[2].startswith(queue)]
         if ours:
