@@ -14,6 +14,7 @@ and process, and everything here that reads the app's registry calls it first.
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import weakref
 import zoneinfo
@@ -150,6 +151,39 @@ def registered_task_names(app: Any | None = None, *, load: bool = True) -> list[
     if load:
         load_task_modules(app)
     return sorted(name for name in app.tasks if not name.startswith("celery."))
+
+
+def argument_problem(app: Any, name: str, args: Any, kwargs: Any) -> str | None:
+    """Why the task ``name`` of ``app`` cannot be called with ``args`` and ``kwargs``, as
+    Celery's own check at publish says (the task's ``__header__``, a function of the task's
+    signature, which ``apply_async`` calls for a task with ``typing`` on): the message names the
+    argument and the signature. None when it can, when ``app`` does not have the task (nothing
+    can be said of a name another process registers), or when the task turned the check off.
+    A task taking ``**kwargs`` takes any keyword."""
+    import inspect
+
+    task = app.tasks.get(name)
+    check = getattr(task, "__header__", None)
+    if task is None or check is None or not getattr(task, "typing", True):
+        return None
+    try:
+        check(*args, **kwargs)
+    except TypeError as exc:
+        try:
+            full = inspect.signature(task.run)
+        except (TypeError, ValueError):
+            signature = "(...)"
+        else:  # the parameters' names and defaults: what a caller passes
+            empty = inspect.Parameter.empty
+            signature = str(
+                full.replace(
+                    parameters=[p.replace(annotation=empty) for p in full.parameters.values()],
+                    return_annotation=empty,
+                )
+            )
+        detail = re.sub(r"^\w+\(\) ", "", str(exc))  # the header function's own name
+        return f"{name}{signature} cannot be called with these arguments: {detail}"
+    return None
 
 
 def app_time_zone(app: Any | None = None) -> str:

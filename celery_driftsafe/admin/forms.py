@@ -45,6 +45,7 @@ from django.utils.safestring import SafeString
 
 from celery_driftsafe.celery_app import (
     app_time_zone,
+    argument_problem,
     get_celery_app,
     load_task_modules,
     registered_task_names,
@@ -309,6 +310,17 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             raise forms.ValidationError(_message(exc)) from exc
         return name
 
+    def _clean_arguments(self, data: dict[str, Any]) -> None:
+        """The arguments fit the task's signature, as Celery checks them when a slot is
+        published (a save that passed would fail every slot from then on)."""
+        if any(name in self.errors for name in ("task", "args", "kwargs")):
+            return
+        problem = argument_problem(
+            get_celery_app(), data.get("task", ""), data.get("args", []), data.get("kwargs", {})
+        )
+        if problem:
+            self.add_error("kwargs" if "keyword argument" in problem else "args", problem)
+
     # -- the schedule as a whole -----------------------------------------------------------
 
     def clean(self) -> dict[str, Any]:
@@ -336,6 +348,7 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         elif kind == ScheduleKind.SOLAR:
             self._clean_solar(data)
         self._clean_bounds(data)
+        self._clean_arguments(data)
         if not self.errors:
             self._read_the_authority()
         return data

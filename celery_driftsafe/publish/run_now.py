@@ -8,7 +8,8 @@ exactly like a scheduled one:
    disable (a reserved header, ``args`` that are not a list, a bad option, a broken schedule)
    raises :class:`~celery_driftsafe.exceptions.TaskRefused` with the reasons, and nothing is
    written or published. ``args``/``kwargs``/``headers`` stored as a JSON string of the right
-   shape are read as that value, as the claim reads them;
+   shape are read as that value, as the claim reads them. Arguments the task's signature cannot
+   take (Celery's own check at publish) are refused the same way;
 1. read the time authority once: that instant is the run's *slot*;
 2. commit ``Run(kind=manual, slot=now, status=claimed)`` with the deterministic Celery task id
    of ``(task, slot)``. The unique ``(task, slot)`` constraint refuses a second run at the same
@@ -41,8 +42,9 @@ from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
-from celery_driftsafe.celery_app import load_task_modules
+from celery_driftsafe.celery_app import argument_problem, load_task_modules
 from celery_driftsafe.claim.outbox import claimed_run, operator_run
+from celery_driftsafe.core.validation import Problem
 from celery_driftsafe.exceptions import TaskRefused
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 from celery_driftsafe.publish.dispatcher import Dispatcher, DispatchResult
@@ -96,6 +98,10 @@ def run_now(
     claim would refuse.
     """
     problems = task.publish_problems()
+    if not problems:
+        app = load_task_modules(app)
+        unfit = argument_problem(app, task.task, task.args, task.kwargs)
+        problems = [Problem("args", unfit)] if unfit else []
     if problems:
         refused = TaskRefused(task.name, problems)
         logger.warning(
@@ -104,7 +110,6 @@ def run_now(
             extra={"action": "run-now-refused", "task": task.name, "node": actor},
         )
         raise refused
-    app = load_task_modules(app)
     if clock is None:
         clock = authority_clock(using)
     slot = clock.now()

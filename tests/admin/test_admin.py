@@ -90,6 +90,74 @@ def test_add_crontab_task_computes_next_slot_from_the_authority(
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("fields", "field", "said"),
+    [
+        ({"args": "[1, 2, 3]"}, "args", "takes 2 positional arguments but 3 were given"),
+        ({"args": "[1]", "kwargs": '{"z": 1}'}, "kwargs", "unexpected keyword argument 'z'"),
+        ({"args": "[]"}, "args", "missing 2 required positional arguments: 'x' and 'y'"),
+    ],
+    ids=["too many", "unknown keyword", "too few"],
+)
+def test_arguments_the_task_cannot_take_are_a_form_error_naming_the_signature(
+    admin_client: Any, app: Any, fields: dict[str, str], field: str, said: str
+) -> None:
+    """Celery checks a message's arguments against the task's signature when it publishes: a
+    save that passed would have every slot fail from then on. The form refuses it, naming the
+    argument and the signature, and saves nothing."""
+    response = admin_client.post(ADD, form_data(**fields))
+    errors = form_errors(response)
+    assert list(errors) == [field], errors
+    [message] = errors[field]
+    assert message.startswith("tests.add(x, y) cannot be called with these arguments")
+    assert said in message, message
+    assert not PeriodicTask.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_task_taking_any_keyword_or_a_name_the_app_does_not_know_is_saved_as_typed(
+    admin_client: Any, app: Any
+) -> None:
+    """``**kwargs`` takes any keyword; a task another process registers cannot be checked here,
+    so its arguments are saved as typed (as before)."""
+
+    @app.task(name="tests.anything", shared=False)
+    def anything(a: int, **rest: Any) -> int:
+        return a
+
+    response = admin_client.post(
+        ADD, form_data(task="tests.anything", args="[1]", kwargs='{"z": 1, "w": 2}')
+    )
+    assert response.status_code == 302, form_errors(response)
+    assert PeriodicTask.objects.get(name="nightly").kwargs == {"z": 1, "w": 2}
+    assert app.tasks.get("tests.elsewhere") is None
+    assert celery_app.argument_problem(app, "tests.elsewhere", [1, 2, 3], {"z": 1}) is None
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("how", ["action", "button"])
+def test_run_now_refuses_arguments_the_task_cannot_take_and_writes_nothing(
+    admin_client: Any, app: Any, how: str
+) -> None:
+    """A row changed behind the form (args the task cannot take): run now refuses it with
+    the signature and writes no run, as for any row the claim would refuse."""
+    task = interval_task("stored", 60, anchor=T0, task="tests.add", queue=QUEUE)
+    PeriodicTask.objects.filter(pk=task.pk).update(args=[1, 2, 3])
+    stored = PeriodicTask.objects.get(pk=task.pk)
+    if how == "action":
+        response = action(admin_client, "run_now", [stored])
+    else:
+        response = run_now_button(admin_client, stored)
+    [text] = page_messages(response)
+    assert text.startswith("Not run, stored cannot be published: args: tests.add(x, y) cannot be")
+    assert "takes 2 positional arguments but 3 were given" in text, text
+    assert Run.objects.count() == 0 and drain(QUEUE) == []
+    with pytest.raises(TaskRefused, match="takes 2 positional arguments"):
+        run_now.run_now(stored, actor="test")
+    assert Run.objects.count() == 0 and drain(QUEUE) == []
+
+
+@pytest.mark.django_db
 def test_a_time_authority_out_of_reach_is_a_form_error_and_nothing_is_lost(
     admin_client: Any, app: Any
 ) -> None:
@@ -585,11 +653,11 @@ def test_editing_the_schedule_recomputes_next_slot_once_and_wakes_beats(
             schedule_kind="interval",
             interval_every="7",
             timezone="UTC",
-            args="[9]",
+            args="[9, 10]",
         ),
     )
     task.refresh_from_db()
-    assert task.args == [9] and task.next_slot_at == before
+    assert task.args == [9, 10] and task.next_slot_at == before
 
 
 # -- actions ---------------------------------------------------------------------------------

@@ -185,6 +185,9 @@ def test_admin_add_crontab_task_see_next_slot_and_run_it_now(
     browser.get(f"{base}/admin/celery_driftsafe/periodictask/add/")
     browser.find_element(By.NAME, "name").send_keys("nightly-report")
     browser.find_element(By.NAME, "task").send_keys("tests.add")
+    arguments = browser.find_element(By.NAME, "args")  # add(x, y)
+    arguments.clear()
+    arguments.send_keys("[1, 2]")
     Select(browser.find_element(By.NAME, "schedule_kind")).select_by_value("crontab")
     for name, value in (("crontab_minute", "75"), ("crontab_hour", "3")):
         field = browser.find_element(By.NAME, name)
@@ -214,7 +217,7 @@ def test_admin_add_crontab_task_see_next_slot_and_run_it_now(
     # run it now: one manual run in the ledger, one message on the broker (on a queue of this
     # test's own, so concurrent runs on the same Redis cannot mix theirs in)
     queue = f"driftsafe-browser-{uuid.uuid4().hex[:8]}"
-    PeriodicTask.objects.filter(pk=task.pk).update(queue=queue, args=[1, 2])  # add(x, y)
+    PeriodicTask.objects.filter(pk=task.pk).update(queue=queue)
     row.find_element(By.CSS_SELECTOR, "input.action-select").click()
     Select(browser.find_element(By.NAME, "action")).select_by_value("run_now")
     _click_and_wait(browser, browser.find_element(By.NAME, "index"))
@@ -312,6 +315,9 @@ def test_admin_preview_the_next_slots_before_saving(
         _click_and_wait(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"))
         browser.find_element(By.NAME, "name").send_keys("nightly-report")
         browser.find_element(By.NAME, "task").send_keys("tests.add")
+        arguments = browser.find_element(By.NAME, "args")  # add(x, y)
+        arguments.clear()
+        arguments.send_keys("[1, 2]")
         Select(browser.find_element(By.NAME, "schedule_kind")).select_by_value("crontab")
         for name, value in (
             ("crontab_minute", "30"),

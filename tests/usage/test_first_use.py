@@ -139,7 +139,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _admin(project: Path, **fields: Any) -> dict[str, Any]:
-    data = form_data(name="tick", task="demoapp.tasks.tick", **fields)
+    data = form_data(name="tick", task="demoapp.tasks.tick", args="[]", **fields)
     result = _python(project, "-c", ADMIN_SCRIPT, ADD, TASKS, json.dumps(data))
     assert result.returncode == 0, result.stdout + result.stderr
     out: dict[str, Any] = json.loads(result.stdout.splitlines()[-1])
