@@ -164,8 +164,9 @@ def redis_client() -> Iterator[Any]:
 
 @pytest.fixture
 def broker_app() -> Iterator[Celery]:
-    """A Celery app publishing to a real Redis broker (db ``REDIS_DB + 1``), with a registered
-    ``tests.add`` task. Messages land in the Redis list :data:`QUEUE`; :func:`drain` reads them."""
+    """A Celery app publishing to a real Redis broker (db ``REDIS_DB + 1``), with registered
+    tasks ``tests.add`` and ``tests.any`` (which takes any arguments). Messages land in the
+    Redis list :data:`QUEUE`; :func:`drain` reads them."""
     import redis
 
     client = redis.Redis.from_url(BROKER_URL)
@@ -177,6 +178,10 @@ def broker_app() -> Iterator[Celery]:
     @app.task(name="tests.add", shared=False)
     def add(x: int, y: int) -> int:
         return x + y
+
+    @app.task(name="tests.any", shared=False)
+    def any_arguments(*args: Any, **kwargs: Any) -> None:
+        """Takes whatever it is given (the import tests' rows carry all sorts)."""
 
     yield app
     forget_queue(client, QUEUE)

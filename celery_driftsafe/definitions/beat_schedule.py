@@ -26,6 +26,7 @@ from django.core.exceptions import ValidationError
 from django.db import DataError, IntegrityError, transaction
 from django.db.models import QuerySet
 
+from celery_driftsafe.celery_app import argument_problem
 from celery_driftsafe.core import validation
 from celery_driftsafe.definitions.upsert import Upserted, upsert_by_name
 from celery_driftsafe.exceptions import DriftSafeError
@@ -248,6 +249,11 @@ def sync_beat_schedule(
     for name, entry in entries.items():
         try:
             fields = entry_fields(name, entry, timezone)
+            unfit = argument_problem(
+                app, fields["task"], fields.get("args", []), fields.get("kwargs", {})
+            )
+            if unfit:
+                raise EntryError(name, "args", unfit)
             if owner is not None:
                 fields["source_app"] = owner
             with transaction.atomic(using=using):  # all of the entry or nothing of it

@@ -27,6 +27,9 @@ def _deep(levels: int) -> list[Any]:
 
 #: One bad shape each: (what the entry sets, the key named, a piece of the reason).
 BAD_ENTRIES = {
+    # arguments the registered task cannot take: every slot would fail at publish
+    "args-unfit": ({"args": (1, 2, 3)}, "args", "takes 2 positional arguments but 3 were given"),
+    "kwargs-unfit": ({"kwargs": {"z": 1}}, "args", "unexpected keyword argument 'z'"),
     "args-int": ({"args": 5}, "args", "must be a list or tuple of arguments, not int 5"),
     # a string is not an argument list (it was sent as ['a', 'b', 'c'])
     "args-text": ({"args": "abc"}, "args", "not the string 'abc'"),
@@ -105,7 +108,7 @@ def test_an_entry_that_is_not_a_dict_or_misses_a_key_is_named(app: Celery) -> No
 def test_an_entry_that_turns_bad_keeps_its_row_as_it_was(app: Celery) -> None:
     """An entry synced before and broken since: its row is left whole (not half updated),
     and it is reported, not counted unchanged."""
-    app.conf.beat_schedule = {"kept": {**GOOD, "kwargs": {"a": 1}}}
+    app.conf.beat_schedule = {"kept": {**GOOD, "task": "tests.any", "kwargs": {"a": 1}}}
     sync_beat_schedule(app, now=T0)
     before = PeriodicTask.objects.values().get(name="kept")
     app.conf.beat_schedule = {
@@ -132,7 +135,9 @@ def test_an_entry_the_model_refuses_names_the_model_field(app: Celery) -> None:
 def test_tuples_inside_arguments_are_stored_as_lists_and_a_restart_changes_nothing(
     app: Celery,
 ) -> None:
-    app.conf.beat_schedule = {"pairs": {**GOOD, "args": ((1, 2), (3, 4)), "kwargs": {"p": (5,)}}}
+    app.conf.beat_schedule = {
+        "pairs": {**GOOD, "task": "tests.any", "args": ((1, 2), (3, 4)), "kwargs": {"p": (5,)}}
+    }
     assert sync_beat_schedule(app, now=T0).created == ["pairs"]
     task = PeriodicTask.objects.get(name="pairs")
     assert (task.args, task.kwargs) == ([[1, 2], [3, 4]], {"p": [5]})

@@ -184,14 +184,18 @@ class EveryOther(schedule):  # type: ignore[misc]
 def test_import_beat_schedule_dry_run_then_idempotent_import(app: Any) -> None:
     app.conf.beat_schedule = {
         "every-30": {
-            "task": "tests.add",
+            "task": "tests.any",
             "schedule": 30.0,
             "args": (1, 2),
             "options": {"queue": "fast"},
         },
-        "nightly": {"task": "tests.add", "schedule": crontab(minute=30, hour=2)},
+        "nightly": {"task": "tests.any", "schedule": crontab(minute=30, hour=2), "args": (3, 4)},
         "unknown-task": {"task": "tests.unknown", "schedule": timedelta(minutes=5)},
-        "dusk": {"task": "tests.add", "schedule": solar("dusk_civil", -33.8688, 151.2093)},
+        "dusk": {
+            "task": "tests.any",
+            "schedule": solar("dusk_civil", -33.8688, 151.2093),
+            "kwargs": {"x": 1, "y": 2},
+        },
     }
     text = run("driftsafe_import", "--source", "beat_schedule", "--dry-run")
     assert "would create every-30 (beat_schedule)" in text
@@ -227,12 +231,30 @@ def test_import_beat_schedule_dry_run_then_idempotent_import(app: Any) -> None:
 
 
 @pytest.mark.django_db
+def test_import_refuses_arguments_the_registered_task_cannot_take(app: Any) -> None:
+    """An entry whose arguments the task cannot take would fail every slot at publish: it is
+    an error naming the signature, not imported, and the others are."""
+    app.conf.beat_schedule = {
+        "fits": {"task": "tests.add", "schedule": 30.0, "args": (1, 2)},
+        "three": {"task": "tests.add", "schedule": 30.0, "args": (1, 2, 3)},
+        "elsewhere": {"task": "tests.unknown", "schedule": 30.0, "args": (1, 2, 3)},
+    }
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="1 task"):
+        call_command("driftsafe_import", "--source", "beat_schedule", stdout=out, no_color=True)
+    [line] = [line for line in out.getvalue().splitlines() if "three" in line]
+    assert line.startswith("error") and "args: tests.add(x, y) cannot be called" in line, line
+    assert "takes 2 positional arguments but 3 were given" in line
+    assert sorted(PeriodicTask.objects.values_list("name", flat=True)) == ["elsewhere", "fits"]
+
+
+@pytest.mark.django_db
 def test_import_updates_beat_schedule_rows_but_keeps_admin_rows(app: Any) -> None:
-    app.conf.beat_schedule = {"every-30": {"task": "tests.add", "schedule": 30.0}}
+    app.conf.beat_schedule = {"every-30": {"task": "tests.any", "schedule": 30.0}}
     run("driftsafe_import", "--source", "beat_schedule")
     interval_task("mine", 60, anchor=T0)
     app.conf.beat_schedule = {
-        "every-30": {"task": "tests.add", "schedule": 45.0},
+        "every-30": {"task": "tests.any", "schedule": 45.0},
         "mine": {"task": "tests.add", "schedule": 10.0, "args": [1, 2]},
     }
     text = run("driftsafe_import", "--source", "beat_schedule")
@@ -248,10 +270,10 @@ def test_import_updates_beat_schedule_rows_but_keeps_admin_rows(app: Any) -> Non
 @pytest.mark.django_db
 def test_import_reports_entries_it_cannot_import_and_exits_1(app: Any) -> None:
     app.conf.beat_schedule = {
-        "fine": {"task": "tests.add", "schedule": 10.0},
-        "never": {"task": "tests.add", "schedule": -5},
-        "custom": {"task": "tests.add", "schedule": EveryOther(timedelta(seconds=10))},
-        "opaque-args": {"task": "tests.add", "schedule": 10.0, "args": (object(),)},
+        "fine": {"task": "tests.any", "schedule": 10.0},
+        "never": {"task": "tests.any", "schedule": -5},
+        "custom": {"task": "tests.any", "schedule": EveryOther(timedelta(seconds=10))},
+        "opaque-args": {"task": "tests.any", "schedule": 10.0, "args": (object(),)},
     }
     out = io.StringIO()
     with pytest.raises(CommandError, match="3 task"):
@@ -306,7 +328,7 @@ def test_import_django_celery_beat_tasks_idempotently(app: Any, celery_beat: Any
     when = m.ClockedSchedule.objects.create(clocked_time=datetime(2030, 5, 1, 9, tzinfo=UTC))
     m.PeriodicTask.objects.create(
         name="poll",
-        task="tests.add",
+        task="tests.any",
         interval=ten_minutes,
         args="[1, 2]",
         kwargs='{"z": 3}',
@@ -314,15 +336,15 @@ def test_import_django_celery_beat_tasks_idempotently(app: Any, celery_beat: Any
         expire_seconds=60,
         last_run_at=last_run,
     )
-    m.PeriodicTask.objects.create(name="morning", task="tests.add", crontab=workdays, enabled=False)
-    m.PeriodicTask.objects.create(name="launch", task="tests.add", clocked=when, one_off=True)
+    m.PeriodicTask.objects.create(name="morning", task="tests.any", crontab=workdays, enabled=False)
+    m.PeriodicTask.objects.create(name="launch", task="tests.any", clocked=when, one_off=True)
     sun = m.SolarSchedule.objects.create(event="sunset", latitude=52.5, longitude=13.4)
-    m.PeriodicTask.objects.create(name="dusk", task="tests.add", solar=sun)
+    m.PeriodicTask.objects.create(name="dusk", task="tests.any", solar=sun)
     m.PeriodicTask.objects.create(
-        name="bad-json", task="tests.add", interval=ten_minutes, args="[1,"
+        name="bad-json", task="tests.any", interval=ten_minutes, args="[1,"
     )
     m.PeriodicTask.objects.create(
-        name="once-interval", task="tests.add", interval=ten_minutes, one_off=True
+        name="once-interval", task="tests.any", interval=ten_minutes, one_off=True
     )
 
     out = io.StringIO()
@@ -403,16 +425,16 @@ def test_import_reports_django_celery_beat_rows_a_task_cannot_send_and_imports_t
     m = celery_beat
     every = m.IntervalSchedule.objects.create(every=10, period="minutes")
     late = m.ClockedSchedule.objects.create(clocked_time=datetime(9999, 12, 31, 23, tzinfo=UTC))
-    m.PeriodicTask.objects.create(name="a-good", task="tests.add", interval=every, args="[1, 2]")
+    m.PeriodicTask.objects.create(name="a-good", task="tests.any", interval=every, args="[1, 2]")
     m.PeriodicTask.objects.create(
-        name="deep", task="tests.add", interval=every, args="[" * 100_000 + "]" * 100_000
+        name="deep", task="tests.any", interval=every, args="[" * 100_000 + "]" * 100_000
     )
-    m.PeriodicTask.objects.create(name="nan", task="tests.add", interval=every, kwargs='{"a": NaN}')
+    m.PeriodicTask.objects.create(name="nan", task="tests.any", interval=every, kwargs='{"a": NaN}')
     m.PeriodicTask.objects.create(
-        name="huge", task="tests.add", interval=every, headers='{"n": ' + "7" * 5000 + "}"
+        name="huge", task="tests.any", interval=every, headers='{"n": ' + "7" * 5000 + "}"
     )
-    m.PeriodicTask.objects.create(name="late", task="tests.add", clocked=late, one_off=True)
-    m.PeriodicTask.objects.create(name="z-good", task="tests.add", interval=every)
+    m.PeriodicTask.objects.create(name="late", task="tests.any", clocked=late, one_off=True)
+    m.PeriodicTask.objects.create(name="z-good", task="tests.any", interval=every)
     out = io.StringIO()
     with pytest.raises(CommandError, match="4 task"):
         call_command(
@@ -472,7 +494,7 @@ def test_import_every_kind_and_option_django_celery_beat_stores(app: Any, celery
     when = m.ClockedSchedule.objects.create(clocked_time=datetime(2031, 5, 1, 9, tzinfo=UTC))
     m.PeriodicTask.objects.create(
         name="everything",
-        task="tests.add",
+        task="tests.any",
         interval=ninety,
         args="[1, 2]",
         kwargs='{"z": 3}',
@@ -487,25 +509,25 @@ def test_import_every_kind_and_option_django_celery_beat_stores(app: Any, celery
         total_run_count=41,
         description="all the options",
     )
-    m.PeriodicTask.objects.create(name="micro", task="tests.add", interval=micro)
-    m.PeriodicTask.objects.create(name="half-second", task="tests.add", interval=half)
+    m.PeriodicTask.objects.create(name="micro", task="tests.any", interval=micro)
+    m.PeriodicTask.objects.create(name="half-second", task="tests.any", interval=half)
     m.PeriodicTask.objects.create(
-        name="every-two-days", task="tests.add", interval=daily, enabled=False
+        name="every-two-days", task="tests.any", interval=daily, enabled=False
     )
     m.PeriodicTask.objects.create(
         name="weekday-nyc",
-        task="tests.add",
+        task="tests.any",
         crontab=nyc,
         start_time=start,
         expires=end,
         one_off=True,
     )
     m.PeriodicTask.objects.create(
-        name="dawn", task="tests.add", solar=sun, one_off=True, enabled=False
+        name="dawn", task="tests.any", solar=sun, one_off=True, enabled=False
     )
     m.PeriodicTask.objects.create(
         name="launch",
-        task="tests.add",
+        task="tests.any",
         clocked=when,
         one_off=True,
         expires=datetime(2031, 5, 2, tzinfo=UTC),
@@ -588,13 +610,13 @@ def test_import_every_kind_and_option_django_celery_beat_stores(app: Any, celery
 def test_import_beat_schedule_reports_options_it_does_not_bring_over(app: Any) -> None:
     app.conf.beat_schedule = {
         "until-new-year": {
-            "task": "tests.add",
+            "task": "tests.any",
             "schedule": crontab(minute=0, hour=3),
             "options": {"expires": datetime(2031, 1, 1, 0, 0), "queue": "q", "countdown": 5},
             "relative": True,
         },
-        "plain": {"task": "tests.add", "schedule": 30.0, "options": {"expires": 20}},
-        "quick": {"task": "tests.add", "schedule": timedelta(milliseconds=250)},
+        "plain": {"task": "tests.any", "schedule": 30.0, "options": {"expires": 20}},
+        "quick": {"task": "tests.any", "schedule": timedelta(milliseconds=250)},
     }
     text = run("driftsafe_import", "--source", "beat_schedule")
     assert "3 create" in text

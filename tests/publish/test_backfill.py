@@ -82,8 +82,11 @@ def test_naive_instants_are_in_the_task_s_zone(app: Any) -> None:
 @pytest.mark.django_db
 def test_clear_errors(app: Any) -> None:
     task = _task()
-    with pytest.raises(CommandError, match="no periodic task named 'nope'"):
+    with pytest.raises(CommandError, match=r"no periodic task named 'nope' \(of 1; the admin"):
         backfill("--task", "nope", "--from", T0.isoformat(), "--to", (T0 + M).isoformat())
+    typo = task.name[:-1] + "x"
+    with pytest.raises(CommandError, match=f"named '{typo}'; did you mean '{task.name}'\\?"):
+        backfill("--task", typo, "--from", T0.isoformat(), "--to", (T0 + M).isoformat())
     with pytest.raises(CommandError, match="the range is empty"):
         backfill("--task", task.name, "--from", T0.isoformat(), "--to", T0.isoformat())
     with pytest.raises(CommandError, match="not an ISO 8601 instant"):

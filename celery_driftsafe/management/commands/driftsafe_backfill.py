@@ -69,9 +69,7 @@ class Command(BaseCommand):
         rate = None if options["rate"] is None else parse_rate(options["rate"])
         task = PeriodicTask.objects.filter(name=options["task"]).first()
         if task is None:
-            raise CommandError(
-                f"no periodic task named {options['task']!r} (driftsafe_status lists them)"
-            )
+            raise CommandError(_unknown_task(options["task"]))
         try:
             start = parse_instant(options["from_"], task.timezone)
             end = parse_instant(options["to_"], task.timezone)
@@ -112,3 +110,21 @@ class Command(BaseCommand):
             raise CommandError(
                 f"{len(result.unpublished)} runs not published (see above)", returncode=2
             )
+
+
+def _unknown_task(name: str) -> str:
+    """The error for a task name no periodic task has: the names closest to it, if any."""
+    import difflib
+
+    names = list(PeriodicTask.objects.values_list("name", flat=True))
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    if close:
+        return (
+            f"no periodic task named {name!r}; did you mean "
+            + " or ".join(repr(found) for found in close)
+            + "?"
+        )
+    return (
+        f"no periodic task named {name!r} (of {len(names)}; the admin's periodic task list "
+        "shows their names)"
+    )

@@ -37,7 +37,12 @@ from typing import Any
 from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from celery_driftsafe.celery_app import get_celery_app, load_celery_app, load_task_modules
+from celery_driftsafe.celery_app import (
+    argument_problem,
+    get_celery_app,
+    load_celery_app,
+    load_task_modules,
+)
 from celery_driftsafe.definitions.beat_schedule import ENTRY_ERRORS, error_text
 from celery_driftsafe.definitions.changes import authority_now
 from celery_driftsafe.definitions.importing import (
@@ -185,26 +190,43 @@ class Command(BaseCommand):
                 self.stdout.write("django_celery_beat is not installed: skipped")
         names = [e.name for e in entries]
         duplicates = sorted({n for n in names if names.count(n) > 1})
+        registry = self._registry(app)
         for entry in entries:
             if entry.name in duplicates and not entry.error:
                 entry.error = "the same name comes from more than one source"
+            if registry is not None and not entry.error:
+                unfit = argument_problem(
+                    registry,
+                    str(entry.fields.get("task") or ""),
+                    entry.fields.get("args") or [],
+                    entry.fields.get("kwargs") or {},
+                )
+                if unfit:
+                    entry.error = f"args: {unfit}"
         outcomes = plan(entries, update=options["update"])
         if not options["dry_run"]:
             apply(outcomes, authority_now())
-        self._report(outcomes, app, dry_run=options["dry_run"])
+        self._report(outcomes, registry, dry_run=options["dry_run"])
         errors = sum(1 for o in outcomes if o.action == "error")
         if errors:
             raise CommandError(f"{errors} task(s) could not be imported (see above)")
 
-    def _report(self, outcomes: list[Outcome], app: Any, *, dry_run: bool) -> None:
-        verb = {"create": "would create", "update": "would update"} if dry_run else {}
-        try:  # the registry as a worker has it: its task modules imported
-            known: Any = load_task_modules(app).tasks
+    def _registry(self, app: Any) -> Any:
+        """``app`` with its task modules imported, as a worker has it (the task names and
+        signatures checked against it), or None (said) when they cannot be imported."""
+        try:
+            return load_task_modules(app)
         except TaskModulesError as exc:
-            self.stdout.write(self.style.WARNING(f"warning: task names not checked: {exc}"))
-            known = None
-        except Exception:  # an app that cannot finalise: no registry warnings
-            known = None
+            self.stdout.write(
+                self.style.WARNING(f"warning: task names and arguments not checked: {exc}")
+            )
+        except Exception:  # an app that cannot finalise: no registry checks
+            pass
+        return None
+
+    def _report(self, outcomes: list[Outcome], registry: Any, *, dry_run: bool) -> None:
+        verb = {"create": "would create", "update": "would update"} if dry_run else {}
+        known: Any = registry.tasks if registry is not None else None
         counts: dict[str, int] = {}
         for outcome in outcomes:
             entry = outcome.entry
