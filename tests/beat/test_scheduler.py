@@ -165,7 +165,7 @@ def test_node_registered_and_stopped(scheduler: DriftSafeScheduler) -> None:
 def test_beat_schedule_synced_once_by_several_beats(broker_app: Any, clock: FakeClock) -> None:
     broker_app.conf.beat_schedule = {
         "every-5": {"task": "tests.add", "schedule": 5.0, "args": (1, 2)},
-        "nightly": {"task": "tests.add", "schedule": crontab(minute=30, hour=2)},
+        "nightly": {"task": "tests.add", "schedule": crontab(minute=30, hour=2), "args": (3, 4)},
         "broken": {"task": "tests.add", "schedule": 0},
     }
     broker_app.conf.timezone = "Europe/Berlin"
