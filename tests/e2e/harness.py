@@ -22,10 +22,11 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import redis
@@ -42,6 +43,7 @@ from celery_driftsafe.testing.processes import (
 )
 from celery_driftsafe.testing.recording import QueueRecorder, percentile
 from tests import settings as test_settings
+from tests.support import wait_until
 
 __all__ = [
     "OWN_REDIS_OPTIONS",
@@ -58,6 +60,7 @@ __all__ = [
     "wait_until_handles_sigterm",
 ]
 
+T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 BROKER_DB = test_settings.REDIS_DB + 2
 # Locks, notifications and the Redis authority of e2e runs: a database no test flushes (runs
@@ -454,6 +457,12 @@ class E2ERun:
 
     def logs(self) -> str:
         return self.children.logs()
+
+    def wait_for(self, condition: Callable[[], T], what: str, timeout: float) -> T:
+        """:func:`tests.support.wait_until` for a condition read from this run's ledger or
+        processes: looked at every 0.1 s (each look may start a process or query the ledger),
+        and this run's logs in the failure."""
+        return wait_until(condition, what, timeout=timeout, interval=0.1, context=self.logs)
 
 
 def schedule_of(task: dict[str, Any]) -> Schedule:

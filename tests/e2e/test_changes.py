@@ -17,7 +17,6 @@ import pytest
 from tests import settings as test_settings
 from tests.e2e.harness import E2ERun, real_now
 from tests.skip_guard import configuration
-from tests.support import wait_until
 
 # One database is enough here (change notifications do not depend on the database; the SQLite
 # claim path has its own end-to-end run in tests/e2e/test_beats.py): the suite must stay under
@@ -61,12 +60,10 @@ def test_new_edited_disabled_and_deleted_tasks_take_effect_without_waiting_for_t
         run.start_recorder()
         run.start_beat(0.0)
         run.start_beat(0.0)
-        wait_until(
+        run.wait_for(
             lambda: len(run.tool("dump")["nodes"]) == 2,
             "two beats registered" + NOT_WOKEN,
             timeout=WOKEN_WITHIN,
-            interval=0.1,
-            context=run.logs,
         )
         time.sleep(2)  # their first rounds are over: asleep (the next slot is an hour away)
 
@@ -82,12 +79,10 @@ def test_new_edited_disabled_and_deleted_tasks_take_effect_without_waiting_for_t
                 }
             ],
         )
-        new = wait_until(
+        new = run.wait_for(
             lambda: run.received_for("new")[:2] or None,
             "message of the new task" + NOT_WOKEN,
             timeout=WOKEN_WITHIN,
-            interval=0.1,
-            context=run.logs,
         )
         (task,) = [t for t in run.tool("dump")["tasks"] if t["name"] == "new"]
         first_slot = datetime.fromisoformat(task["anchor"]) + timedelta(seconds=2)
@@ -114,21 +109,15 @@ def test_new_edited_disabled_and_deleted_tasks_take_effect_without_waiting_for_t
             after = [m for m in run.received_for("new") if m.slot > edited_at]
             return after if len(after) >= 3 else None
 
-        after = wait_until(
-            three_after_the_edit,
-            "three slots after the edit" + NOT_WOKEN,
-            timeout=WOKEN_WITHIN,
-            interval=0.1,
-            context=run.logs,
+        after = run.wait_for(
+            three_after_the_edit, "three slots after the edit" + NOT_WOKEN, timeout=WOKEN_WITHIN
         )
         gaps = {(b.slot - a.slot).total_seconds() for a, b in itertools.pairwise(after)}
         assert gaps == {1.0}, gaps
-        doomed = wait_until(
+        doomed = run.wait_for(
             lambda: run.received_for("doomed"),
             "message of the task to delete" + NOT_WOKEN,
             timeout=WOKEN_WITHIN,
-            interval=0.1,
-            context=run.logs,
         )
         doomed_ids = {m.periodic_task_id for m in doomed}
 

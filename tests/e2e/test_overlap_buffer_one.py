@@ -30,7 +30,7 @@ OPEN = {"claimed", "dispatched", "started", "retrying", "waiting"}
 
 
 def _ready(run: E2ERun, worker: Any) -> None:
-    wait_until(
+    run.wait_for(
         lambda: "ready." in worker.log.read_text(),
         f"{worker.name} ready",
         timeout=60,
@@ -113,7 +113,7 @@ def _all_ended(run: E2ERun, timeout: float = 30) -> list[dict[str, Any]]:
         last[:] = [runs]
         return runs if settled else None
 
-    return wait_until(ended, "every run to end", timeout=timeout, interval=0.1, context=run.logs)
+    return wait_until(ended, "every run to end", timeout=timeout)
 
 
 #: The green pools run on the PostgreSQL pass only: the worker's ledger statements are the same
@@ -204,13 +204,7 @@ def test_worker_killed_mid_body_with_a_slot_waiting_the_slot_still_runs_once(
             waiting = [r for r in runs if r["status"] == "waiting"]
             return (started[0], waiting[0]) if started and waiting else None
 
-        lost, waiting = wait_until(
-            one_waiting,
-            "a slot waiting beside a started one",
-            timeout=30,
-            interval=0.1,
-            context=run.logs,
-        )
+        lost, waiting = run.wait_for(one_waiting, "a slot waiting beside a started one", timeout=30)
         children = subprocess.run(
             ["pgrep", "-P", str(first.process.pid)], capture_output=True, text=True, check=False
         ).stdout.split()
@@ -228,22 +222,14 @@ def test_worker_killed_mid_body_with_a_slot_waiting_the_slot_still_runs_once(
             return next(r for r in runs if r["id"] == waiting["id"])
 
         # no worker is left: only the beat can publish it, once the lock and lease are over
-        wait_until(
-            lambda: waiting_run()["status"] == "dispatched",
-            "a beat to publish it",
-            timeout=20,
-            interval=0.1,
-            context=run.logs,
+        run.wait_for(
+            lambda: waiting_run()["status"] == "dispatched", "a beat to publish it", timeout=20
         )
         published = waiting_run()
         assert not published["claimed_by"].startswith("worker:"), published
         _ready(run, run.start_worker("w2", pool="prefork", concurrency=2))
-        wait_until(
-            lambda: waiting_run()["status"] == "succeeded",
-            "the waiting slot to run",
-            timeout=40,
-            interval=0.1,
-            context=run.logs,
+        run.wait_for(
+            lambda: waiting_run()["status"] == "succeeded", "the waiting slot to run", timeout=40
         )
         run.stop()
         row = waiting_run()

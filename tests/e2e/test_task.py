@@ -15,7 +15,6 @@ import pytest
 from tests import settings as test_settings
 from tests.e2e.harness import Beat, E2ERun
 from tests.skip_guard import configuration
-from tests.support import wait_until
 
 # One database is enough here (the worker's ledger statements on SQLite are covered in-process
 # by tests/worker/test_celery_features.py and tests/worker/test_task.py): the suite must stay
@@ -33,12 +32,8 @@ def _ready(run: E2ERun, *workers: Beat) -> None:
     """Wait until each worker logged Celery's ``ready.`` line: it takes messages from then on
     (a fixed few seconds were too few on a loaded machine, and too many on an idle one)."""
     for worker in workers:
-        wait_until(
-            lambda w=worker: "ready." in w.log.read_text(),
-            f"{worker.name} ready",
-            timeout=60,
-            interval=0.1,
-            context=run.logs,
+        run.wait_for(
+            lambda w=worker: "ready." in w.log.read_text(), f"{worker.name} ready", timeout=60
         )
 
 
@@ -107,9 +102,7 @@ def _runs_once_ended(run: E2ERun, but: int | None = None) -> list[dict[str, Any]
         last[:] = [watched]
         return runs if settled else None
 
-    result: list[dict[str, Any]] = wait_until(
-        ended, "every run to end", timeout=30, interval=0.1, context=run.logs
-    )
+    result: list[dict[str, Any]] = run.wait_for(ended, "every run to end", timeout=30)
     return result
 
 
@@ -134,27 +127,13 @@ def test_same_run_delivered_five_times_to_two_workers_executes_once(tmp_path: Pa
         made = run.tool("make_run", {"task": "e2e.work"})
         _ready(run, *workers)
         _publish(run, made, "five", 6.0)
-        wait_until(
-            lambda: _body_started(run, made, workers),
-            "the body to start",
-            timeout=20,
-            interval=0.1,
-            context=run.logs,
-        )
+        run.wait_for(lambda: _body_started(run, made, workers), "the body to start", timeout=20)
         _publish(run, made, "five", 6.0, copies=4)
-        wait_until(
-            lambda: _status(run, made)["duplicates"] >= 4,
-            "4 duplicates counted",
-            timeout=40,
-            interval=0.1,
-            context=run.logs,
+        run.wait_for(
+            lambda: _status(run, made)["duplicates"] >= 4, "4 duplicates counted", timeout=40
         )
-        wait_until(
-            lambda: _status(run, made)["status"] == "succeeded",
-            "the body to end",
-            timeout=20,
-            interval=0.1,
-            context=run.logs,
+        run.wait_for(
+            lambda: _status(run, made)["status"] == "succeeded", "the body to end", timeout=20
         )
         state = _status(run, made)
         print(f"\nrun after 5 deliveries to 2 workers: {state}")
@@ -180,13 +159,7 @@ def test_worker_paused_past_its_lease_cannot_record_over_its_successor(tmp_path:
         # The body runs 10 s, and the test sees it begin in Redis (a look at the ledger is a
         # Django process, which a loaded machine made outlast the body): w1 is stopped mid-run.
         _publish(run, made, "paused", 10.0)
-        wait_until(
-            lambda: "paused" in run.began(),
-            "w1's body to begin",
-            timeout=30,
-            interval=0.1,
-            context=run.logs,
-        )
+        run.wait_for(lambda: "paused" in run.began(), "w1's body to begin", timeout=30)
         first.process.send_signal(signal.SIGSTOP)
         try:
             assert not run.executions(), "w1's body ended before w1 was stopped"
@@ -194,23 +167,15 @@ def test_worker_paused_past_its_lease_cannot_record_over_its_successor(tmp_path:
             time.sleep(3.0)  # w1's lease (2 s) runs out while it is stopped
             _ready(run, run.start_worker("w2"))
             _publish(run, made, "successor", 1.0)  # the redelivery reaches w2
-            wait_until(
-                lambda: _status(run, made)["status"] == "succeeded",
-                "w2 to finish",
-                timeout=30,
-                interval=0.1,
-                context=run.logs,
+            run.wait_for(
+                lambda: _status(run, made)["status"] == "succeeded", "w2 to finish", timeout=30
             )
             successor = _status(run, made)
             assert successor["worker"].startswith("w2@")
         finally:
             first.process.send_signal(signal.SIGCONT)
-        wait_until(
-            lambda: "discarded" in first.log.read_text(),
-            "w1's outcome discarded",
-            timeout=30,
-            interval=0.1,
-            context=run.logs,
+        run.wait_for(
+            lambda: "discarded" in first.log.read_text(), "w1's outcome discarded", timeout=30
         )
         final = _status(run, made)
         print(f"\nafter w1 resumed: {final}")
@@ -232,13 +197,7 @@ def test_worker_killed_mid_run_is_retried_not_lost_not_doubled(tmp_path: Path) -
         # The body runs 8 s, and the test sees it begin in Redis (a look at the ledger is a
         # Django process, seconds on a loaded machine): it is killed mid-run.
         _publish(run, made, "killed", 8.0)
-        wait_until(
-            lambda: "killed" in run.began(),
-            "the body to begin",
-            timeout=30,
-            interval=0.1,
-            context=run.logs,
-        )
+        run.wait_for(lambda: "killed" in run.began(), "the body to begin", timeout=30)
         children = subprocess.run(
             ["pgrep", "-P", str(worker.process.pid)], capture_output=True, text=True, check=False
         ).stdout.split()
@@ -246,12 +205,8 @@ def test_worker_killed_mid_run_is_retried_not_lost_not_doubled(tmp_path: Path) -
         assert not run.executions(), "the body ended before it was killed"
         for child in children:
             subprocess.run(["kill", "-KILL", child], check=False)
-        wait_until(
-            lambda: _status(run, made)["status"] == "succeeded",
-            "the retry to finish",
-            timeout=40,
-            interval=0.1,
-            context=run.logs,
+        run.wait_for(
+            lambda: _status(run, made)["status"] == "succeeded", "the retry to finish", timeout=40
         )
         final = _status(run, made)
         print(f"\nafter the child was killed mid-run: {final}")
@@ -408,13 +363,7 @@ def test_retries_hop_between_two_workers_and_a_stale_copy_is_dropped(
         assert [e["retries"] for e in run.executions()] == [0, 1, 2]
         # a redelivered copy of the first attempt (as after a visibility timeout)
         _send(run, made, "e2e.flaky", ["hop", 2]).close()
-        wait_until(
-            lambda: _status(run, made)["duplicates"] == 1,
-            "the copy dropped",
-            timeout=20,
-            interval=0.1,
-            context=run.logs,
-        )
+        run.wait_for(lambda: _status(run, made)["duplicates"] == 1, "the copy dropped", timeout=20)
         assert len(run.executions()) == 3
         assert app.AsyncResult(made["celery_task_id"]).get(timeout=5) == "hop:2"
         assert _status(run, made)["status"] == "succeeded"
@@ -435,19 +384,11 @@ def test_soft_and_hard_time_limits_are_recorded(
         _ready(run, worker)
         app = _send(run, soft, "e2e.soft_limited", ["soft", 3.0])
         _send(run, hard, "e2e.hard_limited", ["hard", 3.0]).close()
-        wait_until(
-            lambda: _status(run, soft)["status"] == "failed",
-            "soft limit recorded",
-            timeout=30,
-            interval=0.1,
-            context=run.logs,
+        run.wait_for(
+            lambda: _status(run, soft)["status"] == "failed", "soft limit recorded", timeout=30
         )
-        wait_until(
-            lambda: _status(run, hard)["status"] == "failed",
-            "hard limit recorded",
-            timeout=30,
-            interval=0.1,
-            context=run.logs,
+        run.wait_for(
+            lambda: _status(run, hard)["status"] == "failed", "hard limit recorded", timeout=30
         )
         print(f"\nsoft: {_status(run, soft)}\nhard: {_status(run, hard)}")
         assert "SoftTimeLimitExceeded" in _status(run, soft)["error"]
@@ -472,13 +413,7 @@ def test_lost_pool_process_without_reject_on_worker_lost_is_recorded_failed(
         # Killed once seen begun (in Redis: a look at the ledger is a Django process, seconds
         # on a loaded machine, and at 3 s the body once ended first); the body runs 10 s.
         app = _send(run, made, "e2e.fragile", ["lost", 10.0])
-        wait_until(
-            lambda: "lost" in run.began(),
-            "the body to begin",
-            timeout=30,
-            interval=0.1,
-            context=run.logs,
-        )
+        run.wait_for(lambda: "lost" in run.began(), "the body to begin", timeout=30)
         children = subprocess.run(
             ["pgrep", "-P", str(worker.process.pid)], capture_output=True, text=True, check=False
         ).stdout.split()
@@ -486,12 +421,8 @@ def test_lost_pool_process_without_reject_on_worker_lost_is_recorded_failed(
         assert not run.executions(), "the body ended before it was killed"
         for child in children:
             subprocess.run(["kill", "-KILL", child], check=False)
-        wait_until(
-            lambda: _status(run, made)["status"] == "failed",
-            "the loss recorded",
-            timeout=20,
-            interval=0.1,
-            context=run.logs,
+        run.wait_for(
+            lambda: _status(run, made)["status"] == "failed", "the loss recorded", timeout=20
         )
         print(f"\nafter the pool process was lost: {_status(run, made)}")
         assert "worker lost" in _status(run, made)["error"]
@@ -520,24 +451,14 @@ def test_revoke_terminate_stops_a_running_body_in_a_prefork_worker(
         made = run.tool("make_run", {"task": "e2e.phased"})
         task_id = made["celery_task_id"]
         app = _send(run, made, "e2e.phased", ["revoked", 20.0])
-        wait_until(
-            lambda: run.executions(),
-            "the body to begin",
-            timeout=20,
-            interval=0.1,
-            context=run.logs,
-        )
+        run.wait_for(lambda: run.executions(), "the body to begin", timeout=20)
         started = _status(run, made)
         assert started["status"] == "started"
         body_pid = run.executions()[0]["pid"]
         replies = app.control.revoke(task_id, terminate=True, reply=True, limit=1, timeout=10)
         assert replies == [{f"w1@e2e-{run.token}": {"ok": f"terminate: {task_id}"}}]
-        wait_until(
-            lambda: _status(run, made)["status"] == "revoked",
-            "the run revoked",
-            timeout=10,
-            interval=0.1,
-            context=run.logs,
+        run.wait_for(
+            lambda: _status(run, made)["status"] == "revoked", "the run revoked", timeout=10
         )
         revoked = _status(run, made)
         print(f"\nafter revoke(terminate=True): {revoked}")
@@ -552,20 +473,12 @@ def test_revoke_terminate_stops_a_running_body_in_a_prefork_worker(
                 return True
             return False
 
-        wait_until(
-            body_gone, "the body's pool process to end", timeout=10, interval=0.1, context=run.logs
-        )
+        run.wait_for(body_gone, "the body's pool process to end", timeout=10)
         # The killed holder could not release the run's lock: it lapses with the lease (2 s).
         # The run is finished, so whoever takes the lock next can only drop a copy.
         lock = f"{run.env['DRIFTSAFE_E2E_PREFIX']}:lock:run:{made['id']}"
         keys = redis.Redis.from_url(run.env["DRIFTSAFE_E2E_REDIS"])
-        wait_until(
-            lambda: not keys.exists(lock),
-            "the dead holder's lease to lapse",
-            timeout=10,
-            interval=0.1,
-            context=run.logs,
-        )
+        run.wait_for(lambda: not keys.exists(lock), "the dead holder's lease to lapse", timeout=10)
         keys.close()
         # A copy of the message reaching a worker that missed the revoke: w1 is restarted
         # (a worker's revoked ids live in its memory), and w2 knows nothing of it.
@@ -574,13 +487,7 @@ def test_revoke_terminate_stops_a_running_body_in_a_prefork_worker(
         second = run.start_worker("w2")
         _ready(run, second)
         _send(run, made, "e2e.phased", ["copy", 0.0]).close()
-        wait_until(
-            lambda: _status(run, made)["duplicates"] == 1,
-            "the copy dropped",
-            timeout=20,
-            interval=0.1,
-            context=run.logs,
-        )
+        run.wait_for(lambda: _status(run, made)["duplicates"] == 1, "the copy dropped", timeout=20)
         final = _status(run, made)
         assert final == {**revoked, "duplicates": 1}
         assert [(e["marker"], e["phase"]) for e in run.executions()] == [("revoked", "begin")]
@@ -621,12 +528,10 @@ def test_a_backlog_of_a_skipping_task_reaching_a_worker_at_once_runs_one(
         run.start_worker("w1", pool=pool, concurrency=concurrency)
         # Until a second body has ended (the backlog's one, then the task going on): a loaded
         # machine starts the worker late, and 12 s after its start once saw only the first.
-        wait_until(
+        run.wait_for(
             lambda: sum(e["marker"] == "backlog" for e in run.executions()) >= 2,
             "two bodies to end",
             timeout=90,
-            interval=0.1,
-            context=run.logs,
         )
         run.stop()
 
