@@ -72,6 +72,36 @@ def test_status_exits_2_when_no_node_is_alive() -> None:
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("policy", ["fail_closed", "fail_open"])
+def test_status_exits_3_naming_an_unreachable_redis_and_what_it_stops(
+    settings: Any, policy: str
+) -> None:
+    """Beats alive but the configured Redis not answering: slots still fire, so the command
+    says the cluster is degraded rather than down, names Redis and what its absence stops
+    under the project's policy, and exits with a status of its own for a readiness probe."""
+    _node("up", changes.authority_now())
+    out = io.StringIO()
+    call_command("driftsafe_status", stdout=out, no_color=True)  # Redis answers: exit 0
+    assert "redis: reachable" in out.getvalue()
+    settings.DRIFTSAFE = {
+        **settings.DRIFTSAFE,
+        "REDIS_URL": "redis://127.0.0.1:9/0",  # nothing listens there
+        "TIME_AUTHORITY": "database",
+        "REDIS_UNAVAILABLE": policy,
+    }
+    out = io.StringIO()
+    with pytest.raises(CommandError, match=r"^degraded: Redis does not answer") as raised:
+        call_command("driftsafe_status", stdout=out, no_color=True)
+    assert raised.value.returncode == 3
+    said = str(raised.value)
+    assert "REDIS_URL unreachable: " in said and "127.0.0.1:9" in said
+    stops = "do not run" if policy == "fail_closed" else "run on the database's checks alone"
+    assert stops in said and f"REDIS_UNAVAILABLE = '{policy}'" in said
+    assert "slots keep being claimed" in said
+    assert "redis: unreachable: " in out.getvalue()
+
+
+@pytest.mark.django_db
 def test_status_hint_names_the_app_for_celery_a(settings: Any) -> None:
     def hint() -> str:
         with pytest.raises(CommandError) as raised:

@@ -1,8 +1,10 @@
 """``manage.py driftsafe_status``: are the beats alive, whose clock is off, what is due, what
 failed lately.
 
-Exit status: 0 when at least one beat node is alive, 2 when none is (so a monitoring probe can
-run it as is), 1 for any other error (for example an unreachable time authority).
+Exit status: 0 when at least one beat node is alive and every dependency answers, 2 when no
+node is alive (so a monitoring probe can run it as is), 3 when nodes are alive but a dependency
+is degraded (the configured Redis does not answer: the output says what that stops), 1 for any
+other error (for example an unreachable time authority).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus
 
 #: Exit status when no beat node is alive.
 NO_NODE_ALIVE = 2
+#: Exit status when beat nodes are alive but a dependency does not answer (degraded).
+DEGRADED = 3
 _FAILED = (RunStatus.FAILED, RunStatus.MISSED)
 
 
@@ -61,6 +65,47 @@ class Status:
     #: ``failures_since``, and the tasks flagged stale (see docs/howto/deadlines.md).
     late_count: int = 0
     stale_tasks: list[dict[str, Any]] = field(default_factory=list)
+    #: The configured Redis as this command reached it: ``reachable``, ``not configured`` or
+    #: ``unreachable: <why>``; and, when it does not answer, what that stops.
+    redis: str = "not configured"
+    degraded: list[str] = field(default_factory=list)
+
+
+def redis_state(url: str | None) -> str:
+    """``REDIS_URL`` as this process reaches it now: ``not configured``, ``reachable``, or
+    ``unreachable: <the error>`` (a ping with a 2-second timeout, no retries)."""
+    if not url:
+        return "not configured"
+    import redis
+
+    from celery_driftsafe.store.redis import client_from_url
+
+    client = None
+    try:
+        client = client_from_url(
+            url, socket_timeout=2, socket_connect_timeout=2, retry_on_timeout=False
+        )
+        client.ping()
+    except (redis.RedisError, OSError) as exc:
+        return f"unreachable: {exc}"
+    finally:
+        if client is not None:
+            client.close()
+    return "reachable"
+
+
+def redis_outage_effects(policy: str) -> str:
+    """What a Redis that does not answer stops, under ``REDIS_UNAVAILABLE = policy``."""
+    bodies = (
+        "task bodies run on the database's checks alone (REDIS_UNAVAILABLE = 'fail_open')"
+        if policy == "fail_open"
+        else "DriftSafeTask bodies do not run: their deliveries are sent again until Redis "
+        "answers (REDIS_UNAVAILABLE = 'fail_closed')"
+    )
+    return (
+        f"Redis does not answer: {bodies}; schedule edits reach the beats only at their next "
+        "loop (no wake-up); slots keep being claimed and published from the database"
+    )
 
 
 def collect(now: datetime, *, since: timedelta, limit: int, authority: str) -> Status:
@@ -85,6 +130,9 @@ def collect(now: datetime, *, since: timedelta, limit: int, authority: str) -> S
             )
         )
     status.alive = sum(1 for n in status.nodes if n.state == "alive")
+    status.redis = redis_state(settings.redis_url)
+    if status.redis.startswith("unreachable"):
+        status.degraded.append(redis_outage_effects(str(settings.redis_unavailable)))
     counts = PeriodicTask.objects.aggregate(
         n_enabled=Count("pk", filter=Q(enabled=True)),
         n_disabled=Count("pk", filter=Q(enabled=False)),
@@ -191,6 +239,11 @@ class Command(BaseCommand):
                 f"{app_argument()} beat -S driftsafe`)",
                 returncode=NO_NODE_ALIVE,
             )
+        if status.degraded:
+            raise CommandError(
+                "degraded: " + "; ".join(status.degraded) + f" (REDIS_URL {status.redis})",
+                returncode=DEGRADED,
+            )
 
     def _preview(self, name: str, count: int, as_json: bool) -> None:
         """The next ``count`` slots of the task ``name``, at the authority's now as a save of
@@ -244,6 +297,8 @@ class Command(BaseCommand):
     def _print(self, status: Status) -> None:
         out, style = self.stdout.write, self.style
         out(f"time authority: {status.authority}, now {status.now}")
+        redis_line = f"redis: {status.redis}"
+        out(style.ERROR(redis_line) if status.degraded else redis_line)
         out(
             f"\nbeat nodes ({status.alive} alive of {len(status.nodes)}; offset bound "
             f"±{status.max_clock_offset_seconds} s):"
