@@ -8,11 +8,13 @@ import logging
 import os
 import select
 import threading
+import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from celery_driftsafe.conf import DriftSafeSettings
-from celery_driftsafe.store.redis import channel, get_redis
+from celery_driftsafe.store.redis import channel, get_redis, mask_url
 
 logger = logging.getLogger("celery_driftsafe.scheduler")
 
@@ -69,6 +71,8 @@ def _close_fds(*fds: int) -> None:
 
 #: How long the change listener waits for a message before it looks whether the beat stops.
 LISTEN_POLL_SECONDS = 0.2
+#: While Redis does not answer, the listener says so (ERROR) at least this often.
+OUTAGE_REPEAT_SECONDS = 30.0
 
 
 def start_change_listener(
@@ -90,32 +94,54 @@ def start_change_listener(
 
 
 def _listen(
-    client: Any, settings: DriftSafeSettings, wake: Wakeup, shutdown: threading.Event
+    client: Any,
+    settings: DriftSafeSettings,
+    wake: Wakeup,
+    shutdown: threading.Event,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Set the wake event on every schedule-change message; reconnect with backoff."""
+    """Set the wake event on every schedule-change message; reconnect with backoff. While
+    Redis does not answer it says so at ERROR, naming it and what that stops, at once and
+    then at least every :data:`OUTAGE_REPEAT_SECONDS`; once Redis answers again, one line."""
     from redis.exceptions import RedisError
 
     name = channel(settings, "changes")
-    failing = False
+    where = mask_url(settings.redis_url or "")
+    failing_since: float | None = None
+    said_at = 0.0
     delay = 0.5
     while not shutdown.is_set():
         try:
             pubsub = client.pubsub(ignore_subscribe_messages=True)
             pubsub.subscribe(name)
-            if failing:
-                logger.warning("schedule-change notifications restored")
-                failing, delay = False, 0.5
+            if failing_since is not None:
+                logger.warning(
+                    "Redis at %s answers again after %.0f s: schedule-change notifications "
+                    "restored",
+                    where,
+                    monotonic() - failing_since,
+                    extra={"action": "redis-restored"},
+                )
+                failing_since, delay = None, 0.5
             while not shutdown.is_set():
                 # a short wait: a stopping beat joins this thread (a few polls a second)
                 if pubsub.get_message(timeout=LISTEN_POLL_SECONDS) is not None:
                     wake.set()
         except (RedisError, OSError) as exc:
-            if not failing:
-                logger.warning(
-                    "schedule-change notifications unavailable (%s); polling every %.1f s",
+            now = monotonic()
+            if failing_since is None or now - said_at >= OUTAGE_REPEAT_SECONDS:
+                logger.error(
+                    "Redis at %s does not answer (%s)%s: schedule-change notifications are "
+                    "unavailable, so edits reach this beat at its next loop (every %.1f s); "
+                    "slots are still claimed and published from the database",
+                    where,
                     exc,
+                    "" if failing_since is None else f" for {now - failing_since:.0f} s",
                     settings.max_loop_interval_seconds,
+                    extra={"action": "redis-unavailable"},
                 )
-            failing = True
+                said_at = now
+            if failing_since is None:
+                failing_since = now
             shutdown.wait(delay)
             delay = min(delay * 2, 10.0)

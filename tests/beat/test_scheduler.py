@@ -3,6 +3,7 @@ clock as the authority so every instant is exact."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -18,7 +19,7 @@ from celery_driftsafe.scheduler import DriftSafeScheduler
 from celery_driftsafe.testing import FakeClock
 from tests import settings as test_settings
 from tests.skip_guard import configuration
-from tests.support import QUEUE, T0, drain
+from tests.support import QUEUE, T0, drain, wait_until
 from tests.support.factories import interval_task, real_deadlock
 
 S = timedelta(seconds=1)
@@ -763,3 +764,54 @@ def test_the_beat_banner_names_the_node_that_registers_and_the_loop_s_interval(
         assert other.node_id != running.node_id
     finally:
         running.close()
+
+
+def test_a_beat_says_while_its_redis_is_away_and_once_when_it_is_back(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """The change listener of a beat whose Redis does not answer logs it at ERROR, naming
+    the Redis and what that stops, at once and again at the repeat interval (30 s; shortened
+    here) while it lasts; when Redis answers again, one line says so."""
+    import threading
+
+    import redis
+
+    from celery_driftsafe.beat import wakeup
+    from celery_driftsafe.conf import get_settings
+    from celery_driftsafe.testing.processes import free_port, start_redis
+
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    settings = dataclasses.replace(get_settings(), redis_url=url)
+    client = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+    monkeypatch.setattr(wakeup, "OUTAGE_REPEAT_SECONDS", 0.4)
+    shutdown, wake = threading.Event(), wakeup.Wakeup()
+    listener = threading.Thread(target=wakeup._listen, args=(client, settings, wake, shutdown))
+    server = None
+    with caplog.at_level("WARNING", logger="celery_driftsafe.scheduler"):
+        listener.start()
+        try:
+            wait_until(
+                lambda: sum(r.action == "redis-unavailable" for r in caplog.records) >= 3,
+                "three outage lines",
+                timeout=20,
+            )
+            server = start_redis(tmp_path / "redis", port=port)
+            wait_until(
+                lambda: any(r.action == "redis-restored" for r in caplog.records),
+                "the line that Redis is back",
+                timeout=30,
+            )
+        finally:
+            shutdown.set()
+            listener.join(10)
+            client.close()
+            if server is not None:
+                server.stop()
+    outage = [r for r in caplog.records if r.action == "redis-unavailable"]
+    assert all(r.levelname == "ERROR" for r in outage)
+    first = outage[0].getMessage()
+    assert f"Redis at {url} does not answer" in first and "slots are still claimed" in first
+    assert " for " in outage[-1].getMessage()  # the repeats say how long it has lasted
+    restored = [r for r in caplog.records if r.action == "redis-restored"]
+    assert len(restored) == 1 and "answers again" in restored[0].getMessage()
