@@ -21,7 +21,6 @@ from celery_driftsafe.testing.processes import start_redis
 from tests import settings as test_settings
 from tests.e2e.harness import OWN_REDIS_OPTIONS, E2ERun, real_now, restart_redis
 from tests.skip_guard import configuration
-from tests.support import wait_until
 
 pytestmark = pytest.mark.e2e
 BACKEND = "postgresql" if test_settings.TEST_DB == "postgres" else "sqlite"
@@ -30,12 +29,7 @@ OPEN = {"claimed", "dispatched", "started", "retrying", "waiting"}
 
 
 def _ready(run: E2ERun, worker: Any) -> None:
-    run.wait_for(
-        lambda: "ready." in worker.log.read_text(),
-        f"{worker.name} ready",
-        timeout=60,
-        context=run.logs,
-    )
+    run.wait_for(lambda: "ready." in worker.log.read_text(), f"{worker.name} ready", timeout=60)
 
 
 def _instant(text: str) -> datetime:
@@ -113,7 +107,7 @@ def _all_ended(run: E2ERun, timeout: float = 30) -> list[dict[str, Any]]:
         last[:] = [runs]
         return runs if settled else None
 
-    return wait_until(ended, "every run to end", timeout=timeout)
+    return run.wait_for(ended, "every run to end", timeout=timeout)
 
 
 #: The green pools run on the PostgreSQL pass only: the worker's ledger statements are the same
