@@ -15,15 +15,17 @@ from typing import TYPE_CHECKING, Any, cast
 
 from celery import Task
 from celery.exceptions import QueueNotFound
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 from django.db.models import Case, F, Q, TextField, Value, When
 
+from celery_driftsafe.celery_app import argument_problem
 from celery_driftsafe.claim.outbox import message_headers, message_refusal
 from celery_driftsafe.claim.sql import id_set
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.core.stored_names import Optimisation
+from celery_driftsafe.definitions import changes
 from celery_driftsafe.exceptions import BrokerUnavailable
-from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
+from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus, disabled_by_scheduler
 from celery_driftsafe.monitoring import metrics
 from celery_driftsafe.publish.adhoc import publishes_on_commit
 from celery_driftsafe.publish.broker_errors import (
@@ -64,6 +66,9 @@ class DispatchResult:
     lost: list[int] = field(default_factory=list)
     #: Runs not published because their message had expired already (a long outage).
     expired: list[int] = field(default_factory=list)
+    #: Failed runs (among ``failed``) whose arguments Celery found unfit for the task's
+    #: signature: their periodic tasks are disabled (:meth:`Dispatcher._disable_unfit`).
+    unfit: list[int] = field(default_factory=list)
 
 
 class Dispatcher:
@@ -209,6 +214,7 @@ class Dispatcher:
                     result.failed[run.run_id] = (
                         f"the arguments do not fit the task's signature: {exc}"
                     )
+                    result.unfit.append(run.run_id)
                 except ValueError as exc:
                     if not self._limits_refused(run):
                         result.refused[run.run_id] = describe_error(exc)
@@ -381,7 +387,47 @@ class Dispatcher:
             table.filter(pk=run_id, status=RunStatus.CLAIMED).update(
                 status=RunStatus.FAILED, finished_at=now, error=reason
             )
+        if result.unfit:
+            self._disable_unfit({runs[r].periodic_task_id for r in result.unfit} - {None})
         metrics.dispatched(result, runs, now)
+
+    def _disable_unfit(self, task_ids: set[int | None]) -> None:
+        """Disable each of these periodic tasks whose stored arguments its task, registered in
+        this beat's app, cannot take (a row changed behind ``save()``, which checks them), with
+        the reason, as the claim disables the other rows it cannot fire: the slot that met them
+        failed, and the later ones are not claimed to fail one by one. The row is read again
+        under a lock and checked as the admin checks it, so a row corrected meanwhile, or a
+        ``TypeError`` of another origin, disables nothing."""
+        disabled = False
+        table = PeriodicTask.objects.using(self.using)
+        for pk in sorted(cast(set[int], task_ids)):
+            with transaction.atomic(using=self.using):
+                row = (
+                    table.select_for_update()
+                    .filter(pk=pk, enabled=True)
+                    .only("pk", "name", "task", "args", "kwargs")
+                    .first()
+                )
+                if row is None:
+                    continue
+                problem = argument_problem(self.app, row.task, row.args, row.kwargs)
+                if problem is None:
+                    continue
+                table.filter(pk=pk).update(
+                    enabled=False,
+                    next_slot_at=None,
+                    due_at=None,
+                    disabled_reason=disabled_by_scheduler(problem),
+                )
+            disabled = True
+            logger.error(
+                "task %s disabled: %s",
+                row.name,
+                problem,
+                extra={"action": "disable", "task": row.name},
+            )
+        if disabled:
+            changes.notify()  # the other beats drop what they hold of it
 
 
 def _stopped(using: str, node_id: str) -> Any:

@@ -922,13 +922,41 @@ def test_a_live_beats_claims_are_not_taken_over_by_lease_alone(clock: FakeClock)
     assert [r.run_id for r in taken] == [claimed[0].run_id]
 
 
-def test_arguments_that_do_not_fit_a_registered_task_fail_the_run_at_once(
-    scheduler: DriftSafeScheduler,
+def test_arguments_that_do_not_fit_a_registered_task_fail_the_run_and_disable_the_task(
+    scheduler: DriftSafeScheduler, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Celery checks a registered task's arguments when it publishes; retrying cannot help.
+    """Celery checks a registered task's arguments when it publishes; retrying cannot help.
+    A row changed behind save() (which checks them) fails the slot that meets it, and the task
+    is disabled with the reason, naming the signature, as other rows the beat cannot fire are:
+    its later slots are not claimed to fail one by one."""
     bad = interval_task("bad", 10, anchor=T0, next_slot_at=T0, args=[1, 2, 3])
     interval_task("good", 10, anchor=T0, next_slot_at=T0)
     scheduler.run_round()
     assert len(drain()) == 1
     run = Run.objects.get(periodic_task=bad)
     assert run.status == RunStatus.FAILED and "signature" in run.error and run.retry_at is None
+    bad.refresh_from_db()
+    assert not bad.enabled and bad.next_slot_at is None
+    assert bad.disabled_reason.startswith("disabled by the scheduler: tests.add(x, y)")
+    assert "takes 2 positional arguments but 3 were given" in bad.disabled_reason
+    (logged,) = [r for r in caplog.records if getattr(r, "action", "") == "disable"]
+    assert logged.task == "bad" and logged.levelname == "ERROR"
+    for _ in range(3):  # later slots: the good task fires, the bad one claims nothing
+        clock.advance(10 * S)
+        scheduler.run_round()
+    assert len(drain()) == 3
+    assert Run.objects.filter(periodic_task=bad).count() == 1
+
+
+def test_a_row_corrected_before_its_failed_slot_is_recorded_stays_enabled(
+    scheduler: DriftSafeScheduler,
+) -> None:
+    """The beat disables a task for its arguments only while its row still holds arguments
+    the task cannot take (read again under a lock): one corrected meanwhile keeps firing."""
+    bad = interval_task("bad", 10, anchor=T0, next_slot_at=T0, args=[1, 2, 3])
+    (claimed,) = claimer_for().claim(T0, scheduler.node_id).runs
+    PeriodicTask.objects.filter(pk=bad.pk).update(args=[1, 2])  # corrected behind save()
+    scheduler.dispatcher.dispatch([claimed])
+    assert Run.objects.get(periodic_task=bad).status == RunStatus.FAILED  # as it was captured
+    bad.refresh_from_db()
+    assert bad.enabled and bad.disabled_reason == ""
