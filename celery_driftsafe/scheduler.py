@@ -40,7 +40,12 @@ from celery_driftsafe.beat import nodes
 from celery_driftsafe.beat.deadlines import BackgroundDeadlines
 from celery_driftsafe.beat.gc_freeze import HeapKeeper, widen_young_generation
 from celery_driftsafe.beat.recovery import BackgroundReconciler, recover
-from celery_driftsafe.beat.wakeup import Wakeup, start_change_listener
+from celery_driftsafe.beat.wakeup import (
+    OUTAGE_REPEAT_SECONDS,
+    RedisHealth,
+    Wakeup,
+    start_change_listener,
+)
 from celery_driftsafe.claim.claimers import Claimer, ClaimResult, claimer_for, next_due, run_expiry
 from celery_driftsafe.claim.helper_process import spare_cores
 from celery_driftsafe.claim.prefetch import Prefetcher
@@ -79,13 +84,33 @@ OUTAGE_ERRORS = (DatabaseError, InterfaceError, ClockError, BrokerUnavailable)
 STEP_SECONDS = 5.0
 
 
-def outage_text(exc: BaseException) -> str:
-    """Why the beat waits, for its log: tables or columns that are not there (a beat started
-    before ``migrate``, or an upgrade not migrated yet) are named as such, not taken for a
-    database out of reach. The beat waits either way, and goes on once they are there."""
+def outage_of(exc: BaseException, authority: str) -> str:
+    """What a round's outage error says is out of reach: ``the broker``, ``the database`` (the
+    time authority too, where it is the database) or ``the time authority (<name>)``."""
+    if isinstance(exc, BrokerUnavailable):
+        return "the broker"
+    if isinstance(exc, ClockError) and authority != "database":
+        return f"the time authority ({authority})"
+    return "the database"
+
+
+def dependency_of(outage: str) -> str:
+    """The ``dependency`` label of :func:`~celery_driftsafe.monitoring.metrics.dependency_up`
+    for an :func:`outage_of` text."""
+    return "broker" if outage == "the broker" else "redis" if "redis" in outage else "database"
+
+
+def outage_text(exc: BaseException, authority: str = "database") -> str:
+    """Why the beat waits, for its log: what is out of reach and what that stops. Tables or
+    columns that are not there (a beat started before ``migrate``, or an upgrade not migrated
+    yet) are named as such, not taken for a database out of reach. The beat waits either way,
+    and goes on once they are there."""
     if isinstance(exc, BrokerUnavailable):
         return f"the broker is unreachable ({exc}); slots due meanwhile meet the misfire policy"
-    return missing_schema(exc) or f"the database or time authority is unreachable: {exc}"
+    return missing_schema(exc) or (
+        f"{outage_of(exc, authority)} is unreachable ({exc}): no slot is claimed or published "
+        "until it answers, and slots due meanwhile meet the misfire policy"
+    )
 
 
 #: Shortest wait when something looks due but this beat could not claim it (another beat
@@ -184,7 +209,17 @@ class DriftSafeScheduler(Scheduler):
         )
         self.deadlines = BackgroundDeadlines(using=self.using, monotonic=self.clock.monotonic)
         self._paused_reason = ""
+        self._clock_watch = (
+            nodes.ClockWatch(self.clock, self.authority.name, self.settings, self.node_id)
+            if isinstance(self.clock, AuthorityClock)
+            else None
+        )
         self._outage: str | None = None
+        #: While the database (or time authority, or broker) is out of reach: what, since when
+        #: and when it was last said (monotonic).
+        self._outage_since = self._outage_said = 0.0
+        self._outage_of = ""
+        self._redis = RedisHealth()
         self._backoff = 0.0
         self._rolled_back_rounds = 0  # in a row
         self._next_heartbeat = 0.0
@@ -241,7 +276,7 @@ class DriftSafeScheduler(Scheduler):
         self._ready = True
 
     def _start_listener(self) -> threading.Thread | None:  # a test's stepped beat has none
-        return start_change_listener(self.settings, self._wake, self._shutdown)
+        return start_change_listener(self.settings, self._wake, self._shutdown, self._redis)
 
     def apply_async(
         self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
@@ -324,13 +359,7 @@ class DriftSafeScheduler(Scheduler):
                     extra={"action": "rolled-back", "node": self.node_id},
                 )
                 return 0.0
-            if self._outage is None:
-                logger.error(
-                    "claiming paused, %s; retrying with backoff",
-                    outage_text(exc),
-                    extra={"action": "outage", "node": self.node_id},
-                )
-            self._outage = str(exc)
+            self._note_outage(exc)
             connections[self.using].close()
             return self._back_off()
         except Exception as exc:
@@ -341,19 +370,55 @@ class DriftSafeScheduler(Scheduler):
                     "claim round failed unexpectedly; retrying with backoff",
                     extra={"action": "round-error", "node": self.node_id},
                 )
-            self._outage = repr(exc)
+            self._outage, self._outage_of = repr(exc), ""
             connections[self.using].close()
             return self._back_off()
         self._rolled_back_rounds = 0
-        if self._outage is not None:
-            logger.warning(
-                "claiming resumed after an outage (%s)",
-                self._outage,
-                extra={"action": "recovered", "node": self.node_id},
-            )
-            self._outage = None
-            self._backoff = 0.0
+        self._note_recovered()
         return wait
+
+    def _note_recovered(self) -> None:
+        """After an outage or an unexpected error: one line saying what answers again."""
+        if self._outage is not None:
+            if self._outage_of:
+                logger.warning(
+                    "claiming resumed: %s answers again after %.0f s (%s)",
+                    self._outage_of,
+                    self.clock.monotonic() - self._outage_since,
+                    self._outage,
+                    extra={"action": "recovered", "node": self.node_id},
+                )
+                metrics.dependency_up(dependency_of(self._outage_of), True)
+            else:
+                logger.warning(
+                    "claiming resumed after an unexpected error (%s)",
+                    self._outage,
+                    extra={"action": "recovered", "node": self.node_id},
+                )
+            self._outage, self._outage_of = None, ""
+            self._backoff = 0.0
+
+    def _note_outage(self, exc: BaseException, waiting: str = "claiming paused") -> None:
+        """A round met a dependency out of reach: say so at ERROR when it starts, and at
+        least every :data:`OUTAGE_REPEAT_SECONDS` while it lasts, naming it, for how long and
+        what that stops; set its metric."""
+        now = self.clock.monotonic()
+        of = outage_of(exc, self.authority.name)
+        if self._outage is None or of != self._outage_of:
+            self._outage_since = now
+        elif now - self._outage_said < OUTAGE_REPEAT_SECONDS:
+            self._outage = str(exc)
+            return
+        lasting = now - self._outage_since
+        logger.error(
+            "%s%s, %s; retrying with backoff",
+            waiting,
+            f" for {lasting:.0f} s" if lasting >= 1 else "",
+            outage_text(exc, self.authority.name),
+            extra={"action": "outage", "node": self.node_id},
+        )
+        metrics.dependency_up(dependency_of(of), False)
+        self._outage, self._outage_of, self._outage_said = str(exc), of, now
 
     def _back_off(self) -> float:
         self._backoff = min(max(self._backoff * 2, 0.5), 30.0)
@@ -507,14 +572,13 @@ class DriftSafeScheduler(Scheduler):
                 self._check_clock()
                 nodes.register(self.node_id, self.clock.now(), using=self.using)
                 registered = True
-                return sync_beat_schedule(self.app, now=self.authority.read(), using=self.using)
+                report = sync_beat_schedule(self.app, now=self.authority.read(), using=self.using)
+                self._note_recovered()
+                for dependency in ("database", "broker"):
+                    metrics.dependency_up(dependency, True)
+                return report
             except OUTAGE_ERRORS as exc:
-                if not backoff:
-                    logger.error(
-                        "start-up waiting: %s; retrying with backoff",
-                        outage_text(exc),
-                        extra={"action": "outage", "node": self.node_id},
-                    )
+                self._note_outage(exc, "start-up waiting")
                 connections[self.using].close()
                 backoff = min(max(backoff * 2, 0.5), 10.0)
                 self._wake.wait(backoff * random.uniform(0.5, 1.0))
@@ -594,16 +658,10 @@ class DriftSafeScheduler(Scheduler):
     # -- clock and heartbeat ----------------------------------------------------------------
 
     def _check_clock(self) -> None:
-        """Re-measure the offset when due; warn past the soft bound, pause past the hard one."""
-        if not isinstance(self.clock, AuthorityClock) or not self.clock.needs_sync():
-            return
-        self._paused_reason = nodes.check_offset(
-            self.clock.sync(),
-            self.authority.name,
-            self.settings,
-            self._paused_reason,
-            self.node_id,
-        )
+        """Re-measure the offset when due or stepped; warn past the soft bound, pause past the
+        hard one, each once a crossing (:class:`~celery_driftsafe.beat.nodes.ClockWatch`)."""
+        if self._clock_watch is not None:
+            self._paused_reason = self._clock_watch.check()
 
     def _follow_authority(self, reading: datetime) -> None:
         """Measure again at once (and heartbeat) when ``reading``, the round's, is far from the
@@ -624,6 +682,15 @@ class DriftSafeScheduler(Scheduler):
         self.clock.last_sample = None  # needs_sync: _heartbeat's check measures now
         self._heartbeat()
 
+    def _redis_failing(self, now: datetime) -> tuple[datetime, str] | None:
+        """Since when (authority time, from ``now``) this beat's Redis has not answered its
+        change listener, and why; None while it answers."""
+        failing = self._redis.failing
+        if failing is None:
+            return None
+        since, error = failing
+        return now - timedelta(seconds=max(time.monotonic() - since, 0.0)), error
+
     def _heartbeat(self) -> None:
         self._check_clock()
         sample = self.clock.last_sample if isinstance(self.clock, AuthorityClock) else None
@@ -636,6 +703,7 @@ class DriftSafeScheduler(Scheduler):
             # a stretch that starts with this round starts now
             claiming_since=None if self._paused_reason else (self._claiming_since or now),
             lag_seconds=self._lag,
+            redis_failing=self._redis_failing(now),
             using=self.using,
         )
         self._lag = None

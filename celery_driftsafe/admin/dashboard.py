@@ -30,6 +30,7 @@ from celery_driftsafe.admin.display import local_text, read_authority, relative,
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.models import BeatNode, PeriodicTask, RunStatus, unreadable_instants
 from celery_driftsafe.monitoring import cluster
+from celery_driftsafe.monitoring.health import redis_outage_effects, redis_state
 
 #: The timeline's window.
 WINDOW = timedelta(hours=1)
@@ -339,8 +340,26 @@ def context(now: datetime) -> dict[str, Any]:
             }
         )
     settings = get_settings()
+    dead_after = timedelta(seconds=settings.node_dead_after_seconds)
+    redis_here = redis_state(settings.redis_url)
+    redis_cut_off = [
+        {
+            "node_id": node.node_id,
+            "since": local_text(node.redis_unreachable_since, same_day_as=now),
+            "error": node.redis_error,
+        }
+        for node in nodes
+        if node.redis_unreachable_since is not None and node.state_at(now, dead_after) == "alive"
+    ]
     return {
         "now_text": local_text(now, milliseconds=True),
+        # Redis as this process reaches it, and the alive beats that do not reach it: what
+        # that stops (the same words as driftsafe_status and the beat's log).
+        "redis_here": redis_here,
+        "redis_cut_off": redis_cut_off,
+        "degraded": redis_outage_effects()
+        if redis_cut_off or redis_here.startswith("unreachable")
+        else "",
         "nodes": node_rows(nodes, runs, now),
         "alive": sum(
             1

@@ -14,7 +14,7 @@ from celery_driftsafe import __version__
 from celery_driftsafe.conf import DriftSafeSettings
 from celery_driftsafe.models import BeatNode
 from celery_driftsafe.monitoring import metrics, metrics_server
-from celery_driftsafe.store.clock import OffsetSample
+from celery_driftsafe.store.clock import AuthorityClock, OffsetSample
 
 logger = logging.getLogger("celery_driftsafe.nodes")
 #: The clock check speaks for the beat.
@@ -51,15 +51,19 @@ def heartbeat(
     paused_reason: str = "",
     claiming_since: datetime | None = None,
     lag_seconds: float | None = None,
+    redis_failing: tuple[datetime, str] | None = None,
     using: str = "default",
 ) -> bool:
     """Record a heartbeat; False when the node is not registered as running (it was marked
-    dead, or its row is gone): the caller must re-register."""
+    dead, or its row is gone): the caller must re-register. ``redis_failing``: since when
+    (authority time) the node's Redis has not answered it, and why."""
     fields: dict[str, object] = {
         "last_heartbeat_at": now,
         "claiming_paused_reason": paused_reason,
         "claiming_since": claiming_since,
         "lag_seconds": lag_seconds,
+        "redis_unreachable_since": redis_failing[0] if redis_failing else None,
+        "redis_error": redis_failing[1] if redis_failing else "",
     }
     if sample is not None:
         fields.update(
@@ -136,40 +140,86 @@ def others_claiming_since(
     return value
 
 
-def check_offset(
-    sample: OffsetSample,
-    authority: str,
-    settings: DriftSafeSettings,
-    paused_reason: str,
-    node_id: str,
-) -> str:
-    """Judge a fresh offset measurement of node ``node_id``: past
-    ``HARD_CLOCK_OFFSET_SECONDS`` claiming pauses (returns why), past
-    ``MAX_CLOCK_OFFSET_SECONDS`` it warns; returns ``""`` when claiming may go on.
-    ``paused_reason`` is the reason the node is paused for so far (``""``: not paused)."""
-    offset = abs(sample.offset)
-    if offset > settings.hard_clock_offset_seconds:
-        reason = (
-            f"clock offset {sample.offset:+.3f} s from the {authority} "
-            f"authority exceeds HARD_CLOCK_OFFSET_SECONDS="
-            f"{settings.hard_clock_offset_seconds}; claiming paused"
-        )
-        if reason != paused_reason:
-            _beat_logger.error(reason, extra={"action": "pause", "node": node_id})
-        return reason
-    if paused_reason:
-        _beat_logger.warning(
-            "clock offset back within bounds; claiming resumed",
-            extra={"action": "resume", "node": node_id},
-        )
-    if offset > settings.max_clock_offset_seconds:
-        _beat_logger.warning(
-            "node %s wall clock is %+.3f s off the %s authority (±%.3f s); due-ness does "
-            "not depend on it, but check NTP",
-            node_id,
-            sample.offset,
-            authority,
-            sample.error_bound,
-            extra={"action": "clock-offset", "node": node_id},
-        )
-    return ""
+class ClockWatch:
+    """The verdict on this node's clock offset, judged on every fresh measurement and logged
+    once each time it crosses a bound: past ``MAX_CLOCK_OFFSET_SECONDS`` a warning
+    (``clock-offset``), back within it a line (``clock-offset-ok``); past
+    ``HARD_CLOCK_OFFSET_SECONDS`` claiming pauses (``pause``) until the offset is back
+    (``resume``). A step of the wall clock is measured at the next check, not at the next
+    scheduled measurement; a measurement another caller took (the clock measures on its own
+    when one is due) is judged too."""
+
+    #: A wall clock that moved this far against the authority since the last measurement
+    #: (a step) is measured again at once.
+    STEP_TOLERANCE_SECONDS = 0.5
+
+    def __init__(
+        self, clock: AuthorityClock, authority: str, settings: DriftSafeSettings, node_id: str
+    ) -> None:
+        self.clock = clock
+        self.authority = authority
+        self.settings = settings
+        self.node_id = node_id
+        #: Why claiming is paused (``""``: it is not).
+        self.paused_reason = ""
+        self._beyond = False
+        self._judged: OffsetSample | None = None
+
+    def check(self) -> str:
+        """Measure when due (or when the wall clock stepped), judge a measurement not judged
+        yet, and return why claiming is paused (``""``: it may go on)."""
+        clock = self.clock
+        if clock.needs_sync() or clock.wall_moved(self.STEP_TOLERANCE_SECONDS):
+            clock.sync()
+        sample = clock.last_sample
+        if sample is not None and sample is not self._judged:
+            self._judged = sample
+            self._judge(sample)
+        return self.paused_reason
+
+    def _judge(self, sample: OffsetSample) -> None:
+        settings, node = self.settings, self.node_id
+        offset = abs(sample.offset)
+        if offset > settings.hard_clock_offset_seconds:
+            reason = (
+                f"clock offset {sample.offset:+.3f} s from the {self.authority} "
+                f"authority exceeds HARD_CLOCK_OFFSET_SECONDS="
+                f"{settings.hard_clock_offset_seconds}; claiming paused"
+            )
+            if not self.paused_reason:
+                _beat_logger.error(reason, extra={"action": "pause", "node": node})
+            self.paused_reason, self._beyond = reason, True
+            return
+        if self.paused_reason:
+            # said here; within MAX_CLOCK_OFFSET_SECONDS it needs no second line, beyond it
+            # the warning below follows
+            self.paused_reason, self._beyond = "", False
+            _beat_logger.warning(
+                "clock offset %+.3f s back within HARD_CLOCK_OFFSET_SECONDS=%s; claiming resumed",
+                sample.offset,
+                settings.hard_clock_offset_seconds,
+                extra={"action": "resume", "node": node},
+            )
+        beyond = offset > settings.max_clock_offset_seconds
+        if beyond and not self._beyond:
+            _beat_logger.warning(
+                "node %s wall clock is %+.3f s off the %s authority (±%.3f s), beyond "
+                "MAX_CLOCK_OFFSET_SECONDS=%s; due-ness does not depend on it, but check NTP",
+                node,
+                sample.offset,
+                self.authority,
+                sample.error_bound,
+                settings.max_clock_offset_seconds,
+                extra={"action": "clock-offset", "node": node},
+            )
+        elif self._beyond and not beyond:
+            _beat_logger.info(
+                "node %s wall clock is back within MAX_CLOCK_OFFSET_SECONDS=%s of the %s "
+                "authority (%+.3f s)",
+                node,
+                settings.max_clock_offset_seconds,
+                self.authority,
+                sample.offset,
+                extra={"action": "clock-offset-ok", "node": node},
+            )
+        self._beyond = beyond

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery_driftsafe.conf import DriftSafeSettings
+from celery_driftsafe.monitoring import metrics
 from celery_driftsafe.store.redis import channel, get_redis, mask_url
 
 logger = logging.getLogger("celery_driftsafe.scheduler")
@@ -75,17 +76,30 @@ LISTEN_POLL_SECONDS = 0.2
 OUTAGE_REPEAT_SECONDS = 30.0
 
 
+class RedisHealth:
+    """Whether the beat's Redis answers, as its change listener last found it: written by the
+    listener's thread, read by the beat's heartbeat (plain attributes, replaced whole)."""
+
+    def __init__(self) -> None:
+        #: Since when (monotonic) Redis has not answered, and its last error; None: it answers.
+        self.failing: tuple[float, str] | None = None
+
+
 def start_change_listener(
-    settings: DriftSafeSettings, wake: Wakeup, shutdown: threading.Event
+    settings: DriftSafeSettings,
+    wake: Wakeup,
+    shutdown: threading.Event,
+    health: RedisHealth | None = None,
 ) -> threading.Thread | None:
     """A daemon thread that sets ``wake`` on every schedule-change message until ``shutdown``
-    is set; None when no Redis is configured (the beat then only polls)."""
+    is set, keeping ``health`` up to date; None when no Redis is configured (the beat then only
+    polls)."""
     client = get_redis(settings)
     if client is None:
         return None
     listener = threading.Thread(
         target=_listen,
-        args=(client, settings, wake, shutdown),
+        args=(client, settings, wake, shutdown, health or RedisHealth()),
         name="driftsafe-wakeups",
         daemon=True,
     )
@@ -98,6 +112,7 @@ def _listen(
     settings: DriftSafeSettings,
     wake: Wakeup,
     shutdown: threading.Event,
+    health: RedisHealth,
     monotonic: Callable[[], float] = time.monotonic,
 ) -> None:
     """Set the wake event on every schedule-change message; reconnect with backoff. While
@@ -123,6 +138,8 @@ def _listen(
                     extra={"action": "redis-restored"},
                 )
                 failing_since, delay = None, 0.5
+            health.failing = None
+            metrics.dependency_up("redis", True)
             while not shutdown.is_set():
                 # a short wait: a stopping beat joins this thread (a few polls a second)
                 if pubsub.get_message(timeout=LISTEN_POLL_SECONDS) is not None:
@@ -143,5 +160,7 @@ def _listen(
                 said_at = now
             if failing_since is None:
                 failing_since = now
+                metrics.dependency_up("redis", False)
+            health.failing = (failing_since, str(exc))
             shutdown.wait(delay)
             delay = min(delay * 2, 10.0)

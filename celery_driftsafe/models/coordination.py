@@ -38,6 +38,16 @@ class BeatNode(models.Model):
         "fired: above the misfire grace, the beats are saturated.",
     )
 
+    redis_unreachable_since = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Since when this node's REDIS_URL has not answered (authority time); empty "
+        "while it answers or none is configured.",
+    )
+    redis_error = models.TextField(
+        blank=True, help_text="Why this node's REDIS_URL does not answer (its last error)."
+    )
+
     class Meta:
         ordering = ["hostname", "pid"]
 

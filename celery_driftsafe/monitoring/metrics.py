@@ -90,6 +90,7 @@ class BeatMetrics:
     reconciled: Any
     deadlines_missed: Any
     became_stale: Any
+    dependency_up: Any
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,13 @@ def beat_metrics() -> BeatMetrics | None:
                     "Tasks this beat found stale: none of their last STALE_AFTER_SLOTS slots past "
                     "their deadline succeeded (counted once each time a task becomes stale)",
                     ["task"],
+                ),
+                dependency_up=pc.Gauge(
+                    "driftsafe_beat_dependency_up",
+                    "1 while this beat reaches the dependency, 0 while it does not: database "
+                    "(with the time authority), broker, redis (REDIS_URL, when set)",
+                    ["dependency"],
+                    multiprocess_mode="livemostrecent",
                 ),
             )
     return _beat
@@ -365,6 +373,13 @@ def heartbeat(
     m.paused.set(1 if paused else 0)
     m.backlog.set(cluster.backlog(now, using=using))
     m.nodes_alive.set(cluster.nodes_alive(now, get_settings().node_dead_after_seconds, using=using))
+
+
+def dependency_up(dependency: str, up: bool) -> None:
+    """A beat found ``dependency`` (``database``, ``broker``, ``redis``) answering or not."""
+    m = beat_metrics()
+    if m is not None:
+        m.dependency_up.labels(dependency=dependency).set(1 if up else 0)
 
 
 # -- worker hooks --------------------------------------------------------------------------------

@@ -236,6 +236,17 @@ class AuthorityClock:
         sample = self.last_sample
         return sample is None or self._monotonic() - sample.monotonic_at >= self.resync_seconds
 
+    def wall_moved(self, tolerance: float) -> bool:
+        """Whether this node's wall clock moved more than ``tolerance`` seconds against the
+        authority since the last measurement (stepped by hand, by NTP or by a VM's resume):
+        the estimate runs on the monotonic clock, which a step leaves alone, so comparing
+        the two costs no round trip."""
+        sample = self.last_sample
+        if sample is None:
+            return True
+        estimate = sample.authority_at + timedelta(seconds=self._monotonic() - sample.monotonic_at)
+        return abs((estimate - self._wall()).total_seconds() - sample.offset) > tolerance
+
     def now(self) -> datetime:
         sample = self.last_sample
         if sample is None or self.needs_sync():

@@ -413,12 +413,27 @@ def test_outage_logs_once_per_state_change_backs_off_and_catches_up(
         for _ in range(6):
             waits.append(sched._guarded_round())
             clock.advance(10)
-        assert caplog.text.count("claiming paused") == 1
+        # said at once and again every 30 s while it lasts (rounds at 0, 10, … 50 s), at ERROR,
+        # naming what is out of reach and what that stops
+        paused = [r for r in caplog.records if "claiming paused" in r.getMessage()]
+        assert [r.levelname for r in paused] == ["ERROR", "ERROR"]
+        assert (
+            paused[0]
+            .getMessage()
+            .startswith(
+                "claiming paused, the time authority (flaky) is unreachable (authority unreachable"
+            )
+        )
+        assert paused[1].getMessage().startswith("claiming paused for 30 s, the time authority")
+        assert "no slot is claimed or published until it answers" in paused[1].getMessage()
         assert waits[-1] > waits[0]  # exponential backoff (with jitter)
         assert all(w <= 30.0 for w in waits)
         authority.down = False
         sched._guarded_round()
-        assert caplog.text.count("claiming resumed") == 1
+        (resumed,) = [r for r in caplog.records if "claiming resumed" in r.getMessage()]
+        assert resumed.getMessage().startswith(
+            "claiming resumed: the time authority (flaky) answers again after 60 s"
+        )
         # 60 s of outage: the slots due meanwhile fell due while no round claimed, within the
         # grace or not; under fire_once the one due as claiming resumed fires, the rest are
         # recorded missed
@@ -470,7 +485,7 @@ def test_a_broker_outage_pauses_claiming_and_the_misfire_policy_decides_after_it
         client = redis.Redis.from_url(url)
         clock.advance(10 * S)
         sched._guarded_round()
-        assert "claiming resumed after an outage" in caplog.text
+        assert "claiming resumed: the broker answers again after 310 s" in caplog.text
         rows = list(Run.objects.order_by("slot").values_list("slot", "status", "missed_count"))
         assert rows[0][:2] == (T0, RunStatus.DISPATCHED)  # the outbox: past the lease
         # Fire once with a grace of 60 s: the slots older than the grace (10 s … 240 s) are one
@@ -651,9 +666,14 @@ def test_a_missing_table_or_column_is_named_not_taken_for_an_outage() -> None:
         ), text
         assert "\n" not in text
     assert outage_text(OperationalError("connection refused")) == (
-        "the database or time authority is unreachable: connection refused"
+        "the database is unreachable (connection refused): no slot is claimed or published "
+        "until it answers, and slots due meanwhile meet the misfire policy"
     )
-    assert outage_text(ClockError("redis clock unreachable")).endswith("redis clock unreachable")
+    assert outage_text(ClockError("redis clock unreachable"), "redis").startswith(
+        "the time authority (redis) is unreachable (redis clock unreachable)"
+    )
+    # the database as the time authority: its clock's error is the database's
+    assert outage_text(ClockError("no answer"), "database").startswith("the database is ")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -786,7 +806,10 @@ def test_a_beat_says_while_its_redis_is_away_and_once_when_it_is_back(
     client = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
     monkeypatch.setattr(wakeup, "OUTAGE_REPEAT_SECONDS", 0.4)
     shutdown, wake = threading.Event(), wakeup.Wakeup()
-    listener = threading.Thread(target=wakeup._listen, args=(client, settings, wake, shutdown))
+    health = wakeup.RedisHealth()  # what the beat's heartbeat records on its node
+    listener = threading.Thread(
+        target=wakeup._listen, args=(client, settings, wake, shutdown, health)
+    )
     server = None
     with caplog.at_level("WARNING", logger="celery_driftsafe.scheduler"):
         listener.start()
@@ -796,6 +819,7 @@ def test_a_beat_says_while_its_redis_is_away_and_once_when_it_is_back(
                 "three outage lines",
                 timeout=20,
             )
+            assert health.failing is not None and "Connection refused" in health.failing[1]
             server = start_redis(tmp_path / "redis", port=port)
             wait_until(
                 lambda: any(r.action == "redis-restored" for r in caplog.records),
@@ -815,3 +839,4 @@ def test_a_beat_says_while_its_redis_is_away_and_once_when_it_is_back(
     assert " for " in outage[-1].getMessage()  # the repeats say how long it has lasted
     restored = [r for r in caplog.records if r.action == "redis-restored"]
     assert len(restored) == 1 and "answers again" in restored[0].getMessage()
+    assert health.failing is None

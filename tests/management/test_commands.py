@@ -661,3 +661,33 @@ def test_import_beat_schedule_reports_options_it_does_not_bring_over(app: Any) -
     assert task.valid_until == datetime(2030, 12, 31, 23, 0, tzinfo=UTC)
     assert task.queue == "q" and task.expires_seconds is None
     assert PeriodicTask.objects.get(name="plain").expires_seconds == 20.0
+
+
+@pytest.mark.django_db(transaction=True)  # the connection is closed and pointed elsewhere
+def test_status_exits_4_when_the_database_does_not_answer(settings: Any, tmp_path: Any) -> None:
+    """With the database out of reach nothing can be claimed: the command says so, and what
+    that stops, with a status of its own (whichever clock is the time authority)."""
+    from django.db import connection
+
+    from celery_driftsafe.testing.processes import free_port
+
+    _node("up", changes.authority_now())
+    saved = dict(connection.settings_dict)
+    connection.close()
+    if connection.vendor == "sqlite":  # no server to lose: a file that cannot be opened
+        connection.settings_dict["NAME"] = str(tmp_path / "no-such-folder" / "db.sqlite3")
+    else:
+        connection.settings_dict.update(HOST="127.0.0.1", PORT=str(free_port()))
+    try:
+        for authority in ("database", "redis"):
+            settings.DRIFTSAFE = {**settings.DRIFTSAFE, "TIME_AUTHORITY": authority}
+            with pytest.raises(CommandError) as raised:
+                call_command("driftsafe_status", stdout=io.StringIO(), no_color=True)
+            assert raised.value.returncode == 4, (authority, raised.value)
+            said = str(raised.value)
+            assert said.startswith("the database does not answer (")
+            assert "no beat can claim a slot until it does" in said
+    finally:
+        connection.close()
+        connection.settings_dict.clear()
+        connection.settings_dict.update(saved)

@@ -3,7 +3,8 @@ failed lately.
 
 Exit status: 0 when at least one beat node is alive and every dependency answers, 2 when no
 node is alive (so a monitoring probe can run it as is), 3 when nodes are alive but a dependency
-is degraded (the configured Redis does not answer: the output says what that stops), 1 for any
+is degraded (the configured Redis does not answer this command or an alive beat: the output
+says what that stops), 4 when the database does not answer (nothing can be claimed), 1 for any
 other error (for example an unreachable time authority).
 """
 
@@ -15,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, InterfaceError
 from django.db.models import Count, Min, Q
 
 from celery_driftsafe.celery_app import app_argument
@@ -22,11 +24,14 @@ from celery_driftsafe.conf import get_settings
 from celery_driftsafe.core.preview import offset_text
 from celery_driftsafe.exceptions import ClockError, ConfigurationError, ScheduleError
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus
+from celery_driftsafe.monitoring.health import redis_outage_effects, redis_state
 
 #: Exit status when no beat node is alive.
 NO_NODE_ALIVE = 2
 #: Exit status when beat nodes are alive but a dependency does not answer (degraded).
 DEGRADED = 3
+#: Exit status when the database does not answer this command.
+DATABASE_UNREACHABLE = 4
 _FAILED = (RunStatus.FAILED, RunStatus.MISSED)
 
 
@@ -41,6 +46,9 @@ class NodeReport:
     clock_rtt_seconds: float | None
     offset_exceeds_bound: bool
     claiming_paused_reason: str
+    #: Since when this node's Redis has not answered it (ISO), and why; None: it answers.
+    redis_unreachable_since: str | None = None
+    redis_error: str = ""
 
 
 @dataclass
@@ -71,43 +79,6 @@ class Status:
     degraded: list[str] = field(default_factory=list)
 
 
-def redis_state(url: str | None) -> str:
-    """``REDIS_URL`` as this process reaches it now: ``not configured``, ``reachable``, or
-    ``unreachable: <the error>`` (a ping with a 2-second timeout, no retries)."""
-    if not url:
-        return "not configured"
-    import redis
-
-    from celery_driftsafe.store.redis import client_from_url
-
-    client = None
-    try:
-        client = client_from_url(
-            url, socket_timeout=2, socket_connect_timeout=2, retry_on_timeout=False
-        )
-        client.ping()
-    except (redis.RedisError, OSError) as exc:
-        return f"unreachable: {exc}"
-    finally:
-        if client is not None:
-            client.close()
-    return "reachable"
-
-
-def redis_outage_effects(policy: str) -> str:
-    """What a Redis that does not answer stops, under ``REDIS_UNAVAILABLE = policy``."""
-    bodies = (
-        "task bodies run on the database's checks alone (REDIS_UNAVAILABLE = 'fail_open')"
-        if policy == "fail_open"
-        else "DriftSafeTask bodies do not run: their deliveries are sent again until Redis "
-        "answers (REDIS_UNAVAILABLE = 'fail_closed')"
-    )
-    return (
-        f"Redis does not answer: {bodies}; schedule edits reach the beats only at their next "
-        "loop (no wake-up); slots keep being claimed and published from the database"
-    )
-
-
 def collect(now: datetime, *, since: timedelta, limit: int, authority: str) -> Status:
     """Gather the status at the authority's ``now`` (a handful of queries)."""
     settings = get_settings()
@@ -127,12 +98,21 @@ def collect(now: datetime, *, since: timedelta, limit: int, authority: str) -> S
                 clock_rtt_seconds=node.clock_rtt_seconds,
                 offset_exceeds_bound=node.offset_exceeds(bound),
                 claiming_paused_reason=node.claiming_paused_reason,
+                redis_unreachable_since=(
+                    node.redis_unreachable_since.isoformat()
+                    if node.redis_unreachable_since
+                    else None
+                ),
+                redis_error=node.redis_error,
             )
         )
     status.alive = sum(1 for n in status.nodes if n.state == "alive")
     status.redis = redis_state(settings.redis_url)
-    if status.redis.startswith("unreachable"):
+    cut_off = [n.node_id for n in status.nodes if n.state == "alive" and n.redis_unreachable_since]
+    if status.redis.startswith("unreachable") or cut_off:
         status.degraded.append(redis_outage_effects(str(settings.redis_unavailable)))
+    if cut_off:
+        status.degraded.append(f"beats that do not reach Redis: {', '.join(cut_off)}")
     counts = PeriodicTask.objects.aggregate(
         n_enabled=Count("pk", filter=Q(enabled=True)),
         n_disabled=Count("pk", filter=Q(enabled=False)),
@@ -218,17 +198,27 @@ class Command(BaseCommand):
         if options["task"] is not None:
             self._preview(options["task"], max(options["next"], 0), options["json"])
             return
+        authority = None
         try:
             authority = authority_from_settings()
             now = authority.read()
-        except (ClockError, ConfigurationError) as exc:
-            raise CommandError(f"cannot read the time authority: {exc}") from exc
-        status = collect(
-            now,
-            since=timedelta(hours=options["since"]),
-            limit=max(options["failures"], 0),
-            authority=authority.name,
-        )
+            status = collect(
+                now,
+                since=timedelta(hours=options["since"]),
+                limit=max(options["failures"], 0),
+                authority=authority.name,
+            )
+        except (DatabaseError, InterfaceError, ClockError, ConfigurationError) as exc:
+            database = isinstance(exc, DatabaseError | InterfaceError) or (
+                isinstance(exc, ClockError) and getattr(authority, "name", "") == "database"
+            )
+            if not database:
+                raise CommandError(f"cannot read the time authority: {exc}") from exc
+            raise CommandError(
+                f"the database does not answer ({str(exc).strip()}): no beat can claim a slot "
+                "until it does, and the slots due meanwhile meet their misfire policy",
+                returncode=DATABASE_UNREACHABLE,
+            ) from exc
         if options["json"]:
             self.stdout.write(json.dumps(asdict(status), indent=2))
         else:
@@ -241,7 +231,9 @@ class Command(BaseCommand):
             )
         if status.degraded:
             raise CommandError(
-                "degraded: " + "; ".join(status.degraded) + f" (REDIS_URL {status.redis})",
+                "degraded: "
+                + "; ".join(status.degraded)
+                + f" (REDIS_URL {status.redis} from here)",
                 returncode=DEGRADED,
             )
 
@@ -320,6 +312,10 @@ class Command(BaseCommand):
             )
             if node.claiming_paused_reason:
                 line += style.ERROR(f"  PAUSED: {node.claiming_paused_reason}")
+            if node.redis_unreachable_since:
+                line += style.ERROR(
+                    f"  REDIS UNREACHABLE since {node.redis_unreachable_since}: {node.redis_error}"
+                )
             out(line)
         out(
             f"\ntasks: {status.tasks_enabled} enabled, {status.tasks_disabled} disabled; "
