@@ -46,7 +46,7 @@ from celery_driftsafe.admin.display import (
 from celery_driftsafe.admin.forms import PREVIEW_BUTTON, PREVIEW_COUNT, PeriodicTaskForm
 from celery_driftsafe.celery_app import get_celery_app
 from celery_driftsafe.conf import get_settings
-from celery_driftsafe.core.preview import Preview
+from celery_driftsafe.core.preview import Preview, instant_text
 from celery_driftsafe.definitions import changes
 from celery_driftsafe.exceptions import (
     ClockError,
@@ -672,12 +672,16 @@ def backfill_rows(plan: BackfillPlan) -> list[dict[str, str]]:
 
 def preview_rows(preview: Preview) -> list[dict[str, str]]:
     """The preview's rows as the page shows them (texts, so no template filter moves them to
-    the site's time zone)."""
+    the site's time zone), with fractions of a second where the instants have them: ``fires``
+    is when the slot is claimed and dispatched (jittered rows; without a jitter, at the slot),
+    ``held`` says when that is later than the slot's own due instant ``due``."""
     return [
         {
             "local": row.local_text,
-            "utc": f"{row.slot:%Y-%m-%d %H:%M:%S}",
-            "due": f"{row.due:%H:%M:%S.%f}" if row.jittered else "",
+            "utc": instant_text(row.slot),
+            "due": row.due_text if row.jittered else "",
+            "fires": row.fires_text if row.jittered else "",
+            "held": f"held: due {row.due_text}, fires with the slot before" if row.held else "",
             "dst": row.offset_change_text("→"),
         }
         for row in preview.rows

@@ -63,6 +63,8 @@ def test_previewing_a_new_task_shows_its_slots_and_saves_nothing(
     assert rows[1]["dst"] == "UTC offset +01:00 → +02:00"
     assert [row["dst"] for row in rows].count("") == 9
     assert all(row["due"] for row in rows)  # jittered: the due instant is shown
+    # A day apart, no slot waits for the one before: each fires at its own instant.
+    assert all(row["fires"] == row["due"] and not row["held"] for row in rows)
     assert response.context["driftsafe_preview_zone"] == "Europe/Berlin"
     page = response.content.decode()
     assert "The next slots of the values in the form (not saved)" in page
