@@ -43,7 +43,12 @@ from celery_driftsafe.admin.display import (
     schedule_cell,
     status_badge,
 )
-from celery_driftsafe.admin.forms import PREVIEW_BUTTON, PREVIEW_COUNT, PeriodicTaskForm
+from celery_driftsafe.admin.forms import (
+    PREVIEW_ANCHOR,
+    PREVIEW_BUTTON,
+    PREVIEW_COUNT,
+    PeriodicTaskForm,
+)
 from celery_driftsafe.celery_app import get_celery_app
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.core.preview import Preview, instant_text
@@ -647,6 +652,14 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
             context["driftsafe_preview_end"] = preview.end
             context["driftsafe_preview_zone"] = zone
             context["driftsafe_preview_disabled"] = not (obj or form.instance).enabled
+        # The interval anchor a preview counted from, handed back with the next submit so that
+        # the save counts from it too (forms.py).
+        anchor = getattr(form, "previewed_anchor", None)
+        if anchor is not None and preview is not None:
+            context["driftsafe_preview_anchor"] = f"{instant_text(anchor)} UTC"
+        if isinstance(form, PeriodicTaskForm) and form.previewed_anchor_token:
+            context["driftsafe_preview_anchor_input"] = PREVIEW_ANCHOR
+            context["driftsafe_preview_anchor_token"] = form.previewed_anchor_token
         return super().render_change_form(request, context, add, change, form_url, obj)
 
 

@@ -88,6 +88,10 @@ class Preview:
     rows: list[SlotRow] = field(default_factory=list)
     #: Why the task fires no slot after these (None: it goes on).
     end: str | None = None
+    #: The interval anchor the preview counted from, when the task has none stored yet and the
+    #: preview took the instant it was computed at (a save stores its own now unless it is
+    #: handed this one; see :func:`celery_driftsafe.definitions.changes.preview`).
+    anchor: datetime | None = None
 
 
 def upcoming_slots(
