@@ -27,16 +27,24 @@ Each problem is reported on the field at fault, all at once (not the first one o
 Saving goes through the model's ``save()``, so :mod:`celery_driftsafe.definitions.changes`
 recomputes the
 next slot once and wakes the beats.
+
+The **Preview the next slots** button (:data:`PREVIEW_BUTTON`) validates the values and lists
+the slots they would fire, saving nothing. An interval task that has no anchor yet is previewed
+counting from the instant of the preview; the page carries that anchor (signed, in the hidden
+input :data:`PREVIEW_ANCHOR`) to the form's next submit, whose save (or preview) counts from it
+instead of from its own now, so the slots saved are the slots previewed.
 """
 
 from __future__ import annotations
 
 import json
 import zoneinfo
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
 from django import forms
+from django.core import signing
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MinValueValidator
 from django.forms.fields import InvalidJSONInput, JSONString
@@ -152,6 +160,11 @@ SWITCH = ("enabled", "disabled_reason")
 PREVIEW_BUTTON = "_driftsafe_preview"
 #: How many slots a preview lists.
 PREVIEW_COUNT = 10
+#: The hidden input of a preview's page that carries the interval anchor the preview counted
+#: from (signed) to the form's next submit.
+PREVIEW_ANCHOR = "_driftsafe_preview_anchor"
+#: The salt of that signature: a value signed for anything else is not an anchor.
+_ANCHOR_SALT = "celery_driftsafe.admin.forms.preview-anchor"
 
 
 class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
@@ -159,6 +172,9 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
 
     #: The next slots of the values in the form, once a preview of valid values is computed.
     preview: Preview | None = None
+    #: The interval anchor a preview counted from, for a task that has none stored: carried
+    #: from the preview's page, or chosen by this form's preview (see the module docstring).
+    previewed_anchor: datetime | None = None
 
     class Meta:
         model = PeriodicTask
@@ -250,7 +266,30 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
                 self.preview = preview(self.instance, now, count=PREVIEW_COUNT)
             except (ScheduleError, OverflowError, ValueError) as exc:
                 self.add_error(None, f"The next slots cannot be computed: {exc}")
+            else:
+                self.previewed_anchor = self.previewed_anchor or self.preview.anchor
         return False
+
+    @property
+    def previewed_anchor_token(self) -> str | None:
+        """What the page carries to the next submit (:data:`PREVIEW_ANCHOR`): the anchor these
+        values count from, signed, or the one this submit carried (kept through a submit with
+        errors, or values that do not use it); None: nothing to carry."""
+        if self.previewed_anchor is not None:
+            return signing.dumps(self.previewed_anchor.isoformat(), salt=_ANCHOR_SALT)
+        return None if self._carried_anchor() is None else str(self.data.get(PREVIEW_ANCHOR))
+
+    def _carried_anchor(self) -> datetime | None:
+        """The anchor the submit carries from a preview's page: a value signed here for an
+        aware instant, else None (a value not signed here is not an anchor a preview took)."""
+        token = self.data.get(PREVIEW_ANCHOR) if self.is_bound else None
+        if not token:
+            return None
+        try:
+            anchor = datetime.fromisoformat(signing.loads(token, salt=_ANCHOR_SALT))
+        except (signing.BadSignature, TypeError, ValueError):
+            return None
+        return anchor if anchor.tzinfo is not None else None
 
     # -- single fields ----------------------------------------------------------------------
 
@@ -351,7 +390,28 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         self._clean_arguments(data)
         if not self.errors:
             self._read_the_authority()
+            self._count_from_the_previewed_anchor(data)
         return data
+
+    def _count_from_the_previewed_anchor(self, data: dict[str, Any]) -> None:
+        """An interval task that gets its anchor at this save counts its slots from the anchor
+        the preview before it counted from (carried by the page, :data:`PREVIEW_ANCHOR`), so
+        that the slots saved are those previewed. Only where the save would choose the anchor
+        (an interval, no anchor stored, no ``valid_from``), and only an instant a preview
+        could have taken: not after the authority's now (the save then counts from its own
+        now, as without a preview)."""
+        anchor = self._carried_anchor()
+        now = getattr(self.instance, "driftsafe_now", None)
+        if (
+            anchor is None
+            or now is None
+            or anchor > now
+            or data.get("schedule_kind") != ScheduleKind.INTERVAL
+            or data.get("valid_from") is not None
+            or self.instance.interval_anchor is not None
+        ):
+            return
+        self.instance.interval_anchor = self.previewed_anchor = anchor
 
     def _read_the_authority(self) -> None:
         """Saving computes the next slot from the time authority's now: read it here, so that

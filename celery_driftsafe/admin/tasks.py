@@ -43,10 +43,15 @@ from celery_driftsafe.admin.display import (
     schedule_cell,
     status_badge,
 )
-from celery_driftsafe.admin.forms import PREVIEW_BUTTON, PREVIEW_COUNT, PeriodicTaskForm
+from celery_driftsafe.admin.forms import (
+    PREVIEW_ANCHOR,
+    PREVIEW_BUTTON,
+    PREVIEW_COUNT,
+    PeriodicTaskForm,
+)
 from celery_driftsafe.celery_app import get_celery_app
 from celery_driftsafe.conf import get_settings
-from celery_driftsafe.core.preview import Preview
+from celery_driftsafe.core.preview import Preview, instant_text
 from celery_driftsafe.definitions import changes
 from celery_driftsafe.exceptions import (
     ClockError,
@@ -647,6 +652,14 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
             context["driftsafe_preview_end"] = preview.end
             context["driftsafe_preview_zone"] = zone
             context["driftsafe_preview_disabled"] = not (obj or form.instance).enabled
+        # The interval anchor a preview counted from, handed back with the next submit so that
+        # the save counts from it too (forms.py).
+        anchor = getattr(form, "previewed_anchor", None)
+        if anchor is not None and preview is not None:
+            context["driftsafe_preview_anchor"] = f"{instant_text(anchor)} UTC"
+        if isinstance(form, PeriodicTaskForm) and form.previewed_anchor_token:
+            context["driftsafe_preview_anchor_input"] = PREVIEW_ANCHOR
+            context["driftsafe_preview_anchor_token"] = form.previewed_anchor_token
         return super().render_change_form(request, context, add, change, form_url, obj)
 
 
@@ -672,12 +685,16 @@ def backfill_rows(plan: BackfillPlan) -> list[dict[str, str]]:
 
 def preview_rows(preview: Preview) -> list[dict[str, str]]:
     """The preview's rows as the page shows them (texts, so no template filter moves them to
-    the site's time zone)."""
+    the site's time zone), with fractions of a second where the instants have them: ``fires``
+    is when the slot is claimed and dispatched (jittered rows; without a jitter, at the slot),
+    ``held`` says when that is later than the slot's own due instant ``due``."""
     return [
         {
             "local": row.local_text,
-            "utc": f"{row.slot:%Y-%m-%d %H:%M:%S}",
-            "due": f"{row.due:%H:%M:%S.%f}" if row.jittered else "",
+            "utc": instant_text(row.slot),
+            "due": row.due_text if row.jittered else "",
+            "fires": row.fires_text if row.jittered else "",
+            "held": f"held: due {row.due_text}, fires with the slot before" if row.held else "",
             "dst": row.offset_change_text("→"),
         }
         for row in preview.rows

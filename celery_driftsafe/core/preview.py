@@ -7,10 +7,13 @@ claim, takes the slots the plan fires, counts them as runs and moves to the plan
 So the preview and the beats cannot disagree on a slot, a jittered instant or where the list
 ends; only a beat that is down or late (the misfire policies) fires differently.
 
-Each row carries the slot in UTC and in the task's time zone, its jittered due instant, and a
-mark where the zone's UTC offset differs from the row before (a DST change between the two
-slots). When the task fires no more slots (a bound, a run limit, a one-off done) the preview
-says why.
+Each row carries the slot in UTC and in the task's time zone, its jittered due instant, the
+instant the claim fires it, and a mark where the zone's UTC offset differs from the row before
+(a DST change between the two slots). The instant it fires at is the instant of the plan that
+fires it: its own due instant, or a later one when an earlier slot of the task is due after it
+(a jitter longer than the period): the claim takes a task's slots in slot order, so such a
+slot waits for the one before and fires with it. When the task fires no more slots (a bound, a
+run limit, a one-off done) the preview says why.
 
 Pure: no clock, no Django; the caller passes the task's first unclaimed slot.
 """
@@ -35,6 +38,9 @@ class SlotRow:
     slot: datetime
     #: When the slot is due: the slot plus the task's jitter (equal to ``slot`` without one).
     due: datetime
+    #: When a beat that is never late claims and dispatches it: ``due``, or the instant the
+    #: slot before fires at when that is later (slots of one task fire in slot order).
+    fires_at: datetime
     #: The slot in the task's time zone.
     local: datetime
     #: The zone's UTC offset changed since the row before (DST): from what, to what.
@@ -45,9 +51,26 @@ class SlotRow:
         return self.due != self.slot
 
     @property
+    def held(self) -> bool:
+        """The slot fires after its own due instant, held behind the slot before."""
+        return self.fires_at != self.due
+
+    @property
     def local_text(self) -> str:
-        """The slot in the task's zone with its UTC offset: ``2026-03-29 03:00:00 +02:00``."""
-        return f"{self.local:%Y-%m-%d %H:%M:%S} {offset_text(self.local.utcoffset())}"
+        """The slot in the task's zone with its UTC offset: ``2026-03-29 03:00:00 +02:00``
+        (``03:00:00.25 +02:00`` for a slot with a fraction of a second)."""
+        return f"{instant_text(self.local)} {offset_text(self.local.utcoffset())}"
+
+    @property
+    def due_text(self) -> str:
+        """``due`` in UTC as a time of the slot's day (with its date when on another day), to
+        the fraction of a second it has: ``01:30:14.482913``."""
+        return instant_text(self.due, date=self.due.date() != self.slot.date())
+
+    @property
+    def fires_text(self) -> str:
+        """``fires_at`` as :attr:`due_text` shows ``due``."""
+        return instant_text(self.fires_at, date=self.fires_at.date() != self.slot.date())
 
     def offset_change_text(self, arrow: str) -> str:
         """The DST change since the row before (``UTC offset +01:00 → +02:00`` with ``arrow``
@@ -65,6 +88,10 @@ class Preview:
     rows: list[SlotRow] = field(default_factory=list)
     #: Why the task fires no slot after these (None: it goes on).
     end: str | None = None
+    #: The interval anchor the preview counted from, when the task has none stored yet and the
+    #: preview took the instant it was computed at (a save stores its own now unless it is
+    #: handed this one; see :func:`celery_driftsafe.definitions.changes.preview`).
+    anchor: datetime | None = None
 
 
 def upcoming_slots(
@@ -87,6 +114,8 @@ def upcoming_slots(
     slot: datetime | None = next_slot
     previous_offset: timedelta | None = None
     while slot is not None and len(rows) < count:
+        # A beat that is never late claims when the task's next slot is due; every slot the
+        # plan fires then is claimed and dispatched at that instant.
         now = due_instant(limits.identity, slot, limits.jitter_seconds)
         assert now is not None
         plan, finished = plan_limited(schedule, slot, now, limits)
@@ -100,7 +129,7 @@ def upcoming_slots(
             previous_offset = offset
             due = due_instant(limits.identity, fired, limits.jitter_seconds)
             assert due is not None
-            rows.append(SlotRow(fired, due, local, change))
+            rows.append(SlotRow(fired, due, now, local, change))
         limits = replace(limits, run_count=limits.run_count + len(plan.fire))
         if finished is not None:
             return Preview(rows, finished)
@@ -110,6 +139,16 @@ def upcoming_slots(
     if slot is None:
         return Preview(rows, "the schedule has no slot left")
     return Preview(rows)
+
+
+def instant_text(value: datetime, *, date: bool = True) -> str:
+    """An instant as the preview shows it, in its own zone: ``2026-03-28 01:30:00``, with the
+    fraction of a second where it has one (``01:30:00.25``, ``01:30:02.829268``); the time
+    only without ``date``."""
+    text = f"{value:%Y-%m-%d %H:%M:%S}" if date else f"{value:%H:%M:%S}"
+    if value.microsecond:
+        text += f".{value.microsecond:06d}".rstrip("0")
+    return text
 
 
 def offset_text(value: timedelta | None) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -449,7 +450,12 @@ def preview(
     task at :func:`first_slot` (as :func:`prepare_save` computes it), a saved task whose
     schedule is unchanged at its stored next slot; from there the claim's own plan is stepped
     (:func:`~celery_driftsafe.core.preview.upcoming_slots`). Raises what evaluating the schedule
-    raises (:class:`~celery_driftsafe.exceptions.ScheduleError`, ``OverflowError``)."""
+    raises (:class:`~celery_driftsafe.exceptions.ScheduleError`, ``OverflowError``).
+
+    An interval task without an anchor (and without ``valid_from``) is previewed from ``now``
+    as its anchor, which the result names (:attr:`Preview.anchor`): a save anchors it at its
+    own now, so the previewed slots are the saved ones only when the save is given this anchor
+    (``interval_anchor`` set on the instance; the admin form hands it back)."""
     task = copy.copy(task)
     previous = None
     if task.pk is not None and not task._state.adding:
@@ -469,12 +475,15 @@ def preview(
     )
     re_enabled = previous is not None and not previous["enabled"] and task.enabled
     stored = None if previous is None else previous["next_slot_at"]
+    anchor = None
     if changed or re_enabled or stored is None:
         if task.schedule_kind == ScheduleKind.INTERVAL and task.interval_anchor is None:
             task.interval_anchor = task.valid_from or now
+            anchor = None if task.valid_from else now
         latest = None if previous is None else _latest_run_slot(task.pk, using)
         taken = _run_slots_at(task, using) if previous is not None else []
         start = first_slot(task, now, after=latest, taken=taken)
     else:
         start = stored
-    return upcoming_slots(task.schedule, start, task.limits, zone=task.timezone, count=count)
+    result = upcoming_slots(task.schedule, start, task.limits, zone=task.timezone, count=count)
+    return replace(result, anchor=anchor)

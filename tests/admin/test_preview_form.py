@@ -4,14 +4,15 @@ slots, through Django's test client."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.core import signing
 from django.urls import reverse
 
-from celery_driftsafe.admin.forms import PREVIEW_BUTTON
+from celery_driftsafe.admin.forms import PREVIEW_ANCHOR, PREVIEW_BUTTON
 from celery_driftsafe.definitions import changes
 from celery_driftsafe.models import PeriodicTask
 from celery_driftsafe.testing import FakeClock, inject_authority_clock
@@ -63,6 +64,8 @@ def test_previewing_a_new_task_shows_its_slots_and_saves_nothing(
     assert rows[1]["dst"] == "UTC offset +01:00 → +02:00"
     assert [row["dst"] for row in rows].count("") == 9
     assert all(row["due"] for row in rows)  # jittered: the due instant is shown
+    # A day apart, no slot waits for the one before: each fires at its own instant.
+    assert all(row["fires"] == row["due"] and not row["held"] for row in rows)
     assert response.context["driftsafe_preview_zone"] == "Europe/Berlin"
     page = response.content.decode()
     assert "The next slots of the values in the form (not saved)" in page
@@ -116,6 +119,113 @@ def test_previewing_bad_values_shows_form_errors_not_slots(
     assert set(errors) >= {"crontab_hour", "timezone"}
     assert "driftsafe_preview" not in response.context
     assert "errornote" in response_text(response)
+
+
+#: An instant with a fraction of a second: a new interval's anchor, and so its slots, have one.
+FINE_NOW = datetime(2026, 3, 27, 12, 0, 0, 250_000, tzinfo=UTC)
+
+
+def interval_post(**overrides: Any) -> dict[str, Any]:
+    """A new interval task every second with a jitter of 3 s (three periods), ten runs."""
+    values = {
+        "name": "tight",
+        "schedule_kind": "interval",
+        "interval_every": "1",
+        "interval_unit": "seconds",
+        "jitter_seconds": "3",
+        "max_runs": "10",
+        **overrides,
+    }
+    return form_data(**values)
+
+
+@pytest.mark.django_db
+def test_a_preview_taken_before_a_save_is_what_the_beat_fires_after_it(
+    admin_client: Any, app: Any, driftsafe_clock: FakeClock, driftsafe: Any
+) -> None:
+    """Preview a new interval task (1 s, jitter 3 s), let time pass, save the form the preview
+    was shown in, and let the beat fire: the ledger has the previewed slots, each claimed and
+    dispatched at the instant the preview said it fires, which for the slots held behind the
+    one before is later than their own due instant."""
+    driftsafe_clock.set(FINE_NOW)
+    data = interval_post()
+    previewed = admin_client.post(ADD, {**preview_post(**data)})
+    form = previewed.context["adminform"].form
+    preview = form.preview
+    assert preview is not None and len(preview.rows) == 10
+    assert preview.end == "max runs: it reached 10 runs"
+    assert preview.anchor == FINE_NOW  # counted from the preview's instant
+    page = response_text(previewed)
+    assert "The interval counts from 2026-03-27 12:00:00.25 UTC" in page
+    assert [row["utc"] for row in slot_rows(previewed)][:2] == [
+        "2026-03-27 12:00:01.25",
+        "2026-03-27 12:00:02.25",
+    ]
+    held = [row for row in preview.rows if row.held]
+    assert held, "a jitter of three periods holds some slot behind the one before"
+    for row, shown in zip(preview.rows, slot_rows(previewed), strict=True):
+        assert shown["fires"] == row.fires_text
+        assert shown["held"] == (f"held: due {row.due_text}, fires with the slot before" * row.held)
+
+    # Time passes before Save is pressed; the page hands the preview's anchor back.
+    driftsafe_clock.advance(0.6)
+    token = previewed.context["driftsafe_preview_anchor_token"]
+    assert f'name="{PREVIEW_ANCHOR}" value="{token}"' in page
+    saved = admin_client.post(ADD, {**data, PREVIEW_ANCHOR: token})
+    assert saved.status_code == 302
+    task = PeriodicTask.objects.get(name="tight")
+    assert task.interval_anchor == FINE_NOW
+    assert task.next_slot_at == preview.rows[0].slot
+
+    driftsafe.advance_to(preview.rows[-1].fires_at + timedelta(seconds=5))
+    runs = list(driftsafe.runs("tight").values("slot", "claimed_at", "dispatched_at"))
+    assert [run["slot"] for run in runs] == [row.slot for row in preview.rows]
+    for run, row in zip(runs, preview.rows, strict=True):
+        assert run["claimed_at"] >= row.due  # never before its own instant
+        assert run["claimed_at"] == row.fires_at  # at the instant previewed
+        assert run["dispatched_at"] == row.fires_at
+    published = [m.published_at for m in driftsafe.messages("tight")]
+    assert published == [row.fires_at for row in preview.rows]
+    # The instants the preview showed as due are not those of the held slots: the old preview
+    # (their own due instants) would have promised them earlier than they fire.
+    assert [run["claimed_at"] for run in runs] != [row.due for row in preview.rows]
+
+
+@pytest.mark.django_db
+def test_saving_without_the_previews_anchor_counts_from_the_save(
+    admin_client: Any, app: Any, clock: FakeClock
+) -> None:
+    """Without a preview (or with an anchor not signed by the preview, or one after now) the
+    save anchors the interval at its own now, as before."""
+    clock.set(FINE_NOW)
+    assert admin_client.post(ADD, interval_post()).status_code == 302
+    assert PeriodicTask.objects.get(name="tight").interval_anchor == FINE_NOW
+    for forged in ("2026-03-27T11:00:00+00:00", signing.dumps("2026-03-27T13:00:00+00:00")):
+        PeriodicTask.objects.all().delete()
+        clock.advance(1)
+        posted = admin_client.post(ADD, {**interval_post(), PREVIEW_ANCHOR: forged})
+        assert posted.status_code == 302
+        assert PeriodicTask.objects.get(name="tight").interval_anchor == clock.now()
+
+
+@pytest.mark.django_db
+def test_a_previews_anchor_is_kept_through_another_preview_and_a_submit_with_errors(
+    admin_client: Any, app: Any, clock: FakeClock
+) -> None:
+    clock.set(FINE_NOW)
+    first = admin_client.post(ADD, preview_post(**interval_post()))
+    token = first.context["driftsafe_preview_anchor_token"]
+    clock.advance(0.5)
+    again = admin_client.post(ADD, {**preview_post(**interval_post()), PREVIEW_ANCHOR: token})
+    assert again.context["adminform"].form.preview.anchor is None  # the carried one is used
+    assert [row["utc"] for row in slot_rows(again)] == [row["utc"] for row in slot_rows(first)]
+    assert "The interval counts from 2026-03-27 12:00:00.25 UTC" in response_text(again)
+    wrong = admin_client.post(ADD, {**interval_post(max_runs="0"), PREVIEW_ANCHOR: token})
+    assert set(form_errors(wrong)) == {"max_runs"}
+    carried = wrong.context["driftsafe_preview_anchor_token"]
+    clock.advance(0.5)
+    assert admin_client.post(ADD, {**interval_post(), PREVIEW_ANCHOR: carried}).status_code == 302
+    assert PeriodicTask.objects.get(name="tight").interval_anchor == FINE_NOW
 
 
 @pytest.mark.django_db

@@ -11,7 +11,7 @@ import pytest
 
 from celery_driftsafe.core.bounds import Limits, bounded
 from celery_driftsafe.core.jitter import due_instant
-from celery_driftsafe.core.preview import upcoming_slots
+from celery_driftsafe.core.preview import SlotRow, instant_text, upcoming_slots
 from celery_driftsafe.core.schedules import Crontab, Interval, OneOff
 from celery_driftsafe.definitions import changes
 from celery_driftsafe.models import PeriodicTask
@@ -85,6 +85,55 @@ def test_jitter_gives_each_slot_the_claims_due_instant() -> None:
     assert [row.slot for row in preview.rows] == [
         BEFORE_SPRING + k * timedelta(minutes=5) for k in range(10)
     ]
+
+
+def test_a_jitter_longer_than_the_period_fires_a_slot_with_the_one_before_when_that_is_later() -> (
+    None
+):
+    """Interval 1 s, jitter 3 s: a slot whose own instant comes before the previous slot's
+    is claimed with it (the claim takes a task's slots in order), so it fires at the later of
+    its own instant and the previous slot's: the running maximum of the due instants."""
+    schedule = Interval(timedelta(seconds=1), BEFORE_SPRING)
+    preview = upcoming_slots(schedule, BEFORE_SPRING, Limits("tight", jitter_seconds=3), count=30)
+    assert [row.slot for row in preview.rows] == [
+        BEFORE_SPRING + k * timedelta(seconds=1) for k in range(30)
+    ]
+    latest = None
+    for row in preview.rows:
+        assert row.due == due_instant("tight", row.slot, 3)
+        latest = row.due if latest is None else max(latest, row.due)
+        assert row.fires_at == latest
+        assert row.held == (row.fires_at > row.due)
+    held = [row for row in preview.rows if row.held]
+    assert held, "with a jitter three times the period some slot is held"
+    assert max(row.fires_at - row.due for row in held) > timedelta(seconds=1)
+    # Without a jitter a slot fires at itself.
+    plain = upcoming_slots(schedule, BEFORE_SPRING, Limits("tight"), count=5)
+    assert all(row.fires_at == row.due == row.slot and not row.held for row in plain.rows)
+
+
+def test_the_texts_show_fractions_of_a_second_where_an_instant_has_them() -> None:
+    start = BEFORE_SPRING + timedelta(microseconds=250_000)
+    schedule = Interval(timedelta(microseconds=1_500_000), start)
+    preview = upcoming_slots(schedule, start, Limits("fine", jitter_seconds=3), count=3)
+    assert [instant_text(row.slot) for row in preview.rows] == [
+        "2026-03-27 12:00:00.25",
+        "2026-03-27 12:00:01.75",
+        "2026-03-27 12:00:03.25",
+    ]
+    assert preview.rows[0].local_text == "2026-03-27 12:00:00.25 +00:00"
+    row = preview.rows[0]
+    assert row.due_text == instant_text(row.due, date=False)
+    assert row.due_text.startswith("12:00:0") and "." in row.due_text
+    assert instant_text(BEFORE_SPRING) == "2026-03-27 12:00:00"
+    assert instant_text(BEFORE_SPRING + timedelta(microseconds=10), date=False) == "12:00:00.00001"
+    late = SlotRow(
+        BEFORE_SPRING,
+        BEFORE_SPRING + timedelta(hours=13),
+        BEFORE_SPRING + timedelta(hours=13),
+        BEFORE_SPRING,
+    )
+    assert late.fires_text == "2026-03-28 01:00:00"  # on the next day: with its date
 
 
 def test_valid_until_ends_the_list_with_the_reason() -> None:

@@ -1,10 +1,13 @@
 """Run inside the e2e database's settings: ``python -m tests.e2e.tool <command>``.
 
-Commands: migrate, seed, add, update, delete, make_run, run, stale_saves, corrupt, dump; and
-``serve``, which answers commands one after the other in one process (:func:`serve`).
+Commands: migrate, seed, add, preview_and_add, update, delete, make_run, run, stale_saves,
+corrupt, dump; and ``serve``, which answers commands one after the other in one process
+(:func:`serve`).
 
 ``seed`` reads a JSON list of task specs on stdin and sets each task's first slot to the first
-slot at or after ``start``; ``dump`` prints tasks, runs and nodes as JSON.
+slot at or after ``start``; ``preview_and_add`` previews a new task as the admin's button does
+and saves it as the admin's form then does (with the preview's anchor), printing the preview;
+``dump`` prints tasks, runs and nodes as JSON.
 """
 
 from __future__ import annotations
@@ -48,6 +51,39 @@ def main(command: str) -> None:
             task = PeriodicTask(task="e2e.tick", **spec)
             task.full_clean(exclude=["interval_anchor"])
             task.save()
+    elif command == "preview_and_add":  # as the admin's preview, then its save
+        from celery_driftsafe.definitions import changes
+
+        spec = json.load(sys.stdin)
+        names = spec.pop("names")
+        for name in names:  # the first name whose preview holds a slot behind the one before
+            task = PeriodicTask(task="e2e.tick", name=name, **spec)
+            task.full_clean(exclude=["interval_anchor"])
+            now = changes.authority_now()
+            preview = changes.preview(task, now, count=spec.get("max_runs") or 10)
+            if any(row.held for row in preview.rows):
+                break
+        # the page hands the preview's anchor to the save (admin/forms.py)
+        task.interval_anchor = preview.anchor
+        task.save()
+        json.dump(
+            {
+                "name": task.name,
+                "previewed_at": now.isoformat(),
+                "anchor": task.interval_anchor.isoformat(),
+                "next_slot": task.next_slot_at.isoformat() if task.next_slot_at else None,
+                "rows": [
+                    {
+                        "slot": row.slot.isoformat(),
+                        "due": row.due.isoformat(),
+                        "fires_at": row.fires_at.isoformat(),
+                        "held": row.held,
+                    }
+                    for row in preview.rows
+                ],
+            },
+            sys.stdout,
+        )
     elif command == "update":
         change = json.load(sys.stdin)
         task = PeriodicTask.objects.get(name=change["name"])
@@ -127,6 +163,7 @@ def main(command: str) -> None:
                 "claimed_by": r.claimed_by,
                 "run_kind": r.kind,
                 "claimed_at": iso(r.claimed_at),
+                "dispatched_at": iso(r.dispatched_at),
                 "started": iso(r.started_at),
                 "worker": r.worker,
                 "finished": iso(r.finished_at),

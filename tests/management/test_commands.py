@@ -15,6 +15,7 @@ from django.conf import settings
 from django.core.management import CommandError, call_command, execute_from_command_line
 from django.test import override_settings
 
+from celery_driftsafe.core.preview import instant_text
 from celery_driftsafe.core.schedules import Solar
 from celery_driftsafe.definitions import changes
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus, TaskSource
@@ -184,8 +185,12 @@ def test_status_task_next_lists_the_previews_slots_in_both_zones() -> None:
         data = json.loads(run("driftsafe_status", "--task", "nightly", "--json"))
     lines = text.splitlines()
     assert lines[0].startswith("next slots of nightly (Europe/Berlin and UTC)")
-    assert lines[1].startswith("  2026-03-28 02:30:00 +01:00  2026-03-28 01:30:00 UTC  due 01:30:")
-    assert lines[2].startswith("  2026-03-29 03:00:00 +02:00  2026-03-29 01:00:00 UTC  due 01:00:")
+    assert lines[1].startswith(
+        "  2026-03-28 02:30:00 +01:00  2026-03-28 01:30:00 UTC  fires 01:30:"
+    )
+    assert lines[2].startswith(
+        "  2026-03-29 03:00:00 +02:00  2026-03-29 01:00:00 UTC  fires 01:00:"
+    )
     assert lines[2].endswith("(jitter)  DST: UTC offset +01:00 -> +02:00")
     assert lines[3].startswith("  2026-03-30 02:30:00 +02:00  2026-03-30 00:30:00 UTC")
     assert "DST" not in lines[3]
@@ -193,8 +198,33 @@ def test_status_task_next_lists_the_previews_slots_in_both_zones() -> None:
     assert len(lines) == 5
     assert [row["slot"] for row in data["slots"]] == [r.slot.isoformat() for r in expected.rows]
     assert [row["due"] for row in data["slots"]] == [r.due.isoformat() for r in expected.rows]
+    assert [row["fires_at"] for row in data["slots"]] == [row["due"] for row in data["slots"]]
     assert data["slots"][1]["offset_change"] == ["+01:00", "+02:00"]
     assert data["end"] == "max runs: it reached 3 runs"
+
+
+@pytest.mark.django_db
+def test_status_task_next_shows_fractions_and_the_slots_held_behind_the_one_before() -> None:
+    """An interval of 1.5 s with a 3-second jitter: the instants have fractions of a second,
+    and a slot whose own instant comes before the previous slot's fires with it."""
+    clock = FakeClock(datetime(2026, 3, 27, 12, 0, 0, 250_000, tzinfo=UTC))
+    with inject_authority_clock(clock):
+        interval_task(
+            "tight", 1_500_000, clock.now(), interval_unit="microseconds", jitter_seconds=3
+        )
+        text = run("driftsafe_status", "--task", "tight", "--next", "20")
+        expected = changes.preview(PeriodicTask.objects.get(name="tight"), clock.now(), count=20)
+        data = json.loads(run("driftsafe_status", "--task", "tight", "--next", "20", "--json"))
+    lines = text.splitlines()[1:]
+    assert lines[0].startswith("  2026-03-27 12:00:01.75 +00:00  2026-03-27 12:00:01.75 UTC ")
+    for line, row in zip(lines, expected.rows, strict=True):
+        assert f"fires {instant_text(row.fires_at, date=False)} UTC (jitter)" in line
+        assert ("held: due" in line) == row.held
+    assert any(row.held for row in expected.rows)
+    assert [row["fires_at"] for row in data["slots"]] == [
+        r.fires_at.isoformat() for r in expected.rows
+    ]
+    assert data["slots"][0]["slot"] == "2026-03-27T12:00:01.750000+00:00"
 
 
 @pytest.mark.django_db

@@ -21,7 +21,7 @@ from django.db.models import Count, Min, Q
 
 from celery_driftsafe.celery_app import app_argument
 from celery_driftsafe.conf import get_settings
-from celery_driftsafe.core.preview import offset_text
+from celery_driftsafe.core.preview import instant_text, offset_text
 from celery_driftsafe.exceptions import ClockError, ConfigurationError, ScheduleError
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus
 from celery_driftsafe.monitoring.health import redis_outage_effects, redis_state
@@ -261,6 +261,7 @@ class Command(BaseCommand):
                 {
                     "slot": row.slot.isoformat(),
                     "due": row.due.isoformat(),
+                    "fires_at": row.fires_at.isoformat(),
                     "local": row.local.isoformat(),
                     "offset_change": None
                     if row.offset_change is None
@@ -277,9 +278,11 @@ class Command(BaseCommand):
         if not task.enabled:
             out(self.style.WARNING("  the task is disabled: it fires none of these until enabled"))
         for row in result.rows:
-            line = f"  {row.local_text}  {row.slot:%Y-%m-%d %H:%M:%S} UTC"
+            line = f"  {row.local_text}  {instant_text(row.slot)} UTC"
             if row.jittered:
-                line += f"  due {row.due:%H:%M:%S.%f} UTC (jitter)"
+                line += f"  fires {row.fires_text} UTC (jitter)"
+            if row.held:
+                line += f", held: due {row.due_text}, fires with the slot before"
             if row.offset_change is not None:
                 line += f"  DST: {row.offset_change_text('->')}"
             out(line)
