@@ -325,8 +325,8 @@ class DriftSafeScheduler(Scheduler):
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One round, then the wait until the next slot; always returns 0 (it waited).
 
-        A stop (signal or :meth:`request_shutdown`) raises ``SystemExit`` here, never inside
-        a round: before it, after it, or out of the wait, which a signal cuts short."""
+        A stop (a signal, or :meth:`close`) raises ``SystemExit`` here, never inside a round:
+        before it, after it, or out of the wait, which a signal cuts short."""
         if self._stopping():
             raise SystemExit()
         self._in_round = True
@@ -613,11 +613,6 @@ class DriftSafeScheduler(Scheduler):
             )
             self._shutdown.set()
         return self._shutdown.is_set()
-
-    def request_shutdown(self) -> None:
-        """Ask the scheduler (for example one run in a thread) to stop after this round."""
-        self._shutdown.set()
-        self._wake.set()
 
     def close(self) -> None:
         """Record the node stopped (a few tries through a short outage) and let go of

@@ -1,7 +1,7 @@
 """The claim's bulk SQL: the run rows a round inserts and the task rows it advances, each in
-one statement whatever the number of tasks (``unnest`` arrays on PostgreSQL, ``CASE`` columns
-elsewhere). The claim's contract and its two implementations are in
-:mod:`celery_driftsafe.claim.claimers`."""
+one statement whatever the number of tasks (on PostgreSQL every row's values in one JSON
+document read by ``jsonb_array_elements``, elsewhere a ``CASE`` per column). The claim's
+contract and its two implementations are in :mod:`celery_driftsafe.claim.claimers`."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ beat.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Iterable, Mapping, Sized
+from collections.abc import Collection, Mapping, Sized
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -407,15 +407,6 @@ def lock_error(task: str) -> None:
     m = worker_metrics()
     if m is not None:
         m.lock_errors.labels(task=task).inc()
-
-
-def sample_values(registry: Any, name: str) -> Iterable[tuple[dict[str, str], float]]:
-    """Every sample called ``name`` in ``registry``: (labels, value) pairs (for tests and
-    the docs' examples)."""
-    for family in registry.collect():
-        for sample in family.samples:
-            if sample.name == name:
-                yield dict(sample.labels), float(sample.value)
 
 
 def unix(value: datetime) -> float:

@@ -27,9 +27,14 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 from celery_driftsafe.exceptions import ClockError
-from celery_driftsafe.store.clock import inject_authority_clock
+from celery_driftsafe.store.clock import AuthorityClock, inject_authority_clock
 
-__all__ = ["FakeClock", "UnreachableAuthority", "inject_authority_clock"]
+__all__ = [
+    "FakeClock",
+    "UnreachableAuthority",
+    "inject_authority_clock",
+    "skewed_authority_clock",
+]
 
 
 class FakeClock:
@@ -114,3 +119,21 @@ class UnreachableAuthority:
 
     def read(self) -> datetime:
         raise ClockError("authority unreachable (test double)")
+
+
+def skewed_authority_clock(skew_seconds: float) -> AuthorityClock:
+    """The configured time authority's clock as a node whose wall clock is ``skew_seconds`` off
+    measures it: for a beat that *believes* its clock is off, where libfaketime cannot skew the
+    whole process (``DriftSafeScheduler(app, clock=..., authority=clock.authority)``). Only
+    the offset it measures and reports is skewed: due-ness never reads a node's wall clock."""
+    from celery_driftsafe.conf import get_settings
+    from celery_driftsafe.store.clock import authority_from_settings
+
+    settings = get_settings()
+    skew = timedelta(seconds=skew_seconds)
+    return AuthorityClock(
+        authority_from_settings(settings),
+        samples=settings.clock_sync_samples,
+        resync_seconds=settings.clock_sync_interval_seconds,
+        wall=lambda: datetime.now(UTC) + skew,
+    )

@@ -101,14 +101,18 @@ def prepare_database() -> str:
 
 def reset_redis() -> None:
     """Forget the demo's keys and queued messages (a configured Redis may hold old ones)."""
+    import redis
     from example_project.celery import app
 
     from celery_driftsafe.conf import get_settings
-    from celery_driftsafe.store.redis import get_redis
 
-    client = get_redis()
-    for key in client.scan_iter(f"{get_settings().key_prefix}:*"):
-        client.delete(key)
+    settings = get_settings()
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        for key in client.scan_iter(f"{settings.key_prefix}:*"):
+            client.delete(key)
+    finally:
+        client.close()
     app.control.purge()
 
 
@@ -258,7 +262,7 @@ def wait_for_runs(timeout: float) -> None:
 
 
 def run_demo(seconds: float, output: Path) -> int:
-    from celery_driftsafe.store.clock import AuthorityClock, authority_from_settings
+    from celery_driftsafe import authority_clock
 
     say(f"  database  {prepare_database()} (migrated; earlier demo runs cleared)")
     reset_redis()
@@ -303,7 +307,7 @@ def run_demo(seconds: float, output: Path) -> int:
         say("  starting  worker and 3 beats ...")
         wait_until("the worker", lambda: " ready." in processes.log("worker"), processes)
         wait_until("the beats", lambda: beats_claiming([b.pid for b in beats]), processes)
-        clock = AuthorityClock(authority_from_settings(), samples=3)
+        clock = authority_clock()
         say(f"  running   for {seconds:g} s; slots due from now on are counted")
         start = watch(seconds, clock, beats, processes)
         time.sleep(SETTLE_SECONDS)

@@ -1,7 +1,7 @@
 """The demo's count: every due slot, what fired it, what ran, and the timeline picture.
 
 All instants are the time authority's. For each task, the slots due in the window come from
-its schedule (``celery_driftsafe.core.schedules``), never from what fired. A slot *fired* when a
+its schedule (the package's schedule values), never from what fired. A slot *fired* when a
 beat
 claimed and published it (a ``Run`` row with ``dispatched_at``, or ``started_at``: see below);
 it *ran* when the task body wrote its ``Execution`` row. A slot is *doubled* when it has two

@@ -12,25 +12,15 @@ Whether a slot is due never depends on a node's wall clock, skewed or not.
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from celery_driftsafe.conf import get_settings
 from celery_driftsafe.scheduler import DriftSafeScheduler
-from celery_driftsafe.store.clock import AuthorityClock, authority_from_settings
+from celery_driftsafe.testing import skewed_authority_clock
 
 
 class SkewedClockScheduler(DriftSafeScheduler):
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
-        skew = timedelta(seconds=float(os.environ.get("EXAMPLE_CLOCK_SKEW_SECONDS", "0")))
         if "clock" not in kwargs:
-            settings = get_settings()
-            authority = authority_from_settings(settings)
-            kwargs["authority"] = authority
-            kwargs["clock"] = AuthorityClock(
-                authority,
-                samples=settings.clock_sync_samples,
-                resync_seconds=settings.clock_sync_interval_seconds,
-                wall=lambda: datetime.now(UTC) + skew,
-            )
+            clock = skewed_authority_clock(float(os.environ.get("EXAMPLE_CLOCK_SKEW_SECONDS", "0")))
+            kwargs["authority"], kwargs["clock"] = clock.authority, clock
         super().__init__(app, *args, **kwargs)

@@ -14,7 +14,7 @@ from typing import Any
 from django.db import models
 from django.utils import timezone
 
-from celery_driftsafe.core.headers import HEADER_RUN_ID, HEADER_SLOT
+from celery_driftsafe import HEADER_RUN_ID, HEADER_SLOT
 
 
 class Execution(models.Model):

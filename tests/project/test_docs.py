@@ -198,3 +198,40 @@ def test_every_test_a_page_names_exists(page: str) -> None:
         if not (root / path).is_file() or not _defined(root / path, names.split("::")[1:])
     ]
     assert not missing, f"{page} names tests that do not exist: {missing}"
+
+
+def _public_modules() -> set[str]:
+    """The modules docs/reference/public-api.md names, in backticks: whole (with or without
+    ``:name``), or as ``.sibling`` after a whole one on the same line."""
+    found: set[str] = set()
+    for line in (DOCS / "reference" / "public-api.md").read_text().splitlines():
+        whole = re.findall(r"`(celery_driftsafe(?:\.\w+)*)", line)
+        found.update(whole)
+        if whole:
+            parent = whole[0].rsplit(".", 1)[0]
+            found.update(f"{parent}.{name}" for name in re.findall(r"`\.(\w+)`", line))
+    return found
+
+
+def _imports(text: str) -> set[str]:
+    return set(re.findall(r"^\s*(?:>>> )?from (celery_driftsafe[\w.]*) import", text, re.M))
+
+
+def test_the_docs_and_the_example_project_import_only_the_public_api() -> None:
+    """What the guides show and the example project does, a project may copy: every import
+    of the package they make names a module the public API lists (the names at the top of the
+    package among them), not an internal one that may move."""
+    public = _public_modules()
+    assert {"celery_driftsafe", "celery_driftsafe.models", "celery_driftsafe.testing"} <= public
+    assert "celery_driftsafe.testing.recording" in public  # a sibling named after a module
+    root = DOCS.parent
+    sources = [*DOCS.rglob("*.md"), root / "README.md", *(root / "example_project").rglob("*.py")]
+    found = {
+        (str(path.relative_to(root)), module)
+        for path in sources
+        if "_build" not in path.parts
+        for module in _imports(path.read_text())
+    }
+    assert found, "no import of the package found: the pattern is wrong"
+    internal = sorted((where, module) for where, module in found if module not in public)
+    assert internal == [], internal

@@ -161,3 +161,20 @@ def test_every_registered_benchmark_resolves(monkeypatch: pytest.MonkeyPatch) ->
         assert callable(resolve(name)), name
     with pytest.raises(LookupError):
         resolve("no-such-benchmark")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("skew", [5.0, -2.5])
+def test_a_skewed_authority_clock_measures_its_skew_and_keeps_the_authoritys_time(
+    settings: Any, skew: float
+) -> None:
+    """The clock a demo gives a beat that believes its wall clock is off: the offset it
+    measures is the skew (authority minus wall), and its time is still the authority's."""
+    from celery_driftsafe import authority_clock
+    from celery_driftsafe.testing import skewed_authority_clock
+
+    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "TIME_AUTHORITY": "database"}
+    clock = skewed_authority_clock(skew)
+    sample = clock.sync()
+    assert sample.offset == pytest.approx(-skew, abs=1.0)  # a round trip under load
+    assert abs((clock.now() - authority_clock().now()).total_seconds()) < 1.0
