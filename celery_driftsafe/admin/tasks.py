@@ -18,7 +18,7 @@ each task it changed, like an edit, and to the log.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from django.contrib import admin, messages
@@ -56,8 +56,14 @@ from celery_driftsafe.exceptions import (
     TaskModulesError,
     TaskRefused,
 )
-from celery_driftsafe.models import PeriodicTask, Run, RunStatus, unreadable_instants
-from celery_driftsafe.models.schedule_fields import CRONTAB_FIELDS, ONE_OFF_FIELDS, SOLAR_FIELDS
+from celery_driftsafe.models import (
+    PeriodicTask,
+    Run,
+    RunStatus,
+    ScheduleKind,
+    unreadable_instants,
+)
+from celery_driftsafe.models.schedule_fields import KIND_INPUTS
 from celery_driftsafe.publish.backfill import (
     BackfillPlan,
     backfill_actor,
@@ -67,6 +73,9 @@ from celery_driftsafe.publish.backfill import (
 )
 from celery_driftsafe.publish.run_now import admin_actor, run_now
 from celery_driftsafe.store.clock import authority_clock
+
+if TYPE_CHECKING:
+    from django.contrib.admin.options import _FieldOpts
 
 #: The log of the admin's actions on tasks (``admin-enable``, ``admin-disable``, ``admin-reset``).
 logger = logging.getLogger("celery_driftsafe.admin.task_actions")
@@ -165,6 +174,21 @@ class LastRunChangeList(ChangeList):
             task.last_run_row = runs.get(task.last_run_pk)
 
 
+def _kind_fieldset(
+    kind: str, title: str, fields: tuple[Any, ...], description: str
+) -> tuple[str, _FieldOpts]:
+    """The section of one schedule kind's inputs, shown by the page's script (and by Django
+    without it) when that kind is chosen: ``static/celery_driftsafe/schedule_kind.js``."""
+    return (
+        title,
+        {
+            "classes": ("driftsafe-kind", f"driftsafe-kind-{kind}"),
+            "fields": fields,
+            "description": description,
+        },
+    )
+
+
 class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     """The periodic tasks' admin: the list, the form, the actions and the "Run now" view (see
     the module docstring)."""
@@ -187,6 +211,7 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
     list_per_page = 100
     show_full_result_count = False
     actions = ("enable_tasks", "disable_tasks", "run_now", "backfill", "reset_schedule")
+    radio_fields = {"schedule_kind": admin.VERTICAL}
     readonly_fields = (
         "schedule_text",
         "next_slot",
@@ -220,19 +245,38 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
         (
             "Schedule",
             {
-                "fields": (
-                    "schedule_kind",
-                    ("interval_every", "interval_unit"),
-                    tuple(CRONTAB_FIELDS),
-                    "timezone",
-                    *ONE_OFF_FIELDS,
-                    SOLAR_FIELDS,
-                ),
-                "description": "Fill in the fields of the chosen kind: interval (every N units), "
-                "crontab (cron fields evaluated in the time zone; seconds are "
-                "optional), one-off, "
-                "or solar (an event of the sun at a latitude and longitude).",
+                "fields": ("schedule_kind",),
+                # Django shows a fieldset's description as HTML.
+                "description": "Choose how the task is scheduled; the inputs of that kind "
+                "follow.<noscript> Without JavaScript every kind's inputs are shown below: only "
+                "the chosen kind's are read.</noscript>",
             },
+        ),
+        _kind_fieldset(
+            ScheduleKind.INTERVAL,
+            "Interval",
+            (KIND_INPUTS[ScheduleKind.INTERVAL],),
+            "Every N units, counted from the first save (or from valid from).",
+        ),
+        _kind_fieldset(
+            ScheduleKind.CRONTAB,
+            "Crontab",
+            (KIND_INPUTS[ScheduleKind.CRONTAB], "timezone"),
+            "Cron fields (* for every value), read in the time zone; the seconds are optional "
+            "(empty: 0). A whole expression such as 0 3 * * * or @daily may be typed into the "
+            "minute field alone.",
+        ),
+        _kind_fieldset(
+            ScheduleKind.ONE_OFF,
+            "One-off",
+            KIND_INPUTS[ScheduleKind.ONE_OFF],
+            "Runs once, at this instant.",
+        ),
+        _kind_fieldset(
+            ScheduleKind.SOLAR,
+            "Solar",
+            (KIND_INPUTS[ScheduleKind.SOLAR],),
+            "An event of the sun at a latitude and longitude.",
         ),
         (
             "Bounds and limits",
@@ -276,6 +320,9 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
         ),
         ("State", {"fields": readonly_fields}),
     )
+
+    class Media:
+        js = ("celery_driftsafe/schedule_kind.js",)
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         """No "State" section on the add page: a new task has none yet."""

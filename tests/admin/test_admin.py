@@ -1297,7 +1297,7 @@ def test_an_expression_in_the_minute_field_is_refused_on_it_when_unreadable_or_a
     errors = form_errors(
         admin_client.post(ADD, form_data(crontab_minute="@daily", crontab_hour="5"))
     )
-    assert list(errors) == ["crontab_minute"] and "left at *" in errors["crontab_minute"][0]
+    assert list(errors) == ["crontab_minute"] and "left empty" in errors["crontab_minute"][0]
     assert not PeriodicTask.objects.exists()
 
 
