@@ -1,18 +1,24 @@
 """How the admin shows things to operators: instants, durations, statuses, schedules.
 
-Instants are shown in the admin's current time zone (``TIME_ZONE``, or the one activated for
-the request) with the UTC value in the tooltip. Relative texts ("in 4 s", "12 s ago") and node
-liveness need the authority's *now*: :class:`AuthorityNowMixin` reads it once per admin page
+Instants are shown in one format on every page of the package, ``2027-01-01 01:15:00``, in
+the admin's current time zone (``TIME_ZONE``, or the one activated for the request), with the
+UTC value in the tooltip; each page names the zone once, under its title (the template
+``admin/celery_driftsafe/times_in.html``), not in every cell. A model's date-time field shown
+read-only goes through :func:`instant_field`: Django's own rendering of it
+(``Jan. 1, 2027, 1:15 a.m.``) is another format. Relative texts ("in 4 s", "12 s ago") and
+node liveness need the authority's *now*: :class:`AuthorityNowMixin` reads it once per admin page
 and :func:`page_now` hands it to the column methods while the page renders.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextvars import ContextVar
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -91,14 +97,14 @@ class AuthorityNowMixin:
 def local_text(
     value: datetime, *, milliseconds: bool = False, same_day_as: datetime | None = None
 ) -> str:
-    """``2026-03-01 13:00:00 CET`` in the admin's current time zone; only ``13:00:00`` when it
-    is on the local date of ``same_day_as`` (shown next to it, with the zone)."""
+    """``2026-03-01 13:00:00`` in the admin's current time zone (said once on the page); only
+    ``13:00:00`` when it is on the local date of ``same_day_as`` (shown next to it)."""
     local = timezone.localtime(value)
     short = same_day_as is not None and timezone.localtime(same_day_as).date() == local.date()
     text = f"{local:%H:%M:%S}" if short else f"{local:%Y-%m-%d %H:%M:%S}"
     if milliseconds:
         text += f".{local.microsecond // 1000:03d}"
-    return text if short else f"{text} {local.tzname()}"
+    return text
 
 
 def instant(
@@ -115,6 +121,23 @@ def instant(
         utc.removesuffix("+00:00"),
         local_text(value, milliseconds=milliseconds, same_day_as=same_day_as),
     )
+
+
+def instant_field(
+    name: str, description: str, *, milliseconds: bool = False
+) -> Callable[[Any, Any], SafeString | str]:
+    """A read-only admin field showing the model's date-time field ``name`` as :func:`instant`
+    does. Listed under its own name in ``readonly_fields`` (the field's name would make Django
+    show it in its own format)::
+
+        due = instant_field("due_at", "due at")
+    """
+
+    @admin.display(description=description, ordering=name)
+    def show(model_admin: Any, obj: Any) -> SafeString | str:
+        return instant(getattr(obj, name), milliseconds=milliseconds)
+
+    return show
 
 
 def seconds_text(seconds: float) -> str:

@@ -9,13 +9,19 @@ Each problem is reported on the field at fault, all at once (not the first one o
 * ``args`` / ``kwargs`` / ``headers`` — a JSON list, object and object, whose values Celery's
   ``json`` serializer can send (no ``NaN`` or ``Infinity``, bounded depth and size: read by
   :class:`JSONInputField`);
-* ``interval_every`` — a positive whole number (interval tasks);
+* ``schedule_kind`` — chosen by the user (a new task's form has none chosen and no kind's
+  inputs filled in); only the chosen kind's inputs are read
+  (:data:`~celery_driftsafe.models.schedule_fields.KIND_INPUTS`): the others keep what the
+  task has, whatever was typed into them;
+* ``interval_every`` and ``interval_unit`` — a positive whole number and a unit (interval
+  tasks);
 * ``crontab_*`` — each field parsed on its own (``crontab_second`` is optional: empty means
   0), so two bad fields give two errors, then the combination (``0 0 31 2 *`` never fires)
   on ``crontab_day_of_month``; a whole expression typed into ``crontab_minute`` (an alias
   such as ``@daily``, five fields, or six with the seconds first) fills every field;
 * ``timezone`` — an IANA zone name; a new task's starts as the Celery app's time zone
-  (:func:`~celery_driftsafe.celery_app.app_time_zone`), in which Celery evaluates crontabs;
+  (:func:`~celery_driftsafe.celery_app.app_time_zone`), in which Celery evaluates crontabs
+  (the zone is read for every kind: the next slots are previewed in it);
 * ``one_off_at`` — required for a one-off task;
 * ``solar_event`` / ``solar_latitude`` / ``solar_longitude`` — an event, a latitude from -90 to
   90 and a longitude from -180 to 180 (solar tasks);
@@ -41,7 +47,7 @@ import json
 import zoneinfo
 from datetime import datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.core import signing
@@ -64,7 +70,11 @@ from celery_driftsafe.core.schedules import Crontab, Solar
 from celery_driftsafe.core.validation import loads_json
 from celery_driftsafe.exceptions import ClockError, ScheduleError, TaskModulesError
 from celery_driftsafe.models import PeriodicTask, ScheduleKind
-from celery_driftsafe.models.schedule_fields import CRONTAB_FIELDS, EDITABLE_SCHEDULE_FIELDS
+from celery_driftsafe.models.schedule_fields import (
+    CRONTAB_FIELDS,
+    EDITABLE_SCHEDULE_FIELDS,
+    KIND_INPUTS,
+)
 
 
 @lru_cache(maxsize=1)
@@ -156,6 +166,14 @@ def _message(exc: ScheduleError) -> str:
 SWITCH = ("enabled", "disabled_reason")
 
 
+#: The schedule kinds as the form offers them, each saying what it is.
+KIND_LABELS: dict[str, str] = {
+    ScheduleKind.INTERVAL: "Interval: every N seconds, minutes, hours or days",
+    ScheduleKind.CRONTAB: "Crontab: at the times cron fields name, in a time zone",
+    ScheduleKind.ONE_OFF: "One-off: once, at one instant",
+    ScheduleKind.SOLAR: "Solar: at sunrise, sunset or another event of the sun, at a place",
+}
+
 #: The submit button that previews the next slots of the values in the form instead of saving.
 PREVIEW_BUTTON = "_driftsafe_preview"
 #: How many slots a preview lists.
@@ -233,10 +251,24 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
                 v for v in number.validators if not isinstance(v, MinValueValidator)
             ]
             number.widget.attrs.pop("min", None)
-        self.fields["schedule_kind"].initial = ScheduleKind.CRONTAB
-        if self.instance._state.adding and "timezone" not in (kwargs.get("initial") or {}):
-            # A new crontab's zone: the Celery app's, as Celery's own beat would use it.
-            self.initial["timezone"] = app_time_zone()
+        kind = self.fields["schedule_kind"]
+        assert isinstance(kind, forms.ChoiceField)
+        offered = cast("list[tuple[str, str]]", list(kind.choices))  # type: ignore[arg-type]
+        kind.choices = [(value, KIND_LABELS.get(value, label)) for value, label in offered]
+        kind.error_messages["required"] = (
+            "Choose how the task is scheduled: interval, crontab, one-off or solar."
+        )
+        if self.instance._state.adding:
+            given = kwargs.get("initial") or {}
+            # Nothing of a kind is filled in before the kind is chosen: no crontab that fires
+            # every minute, no unit (the model's defaults, still what a task of another kind
+            # keeps in these fields).
+            for name in (*CRONTAB_FIELDS, "interval_unit"):
+                if name not in given:
+                    self.initial[name] = ""
+            if "timezone" not in given:
+                # A new crontab's zone: the Celery app's, as Celery's own beat would use it.
+                self.initial["timezone"] = app_time_zone()
         # The switch as shown travels with the form, so that a form opened before the
         # scheduler disabled the task (it finished, say) does not switch it back on unasked.
         for name in SWITCH:
@@ -370,12 +402,15 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
                 if name in data and name not in self.changed_data:
                     data[name] = getattr(self.instance, name)
         kind = data.get("schedule_kind")
+        self._ignore_other_kinds(kind, data)
         if kind == ScheduleKind.INTERVAL:
             every = data.get("interval_every")
             if "interval_every" not in self.errors and (every is None or every <= 0):
                 self.add_error(
                     "interval_every", "An interval must be a positive whole number, e.g. 30."
                 )
+            if "interval_unit" not in self.errors and not data.get("interval_unit"):
+                self.add_error("interval_unit", "Choose the unit of the interval.")
         elif kind == ScheduleKind.CRONTAB:
             self._clean_crontab(data)
         elif (
@@ -412,6 +447,18 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         ):
             return
         self.instance.interval_anchor = self.previewed_anchor = anchor
+
+    def _ignore_other_kinds(self, kind: str | None, data: dict[str, Any]) -> None:
+        """The inputs of the kinds not chosen are not read (a page without JavaScript shows
+        them all): they keep what the task has (a new task: the model's defaults), and what
+        was typed into them is no error."""
+        for other, names in KIND_INPUTS.items():
+            if other == kind:
+                continue
+            for name in names:
+                if name in self.fields:
+                    self.errors.pop(name, None)
+                    data[name] = getattr(self.instance, name)
 
     def _read_the_authority(self) -> None:
         """Saving computes the next slot from the time authority's now: read it here, so that
@@ -492,8 +539,8 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
 
     def _expand_expression(self, data: dict[str, Any]) -> bool:
         """A whole expression typed into the minute field (``@daily``, ``0 3 * * *``, six
-        fields with the seconds first) fills every crontab field, when the others are left at
-        their defaults. False when it cannot be read (the error is on ``crontab_minute``)."""
+        fields with the seconds first) fills every crontab field, when the others are left empty
+        or at ``*``. False when it cannot be read (the error is on ``crontab_minute``)."""
         text = str(data.get("crontab_minute") or "").strip()
         if not (text.startswith("@") or len(text.split()) > 1):
             return True
@@ -507,7 +554,7 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             self.add_error(
                 "crontab_minute",
                 "A whole expression goes in the minute field only "
-                "when the other crontab fields are left at *.",
+                "when the other crontab fields are left empty (or at *).",
             )
             return False
         try:

@@ -19,6 +19,7 @@ from django.utils.safestring import SafeString
 from celery_driftsafe.admin.display import (
     AuthorityNowMixin,
     instant,
+    instant_field,
     page_now,
     relative,
     seconds_text,
@@ -86,9 +87,11 @@ class BeatNodeAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-a
         "stopped",
         "claiming",
         "lag",
-        "claiming_since",
+        "claiming_since_at",
     )
     fields = readonly_fields
+
+    claiming_since_at = instant_field("claiming_since", "claiming since")
 
     def get_urls(self) -> list[Any]:
         """The cluster dashboard (``<node list>/dashboard/``), before the change view's

@@ -25,6 +25,7 @@ from celery_driftsafe.admin.display import (
     AuthorityNowMixin,
     duration,
     instant,
+    instant_field,
     lateness,
     page_now,
     status_badge,
@@ -234,10 +235,10 @@ class RunAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
         "dispatch_attempts",
         "attempts",
         "duplicate_deliveries",
-        "expires_at",
+        "expires",
         "worker",
         "lock_store",
-        "lease_until",
+        "lease",
         "error",
     )
     fields = readonly_fields
@@ -256,6 +257,9 @@ class RunAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    expires = instant_field("expires_at", "expires at", milliseconds=True)
+    lease = instant_field("lease_until", "lease until", milliseconds=True)
 
     @admin.display(description="run", ordering="id")
     def run(self, run: Run) -> str:

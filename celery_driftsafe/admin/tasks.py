@@ -18,7 +18,7 @@ each task it changed, like an edit, and to the log.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from django.contrib import admin, messages
@@ -36,6 +36,7 @@ from django.utils.safestring import SafeString
 from celery_driftsafe.admin.display import (
     AuthorityNowMixin,
     instant,
+    instant_field,
     lateness,
     local_text,
     page_now,
@@ -60,8 +61,14 @@ from celery_driftsafe.exceptions import (
     TaskModulesError,
     TaskRefused,
 )
-from celery_driftsafe.models import PeriodicTask, Run, RunStatus, unreadable_instants
-from celery_driftsafe.models.schedule_fields import CRONTAB_FIELDS, ONE_OFF_FIELDS, SOLAR_FIELDS
+from celery_driftsafe.models import (
+    PeriodicTask,
+    Run,
+    RunStatus,
+    ScheduleKind,
+    unreadable_instants,
+)
+from celery_driftsafe.models.schedule_fields import KIND_INPUTS
 from celery_driftsafe.publish.backfill import (
     BackfillPlan,
     backfill_actor,
@@ -71,6 +78,9 @@ from celery_driftsafe.publish.backfill import (
 )
 from celery_driftsafe.publish.run_now import admin_actor, run_now
 from celery_driftsafe.store.clock import authority_clock
+
+if TYPE_CHECKING:
+    from django.contrib.admin.options import _FieldOpts
 
 #: The log of the admin's actions on tasks (``admin-enable``, ``admin-disable``, ``admin-reset``).
 logger = logging.getLogger("celery_driftsafe.admin.task_actions")
@@ -169,23 +179,30 @@ class LastRunChangeList(ChangeList):
             task.last_run_row = runs.get(task.last_run_pk)
 
 
+def _kind_fieldset(
+    kind: str, title: str, fields: tuple[Any, ...], description: str
+) -> tuple[str, _FieldOpts]:
+    """The section of one schedule kind's inputs, shown by the page's script (and by Django
+    without it) when that kind is chosen: ``static/celery_driftsafe/schedule_kind.js``."""
+    return (
+        title,
+        {
+            "classes": ("driftsafe-kind", f"driftsafe-kind-{kind}"),
+            "fields": fields,
+            "description": description,
+        },
+    )
+
+
 class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     """The periodic tasks' admin: the list, the form, the actions and the "Run now" view (see
     the module docstring)."""
 
     form = PeriodicTaskForm
-    list_display = (
-        "name",
-        "task",
-        "schedule_text",
-        "timezone",
-        "enabled",
-        "limits",
-        "next_slot",
-        "last_run",
-        "last_lateness",
-        "stale",
-    )
+    #: The columns a user scans, narrow enough for a laptop's screen without scrolling
+    #: sideways; the task's path, time zone, bounds and limits, lateness and staleness are on
+    #: its page (and the last two are filters).
+    list_display = ("name", "schedule_text", "enabled", "next_slot", "last_run")
     list_display_links = ("name",)
     list_filter = (
         "enabled",
@@ -199,18 +216,21 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
     list_per_page = 100
     show_full_result_count = False
     actions = ("enable_tasks", "disable_tasks", "run_now", "backfill", "reset_schedule")
+    radio_fields = {"schedule_kind": admin.VERTICAL}
     readonly_fields = (
         "schedule_text",
         "next_slot",
-        "due_at",
-        "last_slot_at",
+        "due",
+        "last_slot",
+        "last_outcome",
+        "limits",
         "run_count",
-        "stale_since",
-        "interval_anchor",
+        "stale",
+        "anchor",
         "source",
         "source_app",
-        "created_at",
-        "changed_at",
+        "created",
+        "changed",
     )
     fieldsets = (
         (
@@ -230,19 +250,38 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
         (
             "Schedule",
             {
-                "fields": (
-                    "schedule_kind",
-                    ("interval_every", "interval_unit"),
-                    tuple(CRONTAB_FIELDS),
-                    "timezone",
-                    *ONE_OFF_FIELDS,
-                    SOLAR_FIELDS,
-                ),
-                "description": "Fill in the fields of the chosen kind: interval (every N units), "
-                "crontab (cron fields evaluated in the time zone; seconds are "
-                "optional), one-off, "
-                "or solar (an event of the sun at a latitude and longitude).",
+                "fields": ("schedule_kind",),
+                # Django shows a fieldset's description as HTML.
+                "description": "Choose how the task is scheduled; the inputs of that kind "
+                "follow.<noscript> Without JavaScript every kind's inputs are shown below: only "
+                "the chosen kind's are read.</noscript>",
             },
+        ),
+        _kind_fieldset(
+            ScheduleKind.INTERVAL,
+            "Interval",
+            (KIND_INPUTS[ScheduleKind.INTERVAL],),
+            "Every N units, counted from the first save (or from valid from).",
+        ),
+        _kind_fieldset(
+            ScheduleKind.CRONTAB,
+            "Crontab",
+            (KIND_INPUTS[ScheduleKind.CRONTAB], "timezone"),
+            "Cron fields (* for every value), read in the time zone; the seconds are optional "
+            "(empty: 0). A whole expression such as 0 3 * * * or @daily may be typed into the "
+            "minute field alone.",
+        ),
+        _kind_fieldset(
+            ScheduleKind.ONE_OFF,
+            "One-off",
+            KIND_INPUTS[ScheduleKind.ONE_OFF],
+            "Runs once, at this instant.",
+        ),
+        _kind_fieldset(
+            ScheduleKind.SOLAR,
+            "Solar",
+            (KIND_INPUTS[ScheduleKind.SOLAR],),
+            "An event of the sun at a latitude and longitude.",
         ),
         (
             "Bounds and limits",
@@ -287,6 +326,9 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
         ("State", {"fields": readonly_fields}),
     )
 
+    class Media:
+        js = ("celery_driftsafe/schedule_kind.js",)
+
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         """No "State" section on the add page: a new task has none yet."""
         fieldsets = super().get_fieldsets(request, obj)
@@ -321,27 +363,6 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
     def schedule_text(self, task: PeriodicTask) -> SafeString | str:
         return schedule_cell(task)
 
-    @admin.display(description="bounds and limits")
-    def limits(self, task: PeriodicTask) -> str:
-        """E.g. ``from 2026-05-01 00:00:00 CEST · until … · 3 of 10 runs · once``, in the
-        admin's time zone like the other columns."""
-        parts = []
-        if task.valid_from is not None:
-            parts.append(f"from {local_text(task.valid_from)}")
-        if task.valid_until is not None:
-            parts.append(f"until {local_text(task.valid_until)}")
-        if task.max_runs is not None:
-            parts.append(f"{task.run_count} of {task.max_runs} runs")
-        if task.run_once:
-            parts.append("once")
-        if task.jitter_seconds:
-            jitter = task.jitter_seconds
-            # Not a number: text stored behind save() (SQLite); the claim disables the task.
-            parts.append(
-                f"jitter {jitter:g} s" if isinstance(jitter, float | int) else "jitter invalid"
-            )
-        return " · ".join(parts) or "—"
-
     @admin.display(description="next slot", ordering="next_slot_at")
     def next_slot(self, task: PeriodicTask) -> SafeString | str:
         if task.next_slot_at is None:
@@ -367,17 +388,52 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
             instant(run.slot),
         )
 
-    @admin.display(description="lateness")
-    def last_lateness(self, task: PeriodicTask) -> SafeString | str:
-        run: Run | None = getattr(task, "last_run_row", None)
-        if run is None or run.slot is None or run.claimed_at is None:
-            return lateness(None)
-        return lateness(run.claimed_at - run.slot)
+    # -- the task's page --------------------------------------------------------------------
 
-    @admin.display(description="stale since")
-    def stale(self, task: PeriodicTask) -> SafeString | str:
-        """Since when none of the task's last slots past their deadline succeeded ("—": fresh)."""
-        return instant(task.stale_since)
+    due = instant_field("due_at", "due at")
+    last_slot = instant_field("last_slot_at", "last slot")
+    stale = instant_field("stale_since", "stale since")
+    anchor = instant_field("interval_anchor", "interval anchor")
+    created = instant_field("created_at", "created")
+    changed = instant_field("changed_at", "changed")
+
+    @admin.display(description="bounds and limits")
+    def limits(self, task: PeriodicTask) -> str:
+        """E.g. ``from 2026-05-01 00:00:00 · until … · 3 of 10 runs · once``, in the admin's
+        time zone like the other instants."""
+        parts = []
+        if task.valid_from is not None:
+            parts.append(f"from {local_text(task.valid_from)}")
+        if task.valid_until is not None:
+            parts.append(f"until {local_text(task.valid_until)}")
+        if task.max_runs is not None:
+            parts.append(f"{task.run_count} of {task.max_runs} runs")
+        if task.run_once:
+            parts.append("once")
+        if task.jitter_seconds:
+            jitter = task.jitter_seconds
+            # Not a number: text stored behind save() (SQLite); the claim disables the task.
+            parts.append(
+                f"jitter {jitter:g} s" if isinstance(jitter, float | int) else "jitter invalid"
+            )
+        return " · ".join(parts) or "—"
+
+    @admin.display(description="last run")
+    def last_outcome(self, task: PeriodicTask) -> SafeString | str:
+        """The latest run's status, slot, lateness and claimer (one query, on the page of one
+        task: the list reads its page's runs at once)."""
+        pk = getattr(task, "last_run_pk", None)
+        run = None if pk is None else Run.objects.filter(pk=pk).first()
+        if run is None:
+            return "never"
+        late = None if run.slot is None or run.claimed_at is None else run.claimed_at - run.slot
+        return format_html(
+            "{} slot {}, claimed {} by {}",
+            status_badge(run.status),
+            instant(run.slot),
+            lateness(late),
+            run.claimed_by or "?",
+        )
 
     # -- actions ------------------------------------------------------------------------------
 

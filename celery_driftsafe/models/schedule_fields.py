@@ -17,6 +17,16 @@ INTERVAL_FIELDS = ("interval_every", "interval_unit", "interval_anchor")
 ONE_OFF_FIELDS = ("one_off_at",)
 SOLAR_FIELDS = ("solar_event", "solar_latitude", "solar_longitude")
 
+#: The fields a person fills in for each schedule kind (the admin form shows and reads only
+#: the chosen kind's; the crontab's time zone is not among them: every kind's slots are
+#: previewed in it).
+KIND_INPUTS = {
+    "interval": ("interval_every", "interval_unit"),
+    "crontab": tuple(CRONTAB_FIELDS),
+    "one_off": ONE_OFF_FIELDS,
+    "solar": SOLAR_FIELDS,
+}
+
 #: Every field that defines when a task fires: a change to one of them is a schedule edit.
 SCHEDULE_FIELDS = (
     "schedule_kind",

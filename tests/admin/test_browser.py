@@ -1,5 +1,6 @@
-"""End to end in a real browser: headless Chromium logs into the admin on a live server, adds a
-crontab task, reads its next slot in the list, and runs it now.
+"""End to end in a real browser, at a laptop's 1366 by 768: headless Chromium logs into the admin
+on a live server, adds a crontab task through the form that asks for the schedule kind first,
+reads the task list without scrolling sideways, and runs the task now.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` (``apt-get install -y chromium
 chromium-driver``) and Selenium from PyPI; Selenium is pointed at ``/usr/bin/chromedriver`` and
@@ -21,27 +22,35 @@ import django.contrib.admin
 import pytest
 from django.test import override_settings
 
+import celery_driftsafe
 from celery_driftsafe.admin.display import local_text
 from celery_driftsafe.definitions import changes
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 from tests.support import drain
 from tests.support.cluster_data import beat_node
-from tests.support.factories import interval_task
+from tests.support.factories import crontab_task, interval_task, solar_task
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
-ADMIN_STATIC = Path(django.contrib.admin.__file__).resolve().parent / "static"
+ADMIN_STATIC = Path(django.contrib.admin.__file__).resolve().parent / "static" / "admin"
+PACKAGE_STATIC = Path(celery_driftsafe.__file__).resolve().parent / "static" / "celery_driftsafe"
+#: A laptop's screen: the admin must be readable here without scrolling sideways.
+WIDTH, HEIGHT = 1366, 768
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture(scope="session")
-def _admin_static() -> Iterator[None]:
-    """STATIC_URL must be set when the live server starts (its static handler reads it then;
-    tests/settings.py has none) and STATIC_ROOT lets it serve the admin's CSS and JavaScript,
-    so the pages and screenshots look as in a project with staticfiles."""
-    with override_settings(STATIC_URL="/static/", STATIC_ROOT=str(ADMIN_STATIC)):
+def _admin_static(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """STATIC_URL must be set when the live server starts (its static handler reads it then)
+    and STATIC_ROOT lets it serve the admin's CSS and JavaScript and the package's own (the
+    task form's script), gathered as ``collectstatic`` would, so the pages and screenshots
+    look as in a project with staticfiles."""
+    root = tmp_path_factory.mktemp("static")
+    (root / "admin").symlink_to(ADMIN_STATIC, target_is_directory=True)
+    (root / "celery_driftsafe").symlink_to(PACKAGE_STATIC, target_is_directory=True)
+    with override_settings(STATIC_URL="/static/", STATIC_ROOT=str(root)):
         yield
 
 
@@ -69,7 +78,7 @@ def browser() -> Iterator[Any]:
         "--no-sandbox",
         "--disable-dev-shm-usage",
         "--disable-gpu",
-        "--window-size=1700,1000",
+        f"--window-size={WIDTH},{HEIGHT}",
         "--lang=en-GB",
     ):
         options.add_argument(argument)
@@ -102,11 +111,11 @@ def _shoot(driver: Any, name: str, tmp_path: Path) -> None:
         "return [document.documentElement.scrollHeight, window.outerHeight - window.innerHeight]"
     )
     # the window's size includes the browser's own bars: add them to the page's height
-    driver.set_window_size(1700, max(600, min(int(height) + int(chrome) + 40, 3600)))
+    driver.set_window_size(WIDTH, max(HEIGHT, min(int(height) + int(chrome) + 40, 3600)))
     target = SCREENSHOTS if os.environ.get("DRIFTSAFE_SCREENSHOTS") else tmp_path
     target.mkdir(parents=True, exist_ok=True)
     assert driver.save_screenshot(str(target / f"{name}.png"))
-    driver.set_window_size(1700, 1000)
+    driver.set_window_size(WIDTH, HEIGHT)
 
 
 def _nodes() -> None:
@@ -165,6 +174,37 @@ def _history() -> None:
         )
 
 
+#: The inputs of each schedule kind on the task form.
+KIND_INPUTS = {
+    "interval": ("interval_every", "interval_unit"),
+    "crontab": ("crontab_minute", "crontab_hour", "crontab_day_of_week", "timezone"),
+    "one_off": ("one_off_at_0", "one_off_at_1"),
+    "solar": ("solar_event", "solar_latitude", "solar_longitude"),
+}
+
+
+def _shown_kinds(driver: Any) -> set[str]:
+    """The kinds whose inputs are displayed, each all of them or none (else it fails)."""
+    from selenium.webdriver.common.by import By
+
+    shown = set()
+    for kind, names in KIND_INPUTS.items():
+        displayed = {driver.find_element(By.NAME, name).is_displayed() for name in names}
+        assert len(displayed) == 1, (kind, "some of its inputs shown, some not")
+        if displayed == {True}:
+            shown.add(kind)
+    return shown
+
+
+def _more_tasks() -> None:
+    """A list as a team has it: tasks of every kind, some with long names and schedules."""
+    now = changes.authority_now()
+    crontab_task("send-weekly-newsletter-to-subscribers", "30 7 * * 1", "Europe/Berlin")
+    crontab_task("rebuild-search-index", "*/20 8-18 * * 1-5", "America/New_York")
+    interval_task("poll-payment-provider-webhooks", 45, anchor=now - timedelta(hours=1))
+    solar_task("close-greenhouse-shutters", "sunset", 52.52, 13.405)
+
+
 @override_settings(TIME_ZONE="Europe/Berlin")
 def test_admin_add_crontab_task_see_next_slot_and_run_it_now(
     browser: Any, live_server: Any, admin_user: Any, app: Any, tmp_path: Path
@@ -173,23 +213,42 @@ def test_admin_add_crontab_task_see_next_slot_and_run_it_now(
     from selenium.webdriver.support.ui import Select
 
     _history()
+    _more_tasks()
     base = live_server.url
     browser.get(f"{base}/admin/login/?next=/admin/celery_driftsafe/periodictask/")
     browser.find_element(By.NAME, "username").send_keys("admin")
     browser.find_element(By.NAME, "password").send_keys("password")
     _click_and_wait(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"))
     assert "Select periodic task to change" in browser.title
-    browser.find_element(By.ID, "toggle-nav-sidebar").click()  # more room for the tables
+    assert browser.execute_script("return window.innerWidth") == WIDTH
+
+    # the add form asks for the kind first: none chosen, no kind's inputs shown or filled in
+    browser.get(f"{base}/admin/celery_driftsafe/periodictask/add/")
+    radios = browser.find_elements(By.CSS_SELECTOR, "input[name=schedule_kind]")
+    assert [radio.get_attribute("value") for radio in radios] == list(KIND_INPUTS)
+    assert not any(radio.is_selected() for radio in radios)
+    assert _shown_kinds(browser) == set()
+    _shoot(browser, "task-add", tmp_path)
+    for radio in radios:  # each kind shows its own inputs only
+        radio.click()
+        assert _shown_kinds(browser) == {radio.get_attribute("value")}
+    for name in ("crontab_minute", "crontab_hour", "crontab_second", "interval_every"):
+        assert browser.find_element(By.NAME, name).get_attribute("value") == "", name
 
     # an invalid crontab is refused on its field
-    browser.get(f"{base}/admin/celery_driftsafe/periodictask/add/")
     browser.find_element(By.NAME, "name").send_keys("nightly-report")
     browser.find_element(By.NAME, "task").send_keys("tests.add")
     arguments = browser.find_element(By.NAME, "args")  # add(x, y)
     arguments.clear()
     arguments.send_keys("[1, 2]")
-    Select(browser.find_element(By.NAME, "schedule_kind")).select_by_value("crontab")
-    for name, value in (("crontab_minute", "75"), ("crontab_hour", "3")):
+    browser.find_element(By.CSS_SELECTOR, "input[name=schedule_kind][value=crontab]").click()
+    for name, value in (
+        ("crontab_minute", "75"),
+        ("crontab_hour", "3"),
+        ("crontab_day_of_month", "*"),
+        ("crontab_month_of_year", "*"),
+        ("crontab_day_of_week", "*"),
+    ):
         field = browser.find_element(By.NAME, name)
         field.clear()
         field.send_keys(value)
@@ -199,6 +258,11 @@ def test_admin_add_crontab_task_see_next_slot_and_run_it_now(
     _click_and_wait(browser, browser.find_element(By.NAME, "_save"))
     error = browser.find_element(By.CSS_SELECTOR, ".field-crontab_minute .errorlist")
     assert "75 is out of range 0-59" in error.text
+    # shown again on the kind chosen, with its inputs only
+    assert browser.find_element(
+        By.CSS_SELECTOR, "input[name=schedule_kind][value=crontab]"
+    ).is_selected()
+    assert _shown_kinds(browser) == {"crontab"}
     _shoot(browser, "task-form-errors", tmp_path)
 
     # fixed, it is saved and its next slot is computed once, from the authority's clock
@@ -212,6 +276,19 @@ def test_admin_add_crontab_task_see_next_slot_and_run_it_now(
     row = browser.find_element(By.XPATH, "//tr[.//a[text()='nightly-report']]")
     assert local_text(task.next_slot_at) in row.text  # in the admin's zone, Europe/Berlin
     assert "At 03:15 (Europe/Berlin)" in row.text
+    assert "Times in Europe/Berlin" in browser.find_element(By.ID, "content").text
+    # the list fits the screen: no sideways scrolling, and every column in view
+    table, box = browser.execute_script(
+        "const box = document.querySelector('#changelist .results');"
+        "return [box.scrollWidth, box.clientWidth];"
+    )
+    assert table <= box, f"the task list is {table} px wide in a {box} px box"
+    assert PeriodicTask.objects.count() == 6
+    edge = browser.find_element(By.CSS_SELECTOR, "#changelist .results").rect
+    for column in ("name", "schedule_text", "enabled", "next_slot", "last_run"):
+        header = browser.find_element(By.CSS_SELECTOR, f"#result_list th.column-{column}")
+        assert header.is_displayed(), column
+        assert header.rect["x"] + header.rect["width"] <= edge["x"] + edge["width"] + 1, column
     _shoot(browser, "task-list", tmp_path)
 
     # run it now: one manual run in the ledger, one message on the broker (on a queue of this
@@ -265,7 +342,6 @@ def test_cluster_dashboard_in_a_real_browser(
     _click_and_wait(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"))
     _click_and_wait(browser, browser.find_element(By.LINK_TEXT, "Cluster dashboard"))
     assert "Cluster dashboard" in browser.title
-    browser.find_element(By.ID, "toggle-nav-sidebar").click()  # more room for the charts
     browser.refresh()  # laid out at the full width from the start (the screenshot's height)
     nodes = browser.find_elements(By.CSS_SELECTOR, "#ds-nodes tr.ds-node")
     assert [row.find_element(By.TAG_NAME, "a").text for row in nodes] == [
@@ -302,7 +378,6 @@ def test_admin_preview_the_next_slots_before_saving(
     """The form's "Preview the next slots" button, a plain submit: the slots of the values as
     typed, across Berlin's spring change, and nothing saved until "Save"."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
 
     from celery_driftsafe.testing import FakeClock, inject_authority_clock
 
@@ -318,10 +393,13 @@ def test_admin_preview_the_next_slots_before_saving(
         arguments = browser.find_element(By.NAME, "args")  # add(x, y)
         arguments.clear()
         arguments.send_keys("[1, 2]")
-        Select(browser.find_element(By.NAME, "schedule_kind")).select_by_value("crontab")
+        browser.find_element(By.CSS_SELECTOR, "input[name=schedule_kind][value=crontab]").click()
         for name, value in (
             ("crontab_minute", "30"),
             ("crontab_hour", "2"),
+            ("crontab_day_of_month", "*"),
+            ("crontab_month_of_year", "*"),
+            ("crontab_day_of_week", "*"),
             ("timezone", "Europe/Berlin"),
             ("jitter_seconds", "20"),
         ):

@@ -250,7 +250,7 @@ def test_the_admin_lists_and_filters_late_runs_and_stale_tasks(admin_client: Any
 
     tasks = admin_client.get(TASKS + "?stale=yes")
     assert [t.name for t in tasks.context["cl"].result_list] == ["watched"]
-    page = admin_client.get(TASKS).content.decode()
+    page = admin_client.get(TASKS + f"{task.pk}/change/").content.decode()  # on the task's page
     assert "stale since" in page.lower() and now.isoformat() in page
 
 

@@ -324,7 +324,7 @@ form = Form()
 form.feed(page.content.decode())
 assert "demoapp.tasks.tick" in form.offered, sorted(n for n in form.offered if "." in n)
 data = {**form.data, "name": "tick from the admin", "task": "demoapp.tasks.tick",
-        "schedule_kind": "crontab", "crontab_minute": "*/5", "_save": "Save"}
+        "schedule_kind": "crontab", "crontab_minute": "*/5 * * * *", "_save": "Save"}
 response = client.post(ADD, data)
 if response.status_code != 302:
     raise SystemExit(f"not saved: {response.context['adminform'].form.errors}")
