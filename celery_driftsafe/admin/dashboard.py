@@ -30,7 +30,12 @@ from celery_driftsafe.admin.display import local_text, read_authority, relative,
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.models import BeatNode, PeriodicTask, RunStatus, unreadable_instants
 from celery_driftsafe.monitoring import cluster
-from celery_driftsafe.monitoring.health import redis_outage_effects, redis_state
+from celery_driftsafe.monitoring.health import (
+    redis_outage_effects,
+    redis_state,
+    silence_effects,
+    silent_after_seconds,
+)
 
 #: The timeline's window.
 WINDOW = timedelta(hours=1)
@@ -351,6 +356,13 @@ def context(now: datetime) -> dict[str, Any]:
         for node in nodes
         if node.redis_unreachable_since is not None and node.state_at(now, dead_after) == "alive"
     ]
+    quiet = silent_after_seconds()
+    silent = [
+        node.node_id
+        for node in nodes
+        if node.state_at(now, dead_after) == "alive"
+        and (now - node.last_heartbeat_at).total_seconds() > quiet
+    ]
     return {
         "now_text": local_text(now, milliseconds=True),
         # Redis as this process reaches it, and the alive beats that do not reach it: what
@@ -360,6 +372,8 @@ def context(now: datetime) -> dict[str, Any]:
         "degraded": redis_outage_effects()
         if redis_cut_off or redis_here.startswith("unreachable")
         else "",
+        # Beats alive but not heard from for a few heartbeats (the database out of their reach).
+        "silence": silence_effects(silent, quiet) if silent else "",
         "nodes": node_rows(nodes, runs, now),
         "alive": sum(
             1

@@ -44,3 +44,22 @@ def redis_outage_effects(policy: str | None = None) -> str:
         f"Redis does not answer: {bodies}; schedule edits reach the beats only at their next "
         "loop (no wake-up); slots keep being claimed and published from the database"
     )
+
+
+#: A beat that has not heartbeated for this many heartbeat intervals (while not yet dead) is
+#: named as silent: it does not reach the database (or is paused or overloaded).
+SILENT_AFTER_HEARTBEATS = 3
+
+
+def silent_after_seconds() -> float:
+    """How long a beat may go without a heartbeat before it is named silent."""
+    return SILENT_AFTER_HEARTBEATS * get_settings().heartbeat_interval_seconds
+
+
+def silence_effects(node_ids: list[str], seconds: float) -> str:
+    """What beats silent for over ``seconds`` mean, naming them."""
+    return (
+        f"beats silent for over {seconds:g} s (no heartbeat: they may not reach the database, "
+        f"or are paused): {', '.join(node_ids)}; until they are marked dead, the runs they "
+        "claimed and have not published wait for them"
+    )

@@ -721,3 +721,26 @@ def test_status_exits_4_when_the_database_does_not_answer(settings: Any, tmp_pat
         connection.close()
         connection.settings_dict.clear()
         connection.settings_dict.update(saved)
+
+
+@pytest.mark.django_db
+def test_status_exits_3_naming_a_beat_silent_for_a_few_heartbeats(admin_client: Any) -> None:
+    """A beat alive but not heard from for over three heartbeat intervals (the database out of
+    its reach, say) is named, by the command (exit 3) and on the dashboard, before it is dead;
+    one heartbeating or dead is not."""
+    from django.urls import reverse
+
+    now = changes.authority_now()
+    _node("steady", now, age=1)
+    _node("quiet", now, age=20)  # 5 s heartbeats: silent after 15 s, dead after 30 s
+    _node("gone", now, age=120)
+    with pytest.raises(CommandError) as raised:
+        call_command("driftsafe_status", stdout=io.StringIO(), no_color=True)
+    assert raised.value.returncode == 3
+    said = str(raised.value)
+    assert "beats silent for over 15 s" in said and "quiet:1:ab" in said
+    assert "steady:1:ab" not in said and "gone:1:ab" not in said
+    page = admin_client.get(reverse("admin:celery_driftsafe_dashboard")).content.decode()
+    assert 'id="ds-silent"' in page and "quiet:1:ab" in page.split('id="ds-silent"')[1][:400]
+    BeatNode.objects.filter(node_id="quiet:1:ab").update(last_heartbeat_at=now)
+    call_command("driftsafe_status", stdout=io.StringIO(), no_color=True)  # exit 0

@@ -24,7 +24,12 @@ from celery_driftsafe.conf import get_settings
 from celery_driftsafe.core.preview import instant_text, offset_text
 from celery_driftsafe.exceptions import ClockError, ConfigurationError, ScheduleError
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus
-from celery_driftsafe.monitoring.health import redis_outage_effects, redis_state
+from celery_driftsafe.monitoring.health import (
+    redis_outage_effects,
+    redis_state,
+    silence_effects,
+    silent_after_seconds,
+)
 
 #: Exit status when no beat node is alive.
 NO_NODE_ALIVE = 2
@@ -113,6 +118,12 @@ def collect(now: datetime, *, since: timedelta, limit: int, authority: str) -> S
         status.degraded.append(redis_outage_effects(str(settings.redis_unavailable)))
     if cut_off:
         status.degraded.append(f"beats that do not reach Redis: {', '.join(cut_off)}")
+    quiet = silent_after_seconds()
+    silent = [
+        n.node_id for n in status.nodes if n.state == "alive" and n.heartbeat_age_seconds > quiet
+    ]
+    if silent:
+        status.degraded.append(silence_effects(silent, quiet))
     counts = PeriodicTask.objects.aggregate(
         n_enabled=Count("pk", filter=Q(enabled=True)),
         n_disabled=Count("pk", filter=Q(enabled=False)),
@@ -231,9 +242,7 @@ class Command(BaseCommand):
             )
         if status.degraded:
             raise CommandError(
-                "degraded: "
-                + "; ".join(status.degraded)
-                + f" (REDIS_URL {status.redis} from here)",
+                "degraded: " + "; ".join(status.degraded) + f" (REDIS_URL {status.redis} here)",
                 returncode=DEGRADED,
             )
 
