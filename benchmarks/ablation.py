@@ -8,9 +8,10 @@ every mechanism on, then with each one off in turn, in one run on one machine.
     python -m benchmarks ablation --only otel receivers --against ../before  # all on, beside
     python -m benchmarks ablation --table RESULTS_JSON     # the tables again, from a saved run
 
-A mechanism is turned off the way a user would: its setting (``FAST_PUBLISH``,
-``CLAIM_PROCESS``, ``PUBLISH_BATCH_SIZE``, ``MIN_ROUND_INTERVAL_SECONDS``) or its name in
-``OPTIMISATIONS_OFF`` (``DRIFTSAFE_BENCH_OFF`` hands it to ``benchmarks/bench_settings.py``).
+A mechanism is turned off through the benchmarks' own switch, ``DRIFTSAFE_BENCH_OFF``, which
+``benchmarks/bench_settings.py`` maps to the ``FAST_PUBLISH`` setting or to the constants a
+project does not set (``CLAIM_PROCESS``, ``PUBLISH_BATCH_SIZE``, ``MIN_ROUND_INTERVAL_SECONDS``,
+``OPTIMISATIONS_OFF``, in ``DRIFTSAFE_INTERNALS``).
 Each repeat runs every configuration once, in an order rotated by one from the repeat
 before, so that a machine getting slower or faster during the run is spread over all of
 them rather than charged to the last ones; ``--baseline-every N`` runs the all-on

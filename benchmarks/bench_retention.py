@@ -162,19 +162,23 @@ def _run(args: argparse.Namespace, broker_url: str, fences: Any) -> None:
         "RUN_RETENTION_SECONDS": args.keep_hours * 3600,
         "FAILED_RUN_RETENTION_SECONDS": args.keep_hours * 3600,
     }
+    # the pruning constants, changed through the benchmarks' own setting
+    from django.conf import settings
+
+    pruning: dict[str, Any] = dict(getattr(settings, "DRIFTSAFE_INTERNALS", {}))
     if args.batch_size is not None:
-        retention["PRUNE_BATCH_SIZE"] = args.batch_size
+        pruning["PRUNE_BATCH_SIZE"] = args.batch_size
     if args.duty is not None:
-        retention["PRUNE_DUTY_CYCLE"] = args.duty
+        pruning["PRUNE_DUTY_CYCLE"] = args.duty
     from django.test import override_settings
 
-    with override_settings(DRIFTSAFE={**_driftsafe(), **retention}):
+    with override_settings(DRIFTSAFE={**_driftsafe(), **retention}, DRIFTSAFE_INTERNALS=pruning):
         before = claims.measure(args.phase)
         pruned, prune_seconds, during = _prune_while_claiming(claims, args)
         after = claims.measure(args.phase)
     from celery_driftsafe.conf import build_settings
 
-    merged = build_settings({**_driftsafe(), **retention})
+    merged = build_settings({**_driftsafe(), **retention}, internals=pruning)
     print(
         f"\npruning (batches of {merged.prune_batch_size}, duty cycle "
         f"{merged.prune_duty_cycle:g}, keep {args.keep_hours:g} h): "

@@ -15,6 +15,10 @@ one trial comes from the environment, set by :mod:`benchmarks.peers`:
                           comma-separated (:func:`switched_off`), for the ablation benchmark;
                           inherited from the command's environment
 
+celery_driftsafe's constants (batch sizes, the round interval, the claim process, the
+performance mechanisms) are no project's to set: the benchmarks change them through
+``DRIFTSAFE_INTERNALS``, the setting the package keeps for its own tests and benchmarks.
+
 Nothing else is set, so each scheduler runs with its shipped defaults.
 """
 
@@ -26,8 +30,9 @@ from urllib.parse import unquote, urlsplit
 
 from celery_driftsafe.core.stored_names import Optimisation
 
-#: Mechanisms with a setting of their own, by the name the benchmark gives them, and the
-#: setting that switches each off.
+#: Mechanisms with a value of their own, by the name the benchmark gives them, and the key
+#: that switches each off (``FAST_PUBLISH`` in ``DRIFTSAFE``, the others in
+#: ``DRIFTSAFE_INTERNALS``).
 OWN_SETTINGS: dict[str, tuple[str, Any]] = {
     "fast_publish": ("FAST_PUBLISH", False),
     "claim_process": ("CLAIM_PROCESS", False),
@@ -36,16 +41,22 @@ OWN_SETTINGS: dict[str, tuple[str, Any]] = {
 }
 
 
-def switched_off(names: str) -> dict[str, Any]:
-    """The ``DRIFTSAFE`` entries that switch off the mechanisms ``names`` (comma-separated):
-    an :class:`~celery_driftsafe.core.stored_names.Optimisation` goes to ``OPTIMISATIONS_OFF``,
-    one of :data:`OWN_SETTINGS` to its setting. An unknown name raises, listing the known."""
+#: The one of :data:`OWN_SETTINGS` a project may set (in ``DRIFTSAFE``).
+PUBLIC = ("FAST_PUBLISH",)
+
+
+def switched_off(names: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``DRIFTSAFE`` and the ``DRIFTSAFE_INTERNALS`` entries that switch off the mechanisms
+    ``names`` (comma-separated): an :class:`~celery_driftsafe.core.stored_names.Optimisation`
+    goes to ``OPTIMISATIONS_OFF``, one of :data:`OWN_SETTINGS` to its key. An unknown name
+    raises, listing the known."""
+    public: dict[str, Any] = {}
     entries: dict[str, Any] = {}
     off: list[str] = []
     for name in filter(None, (part.strip() for part in names.split(","))):
         if name in OWN_SETTINGS:
             key, value = OWN_SETTINGS[name]
-            entries[key] = value
+            (public if key in PUBLIC else entries)[key] = value
         elif name in Optimisation.values:
             off.append(name)
         else:
@@ -53,7 +64,7 @@ def switched_off(names: str) -> dict[str, Any]:
             raise ValueError(f"DRIFTSAFE_BENCH_OFF: unknown mechanism {name!r}; known: {known}")
     if off:
         entries["OPTIMISATIONS_OFF"] = off
-    return entries
+    return public, entries
 
 
 SECRET_KEY = "benchmark-only-not-secret"
@@ -95,15 +106,18 @@ DRIFTSAFE: dict[str, Any] = {
     "KEY_PREFIX": f"{_PREFIX}:driftsafe",
     "TIME_AUTHORITY": "database",
 }
+DRIFTSAFE_INTERNALS: dict[str, Any] = {}
 # DRIFTSAFE_BENCH_CLAIM_PROCESS=0: our beats claim in a thread only (the claim process off),
 # to measure what it adds; it is inherited from the command's environment.
 if os.environ.get("DRIFTSAFE_BENCH_CLAIM_PROCESS") == "0":
-    DRIFTSAFE["CLAIM_PROCESS"] = False
+    DRIFTSAFE_INTERNALS["CLAIM_PROCESS"] = False
 # DRIFTSAFE_BENCH_CLAIM_BATCH_SIZE=N: our beats claim N tasks a batch (default 500).
 if os.environ.get("DRIFTSAFE_BENCH_CLAIM_BATCH_SIZE"):
-    DRIFTSAFE["CLAIM_BATCH_SIZE"] = int(os.environ["DRIFTSAFE_BENCH_CLAIM_BATCH_SIZE"])
+    DRIFTSAFE_INTERNALS["CLAIM_BATCH_SIZE"] = int(os.environ["DRIFTSAFE_BENCH_CLAIM_BATCH_SIZE"])
 # DRIFTSAFE_BENCH_OFF=prebuild,fast_publish: those mechanisms off (the ablation benchmark).
-DRIFTSAFE.update(switched_off(os.environ.get("DRIFTSAFE_BENCH_OFF", "")))
+_public, _internal = switched_off(os.environ.get("DRIFTSAFE_BENCH_OFF", ""))
+DRIFTSAFE.update(_public)
+DRIFTSAFE_INTERNALS.update(_internal)
 
 CELERY_BROKER_URL = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/9")
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("BENCH_QUEUE", f"{_PREFIX}:queue")

@@ -3,8 +3,8 @@
 Stable ids (documented in the settings reference):
 
 ========================  ==============================================================
-``celery_driftsafe.E001``  ``DRIFTSAFE`` is not a dict
-``celery_driftsafe.E002``  unknown key in ``DRIFTSAFE``
+``celery_driftsafe.E001``  ``DRIFTSAFE`` (or ``DRIFTSAFE_INTERNALS``) is not a dict
+``celery_driftsafe.E002``  unknown key in ``DRIFTSAFE`` (or ``DRIFTSAFE_INTERNALS``)
 ``celery_driftsafe.E003``  a choice setting has a value outside its choices
 ``celery_driftsafe.E004``  a number setting is not a positive number (seconds: at most 100 years)
 ``celery_driftsafe.E005``  ``REDIS_URL`` is not a Redis URL
@@ -25,13 +25,16 @@ Stable ids (documented in the settings reference):
 ``celery_driftsafe.E028``  ``METRICS_TOKEN`` is not printable ASCII without spaces, or None
 ``celery_driftsafe.E030``  a whole-number setting is above its largest useful value
                            (:data:`INT_MAXIMA`)
-``celery_driftsafe.E031``  ``LEASE_SECONDS`` is below :data:`MIN_LEASE_SECONDS`
-``celery_driftsafe.E032``  ``NODE_DEAD_AFTER_SECONDS`` is below twice
+``celery_driftsafe.E031``  ``NODE_DEAD_AFTER_SECONDS`` (from which the lease follows) or a
+                           former ``LEASE_SECONDS`` is below :data:`MIN_LEASE_SECONDS`
+``celery_driftsafe.E032``  ``NODE_DEAD_AFTER_SECONDS`` is below twice a former
                            ``HEARTBEAT_INTERVAL_SECONDS``
 ``celery_driftsafe.E033``  ``OPTIMISATIONS_OFF`` is not a list or tuple of known optimisation
                            names (:class:`~celery_driftsafe.core.stored_names.Optimisation`)
 ``celery_driftsafe.W001``  ``TIME_AUTHORITY`` is set to ``database`` on SQLite (no shared clock)
 ``celery_driftsafe.W002``  ``MAX_CLOCK_OFFSET_SECONDS`` is not below the hard bound
+``celery_driftsafe.W003``  a former setting is set (:data:`~celery_driftsafe.conf.
+                           DEPRECATED_SETTINGS`): still honoured, ignored from 0.4
 ``celery_driftsafe.W020``  ``METRICS_TOKEN`` is shorter than 32 characters
 ========================  ==============================================================
 """
@@ -113,8 +116,9 @@ INT_MAXIMA = {
     "CLOCK_SYNC_SAMPLES": (100, "each sample is a round trip to the time authority"),
     "STALE_AFTER_SLOTS": (1000, "a task's last slots are read at each deadline check"),
 }
-#: The shortest ``LEASE_SECONDS`` (check E031): run locks are renewed every third of it, and
-#: a beat's claims must outlast the round that publishes them, or other beats publish them too.
+#: The shortest lease, ``NODE_DEAD_AFTER_SECONDS`` (check E031): run locks are renewed every
+#: third of it, and a beat's claims must outlast the round that publishes them, or other beats
+#: publish them too.
 MIN_LEASE_SECONDS = 1.0
 #: ``NODE_DEAD_AFTER_SECONDS`` is at least this many heartbeat intervals (check E032): a live
 #: node whose heartbeat is a little late (a long round, a slow database) is not taken for dead.
@@ -130,25 +134,46 @@ def _is_number(value: Any) -> bool:
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """Validate every key of ``settings.DRIFTSAFE``."""
+    """Validate every key of ``settings.DRIFTSAFE`` (and of ``DRIFTSAFE_INTERNALS``, the
+    package's own tests' and benchmarks')."""
     try:
-        raw = conf.raw_settings()
+        given = conf.raw_settings()
+        internals = conf.internal_settings()
     except ConfigurationError as exc:
         return [Error(str(exc), hint="DRIFTSAFE must be a dict", id="celery_driftsafe.E001")]
-    return list(_check_raw(raw))
+    return list(_check_surface(given, internals)) + list(_check_raw({**given, **internals}))
+
+
+def _check_surface(given: dict[str, Any], internals: dict[str, Any]) -> Iterable[CheckMessage]:
+    """Keys a project may set in ``DRIFTSAFE`` (the former ones with W003), and the keys of
+    ``DRIFTSAFE_INTERNALS``."""
+    for key in sorted(set(given) - set(conf.SETTINGS) - set(conf.DEPRECATED_SETTINGS)):
+        yield _error(
+            key,
+            given[key],
+            "unknown setting",
+            "known: " + ", ".join(sorted(conf.SETTINGS)),
+            "celery_driftsafe.E002",
+        )
+    for key in sorted(set(given) & set(conf.DEPRECATED_SETTINGS)):
+        yield Warning(
+            conf.deprecation_message(key),
+            hint="remove it from DRIFTSAFE (see 'Renamed or removed' in the settings reference)",
+            id="celery_driftsafe.W003",
+        )
+    for key in sorted(set(internals) - set(conf.DEPRECATED_SETTINGS)):
+        yield Error(
+            f"{conf.INTERNALS}[{key!r}] = {internals[key]!r}: not an internal value",
+            hint=f"{conf.INTERNALS} is for this package's tests and benchmarks"
+            + ("; set it in DRIFTSAFE" if key in conf.SETTINGS else ""),
+            id="celery_driftsafe.E002",
+        )
 
 
 def _check_raw(raw: dict[str, Any]) -> Iterable[CheckMessage]:
+    """The values of ``raw`` (``DRIFTSAFE`` with ``DRIFTSAFE_INTERNALS`` over it)."""
     known = conf.DriftSafeSettings.setting_names()
     defaults = conf.DriftSafeSettings()
-    for key in sorted(set(raw) - set(known)):
-        yield _error(
-            key,
-            raw[key],
-            "unknown setting",
-            "known: " + ", ".join(sorted(known)),
-            "celery_driftsafe.E002",
-        )
     for key, choices in _choices().items():
         if key in raw and raw[key] not in choices:
             yield _error(
@@ -295,20 +320,22 @@ def _check_relations(
                 f"for example {getattr(defaults, known[key])}; at most {largest:,}",
                 "celery_driftsafe.E030",
             )
-    lease = raw.get("LEASE_SECONDS", defaults.lease_seconds)
+    dead = raw.get("NODE_DEAD_AFTER_SECONDS", defaults.node_dead_after_seconds)
+    lease_key = "LEASE_SECONDS" if "LEASE_SECONDS" in raw else "NODE_DEAD_AFTER_SECONDS"
+    lease = raw.get(lease_key, defaults.lease_seconds)
     if seconds_in_calendar(lease) and 0 < lease < MIN_LEASE_SECONDS:
         yield _error(
-            "LEASE_SECONDS",
+            lease_key,
             lease,
             f"is below {MIN_LEASE_SECONDS:g} s: run locks are renewed every third of it, and "
             "other beats would publish a beat's claims again while it still publishes them",
             f"for example {defaults.lease_seconds}; at least {MIN_LEASE_SECONDS:g}",
             "celery_driftsafe.E031",
         )
-    beat = raw.get("HEARTBEAT_INTERVAL_SECONDS", defaults.heartbeat_interval_seconds)
-    dead = raw.get("NODE_DEAD_AFTER_SECONDS", defaults.node_dead_after_seconds)
+    beat = raw.get("HEARTBEAT_INTERVAL_SECONDS")
     if (
-        seconds_in_calendar(beat)
+        beat is not None
+        and seconds_in_calendar(beat)
         and seconds_in_calendar(dead)
         and beat > 0
         and 0 < dead < HEARTBEATS_BEFORE_DEAD * beat

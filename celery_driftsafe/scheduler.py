@@ -6,8 +6,8 @@ Use it with ``celery -A proj beat -S celery_driftsafe.scheduler:DriftSafeSchedul
 One tick is one round: heartbeat and clock check when due, take over stale claims (the
 outbox), read the authority's clock, claim what is due at that reading, publish, mark. Then it
 waits on the local monotonic clock for the authority's time until the next slot (at most
-``MAX_LOOP_INTERVAL_SECONDS``), woken early by a schedule-change notification. The node's wall
-clock is read only to report its offset.
+:attr:`~DriftSafeScheduler.max_interval`, Celery's ``beat_max_loop_interval``), woken early by
+a schedule-change notification. The node's wall clock is read only to report its offset.
 
 The beat is also a node among the beats, and keeps the node's row (see
 :mod:`celery_driftsafe.beat.nodes`) true: it registers the node at start-up (waiting with
@@ -179,6 +179,11 @@ class DriftSafeScheduler(Scheduler):
         self._listener: threading.Thread | None = None
         self.node_id = _node_id(lazy=bool(kwargs.get("lazy")))
         self.rounds = 0
+        #: Celery's own bound on the loop's wait where one is given: ``celery beat
+        #: --max-interval``, else ``beat_max_loop_interval`` (Celery's default, 0: none).
+        self._celery_max_interval = float(
+            kwargs.get("max_interval") or app.conf.beat_max_loop_interval or 0
+        )
         super().__init__(app, *args, **kwargs)
 
     # -- set-up and shut-down -------------------------------------------------------------
@@ -303,13 +308,16 @@ class DriftSafeScheduler(Scheduler):
 
     @property
     def max_interval(self) -> float:
-        """The loop's longest wait, ``MAX_LOOP_INTERVAL_SECONDS`` (Celery's banner shows it as
-        ``maxinterval``): ``beat_max_loop_interval`` and ``--max-interval`` do not apply."""
-        return float(get_settings().max_loop_interval_seconds)
+        """The loop's longest wait (Celery's banner shows it as ``maxinterval``): Celery's
+        own ``--max-interval`` or ``beat_max_loop_interval`` where set, else
+        :data:`celery_driftsafe.conf.MAX_LOOP_INTERVAL_SECONDS` (1 s, not Celery's 300 s:
+        without Redis an edit reaches a beat at its next look)."""
+        return self._celery_max_interval or float(get_settings().max_loop_interval_seconds)
 
     @max_interval.setter
     def max_interval(self, value: float) -> None:
-        """Celery's ``Scheduler.__init__`` sets its own value: ignored (see the getter)."""
+        """Celery's ``Scheduler.__init__`` sets the value it chose from the same sources (or
+        the getter's): the getter reads them itself, so the default stays read on access."""
 
     def _authority_shown(self, settings: DriftSafeSettings) -> str:
         """The banner's time authority: what ``auto`` resolves to, when it can be told yet."""
@@ -436,7 +444,7 @@ class DriftSafeScheduler(Scheduler):
             self._next_heartbeat = mono + self.settings.heartbeat_interval_seconds
         if self._paused_reason:
             self._prefetcher.publish(self.dispatcher.dispatch)  # claimed before the pause
-            return self.settings.max_loop_interval_seconds
+            return self.max_interval
         reading = Reading(self.authority.read(), self.clock.monotonic())
         self._follow_authority(reading.at)
         if self._claiming_since is None:
@@ -502,11 +510,11 @@ class DriftSafeScheduler(Scheduler):
     def _note_continuity(self, mono: float) -> bool:
         """Whether this beat's claiming was broken since its last round (it was paused, the
         database was away, a round failed): then it starts a new stretch. Between two rounds of
-        a working beat lies at most ``MAX_LOOP_INTERVAL_SECONDS``."""
+        a working beat lies at most :attr:`max_interval`."""
         if self._last_round_end is None:
             return self._claiming_since is None
         gap = mono - self._last_round_end
-        if gap <= max(3 * self.settings.max_loop_interval_seconds, CONTINUITY_GAP_SECONDS):
+        if gap <= max(3 * self.max_interval, CONTINUITY_GAP_SECONDS):
             return False
         self._claiming_since = None
         self._last_round_end = None
@@ -514,7 +522,7 @@ class DriftSafeScheduler(Scheduler):
 
     def _wait_after(self, reading: Reading, *, claimed: bool) -> float:
         next_due = self.next_due()
-        cap = self.settings.max_loop_interval_seconds
+        cap = self.max_interval
         if next_due is None:
             return cap
         wait = (next_due - reading.now(self.clock.monotonic())).total_seconds()

@@ -210,8 +210,11 @@ DRIFTSAFE = {
     "REDIS_URL": REDIS_URL,
     "KEY_PREFIX": RUN_PREFIX,
     "TIME_AUTHORITY": "redis" if TEST_DB == "sqlite" else "database",
+}
+# Constants the tests change (celery_driftsafe.conf.internal_settings; no project sets this).
+DRIFTSAFE_INTERNALS = {
     # A beat's claim process (a spawned interpreter) would make in-process rounds depend on
-    # when it gets ready: tests/test_claim_process.py turns it on and waits for it.
+    # when it gets ready: tests/claim/test_claim_process.py turns it on and waits for it.
     "CLAIM_PROCESS": False,
 }
 

@@ -43,9 +43,9 @@ def serve(conn: Any, config: bytes) -> None:
     until asked to end or the beat is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    using, node_id, database, driftsafe, configured, level = pickle.loads(config)
+    using, node_id, database, driftsafe, internals, configured, level = pickle.loads(config)
     try:
-        claimer = _set_up(using, database, driftsafe, configured)
+        claimer = _set_up(using, database, (driftsafe, internals), configured)
     except Exception as exc:
         conn.send(f"{type(exc).__name__}: {exc}")
         return
@@ -89,20 +89,28 @@ def configured_settings(settings: Any) -> dict[str, Any]:
 
 
 def _set_up(
-    using: str, database: dict[str, Any], driftsafe: Any, configured: dict[str, Any] | None
+    using: str,
+    database: dict[str, Any],
+    driftsafe: tuple[Any, Any],
+    configured: dict[str, Any] | None,
 ) -> Any:
-    """Django with the beat's database ``using`` and ``DRIFTSAFE`` (as they are in the beat,
-    which may have changed them since its settings module was read), and a claimer. With
-    ``configured`` (the beat has no settings module), Django is configured from it."""
+    """Django with the beat's database ``using``, ``DRIFTSAFE`` and ``DRIFTSAFE_INTERNALS``
+    (``driftsafe``, as they are in the beat, which may have changed them since its settings
+    module was read), and a claimer. With ``configured`` (the beat has no settings module),
+    Django is configured from it."""
     import django
     from django.conf import settings
 
+    project, internals = driftsafe
     if configured is not None:
         databases = {"default": {}, using: database}
-        settings.configure(**configured, DATABASES=databases, DRIFTSAFE=driftsafe)
+        settings.configure(
+            **configured, DATABASES=databases, DRIFTSAFE=project, DRIFTSAFE_INTERNALS=internals
+        )
     else:
         settings.DATABASES[using] = database
-        settings.DRIFTSAFE = driftsafe
+        settings.DRIFTSAFE = project
+        settings.DRIFTSAFE_INTERNALS = internals
     django.setup()
     from celery_driftsafe.claim.claimers import claimer_for
     from celery_driftsafe.conf import get_settings

@@ -4,13 +4,13 @@ is claimed by a helper process rather than a thread (what it buys: docs/explanat
 
 A beat is one Python process, and in a wave its claiming and publishing threads hold Python's
 lock between them 80 to 85% of the time: adding threads adds nothing. The claim needs only the
-database, so a beat that meets a full batch (``CLAIM_BATCH_SIZE`` tasks due at once) starts
+database, so a beat that meets a full batch (500 tasks due at once) starts
 one helper process (``multiprocessing``'s *spawn*: a fresh interpreter, nothing inherited
-but the arguments), which sets Django up with the beat's database and ``DRIFTSAFE``
-settings and then claims, as the beat's node, each batch the beat asks for; the beat
-publishes the batches it gets back. Until the helper is ready, and after it is lost, the
-beat claims ahead in a thread as before; a lost helper is replaced at the first wave
-:data:`RESTART_SECONDS` later (twice that after a second loss, and so on).
+but the arguments), which sets Django up with the beat's database and ``DRIFTSAFE`` (and
+``DRIFTSAFE_INTERNALS``) settings and then claims, as the beat's node, each batch the beat
+asks for; the beat publishes the batches it gets back. Until the helper is ready, and after it
+is lost, the beat claims ahead in a thread as before; a lost helper is replaced at the first
+wave :data:`RESTART_SECONDS` later (twice that after a second loss, and so on).
 
 What a claim commits is the beat's: if the helper or the beat dies between a claim and its
 publish, the runs stay ``claimed`` and a beat's outbox publishes them once, as for a beat
@@ -92,6 +92,7 @@ class ClaimProcess:
                     self.node_id,
                     dict(settings.DATABASES[self.using]),
                     getattr(settings, "DRIFTSAFE", {}),
+                    getattr(settings, "DRIFTSAFE_INTERNALS", {}),
                     configured,
                     logging.getLogger("celery_driftsafe").getEffectiveLevel(),
                 )

@@ -35,10 +35,10 @@ def small_rounds(settings: Any, broker_app: Any, clock: FakeClock) -> Iterator[D
     """A scheduler that claims 10 tasks a round, with a misfire grace of 5 s."""
     settings.DRIFTSAFE = {
         **settings.DRIFTSAFE,
-        "CLAIM_BATCH_SIZE": 10,
         "MISFIRE_GRACE_SECONDS": 5.0,
         "RUN_EXPIRES_SECONDS": None,
     }
+    settings.DRIFTSAFE_INTERNALS = {**settings.DRIFTSAFE_INTERNALS, "CLAIM_BATCH_SIZE": 10}
     sched = DriftSafeScheduler(
         app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
     )
@@ -115,11 +115,8 @@ def test_another_live_beat_that_kept_claiming_makes_a_late_slot_late_not_missed(
 def test_pipelined_batches_publish_each_run_once_in_order(
     settings: Any, broker_app: Any, clock: FakeClock
 ) -> None:
-    settings.DRIFTSAFE = {
-        **settings.DRIFTSAFE,
-        "PUBLISH_BATCH_SIZE": 7,
-        "RUN_EXPIRES_SECONDS": None,
-    }
+    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "RUN_EXPIRES_SECONDS": None}
+    settings.DRIFTSAFE_INTERNALS = {**settings.DRIFTSAFE_INTERNALS, "PUBLISH_BATCH_SIZE": 7}
     for i in range(30):
         interval_task(f"p{i:02d}", 60, anchor=T0, next_slot_at=T0, args=[i, i])
     nodes.register("n1", T0)

@@ -112,7 +112,7 @@ def test_racing_beats_report_each_late_run_exactly_once(
     assert len(received["stale"]) == 1  # the task became stale once, for one of the beats
 
 
-@override_settings(DRIFTSAFE={"STALE_AFTER_SLOTS": 3})
+@override_settings(DRIFTSAFE_INTERNALS={"STALE_AFTER_SLOTS": 3})
 def test_a_task_is_stale_after_its_last_slots_failed_and_fresh_again_after_a_success(
     received: dict[str, list[dict[str, Any]]], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -145,7 +145,7 @@ def test_a_task_is_stale_after_its_last_slots_failed_and_fresh_again_after_a_suc
     assert PeriodicTask.objects.get(pk=task.pk).stale_since is None
 
 
-@override_settings(DRIFTSAFE={"STALE_AFTER_SLOTS": 5})
+@override_settings(DRIFTSAFE_INTERNALS={"STALE_AFTER_SLOTS": 5})
 def test_a_missed_row_counts_as_the_slots_it_stands_for_and_removing_the_deadline_clears_stale(
     received: dict[str, list[dict[str, Any]]],
 ) -> None:
@@ -254,7 +254,7 @@ def test_the_admin_lists_and_filters_late_runs_and_stale_tasks(admin_client: Any
     assert "stale since" in page.lower() and now.isoformat() in page
 
 
-@override_settings(DRIFTSAFE={"STALE_AFTER_SLOTS": 2})
+@override_settings(DRIFTSAFE_INTERNALS={"STALE_AFTER_SLOTS": 2})
 def test_runs_whose_deadline_passed_over_an_hour_before_any_check_are_not_flagged_but_stale(
     received: dict[str, list[dict[str, Any]]],
 ) -> None:

@@ -74,8 +74,8 @@ def test_slots_a_few_ms_apart_share_a_round_after_min_round_interval(
     """MIN_ROUND_INTERVAL_SECONDS: a slot due 5 ms after a round began waits for the next
     round, 20 ms after the first; with 0 the beat comes back at its instant. Slots are never
     early either way, and a full batch still comes back at once."""
-    settings.DRIFTSAFE = {
-        **settings.DRIFTSAFE,
+    settings.DRIFTSAFE_INTERNALS = {
+        **settings.DRIFTSAFE_INTERNALS,
         "MIN_ROUND_INTERVAL_SECONDS": spacing,
         "CLAIM_BATCH_SIZE": 2,
     }
@@ -354,13 +354,13 @@ def test_absurd_clock_answer_stops_claiming_on_that_node_only(
     from celery_driftsafe.store.clock import AuthorityClock
 
     interval_task("add", 10, anchor=T0, next_slot_at=T0)
-    # This node's wall clock reads ten hours ahead of the authority (bound: 6 hours).
+    # This node's wall clock reads thirty hours ahead of the authority (bound: a day).
     skewed = AuthorityClock(
         clock,
         samples=1,
         monotonic=clock.monotonic,
         sleeper=clock.sleep,
-        wall=lambda: clock.now() + timedelta(hours=10),
+        wall=lambda: clock.now() + timedelta(hours=30),
     )
     broken = DriftSafeScheduler(
         app=broker_app, clock=skewed, authority=clock, install_signal_handlers=False
@@ -763,11 +763,11 @@ def test_the_beat_banner_names_the_node_that_registers_and_the_loop_s_interval(
 ) -> None:
     """``celery beat`` prints its banner from a lazy scheduler of its own, then makes the one
     that runs: the banner names that one's node, registers nothing itself, and shows the
-    loop's real longest wait (``MAX_LOOP_INTERVAL_SECONDS``, not Celery's 5 minutes)."""
+    loop's real longest wait (Celery's ``beat_max_loop_interval``, here 2.5 s)."""
     from celery.apps.beat import Beat
     from celery.beat import Service
 
-    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "MAX_LOOP_INTERVAL_SECONDS": 2.5}
+    broker_app.conf.beat_max_loop_interval = 2.5
     made = partial(DriftSafeScheduler, clock=clock, authority=clock, install_signal_handlers=False)
     service = Service(app=broker_app, scheduler_cls=made)
     banner = Beat(app=broker_app, no_color=True).startup_info(service)

@@ -396,7 +396,8 @@ def test_beats_claim_at_read_committed_whatever_the_project_configures(
         assert _isolation_of_a_new_connection() == (rc, rc)
         connection_created.disconnect(dispatch_uid="celery_driftsafe.read_committed")
         assert _isolation_of_a_new_connection() == project
-        _set_up("default", connection.settings_dict, settings.DRIFTSAFE, None)  # claim process
+        internals = settings.DRIFTSAFE_INTERNALS
+        _set_up("default", connection.settings_dict, (settings.DRIFTSAFE, internals), None)
         assert _isolation_of_a_new_connection() == (rc, rc)
         TestClaimContract().test_race_many_threads_one_winner_per_slot(make_claimer)
     finally:

@@ -41,11 +41,11 @@ def _needs_skip_locked() -> None:
 def _wave_scheduler(settings: Any, broker_app: Any, clock: FakeClock) -> DriftSafeScheduler:
     """A scheduler claiming 20 tasks a round, with its claim process on (not started)."""
     _needs_skip_locked()
-    settings.DRIFTSAFE = {
-        **settings.DRIFTSAFE,
+    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "RUN_EXPIRES_SECONDS": None}
+    settings.DRIFTSAFE_INTERNALS = {
+        **settings.DRIFTSAFE_INTERNALS,
         "CLAIM_BATCH_SIZE": 20,
         "CLAIM_PROCESS": True,
-        "RUN_EXPIRES_SECONDS": None,
     }
     return DriftSafeScheduler(
         app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
@@ -212,7 +212,11 @@ def test_a_helper_started_by_a_short_wave_is_kept_for_the_next(
     """A wave too short for the helper to get ready in: the rounds after it keep the helper
     (it is idle from its start, not from before), so the next wave finds it ready."""
     _needs_skip_locked()
-    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "CLAIM_BATCH_SIZE": 20, "CLAIM_PROCESS": True}
+    settings.DRIFTSAFE_INTERNALS = {
+        **settings.DRIFTSAFE_INTERNALS,
+        "CLAIM_BATCH_SIZE": 20,
+        "CLAIM_PROCESS": True,
+    }
     clock.advance(10 * 3600)  # a beat that has been up for hours: its monotonic clock is large
     sched = DriftSafeScheduler(
         app=broker_app, clock=clock, authority=clock, install_signal_handlers=False
@@ -322,11 +326,11 @@ def test_beats_sharing_a_machine_leave_its_cores_to_each_other(
     import socket
 
     _needs_skip_locked()
-    settings.DRIFTSAFE = {
-        **settings.DRIFTSAFE,
+    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "RUN_EXPIRES_SECONDS": None}
+    settings.DRIFTSAFE_INTERNALS = {
+        **settings.DRIFTSAFE_INTERNALS,
         "CLAIM_BATCH_SIZE": 20,
         "CLAIM_PROCESS": True,
-        "RUN_EXPIRES_SECONDS": None,
     }
     for n in range(len(os.sched_getaffinity(0))):
         node = nodes.register(f"{socket.gethostname()}:{90000 + n}:neighbour", clock.now())

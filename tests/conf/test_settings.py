@@ -30,20 +30,100 @@ PROJECT_A = {
 PROJECT_B = {**PROJECT_A, "NAME": "billing"}
 
 
+def split(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``override_settings`` arguments for ``raw``: a project's keys in ``DRIFTSAFE``, the
+    constants in ``DRIFTSAFE_INTERNALS`` (where the package's own tests change them)."""
+    internal = {k: v for k, v in raw.items() if k in conf.DEPRECATED_SETTINGS}
+    public = {k: v for k, v in raw.items() if k not in internal}
+    return {"DRIFTSAFE": public, "DRIFTSAFE_INTERNALS": internal}
+
+
 def test_defaults_without_driftsafe_setting() -> None:
-    with override_settings(DRIFTSAFE={}):
+    with override_settings(DRIFTSAFE={}, DRIFTSAFE_INTERNALS={}):
         settings = conf.get_settings()
     derived = conf.default_key_prefix(django_settings.DATABASES["default"])
     assert settings == conf.DriftSafeSettings(key_prefix=derived)
     assert settings.time_authority == "auto"
     assert settings.misfire_policy == "fire_once"
+    assert settings.lease_seconds == settings.node_dead_after_seconds == 30.0
+    assert settings.heartbeat_interval_seconds == 5.0
+    assert settings.hard_clock_offset_seconds == conf.HARD_CLOCK_OFFSET_SECONDS == 86400.0
+    assert settings.reconcile_interval_seconds == settings.result_lookup_seconds == 60.0
 
 
 def test_read_on_access_so_overrides_apply() -> None:
-    with override_settings(DRIFTSAFE={"CLAIM_BATCH_SIZE": 7}):
+    with override_settings(DRIFTSAFE_INTERNALS={"CLAIM_BATCH_SIZE": 7}):
         assert conf.get_settings().claim_batch_size == 7
-    with override_settings(DRIFTSAFE={"CLAIM_BATCH_SIZE": 9}):
+    with override_settings(DRIFTSAFE_INTERNALS={"CLAIM_BATCH_SIZE": 9}):
         assert conf.get_settings().claim_batch_size == 9
+    with override_settings(DRIFTSAFE={"MISFIRE_GRACE_SECONDS": 9.0}):
+        assert conf.get_settings().misfire_grace_seconds == 9.0
+
+
+def test_a_project_sets_at_most_twelve_settings_and_every_value_has_one_place() -> None:
+    assert len(conf.PROJECT_SETTINGS) <= 12
+    surface = [*conf.PROJECT_SETTINGS, *conf.TUNING_SETTINGS, *conf.DEPRECATED_SETTINGS]
+    assert len(surface) == len(set(surface))
+    assert set(surface) == set(conf.DriftSafeSettings.setting_names())
+
+
+def test_the_lease_and_the_heartbeat_follow_from_the_dead_after() -> None:
+    settings = conf.build_settings({"NODE_DEAD_AFTER_SECONDS": 60.0}, database={})
+    assert settings.lease_seconds == 60.0
+    assert settings.heartbeat_interval_seconds == 10.0
+    own = conf.build_settings(
+        {"NODE_DEAD_AFTER_SECONDS": 60.0}, internals={"LEASE_SECONDS": 5.0}, database={}
+    )
+    assert own.lease_seconds == 5.0 and own.heartbeat_interval_seconds == 10.0
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "attribute", "says"),
+    [
+        ("CLAIM_BATCH_SIZE", 7, "claim_batch_size", "now a constant (500)"),
+        ("LEASE_SECONDS", 12.0, "lease_seconds", "follows from NODE_DEAD_AFTER_SECONDS"),
+        ("MAX_LOOP_INTERVAL_SECONDS", 2.0, "max_loop_interval_seconds", "beat_max_loop_interval"),
+        ("OPTIMISATIONS_OFF", ["prebuild"], "optimisations_off", "DRIFTSAFE_BENCH_OFF"),
+        ("HARD_CLOCK_OFFSET_SECONDS", 60.0, "hard_clock_offset_seconds", "a day"),
+    ],
+)
+def test_a_former_setting_still_works_for_a_release_with_a_deprecation_warning(
+    key: str, value: Any, attribute: str, says: str
+) -> None:
+    with override_settings(DRIFTSAFE={key: value}):
+        with pytest.warns(DeprecationWarning, match=re.escape(f"DRIFTSAFE[{key!r}]")) as caught:
+            settings = conf.get_settings()
+        messages = checks.check_settings()
+    (warning,) = caught
+    assert says in str(warning.message) and "0.4" in str(warning.message)
+    honoured = getattr(settings, attribute)
+    assert honoured == (tuple(value) if isinstance(value, list) else value)
+    (check,) = [m for m in messages if m.id == "celery_driftsafe.W003"]
+    assert isinstance(check, Warning) and says in check.msg and not check.is_serious()
+    assert "Renamed or removed" in (check.hint or "")
+
+
+def test_internals_take_only_the_constants() -> None:
+    with (
+        override_settings(DRIFTSAFE_INTERNALS={"REDIS_URL": "redis://x"}),
+        pytest.raises(ConfigurationError, match=r"not an internal value.*set it in DRIFTSAFE"),
+    ):
+        conf.get_settings()
+    with override_settings(DRIFTSAFE_INTERNALS={"REDIS_URL": "redis://x"}):
+        assert [m.id for m in checks.check_settings()] == ["celery_driftsafe.E002"]
+
+
+def test_the_beat_waits_at_most_celery_s_beat_max_loop_interval(settings: Any) -> None:
+    app = Celery("max-interval", set_as_current=False)
+    assert DriftSafeScheduler(app, lazy=True).max_interval == conf.MAX_LOOP_INTERVAL_SECONDS
+    app.conf.beat_max_loop_interval = 3
+    assert DriftSafeScheduler(app, lazy=True).max_interval == 3.0
+    # celery beat --max-interval wins, as with Celery's own schedulers
+    assert DriftSafeScheduler(app, lazy=True, max_interval=7).max_interval == 7.0
+    # the former setting still applies where Celery's is not set
+    settings.DRIFTSAFE_INTERNALS = {"MAX_LOOP_INTERVAL_SECONDS": 2.5}
+    other = Celery("max-interval-2", set_as_current=False)
+    assert DriftSafeScheduler(other, lazy=True).max_interval == 2.5
 
 
 def test_unknown_key_names_setting_and_known_keys() -> None:
@@ -104,11 +184,7 @@ def test_driftsafe_must_be_a_dict() -> None:
         ({"CLOCK_SYNC_SAMPLES": 1000}, "celery_driftsafe.E030", "more than 100"),
         ({"LEASE_SECONDS": 1e-9}, "celery_driftsafe.E031", "below 1 s"),
         ({"LEASE_SECONDS": 0.5}, "celery_driftsafe.E031", "at least 1"),
-        (
-            {"NODE_DEAD_AFTER_SECONDS": 4.0},
-            "celery_driftsafe.E032",
-            "HEARTBEAT_INTERVAL_SECONDS (5.0)",
-        ),
+        ({"NODE_DEAD_AFTER_SECONDS": 0.5}, "celery_driftsafe.E031", "at least 1"),
         (
             {"NODE_DEAD_AFTER_SECONDS": 15, "HEARTBEAT_INTERVAL_SECONDS": 10},
             "celery_driftsafe.E032",
@@ -124,7 +200,7 @@ def test_driftsafe_must_be_a_dict() -> None:
 def test_bad_values_get_stable_ids_and_name_the_setting(
     raw: dict[str, object], check_id: str, fragment: str
 ) -> None:
-    with override_settings(DRIFTSAFE=raw):
+    with override_settings(**split(raw)):
         messages = [m for m in checks.check_settings() if m.id == check_id]
     assert messages, f"no {check_id} for {raw}"
     message = messages[0]
@@ -147,13 +223,14 @@ def test_good_settings_pass() -> None:
         "MIN_ROUND_INTERVAL_SECONDS": 0,
         "KEY_PREFIX": "app:ds",
     }
-    with override_settings(DRIFTSAFE=good):
+    with override_settings(**split(good)):
         assert checks.check_settings() == []
 
 
 def test_warning_bound_must_be_below_hard_bound() -> None:
     with override_settings(
-        DRIFTSAFE={"MAX_CLOCK_OFFSET_SECONDS": 10, "HARD_CLOCK_OFFSET_SECONDS": 5}
+        DRIFTSAFE={"MAX_CLOCK_OFFSET_SECONDS": 10},
+        DRIFTSAFE_INTERNALS={"HARD_CLOCK_OFFSET_SECONDS": 5},
     ):
         messages = checks.check_settings()
     assert [(type(m), m.id) for m in messages] == [(Warning, "celery_driftsafe.W002")]

@@ -49,24 +49,28 @@ DRIFTSAFE = {
     "REDIS_URL": os.environ["DRIFTSAFE_E2E_REDIS"],
     "KEY_PREFIX": os.environ["DRIFTSAFE_E2E_PREFIX"],
     "TIME_AUTHORITY": os.environ.get("DRIFTSAFE_E2E_AUTHORITY", "database"),
-    "LEASE_SECONDS": float(os.environ.get("DRIFTSAFE_E2E_LEASE", "5.0")),
-    "HEARTBEAT_INTERVAL_SECONDS": 1.0,
     "NODE_DEAD_AFTER_SECONDS": float(os.environ.get("DRIFTSAFE_E2E_DEAD_AFTER", "30.0")),
     "CELERY_APP": "tests.e2e.celery_app:app",
     "MISFIRE_GRACE_SECONDS": float(os.environ.get("DRIFTSAFE_E2E_MISFIRE_GRACE", "30.0")),
-    "MAX_LOOP_INTERVAL_SECONDS": float(os.environ.get("DRIFTSAFE_E2E_MAX_LOOP", "1.0")),
 }
+# Constants shortened so that a run takes seconds (celery_driftsafe.conf.internal_settings).
+DRIFTSAFE_INTERNALS = {
+    "LEASE_SECONDS": float(os.environ.get("DRIFTSAFE_E2E_LEASE", "5.0")),
+    "HEARTBEAT_INTERVAL_SECONDS": 1.0,
+}
+# The loop's longest wait is Celery's own setting.
+CELERY_BEAT_MAX_LOOP_INTERVAL = float(os.environ.get("DRIFTSAFE_E2E_MAX_LOOP", "1.0"))
 for _name in (
     "RECONCILE_INTERVAL_SECONDS",  # test_e2e_task.py
     "RESULT_LOOKUP_SECONDS",
     "DEADLINE_CHECK_INTERVAL_SECONDS",  # test_e2e_deadlines.py
 ):
     if os.environ.get(f"DRIFTSAFE_E2E_{_name}"):
-        DRIFTSAFE[_name] = float(os.environ[f"DRIFTSAFE_E2E_{_name}"])
+        DRIFTSAFE_INTERNALS[_name] = float(os.environ[f"DRIFTSAFE_E2E_{_name}"])
 if os.environ.get("DRIFTSAFE_E2E_BACKFILL_MAX_SLOTS"):  # tests/test_e2e_backfill.py
     DRIFTSAFE["BACKFILL_MAX_SLOTS"] = int(os.environ["DRIFTSAFE_E2E_BACKFILL_MAX_SLOTS"])
 if os.environ.get("DRIFTSAFE_E2E_CLAIM_BATCH_SIZE"):  # tests/test_e2e_claim_process.py
-    DRIFTSAFE["CLAIM_BATCH_SIZE"] = int(os.environ["DRIFTSAFE_E2E_CLAIM_BATCH_SIZE"])
+    DRIFTSAFE_INTERNALS["CLAIM_BATCH_SIZE"] = int(os.environ["DRIFTSAFE_E2E_CLAIM_BATCH_SIZE"])
 if os.environ.get("DRIFTSAFE_E2E_METRICS_PORT"):  # tests/test_e2e_metrics.py
     DRIFTSAFE["METRICS_PORT"] = int(os.environ["DRIFTSAFE_E2E_METRICS_PORT"])
     DRIFTSAFE["METRICS_ADDRESS"] = "127.0.0.1"

@@ -217,7 +217,8 @@ def test_fence_ttl_follows_the_shorter_retention_and_outlives_a_waiting_run() ->
     forever = build_settings({"RUN_RETENTION_SECONDS": None, "FAILED_RUN_RETENTION_SECONDS": None})
     assert fence_ttl_seconds(forever) == 7 * 86400.0
     short = build_settings(
-        {"RUN_RETENTION_SECONDS": 60.0, "STUCK_RUN_SECONDS": 7200.0, "RUN_EXPIRES_SECONDS": None}
+        {"RUN_RETENTION_SECONDS": 60.0, "RUN_EXPIRES_SECONDS": None},
+        internals={"STUCK_RUN_SECONDS": 7200.0},
     )
     assert fence_ttl_seconds(short) == 7200.0 + 30
 
@@ -367,8 +368,11 @@ def _committed_old_runs(count: int) -> tuple[PeriodicTask, list[Run]]:
 def test_a_beat_prunes_in_the_background_once_an_interval_has_passed(
     scheduler: Any, clock: FakeClock
 ) -> None:
-    beat_settings = {**RETENTION, "PRUNE_INTERVAL_SECONDS": 60.0, "PRUNE_BATCH_SIZE": 2}
-    with override_settings(DRIFTSAFE={**settings.DRIFTSAFE, **beat_settings}):
+    beat_settings = {**RETENTION, "PRUNE_INTERVAL_SECONDS": 60.0}
+    with override_settings(
+        DRIFTSAFE={**settings.DRIFTSAFE, **beat_settings},
+        DRIFTSAFE_INTERNALS={**settings.DRIFTSAFE_INTERNALS, "PRUNE_BATCH_SIZE": 2},
+    ):
         _, runs = _committed_old_runs(5)
         scheduler.run_round()
         scheduler.pruner.join(10)
@@ -443,22 +447,22 @@ def test_retention_settings_must_be_positive_or_none(key: str) -> None:
     assert [e.id for e in errors] == ["celery_driftsafe.E004"] and key in errors[0].msg
     with override_settings(DRIFTSAFE={key: None}):
         assert checks.check_settings() == []
-    with override_settings(DRIFTSAFE={"PRUNE_BATCH_SIZE": 0}):
+    with override_settings(DRIFTSAFE_INTERNALS={"PRUNE_BATCH_SIZE": 0}):
         assert [e.id for e in checks.check_settings()] == ["celery_driftsafe.E004"]
 
 
 @pytest.mark.parametrize("duty", [0, -0.5, 1.5, "0.5", None, True])
 def test_prune_duty_cycle_must_be_a_share(duty: Any) -> None:
-    with override_settings(DRIFTSAFE={"PRUNE_DUTY_CYCLE": duty}):
+    with override_settings(DRIFTSAFE_INTERNALS={"PRUNE_DUTY_CYCLE": duty}):
         errors = checks.check_settings()
     assert [e.id for e in errors] == ["celery_driftsafe.E023"]
     assert "PRUNE_DUTY_CYCLE" in errors[0].msg and "at most 1" in errors[0].msg
     for fine in (1, 0.1, 0.25):
-        with override_settings(DRIFTSAFE={"PRUNE_DUTY_CYCLE": fine}):
+        with override_settings(DRIFTSAFE_INTERNALS={"PRUNE_DUTY_CYCLE": fine}):
             assert checks.check_settings() == []
 
 
 def test_the_pause_after_a_batch_follows_the_duty_cycle() -> None:
     for duty, pause in ((1.0, 0.0), (0.5, 0.2), (0.25, 0.6), (0.1, 1.8)):
-        pruner = Pruner(build_settings({"PRUNE_DUTY_CYCLE": duty}))
+        pruner = Pruner(build_settings({}, internals={"PRUNE_DUTY_CYCLE": duty}))
         assert pruner.pause_after(0.2) == pytest.approx(pause)

@@ -235,3 +235,30 @@ def test_the_docs_and_the_example_project_import_only_the_public_api() -> None:
     assert found, "no import of the package found: the pattern is wrong"
     internal = sorted((where, module) for where, module in found if module not in public)
     assert internal == [], internal
+
+
+def _table_keys(text: str) -> list[str]:
+    """The keys in the first column of the first Markdown table in ``text``."""
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    table = []
+    for line in lines[first + 2 :]:
+        if not line.startswith("|"):
+            break
+        table.append(line)
+    return [line.split("`")[1] for line in table]
+
+
+def test_the_settings_page_documents_every_setting_in_its_place() -> None:
+    """The page opens with the settings a project sets (at most twelve), then the tuning
+    ones, and lists every former key under "Renamed or removed": each where the code has it."""
+    from celery_driftsafe import conf
+
+    page = (DOCS / "reference" / "settings.md").read_text()
+    first = _table_keys(page)
+    assert len(first) <= 12
+    assert first == list(conf.PROJECT_SETTINGS)
+    tuning = _table_keys(page.split("\n## Tuning\n", 1)[1])
+    assert tuning == list(conf.TUNING_SETTINGS)
+    former = _table_keys(page.split("\n## Renamed or removed\n", 1)[1])
+    assert sorted(former) == sorted(conf.DEPRECATED_SETTINGS)

@@ -170,7 +170,9 @@ def test_racing_backfills_and_a_beat_run_each_slot_once(app: Any) -> None:
         return run_backfill(plan_backfill(fresh, T0, end), app=app).inserted
 
     # chunks of 2 runs, so that the racers take turns within the range
-    with override_settings(DRIFTSAFE={**settings.DRIFTSAFE, "PUBLISH_BATCH_SIZE": 2}):
+    with override_settings(
+        DRIFTSAFE_INTERNALS={**settings.DRIFTSAFE_INTERNALS, "PUBLISH_BATCH_SIZE": 2}
+    ):
         counts = at_once(3, racer)
     assert sum(counts) == 30
     slots = list(Run.objects.values_list("slot", flat=True))

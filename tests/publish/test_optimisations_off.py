@@ -50,7 +50,10 @@ S = timedelta(seconds=1)
 
 
 def switch_off(settings: Any, *names: str) -> None:
-    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "OPTIMISATIONS_OFF": list(names)}
+    settings.DRIFTSAFE_INTERNALS = {
+        **settings.DRIFTSAFE_INTERNALS,
+        "OPTIMISATIONS_OFF": list(names),
+    }
 
 
 def postgresql_only(what: str) -> None:
@@ -66,10 +69,11 @@ def test_the_setting_takes_known_names_and_the_check_refuses_others(settings: An
     assert get_settings().optimisations_off == (Optimisation.PREBUILD, Optimisation.ISO_TEXTS)
     assert not get_settings().optimised(Optimisation.PREBUILD)
     assert get_settings().optimised(Optimisation.GC_FREEZE)
-    assert [m for m in _check_raw(settings.DRIFTSAFE) if m.id == "celery_driftsafe.E033"] == []
+    internals = settings.DRIFTSAFE_INTERNALS
+    assert [m for m in _check_raw(internals) if m.id == "celery_driftsafe.E033"] == []
 
     def refusals(value: Any) -> list[Error]:
-        raw = {**settings.DRIFTSAFE, "OPTIMISATIONS_OFF": value}
+        raw = {**internals, "OPTIMISATIONS_OFF": value}
         return [m for m in _check_raw(raw) if m.id == "celery_driftsafe.E033"]
 
     (unknown,) = refusals(["prebuild", "fast_publish"])
@@ -80,20 +84,19 @@ def test_the_setting_takes_known_names_and_the_check_refuses_others(settings: An
     (not_a_name,) = refusals([3])
     assert "3 is not an optimisation's name" in not_a_name.msg
     with pytest.raises(ConfigurationError, match=r"OPTIMISATIONS_OFF.*known: redis_writer"):
-        build_settings({"OPTIMISATIONS_OFF": ["prebuilt"]}, database={})
+        build_settings({}, internals={"OPTIMISATIONS_OFF": ["prebuilt"]}, database={})
 
 
 def test_the_benchmark_names_every_mechanism_one_way() -> None:
-    assert switched_off("") == {}
-    assert switched_off("prebuild, fast_publish,gc_young") == {
-        "FAST_PUBLISH": False,
-        "OPTIMISATIONS_OFF": ["prebuild", "gc_young"],
-    }
-    assert switched_off("claim_process,publish_batch,round_interval") == {
-        "CLAIM_PROCESS": False,
-        "PUBLISH_BATCH_SIZE": 1,
-        "MIN_ROUND_INTERVAL_SECONDS": 0,
-    }
+    assert switched_off("") == ({}, {})
+    assert switched_off("prebuild, fast_publish,gc_young") == (
+        {"FAST_PUBLISH": False},
+        {"OPTIMISATIONS_OFF": ["prebuild", "gc_young"]},
+    )
+    assert switched_off("claim_process,publish_batch,round_interval") == (
+        {},
+        {"CLAIM_PROCESS": False, "PUBLISH_BATCH_SIZE": 1, "MIN_ROUND_INTERVAL_SECONDS": 0},
+    )
     assert not set(OWN_SETTINGS) & set(Optimisation.values)
     with pytest.raises(ValueError, match="unknown mechanism 'prebuilt'; known: fast_publish"):
         switched_off("prebuilt")
@@ -193,7 +196,7 @@ def test_without_building_ahead_nothing_is_built_and_the_messages_are_the_same(
     assert ahead.run(T0, budget=1.0) == 0 and ahead.built == ahead.read == 0
     assert off.fast._templates == {}
     PeriodicTask.objects.all().delete()
-    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "OPTIMISATIONS_OFF": []}
+    settings.DRIFTSAFE_INTERNALS = {**settings.DRIFTSAFE_INTERNALS, "OPTIMISATIONS_OFF": []}
     first, second, _ = publish_twice(app, settings, queue, "prebuild")
     assert_same_messages(first, second)
 
@@ -218,7 +221,7 @@ def test_without_gc_freeze_nothing_is_frozen(settings: Any, threshold: tuple[int
     keeper = HeapKeeper(lambda: 0.0)
     assert not keeper.maybe_freeze(check_now=True)
     assert keeper.freezes == 0 and gc.get_freeze_count() == 0
-    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "OPTIMISATIONS_OFF": []}
+    settings.DRIFTSAFE_INTERNALS = {**settings.DRIFTSAFE_INTERNALS, "OPTIMISATIONS_OFF": []}
     assert HeapKeeper(lambda: 0.0).maybe_freeze(check_now=True)  # on, the same heap freezes
     assert len(cache) == MIN_OBJECTS
 
@@ -227,7 +230,7 @@ def test_without_gc_young_the_threshold_stays(settings: Any, threshold: tuple[in
     switch_off(settings, "gc_young")
     assert not widen_young_generation()
     assert gc.get_threshold() == threshold
-    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "OPTIMISATIONS_OFF": []}
+    settings.DRIFTSAFE_INTERNALS = {**settings.DRIFTSAFE_INTERNALS, "OPTIMISATIONS_OFF": []}
     assert widen_young_generation() and gc.get_threshold() != threshold
 
 
@@ -247,7 +250,7 @@ def test_the_settings_switch_the_cores_mechanisms(settings: Any, core_switches: 
     assert instants.iso_text(when) == when.isoformat()
     assert instants.iso_text(when) is not instants.iso_text(when)  # made again each time
     assert instants._iso_texts == {} and not misfire._arithmetic
-    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "OPTIMISATIONS_OFF": []}
+    settings.DRIFTSAFE_INTERNALS = {**settings.DRIFTSAFE_INTERNALS, "OPTIMISATIONS_OFF": []}
     assert instants.iso_text(when) is instants.iso_text(when) and misfire._arithmetic
 
 
@@ -421,7 +424,7 @@ def claim_a_mix(settings: Any, off: list[str]) -> tuple[list[Any], list[Any]]:
     the runs and the tasks' claim state, by task name (ids differ between calls)."""
     Run.objects.all().delete()
     PeriodicTask.objects.all().delete()
-    settings.DRIFTSAFE = {**settings.DRIFTSAFE, "OPTIMISATIONS_OFF": off}
+    settings.DRIFTSAFE_INTERNALS = {**settings.DRIFTSAFE_INTERNALS, "OPTIMISATIONS_OFF": off}
     interval_task("on-time", 60, anchor=T0, next_slot_at=T0, args=[1, "é"], kwargs={"k": [2]})
     interval_task("several", 10, anchor=T0, next_slot_at=T0 - 25 * S)
     for policy in MisfirePolicy:
@@ -519,8 +522,8 @@ def test_without_claiming_ahead_a_wave_goes_out_a_batch_a_round(
     settings: Any, broker_app: Any, clock: FakeClock
 ) -> None:
     postgresql_only("claiming ahead (SKIP LOCKED)")
-    settings.DRIFTSAFE = {
-        **settings.DRIFTSAFE,
+    settings.DRIFTSAFE_INTERNALS = {
+        **settings.DRIFTSAFE_INTERNALS,
         "CLAIM_BATCH_SIZE": 10,
         "CLAIM_PROCESS": False,
         "OPTIMISATIONS_OFF": ["claim_ahead"],

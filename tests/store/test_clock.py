@@ -137,7 +137,9 @@ def test_the_authority_outside_a_beat_is_one_cached_clock_and_can_be_injected() 
     with override_settings(DRIFTSAFE={"TIME_AUTHORITY": "local"}):
         first = authority_clock()
         assert authority_clock() is first  # cached
-        with override_settings(DRIFTSAFE={"TIME_AUTHORITY": "local", "LEASE_SECONDS": 7}):
+        with override_settings(
+            DRIFTSAFE={"TIME_AUTHORITY": "local", "MAX_CLOCK_OFFSET_SECONDS": 7}
+        ):
             assert authority_clock() is not first  # a settings change follows
         fake = FakeClock(datetime(2030, 1, 1, tzinfo=UTC))
         with inject_authority_clock(fake):

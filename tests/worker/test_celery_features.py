@@ -44,7 +44,7 @@ pytestmark = [
 BROKER_URL = f"{test_settings.REDIS_SERVER}/{test_settings.REDIS_DB + 1}"
 #: Keys name the task id (uuid5): unique per test run, so no result of an earlier run is found.
 KEY = f"{uuid.uuid4().hex[:8]}-"
-SHORT_LEASE = {**test_settings.DRIFTSAFE, "LEASE_SECONDS": 2.0}
+SHORT_LEASE = {**test_settings.DRIFTSAFE_INTERNALS, "LEASE_SECONDS": 2.0}
 
 
 @dataclass
@@ -500,7 +500,7 @@ def test_duplicates_never_write_the_result(
     """Three copies arrive while the body runs (re-sent for after the lease), two after it
     finished: the result is the body's, never an early or late None."""
     url = {"redis": BROKER_URL, "django-db": "django-db", None: None}[backend]
-    with override_settings(DRIFTSAFE=SHORT_LEASE):
+    with override_settings(DRIFTSAFE_INTERNALS=SHORT_LEASE):
         env = make_env(url)
         env.gate.clear()
         run = new_run("sem.double", "manual")

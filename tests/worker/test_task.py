@@ -212,7 +212,9 @@ def _running_with_a_short_lease(record: Any, run: Run) -> Iterator[None]:
     """The block runs while the run's body runs in a thread of its own (its lock held, its
     lease 1.5 s), which then finishes."""
     record.gate.clear()
-    with override_settings(DRIFTSAFE={**test_settings.DRIFTSAFE, "LEASE_SECONDS": 1.5}):
+    with override_settings(
+        DRIFTSAFE_INTERNALS={**test_settings.DRIFTSAFE_INTERNALS, "LEASE_SECONDS": 1.5}
+    ):
         first = threading.Thread(target=lambda: _deliver(record, run))
         first.start()
         try:
