@@ -48,7 +48,7 @@ from celery_driftsafe.conf import get_settings
 from celery_driftsafe.core.headers import RunHeaders
 from celery_driftsafe.core.stored_names import FINISHED, OverlapPolicy, RunStatus
 from celery_driftsafe.exceptions import LedgerUnavailable, LockError, LockLost
-from celery_driftsafe.ledger.run_ledger import Ledger, RunRow, Start
+from celery_driftsafe.ledger.run_ledger import Ledger, RunRow, Start, Started
 from celery_driftsafe.locks import lock_backend, lock_identity, running_lock, running_lock_heir
 from celery_driftsafe.locks.database import DatabaseLockBackend
 from celery_driftsafe.monitoring import metrics
@@ -427,11 +427,26 @@ class Execution:
 
     # -- overlap policy skip --------------------------------------------------------------------
 
+    def _another_runs(
+        self, periodic_task_id: int, *, starts_at: datetime | None = None, locks_seen: bool = True
+    ) -> bool:
+        """Whether another run of the task runs: the one answer every overlap decision asks
+        (:meth:`Ledger.other_running`). ``starts_at``: this run started then, or this delivery
+        starts it then, and only runs started before it count (of two started at once, one
+        comes first); None: it does not start now (it waits, or it starts without a lock),
+        and every started run counts. ``locks_seen`` False: this delivery sees no run locks,
+        so a run that only its lock would judge counts too."""
+        return self.ledger.other_running(
+            periodic_task_id, self.run_id, self._now(), starts_at=starts_at, locks_seen=locks_seen
+        )
+
     @staticmethod
     def _skips_overlaps(row: RunRow) -> bool:
         return row.periodic_task_id is not None and row.overlap_policy in ONE_AT_A_TIME
 
-    def _check_overlap_locked(self, row: RunRow, token: int, args: Any, kwargs: Any) -> None:
+    def _check_overlap_locked(
+        self, row: RunRow, token: int, now: datetime, args: Any, kwargs: Any
+    ) -> None:
         """Under the run lock, before the start: with overlap policy ``skip`` or
         ``buffer_one``, hold the task's running lock for the body, or record the run
         ``skipped`` (``skip``) or ``waiting`` (``buffer_one``)."""
@@ -439,7 +454,13 @@ class Execution:
             return
         assert row.periodic_task_id is not None
         if self._hold_running_lock(
-            row.periodic_task_id, token, args, kwargs, None, policy=row.overlap_policy
+            row.periodic_task_id,
+            token,
+            args,
+            kwargs,
+            starts_at=now,
+            started=False,
+            policy=row.overlap_policy,
         ):
             return
         if row.overlap_policy == OverlapPolicy.BUFFER_ONE:
@@ -457,7 +478,7 @@ class Execution:
         eager call in an ``atomic`` block), where the ledger alone decides."""
         assert row.periodic_task_id is not None
         why = SKIPPED_WHY if row.overlap_policy == OverlapPolicy.SKIP else UNLOCKED_NO_WAIT_WHY
-        if self.ledger.other_started(row.periodic_task_id, self.run_id):
+        if self._another_runs(row.periodic_task_id, locks_seen=False):
             self._skip(None, why)
         task_lock = running_lock(DatabaseLockBackend(), row.periodic_task_id, self.settings)
         try:
@@ -494,7 +515,13 @@ class Execution:
         from a lost worker ran in part, so it ends failed, as a reconcile pass records it when
         the slow path leaves it started."""
         if self._hold_running_lock(
-            periodic_task_id, token, args, kwargs, started_at, policy=policy
+            periodic_task_id,
+            token,
+            args,
+            kwargs,
+            starts_at=started_at,
+            started=True,
+            policy=policy,
         ):
             return
         status = RunStatus.FAILED if took_over else RunStatus.SKIPPED
@@ -542,9 +569,7 @@ class Execution:
             action="overlap-wait",
         )
         self.locks.close()  # the run's lock: its next delivery takes it at once
-        if not self.ledger.other_started(
-            periodic_task_id, self.run_id, lease_lasting_at=self._now()
-        ):
+        if not self._another_runs(periodic_task_id):
             self._hand_on(periodic_task_id, handed=False)
         raise Ignore()
 
@@ -627,29 +652,27 @@ class Execution:
         token: int,
         args: Any,
         kwargs: Any,
-        started_at: datetime | None,
         *,
+        starts_at: datetime,
+        started: bool,
         policy: str | None,
     ) -> bool:
         """Take the task's running lock and watch it for the body; False when another run of
         the task runs by the ledger or holds the lock. With the lock backend unreachable, the
-        delivery comes again later (a run already started, at ``started_at``, goes back to
-        waiting first). A lock handed to this run (it waited, overlap policy ``buffer_one``;
-        the policy may have changed to ``skip`` since) is taken whatever else. Under
-        ``buffer_one``, at the body's end the task's waiting run is taken back and the lock
-        handed to it (:meth:`_take_back_waiting`).
+        delivery comes again later (a run already ``started`` goes back to waiting first). A
+        lock handed to this run (it waited, overlap policy ``buffer_one``; the policy may have
+        changed to ``skip`` since) is taken whatever else. Under ``buffer_one``, at the body's
+        end the task's waiting run is taken back and the lock handed to it
+        (:meth:`_take_back_waiting`).
 
-        The ledger is asked first, and only about runs started before this one (a run not
-        started yet comes after every started one): of two runs started at once, the later
+        The ledger is asked first, and only about runs started before this one's start
+        (``starts_at``, written or about to be): of two runs started at once, the later
         neither takes the lock nor skips the earlier, so one of them runs. A run started
         before this one under a lasting lease runs whatever the lock says (Redis may have
         lost the key while its body runs); one started before a waiting run was handed the
         lock is a later slot's, which finds the lock held and waits or is skipped."""
-        now = self._now()
         buffering = policy == OverlapPolicy.BUFFER_ONE
-        earlier = self.ledger.other_started(
-            periodic_task_id, self.run_id, lease_lasting_at=now, before=started_at or now
-        )
+        earlier = self._another_runs(periodic_task_id, starts_at=starts_at)
         task_lock = running_lock(lock_backend(self.settings), periodic_task_id, self.settings)
         try:
             held = (not earlier and task_lock.acquire(blocking=False)) or task_lock.take_handed(
@@ -657,7 +680,7 @@ class Execution:
             )
         except LockError as exc:
             metrics.lock_error(self.task.name)
-            if started_at is not None:
+            if started:
                 self.ledger.requeue(self.run_id, token, f"waiting: {exc}")
             self.locks.close()  # give the run lock back before the delivery comes again
             self.resend(
@@ -842,45 +865,53 @@ class Execution:
             )
             token = self.locks.enter_context(watched).fencing_token
             self.locks.callback(ended.set)
-            start = Start(
+            read_first = row is not None
+            if row is not None:
+                self._check_overlap_locked(row, token, now, args, kwargs)
+            started = self._start(token, now, locked=True)
+            if started is None:
+                if row is None:
+                    row = self._checked(now)  # says why, or ends the delivery
+                    if row.fencing_token >= token:  # the lock's counter was behind the run's
+                        self.locks.close()
+                        return self._run_locked(row, now, args, kwargs)
+                self._refused(row, now, args, kwargs)
+            if (
+                not read_first
+                and started.periodic_task_id is not None
+                and started.overlap_policy in ONE_AT_A_TIME
+            ):
+                self._hold_overlap_lock_or_skip(
+                    started.periodic_task_id,
+                    token,
+                    args,
+                    kwargs,
+                    policy=started.overlap_policy,
+                    took_over=started.took_over,
+                    started_at=now,
+                )
+            self.token, self.started_at = token, now
+            return self._body(args, kwargs)
+
+    def _start(self, token: int, now: datetime, *, locked: bool) -> Started | None:
+        """Start the run at ``now`` under ``token``, the run's lock's (``locked``: its lease in
+        the ledger kept with the lock) or, without a lock, the run's own one up: the one start
+        statement (:meth:`Ledger.start`), which also checks that the run is this message's
+        and has not expired. None when refused."""
+        return self.ledger.start(
+            Start(
                 self.run_id,
                 token,
                 now,
                 self.worker,
                 self.attempt,
-                self._store,
-                self._lease_end(now),
+                self._store if locked else None,
+                self._lease_end(now) if locked else None,
+                task=self.task.name,
+                task_id=self.request.id or "",
+                periodic_task_id=self.headers.periodic_task_id,
             )
-            if row is not None:
-                self._check_overlap_locked(row, token, args, kwargs)
-                if not self.ledger.start(start):
-                    self._refused(row, now, args, kwargs)
-            else:
-                started = self.ledger.start_checked(
-                    start,
-                    task=self.task.name,
-                    task_id=self.request.id,
-                    periodic_task_id=self.headers.periodic_task_id,
-                )
-                if started is None:
-                    row = self._checked(now)  # says why, or ends the delivery
-                    if row.fencing_token >= token:  # the lock's counter was behind the run's
-                        self.locks.close()
-                        return self._run_locked(row, now, args, kwargs)
-                    self._refused(row, now, args, kwargs)
-                periodic_task_id, overlap_policy, took_over = started
-                if periodic_task_id is not None and overlap_policy in ONE_AT_A_TIME:
-                    self._hold_overlap_lock_or_skip(
-                        periodic_task_id,
-                        token,
-                        args,
-                        kwargs,
-                        policy=overlap_policy,
-                        took_over=took_over,
-                        started_at=now,
-                    )
-            self.token, self.started_at = token, now
-            return self._body(args, kwargs)
+        )
 
     def _refused(self, row: RunRow, now: datetime, args: Any, kwargs: Any) -> NoReturn:
         """A start under this worker's lock was refused: while the run's worker still holds
@@ -908,8 +939,8 @@ class Execution:
         with self.locks:
             if self._skips_overlaps(row):
                 self._check_overlap_unlocked(row, mode)
-            token = self.ledger.start_unlocked(self.run_id, now, self.worker, self.attempt)
-            if token is None:
+            token = row.fencing_token + 1  # the run's own sequence: no lock gives one
+            if self._start(token, now, locked=False) is None:
                 self._suppress(f"it already started (database check, {mode})")
             self.token, self.started_at = token, now
             return self._body(args, kwargs)
