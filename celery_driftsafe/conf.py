@@ -38,7 +38,7 @@ from typing import Any
 
 from django.conf import settings as django_settings
 
-from celery_driftsafe.core import instants, misfire
+from celery_driftsafe.core import instants
 from celery_driftsafe.core.stored_names import (
     MisfirePolicy,
     Optimisation,
@@ -439,7 +439,6 @@ def _switch_core(settings: DriftSafeSettings) -> None:
     """The pure core reads no settings: its switches (``OPTIMISATIONS_OFF``) are set here,
     each time the settings are read after a change."""
     instants.remember_iso_texts(settings.optimised(Optimisation.ISO_TEXTS))
-    misfire.plan_by_arithmetic(settings.optimised(Optimisation.MISFIRE_ARITHMETIC))
 
 
 def clear_cache(**kwargs: Any) -> None:

@@ -49,7 +49,7 @@ from celery_driftsafe.claim.sql import (
 )
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.core.bounds import message_expiry
-from celery_driftsafe.core.jitter import due_instant, offset
+from celery_driftsafe.core.jitter import due_instant
 from celery_driftsafe.core.misfire import ClaimPlan, plan_limited
 from celery_driftsafe.core.stored_names import Optimisation
 from celery_driftsafe.core.validation import Problem
@@ -127,6 +127,9 @@ class ClaimSteps:
         self.using = using
         self.settings = settings or get_settings()
         self.batch_size = batch_size or self.settings.claim_batch_size
+        #: Whether plans may be made by arithmetic rather than by walking the slots (the same
+        #: plans; :func:`~celery_driftsafe.core.misfire.plan_claim`).
+        self.arithmetic = self.settings.optimised(Optimisation.MISFIRE_ARITHMETIC)
         #: Tasks of the current round that reach a bound or limit: id -> why.
         self._finished: dict[int, str] = {}
 
@@ -207,6 +210,7 @@ class ClaimSteps:
             grace=timedelta(seconds=grace),
             fire_all_max=self.settings.fire_all_max,
             busy_since=busy_since,
+            arithmetic=self.arithmetic,
         )
         if finished is not None:
             self._finished[task.pk] = finished
@@ -278,7 +282,7 @@ class ClaimSteps:
                             self._expires_at(task, slot),
                         )
                     )
-                first_due = plan.fire[0] + offset(task.name, plan.fire[0], task.jitter_seconds)
+                first_due = due_instant(task.name, plan.fire[0], task.jitter_seconds)
                 result.oldest_slot = min(result.oldest_slot or first_due, first_due)
             result.missed += plan.missed_count
             result.late_from_load += plan.late_from_load

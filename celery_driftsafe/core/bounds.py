@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from celery_driftsafe.core.instants import require_aware
-from celery_driftsafe.core.jitter import offset
+from celery_driftsafe.core.jitter import due_instant
 from celery_driftsafe.core.schedules import Schedule
 from celery_driftsafe.core.validation import Problem
 
@@ -109,11 +109,8 @@ def message_expiry(
     and at the latest at ``valid_until``."""
     expires = None
     if expires_seconds is not None:
-        expires = (
-            slot
-            + offset(limits.identity, slot, limits.jitter_seconds)
-            + timedelta(seconds=expires_seconds)
-        )
+        due = due_instant(limits.identity, slot, limits.jitter_seconds)
+        expires = due + timedelta(seconds=expires_seconds)
     if limits.valid_until is not None and (expires is None or expires > limits.valid_until):
         expires = limits.valid_until
     return expires

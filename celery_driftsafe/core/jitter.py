@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import math
 from datetime import datetime, timedelta
+from typing import overload
 
 from celery_driftsafe.core.instants import to_us
 
@@ -47,10 +48,20 @@ def offset(identity: str, slot: datetime, jitter_seconds: float | None) -> timed
     return (int.from_bytes(digest[:8], "big") % spread) * _US
 
 
+@overload
+def due_instant(identity: str, slot: datetime, jitter_seconds: float | None) -> datetime: ...
+
+
+@overload
+def due_instant(identity: str, slot: None, jitter_seconds: float | None) -> None: ...
+
+
 def due_instant(
     identity: str, slot: datetime | None, jitter_seconds: float | None
 ) -> datetime | None:
-    """The instant the slot is due: ``slot + offset(...)`` (None for no slot)."""
+    """The instant the slot is due: ``slot + offset(...)`` (None for no slot). Every due
+    instant is derived here: the claim's plan and its record of the oldest slot fired, the
+    stored ``due_at``, a message's expiry, the preview."""
     if slot is None:
         return None
     return slot + offset(identity, slot, jitter_seconds)

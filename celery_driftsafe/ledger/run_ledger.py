@@ -72,16 +72,36 @@ class RunRow:
 
 @dataclass(frozen=True)
 class Start:
-    """A start of ``attempt`` of run ``run_id`` at ``now`` by ``worker``, under a lock's
-    ``token`` taken in ``store``, its lease in the ledger until ``lease_until``."""
+    """A start of ``attempt`` of run ``run_id`` at ``now`` by ``worker``, under ``token``: a
+    lock's, taken in ``store``, its lease in the ledger until ``lease_until``; or, without a
+    lock (``store`` None: eager calls, ``fail_open``, a publisher locking elsewhere), the run's
+    own token one up, read with the run before.
+
+    ``task``, ``task_id`` and ``periodic_task_id`` are what the delivery's message says the
+    run is (its task's name, its Celery task id, the periodic task it was claimed for); the
+    start is refused when the run is another (None: not checked)."""
 
     run_id: int
     token: int
     now: datetime
     worker: str
     attempt: int
-    store: str
+    store: str | None
     lease_until: datetime | None = None
+    task: str | None = None
+    task_id: str | None = None
+    periodic_task_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Started:
+    """What a start read of the run it started: its periodic task and that task's overlap
+    policy (None: no periodic task), and whether the run had been started before (taken over
+    from a worker that was lost: its ``error`` says so until it ends)."""
+
+    periodic_task_id: int | None
+    overlap_policy: str | None
+    took_over: bool
 
 
 def _aware(value: Any) -> datetime | None:
@@ -104,11 +124,6 @@ def _unavailable(exc: BaseException) -> str:
     return missing_schema(exc) or f"database unreachable: {exc}"
 
 
-def _start_params(token: int, attempt: int, store: str, now: Any) -> list[Any]:
-    """The parameters of ``Ledger._start_where`` (``now`` adapted for the database)."""
-    return [token, attempt, f"%{UNLOCKED}", store, now]
-
-
 class Ledger:
     """The run ledger as a worker writes it: the connection, the quoted table names, the
     statements, and the runner of each (:meth:`_execute`)."""
@@ -128,15 +143,6 @@ class Ledger:
             connection.vendor == "sqlite" and sqlite3.sqlite_version_info >= (3, 35)
         )
         self._pre_start = ", ".join(f"'{status}'" for status in PRE_START)
-        #: A start's condition after ``id``; parameters: token, attempt, UNLOCKED, store, now.
-        #: A started run is taken over only once the lease its worker renews is over, even
-        #: when the lock is free: Redis may have lost a lock that is still held.
-        self._start_where = (
-            f"fencing_token < %s AND attempt <= %s AND (status IN ({self._pre_start}) "
-            "OR (status = 'started' AND worker NOT LIKE %s "
-            "AND (lock_store IS NULL OR lock_store = %s) "
-            "AND (lease_until IS NULL OR lease_until <= %s)))"
-        )
 
     def _execute(self, sql: str, params: list[Any], *, fetch: bool, unique: bool = False) -> Any:
         """Run one statement. Outside a transaction a statement the database rolled back for a
@@ -245,28 +251,77 @@ class Ledger:
             kind,
         )
 
-    def start(self, start: Start) -> bool:
-        """Start ``start.attempt`` under a lock's token, taken in ``start.store``, its lease in
-        the ledger until ``start.lease_until``: the run is waiting, or was started by a holder
-        locking in that store (or by an earlier version, which did not record where) whose
-        lease is over both in the ledger and by the caller's lock. A holder locking elsewhere
-        may still hold its lock: nobody here can tell."""
-        sets, where, params = self._start_parts(start)
-        sql = f"UPDATE {self.runs} SET error = '', {sets} WHERE {where}"
-        return self._write(sql, params) == 1
+    def start(self, start: Start) -> Started | None:
+        """Start the run: the one statement every start is (with a lock or without, the run
+        read before or not). None when refused (:meth:`load` says why).
 
-    def _start_parts(self, start: Start) -> tuple[str, str, list[Any]]:
-        """What both starts set and require: the assignments, the condition and their
-        parameters."""
+        It starts a run that is not started yet (claimed, dispatched, retrying, waiting) and
+        whose fencing token is below ``start.token``, at an attempt up to ``start.attempt``,
+        that is the message's run (``start.task``, ``task_id``, ``periodic_task_id``; a run
+        whose periodic task was deleted since counts as that task's), and whose
+        ``expires_at`` has not passed. A lock holder (``start.store`` set) also takes over a
+        run started by a holder locking in that store (or by an earlier version, which did not
+        record where) whose lease is over, both in the ledger and by the holder's own lock: a
+        holder locking elsewhere may still hold its lock, nobody here can tell, and a run
+        started without a lock is never taken over (nothing tells whether it still runs).
+
+        Where the database returns what it updated (PostgreSQL, SQLite 3.35+) the statement
+        reads the :class:`Started` at once; elsewhere a read follows it."""
         at = self._at(start.now)
-        sets = (
-            "status = 'started', started_at = %s, fencing_token = %s, worker = %s, "
-            "attempt = %s, lock_store = %s, lease_until = %s"
-        )
+        locked = start.store is not None
+        worker = start.worker if locked else start.worker + UNLOCKED
         lease = None if start.lease_until is None else self._at(start.lease_until)
-        params = [at, start.token, start.worker, start.attempt, start.store, lease, start.run_id]
-        params += _start_params(start.token, start.attempt, start.store, at)
-        return sets, f"id = %s AND {self._start_where}", params
+        # (``error`` first: MySQL assigns left to right, and the CASE reads the old status)
+        sql = (
+            f"UPDATE {self.runs} SET error = CASE WHEN status = 'started' THEN %s ELSE '' END, "
+            "status = 'started', started_at = %s, fencing_token = %s, worker = %s, "
+            "attempt = %s, lock_store = %s, lease_until = %s "
+            "WHERE id = %s AND fencing_token < %s AND attempt <= %s "
+            f"AND (status IN ({self._pre_start}) OR (%s AND status = 'started' "
+            "AND worker NOT LIKE %s AND (lock_store IS NULL OR lock_store = %s) "
+            "AND (lease_until IS NULL OR lease_until <= %s))) "
+            "AND (%s IS NULL OR task_name = %s) "
+            f"AND (%s IS NULL OR {OWN_MESSAGE}) "
+            "AND (%s IS NULL OR periodic_task_id = %s "
+            "OR (periodic_task_id IS NULL AND kind <> 'adhoc')) "
+            "AND (expires_at IS NULL OR expires_at > %s OR status = 'started')"
+        )
+        params = [
+            TAKEN_OVER,
+            at,
+            start.token,
+            worker,
+            start.attempt,
+            start.store,
+            lease,
+            start.run_id,
+            start.token,
+            start.attempt,
+            locked,
+            f"%{UNLOCKED}",
+            start.store,
+            at,
+            start.task,
+            start.task,
+            start.task_id,
+            start.task_id,
+            start.periodic_task_id,
+            start.periodic_task_id,
+            at,
+        ]
+        read = (
+            f"periodic_task_id, (SELECT t.overlap_policy FROM {self.tasks} t "
+            f"WHERE t.id = {self.runs}.periodic_task_id), error"
+        )
+        if self.can_return:
+            row = self._fetch(f"{sql} RETURNING {read}", params)
+        elif self._write(sql, params) == 1:
+            row = self._fetch(f"SELECT {read} FROM {self.runs} WHERE id = %s", [start.run_id])
+        else:
+            row = None
+        if row is None:
+            return None
+        return Started(row[0], row[1], row[2] == TAKEN_OVER)
 
     def renew_lease(self, run_id: int, token: int, until: datetime) -> bool:
         """The started run's worker, still holding its lock under ``token``, keeps its lease
@@ -280,86 +335,41 @@ class Ledger:
             == 1
         )
 
-    def start_checked(
-        self, start: Start, *, task: str, task_id: str | None, periodic_task_id: int | None
-    ) -> tuple[int | None, str | None, bool] | None:
-        """:meth:`start`, refused also when the run is not the headers' (task, Celery task id,
-        periodic task, unless that task was deleted since) or its ``expires_at`` has passed.
-        Returns the run's periodic task id and overlap policy, and whether the run was started
-        before (taken over: its ``error`` says so until it ends); None when refused
-        (:meth:`load` says why)."""
-        sets, where, params = self._start_parts(start)
-        row = self._fetch(
-            f"UPDATE {self.runs} SET error = CASE WHEN status = 'started' THEN %s ELSE '' END, "
-            f"{sets} WHERE {where} AND task_name = %s "
-            f"AND {OWN_MESSAGE} "
-            f"AND (%s IS NULL OR periodic_task_id = %s "
-            f"OR (periodic_task_id IS NULL AND kind <> 'adhoc')) "
-            f"AND (expires_at IS NULL OR expires_at > %s OR status = 'started') "
-            f"RETURNING periodic_task_id, (SELECT t.overlap_policy FROM {self.tasks} t "
-            f"WHERE t.id = {self.runs}.periodic_task_id), error",
-            [
-                TAKEN_OVER,
-                *params,
-                task,
-                task_id or "",
-                periodic_task_id,
-                periodic_task_id,
-                self._at(start.now),
-            ],
-        )
-        return None if row is None else (row[0], row[1], row[2] == TAKEN_OVER)
-
-    def start_unlocked(self, run_id: int, now: datetime, worker: str, attempt: int) -> int | None:
-        """Start a waiting run without a lock: the run's own token sequence goes one up, and
-        no store is recorded (an earlier attempt's would be taken for this one's). Returns
-        the token, None when the run is not waiting."""
-        from django.db import transaction
-
-        with transaction.atomic():  # the row stays locked from the update to the read
-            started = self._write(
-                f"UPDATE {self.runs} SET status = 'started', started_at = %s, "
-                f"fencing_token = fencing_token + 1, worker = %s, error = '', attempt = %s, "
-                f"lock_store = NULL, lease_until = NULL WHERE id = %s AND attempt <= %s "
-                f"AND status IN ({self._pre_start})",
-                [self._at(now), worker + UNLOCKED, attempt, run_id, attempt],
-            )
-            if started != 1:
-                return None
-            row = self._fetch(f"SELECT fencing_token FROM {self.runs} WHERE id = %s", [run_id])
-        assert row is not None
-        return int(row[0])
-
-    def other_started(
+    def other_running(
         self,
         periodic_task_id: int,
         run_id: int,
+        now: datetime,
         *,
-        lease_lasting_at: datetime | None = None,
-        before: datetime | None = None,
+        starts_at: datetime | None = None,
+        locks_seen: bool = True,
     ) -> bool:
-        """Whether another run of the periodic task is recorded ``started``; with
-        ``lease_lasting_at``, only one whose worker's lease in the ledger lasts at that instant
-        (its body runs, whatever a lock says); with ``before``, only one started before that
-        instant, or at it with a smaller id (of two runs started at once, one comes first).
-        A run started without a lock counts whatever the two say: it has no lease, and its
-        start was written only once its worker had decided to run it."""
+        """Whether another run of the periodic task runs, by the ledger: it is ``started``
+        and its worker was not lost (its lease in the ledger lasts at ``now``). A run
+        started without a lock counts whatever else: it has no lease, and its start was
+        written only once its worker had decided to run it. A run started by a lock holder
+        that recorded no lease (an earlier version) is judged by its lock: it counts only
+        when the caller sees no locks (``locks_seen`` False).
+
+        ``starts_at``: this run starts (or started) then; only runs started before it count
+        (or at it, with a smaller id), so of two runs started at once one comes first. None:
+        this run does not start now, and every started run counts."""
         sql = (
             f"SELECT 1 FROM {self.runs} WHERE periodic_task_id = %s AND status = 'started' "
-            f"AND id <> %s"
+            "AND id <> %s AND ((lease_until IS NULL AND worker LIKE %s) OR ("
+            "(lease_until > %s OR (lease_until IS NULL AND %s))"
         )
-        params: list[Any] = [periodic_task_id, run_id]
-        lasting: list[str] = []
-        if lease_lasting_at is not None:
-            lasting.append("lease_until > %s")
-            params.append(self._at(lease_lasting_at))
-        if before is not None:
-            lasting.append("(started_at < %s OR (started_at = %s AND id < %s))")
-            params += [self._at(before), self._at(before), run_id]
-        if lasting:
-            sql += f" AND (({' AND '.join(lasting)}) OR (lease_until IS NULL AND worker LIKE %s))"
-            params.append(f"%{UNLOCKED}")
-        return self._fetch(sql, params) is not None
+        params: list[Any] = [
+            periodic_task_id,
+            run_id,
+            f"%{UNLOCKED}",
+            self._at(now),
+            not locks_seen,
+        ]
+        if starts_at is not None:
+            sql += " AND (started_at < %s OR (started_at = %s AND id < %s))"
+            params += [self._at(starts_at), self._at(starts_at), run_id]
+        return self._fetch(sql + "))", params) is not None
 
     def wait(
         self,

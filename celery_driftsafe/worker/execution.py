@@ -1,6 +1,6 @@
 """One delivery of one run, inside a worker (or an eager call): the steps
-:class:`~celery_driftsafe.task.DriftSafeTask` takes around the body, the overlap policies
-``skip`` and ``buffer_one``, and the outcomes the delivery records.
+:class:`~celery_driftsafe.task.DriftSafeTask` takes around the body, and the outcomes the
+delivery records.
 
 A delivery that must not run the body (duplicate, copy of an earlier attempt, expired, skipped,
 re-sent for later, forged) raises :class:`celery.exceptions.Ignore`: Celery then acknowledges
@@ -8,26 +8,19 @@ the message and writes nothing to the result backend, so only the body's executi
 a result under the run's task id.
 
 An :class:`Execution` holds the delivery's state (run, attempt, worker, token, locks) and
-writes its outcomes to the ledger: a duplicate suppressed, a run skipped or expired, the
-delivery re-sent for later, an attempt handed over to its retry, the body's outcome recorded
-under the run's fencing token (retried while the database is away).
+writes its outcomes to the ledger: a duplicate suppressed, a run expired, the delivery re-sent
+for later, an attempt handed over to its retry, the body's outcome recorded under the run's
+fencing token (retried while the database is away).
 
-The overlap policy ``skip``: the task's running lock, held for the body, and what a run that
-cannot take it records. The delivery's flow calls it before the start (the slow path) or right
-after it (the fast path's one conditional start). The overlap policy ``buffer_one`` takes the
-same lock; a run that cannot take it waits in the ledger (``waiting``, one a task at most: a
-further one is skipped) and its delivery ends; the delivery that held the lock takes the
-waiting run back into the outbox as it ends, whatever its end
-(:func:`~celery_driftsafe.claim.outbox.release_waiting`), hands the lock to it
-(:meth:`~celery_driftsafe.locks.DistributedLock.hand_over`: no later slot can start in
-between, the waiting run is next) and publishes it; a beat does when that worker died
-(:func:`~celery_driftsafe.beat.recovery.recover`).
-
-The running lock (``task-running:<periodic task id>``) is one proof that a run of the task is
-running; the other is the ledger: another run ``started`` whose worker's lease lasts. Both are
-consulted, so a lock Redis lost while a body runs (a flush, an eviction, a restart that kept no
-data) does not let the next slot's run start beside it. The ledger is asked first, about runs
-started before this one only, so that of two runs started at once one runs (the earlier).
+Its flow: check what the message claims, take the run's lock (its fencing token above the
+run's), start the run (the one start statement, :meth:`Execution._start`), run the body. Where
+the database returns what it updates (PostgreSQL, SQLite 3.35+) the start comes first and
+checks everything at once, and the run is read only when it is refused, to say why; elsewhere,
+and for a message expired, the run is read first. Without a lock (eager calls, ``fail_open``,
+a publisher locking elsewhere) the same start alone decides, and a started run is never taken
+over. The overlap policies (:mod:`celery_driftsafe.worker.overlap`) are asked before the start
+when the run was read first, right after it otherwise; the run's lease in the ledger follows
+its lock (:mod:`celery_driftsafe.worker.lease`).
 """
 
 from __future__ import annotations
@@ -38,7 +31,7 @@ import threading
 import traceback
 from collections.abc import Callable
 from contextlib import ExitStack, suppress
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery import Task
@@ -46,61 +39,24 @@ from celery.exceptions import Ignore, Reject, Retry
 
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.core.headers import RunHeaders
-from celery_driftsafe.core.stored_names import FINISHED, OverlapPolicy, RunStatus
+from celery_driftsafe.core.stored_names import FINISHED, RunStatus
 from celery_driftsafe.exceptions import LedgerUnavailable, LockError, LockLost
-from celery_driftsafe.ledger.run_ledger import Ledger, RunRow, Start
-from celery_driftsafe.locks import lock_backend, lock_identity, running_lock, running_lock_heir
-from celery_driftsafe.locks.database import DatabaseLockBackend
+from celery_driftsafe.ledger.run_ledger import Ledger, RunRow, Start, Started
+from celery_driftsafe.locks import lock_backend, lock_identity
 from celery_driftsafe.monitoring import metrics
 from celery_driftsafe.store.clock import authority_clock
+from celery_driftsafe.worker import log_run
+from celery_driftsafe.worker.lease import LedgerLease, lease_left
+from celery_driftsafe.worker.overlap import Overlap
 
 if TYPE_CHECKING:
-    from celery_driftsafe.claim.outbox import ClaimedRun
-    from celery_driftsafe.locks.contract import DistributedLock, HeldLock
-
-logger = logging.getLogger("celery_driftsafe.task")
+    from celery_driftsafe.locks.contract import DistributedLock
 
 #: A delivery that finds the lock backend or the database unreachable comes back this late.
 UNREACHABLE_RESEND_SECONDS = 5.0
 
 #: How long a worker keeps retrying to record an outcome while the database is away.
 FINISH_RETRY_SECONDS = 60.0
-
-SKIPPED_WHY = "skipped: the previous run of this task is still running (overlap policy 'skip')"
-#: A run taken over from a lost worker while the task's next run holds its running lock.
-LOST_NOT_AGAIN = (
-    "failed: the worker that started it was lost, and it is not run again while the task's "
-    "next run is running (overlap policy 'skip')"
-)
-#: Overlap policy ``buffer_one``: the run waits in the ledger for the task's running run.
-WAITING_WHY = (
-    "waiting: the previous run of this task is still running; this run is published again "
-    "when it ends (overlap policy 'buffer_one')"
-)
-#: Overlap policy ``buffer_one``: another run of the task waits already.
-BUFFER_FULL_WHY = (
-    "skipped: the previous run of this task is still running and another run of it is "
-    "already waiting for it; at most one waits (overlap policy 'buffer_one')"
-)
-#: Overlap policy ``buffer_one``: a retry's attempt does not wait.
-RETRY_NO_WAIT_WHY = (
-    "skipped: the previous run of this task is still running, and a retry's attempt does not "
-    "wait for it (overlap policy 'buffer_one')"
-)
-#: Overlap policy ``buffer_one`` without a run lock (eager, ``fail_open``, a publisher locking
-#: elsewhere): nothing would tell when to go on, so the run does not wait.
-UNLOCKED_NO_WAIT_WHY = (
-    "skipped: the previous run of this task is still running, and without a run lock a run "
-    "does not wait for it (overlap policy 'buffer_one')"
-)
-#: The overlap policies that keep a task's runs from running side by side.
-ONE_AT_A_TIME = (OverlapPolicy.SKIP, OverlapPolicy.BUFFER_ONE)
-
-
-def log_run(level: int, message: str, *args: Any, run_id: int, action: str, **extra: Any) -> None:
-    """Log about one run, with the run's id and the action in the record's extras."""
-    logger.log(level, message, *args, extra={"action": action, "run": run_id, **extra})
-
 
 #: (the publisher's, this worker's) lock stores already reported as differing.
 _LOCKS_REPORTED: set[tuple[str, str]] = set()
@@ -115,8 +71,9 @@ def current_execution() -> Execution | None:
 
 
 class Execution:
-    """One delivery of one run: its state, its flow, the overlap policy ``skip`` and the
-    outcomes it records (see the module docstring)."""
+    """One delivery of one run: its state, its flow and the outcomes it records (see the
+    module docstring); the overlap policies are its :class:`Overlap`'s, the run's lease in
+    the ledger its :class:`LedgerLease`'s."""
 
     def __init__(self, task: Task, headers: RunHeaders) -> None:
         self.task = task
@@ -127,14 +84,22 @@ class Execution:
         self.ledger = Ledger()
         self.attempt = int(self.request.retries or 0)
         self.worker = self.request.hostname or socket.gethostname()
-        self.token: int | None = None
         self.started_at: datetime | None = None
         self.handed_over = False
         self.retry_reason = ""
         self.locks = ExitStack()
-        #: Overlap policy ``buffer_one``: the waiting run this delivery took back into the
-        #: outbox and handed the task's running lock to; published once the locks are given up.
-        self.released: list[ClaimedRun] = []
+        self.lease = LedgerLease(self.ledger, self.run_id, self.settings.lease_seconds)
+        self.overlap = Overlap(self)
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token this delivery started the run under (None: not started)."""
+        return self.lease.token
+
+    @property
+    def store(self) -> str:
+        """Where this worker takes run locks (:func:`~celery_driftsafe.locks.lock_identity`)."""
+        return lock_identity(self.settings)
 
     # -- outcomes without the body --------------------------------------------------------------
 
@@ -154,25 +119,13 @@ class Execution:
         )
         raise Ignore()
 
-    def _skip(self, token: int | None, why: str = SKIPPED_WHY) -> NoReturn:
-        self.ledger.end_waiting(self.run_id, RunStatus.SKIPPED, self._now(), why, token=token)
-        metrics.execution(self.task.name, "skipped")
-        log_run(
-            logging.INFO,
-            "run %s skipped: the previous run is still running",
-            self.run_id,
-            run_id=self.run_id,
-            action="overlap-skip",
-        )
-        raise Ignore()
-
     def _expire(self, now: datetime, expires_at: datetime, row: RunRow) -> NoReturn:
         why = (
             f"expired: the run expired at {expires_at.isoformat()}, the time authority "
             f"said {now.isoformat()} when it was delivered"
         )
         if self.ledger.end_waiting(self.run_id, RunStatus.EXPIRED, now, why):
-            self._pass_turn_on(row)
+            self.overlap.pass_turn_on(row)
             metrics.execution(self.task.name, "expired")
             log_run(
                 logging.WARNING,
@@ -217,6 +170,10 @@ class Execution:
             action="resend",
         )
         raise Ignore()
+
+    def unreachable(self, why: str, args: Any, kwargs: Any) -> NoReturn:
+        """A backend this delivery needs is out of reach: it comes back a little later."""
+        self.resend(why, UNREACHABLE_RESEND_SECONDS, args, kwargs)
 
     # -- the outcome of the body ----------------------------------------------------------------
 
@@ -270,89 +227,6 @@ class Execution:
 
     def _now(self) -> datetime:
         return authority_clock().now()
-
-    def _lease_left(self, row: RunRow, now: datetime) -> float:
-        """Seconds the started run's worker still holds its lease in the ledger (0: over)."""
-        if row.status != RunStatus.STARTED or row.lease_until is None:
-            return 0.0
-        return max(0.0, (row.lease_until - now).total_seconds())
-
-    def _lease_end(self, now: datetime) -> datetime:
-        """When a lease in the ledger taken or renewed at ``now`` ends."""
-        return now + timedelta(seconds=self.settings.lease_seconds)
-
-    def _renew_lease(self) -> bool:
-        """In the lock's watchdog thread, after each renewal: the run's lease in the ledger
-        follows its lock, on a connection of that thread's, closed again. False once the
-        ledger refuses it (the run ended, or a newer holder took it over)."""
-        from django.db import connections
-
-        if self.token is None:
-            return True
-        try:
-            return self.ledger.renew_lease(self.run_id, self.token, self._lease_end(self._now()))
-        finally:
-            connections.close_all()
-
-    def _keep_lease(self, stop: threading.Event) -> None:
-        """The run's lock was declared lost while its body runs (its renewal was refused: a
-        copy held the key Redis lost, for the moment of its refused start; or the lease ran
-        out while the worker was paused or the backend away). The body runs on, so the lease
-        in the ledger, which a takeover also needs over, is renewed from a thread of its own
-        until ``stop`` is set (the run ends) or the ledger refuses it (a newer holder took the
-        run over while this worker was away)."""
-        thread = threading.Thread(
-            target=self._keep_lease_until,
-            args=(stop,),
-            name=f"driftsafe-lease[run:{self.run_id}]",
-            daemon=True,
-        )
-        thread.start()
-
-    def _keep_lease_until(self, stop: threading.Event) -> None:
-        log_run(
-            logging.WARNING,
-            "run %s: its lock was lost while the body runs; the worker keeps its lease in the "
-            "ledger until the run ends, so no copy takes it over meanwhile",
-            self.run_id,
-            run_id=self.run_id,
-            action="lease-kept",
-        )
-        interval = self.settings.lease_seconds / 3
-        while not stop.is_set():
-            try:
-                if not self._renew_lease():
-                    if not stop.is_set() and self._taken_over():
-                        log_run(
-                            logging.ERROR,
-                            "run %s: its lease in the ledger can no longer be renewed: a "
-                            "newer holder took the run over while this worker was away",
-                            self.run_id,
-                            run_id=self.run_id,
-                            action="lease-taken-over",
-                        )
-                    return
-            except Exception as exc:  # the database or the time authority away: keep trying
-                log_run(
-                    logging.WARNING,
-                    "run %s: could not renew its lease in the ledger (%s); retrying",
-                    self.run_id,
-                    exc,
-                    run_id=self.run_id,
-                    action="lease-renew-failed",
-                )
-            stop.wait(interval)
-
-    def _taken_over(self) -> bool:
-        """Whether a newer holder wrote the run (not this worker's own outcome or hand-over,
-        which also end its lease), read on a connection closed again."""
-        from django.db import connections
-
-        try:
-            row = self.ledger.load(self.run_id)
-        finally:
-            connections.close_all()
-        return row is not None and row.fencing_token != self.token
 
     def _finish(self, status: str, error: str = "") -> bool:
         """Record the outcome under the token; while the database is away, keep trying (with
@@ -425,253 +299,6 @@ class Execution:
 
         return self.ledger.together(both)
 
-    # -- overlap policy skip --------------------------------------------------------------------
-
-    @staticmethod
-    def _skips_overlaps(row: RunRow) -> bool:
-        return row.periodic_task_id is not None and row.overlap_policy in ONE_AT_A_TIME
-
-    def _check_overlap_locked(self, row: RunRow, token: int, args: Any, kwargs: Any) -> None:
-        """Under the run lock, before the start: with overlap policy ``skip`` or
-        ``buffer_one``, hold the task's running lock for the body, or record the run
-        ``skipped`` (``skip``) or ``waiting`` (``buffer_one``)."""
-        if not self._skips_overlaps(row):
-            return
-        assert row.periodic_task_id is not None
-        if self._hold_running_lock(
-            row.periodic_task_id, token, args, kwargs, None, policy=row.overlap_policy
-        ):
-            return
-        if row.overlap_policy == OverlapPolicy.BUFFER_ONE:
-            self._skip(token, self._wait(row.periodic_task_id, token, started=False))
-        self._skip(token)
-
-    def _check_overlap_unlocked(self, row: RunRow, mode: str) -> None:
-        """Before a start without a run lock (``mode``: ``eager``, ``fail_open``,
-        ``lock-mismatch``), with overlap policy ``skip`` (or ``buffer_one``, which does not
-        wait here: no shared running lock tells when to go on): record the run ``skipped``
-        when the ledger has another run of the task started, or when another holds the
-        task's running lock in the database. That lock, held for the body, puts two such
-        starts at the same instant in order (Redis, where the running lock usually lives, is
-        out of reach or not shared); a database lock cannot be taken inside a transaction (an
-        eager call in an ``atomic`` block), where the ledger alone decides."""
-        assert row.periodic_task_id is not None
-        why = SKIPPED_WHY if row.overlap_policy == OverlapPolicy.SKIP else UNLOCKED_NO_WAIT_WHY
-        if self.ledger.other_started(row.periodic_task_id, self.run_id):
-            self._skip(None, why)
-        task_lock = running_lock(DatabaseLockBackend(), row.periodic_task_id, self.settings)
-        try:
-            held: bool | None = task_lock.acquire(blocking=False)
-        except LockError:  # inside a transaction: not seen by others before it commits
-            held = None
-        if held is False:
-            self._skip(None, why)
-        if held:
-            self.locks.enter_context(task_lock.watch())
-        log_run(
-            logging.INFO,
-            "run %s: overlap checked on the ledger%s (%s)",
-            self.run_id,
-            " and the database's running lock" if held else " only",
-            mode,
-            run_id=self.run_id,
-            action="overlap-ledger",
-        )
-
-    def _hold_overlap_lock_or_skip(
-        self,
-        periodic_task_id: int,
-        token: int,
-        args: Any,
-        kwargs: Any,
-        *,
-        policy: str,
-        took_over: bool,
-        started_at: datetime,
-    ) -> None:
-        """After a fast-path start (at ``started_at``): hold the task's running lock, or end
-        the run skipped (``buffer_one``: wait, unless another run waits); a run taken over
-        from a lost worker ran in part, so it ends failed, as a reconcile pass records it when
-        the slow path leaves it started."""
-        if self._hold_running_lock(
-            periodic_task_id, token, args, kwargs, started_at, policy=policy
-        ):
-            return
-        status = RunStatus.FAILED if took_over else RunStatus.SKIPPED
-        why = LOST_NOT_AGAIN if took_over else SKIPPED_WHY
-        if policy == OverlapPolicy.BUFFER_ONE:
-            if took_over:
-                why = why.replace("'skip'", "'buffer_one'")
-            else:
-                why = self._wait(periodic_task_id, token, started=True)
-        self.ledger.finish(self.run_id, token, status, self._now(), why)
-        metrics.execution(self.task.name, status)
-        log_run(
-            logging.WARNING if took_over else logging.INFO,
-            "run %s %s",
-            self.run_id,
-            why,
-            run_id=self.run_id,
-            action="overlap-skip",
-        )
-        raise Ignore()
-
-    def _wait(self, periodic_task_id: int, token: int, *, started: bool) -> str:
-        """Overlap policy ``buffer_one``, the task's running lock held by another run: the run
-        waits in the ledger, and this delivery ends (its message acknowledged: the run holds
-        no worker while it waits). Returns why the run is skipped instead: another run of the
-        task waits already (or the run is no longer this delivery's to change, when the skip
-        changes nothing either), or this is a retry's attempt, which does not wait (the run's
-        message would come back as its first attempt's).
-
-        The run waits first, then looks at the running lock: a run that ends meanwhile looks
-        for the waiting run before it gives its lock up, so one of the two sees the other and
-        takes the waiting run back (:meth:`_hand_on`)."""
-        if self.attempt > 0:
-            return RETRY_NO_WAIT_WHY
-        if not self.ledger.wait(
-            self.run_id, token, periodic_task_id, WAITING_WHY, store=self._store, started=started
-        ):
-            return BUFFER_FULL_WHY
-        metrics.execution(self.task.name, RunStatus.WAITING)
-        log_run(
-            logging.INFO,
-            "run %s waits for the task's running run (overlap policy 'buffer_one')",
-            self.run_id,
-            run_id=self.run_id,
-            action="overlap-wait",
-        )
-        self.locks.close()  # the run's lock: its next delivery takes it at once
-        if not self.ledger.other_started(
-            periodic_task_id, self.run_id, lease_lasting_at=self._now()
-        ):
-            self._hand_on(periodic_task_id, handed=False)
-        raise Ignore()
-
-    def _hand_on(self, periodic_task_id: int, *, handed: bool) -> None:
-        """Overlap policy ``buffer_one``, outside a body: take the task's running lock (free,
-        or, ``handed``, handed to this run), take the task's waiting run back and hand the lock
-        to it (:meth:`_take_back_waiting`), then publish it. A run that just waited does this
-        when no run of the task runs (so it publishes itself), and a run the lock was handed
-        to whose delivery ends without its body (expired, a copy of a finished run) passes
-        its turn on. Nothing when the lock is held, or the lock backend cannot tell: then a
-        beat publishes the waiting run once the lock is free."""
-        task_lock = running_lock(lock_backend(self.settings), periodic_task_id, self.settings)
-        try:
-            taken = (
-                task_lock.take_handed(running_lock_heir(self.run_id))
-                if handed
-                else task_lock.acquire(blocking=False)
-            )
-        except LockError:
-            return
-        if not taken:
-            return
-        with task_lock.watch(watchdog=False) as held:
-            self._take_back_waiting(periodic_task_id, held)
-        self._publish_released()
-
-    def _take_back_waiting(self, periodic_task_id: int, held: HeldLock) -> None:
-        """Overlap policy ``buffer_one``, the task's running lock still held (this delivery's
-        body ended, or :meth:`_hand_on` took it): the task's waiting run, if any, back into
-        the outbox (:func:`~celery_driftsafe.claim.outbox.release_waiting`), and the lock to
-        be handed to it as it is given up, so that no later slot's delivery takes it in
-        between; the run is published once the lock is handed (:meth:`_publish_released`).
-        Never raises: a waiting run left is published by a beat's recovery pass. Nothing when
-        the lock is no longer this delivery's (its lease ran out while the worker was paused,
-        say): its holder, or a beat, takes the waiting run back."""
-        from celery_driftsafe.claim.outbox import release_waiting
-
-        try:
-            held.check()
-        except LockLost:
-            return
-        try:
-            runs = release_waiting(
-                self._now(), f"worker:{self.worker}", periodic_task_id=periodic_task_id
-            )
-        except Exception as exc:  # the database away: the beats take it over
-            self._release_failed(exc)
-            return
-        if runs:
-            held.heir = running_lock_heir(runs[0].run_id)
-            self.released.extend(runs)
-
-    def _publish_released(self) -> None:
-        """Publish the waiting run taken back (:meth:`_take_back_waiting`) through the outbox.
-        Never raises: a run this worker could not publish stays claimed, and a beat publishes
-        it after the lease."""
-        from celery_driftsafe.publish.dispatcher import Dispatcher
-
-        runs, self.released = self.released, []
-        if not runs:
-            return
-        try:
-            Dispatcher(self.task.app, authority_clock()).dispatch(runs)
-        except Exception as exc:  # the broker away: the beats take it over
-            self._release_failed(exc)
-
-    def _release_failed(self, exc: Exception) -> None:
-        log_run(
-            logging.WARNING,
-            "run %s: could not publish the task's waiting run (%s); a beat will",
-            self.run_id,
-            exc,
-            run_id=self.run_id,
-            action="release-waiting-failed",
-        )
-
-    def _hold_running_lock(
-        self,
-        periodic_task_id: int,
-        token: int,
-        args: Any,
-        kwargs: Any,
-        started_at: datetime | None,
-        *,
-        policy: str | None,
-    ) -> bool:
-        """Take the task's running lock and watch it for the body; False when another run of
-        the task runs by the ledger or holds the lock. With the lock backend unreachable, the
-        delivery comes again later (a run already started, at ``started_at``, goes back to
-        waiting first). A lock handed to this run (it waited, overlap policy ``buffer_one``;
-        the policy may have changed to ``skip`` since) is taken whatever else. Under
-        ``buffer_one``, at the body's end the task's waiting run is taken back and the lock
-        handed to it (:meth:`_take_back_waiting`).
-
-        The ledger is asked first, and only about runs started before this one (a run not
-        started yet comes after every started one): of two runs started at once, the later
-        neither takes the lock nor skips the earlier, so one of them runs. A run started
-        before this one under a lasting lease runs whatever the lock says (Redis may have
-        lost the key while its body runs); one started before a waiting run was handed the
-        lock is a later slot's, which finds the lock held and waits or is skipped."""
-        now = self._now()
-        buffering = policy == OverlapPolicy.BUFFER_ONE
-        earlier = self.ledger.other_started(
-            periodic_task_id, self.run_id, lease_lasting_at=now, before=started_at or now
-        )
-        task_lock = running_lock(lock_backend(self.settings), periodic_task_id, self.settings)
-        try:
-            held = (not earlier and task_lock.acquire(blocking=False)) or task_lock.take_handed(
-                running_lock_heir(self.run_id)
-            )
-        except LockError as exc:
-            metrics.lock_error(self.task.name)
-            if started_at is not None:
-                self.ledger.requeue(self.run_id, token, f"waiting: {exc}")
-            self.locks.close()  # give the run lock back before the delivery comes again
-            self.resend(
-                f"lock backend unreachable taking the overlap lock ({exc})",
-                UNREACHABLE_RESEND_SECONDS,
-                args,
-                kwargs,
-            )
-        if held:
-            watched = self.locks.enter_context(task_lock.watch())
-            if buffering:  # given up before the lock is (the stack's order)
-                self.locks.callback(self._take_back_waiting, periodic_task_id, watched)
-        return held
-
     # -- the delivery ---------------------------------------------------------------------------
 
     def run(self, args: Any, kwargs: Any) -> Any:
@@ -712,19 +339,12 @@ class Execution:
         assert row is not None
         duplicate = self._duplicate(row)
         if duplicate:
-            self._pass_turn_on(row)
+            self.overlap.pass_turn_on(row)
             self._suppress(duplicate)
         expires_at = row.expires_at or self._message_expiry()
         if expires_at is not None and now >= expires_at and row.status != RunStatus.STARTED:
             self._expire(now, expires_at, row)  # a started run is taken over, not expired
         return row
-
-    def _pass_turn_on(self, row: RunRow) -> None:
-        """Overlap policy ``buffer_one``: the run ends without its body; if the task's running
-        lock was handed to it (it waited), the next waiting run gets it (:meth:`_hand_on`),
-        rather than the task's slots waiting for that lock's lease to run out."""
-        if row.periodic_task_id is not None and row.overlap_policy == OverlapPolicy.BUFFER_ONE:
-            self._hand_on(row.periodic_task_id, handed=True)
 
     def _locks_elsewhere(self) -> bool:
         """Whether the run was published by a process that takes run locks elsewhere (no
@@ -734,7 +354,7 @@ class Execution:
         theirs = self.headers.locks
         if theirs is None:
             return False
-        mine = self._store
+        mine = self.store
         if theirs == mine:
             return False
         if (theirs, mine) not in _LOCKS_REPORTED:
@@ -754,16 +374,12 @@ class Execution:
             )
         return True
 
-    @property
-    def _store(self) -> str:
-        return lock_identity(self.settings)
-
     def _held_elsewhere(self, row: RunRow) -> str:
         """Why a start under this worker's lock was refused."""
-        if row.status == RunStatus.STARTED and row.lock_store not in (None, self._store):
+        if row.status == RunStatus.STARTED and row.lock_store not in (None, self.store):
             return (
                 f"it was started by a worker that locks in {row.lock_store}, whose lock this "
-                f"worker (locking in {self._store}) cannot see"
+                f"worker (locking in {self.store}) cannot see"
             )
         return "it already started or finished under another holder"
 
@@ -801,9 +417,8 @@ class Execution:
             metrics.lock_error(self.task.name)
             row = row or self._checked(now)  # a duplicate or an expired run ends here
             if self.settings.redis_unavailable != "fail_open":
-                self.resend(
+                self.unreachable(
                     f"lock backend unreachable ({exc}); REDIS_UNAVAILABLE=fail_closed",
-                    UNREACHABLE_RESEND_SECONDS,
                     args,
                     kwargs,
                 )
@@ -828,7 +443,7 @@ class Execution:
         try:
             return self._run_under(lock, row, now, args, kwargs)
         finally:
-            self._publish_released()  # the waiting run the running lock was handed to
+            self.overlap.publish_released()  # the waiting run the running lock was handed to
 
     def _run_under(
         self, lock: DistributedLock, row: RunRow | None, now: datetime, args: Any, kwargs: Any
@@ -838,56 +453,52 @@ class Execution:
         with self.locks:
             ended = threading.Event()  # the run is over: no lease in the ledger to keep
             watched = lock.watch(
-                on_renewed=self._renew_lease, on_lost=lambda _held: self._keep_lease(ended)
+                on_renewed=self.lease.renew, on_lost=lambda _held: self.lease.keep(ended)
             )
             token = self.locks.enter_context(watched).fencing_token
             self.locks.callback(ended.set)
-            start = Start(
+            read_first = row is not None
+            if row is not None:
+                self.overlap.before_start(row, token, now, args, kwargs)
+            started = self._start(token, now, locked=True)
+            if started is None:
+                if row is None:
+                    row = self._checked(now)  # says why, or ends the delivery
+                    if row.fencing_token >= token:  # the lock's counter was behind the run's
+                        self.locks.close()
+                        return self._run_locked(row, now, args, kwargs)
+                self._refused(row, now, args, kwargs)
+            if not read_first:
+                self.overlap.after_start(started, token, now, args, kwargs)
+            self.lease.token, self.started_at = token, now
+            return self._body(args, kwargs)
+
+    def _start(self, token: int, now: datetime, *, locked: bool) -> Started | None:
+        """Start the run at ``now`` under ``token``, the run's lock's (``locked``: its lease in
+        the ledger kept with the lock) or, without a lock, the run's own one up: the one start
+        statement (:meth:`Ledger.start`), which also checks that the run is this message's
+        and has not expired. None when refused."""
+        return self.ledger.start(
+            Start(
                 self.run_id,
                 token,
                 now,
                 self.worker,
                 self.attempt,
-                self._store,
-                self._lease_end(now),
+                self.store if locked else None,
+                self.lease.end(now) if locked else None,
+                task=self.task.name,
+                task_id=self.request.id or "",
+                periodic_task_id=self.headers.periodic_task_id,
             )
-            if row is not None:
-                self._check_overlap_locked(row, token, args, kwargs)
-                if not self.ledger.start(start):
-                    self._refused(row, now, args, kwargs)
-            else:
-                started = self.ledger.start_checked(
-                    start,
-                    task=self.task.name,
-                    task_id=self.request.id,
-                    periodic_task_id=self.headers.periodic_task_id,
-                )
-                if started is None:
-                    row = self._checked(now)  # says why, or ends the delivery
-                    if row.fencing_token >= token:  # the lock's counter was behind the run's
-                        self.locks.close()
-                        return self._run_locked(row, now, args, kwargs)
-                    self._refused(row, now, args, kwargs)
-                periodic_task_id, overlap_policy, took_over = started
-                if periodic_task_id is not None and overlap_policy in ONE_AT_A_TIME:
-                    self._hold_overlap_lock_or_skip(
-                        periodic_task_id,
-                        token,
-                        args,
-                        kwargs,
-                        policy=overlap_policy,
-                        took_over=took_over,
-                        started_at=now,
-                    )
-            self.token, self.started_at = token, now
-            return self._body(args, kwargs)
+        )
 
     def _refused(self, row: RunRow, now: datetime, args: Any, kwargs: Any) -> NoReturn:
         """A start under this worker's lock was refused: while the run's worker still holds
         its lease in the ledger (its lock was lost from Redis: a flush, a restart), the lock
         goes back at once, for that worker to set it again, and the delivery comes back once
         the lease is over; otherwise the delivery is a duplicate."""
-        left = self._lease_left(row, now)
+        left = lease_left(row, now)
         if left > 0:
             self.locks.close()
             self.resend(
@@ -906,12 +517,11 @@ class Execution:
         alone decides (a run already started is never taken over); the overlap policy is
         checked on the ledger and the database's running lock, held for the body."""
         with self.locks:
-            if self._skips_overlaps(row):
-                self._check_overlap_unlocked(row, mode)
-            token = self.ledger.start_unlocked(self.run_id, now, self.worker, self.attempt)
-            if token is None:
+            self.overlap.before_unlocked_start(row, mode)
+            token = row.fencing_token + 1  # the run's own sequence: no lock gives one
+            if self._start(token, now, locked=False) is None:
                 self._suppress(f"it already started (database check, {mode})")
-            self.token, self.started_at = token, now
+            self.lease.token, self.started_at = token, now
             return self._body(args, kwargs)
 
     def _mismatch(self, run: RunRow | None) -> str:

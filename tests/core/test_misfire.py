@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from celery_driftsafe.core.misfire import MissedSpan, plan_claim
 from celery_driftsafe.core.schedules import Crontab, Interval, OneOff, Solar
+from celery_driftsafe.core.stored_names import MisfirePolicy
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 EVERY_SECOND = Interval(timedelta(seconds=1), T0)
@@ -442,3 +443,72 @@ def test_a_solar_schedule_counted_by_days_counts_as_the_walk_does(
         list(solar.slots_between(tail_start, end))
         == list(solar.slots_between(walked_tail_start, end))[-keep:]
     )
+
+
+# -- the planner's choice: the grid and the walk make the same plans ----------------------------
+
+
+def test_without_arithmetic_plans_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``arithmetic`` is the caller's choice (the core holds no switch): on, a slot on time
+    takes the shortcut and an interval behind is counted on its grid; off, both walk."""
+    from celery_driftsafe.core import misfire
+
+    walks: list[int] = []
+    walk = misfire._walk_due
+
+    def counting(*args: Any) -> Any:
+        walks.append(1)
+        return walk(*args)
+
+    monkeypatch.setattr(misfire, "_walk_due", counting)
+    minutely = Interval(timedelta(minutes=1), T0)
+    second = timedelta(seconds=1)
+    on_time = plan_claim(minutely, T0, T0 + second)
+    behind = plan_claim(minutely, T0, T0 + timedelta(hours=2))
+    assert walks == []
+    assert plan_claim(minutely, T0, T0 + second, arithmetic=False) == on_time
+    assert plan_claim(minutely, T0, T0 + timedelta(hours=2), arithmetic=False) == behind
+    assert len(walks) == 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    every_ms=st.integers(1, 7_200_000),
+    anchor_us=st.integers(-(10**9), 10**9),
+    behind_us=st.integers(-(10**9), 4 * 10**10),
+    grace_s=st.integers(0, 600),
+    busy_us=st.none() | st.integers(-4 * 10**10, 10**9),
+    policy=st.sampled_from(list(MisfirePolicy)),
+    fire_all_max=st.integers(1, 20),
+    record_max=st.integers(0, 5),
+    on_time_max=st.integers(1, 50),
+)
+def test_plans_by_arithmetic_are_the_walks_plans(
+    every_ms: int,
+    anchor_us: int,
+    behind_us: int,
+    grace_s: int,
+    busy_us: int | None,
+    policy: MisfirePolicy,
+    fire_all_max: int,
+    record_max: int,
+    on_time_max: int,
+) -> None:
+    """The walk is the oracle: with the shortcut and the count on the grid, every plan of a
+    plain interval is the one the walk makes (from a slot of the schedule, as a task's next
+    slot is: ``plan_claim`` trusts it to be one)."""
+    schedule = Interval(timedelta(milliseconds=every_ms), T0 + timedelta(microseconds=anchor_us))
+    next_slot = schedule.first_at_or_after(T0)
+    assert next_slot is not None
+    now = T0 + timedelta(microseconds=behind_us)
+    options: dict[str, Any] = {
+        "policy": policy,
+        "grace": timedelta(seconds=grace_s),
+        "fire_all_max": fire_all_max,
+        "record_max": record_max,
+        "on_time_max": on_time_max,
+        "busy_since": None if busy_us is None else now + timedelta(microseconds=busy_us),
+    }
+    planned = plan_claim(schedule, next_slot, now, **options)
+    walked = plan_claim(schedule, next_slot, now, arithmetic=False, **options)
+    assert planned == walked

@@ -18,9 +18,6 @@ from celery import Celery
 from django.core.checks import Error
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
-from hypothesis import given
-from hypothesis import settings as examples
-from hypothesis import strategies as st
 
 from benchmarks.bench_settings import OWN_SETTINGS, switched_off
 from celery_driftsafe.beat import nodes
@@ -30,7 +27,6 @@ from celery_driftsafe.claim.claimers import claimer_for, run_expiry
 from celery_driftsafe.claim.prefetch import Prefetcher
 from celery_driftsafe.conf import build_settings, get_settings
 from celery_driftsafe.core import instants, misfire
-from celery_driftsafe.core.schedules import Interval
 from celery_driftsafe.core.stored_names import MisfirePolicy, Optimisation
 from celery_driftsafe.exceptions import ConfigurationError
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
@@ -47,6 +43,7 @@ from tests.support.fast_path import T0, claim, comparable, raw_messages, same_ex
 pytestmark = pytest.mark.django_db(transaction=True)
 
 S = timedelta(seconds=1)
+H = timedelta(hours=1)
 
 
 def switch_off(settings: Any, *names: str) -> None:
@@ -234,96 +231,54 @@ def test_without_gc_young_the_threshold_stays(settings: Any, threshold: tuple[in
     assert widen_young_generation() and gc.get_threshold() != threshold
 
 
-# -- the core's switches ------------------------------------------------------------------------
+# -- the core's switch and the misfire planner's choice -----------------------------------------
 
 
 @pytest.fixture
 def core_switches() -> Iterator[None]:
     yield
     instants.remember_iso_texts(True)
-    misfire.plan_by_arithmetic(True)
 
 
 def test_the_settings_switch_the_cores_mechanisms(settings: Any, core_switches: None) -> None:
     when = T0 + timedelta(microseconds=7)
-    switch_off(settings, "iso_texts", "misfire_arithmetic")  # set as the settings change
+    switch_off(settings, "iso_texts")  # set as the settings change
     assert instants.iso_text(when) == when.isoformat()
     assert instants.iso_text(when) is not instants.iso_text(when)  # made again each time
-    assert instants._iso_texts == {} and not misfire._arithmetic
+    assert instants._iso_texts == {}
     settings.DRIFTSAFE_INTERNALS = {**settings.DRIFTSAFE_INTERNALS, "OPTIMISATIONS_OFF": []}
-    assert instants.iso_text(when) is instants.iso_text(when) and misfire._arithmetic
+    assert instants.iso_text(when) is instants.iso_text(when)
 
 
-@pytest.fixture
-def walks(monkeypatch: pytest.MonkeyPatch, core_switches: None) -> list[int]:
-    """One entry each time a plan walks its slots."""
-    seen: list[int] = []
+def test_without_misfire_arithmetic_the_claim_plans_walk(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim hands the misfire planner its choice (the core holds no switch): off, each
+    plan walks its slots, and the claim's outcome is the same."""
+    walks: list[int] = []
     walk = misfire._walk_due
 
     def counting(*args: Any) -> Any:
-        seen.append(1)
+        walks.append(1)
         return walk(*args)
 
     monkeypatch.setattr(misfire, "_walk_due", counting)
-    return seen
+    nodes.register("n1", T0)
 
+    def claimed(prefix: str) -> list[tuple[str, Any]]:
+        interval_task(f"{prefix}-on-time", 60, anchor=T0 - timedelta(hours=2), next_slot_at=T0)
+        interval_task(
+            f"{prefix}-behind", 60, anchor=T0 - timedelta(hours=2), next_slot_at=T0 - 2 * H
+        )
+        runs = claimer_for().claim(T0 + S, "n1").runs
+        return sorted((run.task_name.removeprefix(prefix), run.slot) for run in runs)
 
-def test_without_misfire_arithmetic_plans_walk(walks: list[int]) -> None:
-    minutely = Interval(timedelta(minutes=1), T0)
-    on_time = misfire.plan_claim(minutely, T0, T0 + S)
-    behind = misfire.plan_claim(minutely, T0, T0 + timedelta(hours=2))
+    assert claimer_for().arithmetic  # type: ignore[attr-defined]
+    planned = claimed("a")
     assert walks == []  # the shortcut, then the count on the grid
-    misfire.plan_by_arithmetic(False)
-    assert misfire.plan_claim(minutely, T0, T0 + S) == on_time
-    assert misfire.plan_claim(minutely, T0, T0 + timedelta(hours=2)) == behind
-    assert len(walks) == 2
-
-
-@examples(max_examples=300, deadline=None)
-@given(
-    every_ms=st.integers(1, 7_200_000),
-    anchor_us=st.integers(-(10**9), 10**9),
-    behind_us=st.integers(-(10**9), 4 * 10**10),
-    grace_s=st.integers(0, 600),
-    busy_us=st.none() | st.integers(-4 * 10**10, 10**9),
-    policy=st.sampled_from(list(MisfirePolicy)),
-    fire_all_max=st.integers(1, 20),
-    record_max=st.integers(0, 5),
-    on_time_max=st.integers(1, 50),
-)
-def test_plans_by_arithmetic_are_the_walks_plans(
-    every_ms: int,
-    anchor_us: int,
-    behind_us: int,
-    grace_s: int,
-    busy_us: int | None,
-    policy: MisfirePolicy,
-    fire_all_max: int,
-    record_max: int,
-    on_time_max: int,
-) -> None:
-    """The walk is the oracle: with the shortcut and the count on the grid, every plan of a
-    plain interval is the one the walk makes (from a slot of the schedule, as a task's next
-    slot is: ``plan_claim`` trusts it to be one)."""
-    schedule = Interval(timedelta(milliseconds=every_ms), T0 + timedelta(microseconds=anchor_us))
-    next_slot = schedule.first_at_or_after(T0)
-    assert next_slot is not None
-    now = T0 + timedelta(microseconds=behind_us)
-    options: dict[str, Any] = {
-        "policy": policy,
-        "grace": timedelta(seconds=grace_s),
-        "fire_all_max": fire_all_max,
-        "record_max": record_max,
-        "on_time_max": on_time_max,
-        "busy_since": None if busy_us is None else now + timedelta(microseconds=busy_us),
-    }
-    try:
-        planned = misfire.plan_claim(schedule, next_slot, now, **options)
-        misfire.plan_by_arithmetic(False)
-        walked = misfire.plan_claim(schedule, next_slot, now, **options)
-    finally:
-        misfire.plan_by_arithmetic(True)
-    assert planned == walked
+    switch_off(settings, "misfire_arithmetic")
+    assert not claimer_for().arithmetic  # type: ignore[attr-defined]
+    assert claimed("b") == planned and len(walks) == 2
 
 
 # -- reading the due tasks ----------------------------------------------------------------------

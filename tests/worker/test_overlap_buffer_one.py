@@ -404,15 +404,15 @@ def test_a_run_whose_running_lock_was_lost_leaves_the_waiting_run_to_a_beat(
     while the worker was paused, say): the lock is no longer its to hand over, so it does not
     take the waiting run back; a beat's recovery does, once the lock is free and the run's
     lease in the ledger over, and hands the lock to it."""
-    from celery_driftsafe.worker.execution import Execution
+    from celery_driftsafe.worker.overlap import Overlap
 
-    original = Execution._take_back_waiting
+    original = Overlap._take_back_waiting
 
-    def lost_meanwhile(self: Execution, periodic_task_id: int, held: Any) -> None:
+    def lost_meanwhile(self: Overlap, periodic_task_id: int, held: Any) -> None:
         held._mark_lost("the lease ran out while the worker was paused")
         original(self, periodic_task_id, held)
 
-    monkeypatch.setattr(Execution, "_take_back_waiting", lost_meanwhile)
+    monkeypatch.setattr(Overlap, "_take_back_waiting", lost_meanwhile)
     _, second = _first_ran_while_second_waited(record, redis_client, "lost-at-the-end")
     assert Run.objects.get(pk=second.pk).status == RunStatus.WAITING
     assert drain() == []

@@ -843,7 +843,7 @@ def test_a_start_rolled_back_for_a_concurrent_update_runs_again(
                 outcome.append(cursor.fetchone()[0])
                 cursor.execute("SELECT pg_backend_pid()")
                 backend.append(cursor.fetchone()[0])
-            outcome.append(Ledger().start(Start(run.pk, 1, T0, "w1", 0, "database")))
+            outcome.append(Ledger().start(Start(run.pk, 1, T0, "w1", 0, "database")) is not None)
         except Exception as exc:
             outcome.append(exc)
         finally:
@@ -929,12 +929,12 @@ def test_a_worker_before_its_upgrades_migration_says_run_migrate() -> None:
 def test_a_start_without_a_lock_records_no_store() -> None:
     """An attempt started without a lock (eager, ``fail_open``, ``lock-mismatch``) clears the
     store an earlier attempt's lock holder recorded: that store says nothing of this one."""
-    from celery_driftsafe.ledger.run_ledger import Ledger
+    from celery_driftsafe.ledger.run_ledger import Ledger, Start
 
     run = Run.objects.create(
         task_name="tests.add", status=RunStatus.DISPATCHED, attempt=0, lock_store="redis:x"
     )
-    assert Ledger().start_unlocked(run.pk, T0, "w1", 1) is not None
+    assert Ledger().start(Start(run.pk, 1, T0, "w1", 1, None)) is not None
     run.refresh_from_db()
     assert (run.status, run.lock_store, run.worker) == (RunStatus.STARTED, None, "w1 (no lock)")
 

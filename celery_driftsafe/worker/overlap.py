@@ -1,0 +1,403 @@
+"""The overlap policies ``skip`` and ``buffer_one`` for one delivery of a run: whether another
+run of the task runs, the task's running lock, and what a run that finds its task running
+records.
+
+Two proofs say a run of the task runs: the task's running lock (``task-running:<periodic task
+id>``), held for the body, and the ledger (:meth:`Overlap._another_runs`, the one answer:
+another run ``started`` whose worker's lease lasts). Both are consulted, so a lock Redis lost
+while a body runs (a flush, an eviction, a restart that kept no data) does not let the next
+slot's run start beside it. The ledger is asked first, about runs started before this one
+only, so that of two runs started at once one runs (the earlier).
+
+A run that finds its task running is recorded ``skipped`` (``skip``), or waits in the ledger
+(``buffer_one``: ``waiting``, one a task at most, a further one is skipped) and its delivery
+ends. The delivery that held the lock takes the waiting run back into the outbox as it ends,
+whatever its end (:func:`~celery_driftsafe.claim.outbox.release_waiting`), hands the lock to it
+(:meth:`~celery_driftsafe.locks.DistributedLock.hand_over`: no later slot can start in
+between, the waiting run is next) and publishes it; a beat does when that worker died
+(:func:`~celery_driftsafe.beat.recovery.recover`).
+
+The delivery (:class:`~celery_driftsafe.worker.execution.Execution`) asks before it starts the
+run when it read the run first (:meth:`Overlap.before_start`,
+:meth:`Overlap.before_unlocked_start`), or right after its one conditional start otherwise
+(:meth:`Overlap.after_start`).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import ExitStack
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+
+from celery import Task
+from celery.exceptions import Ignore
+
+from celery_driftsafe.core.stored_names import OverlapPolicy, RunStatus
+from celery_driftsafe.exceptions import LockError, LockLost
+from celery_driftsafe.ledger.run_ledger import Ledger, RunRow, Started
+from celery_driftsafe.locks import lock_backend, running_lock, running_lock_heir
+from celery_driftsafe.locks.database import DatabaseLockBackend
+from celery_driftsafe.monitoring import metrics
+from celery_driftsafe.store.clock import authority_clock
+from celery_driftsafe.worker import log_run
+
+if TYPE_CHECKING:
+    from celery_driftsafe.claim.outbox import ClaimedRun
+    from celery_driftsafe.conf import DriftSafeSettings
+    from celery_driftsafe.locks.contract import HeldLock
+
+SKIPPED_WHY = "skipped: the previous run of this task is still running (overlap policy 'skip')"
+#: A run taken over from a lost worker while the task's next run holds its running lock.
+LOST_NOT_AGAIN = (
+    "failed: the worker that started it was lost, and it is not run again while the task's "
+    "next run is running (overlap policy 'skip')"
+)
+#: Overlap policy ``buffer_one``: the run waits in the ledger for the task's running run.
+WAITING_WHY = (
+    "waiting: the previous run of this task is still running; this run is published again "
+    "when it ends (overlap policy 'buffer_one')"
+)
+#: Overlap policy ``buffer_one``: another run of the task waits already.
+BUFFER_FULL_WHY = (
+    "skipped: the previous run of this task is still running and another run of it is "
+    "already waiting for it; at most one waits (overlap policy 'buffer_one')"
+)
+#: Overlap policy ``buffer_one``: a retry's attempt does not wait.
+RETRY_NO_WAIT_WHY = (
+    "skipped: the previous run of this task is still running, and a retry's attempt does not "
+    "wait for it (overlap policy 'buffer_one')"
+)
+#: Overlap policy ``buffer_one`` without a run lock (eager, ``fail_open``, a publisher locking
+#: elsewhere): nothing would tell when to go on, so the run does not wait.
+UNLOCKED_NO_WAIT_WHY = (
+    "skipped: the previous run of this task is still running, and without a run lock a run "
+    "does not wait for it (overlap policy 'buffer_one')"
+)
+#: The overlap policies that keep a task's runs from running side by side.
+ONE_AT_A_TIME = (OverlapPolicy.SKIP, OverlapPolicy.BUFFER_ONE)
+
+
+class Delivery(Protocol):
+    """What the overlap policies use of the delivery they serve."""
+
+    task: Task
+    ledger: Ledger
+    run_id: int
+    settings: DriftSafeSettings
+    attempt: int
+    worker: str
+    #: The delivery's locks, given up as it ends (the running lock joins them).
+    locks: ExitStack
+
+    @property
+    def store(self) -> str:
+        """Where this worker takes run locks (:func:`~celery_driftsafe.locks.lock_identity`)."""
+
+    def unreachable(self, why: str, args: Any, kwargs: Any) -> NoReturn:
+        """End the delivery: it comes back a little later (a backend was out of reach)."""
+
+
+class Overlap:
+    """The overlap policies for one delivery (see the module docstring)."""
+
+    def __init__(self, delivery: Delivery) -> None:
+        self.delivery = delivery
+        self.task = delivery.task
+        self.ledger = delivery.ledger
+        self.run_id = delivery.run_id
+        self.settings = delivery.settings
+        self.attempt = delivery.attempt
+        self.worker = delivery.worker
+        self.store = delivery.store
+        self.locks = delivery.locks
+        #: Overlap policy ``buffer_one``: the waiting run this delivery took back into the
+        #: outbox and handed the task's running lock to; published once the locks are given up.
+        self.released: list[ClaimedRun] = []
+
+    def _now(self) -> datetime:
+        return authority_clock().now()
+
+    def _skip(self, token: int | None, why: str = SKIPPED_WHY) -> NoReturn:
+        """Record the run ``why`` (skipped: its task runs; ``token``: a lock holder's) and end
+        the delivery without its body."""
+        self.ledger.end_waiting(self.run_id, RunStatus.SKIPPED, self._now(), why, token=token)
+        metrics.execution(self.task.name, "skipped")
+        log_run(
+            logging.INFO,
+            "run %s skipped: the previous run is still running",
+            self.run_id,
+            run_id=self.run_id,
+            action="overlap-skip",
+        )
+        raise Ignore()
+
+    def pass_turn_on(self, row: RunRow) -> None:
+        """Overlap policy ``buffer_one``: the run ends without its body; if the task's running
+        lock was handed to it (it waited), the next waiting run gets it (:meth:`_hand_on`),
+        rather than the task's slots waiting for that lock's lease to run out."""
+        if row.periodic_task_id is not None and row.overlap_policy == OverlapPolicy.BUFFER_ONE:
+            self._hand_on(row.periodic_task_id, handed=True)
+
+    def _another_runs(
+        self, periodic_task_id: int, *, starts_at: datetime | None = None, locks_seen: bool = True
+    ) -> bool:
+        """Whether another run of the task runs: the one answer every overlap decision asks
+        (:meth:`Ledger.other_running`). ``starts_at``: this run started then, or this delivery
+        starts it then, and only runs started before it count (of two started at once, one
+        comes first); None: it does not start now (it waits, or it starts without a lock),
+        and every started run counts. ``locks_seen`` False: this delivery sees no run locks,
+        so a run that only its lock would judge counts too."""
+        return self.ledger.other_running(
+            periodic_task_id, self.run_id, self._now(), starts_at=starts_at, locks_seen=locks_seen
+        )
+
+    @staticmethod
+    def _applies(row: RunRow) -> bool:
+        return row.periodic_task_id is not None and row.overlap_policy in ONE_AT_A_TIME
+
+    def before_start(self, row: RunRow, token: int, now: datetime, args: Any, kwargs: Any) -> None:
+        """Under the run lock, before the start: with overlap policy ``skip`` or
+        ``buffer_one``, hold the task's running lock for the body, or record the run
+        ``skipped`` (``skip``) or ``waiting`` (``buffer_one``)."""
+        if not self._applies(row):
+            return
+        assert row.periodic_task_id is not None
+        if self._hold_running_lock(
+            row.periodic_task_id,
+            token,
+            args,
+            kwargs,
+            starts_at=now,
+            started=False,
+            policy=row.overlap_policy,
+        ):
+            return
+        if row.overlap_policy == OverlapPolicy.BUFFER_ONE:
+            self._skip(token, self._wait(row.periodic_task_id, token, started=False))
+        self._skip(token)
+
+    def before_unlocked_start(self, row: RunRow, mode: str) -> None:
+        """Before a start without a run lock (``mode``: ``eager``, ``fail_open``,
+        ``lock-mismatch``), with overlap policy ``skip`` (or ``buffer_one``, which does not
+        wait here: no shared running lock tells when to go on): record the run ``skipped``
+        when another run of the task runs by the ledger (a run started by a lock holder that
+        recorded no lease counting too: no lock can judge it here), or when another holds the
+        task's running lock in the database. That lock, held for the body, puts two such
+        starts at the same instant in order (Redis, where the running lock usually lives, is
+        out of reach or not shared); a database lock cannot be taken inside a transaction (an
+        eager call in an ``atomic`` block), where the ledger alone decides."""
+        if not self._applies(row):
+            return
+        assert row.periodic_task_id is not None
+        why = SKIPPED_WHY if row.overlap_policy == OverlapPolicy.SKIP else UNLOCKED_NO_WAIT_WHY
+        if self._another_runs(row.periodic_task_id, locks_seen=False):
+            self._skip(None, why)
+        task_lock = running_lock(DatabaseLockBackend(), row.periodic_task_id, self.settings)
+        try:
+            held: bool | None = task_lock.acquire(blocking=False)
+        except LockError:  # inside a transaction: not seen by others before it commits
+            held = None
+        if held is False:
+            self._skip(None, why)
+        if held:
+            self.locks.enter_context(task_lock.watch())
+        log_run(
+            logging.INFO,
+            "run %s: overlap checked on the ledger%s (%s)",
+            self.run_id,
+            " and the database's running lock" if held else " only",
+            mode,
+            run_id=self.run_id,
+            action="overlap-ledger",
+        )
+
+    def after_start(
+        self, started: Started, token: int, started_at: datetime, args: Any, kwargs: Any
+    ) -> None:
+        """After a start the run was not read for (the fast path; at ``started_at``): with
+        overlap policy ``skip`` or ``buffer_one``, hold the task's running lock, or end the
+        run skipped (``buffer_one``: wait, unless another run waits); a run taken over from a
+        lost worker ran in part, so it ends failed, as a reconcile pass records it when the
+        slow path leaves it started."""
+        periodic_task_id, policy = started.periodic_task_id, started.overlap_policy
+        if periodic_task_id is None or policy not in ONE_AT_A_TIME:
+            return
+        took_over = started.took_over
+        if self._hold_running_lock(
+            periodic_task_id,
+            token,
+            args,
+            kwargs,
+            starts_at=started_at,
+            started=True,
+            policy=policy,
+        ):
+            return
+        status = RunStatus.FAILED if took_over else RunStatus.SKIPPED
+        why = LOST_NOT_AGAIN if took_over else SKIPPED_WHY
+        if policy == OverlapPolicy.BUFFER_ONE:
+            if took_over:
+                why = why.replace("'skip'", "'buffer_one'")
+            else:
+                why = self._wait(periodic_task_id, token, started=True)
+        self.ledger.finish(self.run_id, token, status, self._now(), why)
+        metrics.execution(self.task.name, status)
+        log_run(
+            logging.WARNING if took_over else logging.INFO,
+            "run %s %s",
+            self.run_id,
+            why,
+            run_id=self.run_id,
+            action="overlap-skip",
+        )
+        raise Ignore()
+
+    def _wait(self, periodic_task_id: int, token: int, *, started: bool) -> str:
+        """Overlap policy ``buffer_one``, the task's running lock held by another run: the run
+        waits in the ledger, and this delivery ends (its message acknowledged: the run holds
+        no worker while it waits). Returns why the run is skipped instead: another run of the
+        task waits already (or the run is no longer this delivery's to change, when the skip
+        changes nothing either), or this is a retry's attempt, which does not wait (the run's
+        message would come back as its first attempt's).
+
+        The run waits first, then looks at the running lock: a run that ends meanwhile looks
+        for the waiting run before it gives its lock up, so one of the two sees the other and
+        takes the waiting run back (:meth:`_hand_on`)."""
+        if self.attempt > 0:
+            return RETRY_NO_WAIT_WHY
+        if not self.ledger.wait(
+            self.run_id, token, periodic_task_id, WAITING_WHY, store=self.store, started=started
+        ):
+            return BUFFER_FULL_WHY
+        metrics.execution(self.task.name, RunStatus.WAITING)
+        log_run(
+            logging.INFO,
+            "run %s waits for the task's running run (overlap policy 'buffer_one')",
+            self.run_id,
+            run_id=self.run_id,
+            action="overlap-wait",
+        )
+        self.locks.close()  # the run's lock: its next delivery takes it at once
+        if not self._another_runs(periodic_task_id):
+            self._hand_on(periodic_task_id, handed=False)
+        raise Ignore()
+
+    def _hand_on(self, periodic_task_id: int, *, handed: bool) -> None:
+        """Overlap policy ``buffer_one``, outside a body: take the task's running lock (free,
+        or, ``handed``, handed to this run), take the task's waiting run back and hand the lock
+        to it (:meth:`_take_back_waiting`), then publish it. A run that just waited does this
+        when no run of the task runs (so it publishes itself), and a run the lock was handed
+        to whose delivery ends without its body (expired, a copy of a finished run) passes
+        its turn on. Nothing when the lock is held, or the lock backend cannot tell: then a
+        beat publishes the waiting run once the lock is free."""
+        task_lock = running_lock(lock_backend(self.settings), periodic_task_id, self.settings)
+        try:
+            taken = (
+                task_lock.take_handed(running_lock_heir(self.run_id))
+                if handed
+                else task_lock.acquire(blocking=False)
+            )
+        except LockError:
+            return
+        if not taken:
+            return
+        with task_lock.watch(watchdog=False) as held:
+            self._take_back_waiting(periodic_task_id, held)
+        self.publish_released()
+
+    def _take_back_waiting(self, periodic_task_id: int, held: HeldLock) -> None:
+        """Overlap policy ``buffer_one``, the task's running lock still held (this delivery's
+        body ended, or :meth:`_hand_on` took it): the task's waiting run, if any, back into
+        the outbox (:func:`~celery_driftsafe.claim.outbox.release_waiting`), and the lock to
+        be handed to it as it is given up, so that no later slot's delivery takes it in
+        between; the run is published once the lock is handed (:meth:`publish_released`).
+        Never raises: a waiting run left is published by a beat's recovery pass. Nothing when
+        the lock is no longer this delivery's (its lease ran out while the worker was paused,
+        say): its holder, or a beat, takes the waiting run back."""
+        from celery_driftsafe.claim.outbox import release_waiting
+
+        try:
+            held.check()
+        except LockLost:
+            return
+        try:
+            runs = release_waiting(
+                self._now(), f"worker:{self.worker}", periodic_task_id=periodic_task_id
+            )
+        except Exception as exc:  # the database away: the beats take it over
+            self._release_failed(exc)
+            return
+        if runs:
+            held.heir = running_lock_heir(runs[0].run_id)
+            self.released.extend(runs)
+
+    def publish_released(self) -> None:
+        """Publish the waiting run taken back (:meth:`_take_back_waiting`) through the outbox.
+        Never raises: a run this worker could not publish stays claimed, and a beat publishes
+        it after the lease."""
+        from celery_driftsafe.publish.dispatcher import Dispatcher
+
+        runs, self.released = self.released, []
+        if not runs:
+            return
+        try:
+            Dispatcher(self.task.app, authority_clock()).dispatch(runs)
+        except Exception as exc:  # the broker away: the beats take it over
+            self._release_failed(exc)
+
+    def _release_failed(self, exc: Exception) -> None:
+        log_run(
+            logging.WARNING,
+            "run %s: could not publish the task's waiting run (%s); a beat will",
+            self.run_id,
+            exc,
+            run_id=self.run_id,
+            action="release-waiting-failed",
+        )
+
+    def _hold_running_lock(
+        self,
+        periodic_task_id: int,
+        token: int,
+        args: Any,
+        kwargs: Any,
+        *,
+        starts_at: datetime,
+        started: bool,
+        policy: str | None,
+    ) -> bool:
+        """Take the task's running lock and watch it for the body; False when another run of
+        the task runs by the ledger or holds the lock. With the lock backend unreachable, the
+        delivery comes again later (a run already ``started`` goes back to waiting first). A
+        lock handed to this run (it waited, overlap policy ``buffer_one``; the policy may have
+        changed to ``skip`` since) is taken whatever else. Under ``buffer_one``, at the body's
+        end the task's waiting run is taken back and the lock handed to it
+        (:meth:`_take_back_waiting`).
+
+        The ledger is asked first, and only about runs started before this one's start
+        (``starts_at``, written or about to be): of two runs started at once, the later
+        neither takes the lock nor skips the earlier, so one of them runs. A run started
+        before this one under a lasting lease runs whatever the lock says (Redis may have
+        lost the key while its body runs); one started before a waiting run was handed the
+        lock is a later slot's, which finds the lock held and waits or is skipped."""
+        buffering = policy == OverlapPolicy.BUFFER_ONE
+        earlier = self._another_runs(periodic_task_id, starts_at=starts_at)
+        task_lock = running_lock(lock_backend(self.settings), periodic_task_id, self.settings)
+        try:
+            held = (not earlier and task_lock.acquire(blocking=False)) or task_lock.take_handed(
+                running_lock_heir(self.run_id)
+            )
+        except LockError as exc:
+            metrics.lock_error(self.task.name)
+            if started:
+                self.ledger.requeue(self.run_id, token, f"waiting: {exc}")
+            self.locks.close()  # give the run lock back before the delivery comes again
+            self.delivery.unreachable(
+                f"lock backend unreachable taking the overlap lock ({exc})", args, kwargs
+            )
+        if held:
+            watched = self.locks.enter_context(task_lock.watch())
+            if buffering:  # given up before the lock is (the stack's order)
+                self.locks.callback(self._take_back_waiting, periodic_task_id, watched)
+        return held
