@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from celery_driftsafe.core.misfire import MissedSpan, plan_claim
 from celery_driftsafe.core.schedules import Crontab, Interval, OneOff, Solar
 from celery_driftsafe.core.stored_names import MisfirePolicy
+from tests.support.misfire import count_walks
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 EVERY_SECOND = Interval(timedelta(seconds=1), T0)
@@ -451,16 +452,7 @@ def test_a_solar_schedule_counted_by_days_counts_as_the_walk_does(
 def test_without_arithmetic_plans_walk(monkeypatch: pytest.MonkeyPatch) -> None:
     """``arithmetic`` is the caller's choice (the core holds no switch): on, a slot on time
     takes the shortcut and an interval behind is counted on its grid; off, both walk."""
-    from celery_driftsafe.core import misfire
-
-    walks: list[int] = []
-    walk = misfire._walk_due
-
-    def counting(*args: Any) -> Any:
-        walks.append(1)
-        return walk(*args)
-
-    monkeypatch.setattr(misfire, "_walk_due", counting)
+    walks = count_walks(monkeypatch)
     minutely = Interval(timedelta(minutes=1), T0)
     second = timedelta(seconds=1)
     on_time = plan_claim(minutely, T0, T0 + second)

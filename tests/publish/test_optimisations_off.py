@@ -26,7 +26,7 @@ from celery_driftsafe.checks import _check_raw
 from celery_driftsafe.claim.claimers import claimer_for, run_expiry
 from celery_driftsafe.claim.prefetch import Prefetcher
 from celery_driftsafe.conf import build_settings, get_settings
-from celery_driftsafe.core import instants, misfire
+from celery_driftsafe.core import instants
 from celery_driftsafe.core.stored_names import MisfirePolicy, Optimisation
 from celery_driftsafe.exceptions import ConfigurationError
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
@@ -39,6 +39,7 @@ from tests.skip_guard import configuration
 from tests.support import drain
 from tests.support.factories import crontab_task, interval_task
 from tests.support.fast_path import T0, claim, comparable, raw_messages, same_expiry
+from tests.support.misfire import count_walks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -255,14 +256,7 @@ def test_without_misfire_arithmetic_the_claim_plans_walk(
 ) -> None:
     """The claim hands the misfire planner its choice (the core holds no switch): off, each
     plan walks its slots, and the claim's outcome is the same."""
-    walks: list[int] = []
-    walk = misfire._walk_due
-
-    def counting(*args: Any) -> Any:
-        walks.append(1)
-        return walk(*args)
-
-    monkeypatch.setattr(misfire, "_walk_due", counting)
+    walks = count_walks(monkeypatch)
     nodes.register("n1", T0)
 
     def claimed(prefix: str) -> list[tuple[str, Any]]:
