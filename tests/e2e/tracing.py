@@ -15,7 +15,7 @@ add to a driftsafe beat's messages with those they add to Celery's own beat's.
 
 With ``DRIFTSAFE_E2E_PATH_LOG`` set, a receiver of ``before_task_publish`` also appends, for
 each message, the path that sent it to that file: ``fast`` (the fast publish path,
-````publish/receivers.py``) or ``celery`` (Celery's ``send_task_message``).
+``publish/receivers.py``) or ``celery`` (Celery's ``send_task_message``).
 """
 
 from __future__ import annotations
