@@ -123,9 +123,9 @@ class RunEntry(ScheduleEntry):
         self.sent = False
         self.error: BaseException | None = None
 
-    def publish(self) -> Any:
+    def send(self) -> Any:
         """Publish the run with the options the wrappers left (the run's headers as they are);
-        the error, if any, is kept for :meth:`BeatEntries.publish` (Celery's ``apply_entry``
+        the error, if any, is kept for :meth:`BeatEntries.apply` (Celery's ``apply_entry``
         logs it and goes on)."""
         options = dict(self.options)
         options["headers"] = {**(options.get("headers") or {}), **self.run_headers}
@@ -143,7 +143,7 @@ class EntryScheduler(Protocol):
     (``DriftSafeScheduler``, a ``celery.beat.Scheduler``): its app, and ``apply_entry``
     itself, which publishes a :class:`RunEntry` by calling the scheduler's
     ``apply_async(entry, producer)``, and that, for a :class:`RunEntry`, calls
-    :meth:`RunEntry.publish`."""
+    :meth:`RunEntry.send`."""
 
     @property
     def app(self) -> Any: ...
@@ -173,7 +173,7 @@ class BeatEntries:
         }
         return PeriodicTask.objects.using(using).in_bulk(ids) if ids else {}
 
-    def publish(
+    def apply(
         self,
         run: ClaimedRun,
         task: PeriodicTask | None,

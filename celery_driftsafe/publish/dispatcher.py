@@ -367,7 +367,7 @@ class Dispatcher:
         if aside.way == ENTRY:
             assert self.entries is not None and self._entry_tasks is not None
             task = self._entry_tasks.get(cast(int, run.periodic_task_id))
-            self.entries.publish(run, task, options, producer, send)
+            self.entries.apply(run, task, options, producer, send)
         else:
             send(options)
 
