@@ -289,7 +289,7 @@ class DriftSafeScheduler(Scheduler):
         """Celery's; a claimed run handed to ``apply_entry`` (:class:`RunEntry`, where code
         wraps it) is published as its entry's options now say."""
         if isinstance(entry, RunEntry):
-            return entry.publish()
+            return entry.send()
         return super().apply_async(entry, producer, advance, **kwargs)
 
     def sync(self) -> None:
@@ -443,7 +443,7 @@ class DriftSafeScheduler(Scheduler):
             self._heartbeat()
             self._next_heartbeat = mono + self.settings.heartbeat_interval_seconds
         if self._paused_reason:
-            self._prefetcher.publish(self.dispatcher.dispatch)  # claimed before the pause
+            self._prefetcher.drain(self.dispatcher.dispatch)  # claimed before the pause
             return self.max_interval
         reading = Reading(self.authority.read(), self.clock.monotonic())
         self._follow_authority(reading.at)

@@ -144,10 +144,10 @@ class Prefetcher:
             return self._process.result()
         return pending.result()
 
-    def publish(self, dispatch: Callable[[list[ClaimedRun]], object]) -> None:
-        """Publish every batch claimed ahead: they are committed as this node's claims. A
-        batch whose claim failed is passed over (it rolled back); the last such error is
-        raised once the others are out."""
+    def drain(self, dispatch: Callable[[list[ClaimedRun]], object]) -> None:
+        """Hand every batch claimed ahead to ``dispatch`` (the dispatcher's, which publishes
+        them: they are committed as this node's claims). A batch whose claim failed is passed
+        over (it rolled back); the last such error is raised once the others are out."""
         failure: Exception | None = None
         while self._pending:
             try:
@@ -165,7 +165,7 @@ class Prefetcher:
         waiting for another beat's outbox), then let the prefetch thread go, closing its
         database connection."""
         try:
-            self.publish(dispatch)
+            self.drain(dispatch)
         except Exception as exc:
             logger.warning(
                 "could not publish the batch claimed ahead (%s); the outbox will",

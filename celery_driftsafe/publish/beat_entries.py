@@ -8,7 +8,9 @@ later completes. A driftsafe beat publishes claimed runs, not entries, so withou
 wrapper would never run: every message of the beat would share one trace, and Sentry Crons
 would see no scheduled task at all.
 
-Where the scheduler's ``apply_entry`` is not Celery's own (wrapped on the class, or overridden
+The scheduler hands itself down as an :class:`EntryScheduler` (this module's protocol, so the
+import contracts see the one exit from the publishing that reaches the beat's own code).
+Where its ``apply_entry`` is not Celery's own (wrapped on the class, or overridden
 in a subclass), the beat's :class:`~celery_driftsafe.publish.dispatcher.Dispatcher` hands each
 scheduled run to it as a :class:`RunEntry` (Celery's beat has no entry for a run an operator
 started: those go out as without a wrapper): named as the periodic task, with its
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import tzinfo
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from zoneinfo import ZoneInfo
 
 from celery.beat import ScheduleEntry
@@ -121,9 +123,9 @@ class RunEntry(ScheduleEntry):
         self.sent = False
         self.error: BaseException | None = None
 
-    def publish(self) -> Any:
+    def send(self) -> Any:
         """Publish the run with the options the wrappers left (the run's headers as they are);
-        the error, if any, is kept for :meth:`BeatEntries.publish` (Celery's ``apply_entry``
+        the error, if any, is kept for :meth:`BeatEntries.apply` (Celery's ``apply_entry``
         logs it and goes on)."""
         options = dict(self.options)
         options["headers"] = {**(options.get("headers") or {}), **self.run_headers}
@@ -136,10 +138,23 @@ class RunEntry(ScheduleEntry):
         return result
 
 
+class EntryScheduler(Protocol):
+    """What a beat's scheduler hands down for its runs to go through ``apply_entry``
+    (``DriftSafeScheduler``, a ``celery.beat.Scheduler``): its app, and ``apply_entry``
+    itself, which publishes a :class:`RunEntry` by calling the scheduler's
+    ``apply_async(entry, producer)``, and that, for a :class:`RunEntry`, calls
+    :meth:`RunEntry.send`."""
+
+    @property
+    def app(self) -> Any: ...
+
+    def apply_entry(self, entry: ScheduleEntry, producer: Any = None) -> None: ...
+
+
 class BeatEntries:
     """A beat scheduler's ``apply_entry``, for the runs its dispatcher publishes."""
 
-    def __init__(self, scheduler: Any) -> None:
+    def __init__(self, scheduler: EntryScheduler) -> None:
         self.scheduler = scheduler
 
     def wrapped(self) -> bool:
@@ -158,7 +173,7 @@ class BeatEntries:
         }
         return PeriodicTask.objects.using(using).in_bulk(ids) if ids else {}
 
-    def publish(
+    def apply(
         self,
         run: ClaimedRun,
         task: PeriodicTask | None,

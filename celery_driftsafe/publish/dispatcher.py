@@ -2,6 +2,14 @@
 ``Dispatcher`` confirms each run's claim, publishes in pipelined batches over one producer
 connection, and marks what went out ``dispatched`` (refused messages retried with backoff,
 expired ones recorded). What a run is published with is :mod:`celery_driftsafe.claim.outbox`.
+
+One run goes out one way, decided in one place (:meth:`Dispatcher.route`): its message from
+its task's template (:mod:`~celery_driftsafe.publish.fast_path`), handed to the receivers of
+the publish signals when there are any (:mod:`~celery_driftsafe.publish.receivers`) and
+written by the batch's writer (:mod:`~celery_driftsafe.publish.redis_writer`: kombu's
+producer, or the Redis lists); or, stepping aside with the reason, Celery's own
+``apply_async`` (``send_task`` for a name the beat has not imported), or the beat's
+``apply_entry`` where code wraps it (:mod:`~celery_driftsafe.publish.beat_entries`).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from celery_driftsafe.definitions import changes
 from celery_driftsafe.exceptions import BrokerUnavailable
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus, disabled_by_scheduler
 from celery_driftsafe.monitoring import metrics
+from celery_driftsafe.publish import receivers
 from celery_driftsafe.publish.adhoc import publishes_on_commit
 from celery_driftsafe.publish.broker_errors import (
     connection_errors,
@@ -35,7 +44,8 @@ from celery_driftsafe.publish.broker_errors import (
     refused,
 )
 from celery_driftsafe.publish.fast_path import FastPublisher
-from celery_driftsafe.publish.redis_writer import BatchWriteError, RedisWriter
+from celery_driftsafe.publish.message_parts import RunMessage
+from celery_driftsafe.publish.redis_writer import BatchWriteError, KombuWriter, RedisWriter, Writer
 from celery_driftsafe.store.clock import Clock
 from celery_driftsafe.store.statement_cache import select_rows, update, update_query
 
@@ -44,6 +54,11 @@ if TYPE_CHECKING:
     from celery_driftsafe.publish.beat_entries import BeatEntries
 
 logger = logging.getLogger("celery_driftsafe.publisher")
+route_logger = logging.getLogger("celery_driftsafe.fastpublish")
+
+#: The ways a run steps aside from the fast path (:class:`StepAside`).
+CELERY = "Celery's apply_async"
+ENTRY = "the beat's apply_entry"
 
 
 #: A run whose publish the broker refused this many times is recorded ``failed``.
@@ -71,6 +86,15 @@ class DispatchResult:
     unfit: list[int] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class StepAside:
+    """A run that leaves the fast path: it goes out through ``way`` (:data:`CELERY` or
+    :data:`ENTRY`), for ``reason``."""
+
+    way: str
+    reason: str
+
+
 class Dispatcher:
     """Publishes runs through a Celery app over one producer connection per batch."""
 
@@ -86,11 +110,15 @@ class Dispatcher:
         self._direct = True
         #: Why the last publish found the broker out of reach; None while it answers.
         self.broker_down: str | None = None
-        #: A beat's ``apply_entry`` (set by its scheduler): where code wraps it, each run of a
-        #: periodic task is handed to it (:mod:`celery_driftsafe.publish.beat_entries`).
+        #: A beat's ``apply_entry`` (handed down by its scheduler): where code wraps it, each
+        #: run of a periodic task is handed to it (:mod:`celery_driftsafe.publish.beat_entries`).
         self.entries: BeatEntries | None = None
         #: This dispatch's periodic tasks by id while runs go through ``apply_entry``.
         self._entry_tasks: dict[int, PeriodicTask] | None = None
+        #: This batch's reason for Celery's own path ("": the fast path is open) and whether
+        #: receivers of the publish signals are connected (read once a batch).
+        self._closed = ""
+        self._signalled = False
 
     def dispatch(self, runs: Sequence[ClaimedRun]) -> DispatchResult:
         """Publish ``runs``, then mark what went out ``dispatched``.
@@ -123,6 +151,12 @@ class Dispatcher:
             else:
                 todo.append(run)
         fast = self.fast if self.fast.active() else None
+        if fast is None and todo:
+            route_logger.debug(
+                "publishing through Celery's apply_async: %s",
+                self.fast.closed,
+                extra={"action": "fast-publish-off"},
+            )
         self._entry_tasks = None
         if self.entries is not None and self.entries.wrapped():
             self._entry_tasks = self.entries.tasks(todo, self.using)
@@ -182,21 +216,24 @@ class Dispatcher:
         fast: FastPublisher | None = None,
     ) -> None:
         """Publish ``runs`` in one pipelined broker write where the transport can (kombu's
-        publish batch); they count as published once the write returns. A message refused on
-        its own (a signature error, a negative confirm on a transport that publishes one by
-        one) is recorded and the others go on; a failed write raises, leaving the batch's
-        runs unknown, so they stay claimed for the outbox."""
+        publish batch); they count as published once the write returns. ``fast``: the fast
+        path is open for this batch. A message refused on its own (a signature error, a
+        negative confirm on a transport that publishes one by one) is recorded and the others
+        go on; a failed write raises, leaving the batch's runs unknown, so they stay claimed
+        for the outbox."""
         unreachable = connection_errors(producer)
         sent: list[int] = []
+        self._closed = "" if fast is not None else self.fast.closed or "the fast path is off"
+        self._signalled = fast is not None and receivers.connected()
         with pipelined(producer, len(runs)) as batch:
             # one message goes through kombu with its publish retry, as a batch kombu would
-            # not pipeline does; the writer takes the batches kombu pipelines
-            writer = None
+            # not pipeline does; the writer straight to Redis takes the batches kombu pipelines
+            writer: Writer = KombuWriter(producer)
             if fast is not None and batch is not None and len(runs) > 1 and self._direct:
-                writer = RedisWriter.open(producer, batch)
+                writer = RedisWriter.open(producer, batch) or writer
             for run in runs:
                 try:
-                    self._publish(run, producer, fast, writer)
+                    self._publish(run, producer, writer)
                 except BatchWriteError:
                     raise  # the batch's write, not this message: nothing of it is known out
                 except QueueNotFound as exc:
@@ -226,8 +263,7 @@ class Dispatcher:
                     result.refused[run.run_id] = describe_error(exc)
                 else:
                     sent.append(run.run_id)
-            if writer is not None:
-                writer.flush()  # raises: none of the batch is known to be out
+            writer.flush()  # raises: none of the batch is known to be out
         result.published.extend(sent)
 
     def _limits_refused(self, run: ClaimedRun) -> bool:
@@ -275,42 +311,63 @@ class Dispatcher:
             )
         return owned
 
-    def _publish(
-        self,
-        run: ClaimedRun,
-        producer: Any,
-        fast: FastPublisher | None = None,
-        writer: RedisWriter | None = None,
-    ) -> None:
-        """Publish by name, as Celery beat does: a task this process has registered gets its
-        own options (``apply_async``), any other goes out with ``send_task``; either way the
-        app's routing (``task_routes``) applies. With ``fast``, the same message is built
-        from the task's prebuilt one where it can be. A scheduled run goes through the beat's
-        ``apply_entry`` where code wraps it (:attr:`entries`)."""
-        entry_tasks = self._entry_tasks
-        through_entry = (
-            entry_tasks is not None
+    def route(self, run: ClaimedRun, headers: dict[str, Any]) -> RunMessage | StepAside:
+        """How ``run`` goes out, decided once: its fast-path message (with its custom
+        ``headers``), or the way it steps aside to Celery's own publishing and why. A
+        scheduled run goes through the beat's ``apply_entry`` where code wraps it
+        (:attr:`entries`); any run takes ``apply_async`` where the fast path cannot be exact
+        for the batch (:meth:`FastPublisher.active`) or for the run's task
+        (:meth:`FastPublisher.message`)."""
+        if (
+            self._entry_tasks is not None
             and run.kind == RunKind.SCHEDULED
             and run.periodic_task_id is not None
-        )
-        if (
-            not through_entry
-            and fast is not None
-            and fast.publish_run(run, producer, message_headers(run), writer)
         ):
+            return StepAside(ENTRY, "code wraps the beat's apply_entry")
+        if self._closed:
+            return StepAside(CELERY, self._closed)
+        found = self.fast.message(run, headers)
+        if type(found) is str:
+            return StepAside(CELERY, found)
+        return cast(RunMessage, found)
+
+    def _publish(self, run: ClaimedRun, producer: Any, writer: Writer) -> None:
+        """Publish ``run`` the way :meth:`route` decides. By name, as Celery beat does: a
+        task this process has registered gets its own options (``apply_async``), any other
+        goes out with ``send_task``; either way the app's routing (``task_routes``)
+        applies, and the fast path's message is the one they would send."""
+        headers = message_headers(run)
+        route = self.route(run, headers)
+        fast = self.fast
+        if type(route) is RunMessage:
+            if route.skeleton.notify_backend:
+                self.app.backend.on_task_call(producer, run.celery_task_id)
+            if self._signalled:
+                fast.direct += receivers.publish(route, writer)
+            else:
+                fast.direct += writer.write(route)
+            fast.published += 1
             return
-        self.fast.declined += 1
-        if writer is not None:
-            writer.via_kombu()
+        aside = cast(StepAside, route)
+        fast.declined += 1
+        if route_logger.isEnabledFor(logging.DEBUG):
+            route_logger.debug(
+                "run %s goes out through %s: %s",
+                run.run_id,
+                aside.way,
+                aside.reason,
+                extra={"action": "fast-publish-off", "run": run.run_id},
+            )
+        writer.before_kombu()
         options = {k: v for k, v in run.options.items() if k != "headers"}
         if run.expires_at is not None:
             options["expires"] = run.expires_at
-        options["headers"] = message_headers(run)
+        options["headers"] = headers
         send = partial(self._send, run, producer)
-        if through_entry:
-            assert self.entries is not None and entry_tasks is not None
-            task = entry_tasks.get(cast(int, run.periodic_task_id))
-            self.entries.publish(run, task, options, producer, send)
+        if aside.way == ENTRY:
+            assert self.entries is not None and self._entry_tasks is not None
+            task = self._entry_tasks.get(cast(int, run.periodic_task_id))
+            self.entries.apply(run, task, options, producer, send)
         else:
             send(options)
 

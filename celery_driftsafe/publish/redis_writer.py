@@ -1,5 +1,9 @@
-"""Fast-path messages written straight into the Redis lists kombu's Redis transport would push
-them onto (see docs/reference/settings.md, "The fast publish path").
+"""The writers of fast-path messages, behind one contract (:class:`Writer`): kombu's producer
+(:class:`KombuWriter`), or straight into the Redis lists kombu's Redis transport would push
+them onto (:class:`RedisWriter`; see docs/reference/settings.md, "The fast publish path").
+A writer is handed data (a :class:`~celery_driftsafe.publish.message_parts.RunMessage`, or
+the :class:`~celery_driftsafe.publish.message_parts.ChangedParts` receivers left): it knows
+no template builder and calls nothing back.
 
 With a prebuilt message (:mod:`celery_driftsafe.publish.fast_path`), what is left of a publish is
 kombu's: ``Producer.publish`` (its arguments, the retry wrapper, the declarations), the
@@ -18,19 +22,20 @@ retry), on kombu's Redis channel (or the Sentinel one) with none of those method
 for a message to the default (nameless) exchange, that is to a queue by name (Celery's routing
 by queue; a named exchange goes through kombu, which looks its bindings up), a queue without
 an ``x-expires`` of its own, from a producer without compression or an exchange of its own to
-declare, with nothing left to declare for the message. Anything else is published through
-kombu as before. ``tests/publish/test_fast_path.py`` compares the envelopes with Celery's.
+declare, with nothing left to declare for the message. Any other message it hands to kombu's
+producer, as :class:`KombuWriter` does. ``tests/publish/test_fast_path.py`` compares the
+envelopes with Celery's.
 
-A run's message (:meth:`RedisWriter.put_run`) is not built whole: its values are spliced
+A run's message is not built whole: its values are spliced
 (:func:`~celery_driftsafe.publish.envelope_text.run_text`) into the shape of its skeleton's
 envelopes (:meth:`RedisWriter.shape`, made once per route and set of custom header names from
 the message's parts with markers), the text of :meth:`RedisWriter.envelope` in kombu's JSON, to
-the byte. The writer is handed data (the shape, the body, the run's values): it knows no
-template and calls nothing back.
+the byte.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Protocol
 from uuid import uuid4
 
@@ -43,17 +48,75 @@ from celery_driftsafe.publish.envelope_text import (
     marker,
     run_text,
 )
+from celery_driftsafe.publish.message_parts import ChangedParts, RunMessage, Skeleton
 from celery_driftsafe.publish.originals import is_original
 
 
-class Routed(Protocol):
-    """What the writer reads of a message's skeleton
-    (:class:`~celery_driftsafe.publish.message_parts.Skeleton`) to route it."""
+class Writer(Protocol):
+    """The contract of a batch's writer. Messages land in the order they were written,
+    whichever way each goes; ``write`` and ``write_parts`` return whether the message was
+    written straight to Redis (for figures)."""
 
-    @property
-    def publish_kwargs(self) -> dict[str, Any]: ...
-    @property
-    def properties(self) -> dict[str, Any]: ...
+    def write(self, message: RunMessage) -> bool:
+        """Publish a run's message as its template makes it (the prebuilt body)."""
+
+    def write_parts(self, parts: ChangedParts) -> bool:
+        """Publish a message as receivers left its parts, through kombu's producer (the body
+        serialised afresh, as Celery's ``send_task_message`` does)."""
+
+    def before_kombu(self) -> None:
+        """A message is about to go out through kombu outside this writer (Celery's own
+        ``apply_async``): what the writer holds is written first."""
+
+    def flush(self) -> None:
+        """Write what is held (raises when the broker cannot be reached: none of what was
+        held is known to be out)."""
+
+
+class KombuWriter:
+    """Writes each message through kombu's ``Producer.publish`` at once."""
+
+    def __init__(self, producer: Any) -> None:
+        self.producer = producer
+
+    def write(self, message: RunMessage) -> bool:
+        self._publish(message, message.skeleton.to_declare(self.producer))
+        return False
+
+    def _publish(self, message: RunMessage, declare: list[Any] | None) -> None:
+        template = message.template
+        headers, properties = message.parts()
+        self.producer.publish(
+            template.body,
+            content_type=template.content_type,
+            content_encoding=template.content_encoding,
+            headers=headers,
+            declare=declare,
+            **message.skeleton.publish_kwargs,
+            **properties,
+        )
+
+    def write_parts(self, parts: ChangedParts) -> bool:
+        skeleton = parts.skeleton
+        # the entities as the receivers left them: what kombu's maybe_declare would find of
+        # the skeleton's own, without binding a copy of each entity
+        declare = skeleton.to_declare(self.producer) if parts.declare_given else parts.declare
+        self.producer.publish(
+            parts.body,
+            serializer=skeleton.serializer,
+            compression=skeleton.compression,
+            declare=declare,
+            headers=parts.headers,
+            **parts.publish_kwargs,
+            **parts.properties,
+        )
+        return False
+
+    def before_kombu(self) -> None:
+        """Nothing held."""
+
+    def flush(self) -> None:
+        """Nothing held."""
 
 
 #: ``Producer.publish``'s own parameters that a message property of the same name would be
@@ -115,12 +178,12 @@ class BatchWriteError(Exception):
     keep their order): none of the batch is known to be out."""
 
 
-class RedisWriter:
+class RedisWriter(KombuWriter):
     """A batch's fast-path envelopes for one producer's Redis channel, written on
-    :meth:`flush`."""
+    :meth:`flush`; the messages it cannot write itself go through kombu, in turn."""
 
     def __init__(self, producer: Any, channel: Any, batch: Any) -> None:
-        self.producer = producer
+        super().__init__(producer)
         self.channel = channel
         #: kombu's publish batch of the same messages, and whether it holds some written
         #: after this writer's (the two are flushed in turn, so the lists keep their order).
@@ -131,7 +194,7 @@ class RedisWriter:
         #: skeleton -> (exchange name, routing key, delivery mode), or None: kombu's path
         #: (keyed by the skeleton itself, held while the writer is: never by ``id()``, which
         #: a skeleton freed meanwhile would leave to another).
-        self._routes: dict[Routed, tuple[str, str, Any] | None] = {}
+        self._routes: dict[Skeleton, tuple[str, str, Any] | None] = {}
         from kombu.utils.json import JSONEncoder, dumps
 
         self._dumps = dumps
@@ -165,14 +228,73 @@ class RedisWriter:
             return None
         return cls(producer, channel, batch)
 
-    def route(self, skeleton: Routed) -> tuple[str, str, Any] | None:
+    def write(self, message: RunMessage) -> bool:
+        skeleton = message.skeleton
+        declare = skeleton.to_declare(self.producer)
+        route = self.route(skeleton) if declare is None else None
+        if route is None:
+            self.before_kombu()
+            self._publish(message, declare)
+            return False
+        self.put_run(self._shape(route, message), message)
+        return True
+
+    def write_parts(self, parts: ChangedParts) -> bool:
+        self.before_kombu()
+        return super().write_parts(parts)
+
+    def _shape(self, route: tuple[str, str, Any], message: RunMessage) -> EnvelopeShape:
+        """The shape of the envelopes of ``message``'s skeleton for this route, custom header
+        names and content, made on first use from the message's parts with markers in place
+        of the values (:mod:`celery_driftsafe.publish.envelope_text`)."""
+        template = message.template
+        headers = message.headers
+        has_expiry = message.expires is not None
+        key = (
+            route,
+            tuple(headers),
+            has_expiry,
+            template.content_type,
+            template.content_encoding,
+            template.compression,
+            self.channel.body_encoding,
+        )
+        envelopes = message.skeleton.envelopes
+        shape: EnvelopeShape | None = envelopes.get(key)
+        if shape is None:
+            names = list(headers)
+            stand_in = RunMessage(
+                replace(
+                    template,
+                    argsrepr=marker(envelope_text.ARGSREPR),
+                    kwargsrepr=marker(envelope_text.KWARGSREPR),
+                ),
+                marker(envelope_text.TASK_ID),
+                marker(envelope_text.REPLY_TO),
+                marker(envelope_text.EXPIRES) if has_expiry else None,
+                0.0 if has_expiry else None,
+                {name: marker(envelope_text.FIXED + i) for i, name in enumerate(names)},
+            )
+            marked_headers, marked_properties = stand_in.parts()
+            shape = envelopes[key] = self.shape(
+                route,
+                template.content_type,
+                template.content_encoding,
+                marked_headers,
+                marked_properties,
+                has_expiry,
+                len(names),
+            )
+        return shape
+
+    def route(self, skeleton: Skeleton) -> tuple[str, str, Any] | None:
         """Where messages of ``skeleton`` go (exchange name, queue, delivery mode), or None
         when they must take kombu's path. Asked once per skeleton and batch."""
         if skeleton not in self._routes:
             self._routes[skeleton] = self._route(skeleton)
         return self._routes[skeleton]
 
-    def _route(self, skeleton: Routed) -> tuple[str, str, Any] | None:
+    def _route(self, skeleton: Skeleton) -> tuple[str, str, Any] | None:
         publish = skeleton.publish_kwargs
         if not _KNOWN_PUBLISH_KWARGS.issuperset(publish):
             return None
@@ -199,35 +321,25 @@ class RedisWriter:
         made for one."""
         return str(self.channel.body_encoding)
 
-    def put_run(
-        self,
-        shape: EnvelopeShape,
-        body: bytes,
-        task_id: str,
-        reply_to: str,
-        argsrepr: str,
-        kwargsrepr: str,
-        expires: str | None,
-        expiration: float | None,
-        headers: dict[str, Any],
-    ) -> None:
+    def put_run(self, shape: EnvelopeShape, message: RunMessage) -> None:
         """Queue one run's message: the envelope ``Producer.publish`` and the channel's
         ``basic_publish`` would build (:meth:`envelope`), its values spliced into ``shape``
         (made by :meth:`shape` for the message's route, content and custom header names)."""
         channel = self.channel
-        encoded, _encoding = channel.encode_body(body, channel.body_encoding)
+        template = message.template
+        encoded, _encoding = channel.encode_body(template.body, channel.body_encoding)
         text = run_text(
             shape,
             self._encoder.encode,
             encoded,
-            task_id,
-            reply_to,
-            argsrepr,
-            kwargsrepr,
-            expires,
-            expiration,
+            message.task_id,
+            message.reply_to,
+            template.argsrepr,
+            template.kwargsrepr,
+            message.expires,
+            message.expiration,
             self._next_tag(),
-            headers,
+            message.headers,
         )
         self._queue(shape.key, text)
 
@@ -304,7 +416,7 @@ class RedisWriter:
             envelopes = self._lists[key] = []
         envelopes.append(envelope_text)
 
-    def via_kombu(self) -> None:
+    def before_kombu(self) -> None:
         """A message of the batch is about to go through kombu: what this writer holds is
         written first, so that the messages land in the order they were published."""
         try:

@@ -15,7 +15,7 @@ add to a driftsafe beat's messages with those they add to Celery's own beat's.
 
 With ``DRIFTSAFE_E2E_PATH_LOG`` set, a receiver of ``before_task_publish`` also appends, for
 each message, the path that sent it to that file: ``fast`` (the fast publish path,
-``FastPublisher._publish_signalled``) or ``celery`` (Celery's ``send_task_message``).
+``publish/receivers.py``) or ``celery`` (Celery's ``send_task_message``).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def _record_path(sender: Any = None, **kwargs: Any) -> None:
     frame = sys._getframe(1)
     path = "celery"
     while frame is not None:
-        if frame.f_code.co_qualname == "FastPublisher._publish_signalled":
+        if frame.f_code.co_filename.endswith("celery_driftsafe/publish/receivers.py"):
             path = "fast"
             break
         frame = frame.f_back

@@ -192,11 +192,12 @@ def test_a_spliced_envelope_is_the_text_put_writes_to_the_byte(
     make_app: Callable[..., Celery], queue: str, conf: dict[str, Any]
 ) -> None:
     """``RedisWriter.put_run`` (the envelope spliced into the shape of its skeleton's envelopes,
-    made by the fast path from the message's parts with markers) writes the very
+    made from the message's parts with markers) writes the very
     text of the envelope built with kombu's channel methods in kombu's JSON, to the same list,
     whatever the custom headers (any JSON values, any names, standard headers overridden), the
     display forms, the expiry and the reply address."""
     from celery_driftsafe.publish.fast_path import FastPublisher
+    from celery_driftsafe.publish.message_parts import RunMessage
     from celery_driftsafe.publish.redis_writer import RedisWriter
 
     app = make_app(**conf)
@@ -238,13 +239,11 @@ def test_a_spliced_envelope_is_the_text_put_writes_to_the_byte(
             assert route is not None
             expires = T0.isoformat() if expiry is not None else None
             writer._lists = {}
-            parts = template.run_parts("the-id", reply_to, expires, expiry, dict(headers))
+            run = RunMessage(template, "the-id", reply_to, expires, expiry, dict(headers))
             key, message = writer.envelope(
-                route, template.body, template.content_type, template.content_encoding, *parts
+                route, template.body, template.content_type, template.content_encoding, *run.parts()
             )
-            fast._put_on_writer(
-                writer, route, template, "the-id", reply_to, expires, expiry, dict(headers)
-            )
+            writer.put_run(writer._shape(route, run), run)
             assert writer._lists == {key: [writer._dumps(message)]}
 
         try:
@@ -593,8 +592,9 @@ def test_an_option_outside_the_tasks_fields_is_refused_before_either_path(
     app = make_app()
     runs = claim(task="fast.add")
     runs[0].options["shadow"] = "shown-as"
-    with app.producer_or_acquire() as producer:
-        assert not FastPublisher(app).publish_run(runs[0], producer, message_headers(runs[0]))
+    fast = FastPublisher(app)
+    assert fast.active()
+    assert "publish options other than" in str(fast.message(runs[0], message_headers(runs[0])))
     assert raw_messages(queue) == []
     dispatcher = Dispatcher(app, FakeClock(T0))
     result = dispatcher.dispatch(runs)
