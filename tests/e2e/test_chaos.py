@@ -304,7 +304,7 @@ def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path, pg_data: str) -
                 problems.append(f"{where}: recorded missed but executed {ran} times")
             elif status == "missed" and not missable(slot, found[0]):
                 problems.append(
-                    f"{where}: recorded missed (claimed {found[0]['claimed']}) outside the "
+                    f"{where}: recorded missed (claimed at {found[0]['claimed_at']}) outside the "
                     f"time no beat could claim {down_from.isoformat()}.."
                     f"{down_until.isoformat()}: "
                     f"{found[0]['error']}"
