@@ -281,7 +281,9 @@ class DriftSafeScheduler(Scheduler):
         self._ready = True
 
     def _start_listener(self) -> threading.Thread | None:  # a test's stepped beat has none
-        return start_change_listener(self.settings, self._wake, self._shutdown, self._redis)
+        return start_change_listener(
+            self.settings, self._wake, self._shutdown, self._redis, loop_seconds=self.max_interval
+        )
 
     def apply_async(
         self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any

@@ -90,16 +90,18 @@ def start_change_listener(
     wake: Wakeup,
     shutdown: threading.Event,
     health: RedisHealth | None = None,
+    loop_seconds: float | None = None,
 ) -> threading.Thread | None:
     """A daemon thread that sets ``wake`` on every schedule-change message until ``shutdown``
     is set, keeping ``health`` up to date; None when no Redis is configured (the beat then only
-    polls)."""
+    polls, every ``loop_seconds``: its longest wait, which its log names)."""
     client = get_redis(settings)
     if client is None:
         return None
     listener = threading.Thread(
         target=_listen,
         args=(client, settings, wake, shutdown, health or RedisHealth()),
+        kwargs={"loop_seconds": loop_seconds},
         name="driftsafe-wakeups",
         daemon=True,
     )
@@ -114,6 +116,7 @@ def _listen(
     shutdown: threading.Event,
     health: RedisHealth,
     monotonic: Callable[[], float] = time.monotonic,
+    loop_seconds: float | None = None,
 ) -> None:
     """Set the wake event on every schedule-change message; reconnect with backoff. While
     Redis does not answer it says so at ERROR, naming it and what that stops, at once and
@@ -154,7 +157,7 @@ def _listen(
                     where,
                     exc,
                     "" if failing_since is None else f" for {now - failing_since:.0f} s",
-                    settings.max_loop_interval_seconds,
+                    loop_seconds or settings.max_loop_interval_seconds,
                     extra={"action": "redis-unavailable"},
                 )
                 said_at = now
