@@ -431,15 +431,19 @@ class ClaimSteps:
             result.finished.append(task.name)
 
 
-def disable_by_id(using: str, pk: int, problem: str) -> str:
-    """Disable the task ``pk``, which cannot be read or planned, with the reason (logged
-    once, here); its name."""
-    name = str(
-        PeriodicTask.objects.using(using).filter(pk=pk).values_list("name", flat=True).first() or pk
-    )
+def disable_by_id(using: str, pk: int, problem: str, *, name: str | None = None) -> str:
+    """Disable the task ``pk``, which cannot be read, planned or published, with the reason
+    (logged once, here), and without a next slot, as the claim leaves a task it disables; its
+    name (read here unless given)."""
+    if name is None:
+        found = PeriodicTask.objects.using(using).filter(pk=pk).values_list("name", flat=True)
+        name = str(found.first() or pk)
     logger.error("task %s disabled: %s", name, problem, extra={"action": "disable", "task": name})
     PeriodicTask.objects.using(using).filter(pk=pk).update(
-        enabled=False, next_slot_at=None, disabled_reason=disabled_by_scheduler(problem)
+        enabled=False,
+        next_slot_at=None,
+        due_at=None,
+        disabled_reason=disabled_by_scheduler(problem),
     )
     return name
 

@@ -27,13 +27,14 @@ from django.db import DatabaseError, transaction
 from django.db.models import Case, F, Q, TextField, Value, When
 
 from celery_driftsafe.celery_app import argument_problem
+from celery_driftsafe.claim.claimers import disable_by_id
 from celery_driftsafe.claim.outbox import message_headers, message_refusal
 from celery_driftsafe.claim.sql import id_set
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.core.stored_names import Optimisation
 from celery_driftsafe.definitions import changes
 from celery_driftsafe.exceptions import BrokerUnavailable
-from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus, disabled_by_scheduler
+from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 from celery_driftsafe.monitoring import metrics
 from celery_driftsafe.publish import receivers
 from celery_driftsafe.publish.adhoc import publishes_on_commit
@@ -470,19 +471,8 @@ class Dispatcher:
                 problem = argument_problem(self.app, row.task, row.args, row.kwargs)
                 if problem is None:
                     continue
-                table.filter(pk=pk).update(
-                    enabled=False,
-                    next_slot_at=None,
-                    due_at=None,
-                    disabled_reason=disabled_by_scheduler(problem),
-                )
+                disable_by_id(self.using, pk, problem, name=row.name)
             disabled = True
-            logger.error(
-                "task %s disabled: %s",
-                row.name,
-                problem,
-                extra={"action": "disable", "task": row.name},
-            )
         if disabled:
             changes.notify()  # the other beats drop what they hold of it
 
