@@ -29,7 +29,7 @@ import threading
 import time
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from celery.beat import Scheduler
 from django.db import DatabaseError, InterfaceError, connections
@@ -84,20 +84,25 @@ OUTAGE_ERRORS = (DatabaseError, InterfaceError, ClockError, BrokerUnavailable)
 STEP_SECONDS = 5.0
 
 
-def outage_of(exc: BaseException, authority: str) -> str:
-    """What a round's outage error says is out of reach: ``the broker``, ``the database`` (the
-    time authority too, where it is the database) or ``the time authority (<name>)``."""
+class Unreachable(NamedTuple):
+    """What a round's outage error says is out of reach: its words for the log (``the
+    broker``, ``the database``, ``the time authority (redis)``) and its ``dependency`` label
+    of :func:`~celery_driftsafe.monitoring.metrics.dependency_up`."""
+
+    words: str
+    dependency: str
+
+
+def outage_of(exc: BaseException, authority: str) -> Unreachable:
+    """What is out of reach for ``exc``: the broker, the database (the time authority too,
+    where it is the database) or the time authority named ``authority``."""
     if isinstance(exc, BrokerUnavailable):
-        return "the broker"
+        return Unreachable("the broker", "broker")
     if isinstance(exc, ClockError) and authority != "database":
-        return f"the time authority ({authority})"
-    return "the database"
-
-
-def dependency_of(outage: str) -> str:
-    """The ``dependency`` label of :func:`~celery_driftsafe.monitoring.metrics.dependency_up`
-    for an :func:`outage_of` text."""
-    return "broker" if outage == "the broker" else "redis" if "redis" in outage else "database"
+        return Unreachable(
+            f"the time authority ({authority})", "redis" if authority == "redis" else "database"
+        )
+    return Unreachable("the database", "database")
 
 
 def outage_text(exc: BaseException, authority: str = "database") -> str:
@@ -108,8 +113,8 @@ def outage_text(exc: BaseException, authority: str = "database") -> str:
     if isinstance(exc, BrokerUnavailable):
         return f"the broker is unreachable ({exc}); slots due meanwhile meet the misfire policy"
     return missing_schema(exc) or (
-        f"{outage_of(exc, authority)} is unreachable ({exc}): no slot is claimed or published "
-        "until it answers, and slots due meanwhile meet the misfire policy"
+        f"{outage_of(exc, authority).words} is unreachable ({exc}): no slot is claimed or "
+        "published until it answers, and slots due meanwhile meet the misfire policy"
     )
 
 
@@ -223,7 +228,7 @@ class DriftSafeScheduler(Scheduler):
         #: While the database (or time authority, or broker) is out of reach: what, since when
         #: and when it was last said (monotonic).
         self._outage_since = self._outage_said = 0.0
-        self._outage_of = ""
+        self._outage_of: Unreachable | None = None
         self._redis = RedisHealth()
         self._backoff = 0.0
         self._rolled_back_rounds = 0  # in a row
@@ -380,7 +385,7 @@ class DriftSafeScheduler(Scheduler):
                     "claim round failed unexpectedly; retrying with backoff",
                     extra={"action": "round-error", "node": self.node_id},
                 )
-            self._outage, self._outage_of = repr(exc), ""
+            self._outage, self._outage_of = repr(exc), None
             connections[self.using].close()
             return self._back_off()
         self._rolled_back_rounds = 0
@@ -390,22 +395,22 @@ class DriftSafeScheduler(Scheduler):
     def _note_recovered(self) -> None:
         """After an outage or an unexpected error: one line saying what answers again."""
         if self._outage is not None:
-            if self._outage_of:
+            if self._outage_of is not None:
                 logger.warning(
                     "claiming resumed: %s answers again after %.0f s (%s)",
-                    self._outage_of,
+                    self._outage_of.words,
                     self.clock.monotonic() - self._outage_since,
                     self._outage,
                     extra={"action": "recovered", "node": self.node_id},
                 )
-                metrics.dependency_up(dependency_of(self._outage_of), True)
+                metrics.dependency_up(self._outage_of.dependency, True)
             else:
                 logger.warning(
                     "claiming resumed after an unexpected error (%s)",
                     self._outage,
                     extra={"action": "recovered", "node": self.node_id},
                 )
-            self._outage, self._outage_of = None, ""
+            self._outage, self._outage_of = None, None
             self._backoff = 0.0
 
     def _note_outage(self, exc: BaseException, waiting: str = "claiming paused") -> None:
@@ -427,7 +432,7 @@ class DriftSafeScheduler(Scheduler):
             outage_text(exc, self.authority.name),
             extra={"action": "outage", "node": self.node_id},
         )
-        metrics.dependency_up(dependency_of(of), False)
+        metrics.dependency_up(of.dependency, False)
         self._outage, self._outage_of, self._outage_said = str(exc), of, now
 
     def _back_off(self) -> float:
