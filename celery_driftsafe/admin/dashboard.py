@@ -30,12 +30,7 @@ from celery_driftsafe.admin.display import local_text, read_authority, relative,
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.models import BeatNode, PeriodicTask, RunStatus, unreadable_instants
 from celery_driftsafe.monitoring import cluster
-from celery_driftsafe.monitoring.health import (
-    redis_outage_effects,
-    redis_state,
-    silence_effects,
-    silent_after_seconds,
-)
+from celery_driftsafe.monitoring.health import beat_trouble, redis_outage_effects, redis_state
 
 #: The timeline's window.
 WINDOW = timedelta(hours=1)
@@ -345,23 +340,16 @@ def context(now: datetime) -> dict[str, Any]:
             }
         )
     settings = get_settings()
-    dead_after = timedelta(seconds=settings.node_dead_after_seconds)
     redis_here = redis_state(settings.redis_url)
+    trouble = beat_trouble(nodes, now)
     redis_cut_off = [
         {
             "node_id": node.node_id,
-            "since": local_text(node.redis_unreachable_since, same_day_as=now),
+            "since": local_text(since, same_day_as=now),
             "error": node.redis_error,
         }
-        for node in nodes
-        if node.redis_unreachable_since is not None and node.state_at(now, dead_after) == "alive"
-    ]
-    quiet = silent_after_seconds()
-    silent = [
-        node.node_id
-        for node in nodes
-        if node.state_at(now, dead_after) == "alive"
-        and (now - node.last_heartbeat_at).total_seconds() > quiet
+        for node in trouble.redis_cut_off
+        if (since := node.redis_unreachable_since) is not None  # all: the cut-off have one
     ]
     return {
         "now_text": local_text(now, milliseconds=True),
@@ -373,7 +361,7 @@ def context(now: datetime) -> dict[str, Any]:
         if redis_cut_off or redis_here.startswith("unreachable")
         else "",
         # Beats alive but not heard from for a few heartbeats (the database out of their reach).
-        "silence": silence_effects(silent, quiet) if silent else "",
+        "silence": trouble.silence_effects(),
         "nodes": node_rows(nodes, runs, now),
         "alive": sum(
             1

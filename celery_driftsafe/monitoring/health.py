@@ -3,7 +3,12 @@ the admin's dashboard and ``driftsafe_status``: what is out of reach and what th
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
 from celery_driftsafe.conf import get_settings
+from celery_driftsafe.models import BeatNode
 
 
 def redis_state(url: str | None) -> str:
@@ -51,15 +56,36 @@ def redis_outage_effects(policy: str | None = None) -> str:
 SILENT_AFTER_HEARTBEATS = 3
 
 
-def silent_after_seconds() -> float:
-    """How long a beat may go without a heartbeat before it is named silent."""
-    return SILENT_AFTER_HEARTBEATS * get_settings().heartbeat_interval_seconds
+@dataclass(frozen=True)
+class BeatTrouble:
+    """The alive beats that are degraded at an instant, as every view names them."""
+
+    #: Alive beats whose Redis does not answer them (as they last recorded).
+    redis_cut_off: list[BeatNode]
+    #: Alive beats not heard from for over ``silent_after`` seconds.
+    silent: list[BeatNode]
+    silent_after: float
+
+    def silence_effects(self) -> str:
+        """What the silent beats mean, naming them ("": none is)."""
+        if not self.silent:
+            return ""
+        return (
+            f"beats silent for over {self.silent_after:g} s (no heartbeat: they may not reach "
+            f"the database, or are paused): {', '.join(n.node_id for n in self.silent)}; until "
+            "they are marked dead, the runs they claimed and have not published wait for them"
+        )
 
 
-def silence_effects(node_ids: list[str], seconds: float) -> str:
-    """What beats silent for over ``seconds`` mean, naming them."""
-    return (
-        f"beats silent for over {seconds:g} s (no heartbeat: they may not reach the database, "
-        f"or are paused): {', '.join(node_ids)}; until they are marked dead, the runs they "
-        "claimed and have not published wait for them"
+def beat_trouble(nodes: Iterable[BeatNode], now: datetime) -> BeatTrouble:
+    """Which of ``nodes`` are alive at the authority's ``now`` but cut off from Redis or
+    silent."""
+    settings = get_settings()
+    dead_after = timedelta(seconds=settings.node_dead_after_seconds)
+    quiet = SILENT_AFTER_HEARTBEATS * settings.heartbeat_interval_seconds
+    alive = [node for node in nodes if node.state_at(now, dead_after) == "alive"]
+    return BeatTrouble(
+        redis_cut_off=[node for node in alive if node.redis_unreachable_since is not None],
+        silent=[node for node in alive if (now - node.last_heartbeat_at).total_seconds() > quiet],
+        silent_after=quiet,
     )

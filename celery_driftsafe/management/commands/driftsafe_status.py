@@ -24,12 +24,7 @@ from celery_driftsafe.conf import get_settings
 from celery_driftsafe.core.preview import instant_text, offset_text
 from celery_driftsafe.exceptions import ClockError, ConfigurationError, ScheduleError
 from celery_driftsafe.models import BeatNode, PeriodicTask, Run, RunStatus
-from celery_driftsafe.monitoring.health import (
-    redis_outage_effects,
-    redis_state,
-    silence_effects,
-    silent_after_seconds,
-)
+from celery_driftsafe.monitoring.health import beat_trouble, redis_outage_effects, redis_state
 
 #: Exit status when no beat node is alive.
 NO_NODE_ALIVE = 2
@@ -90,7 +85,8 @@ def collect(now: datetime, *, since: timedelta, limit: int, authority: str) -> S
     dead_after = timedelta(seconds=settings.node_dead_after_seconds)
     bound = settings.max_clock_offset_seconds
     status = Status(authority=authority, now=now.isoformat(), max_clock_offset_seconds=bound)
-    for node in BeatNode.objects.order_by("hostname", "pid"):
+    nodes = list(BeatNode.objects.order_by("hostname", "pid"))
+    for node in nodes:
         state = node.state_at(now, dead_after)
         status.nodes.append(
             NodeReport(
@@ -113,17 +109,14 @@ def collect(now: datetime, *, since: timedelta, limit: int, authority: str) -> S
         )
     status.alive = sum(1 for n in status.nodes if n.state == "alive")
     status.redis = redis_state(settings.redis_url)
-    cut_off = [n.node_id for n in status.nodes if n.state == "alive" and n.redis_unreachable_since]
+    trouble = beat_trouble(nodes, now)
+    cut_off = [node.node_id for node in trouble.redis_cut_off]
     if status.redis.startswith("unreachable") or cut_off:
         status.degraded.append(redis_outage_effects(str(settings.redis_unavailable)))
     if cut_off:
         status.degraded.append(f"beats that do not reach Redis: {', '.join(cut_off)}")
-    quiet = silent_after_seconds()
-    silent = [
-        n.node_id for n in status.nodes if n.state == "alive" and n.heartbeat_age_seconds > quiet
-    ]
-    if silent:
-        status.degraded.append(silence_effects(silent, quiet))
+    if trouble.silent:
+        status.degraded.append(trouble.silence_effects())
     counts = PeriodicTask.objects.aggregate(
         n_enabled=Count("pk", filter=Q(enabled=True)),
         n_disabled=Count("pk", filter=Q(enabled=False)),
