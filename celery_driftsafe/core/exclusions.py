@@ -328,3 +328,63 @@ def parse_crontab(text: Any, zone: str, field_name: str) -> tuple[Crontab | None
 def iso_dates(dates: Iterable[date]) -> list[str]:
     """Dates as stored: sorted ISO texts, each once."""
     return [d.isoformat() for d in sorted(set(dates))]
+
+
+def stored_exclusions(
+    excluded_dates: Any, calendar_exclusions: Any, zone: str
+) -> tuple[frozenset[date], tuple[Crontab, ...]]:
+    """What a task row excludes: its own ``excluded_dates`` (a list of ISO dates) and its
+    calendars' (``calendar_exclusions``: ``{"dates": [...], "crontabs": [...]}``, kept by the
+    calendars). Raises :class:`ScheduleError` on the field at fault (``excluded_dates``, or
+    ``calendars`` for the calendars' part). Equal texts share one reading."""
+    own = _texts("excluded_dates", excluded_dates)
+    theirs: dict[str, Any] = {}
+    if calendar_exclusions:
+        if not isinstance(calendar_exclusions, dict):
+            raise ScheduleError(
+                "calendars",
+                f"the calendars' exclusions must be an object, not {calendar_exclusions!r}; "
+                "save one of the task's calendars to write them again",
+            )
+        theirs = calendar_exclusions
+    dates = own + _texts("calendars", theirs.get("dates"))
+    crontabs = _texts("calendars", theirs.get("crontabs"))
+    try:
+        return _read_exclusions(dates, crontabs, zone)
+    except TypeError:  # an entry that is no text (a list, an object): unhashable
+        bad = next(v for v in (*dates, *crontabs) if not isinstance(v, str | date))
+        raise ScheduleError("excluded_dates", f"{bad!r} is no date: write YYYY-MM-DD") from None
+
+
+def _texts(field_name: str, value: Any) -> tuple[Any, ...]:
+    if value is None or value == "":
+        return ()
+    if not isinstance(value, list | tuple):
+        raise ScheduleError(field_name, f"must be a list of dates (YYYY-MM-DD), not {value!r}")
+    return tuple(value)
+
+
+@lru_cache(maxsize=1024)
+def _read_exclusions(
+    dates: tuple[Any, ...], crontabs: tuple[Any, ...], zone: str
+) -> tuple[frozenset[date], tuple[Crontab, ...]]:
+    parsed, problems = parse_dates(list(dates), "excluded_dates")
+    if problems:
+        raise ScheduleError("excluded_dates", problems[0].message)
+    read = []
+    for text in crontabs:
+        crontab, problems = parse_crontab(text, zone, "calendars")
+        if problems:
+            raise ScheduleError("calendars", problems[0].message)
+        if crontab is not None:
+            read.append(crontab)
+    return frozenset(parsed), tuple(read)
+
+
+@lru_cache(maxsize=4096)
+def shared_excluding(
+    schedule: Schedule, dates: frozenset[date], zone: str, crontabs: tuple[Crontab, ...]
+) -> Schedule:
+    """:func:`excluding`, the same instance for equal arguments (a claim round builds the
+    schedule of every task it plans)."""
+    return excluding(schedule, dates, zone, crontabs)

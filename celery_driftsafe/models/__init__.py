@@ -16,6 +16,7 @@ from celery_driftsafe.models.choices import (
     SolarEvent,
     TaskSource,
 )
+from celery_driftsafe.models.calendars import Calendar
 from celery_driftsafe.models.coordination import BeatNode, Lock
 from celery_driftsafe.models.periodic_task import (
     CLAIM_FIELDS,
@@ -35,6 +36,7 @@ __all__ = [
     "SCHEDULE_ERROR_FIELDS",
     "STAND_IN_ANCHOR",
     "BeatNode",
+    "Calendar",
     "IntervalUnit",
     "Lock",
     "MisfirePolicy",
