@@ -6,6 +6,7 @@ and :mod:`~celery_driftsafe.models.coordination` (beat nodes and database locks)
 from here: ``from celery_driftsafe.models import PeriodicTask, Run``.
 """
 
+from celery_driftsafe.models.calendars import Calendar
 from celery_driftsafe.models.choices import (
     IntervalUnit,
     MisfirePolicy,
@@ -16,7 +17,6 @@ from celery_driftsafe.models.choices import (
     SolarEvent,
     TaskSource,
 )
-from celery_driftsafe.models.calendars import Calendar
 from celery_driftsafe.models.coordination import BeatNode, Lock
 from celery_driftsafe.models.periodic_task import (
     CLAIM_FIELDS,
