@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -30,7 +30,8 @@ from celery_driftsafe.celery_app import argument_problem
 from celery_driftsafe.core import validation
 from celery_driftsafe.definitions.upsert import Upserted, upsert_by_name
 from celery_driftsafe.exceptions import DriftSafeError
-from celery_driftsafe.models import IntervalUnit, PeriodicTask, ScheduleKind, TaskSource
+from celery_driftsafe.core.exclusions import iso_dates, parse_dates
+from celery_driftsafe.models import Calendar, IntervalUnit, PeriodicTask, ScheduleKind, TaskSource
 
 logger = logging.getLogger("celery_driftsafe.beat_schedule")
 
@@ -192,8 +193,68 @@ def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> 
     elif expires is not None:
         raise EntryError(name, "options.expires", f"must be seconds or a datetime, not {expires!r}")
     fields["headers"] = _json_entry_value(name, "options.headers", options.get("headers"), dict)
+    fields["excluded_dates"] = _entry_dates(name, entry.get("excluded_dates"))
     return fields
 
+
+def _entry_dates(name: str, value: Any) -> list[str]:
+    """An entry's ``excluded_dates`` (dates, or ISO texts, in the app's time zone) as stored:
+    sorted ISO texts, each once."""
+    if value is None:
+        return []
+    if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
+        raise EntryError(
+            name,
+            "excluded_dates",
+            f"must be a list of dates (date objects or 'YYYY-MM-DD'), not "
+            f"{validation.shape(value)}",
+        )
+    dates, problems = parse_dates(list(value), "excluded_dates")
+    if problems:
+        raise EntryError(name, "excluded_dates", problems[0].message)
+    return iso_dates(dates)
+
+
+def entry_calendars(name: str, entry: Mapping[str, Any]) -> list[str]:
+    """The names in an entry's ``calendars`` (a list of :class:`Calendar` names)."""
+    value = entry.get("calendars")
+    if value is None:
+        return []
+    if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
+        raise EntryError(
+            name, "calendars", f"must be a list of calendar names, not {validation.shape(value)}"
+        )
+    if not all(isinstance(item, str) and item.strip() for item in value):
+        raise EntryError(name, "calendars", f"must hold calendar names (text), not {value!r}")
+    return sorted({item.strip() for item in value})
+
+
+def _calendars(name: str, names: list[str], using: str) -> list[Calendar]:
+    """The calendars named; raises :class:`EntryError` naming those that do not exist."""
+    found = list(Calendar.objects.using(using).filter(name__in=names))
+    missing = sorted(set(names) - {calendar.name for calendar in found})
+    if missing:
+        raise EntryError(
+            name,
+            "calendars",
+            f"no calendar named {', '.join(map(repr, missing))}: create it in the admin "
+            "(Calendars) or in a data migration first",
+        )
+    return found
+
+
+#: The keys of an entry read: Celery's, and this package's ``excluded_dates`` and
+#: ``calendars`` (Celery's own beat refuses an entry with keys of its own).
+OUR_KEYS = (
+    "task",
+    "schedule",
+    "args",
+    "kwargs",
+    "options",
+    "relative",
+    "excluded_dates",
+    "calendars",
+)
 
 #: The options of an entry's ``options`` this package publishes with.
 PUBLISH_OPTIONS = ("queue", "exchange", "routing_key", "priority", "expires", "headers")
@@ -227,10 +288,14 @@ def entry_report(
                     f"not a publish option this package sends ({', '.join(PUBLISH_OPTIONS)})",
                 )
             )
+    if fields.get("excluded_dates"):
+        carried.append(("excluded_dates", f"excluded_dates ({len(fields['excluded_dates'])})"))
+    if entry.get("calendars"):
+        carried.append(("calendars", "calendars (linked by name when a beat syncs the entry)"))
     if entry.get("relative"):
         dropped.append(("relative", "interval slots are anchored, not rounded to the period"))
     for key in entry:
-        if key not in ("task", "schedule", "args", "kwargs", "options", "relative"):
+        if key not in OUR_KEYS:
             dropped.append((str(key), "not a key of Celery's beat entries"))
     return carried, dropped
 
@@ -256,8 +321,9 @@ def sync_beat_schedule(
                 raise EntryError(name, "args", unfit)
             if owner is not None:
                 fields["source_app"] = owner
+            calendars = entry_calendars(name, entry)
             with transaction.atomic(using=using):  # all of the entry or nothing of it
-                _sync_one(name, fields, report, using, now)
+                _sync_one(name, fields, report, using, now, calendars)
         except ENTRY_ERRORS as exc:
             report.errors[name] = error_text(exc)
             logger.error(
@@ -351,8 +417,14 @@ def log_orphans(entries: Mapping[str, Any], owner: str | None, using: str = "def
 
 
 def _sync_one(
-    name: str, fields: dict[str, Any], report: SyncReport, using: str, now: datetime | None
+    name: str,
+    fields: dict[str, Any],
+    report: SyncReport,
+    using: str,
+    now: datetime | None,
+    calendar_names: Sequence[str] = (),
 ) -> None:
+    calendars = _calendars(name, list(calendar_names), using)
     outcome = upsert_by_name(
         name,
         fields,
@@ -363,6 +435,12 @@ def _sync_one(
         validate=True,
     )
     if outcome != Upserted.REFUSED:
+        task = PeriodicTask.objects.using(using).get(name=name)
+        linked = set(task.calendars.using(using).values_list("pk", flat=True))
+        if linked != {calendar.pk for calendar in calendars}:
+            task.calendars.set(calendars)  # its next slot moves (definitions/calendars.py)
+            if outcome == Upserted.UNCHANGED:
+                outcome = Upserted.UPDATED
         _enable_if_back(name, using, now)
     if outcome == Upserted.CREATED:
         report.created.append(name)
