@@ -28,9 +28,9 @@ from django.db.models import QuerySet
 
 from celery_driftsafe.celery_app import argument_problem
 from celery_driftsafe.core import validation
+from celery_driftsafe.core.exclusions import iso_dates, parse_dates
 from celery_driftsafe.definitions.upsert import Upserted, upsert_by_name
 from celery_driftsafe.exceptions import DriftSafeError
-from celery_driftsafe.core.exclusions import iso_dates, parse_dates
 from celery_driftsafe.models import Calendar, IntervalUnit, PeriodicTask, ScheduleKind, TaskSource
 
 logger = logging.getLogger("celery_driftsafe.beat_schedule")
