@@ -26,11 +26,11 @@ Pure: no clock, no Django.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 from zoneinfo import ZoneInfo
 
 from celery_driftsafe.core.crontab import Crontab, _day_segments
@@ -381,10 +381,18 @@ def _read_exclusions(
     return frozenset(parsed), tuple(read)
 
 
-@lru_cache(maxsize=4096)
 def shared_excluding(
     schedule: Schedule, dates: frozenset[date], zone: str, crontabs: tuple[Crontab, ...]
 ) -> Schedule:
     """:func:`excluding`, the same instance for equal arguments (a claim round builds the
-    schedule of every task it plans)."""
-    return excluding(schedule, dates, zone, crontabs)
+    schedule of every task it plans); built afresh around a schedule that is no value."""
+    if isinstance(schedule, Hashable):
+        return _shared_excluding(schedule, dates, zone, crontabs)
+    return excluding(schedule, dates, zone, crontabs)  # pragma: no cover - ours are values
+
+
+@lru_cache(maxsize=4096)
+def _shared_excluding(
+    schedule: Hashable, dates: frozenset[date], zone: str, crontabs: tuple[Crontab, ...]
+) -> Schedule:
+    return excluding(cast(Schedule, schedule), dates, zone, crontabs)

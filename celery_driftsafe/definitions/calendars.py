@@ -100,7 +100,9 @@ def after_calendar_save(sender: Any, instance: Calendar, **kwargs: Any) -> None:
 def before_calendar_delete(sender: Any, instance: Calendar, **kwargs: Any) -> None:
     """``pre_delete``: remember the calendar's tasks (the links go with it)."""
     using = kwargs.get("using") or "default"
-    instance._driftsafe_tasks = list(instance.tasks.using(using).values_list("pk", flat=True))
+    instance._driftsafe_tasks = list(  # type: ignore[attr-defined]
+        instance.tasks.using(using).values_list("pk", flat=True)
+    )
 
 
 def after_calendar_delete(sender: Any, instance: Calendar, **kwargs: Any) -> None:

@@ -1,12 +1,13 @@
 """Run inside the e2e database's settings: ``python -m tests.e2e.tool <command>``.
 
-Commands: migrate, calendars, seed, add, preview_and_add, update, delete, make_run, run, stale_saves,
-corrupt, dump; and ``serve``, which answers commands one after the other in one process
-(:func:`serve`).
+Commands: migrate, calendars, seed, add, preview_and_add, update, delete, make_run, run,
+stale_saves, corrupt, dump; and ``serve``, which answers commands one after the other in one
+process (:func:`serve`).
 
 ``seed`` reads a JSON list of task specs on stdin (``calendars``: names of calendars made by
-``calendars`` before) and sets each task's first slot to the first slot at or after ``start``; ``preview_and_add`` previews a new task as the admin's button does
-and saves it as the admin's form then does (with the preview's anchor), printing the preview;
+``calendars`` before) and sets each task's first slot to the first slot at or after ``start``;
+``preview_and_add`` previews a new task as the admin's button does and saves it as the admin's
+form then does (with the preview's anchor), printing the preview;
 ``dump`` prints tasks, runs and nodes as JSON.
 """
 
