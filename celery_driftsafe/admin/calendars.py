@@ -62,7 +62,7 @@ class CalendarAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description="tasks on it")
     def tasks_on_it(self, calendar: Calendar) -> Any:
-        if calendar.pk is None:
+        if calendar._state.adding:
             return "none yet (choose it on a task's page once saved)"
         names = list(calendar.tasks.order_by("name").values_list("name", flat=True)[:50])
         return ", ".join(names) or "none yet (choose it on a task's page)"
