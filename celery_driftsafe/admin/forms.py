@@ -28,7 +28,9 @@ Each problem is reported on the field at fault, all at once (not the first one o
 * ``valid_until`` — after ``valid_from`` when both are set; ``one_off_at`` and
   ``valid_from`` within the calendar's margins (a slot at 9999-12-31 plus its jitter
   would leave it: see :mod:`celery_driftsafe.core.validation`); ``max_runs`` — 1 or more;
-  ``jitter_seconds`` — 0 to 86,400 (see :mod:`celery_driftsafe.core.bounds`).
+  ``jitter_seconds`` — 0 to 86,400 (see :mod:`celery_driftsafe.core.bounds`);
+* ``pause_after_failures`` — empty, 0 or a whole number of failures in a row (see
+  :mod:`celery_driftsafe.claim.pausing`).
 
 Saving goes through the model's ``save()``, so :mod:`celery_driftsafe.definitions.changes`
 recomputes the
@@ -214,6 +216,7 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             "misfire_grace_seconds",
             "overlap_policy",
             "deadline_seconds",
+            "pause_after_failures",
             "queue",
             "exchange",
             "routing_key",
@@ -242,8 +245,9 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         every.min_value = None
         every.validators = [v for v in every.validators if not isinstance(v, MinValueValidator)]
         every.widget.attrs.pop("min", None)
-        # Our own messages for max runs below 1 and a negative jitter (in clean()).
-        for name in ("max_runs", "jitter_seconds"):
+        # Our own messages for max runs below 1, a negative jitter (in clean()) and a negative
+        # pause_after_failures (the model's validation).
+        for name in ("max_runs", "jitter_seconds", "pause_after_failures"):
             number = self.fields[name]
             assert isinstance(number, forms.IntegerField | forms.FloatField)
             number.min_value = None
