@@ -69,7 +69,7 @@ from celery_driftsafe.celery_app import (
 from celery_driftsafe.core.bounds import bound_problems
 from celery_driftsafe.core.preview import Preview
 from celery_driftsafe.core.schedules import Crontab, Solar
-from celery_driftsafe.core.validation import loads_json
+from celery_driftsafe.core.validation import loads_json, pause_problems
 from celery_driftsafe.exceptions import ClockError, ScheduleError, TaskModulesError
 from celery_driftsafe.models import PeriodicTask, ScheduleKind
 from celery_driftsafe.models.schedule_fields import (
@@ -481,13 +481,14 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             ) from exc
 
     def _clean_bounds(self, data: dict[str, Any]) -> None:
-        """Valid until after valid from, max runs of 1 or more, a jitter of 0 to a day."""
+        """Valid until after valid from, max runs of 1 or more, a jitter of 0 to a day, a
+        pause after 0 (never) or more failures."""
         for problem in bound_problems(
             valid_from=data.get("valid_from"),
             valid_until=data.get("valid_until"),
             max_runs=data.get("max_runs"),
             jitter_seconds=data.get("jitter_seconds"),
-        ):
+        ) + pause_problems(data.get("pause_after_failures")):
             if problem.field not in self.errors:
                 self.add_error(
                     problem.field, problem.message[:1].upper() + problem.message[1:] + "."

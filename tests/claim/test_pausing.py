@@ -302,7 +302,8 @@ def test_a_catch_up_run_stands_for_the_slots_it_covers(
     result = claimer.claim(now, "node", busy_since=now)
     assert len(result.runs) == 1 and result.missed == 1000
     assert _state(task) == (True, 0, "")
-    Run.objects.filter(pk=result.runs[0].run_id).update(status=RunStatus.DISPATCHED, expires_at=None)
-    deliver(record, Run.objects.get(pk=result.runs[0].run_id), "boom")
+    catch_up = Run.objects.filter(pk=result.runs[0].run_id)
+    catch_up.update(status=RunStatus.DISPATCHED, expires_at=None)  # as if published in time
+    deliver(record, catch_up.get(), "boom")
     assert _state(task) == (True, 1, "")
     assert paused == []
