@@ -307,3 +307,48 @@ def test_a_catch_up_run_stands_for_the_slots_it_covers(
     deliver(record, catch_up.get(), "boom")
     assert _state(task) == (True, 1, "")
     assert paused == []
+
+
+# -- outcomes a beat's reconciliation gives -----------------------------------------------------
+
+
+def test_runs_whose_worker_was_lost_count_and_pause(
+    redis_client: Any, paused: list[dict[str, Any]]
+) -> None:
+    """Two started runs nobody holds a lock of, their worker gone: the reconciliation records
+    them failed, and they count (here, to the limit of 2)."""
+    from celery_driftsafe.beat.recovery import reconcile
+
+    task = _task("abandoned", 2)
+    runs = [_run(task, k) for k in range(2)]
+    Run.objects.filter(pk__in=[r.pk for r in runs]).update(
+        status=RunStatus.STARTED, started_at=T0, fencing_token=5, worker="gone"
+    )
+    done = reconcile(T0 + timedelta(hours=2), lease=timedelta(seconds=30))
+    assert sorted(done.lost) == sorted(r.pk for r in runs)
+    enabled, count, reason = _state(task)
+    assert (enabled, count) == (False, 2) and "pause_after_failures=2" in reason
+    assert [(p["name"], p["failures"]) for p in paused] == [("abandoned", 2)]
+
+
+def test_a_run_the_worker_ended_for_a_hard_time_limit_counts() -> None:
+    """What a worker's main process records when it killed a body (hard time limit) or lost
+    its pool process: the run failed, and it counts."""
+    from types import SimpleNamespace
+
+    from celery_driftsafe.worker.request import record_from_worker
+
+    task = _task("killed", 5)
+    run = _run(task, 0)
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.STARTED, worker="worker-1")
+    request = SimpleNamespace(
+        id=run.celery_task_id,
+        retries=0,
+        hostname="worker-1",
+        driftsafe_run_id=run.pk,
+        driftsafe_fencing_token=0,
+        driftsafe_periodic_task_id=task.pk,
+    )
+    assert record_from_worker(request, RunStatus.FAILED, "hard time limit", started_too=True)
+    assert Run.objects.get(pk=run.pk).status == RunStatus.FAILED
+    assert _state(task) == (True, 1, "")
