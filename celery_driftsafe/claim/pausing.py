@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from django.db import connections, transaction
+from django.db.models import Count
 
 from celery_driftsafe.claim.disabling import disable_by_id
 from celery_driftsafe.core.stored_names import RunStatus
@@ -62,6 +64,29 @@ def count_outcome(using: str, run_id: int, status: str, now: datetime) -> None:
         count_failures(using, failures=1, now=now, run_id=run_id)
     elif status == RunStatus.SUCCEEDED:
         _reset(using, run_id)
+
+
+def count_outcomes(using: str, run_ids: Sequence[int], status: str, now: datetime) -> None:
+    """:func:`count_outcome` for many runs that ended ``status`` at once (a reconciliation's
+    batch), in a statement or two whatever their number: one per task that counts, only for a
+    failure."""
+    if not run_ids:
+        return
+    runs = Run.objects.using(using).filter(pk__in=list(run_ids)).order_by()
+    if status == RunStatus.FAILED:
+        counting = (
+            runs.filter(periodic_task__enabled=True, periodic_task__pause_after_failures__gt=0)
+            .values("periodic_task_id")
+            .annotate(failures=Count("id"))
+        )
+        for row in counting:
+            count_failures(
+                using, failures=row["failures"], now=now, task_id=row["periodic_task_id"]
+            )
+    elif status == RunStatus.SUCCEEDED:
+        PeriodicTask.objects.using(using).filter(
+            pk__in=runs.values("periodic_task_id"), consecutive_failures__gt=0, enabled=True
+        ).update(consecutive_failures=0)
 
 
 def count_missed(using: str, task: PeriodicTask, missed: int, fired: int, now: datetime) -> None:

@@ -352,3 +352,32 @@ def test_a_run_the_worker_ended_for_a_hard_time_limit_counts() -> None:
     assert record_from_worker(request, RunStatus.FAILED, "hard time limit", started_too=True)
     assert Run.objects.get(pk=run.pk).status == RunStatus.FAILED
     assert _state(task) == (True, 1, "")
+
+
+def test_outcomes_read_from_the_result_backend_count_per_task(
+    redis_client: Any, paused: list[dict[str, Any]]
+) -> None:
+    """A plain task's runs no worker recorded take the result backend's state at the
+    reconciliation: its failures count, and its successes reset, a batch at a time."""
+    from celery import Celery, states
+
+    from celery_driftsafe.beat.recovery import reconcile
+    from tests import settings as test_settings
+
+    results = Celery("pause-results", broker="memory://", backend=test_settings.REDIS_URL)
+    results.conf.result_expires = None
+    failing, mending = _task("failing", 3), _task("mending", 3)
+    PeriodicTask.objects.filter(pk=mending.pk).update(consecutive_failures=2)
+    for task, state in ((failing, states.FAILURE), (mending, states.SUCCESS)):
+        for k in range(3):
+            run = _run(task, k)
+            Run.objects.filter(pk=run.pk).update(claimed_at=T0 + k * S)
+            result = ValueError("boom") if state == states.FAILURE else k
+            results.backend.store_result(run.celery_task_id, result, state)
+    try:
+        reconcile(T0 + timedelta(hours=2), lease=timedelta(seconds=30), app=results)
+    finally:
+        results.backend.client.close()
+    assert _state(failing)[:2] == (False, 3)
+    assert _state(mending) == (True, 0, "")
+    assert [(p["name"], p["failures"]) for p in paused] == [("failing", 3)]
