@@ -54,3 +54,18 @@ def test_the_import_report_carries_the_option() -> None:
     carried, dropped = entry_report(entry, entry_fields("e", entry))
     assert ("options.pause_after_failures", "pause_after_failures") in carried
     assert [key for key, _ in dropped] == ["options.countdown"]
+
+
+@pytest.mark.django_db
+def test_a_paused_task_stays_paused_when_its_beats_start_again(app: Celery) -> None:
+    """A restart syncs the entries again: a task paused after failures keeps its pause, its
+    reason and its count, edited entry or not (only re-enabling clears them)."""
+    app.conf.beat_schedule = {"e": _entry(pause_after_failures=2)}
+    sync_beat_schedule(app, now=T0)
+    paused = {"enabled": False, "disabled_reason": "paused", "consecutive_failures": 2}
+    PeriodicTask.objects.filter(name="e").update(**paused)
+    sync_beat_schedule(app, now=T0 + H)
+    app.conf.beat_schedule = {"e": _entry(pause_after_failures=2, queue="other")}
+    assert sync_beat_schedule(app, now=T0 + 2 * H).updated == ["e"]
+    task = PeriodicTask.objects.get(name="e")
+    assert (task.enabled, task.disabled_reason, task.consecutive_failures) == (False, "paused", 2)
