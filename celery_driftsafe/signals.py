@@ -1,12 +1,14 @@
-"""The Django signals celery_driftsafe sends: connect alerts to them (see docs/howto/deadlines.md).
+"""The Django signals celery_driftsafe sends: connect alerts to them (see docs/howto/deadlines.md
+and docs/howto/pause-after-failures.md).
 
-Both are sent by the beat that flagged the run or the task, from the thread of its deadline
-check (:mod:`celery_driftsafe.beat.deadlines`), once per late run and once per time a task
-becomes stale, however many beats run: the flag is written by a conditional ``UPDATE`` that
-only one beat wins. They are sent with ``send_robust``: a receiver that raises is logged
-(action ``deadline-receiver-failed``) and neither stops the other receivers nor the beat.
-A receiver runs in the beat's process: one that takes long delays the next check, so hand
-slow work (an e-mail, an HTTP call) to a thread or a Celery task.
+The deadline signals (the first two) are sent by the beat that flagged the run or the task,
+from the thread of its deadline check (:mod:`celery_driftsafe.beat.deadlines`), once per late
+run and once per time a task becomes stale, however many beats run: the flag is written by a
+conditional ``UPDATE`` that only one beat wins. They are sent with ``send_robust``: a
+receiver that raises is logged (action ``deadline-receiver-failed``) and neither stops the
+other receivers nor the beat. A receiver runs in the beat's process: one that takes long
+delays the next check, so hand slow work (an e-mail, an HTTP call) to a thread or a Celery
+task.
 
 ``run_deadline_missed``
     ``sender``: :class:`~celery_driftsafe.models.PeriodicTask` (the class). Arguments:
