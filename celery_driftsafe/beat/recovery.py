@@ -39,6 +39,7 @@ from django.db.models import CharField, Q, Value
 from django.db.models.functions import Cast, Concat
 
 from celery_driftsafe.beat.result_states import backend_states
+from celery_driftsafe.claim.pausing import count_outcomes
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.exceptions import LockError
 from celery_driftsafe.ledger.lost_runs import Until, lost_runs, next_page
@@ -130,6 +131,8 @@ def reconcile(
     _expire(runs, now, lease, batch, until, done)
     bound = now - timedelta(seconds=settings.stuck_run_seconds)
     done.lost, done.unreachable = lost_runs(runs, bound, now, batch, until, using, settings)
+    # A lost worker's run failed: towards its task's pause_after_failures.
+    count_outcomes(using, done.lost, RunStatus.FAILED, now)
     if app is not None and not isinstance(app.backend, DisabledBackend):
         lookup = now - timedelta(seconds=settings.result_lookup_seconds)
         done.backend_after = _from_result_backend(
@@ -264,6 +267,7 @@ def _settle_from_backend(
         status = _BACKEND_STATES[state]
         error = f"outcome taken from the result backend: {state}"
         settled = _settle(runs, pks, RunStatus.DISPATCHED, status, now, error)
+        count_outcomes(runs.db, settled, status, now)  # in the batch's transaction
         done.from_results += settled
         by_status = done.from_results_by_status
         by_status[status] = by_status.get(status, 0) + len(settled)

@@ -192,11 +192,17 @@ def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> 
     elif expires is not None:
         raise EntryError(name, "options.expires", f"must be seconds or a datetime, not {expires!r}")
     fields["headers"] = _json_entry_value(name, "options.headers", options.get("headers"), dict)
+    pause = options.get("pause_after_failures")
+    for problem in validation.pause_problems(pause):
+        raise EntryError(name, f"options.{problem.field}", problem.message)
+    fields["pause_after_failures"] = pause
     return fields
 
 
 #: The options of an entry's ``options`` this package publishes with.
 PUBLISH_OPTIONS = ("queue", "exchange", "routing_key", "priority", "expires", "headers")
+#: The options of an entry's ``options`` that are this package's own task fields.
+TASK_OPTIONS = ("pause_after_failures",)
 
 
 def entry_report(
@@ -218,13 +224,14 @@ def entry_report(
             carried.append(("options.expires", "valid_until (no slot at or after it)"))
         elif key == "expires":
             carried.append(("options.expires", "expires_seconds"))
-        elif key in PUBLISH_OPTIONS:
+        elif key in PUBLISH_OPTIONS or key in TASK_OPTIONS:
             carried.append((f"options.{key}", key))
         else:
             dropped.append(
                 (
                     f"options.{key}",
-                    f"not a publish option this package sends ({', '.join(PUBLISH_OPTIONS)})",
+                    f"not a publish option this package sends ({', '.join(PUBLISH_OPTIONS)}) "
+                    f"nor a task option of its own ({', '.join(TASK_OPTIONS)})",
                 )
             )
     if entry.get("relative"):

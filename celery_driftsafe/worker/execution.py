@@ -271,15 +271,23 @@ class Execution:
         return True
 
     def _write_outcome(self, status: str, now: datetime, error: str) -> bool:
-        """The outcome under the token and, for a run that had more than one attempt, this
-        attempt's row (a first attempt has none, and its one statement needs no transaction)."""
+        """The outcome under the token, counted towards its task's ``pause_after_failures``
+        (:mod:`celery_driftsafe.claim.pausing`) in the same transaction, and, for a run that had
+        more than one attempt, this attempt's row (a first attempt has none)."""
+        from celery_driftsafe.claim.pausing import count_outcome
+
         token = self.token
         assert token is not None
 
         def finish() -> bool:
-            return self.ledger.finish(self.run_id, token, status, now, error)
+            if not self.ledger.finish(self.run_id, token, status, now, error):
+                return False
+            count_outcome(self.ledger.connection.alias, self.run_id, status, now)
+            return True
 
-        return finish() if self.attempt == 0 else self._with_attempt(finish, status, now, error)
+        if self.attempt == 0:
+            return self.ledger.together(finish)
+        return self._with_attempt(finish, status, now, error)
 
     def _with_attempt(
         self, write: Callable[[], bool], outcome: str, now: datetime, error: str

@@ -29,6 +29,7 @@ def record_from_worker(request: Any, status: str, error: str, *, started_too: bo
     (``started_too``) started by this worker in this attempt."""
     from django.db import close_old_connections
 
+    from celery_driftsafe.claim.pausing import count_outcome
     from celery_driftsafe.exceptions import LedgerUnavailable
     from celery_driftsafe.ledger.run_ledger import Ledger
     from celery_driftsafe.store.clock import authority_clock
@@ -44,9 +45,16 @@ def record_from_worker(request: Any, status: str, error: str, *, started_too: bo
     now = authority_clock().now()
     try:
         if started_too:
-            written = ledger.end_by_worker(
-                headers.run_id, task_id, attempt, worker, status, now, error
-            )
+
+            def end() -> bool:
+                ended = ledger.end_by_worker(
+                    headers.run_id, task_id, attempt, worker, status, now, error
+                )
+                if ended:  # towards pause_after_failures, in the same transaction
+                    count_outcome(ledger.connection.alias, headers.run_id, status, now)
+                return ended
+
+            written = ledger.together(end)
         else:
             written = ledger.end_waiting(headers.run_id, status, now, error, task_id=task_id)
     except LedgerUnavailable as exc:

@@ -101,6 +101,22 @@ if os.environ.get("DRIFTSAFE_E2E_SIGNALS"):  # tests/e2e/test_deadlines.py
     run_deadline_missed.connect(_late, weak=False)
     task_became_stale.connect(_stale, weak=False)
 
+    # tests/e2e/test_pause_after_failures.py: connected in workers too (a failed run pauses)
+    from celery_driftsafe.signals import task_paused
+
+    def _paused(sender: Any, task: Any, reason: str, failures: int, **kw: Any) -> None:
+        _write(
+            {
+                "signal": "paused",
+                "task": task.name,
+                "enabled": task.enabled,
+                "reason": reason,
+                "failures": failures,
+            }
+        )
+
+    task_paused.connect(_paused, weak=False)
+
 
 # A result backend when the test asks for one (the semantics tests read results back).
 if os.environ.get("DRIFTSAFE_E2E_RESULTS"):

@@ -147,6 +147,7 @@ def main(command: str) -> None:
                 "enabled": t.enabled,
                 "disabled_reason": t.disabled_reason,
                 "stale_since": iso(t.stale_since),
+                "consecutive_failures": t.consecutive_failures,
             }
             for t in PeriodicTask.objects.all()
         ]
