@@ -356,7 +356,7 @@ def release_waiting(
         )
         waiting = waiting.exclude(Q(periodic_task__overlap_policy__in=BUFFERING) & Exists(running))
     taken: list[ClaimedRun] = []
-    turns_tried: set[int] = set()
+    turns_tried: set[int | None] = set()
     for run in waiting.select_related("periodic_task").order_by("slot", "pk")[:limit]:
         policy = run.periodic_task.overlap_policy if run.periodic_task is not None else None
         queued = policy in BUFFERING and periodic_task_id is None

@@ -192,11 +192,23 @@ def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> 
     elif expires is not None:
         raise EntryError(name, "options.expires", f"must be seconds or a datetime, not {expires!r}")
     fields["headers"] = _json_entry_value(name, "options.headers", options.get("headers"), dict)
+    if "overlap_policy" in options:  # else the row's own (the admin's, or the default)
+        policy = options["overlap_policy"]
+        if policy not in validation.OVERLAP_POLICIES:
+            raise EntryError(
+                name,
+                "options.overlap_policy",
+                f"unknown policy {policy!r}; use one of {', '.join(validation.OVERLAP_POLICIES)}",
+            )
+        fields["overlap_policy"] = str(policy)
     return fields
 
 
 #: The options of an entry's ``options`` this package publishes with.
 PUBLISH_OPTIONS = ("queue", "exchange", "routing_key", "priority", "expires", "headers")
+#: The options of an entry's ``options`` that set a field of its task, not its message
+#: (Celery's own beat passes them to ``apply_async``, which ignores what it does not know).
+TASK_OPTIONS = ("overlap_policy",)
 
 
 def entry_report(
@@ -218,13 +230,14 @@ def entry_report(
             carried.append(("options.expires", "valid_until (no slot at or after it)"))
         elif key == "expires":
             carried.append(("options.expires", "expires_seconds"))
-        elif key in PUBLISH_OPTIONS:
+        elif key in PUBLISH_OPTIONS or key in TASK_OPTIONS:
             carried.append((f"options.{key}", key))
         else:
             dropped.append(
                 (
                     f"options.{key}",
-                    f"not a publish option this package sends ({', '.join(PUBLISH_OPTIONS)})",
+                    f"not a publish option this package sends ({', '.join(PUBLISH_OPTIONS)}), "
+                    f"nor a task's ({', '.join(TASK_OPTIONS)})",
                 )
             )
     if entry.get("relative"):
