@@ -207,7 +207,8 @@ def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> 
 #: The options of an entry's ``options`` this package publishes with.
 PUBLISH_OPTIONS = ("queue", "exchange", "routing_key", "priority", "expires", "headers")
 #: The options of an entry's ``options`` that set a field of its task, not its message
-#: (Celery's own beat passes them to ``apply_async``, which ignores what it does not know).
+#: (Celery's own beat passes them to ``apply_async``, which sends what it does not know along
+#: as message properties, harmlessly).
 TASK_OPTIONS = ("overlap_policy",)
 
 

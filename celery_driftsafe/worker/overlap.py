@@ -244,9 +244,8 @@ class Overlap:
         """After a start the run was not read for (the fast path; at ``started_at``): with
         overlap policy ``skip``, ``buffer_one`` or ``buffer_all``, hold the task's running
         lock, or end the run skipped (the buffering ones: wait, unless as many runs wait as
-        may); a run taken over from a
-        lost worker ran in part, so it ends failed, as a reconcile pass records it when the
-        slow path leaves it started."""
+        may); a run taken over from a lost worker ran in part, so it ends failed, as a
+        reconcile pass records it when the slow path leaves it started."""
         periodic_task_id, policy = started.periodic_task_id, started.overlap_policy
         if periodic_task_id is None or policy not in ONE_AT_A_TIME:
             return
@@ -330,8 +329,8 @@ class Overlap:
         it. A run that just waited (or could not: as many wait as may) does this when no run
         of the task runs (so it publishes the earliest, itself if it is), and a run the lock
         was handed to whose delivery ends without its body (expired, a copy of a finished run)
-        passes its turn on. Nothing when the lock is held, or the lock backend cannot tell: then a
-        beat publishes the waiting run once the lock is free."""
+        passes its turn on. Nothing when the lock is held, or the lock backend cannot tell:
+        then a beat publishes the waiting run once the lock is free."""
         task_lock = running_lock(lock_backend(self.settings), periodic_task_id, self.settings)
         try:
             taken = (
