@@ -10,9 +10,9 @@ task's outcome, :mod:`celery_driftsafe.worker.plain_task_receivers`). Each beat 
 read and each change is conditional on the status it read, so beats reconciling at once never
 fight.
 
-* ``claimed``, ``dispatched`` or ``waiting`` (overlap policy ``buffer_one``) past its
-  ``expires_at`` (plus a lease, for a worker that took it just in time) becomes ``expired``:
-  a worker discards the message, and ``DriftSafeTask`` refuses a finished run.
+* ``claimed``, ``dispatched`` or ``waiting`` (overlap policies ``buffer_one``, ``buffer_all``)
+  past its ``expires_at`` (plus a lease, for a worker that took it just in time) becomes
+  ``expired``: a worker discards the message, and ``DriftSafeTask`` refuses a finished run.
 * ``started`` longer than ``STUCK_RUN_SECONDS`` ago, whose run lock nobody holds (its worker
   renews the lock while the body runs), becomes ``failed`` ("worker lost"), written under a
   fresh fencing token so that a worker that was merely paused cannot record over it. The
@@ -283,8 +283,9 @@ def recover(
     using: str = "default",
 ) -> None:
     """A beat's recovery pass: mark silent nodes dead, re-publish stale claims (the outbox) and
-    the waiting runs (overlap policy ``buffer_one``) whose task's running run is over (its
-    worker died before it could publish them), through ``dispatcher``. Reconciling runs is
+    the waiting runs (overlap policies ``buffer_one``, ``buffer_all``: each task's earliest)
+    whose task's running run is over (its worker died before it could publish them), through
+    ``dispatcher``. Reconciling runs is
     :class:`BackgroundReconciler`'s."""
     from celery_driftsafe.beat import nodes
     from celery_driftsafe.claim.outbox import reclaim_stale, release_waiting
@@ -303,8 +304,8 @@ class TakeRunningLock:
     worker looked for it (its ``lock_store``), as far as this beat reaches it; then hands it
     to the run taken back (it runs next), or frees it. None (the run left waiting) when the
     lock is held, or the store is out of reach or cannot tell: a beat that reaches it
-    publishes the run. A run whose periodic task was deleted since has no running lock to
-    wait for (a worker runs it without the overlap policy): nothing to take."""
+    publishes the run. (A run whose periodic task was deleted, or no longer waits, is
+    released without a lock: :func:`~celery_driftsafe.claim.outbox.release_waiting`.)"""
 
     def __init__(self, settings: DriftSafeSettings, using: str) -> None:
         self.settings = settings
@@ -313,8 +314,7 @@ class TakeRunningLock:
     def __call__(self, run: Run) -> Callable[[bool], None] | None:
         from celery_driftsafe.locks import lock_backend_for, running_lock, running_lock_heir
 
-        if run.periodic_task_id is None:
-            return _nothing_to_settle
+        assert run.periodic_task_id is not None
         locks = lock_backend_for(run.lock_store, self.settings, using=self.using)
         if locks is None:
             return None
@@ -342,10 +342,6 @@ class TakeRunningLock:
                 )
 
         return settle
-
-
-def _nothing_to_settle(taken_back: bool) -> None:
-    """No running lock was taken."""
 
 
 class BackgroundReconciler(BackgroundPass):

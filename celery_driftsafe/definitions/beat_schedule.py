@@ -196,13 +196,24 @@ def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> 
     for problem in validation.pause_problems(pause):
         raise EntryError(name, f"options.{problem.field}", problem.message)
     fields["pause_after_failures"] = pause
+    if "overlap_policy" in options:  # else the row's own (the admin's, or the default)
+        policy = options["overlap_policy"]
+        if policy not in validation.OVERLAP_POLICIES:
+            raise EntryError(
+                name,
+                "options.overlap_policy",
+                f"unknown policy {policy!r}; use one of {', '.join(validation.OVERLAP_POLICIES)}",
+            )
+        fields["overlap_policy"] = str(policy)
     return fields
 
 
 #: The options of an entry's ``options`` this package publishes with.
 PUBLISH_OPTIONS = ("queue", "exchange", "routing_key", "priority", "expires", "headers")
-#: The options of an entry's ``options`` that are this package's own task fields.
-TASK_OPTIONS = ("pause_after_failures",)
+#: The options of an entry's ``options`` that set a field of its task, not its message
+#: (Celery's own beat passes them to ``apply_async``, which sends what it does not know along
+#: as message properties, harmlessly).
+TASK_OPTIONS = ("overlap_policy", "pause_after_failures")
 
 
 def entry_report(
@@ -230,8 +241,8 @@ def entry_report(
             dropped.append(
                 (
                     f"options.{key}",
-                    f"not a publish option this package sends ({', '.join(PUBLISH_OPTIONS)}) "
-                    f"nor a task option of its own ({', '.join(TASK_OPTIONS)})",
+                    f"not a publish option this package sends ({', '.join(PUBLISH_OPTIONS)}), "
+                    f"nor a task's ({', '.join(TASK_OPTIONS)})",
                 )
             )
     if entry.get("relative"):

@@ -144,7 +144,7 @@ class Ledger:
         )
         self._pre_start = ", ".join(f"'{status}'" for status in PRE_START)
 
-    def _execute(self, sql: str, params: list[Any], *, fetch: bool, unique: bool = False) -> Any:
+    def _execute(self, sql: str, params: list[Any], *, fetch: bool) -> Any:
         """Run one statement. Outside a transaction a statement the database rolled back for a
         concurrent update (SQLSTATE class 40: a serialization failure, a deadlock) is run
         again, at most :data:`ROLLED_BACK_RETRIES` times: it changed nothing. PostgreSQL does
@@ -159,11 +159,6 @@ class Ledger:
                     cursor.execute(sql, params)
                     return cursor.fetchone() if fetch else int(cursor.rowcount)
             except IntegrityError as exc:
-                # ``unique``: a unique index refused the change, which is an answer (another
-                # row holds the place); outside a transaction the statement changed nothing.
-                if unique and not self.connection.in_atomic_block:
-                    logger.debug("ledger statement refused by a unique index: %s", exc)
-                    return None if fetch else 0
                 raise LedgerUnavailable(f"database refused the statement: {exc}") from exc
             except DatabaseError as exc:
                 why = _unavailable(exc)
@@ -371,6 +366,15 @@ class Ledger:
             params += [self._at(starts_at), self._at(starts_at), run_id]
         return self._fetch(sql + "))", params) is not None
 
+    def others_waiting(self, periodic_task_id: int, run_id: int) -> bool:
+        """Whether another run of the periodic task waits (overlap policy ``buffer_all``: a
+        run that finds the task's running lock free while others wait queues behind them)."""
+        sql = (
+            f"SELECT 1 FROM {self.runs} WHERE periodic_task_id = %s AND status = 'waiting' "
+            "AND id <> %s"
+        )
+        return self._fetch(sql, [periodic_task_id, run_id]) is not None
+
     def wait(
         self,
         run_id: int,
@@ -380,19 +384,19 @@ class Ledger:
         *,
         store: str,
         started: bool,
+        limit: int = 1,
     ) -> bool:
-        """Overlap policy ``buffer_one``: the run, whose delivery holds its lock under
-        ``token``, waits for the task's running run (``waiting``, with ``why``; ``store``: where
-        that run's running lock is, for a beat to look), unless another run of the task waits
-        already (False). ``started``: the delivery started it (the fast path), under that very
-        token; else it is not started, and its token is below.
+        """Overlap policies ``buffer_one`` and ``buffer_all``: the run, whose delivery holds
+        its lock under ``token``, waits for the task's running run (``waiting``, with ``why``;
+        ``store``: where that run's running lock is, for a beat to look), unless ``limit``
+        other runs of the task wait already (False). ``started``: the delivery started it (the
+        fast path), under that very token; else it is not started, and its token is below.
 
-        The database decides between two deliveries that try at once: the condition reads the
-        other waiting runs, and where two statements both read none (PostgreSQL's snapshots)
-        the partial unique index ``driftsafe_run_one_waiting`` refuses the second. MySQL has no
-        partial index, and InnoDB reads the condition's rows without locking them, so there
-        the statement runs holding the task's row (:meth:`_holding_task`): the second delivery
-        waits for the first to commit and then reads its waiting run."""
+        The database decides between deliveries that try at once: the statement runs holding
+        the task's row (:meth:`_holding_task`), so the second of two waits for the first to
+        commit and then counts its waiting run (a claim of the task in that instant skips it
+        for a round, or waits for it). SQLite, which writes one transaction at a time, counts
+        under its write lock."""
         if started:
             mine = "fencing_token = %s AND status = 'started'"
         else:
@@ -402,14 +406,14 @@ class Ledger:
             f"UPDATE {self.runs} SET status = 'waiting', error = %s, fencing_token = %s, "
             f"lock_store = %s, started_at = NULL, lease_until = NULL, worker = '' "
             f"WHERE id = %s AND {mine} "
-            f"AND NOT EXISTS (SELECT 1 FROM (SELECT id FROM {self.runs} "
-            f"WHERE periodic_task_id = %s AND status = 'waiting' AND id <> %s) AS other)"
+            f"AND (SELECT COUNT(*) FROM (SELECT id FROM {self.runs} "
+            f"WHERE periodic_task_id = %s AND status = 'waiting' AND id <> %s) AS other) < %s"
         )
-        params = [why, token, store, run_id, token, periodic_task_id, run_id]
-        if self.connection.vendor == "mysql":
-            return self._holding_task(periodic_task_id, sql, params) == 1
-        changed: int = self._execute(sql, params, fetch=False, unique=True)
-        return changed == 1
+        params = [why, token, store, run_id, token, periodic_task_id, run_id, limit]
+        if self.connection.vendor == "sqlite":
+            changed: int = self._execute(sql, params, fetch=False)
+            return changed == 1
+        return self._holding_task(periodic_task_id, sql, params) == 1
 
     def _holding_task(self, periodic_task_id: int, sql: str, params: list[Any]) -> int:
         """Rows ``sql`` changed, run in a transaction that first locks the task's row (a

@@ -149,12 +149,13 @@ def lock_backend(
 def running_lock(
     locks: LockBackend, periodic_task_id: int, settings: DriftSafeSettings
 ) -> DistributedLock:
-    """A periodic task's running lock (overlap policies ``skip`` and ``buffer_one``): held by
-    the delivery whose body runs, renewed with the run's lease."""
+    """A periodic task's running lock (overlap policies ``skip``, ``buffer_one``,
+    ``buffer_all``): held by the delivery whose body runs, renewed with the run's lease."""
     return locks.lock(f"task-running:{periodic_task_id}", ttl=settings.lease_seconds)
 
 
 def running_lock_heir(run_id: int) -> str:
     """The name a task's running lock is handed to (:meth:`DistributedLock.hand_over`) for
-    run ``run_id`` (overlap policy ``buffer_one``: the waiting run goes next)."""
+    run ``run_id`` (overlap policies ``buffer_one``, ``buffer_all``: the waiting run goes
+    next)."""
     return f"heir:run:{run_id}"

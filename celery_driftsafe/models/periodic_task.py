@@ -13,6 +13,7 @@ from django.utils.timezone import now as django_now
 from celery_driftsafe.core.bounds import Limits, bound_problems, bounded
 from celery_driftsafe.core.jitter import due_instant
 from celery_driftsafe.core.schedules import OneOff, Schedule, Solar, shared_crontab, shared_interval
+from celery_driftsafe.core.stored_names import BUFFER_ALL_MAX_WAITING
 from celery_driftsafe.core.validation import (
     Problem,
     coerce_json,
@@ -231,7 +232,9 @@ class PeriodicTask(models.Model):
         default=OverlapPolicy.ALLOW,
         help_text="What a slot does while the task's previous run is still running: "
         "allow: run beside it; skip: record the slot skipped; buffer_one: wait (one slot at "
-        "most, further ones are skipped) and run as soon as the running one ends.",
+        "most, further ones are skipped) and run as soon as the running one ends; "
+        f"buffer_all: wait, every slot (up to {BUFFER_ALL_MAX_WAITING} at once, further ones "
+        "are skipped), and run one at a time in slot order.",
     )
     deadline_seconds = models.FloatField(
         null=True,

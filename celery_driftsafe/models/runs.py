@@ -109,13 +109,12 @@ class Run(models.Model):
             models.UniqueConstraint(
                 fields=["periodic_task", "slot"], name="driftsafe_run_slot_once"
             ),
-            # Overlap policy ``buffer_one``: at most one run of a task waits for its running
-            # run. Two deliveries that find it running at once both try to wait; the database
-            # lets one (the other is recorded skipped). Migration 0017 makes the unique index
-            # ``driftsafe_run_one_waiting`` on ``periodic_task`` ``WHERE status = 'waiting'``
-            # (no entry for a run that does not wait), the database's alone, as the idempotency
-            # key's: MySQL, which has no partial indexes, has none (see
-            # docs/howto/overlap-policies.md).
+            # Overlap policies ``buffer_one`` and ``buffer_all``: at most one run of a task
+            # (``buffer_all``: BUFFER_ALL_MAX_WAITING) waits for its running run. The ledger's
+            # statement that makes a run wait counts the others while it holds the task's row
+            # (Ledger.wait), so of deliveries trying at once only as many wait as may. Migration
+            # 0019's partial unique index ``driftsafe_run_one_waiting`` (one a task) is dropped
+            # by 0022.
         ]
         indexes = [
             models.Index(fields=["status", "claimed_at"], name="driftsafe_run_outbox"),

@@ -19,7 +19,6 @@ from celery_driftsafe.locks import lock_backend, lock_identity
 from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 from celery_driftsafe.store.clock import authority_clock
 from tests import settings as test_settings
-from tests.skip_guard import configuration
 from tests.support import drain, wait_until
 from tests.support.factories import interval_task
 
@@ -95,24 +94,6 @@ def _running(task: Any, run: Run, value: str, redis_client: Any) -> threading.Th
         "the run started holding the task's running lock",
     )
     return worker
-
-
-@pytest.fixture(params=["fast", "slow"])
-def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The worker's path: ``fast``, one conditional start, then the overlap policy (PostgreSQL,
-    SQLite 3.35+); ``slow``, the run read, the policy applied, then the start (a database
-    without ``UPDATE … RETURNING``: MySQL, an older SQLite)."""
-    from celery_driftsafe.ledger.run_ledger import Ledger
-
-    if request.param == "slow":
-        original = Ledger.__init__
-
-        def without_returning(self: Ledger) -> None:
-            original(self)
-            self.can_return = False
-
-        monkeypatch.setattr(Ledger, "__init__", without_returning)
-    return str(request.param)
 
 
 @pytest.mark.parametrize("value", ["a", "boom"])
@@ -232,23 +213,6 @@ def _held_for(redis_client: Any, run: Run) -> str | None:
         .first()
     )
     return row
-
-
-@pytest.fixture(params=["redis", "database"])
-def locks(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Where the worker takes its locks: Redis (the tests' settings), or the database (no
-    ``REDIS_URL``; the database is the time authority then)."""
-    if request.param == "redis":
-        yield "redis"
-        return
-    from django.test import override_settings
-
-    without_redis = {**test_settings.DRIFTSAFE, "REDIS_URL": None, "TIME_AUTHORITY": "database"}
-    from celery_driftsafe.models import Lock as LockRow
-
-    with override_settings(DRIFTSAFE=without_redis):
-        yield "database"
-    assert LockRow.objects.filter(name__startswith="task-running:").exists(), "no database lock"
 
 
 def _first_ran_while_second_waited(
@@ -427,13 +391,14 @@ def test_a_run_whose_running_lock_was_lost_leaves_the_waiting_run_to_a_beat(
     assert calls == ["a", "x"]
 
 
+@pytest.mark.parametrize("policy", ["buffer_one", "buffer_all"])
 def test_a_retrys_attempt_does_not_wait_it_is_skipped_saying_why(
-    record: Any, calls: list[Any], redis_client: Any, path: str
+    record: Any, calls: list[Any], redis_client: Any, path: str, policy: str
 ) -> None:
     """A retry's attempt (its run ``retrying``) finds the task running: it does not wait (its
     message would come back as the first attempt's, and be dropped as a copy of it); it is
-    skipped as under ``skip``, saying so."""
-    periodic = _buffering_task("retrying")
+    skipped as under ``skip``, saying so, under either buffering policy."""
+    periodic = _buffering_task("retrying", policy)
     first = _slot_run(periodic, 1)
     second = _slot_run(periodic, 2, status=RunStatus.RETRYING, attempt=1)
     worker = _running(record, first, "a", redis_client)
@@ -446,6 +411,7 @@ def test_a_retrys_attempt_does_not_wait_it_is_skipped_saying_why(
     second.refresh_from_db()
     assert second.status == RunStatus.SKIPPED
     assert "a retry's attempt does not wait" in second.error
+    assert f"(overlap policy '{policy}')" in second.error
     assert not Run.objects.filter(status=RunStatus.WAITING).exists()
     assert calls == ["a"]
 
@@ -482,16 +448,21 @@ def test_two_deliveries_at_once_while_one_runs_leave_one_waiting_one_skipped(
     assert calls == ["a"]
 
 
-def test_the_database_lets_one_of_many_runs_wait_at_once() -> None:
-    """The ledger's statement alone, eight threads each on its own run and connection,
-    released at once: one run waits; the others learn another waits."""
+@pytest.mark.parametrize("policy", ["buffer_one", "buffer_all"])
+def test_the_database_lets_as_many_runs_wait_as_may_of_many_at_once(policy: str) -> None:
+    """The ledger's statement alone, seven threads more than may wait (``buffer_one``: one,
+    ``buffer_all``: its bound), each on its own run and connection, released at once: as many
+    wait as may; the others learn that many wait already. The index that decided for
+    ``buffer_one`` is gone (migration 0022): the statement holds the task's row."""
     from django.db import connections
 
+    from celery_driftsafe.core.stored_names import MAX_WAITING, OverlapPolicy
     from celery_driftsafe.ledger.run_ledger import Ledger
 
-    periodic = _buffering_task("many")
-    for round_ in range(4):
-        runs = [_slot_run(periodic, 8 * round_ + i) for i in range(8)]
+    limit = MAX_WAITING[OverlapPolicy(policy)]
+    periodic = _buffering_task("many", policy)
+    for round_ in range(3):
+        runs = [_slot_run(periodic, (limit + 7) * round_ + i) for i in range(limit + 7)]
         barrier = threading.Barrier(len(runs))
         results: dict[int, bool] = {}
 
@@ -499,7 +470,7 @@ def test_the_database_lets_one_of_many_runs_wait_at_once() -> None:
             try:
                 barrier.wait()
                 results[run.pk] = Ledger().wait(
-                    run.pk, 1, periodic.pk, "waiting", store="database", started=False
+                    run.pk, 1, periodic.pk, "waiting", store="database", started=False, limit=limit
                 )
             finally:
                 connections.close_all()
@@ -509,29 +480,12 @@ def test_the_database_lets_one_of_many_runs_wait_at_once() -> None:
             thread.start()
         for thread in threads:
             thread.join()
-        assert sorted(results.values()) == [False] * 7 + [True]
+        assert sorted(results.values()) == [False] * 7 + [True] * limit
         waiting = Run.objects.filter(status=RunStatus.WAITING)
-        assert list(waiting.values_list("pk", flat=True)) == [
+        assert sorted(waiting.values_list("pk", flat=True)) == sorted(
             pk for pk, waited in results.items() if waited
-        ]
+        )
         waiting.update(status=RunStatus.SKIPPED)
-
-
-@pytest.mark.skipif(
-    test_settings.TEST_DB == "mysql",
-    reason=configuration("MySQL has no partial index: there the ledger holds the task's row"),
-)
-def test_the_database_refuses_a_second_waiting_run_of_a_task() -> None:
-    """The partial unique index: a second run of a task cannot be written ``waiting`` by any
-    path (runs of other tasks, and runs in other statuses, are not concerned)."""
-    from django.db import IntegrityError, transaction
-
-    periodic, other = _buffering_task("one"), _buffering_task("other")
-    _slot_run(periodic, 1, status=RunStatus.WAITING)
-    _slot_run(other, 1, status=RunStatus.WAITING)
-    _slot_run(periodic, 2, status=RunStatus.SKIPPED)
-    with pytest.raises(IntegrityError), transaction.atomic():
-        _slot_run(periodic, 3, status=RunStatus.WAITING)
 
 
 def test_overlap_skip_still_skips_and_never_waits(
@@ -550,15 +504,16 @@ def test_overlap_skip_still_skips_and_never_waits(
     assert drain() == []
 
 
+@pytest.mark.parametrize("policy", ["buffer_one", "buffer_all"])
 def test_without_a_run_lock_a_run_does_not_wait_it_is_skipped_saying_why(
-    record: Any, calls: list[Any]
+    record: Any, calls: list[Any], policy: str
 ) -> None:
     """Redis away and ``REDIS_UNAVAILABLE = "fail_open"``: the database's conditional start
     alone decides, and no shared running lock would tell when to go on, so a run that finds
     the task running is skipped as under ``skip``, saying why; it does not wait."""
     from django.test import override_settings
 
-    periodic = _buffering_task("open")
+    periodic = _buffering_task("open", policy)
     running, late = (_slot_run(periodic, s) for s in (1, 2))
     Run.objects.filter(pk=running.pk).update(status=RunStatus.STARTED, worker="other")
     dead_redis = {
@@ -572,6 +527,7 @@ def test_without_a_run_lock_a_run_does_not_wait_it_is_skipped_saying_why(
     late.refresh_from_db()
     assert late.status == RunStatus.SKIPPED
     assert "without a run lock a run does not wait" in late.error
+    assert f"(overlap policy '{policy}')" in late.error
     assert not Run.objects.filter(status=RunStatus.WAITING).exists()
     assert calls == []
 
