@@ -114,7 +114,7 @@ class Run(models.Model):
             # statement that makes a run wait counts the others while it holds the task's row
             # (Ledger.wait), so of deliveries trying at once only as many wait as may. Migration
             # 0019's partial unique index ``driftsafe_run_one_waiting`` (one a task) is dropped
-            # by 0022.
+            # by 0023.
         ]
         indexes = [
             models.Index(fields=["status", "claimed_at"], name="driftsafe_run_outbox"),
