@@ -116,6 +116,10 @@ class OverlapPolicy(StoredName):
         "buffer_one",
         "Keep one slot waiting while the previous run is running (skip any further)",
     )
+    REPLACE = (
+        "replace",
+        "Replace the running run: revoke it (terminate where the pool can), then run",
+    )
 
 
 class TimeAuthority(StrEnum):

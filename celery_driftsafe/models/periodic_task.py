@@ -217,7 +217,10 @@ class PeriodicTask(models.Model):
         default=OverlapPolicy.ALLOW,
         help_text="What a slot does while the task's previous run is still running: "
         "allow: run beside it; skip: record the slot skipped; buffer_one: wait (one slot at "
-        "most, further ones are skipped) and run as soon as the running one ends.",
+        "most, further ones are skipped) and run as soon as the running one ends; replace: "
+        "revoke the running run and run once its body is gone (a prefork worker terminates "
+        "it; gevent and eventlet kill it at its next yield); replace on a threads pool (or "
+        "solo) waits for the running body to end, then runs. Never two bodies at once.",
     )
     deadline_seconds = models.FloatField(
         null=True,
