@@ -159,9 +159,7 @@ def running_lock(
     run ``run_id``, its token names that run (:func:`running_lock_holder`), so that the
     process that saw the run's body killed can take it over (:meth:`DistributedLock.take_from`)."""
     holder = running_lock_holder(run_id) if run_id is not None else ""
-    return locks.lock(
-        f"task-running:{periodic_task_id}", ttl=settings.lease_seconds, holder=holder
-    )
+    return locks.lock(f"task-running:{periodic_task_id}", ttl=settings.lease_seconds, holder=holder)
 
 
 def running_lock_holder(run_id: int) -> str:

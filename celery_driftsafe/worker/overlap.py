@@ -1,6 +1,6 @@
-"""The overlap policies ``skip`` and ``buffer_one`` for one delivery of a run: whether another
-run of the task runs, the task's running lock, and what a run that finds its task running
-records.
+"""The overlap policies ``skip``, ``buffer_one`` and ``replace`` for one delivery of a run:
+whether another run of the task runs, the task's running lock, and what a run that finds its
+task running records.
 
 Two proofs say a run of the task runs: the task's running lock (``task-running:<periodic task
 id>``), held for the body, and the ledger (:meth:`Overlap._another_runs`, the one answer:
@@ -16,6 +16,21 @@ whatever its end (:func:`~celery_driftsafe.claim.outbox.release_waiting`), hands
 (:meth:`~celery_driftsafe.locks.DistributedLock.hand_over`: no later slot can start in
 between, the waiting run is next) and publishes it; a beat does when that worker died
 (:func:`~celery_driftsafe.beat.recovery.recover`).
+
+``replace``: a run that finds its task running waits as ``buffer_one``'s does (a run already
+waiting is replaced first: it ends ``revoked``), then marks the running run replaced in the
+ledger (:meth:`~celery_driftsafe.ledger.run_ledger.Ledger.replace_running`: it ends
+``revoked``, naming its replacement, whatever its body does and whenever its end comes, and
+never retries or starts again) and asks Celery to revoke it with ``terminate=True``. It runs
+once the replaced body is gone, handed the running lock as a waiting run is: by the replaced
+run's own delivery as it ends (a pool that cannot terminate a body, threads or solo, lets it
+run to its end: :class:`~celery_driftsafe.worker.request.DriftSafeRequest` says so instead of
+failing the revoke), or, for a prefork pool process killed by the revoke, which cannot, by the
+worker's main process once the pool has seen the process end (:func:`replaced_body_killed`,
+which takes the lock from the killed holder: :meth:`~celery_driftsafe.locks.DistributedLock.
+take_from`), or by a beat after the lease when that worker is gone too. So two bodies of the
+task never run at once, whatever the pool, and a revoke that never reaches the worker (its
+remote control off or out of reach) only means the replacement waits for the body's end.
 
 The delivery (:class:`~celery_driftsafe.worker.execution.Execution`) asks before it starts the
 run when it read the run first (:meth:`Overlap.before_start`,
@@ -36,7 +51,12 @@ from celery.exceptions import Ignore
 from celery_driftsafe.core.stored_names import OverlapPolicy, RunStatus
 from celery_driftsafe.exceptions import LockError, LockLost
 from celery_driftsafe.ledger.run_ledger import Ledger, RunRow, Started
-from celery_driftsafe.locks import lock_backend, running_lock, running_lock_heir
+from celery_driftsafe.locks import (
+    lock_backend,
+    running_lock,
+    running_lock_heir,
+    running_lock_holder,
+)
 from celery_driftsafe.locks.database import DatabaseLockBackend
 from celery_driftsafe.monitoring import metrics
 from celery_driftsafe.store.clock import authority_clock
@@ -45,6 +65,7 @@ from celery_driftsafe.worker import log_run
 if TYPE_CHECKING:
     from celery_driftsafe.claim.outbox import ClaimedRun
     from celery_driftsafe.conf import DriftSafeSettings
+    from celery_driftsafe.core.headers import RunHeaders
     from celery_driftsafe.locks.contract import HeldLock
 
 SKIPPED_WHY = "skipped: the previous run of this task is still running (overlap policy 'skip')"
@@ -74,14 +95,33 @@ UNLOCKED_NO_WAIT_WHY = (
     "skipped: the previous run of this task is still running, and without a run lock a run "
     "does not wait for it (overlap policy 'buffer_one')"
 )
+#: Overlap policy ``replace``: the run waits in the ledger for the replaced body to be gone.
+REPLACING_WHY = (
+    "waiting: the previous run of this task is still running; it is revoked (terminated "
+    "where its worker's pool can), and this run is published again once its body is gone "
+    "(overlap policy 'replace')"
+)
+#: Overlap policy ``replace``: deliveries of the task's runs kept replacing each other.
+REPLACE_RACE_WHY = (
+    "skipped: the previous run of this task is still running, and other runs kept taking "
+    "the waiting place while this one tried to replace it (overlap policy 'replace')"
+)
 #: The overlap policies that keep a task's runs from running side by side.
-ONE_AT_A_TIME = (OverlapPolicy.SKIP, OverlapPolicy.BUFFER_ONE)
+ONE_AT_A_TIME = (OverlapPolicy.SKIP, OverlapPolicy.BUFFER_ONE, OverlapPolicy.REPLACE)
+#: The overlap policies whose runs wait in the ledger for the running one.
+WAITING_POLICIES = (OverlapPolicy.BUFFER_ONE, OverlapPolicy.REPLACE)
+
+
+def _under(why: str, policy: str | None) -> str:
+    """``why``, written for ``buffer_one``, said of ``policy``."""
+    return why.replace("(overlap policy 'buffer_one')", f"(overlap policy '{policy}')")
 
 
 class Delivery(Protocol):
     """What the overlap policies use of the delivery they serve."""
 
     task: Task
+    headers: RunHeaders
     ledger: Ledger
     run_id: int
     settings: DriftSafeSettings
@@ -136,7 +176,7 @@ class Overlap:
         """Overlap policy ``buffer_one``: the run ends without its body; if the task's running
         lock was handed to it (it waited), the next waiting run gets it (:meth:`_hand_on`),
         rather than the task's slots waiting for that lock's lease to run out."""
-        if row.periodic_task_id is not None and row.overlap_policy == OverlapPolicy.BUFFER_ONE:
+        if row.periodic_task_id is not None and row.overlap_policy in WAITING_POLICIES:
             self._hand_on(row.periodic_task_id, handed=True)
 
     def _another_runs(
@@ -175,6 +215,8 @@ class Overlap:
             return
         if row.overlap_policy == OverlapPolicy.BUFFER_ONE:
             self._skip(token, self._wait(row.periodic_task_id, token, started=False))
+        if row.overlap_policy == OverlapPolicy.REPLACE:
+            self._skip(token, self._replace(row.periodic_task_id, token, started=False))
         self._skip(token)
 
     def before_unlocked_start(self, row: RunRow, mode: str) -> None:
@@ -190,7 +232,11 @@ class Overlap:
         if not self._applies(row):
             return
         assert row.periodic_task_id is not None
-        why = SKIPPED_WHY if row.overlap_policy == OverlapPolicy.SKIP else UNLOCKED_NO_WAIT_WHY
+        why = (
+            SKIPPED_WHY
+            if row.overlap_policy == OverlapPolicy.SKIP
+            else _under(UNLOCKED_NO_WAIT_WHY, row.overlap_policy)
+        )
         if self._another_runs(row.periodic_task_id, locks_seen=False):
             self._skip(None, why)
         task_lock = running_lock(DatabaseLockBackend(), row.periodic_task_id, self.settings)
@@ -236,9 +282,11 @@ class Overlap:
             return
         status = RunStatus.FAILED if took_over else RunStatus.SKIPPED
         why = LOST_NOT_AGAIN if took_over else SKIPPED_WHY
-        if policy == OverlapPolicy.BUFFER_ONE:
+        if policy in WAITING_POLICIES:
             if took_over:
-                why = why.replace("'skip'", "'buffer_one'")
+                why = why.replace("'skip'", f"'{policy}'")
+            elif policy == OverlapPolicy.REPLACE:
+                why = self._replace(periodic_task_id, token, started=True)
             else:
                 why = self._wait(periodic_task_id, token, started=True)
         self.ledger.finish(self.run_id, token, status, self._now(), why)
@@ -282,6 +330,93 @@ class Overlap:
         if not self._another_runs(periodic_task_id):
             self._hand_on(periodic_task_id, handed=False)
         raise Ignore()
+
+    def _replace(self, periodic_task_id: int, token: int, *, started: bool) -> str:
+        """Overlap policy ``replace``, the task's running lock held by another run: this run
+        waits in the ledger in place of any run of the task waiting already (that one ends
+        ``revoked``: replaced before it started), marks the running run replaced
+        (:meth:`Ledger.replace_running`), asks Celery to revoke it, terminating it
+        (:meth:`_revoke`), and this delivery ends; the run is published again, handed the
+        running lock, once the replaced body is gone (see the module docstring). As in
+        :meth:`_wait`, it looks at the lock once it waits: a run that ended meanwhile did not
+        see it. Returns why the run is skipped instead: a retry's attempt does not wait, or
+        other deliveries kept taking the waiting place."""
+        if self.attempt > 0:
+            return _under(RETRY_NO_WAIT_WHY, OverlapPolicy.REPLACE)
+        now = self._now()
+        me = f"the run of slot {self.delivery.headers.slot} (run {self.run_id})"
+        for _ in range(3):
+            self.ledger.revoke_pending(
+                periodic_task_id,
+                self.run_id,
+                (RunStatus.WAITING,),
+                now,
+                f"revoked: replaced before it started by {me} (overlap policy 'replace')",
+            )
+            if self.ledger.wait(
+                self.run_id,
+                token,
+                periodic_task_id,
+                REPLACING_WHY,
+                store=self.store,
+                started=started,
+            ):
+                break
+        else:
+            return REPLACE_RACE_WHY
+        self._revoke_retrying(periodic_task_id, now, me)
+        replaced = self.ledger.replace_running(
+            periodic_task_id,
+            self.run_id,
+            now,
+            f"revoked: replaced by {me} (overlap policy 'replace')",
+        )
+        metrics.execution(self.task.name, RunStatus.WAITING)
+        log_run(
+            logging.INFO,
+            "run %s replaces the task's running run (%s): revoked, and run once its body "
+            "is gone (overlap policy 'replace')",
+            self.run_id,
+            ", ".join(replaced) or "it ended meanwhile",
+            run_id=self.run_id,
+            action="overlap-replace",
+        )
+        self.locks.close()  # the run's lock: its next delivery takes it at once
+        if replaced:
+            self._revoke(replaced)
+        if not self._another_runs(periodic_task_id):
+            self._hand_on(periodic_task_id, handed=False)
+        raise Ignore()
+
+    def _revoke_retrying(self, periodic_task_id: int, now: datetime, me: str) -> None:
+        """Overlap policy ``replace``: a run of the task between two attempts is replaced too
+        (it ends ``revoked``): its retry does not come back."""
+        self.ledger.revoke_pending(
+            periodic_task_id,
+            self.run_id,
+            (RunStatus.RETRYING,),
+            now,
+            f"revoked: replaced before its retry by {me} (overlap policy 'replace')",
+        )
+
+    def _revoke(self, task_ids: list[str]) -> None:
+        """Ask the workers to revoke the replaced runs' messages, terminating their bodies
+        where the pool can (Celery's broadcast: no reply awaited). Never raises: a revoke
+        that does not arrive (the broker away, the worker's remote control off) leaves the
+        body to run to its end, which the replacement waits for."""
+        try:
+            self.task.app.control.revoke(task_ids, terminate=True)
+        except Exception as exc:
+            log_run(
+                logging.WARNING,
+                "run %s: could not send the revoke of %s (%s); the replaced run's body runs "
+                "to its end, and this run waits for it",
+                self.run_id,
+                ", ".join(task_ids),
+                exc,
+                run_id=self.run_id,
+                action="replace-revoke-failed",
+            )
 
     def _hand_on(self, periodic_task_id: int, *, handed: bool) -> None:
         """Overlap policy ``buffer_one``, outside a body: take the task's running lock (free,
@@ -381,9 +516,11 @@ class Overlap:
         before this one under a lasting lease runs whatever the lock says (Redis may have
         lost the key while its body runs); one started before a waiting run was handed the
         lock is a later slot's, which finds the lock held and waits or is skipped."""
-        buffering = policy == OverlapPolicy.BUFFER_ONE
+        buffering = policy in WAITING_POLICIES
         earlier = self._another_runs(periodic_task_id, starts_at=starts_at)
-        task_lock = running_lock(lock_backend(self.settings), periodic_task_id, self.settings)
+        task_lock = running_lock(
+            lock_backend(self.settings), periodic_task_id, self.settings, run_id=self.run_id
+        )
         try:
             held = (not earlier and task_lock.acquire(blocking=False)) or task_lock.take_handed(
                 running_lock_heir(self.run_id)
@@ -400,4 +537,67 @@ class Overlap:
             watched = self.locks.enter_context(task_lock.watch())
             if buffering:  # given up before the lock is (the stack's order)
                 self.locks.callback(self._take_back_waiting, periodic_task_id, watched)
+            if policy == OverlapPolicy.REPLACE:
+                me = f"the run of slot {self.delivery.headers.slot} (run {self.run_id})"
+                self._revoke_retrying(periodic_task_id, self._now(), me)
         return held
+
+
+def replaced_body_killed(app: Any, request: Any) -> None:
+    """In a prefork worker's main process, once the pool has seen the pool process that ran a
+    run's body end (killed by the terminating revoke of overlap policy ``replace``, or lost
+    otherwise): if another run replaced that run, take the task's running lock over from the
+    killed holder (:meth:`~celery_driftsafe.locks.DistributedLock.take_from`: only the lock
+    that run's delivery held, only while its lease lasts; a free lock is taken as any), take
+    the task's waiting run back into the outbox, hand the lock to it and publish it, as the
+    run's own delivery does at its end. The body is gone for sure then (the pool reaped its
+    process), so the replacement starts without waiting out the lease, and never beside it.
+    ``request``: the worker request's context. Never raises: what it cannot do, a beat's
+    recovery does once the lease is over."""
+    from celery_driftsafe.claim.outbox import release_waiting
+    from celery_driftsafe.conf import get_settings
+    from celery_driftsafe.core.headers import valid_headers
+    from celery_driftsafe.publish.dispatcher import Dispatcher
+
+    headers = valid_headers(request)
+    if headers is None or headers.periodic_task_id is None:
+        return
+    periodic_task_id, run_id = headers.periodic_task_id, headers.run_id
+    try:
+        if Ledger().replaced_by(run_id) is None:
+            return
+        settings = get_settings()
+        task_lock = running_lock(lock_backend(settings), periodic_task_id, settings)
+        if not (
+            task_lock.take_from(running_lock_holder(run_id)) or task_lock.acquire(blocking=False)
+        ):
+            return  # held by a run of the task: its end hands it on
+        clock = authority_clock()
+        worker = str(getattr(request, "hostname", "") or "")
+        with task_lock.watch(watchdog=False) as held:
+            runs = release_waiting(
+                clock.now(), f"worker:{worker}", periodic_task_id=periodic_task_id
+            )
+            if runs:
+                held.heir = running_lock_heir(runs[0].run_id)
+        if runs:
+            Dispatcher(app, clock).dispatch(runs)
+        log_run(
+            logging.INFO,
+            "run %s, replaced, was killed: its replacement %s is published (overlap policy "
+            "'replace')",
+            run_id,
+            runs[0].run_id if runs else "(none waiting)",
+            run_id=run_id,
+            action="replace-killed",
+        )
+    except Exception as exc:  # the database, Redis or the broker away: a beat does it later
+        log_run(
+            logging.WARNING,
+            "run %s, replaced, was killed; its replacement could not be published (%s): a "
+            "beat will, once the task's running lock is free",
+            run_id,
+            exc,
+            run_id=run_id,
+            action="release-waiting-failed",
+        )
