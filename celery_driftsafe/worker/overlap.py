@@ -344,7 +344,7 @@ class Overlap:
         if self.attempt > 0:
             return _under(RETRY_NO_WAIT_WHY, OverlapPolicy.REPLACE)
         now = self._now()
-        me = f"the run of slot {self.delivery.headers.slot} (run {self.run_id})"
+        me = self._named()
         for _ in range(3):
             self.ledger.revoke_pending(
                 periodic_task_id,
@@ -387,6 +387,11 @@ class Overlap:
         if not self._another_runs(periodic_task_id):
             self._hand_on(periodic_task_id, handed=False)
         raise Ignore()
+
+    def _named(self) -> str:
+        """This run, as the runs it replaces name it: its slot (from its message) and id."""
+        slot = self.delivery.headers.slot
+        return f"the run of slot {slot} (run {self.run_id})" if slot else f"run {self.run_id}"
 
     def _revoke_retrying(self, periodic_task_id: int, now: datetime, me: str) -> None:
         """Overlap policy ``replace``: a run of the task between two attempts is replaced too
@@ -538,8 +543,7 @@ class Overlap:
             if buffering:  # given up before the lock is (the stack's order)
                 self.locks.callback(self._take_back_waiting, periodic_task_id, watched)
             if policy == OverlapPolicy.REPLACE:
-                me = f"the run of slot {self.delivery.headers.slot} (run {self.run_id})"
-                self._revoke_retrying(periodic_task_id, self._now(), me)
+                self._revoke_retrying(periodic_task_id, self._now(), self._named())
         return held
 
 
