@@ -40,7 +40,7 @@ from celery_driftsafe.core.instants import iso_text
 from celery_driftsafe.core.validation import message_problems
 from celery_driftsafe.ledger.run_ledger import UNLOCKED
 from celery_driftsafe.locks import lock_identity
-from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
+from celery_driftsafe.models import OverlapPolicy, PeriodicTask, Run, RunKind, RunStatus
 
 logger = logging.getLogger("celery_driftsafe.dispatch")
 
@@ -364,12 +364,15 @@ def release_waiting(
         # The task's later slots not started yet came while the run ran and this one waited
         # (a worker busy or dead left their messages queued): under buffer_one they are
         # dropped, and this one, published behind them, runs next rather than be skipped.
-        dropped = runs.filter(
-            periodic_task_id=run.periodic_task_id,
-            kind=RunKind.SCHEDULED,
-            slot__gt=run.slot,
-            status__in=(RunStatus.CLAIMED, RunStatus.DISPATCHED),
-        ).update(status=RunStatus.SKIPPED, error=DROPPED_WHY, finished_at=now)
+        # Under replace they are not: the latest slot wins, and replaces this one in turn.
+        dropped = 0
+        if run.periodic_task.overlap_policy != OverlapPolicy.REPLACE:
+            dropped = runs.filter(
+                periodic_task_id=run.periodic_task_id,
+                kind=RunKind.SCHEDULED,
+                slot__gt=run.slot,
+                status__in=(RunStatus.CLAIMED, RunStatus.DISPATCHED),
+            ).update(status=RunStatus.SKIPPED, error=DROPPED_WHY, finished_at=now)
         logger.info(
             "publishing waiting run %s of %s (slot %s): the task's running run ended%s",
             run.pk,

@@ -386,6 +386,21 @@ class Ledger:
             params += [self._at(starts_at), self._at(starts_at), run_id]
         return self._fetch(sql + "))", params) is not None
 
+    def later_running(
+        self, periodic_task_id: int, run_id: int, slot: datetime, now: datetime
+    ) -> bool:
+        """Overlap policy ``replace``: whether a run of a slot after ``slot`` runs (started,
+        its worker's lease lasting or not recorded): an earlier slot does not replace it."""
+        return (
+            self._fetch(
+                f"SELECT 1 FROM {self.runs} WHERE periodic_task_id = %s AND id <> %s "
+                "AND status = 'started' AND slot > %s "
+                "AND (lease_until IS NULL OR lease_until > %s)",
+                [periodic_task_id, run_id, self._at(slot), self._at(now)],
+            )
+            is not None
+        )
+
     def replace_running(
         self, periodic_task_id: int, run_id: int, now: datetime, why: str
     ) -> list[str]:
@@ -415,18 +430,29 @@ class Ledger:
         return [task_id for task_id in marked if task_id]
 
     def revoke_pending(
-        self, periodic_task_id: int, run_id: int, statuses: tuple[str, ...], now: datetime, why: str
+        self,
+        periodic_task_id: int,
+        run_id: int,
+        statuses: tuple[str, ...],
+        now: datetime,
+        why: str,
+        *,
+        before: datetime | None = None,
     ) -> int:
         """Overlap policy ``replace``: the task's other runs in ``statuses`` (``retrying``:
-        between two attempts; ``waiting``: an earlier replacement not started yet) end
-        ``revoked`` with ``why``: run ``run_id`` replaces them, and their next delivery finds
-        them finished. Rows changed."""
+        between two attempts; ``waiting``: an earlier replacement not started yet), of a slot
+        before ``before`` (None: any), end ``revoked`` with ``why``: run ``run_id`` replaces
+        them, and their next delivery finds them finished. Rows changed."""
         marks = ", ".join(["%s"] * len(statuses))
-        return self._write(
+        sql = (
             f"UPDATE {self.runs} SET status = 'revoked', finished_at = %s, error = %s "
-            f"WHERE periodic_task_id = %s AND id <> %s AND status IN ({marks})",
-            [self._at(now), why, periodic_task_id, run_id, *statuses],
+            f"WHERE periodic_task_id = %s AND id <> %s AND status IN ({marks})"
         )
+        params: list[Any] = [self._at(now), why, periodic_task_id, run_id, *statuses]
+        if before is not None:
+            sql += " AND slot < %s"
+            params.append(self._at(before))
+        return self._write(sql, params)
 
     def replaced_by(self, run_id: int) -> int | None:
         """The run that replaced run ``run_id`` (overlap policy ``replace``); None: none."""

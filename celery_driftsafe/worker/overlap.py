@@ -101,10 +101,11 @@ REPLACING_WHY = (
     "where its worker's pool can), and this run is published again once its body is gone "
     "(overlap policy 'replace')"
 )
-#: Overlap policy ``replace``: deliveries of the task's runs kept replacing each other.
-REPLACE_RACE_WHY = (
-    "skipped: the previous run of this task is still running, and other runs kept taking "
-    "the waiting place while this one tried to replace it (overlap policy 'replace')"
+#: Overlap policy ``replace``: a later slot's run runs or waits already (this one's delivery
+#: came late); an earlier slot does not replace it.
+OUTDATED_WHY = (
+    "skipped: a run of a later slot of this task runs or waits already, and an earlier slot "
+    "does not replace it (overlap policy 'replace')"
 )
 #: The overlap policies that keep a task's runs from running side by side.
 ONE_AT_A_TIME = (OverlapPolicy.SKIP, OverlapPolicy.BUFFER_ONE, OverlapPolicy.REPLACE)
@@ -333,25 +334,29 @@ class Overlap:
 
     def _replace(self, periodic_task_id: int, token: int, *, started: bool) -> str:
         """Overlap policy ``replace``, the task's running lock held by another run: this run
-        waits in the ledger in place of any run of the task waiting already (that one ends
-        ``revoked``: replaced before it started), marks the running run replaced
-        (:meth:`Ledger.replace_running`), asks Celery to revoke it, terminating it
-        (:meth:`_revoke`), and this delivery ends; the run is published again, handed the
+        waits in the ledger in place of any run of an earlier slot of the task waiting
+        already (that one ends ``revoked``: replaced before it started), marks the running
+        run replaced (:meth:`Ledger.replace_running`), asks Celery to revoke it, terminating
+        it (:meth:`_revoke`), and this delivery ends; the run is published again, handed the
         running lock, once the replaced body is gone (see the module docstring). As in
         :meth:`_wait`, it looks at the lock once it waits: a run that ended meanwhile did not
-        see it. Returns why the run is skipped instead: a retry's attempt does not wait, or
-        other deliveries kept taking the waiting place."""
+        see it. Returns why the run is skipped instead: a retry's attempt does not wait, and a
+        delivery that came late does not replace a later slot's run, running or waiting."""
         if self.attempt > 0:
             return _under(RETRY_NO_WAIT_WHY, OverlapPolicy.REPLACE)
         now = self._now()
         me = self._named()
-        for _ in range(3):
+        slot = self._slot()
+        if slot is not None and self.ledger.later_running(periodic_task_id, self.run_id, slot, now):
+            return OUTDATED_WHY
+        for _ in range(3):  # (a refused wait: another waits; an earlier one is replaced)
             self.ledger.revoke_pending(
                 periodic_task_id,
                 self.run_id,
                 (RunStatus.WAITING,),
                 now,
                 f"revoked: replaced before it started by {me} (overlap policy 'replace')",
+                before=slot,
             )
             if self.ledger.wait(
                 self.run_id,
@@ -363,7 +368,7 @@ class Overlap:
             ):
                 break
         else:
-            return REPLACE_RACE_WHY
+            return OUTDATED_WHY
         self._revoke_retrying(periodic_task_id, now, me)
         replaced = self.ledger.replace_running(
             periodic_task_id,
@@ -387,6 +392,13 @@ class Overlap:
         if not self._another_runs(periodic_task_id):
             self._hand_on(periodic_task_id, handed=False)
         raise Ignore()
+
+    def _slot(self) -> datetime | None:
+        """This run's slot, as its message says (None: not said, or unreadable)."""
+        try:
+            return datetime.fromisoformat(self.delivery.headers.slot or "")
+        except ValueError:
+            return None
 
     def _named(self) -> str:
         """This run, as the runs it replaces name it: its slot (from its message) and id."""

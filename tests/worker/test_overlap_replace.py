@@ -175,6 +175,36 @@ def test_a_later_slot_replaces_the_waiting_one_and_every_slot_is_accounted_for(
     assert statuses == [RunStatus.REVOKED, RunStatus.REVOKED, RunStatus.SUCCEEDED]
 
 
+def test_a_delivery_that_came_late_does_not_replace_a_later_slots_run(
+    record: Any, calls: list[Any], redis_client: Any, revokes: Any, path: str
+) -> None:
+    """An earlier slot's message reaches a worker after a later slot's run started (a worker's
+    prefetch, a message sent again): it is skipped, saying why, and the running run goes on,
+    not replaced; likewise while a later slot's run waits, which keeps waiting."""
+    periodic = _replacing_task("late-delivery")
+    first, running, third, fourth = (_slot_run(periodic, s) for s in (1, 2, 3, 4))
+    worker = _running(record, running, "b", redis_client)
+    try:
+        with delivery(record, first), pytest.raises(Ignore):
+            record("a")  # a later slot's run runs
+        with delivery(record, fourth), pytest.raises(Ignore):
+            record("d")
+        assert Run.objects.get(pk=fourth.pk).status == RunStatus.WAITING
+        with delivery(record, third), pytest.raises(Ignore):
+            record("c")  # an earlier slot's run runs, a later one's waits
+        for late in (first, third):
+            late.refresh_from_db()
+            assert late.status == RunStatus.SKIPPED
+            assert "a run of a later slot of this task runs or waits" in late.error
+        assert Run.objects.get(pk=fourth.pk).status == RunStatus.WAITING, "still waiting"
+        assert Run.objects.get(pk=running.pk).replaced_by == fourth.pk
+        assert revokes == [([running.celery_task_id], True)]
+    finally:
+        record.gate.set()
+        worker.join()
+    assert calls == ["b"]
+
+
 def test_a_replaced_run_whose_body_retries_does_not_come_back(
     record: Any, broker_app: Any, redis_client: Any, revokes: Any, path: str
 ) -> None:
