@@ -75,10 +75,16 @@ def slot_work(self: Any, seconds: float = 0.0, timed: bool = False) -> None:
     acks_late=True,
     reject_on_worker_lost=True,
 )
-def slot_phases(self: Any, seconds: float) -> None:
+def slot_phases(self: Any, seconds: float, die_on_term: bool = False) -> None:
     """Appends "begin <periodic task id> <slot> <pid> <time>" to a file as its body begins, and
     "end ..." as it ends after ``seconds`` (a revoke that terminates it leaves no end line);
-    <time>: this machine's clock, which every worker shares."""
+    <time>: this machine's clock, which every worker shares. ``die_on_term``: a SIGTERM ends
+    its (prefork pool) process at once, as SIGKILL would, with no ``finally`` run in it (a
+    pool process otherwise unwinds its stack first)."""
+    if die_on_term:
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def line(phase: str) -> None:
         request = self.request

@@ -1,7 +1,8 @@
 """End-to-end: overlap policy ``replace`` with two real ``celery beat`` processes (clocks 0.7 s
 apart) and two real ``celery worker`` processes side by side, a prefork one and a threads one,
 each on a queue of its own with a task of its own: a 2-second task whose body takes far longer.
-On prefork each slot's run replaces the previous one, whose body is terminated; on threads,
+On prefork each slot's run replaces the previous one, whose body is terminated (its pool
+process killed outright, so the worker's main process hands the task on); on threads,
 which cannot terminate a body, the next run waits for the running body to end. Every fact is
 read from the ledger and from the lines the bodies write."""
 
@@ -38,14 +39,14 @@ PREFORK_BODY = 6.0
 THREADS_BODY = 3.0
 
 
-def _replacing(name: str, seconds: float, queue: str, until: datetime) -> dict[str, Any]:
-    """A 2-second task under ``replace`` on ``queue``, whose body takes ``seconds``; no slot
-    at or after ``until``."""
+def _replacing(name: str, args: list[Any], queue: str) -> dict[str, Any]:
+    """A 2-second task under ``replace`` on ``queue`` (``e2e.slot_phases(*args)``), for
+    :data:`SLOTS` slots."""
     return {
-        "valid_until": until.isoformat(),
+        "max_runs": SLOTS,
         "name": name,
         "task": "e2e.slot_phases",
-        "args": [seconds],
+        "args": args,
         "queue": queue,
         "schedule_kind": "interval",
         "interval_every": INTERVAL,
@@ -85,15 +86,17 @@ def test_real_beats_replace_terminates_on_prefork_and_waits_on_threads(tmp_path:
         _ready(run, prefork)
         _ready(run, threads)
         start = real_now() + timedelta(seconds=1)
-        until = start + timedelta(seconds=SLOTS * INTERVAL - 1)
         run.seed(
             [
-                _replacing("cut", PREFORK_BODY, run.queue, until),
-                _replacing("waits", THREADS_BODY, threads_queue, until),
+                # killed outright by the revoke: its delivery cannot hand the lock on, the
+                # worker's main process does
+                _replacing("cut", [PREFORK_BODY, True], run.queue),
+                _replacing("waits", [THREADS_BODY], threads_queue),
             ],
             start,
         )
-        time.sleep(max((until - real_now()).total_seconds(), 0))
+        last_slot = start + timedelta(seconds=(SLOTS - 1) * INTERVAL)
+        time.sleep(max((last_slot - real_now()).total_seconds(), 0))
         runs = _all_ended(run, timeout=60)  # nothing left waiting or started
         dump = run.tool("dump")
         logs = run.logs()
