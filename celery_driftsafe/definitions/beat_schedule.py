@@ -192,8 +192,20 @@ def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> 
     elif expires is not None:
         raise EntryError(name, "options.expires", f"must be seconds or a datetime, not {expires!r}")
     fields["headers"] = _json_entry_value(name, "options.headers", options.get("headers"), dict)
+    if "overlap_policy" in entry:  # ours, beside Celery's keys; without it the row's stays
+        policy = entry["overlap_policy"]
+        if policy not in validation.OVERLAP_POLICIES:
+            raise EntryError(
+                name,
+                "overlap_policy",
+                f"unknown policy {policy!r}; use one of {', '.join(validation.OVERLAP_POLICIES)}",
+            )
+        fields["overlap_policy"] = str(policy)
     return fields
 
+
+#: The keys of a ``beat_schedule`` entry this package reads beside Celery's own.
+OWN_KEYS = ("overlap_policy",)
 
 #: The options of an entry's ``options`` this package publishes with.
 PUBLISH_OPTIONS = ("queue", "exchange", "routing_key", "priority", "expires", "headers")
@@ -227,10 +239,12 @@ def entry_report(
                     f"not a publish option this package sends ({', '.join(PUBLISH_OPTIONS)})",
                 )
             )
+    if "overlap_policy" in fields:
+        carried.append(("overlap_policy", f"overlap_policy {fields['overlap_policy']}"))
     if entry.get("relative"):
         dropped.append(("relative", "interval slots are anchored, not rounded to the period"))
     for key in entry:
-        if key not in ("task", "schedule", "args", "kwargs", "options", "relative"):
+        if key not in ("task", "schedule", "args", "kwargs", "options", "relative", *OWN_KEYS):
             dropped.append((str(key), "not a key of Celery's beat entries"))
     return carried, dropped
 

@@ -55,6 +55,11 @@ BAD_ENTRIES = {
         "up to 3155760000",
     ),
     "task-int": ({"task": 5}, "task", "must be a task name, not int 5"),
+    "overlap-unknown": (
+        {"overlap_policy": "replace_all"},
+        "overlap_policy",
+        "unknown policy 'replace_all'; use one of allow, skip, buffer_one, replace",
+    ),
     "schedule-none": ({"schedule": None}, "schedule", "NoneType schedules are not supported"),
 }
 
@@ -82,6 +87,26 @@ def test_a_bad_entry_is_skipped_by_name_and_field_and_the_others_sync(
     message = record.getMessage()
     assert message.startswith(f"beat_schedule entry {bad!r} skipped, nothing of it written: ")
     assert f"{field}: " in message and reason in message
+
+
+@pytest.mark.django_db
+def test_an_entry_sets_its_tasks_overlap_policy_and_without_the_key_leaves_it(
+    app: Celery,
+) -> None:
+    """``overlap_policy`` in an entry (ours, beside Celery's keys) is its task's policy; an
+    entry without it leaves the row's own (set in the admin, say) alone."""
+    app.conf.beat_schedule = {"replacing": {**GOOD, "overlap_policy": "replace"}, "plain": GOOD}
+    report = sync_beat_schedule(app, now=T0)
+    assert report.created == ["replacing", "plain"] and not report.errors
+    assert PeriodicTask.objects.get(name="replacing").overlap_policy == "replace"
+    PeriodicTask.objects.filter(name="plain").update(overlap_policy="skip")
+    report = sync_beat_schedule(app, now=T0 + timedelta(minutes=1))
+    assert sorted(report.unchanged) == ["plain", "replacing"]
+    assert PeriodicTask.objects.get(name="plain").overlap_policy == "skip"
+    app.conf.beat_schedule = {"replacing": {**GOOD, "overlap_policy": "buffer_one"}}
+    report = sync_beat_schedule(app, now=T0 + timedelta(minutes=2))
+    assert report.updated == ["replacing"]
+    assert PeriodicTask.objects.get(name="replacing").overlap_policy == "buffer_one"
 
 
 @pytest.mark.django_db
