@@ -366,7 +366,8 @@ def release_waiting(
         # dropped, and this one, published behind them, runs next rather than be skipped.
         # Under replace they are not: the latest slot wins, and replaces this one in turn.
         dropped = 0
-        if run.periodic_task.overlap_policy != OverlapPolicy.REPLACE:
+        task = run.periodic_task  # (None: deleted since)
+        if task is None or task.overlap_policy != OverlapPolicy.REPLACE:
             dropped = runs.filter(
                 periodic_task_id=run.periodic_task_id,
                 kind=RunKind.SCHEDULED,

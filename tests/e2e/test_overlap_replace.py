@@ -19,7 +19,6 @@ import pytest
 
 from tests import settings as test_settings
 from tests.e2e.harness import E2ERun, real_now
-from tests.e2e.test_overlap_buffer_one import _all_ended, _ready
 from tests.skip_guard import configuration
 
 pytestmark = [
@@ -33,8 +32,8 @@ pytestmark = [
 INTERVAL = 2
 #: Slots of each task.
 SLOTS = 3
-#: The prefork task's body: three intervals (it never runs to its end but the last time).
-PREFORK_BODY = 6.0
+#: The prefork task's body: two and a half intervals (it runs to its end only the last time).
+PREFORK_BODY = 5.0
 #: The threads task's body: longer than the interval, short enough to run to its end.
 THREADS_BODY = 3.0
 
@@ -83,8 +82,8 @@ def test_real_beats_replace_terminates_on_prefork_and_waits_on_threads(tmp_path:
         run.start_beat(0.0)
         run.start_beat(0.7)
         run.wait_until_claiming()
-        _ready(run, prefork)
-        _ready(run, threads)
+        run.wait_ready(prefork)
+        run.wait_ready(threads)
         start = real_now() + timedelta(seconds=1)
         run.seed(
             [
@@ -97,7 +96,7 @@ def test_real_beats_replace_terminates_on_prefork_and_waits_on_threads(tmp_path:
         )
         last_slot = start + timedelta(seconds=(SLOTS - 1) * INTERVAL)
         time.sleep(max((last_slot - real_now()).total_seconds(), 0))
-        runs = _all_ended(run, timeout=60)  # nothing left waiting or started
+        runs = run.all_ended(timeout=60)  # nothing left waiting or started
         dump = run.tool("dump")
         logs = run.logs()
         threads_log = threads.log.read_text()

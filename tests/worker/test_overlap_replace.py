@@ -1,8 +1,8 @@
 """Overlap policy ``replace`` in-process, against the real database and Redis (and the
-database's locks): deliveries are simulated by pushing the request a worker would build, as in
-``test_overlap_buffer_one.py``, whose helpers these tests share. A body that runs on in a
-thread is what a pool that cannot terminate it (threads) leaves; a body whose process a
-prefork worker killed is a running lock held under the run's name that nobody gives back."""
+database's locks): deliveries are simulated by pushing the request a worker would build
+(:mod:`tests.support.overlap`), as for ``buffer_one``. A body that runs on in a thread is what a
+pool that cannot terminate it (threads) leaves; a body whose process a prefork worker killed is
+a running lock held under the run's name that nobody gives back."""
 
 from __future__ import annotations
 
@@ -23,14 +23,8 @@ from celery_driftsafe.store.clock import authority_clock
 from celery_driftsafe.worker.overlap import REPLACING_WHY, replaced_body_killed
 from tests.support import drain, wait_until
 from tests.support.factories import interval_task
-from tests.worker.test_overlap_buffer_one import (
-    _held_for,
-    _running,
-    _slot_run,
-    locks,
-    path,
-)
-from tests.worker.test_overlap_buffer_one import delivery as unslotted_delivery
+from tests.support.overlap import delivery as unslotted_delivery
+from tests.support.overlap import held_for, locks, path, running, slot_run
 
 __all__ = ["locks", "path"]  # fixtures
 
@@ -89,9 +83,9 @@ def test_the_next_slot_replaces_a_running_run_and_runs_once_its_body_is_gone(
     first is recorded ``revoked``, naming the slot that replaced it (not ``succeeded``), and
     its delivery publishes the second, handing it the running lock; the second runs."""
     periodic = _replacing_task("replaced")
-    first, second = (_slot_run(periodic, s) for s in (1, 2))
+    first, second = (slot_run(periodic, s) for s in (1, 2))
     drain()
-    worker = _running(record, first, "a", redis_client)
+    worker = running(record, first, "a", redis_client)
     try:
         with delivery(record, second), pytest.raises(Ignore):
             record("b")
@@ -112,7 +106,7 @@ def test_the_next_slot_replaces_a_running_run_and_runs_once_its_body_is_gone(
     assert first.finished_at is not None
     second.refresh_from_db()
     assert second.status == RunStatus.DISPATCHED, second.error
-    assert _held_for(redis_client, second) == f"heir:run:{second.pk}"
+    assert held_for(redis_client, second) == f"heir:run:{second.pk}"
     [message] = drain()
     assert message["id"] == second.celery_task_id
     with delivery(record, second, token=message["driftsafe_fencing_token"]):
@@ -127,8 +121,8 @@ def test_a_failing_replaced_body_ends_revoked_too(
     """Whatever order the ends come in: the replaced body fails after its replacement marked
     it; it is still recorded ``revoked``, naming its replacement."""
     periodic = _replacing_task("fails")
-    first, second = (_slot_run(periodic, s) for s in (1, 2))
-    worker = _running(record, first, "boom", redis_client)
+    first, second = (slot_run(periodic, s) for s in (1, 2))
+    worker = running(record, first, "boom", redis_client)
     try:
         with delivery(record, second), pytest.raises(Ignore):
             record("b")
@@ -149,9 +143,9 @@ def test_a_later_slot_replaces_the_waiting_one_and_every_slot_is_accounted_for(
     marked replaced by the third. When the body ends, the third runs: one body at a time, and
     each slot ends once."""
     periodic = _replacing_task("latest-wins")
-    first, second, third = (_slot_run(periodic, s) for s in (1, 2, 3))
+    first, second, third = (slot_run(periodic, s) for s in (1, 2, 3))
     drain()
-    worker = _running(record, first, "a", redis_client)
+    worker = running(record, first, "a", redis_client)
     try:
         for run, value in ((second, "b"), (third, "c")):
             with delivery(record, run), pytest.raises(Ignore):
@@ -182,8 +176,8 @@ def test_a_delivery_that_came_late_does_not_replace_a_later_slots_run(
     prefetch, a message sent again): it is skipped, saying why, and the running run goes on,
     not replaced; likewise while a later slot's run waits, which keeps waiting."""
     periodic = _replacing_task("late-delivery")
-    first, running, third, fourth = (_slot_run(periodic, s) for s in (1, 2, 3, 4))
-    worker = _running(record, running, "b", redis_client)
+    first, busy, third, fourth = (slot_run(periodic, s) for s in (1, 2, 3, 4))
+    worker = running(record, busy, "b", redis_client)
     try:
         with delivery(record, first), pytest.raises(Ignore):
             record("a")  # a later slot's run runs
@@ -197,8 +191,8 @@ def test_a_delivery_that_came_late_does_not_replace_a_later_slots_run(
             assert late.status == RunStatus.SKIPPED
             assert "a run of a later slot of this task runs or waits" in late.error
         assert Run.objects.get(pk=fourth.pk).status == RunStatus.WAITING, "still waiting"
-        assert Run.objects.get(pk=running.pk).replaced_by == fourth.pk
-        assert revokes == [([running.celery_task_id], True)]
+        assert Run.objects.get(pk=busy.pk).replaced_by == fourth.pk
+        assert revokes == [([busy.celery_task_id], True)]
     finally:
         record.gate.set()
         worker.join()
@@ -229,7 +223,7 @@ def test_a_replaced_run_whose_body_retries_does_not_come_back(
         task="tests.retrying",
         overlap_policy="replace",
     )
-    first, second = (_slot_run(periodic, s) for s in (1, 2))
+    first, second = (slot_run(periodic, s) for s in (1, 2))
     Run.objects.filter(pk__in=(first.pk, second.pk)).update(task_name="tests.retrying")
     drain()
     ended: list[BaseException] = []
@@ -260,7 +254,7 @@ def test_a_replaced_run_whose_body_retries_does_not_come_back(
     wait_until(
         lambda: (
             Run.objects.get(pk=first.pk).status == RunStatus.STARTED
-            and _held_for(redis_client, first) is not None
+            and held_for(redis_client, first) is not None
         ),
         "the first run started holding the task's running lock",
     )
@@ -285,8 +279,8 @@ def test_a_run_between_two_attempts_is_replaced_and_its_retry_is_dropped(
     slot comes: the next slot runs at once, and the run that was retrying ends ``revoked``;
     its retry's message, when it comes, is dropped as a copy of a finished run."""
     periodic = _replacing_task("retry-replaced")
-    first = _slot_run(periodic, 1, status=RunStatus.RETRYING, attempt=1)
-    second = _slot_run(periodic, 2)
+    first = slot_run(periodic, 1, status=RunStatus.RETRYING, attempt=1)
+    second = slot_run(periodic, 2)
     with delivery(record, second):
         assert record("b") == "b"
     first.refresh_from_db()
@@ -330,7 +324,7 @@ def test_the_main_process_publishes_the_replacement_once_the_killed_body_is_gone
     the process end, takes the lock from the killed holder and publishes the replacement with
     the lock handed to it, at once (not a lease later); the replacement runs."""
     periodic = _replacing_task("killed")
-    first, second = (_slot_run(periodic, s) for s in (1, 2))
+    first, second = (slot_run(periodic, s) for s in (1, 2))
     _killed_body(periodic, first)
     drain()
     with delivery(record, second), pytest.raises(Ignore):
@@ -349,7 +343,7 @@ def test_the_main_process_publishes_the_replacement_once_the_killed_body_is_gone
     second.refresh_from_db()
     assert second.status == RunStatus.DISPATCHED, second.error
     assert second.claimed_by == "worker:worker-0"
-    assert _held_for(redis_client, second) == f"heir:run:{second.pk}"
+    assert held_for(redis_client, second) == f"heir:run:{second.pk}"
     [message] = drain()
     assert message["id"] == second.celery_task_id
     with delivery(record, second, token=message["driftsafe_fencing_token"]):
@@ -363,7 +357,7 @@ def test_the_main_process_leaves_a_run_nobody_replaced_alone(
     """A pool process lost under a run that was not replaced: its running lock stays held
     (a beat's recovery frees the task after the lease, as before)."""
     periodic = _replacing_task("not-replaced")
-    first = _slot_run(periodic, 1)
+    first = slot_run(periodic, 1)
     _killed_body(periodic, first)
     context = Context(
         id=first.celery_task_id,
@@ -373,7 +367,7 @@ def test_the_main_process_leaves_a_run_nobody_replaced_alone(
         driftsafe_periodic_task_id=periodic.pk,
     )
     replaced_body_killed(broker_app, context)
-    assert (_held_for(redis_client, first) or "").startswith(f"run:{first.pk}#")
+    assert (held_for(redis_client, first) or "").startswith(f"run:{first.pk}#")
 
 
 @pytest.mark.parametrize(
@@ -393,3 +387,19 @@ def test_which_pools_terminate_a_body(pool: str, terminates: bool) -> None:
 
     instance = symbol_by_name(pool)(limit=1)
     assert _can_terminate(instance) is terminates
+
+
+def test_releasing_the_waiting_run_drops_no_later_slot_the_latest_replaces_it() -> None:
+    """Under ``buffer_one`` the later slots queued behind the running run are dropped when the
+    waiting run is released (it goes first); under ``replace`` the latest slot wins, so they
+    stay queued, and the first of them to come replaces the released run in turn."""
+    from celery_driftsafe.claim.outbox import release_waiting
+
+    periodic = _replacing_task("queued-behind")
+    slot_run(periodic, 1, status=RunStatus.REVOKED)  # the run it replaced
+    waiting = slot_run(periodic, 2, status=RunStatus.WAITING, fencing_token=1)
+    queued = [slot_run(periodic, s) for s in (3, 4)]
+    now = datetime(2026, 3, 1, 0, 0, 5, tzinfo=UTC)
+    released = release_waiting(now, "worker:w1", periodic_task_id=periodic.pk)
+    assert [run.run_id for run in released] == [waiting.pk]
+    assert [Run.objects.get(pk=run.pk).status for run in queued] == [RunStatus.DISPATCHED] * 2
