@@ -570,6 +570,8 @@ def replaced_body_killed(app: Any, request: Any) -> None:
     process), so the replacement starts without waiting out the lease, and never beside it.
     ``request``: the worker request's context. Never raises: what it cannot do, a beat's
     recovery does once the lease is over."""
+    from django.db import close_old_connections
+
     from celery_driftsafe.claim.outbox import release_waiting
     from celery_driftsafe.conf import get_settings
     from celery_driftsafe.core.headers import valid_headers
@@ -579,6 +581,7 @@ def replaced_body_killed(app: Any, request: Any) -> None:
     if headers is None or headers.periodic_task_id is None:
         return
     periodic_task_id, run_id = headers.periodic_task_id, headers.run_id
+    close_old_connections()
     try:
         if Ledger().replaced_by(run_id) is None:
             return
