@@ -23,12 +23,13 @@ ledger (:meth:`~celery_driftsafe.ledger.run_ledger.Ledger.replace_running`: it e
 ``revoked``, naming its replacement, whatever its body does and whenever its end comes, and
 never retries or starts again) and asks Celery to revoke it with ``terminate=True``. It runs
 once the replaced body is gone, handed the running lock as a waiting run is: by the replaced
-run's own delivery as it ends (a pool that cannot terminate a body, threads or solo, lets it
+run's own delivery as it ends (a prefork pool process unwinds on the revoke's SIGTERM, a gevent
+or eventlet greenlet on its kill; a pool that cannot terminate a body, threads or solo, lets it
 run to its end: :class:`~celery_driftsafe.worker.request.DriftSafeRequest` says so instead of
-failing the revoke), or, for a prefork pool process killed by the revoke, which cannot, by the
-worker's main process once the pool has seen the process end (:func:`replaced_body_killed`,
-which takes the lock from the killed holder: :meth:`~celery_driftsafe.locks.DistributedLock.
-take_from`), or by a beat after the lease when that worker is gone too. So two bodies of the
+failing the revoke); for a prefork pool process that dies outright, which cannot, by the
+worker's main process once the pool has reaped it (:func:`replaced_body_killed`, which takes
+the lock from the killed holder: :meth:`~celery_driftsafe.locks.DistributedLock.take_from`);
+or by a beat after the lease when that worker is gone too. So two bodies of the
 task never run at once, whatever the pool, and a revoke that never reaches the worker (its
 remote control off or out of reach) only means the replacement waits for the body's end.
 
@@ -174,9 +175,10 @@ class Overlap:
         raise Ignore()
 
     def pass_turn_on(self, row: RunRow) -> None:
-        """Overlap policy ``buffer_one``: the run ends without its body; if the task's running
-        lock was handed to it (it waited), the next waiting run gets it (:meth:`_hand_on`),
-        rather than the task's slots waiting for that lock's lease to run out."""
+        """Overlap policies ``buffer_one`` and ``replace``: the run ends without its body; if
+        the task's running lock was handed to it (it waited), the next waiting run gets it
+        (:meth:`_hand_on`), rather than the task's slots waiting for that lock's lease to run
+        out."""
         if row.periodic_task_id is not None and row.overlap_policy in WAITING_POLICIES:
             self._hand_on(row.periodic_task_id, handed=True)
 
