@@ -38,7 +38,7 @@ from celery_driftsafe.core.headers import (
     HEADER_SLOT,
 )
 from celery_driftsafe.core.instants import iso_text
-from celery_driftsafe.core.stored_names import BUFFERING
+from celery_driftsafe.core.stored_names import WAITING_POLICIES
 from celery_driftsafe.core.validation import message_problems
 from celery_driftsafe.ledger.run_ledger import UNLOCKED
 from celery_driftsafe.locks import lock_identity
@@ -305,7 +305,9 @@ def released_why(policy: str | None) -> str:
     """What a waiting run taken back into the outbox says: its turn came (its task's policy
     ``policy`` still waits), or the task no longer waits (its policy changed, or it was
     deleted) and the run meets the task's policy as any delivery does."""
-    if policy in BUFFERING:
+    if policy == OverlapPolicy.REPLACE:
+        return "released: the run it replaced is gone (overlap policy 'replace')"
+    if policy in WAITING_POLICIES:
         return f"released: the task's running run ended (overlap policy '{policy}')"
     if policy is None:
         return "released: its periodic task was deleted; nothing waits for it any more"
@@ -327,12 +329,13 @@ def release_waiting(
     limit: int = 100,
     using: str = "default",
 ) -> list[ClaimedRun]:
-    """Overlap policies ``buffer_one`` and ``buffer_all``: waiting runs whose turn came go
-    back into the outbox. Each is moved from ``waiting`` to ``claimed`` by ``actor`` at
-    ``now`` (one conditional update on the row as read: of two releasers one wins) and
-    returned for publishing under its Celery task id, with its captured message and the token
-    it waited under (the next delivery's lock takes one above it). A task's turn is its
-    earliest waiting slot's (slot order): the others keep waiting.
+    """Overlap policies ``buffer_one``, ``buffer_all`` and ``replace``: waiting runs whose turn
+    came go back into the outbox (under ``replace``, once the body it replaced is gone). Each is
+    moved from ``waiting`` to ``claimed`` by ``actor`` at ``now`` (one conditional update on the
+    row as read: of two releasers one wins) and returned for publishing under its Celery task
+    id, with its captured message and the token it waited under (the next delivery's lock takes
+    one above it). A task's turn is its earliest waiting slot's (slot order): the others keep
+    waiting.
 
     With ``periodic_task_id``: that task's earliest waiting run (the caller holds the task's
     running lock: its run of the task just ended, or it found the lock free; it hands the
@@ -354,12 +357,14 @@ def release_waiting(
             periodic_task=OuterRef("periodic_task"),
             status=RunStatus.STARTED,
         )
-        waiting = waiting.exclude(Q(periodic_task__overlap_policy__in=BUFFERING) & Exists(running))
+        waiting = waiting.exclude(
+            Q(periodic_task__overlap_policy__in=WAITING_POLICIES) & Exists(running)
+        )
     taken: list[ClaimedRun] = []
     turns_tried: set[int | None] = set()
     for run in waiting.select_related("periodic_task").order_by("slot", "pk")[:limit]:
         policy = run.periodic_task.overlap_policy if run.periodic_task is not None else None
-        queued = policy in BUFFERING and periodic_task_id is None
+        queued = policy in WAITING_POLICIES and periodic_task_id is None
         if queued:
             if run.periodic_task_id in turns_tried:
                 continue  # its task's turn was its earliest waiting run's

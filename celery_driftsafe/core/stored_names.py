@@ -122,6 +122,10 @@ class OverlapPolicy(StoredName):
         "buffer_all",
         "Keep every slot waiting while the previous run is running; run them in slot order",
     )
+    REPLACE = (
+        "replace",
+        "Replace the running run: revoke it (terminate where the pool can), then run",
+    )
 
 
 #: Overlap policy ``buffer_all``: how many runs of a task may wait at once; a slot that finds
@@ -135,6 +139,10 @@ BUFFER_ALL_MAX_WAITING = 10
 #: of a task may wait at once under each.
 MAX_WAITING = {OverlapPolicy.BUFFER_ONE: 1, OverlapPolicy.BUFFER_ALL: BUFFER_ALL_MAX_WAITING}
 BUFFERING = tuple(MAX_WAITING)
+#: The overlap policies whose runs wait in the ledger for the task's running run: the
+#: buffering ones, and ``replace`` (its run waits for the body it replaced to be gone; one at
+#: a time, a later slot replacing an earlier waiting one).
+WAITING_POLICIES = (*BUFFERING, OverlapPolicy.REPLACE)
 
 
 class TimeAuthority(StrEnum):

@@ -245,6 +245,8 @@ def entry_report(
                     f"nor a task's ({', '.join(TASK_OPTIONS)})",
                 )
             )
+    if "overlap_policy" in fields:
+        carried.append(("overlap_policy", f"overlap_policy {fields['overlap_policy']}"))
     if entry.get("relative"):
         dropped.append(("relative", "interval slots are anchored, not rounded to the period"))
     for key in entry:

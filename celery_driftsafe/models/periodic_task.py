@@ -234,7 +234,10 @@ class PeriodicTask(models.Model):
         "allow: run beside it; skip: record the slot skipped; buffer_one: wait (one slot at "
         "most, further ones are skipped) and run as soon as the running one ends; "
         f"buffer_all: wait, every slot (up to {BUFFER_ALL_MAX_WAITING} at once, further ones "
-        "are skipped), and run one at a time in slot order.",
+        "are skipped), and run one at a time in slot order; replace: "
+        "revoke the running run and run once its body is gone (a prefork worker terminates "
+        "it; gevent and eventlet kill it at its next yield); replace on a threads pool (or "
+        "solo) waits for the running body to end, then runs. Never two bodies at once.",
     )
     deadline_seconds = models.FloatField(
         null=True,

@@ -63,6 +63,13 @@ class Run(models.Model):
         "nobody takes a started run over before then, even if the lock itself was lost "
         "(a Redis flush or restart). Empty: not started, or started before this was recorded.",
     )
+    replaced_by = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="Overlap policy replace: the id of the run (of a later slot) that replaced "
+        "this one while it ran; the run ends revoked, whatever its body did. Empty: not "
+        "replaced.",
+    )
     error = models.TextField(blank=True)
     message = models.JSONField(
         default=dict,

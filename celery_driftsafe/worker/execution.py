@@ -201,6 +201,17 @@ class Execution:
             now,
             reason,
         ):
+            replaced_by = self.ledger.replaced_by(self.run_id)
+            if replaced_by is not None:  # the run ends revoked (its body's end is written so)
+                log_run(
+                    logging.INFO,
+                    "run %s: retry not sent, run %s replaced it (overlap policy 'replace')",
+                    self.run_id,
+                    replaced_by,
+                    run_id=self.run_id,
+                    action="replace-no-retry",
+                )
+                raise LockLost(f"run {self.run_id} was replaced; its retry is not sent")
             metrics.fenced_out(self.task.name)
             log_run(
                 logging.ERROR,
@@ -571,9 +582,12 @@ class Execution:
                 self.hand_over(self.attempt + 1, str(exc))
             raise
         except Reject as exc:
-            if exc.requeue and self.token is not None:
-                self.ledger.requeue(self.run_id, self.token, f"requeued: {exc.reason!r}")
-            else:
+            # (a run replaced meanwhile is not requeued: it ends, revoked)
+            if not (
+                exc.requeue
+                and self.token is not None
+                and self.ledger.requeue(self.run_id, self.token, f"requeued: {exc.reason!r}")
+            ):
                 self._finish(RunStatus.FAILED, traceback.format_exc(limit=20))
             raise
         except Exception:

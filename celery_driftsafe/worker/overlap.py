@@ -1,5 +1,5 @@
-"""The overlap policies ``skip``, ``buffer_one`` and ``buffer_all`` for one delivery of a run:
-whether another run of the task runs, the task's running lock, and what a run that finds its
+"""The overlap policies ``skip``, ``buffer_one``, ``buffer_all`` and ``replace`` for one delivery of
+a run: whether another run of the task runs, the task's running lock, and what a run that finds its
 task running records.
 
 Two proofs say a run of the task runs: the task's running lock (``task-running:<periodic task
@@ -21,6 +21,22 @@ turn by the run before it; a beat does when that worker died
 (:func:`~celery_driftsafe.beat.recovery.recover`). Under ``buffer_all`` a run that finds the
 lock free while others wait does not overtake them: it waits too, and the earliest goes.
 
+``replace``: a run that finds its task running waits as ``buffer_one``'s does (a run already
+waiting is replaced first: it ends ``revoked``), then marks the running run replaced in the
+ledger (:meth:`~celery_driftsafe.ledger.run_ledger.Ledger.replace_running`: it ends
+``revoked``, naming its replacement, whatever its body does and whenever its end comes, and
+never retries or starts again) and asks Celery to revoke it with ``terminate=True``. It runs
+once the replaced body is gone, handed the running lock as a waiting run is: by the replaced
+run's own delivery as it ends (a prefork pool process unwinds on the revoke's SIGTERM, a gevent
+or eventlet greenlet on its kill; a pool that cannot terminate a body, threads or solo, lets it
+run to its end: :class:`~celery_driftsafe.worker.request.DriftSafeRequest` says so instead of
+failing the revoke); for a prefork pool process that dies outright, which cannot, by the
+worker's main process once the pool has reaped it (:func:`replaced_body_killed`, which takes
+the lock from the killed holder: :meth:`~celery_driftsafe.locks.DistributedLock.take_from`);
+or by a beat after the lease when that worker is gone too. So two bodies of the
+task never run at once, whatever the pool, and a revoke that never reaches the worker (its
+remote control off or out of reach) only means the replacement waits for the body's end.
+
 The delivery (:class:`~celery_driftsafe.worker.execution.Execution`) asks before it starts the
 run when it read the run first (:meth:`Overlap.before_start`,
 :meth:`Overlap.before_unlocked_start`), or right after its one conditional start otherwise
@@ -37,10 +53,21 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 from celery import Task
 from celery.exceptions import Ignore
 
-from celery_driftsafe.core.stored_names import BUFFERING, MAX_WAITING, OverlapPolicy, RunStatus
+from celery_driftsafe.core.stored_names import (
+    BUFFERING,
+    MAX_WAITING,
+    WAITING_POLICIES,
+    OverlapPolicy,
+    RunStatus,
+)
 from celery_driftsafe.exceptions import LockError, LockLost
 from celery_driftsafe.ledger.run_ledger import Ledger, RunRow, Started
-from celery_driftsafe.locks import lock_backend, running_lock, running_lock_heir
+from celery_driftsafe.locks import (
+    lock_backend,
+    running_lock,
+    running_lock_heir,
+    running_lock_holder,
+)
 from celery_driftsafe.locks.database import DatabaseLockBackend
 from celery_driftsafe.monitoring import metrics
 from celery_driftsafe.store.clock import authority_clock
@@ -49,6 +76,7 @@ from celery_driftsafe.worker import log_run
 if TYPE_CHECKING:
     from celery_driftsafe.claim.outbox import ClaimedRun
     from celery_driftsafe.conf import DriftSafeSettings
+    from celery_driftsafe.core.headers import RunHeaders
     from celery_driftsafe.locks.contract import DistributedLock, HeldLock
 
 SKIPPED_WHY = "skipped: the previous run of this task is still running (overlap policy 'skip')"
@@ -93,14 +121,27 @@ UNLOCKED_NO_WAIT_WHY = (
     "skipped: the previous run of this task is still running, and without a run lock a run "
     "does not wait for it (overlap policy '{policy}')"
 )
+#: Overlap policy ``replace``: the run waits in the ledger for the replaced body to be gone.
+REPLACING_WHY = (
+    "waiting: the previous run of this task is still running; it is revoked (terminated "
+    "where its worker's pool can), and this run is published again once its body is gone "
+    "(overlap policy 'replace')"
+)
+#: Overlap policy ``replace``: a later slot's run runs or waits already (this one's delivery
+#: came late); an earlier slot does not replace it.
+OUTDATED_WHY = (
+    "skipped: a run of a later slot of this task runs or waits already, and an earlier slot "
+    "does not replace it (overlap policy 'replace')"
+)
 #: The overlap policies that keep a task's runs from running side by side.
-ONE_AT_A_TIME = (OverlapPolicy.SKIP, *BUFFERING)
+ONE_AT_A_TIME = (OverlapPolicy.SKIP, *WAITING_POLICIES)
 
 
 class Delivery(Protocol):
     """What the overlap policies use of the delivery they serve."""
 
     task: Task
+    headers: RunHeaders
     ledger: Ledger
     run_id: int
     settings: DriftSafeSettings
@@ -153,11 +194,11 @@ class Overlap:
         raise Ignore()
 
     def pass_turn_on(self, row: RunRow) -> None:
-        """Overlap policies ``buffer_one``, ``buffer_all``: the run ends without its body; if
+        """Overlap policies ``buffer_one`` and ``replace``: the run ends without its body; if
         the task's running lock was handed to it (it waited), the next waiting run gets it
         (:meth:`_hand_on`), rather than the task's slots waiting for that lock's lease to run
         out."""
-        if row.periodic_task_id is not None and row.overlap_policy in BUFFERING:
+        if row.periodic_task_id is not None and row.overlap_policy in WAITING_POLICIES:
             self._hand_on(row.periodic_task_id, handed=True)
 
     def _another_runs(
@@ -194,6 +235,8 @@ class Overlap:
             policy=row.overlap_policy,
         ):
             return
+        if row.overlap_policy == OverlapPolicy.REPLACE:
+            self._skip(token, self._replace(row.periodic_task_id, token, started=False))
         if row.overlap_policy in BUFFERING:
             why = self._wait(row.periodic_task_id, token, row.overlap_policy, started=False)
             self._skip(token, why)
@@ -262,9 +305,11 @@ class Overlap:
             return
         status = RunStatus.FAILED if took_over else RunStatus.SKIPPED
         why = LOST_NOT_AGAIN if took_over else SKIPPED_WHY
-        if policy in BUFFERING:
+        if policy in WAITING_POLICIES:
             if took_over:
                 why = why.replace("'skip'", f"'{policy}'")
+            elif policy == OverlapPolicy.REPLACE:
+                why = self._replace(periodic_task_id, token, started=True)
             else:
                 why = self._wait(periodic_task_id, token, policy, started=True)
         self.ledger.finish(self.run_id, token, status, self._now(), why)
@@ -321,6 +366,109 @@ class Overlap:
         if not self._another_runs(periodic_task_id):
             self._hand_on(periodic_task_id, handed=False)
         raise Ignore()
+
+    def _replace(self, periodic_task_id: int, token: int, *, started: bool) -> str:
+        """Overlap policy ``replace``, the task's running lock held by another run: this run
+        waits in the ledger in place of any run of an earlier slot of the task waiting
+        already (that one ends ``revoked``: replaced before it started), marks the running
+        run replaced (:meth:`Ledger.replace_running`), asks Celery to revoke it, terminating
+        it (:meth:`_revoke`), and this delivery ends; the run is published again, handed the
+        running lock, once the replaced body is gone (see the module docstring). As in
+        :meth:`_wait`, it looks at the lock once it waits: a run that ended meanwhile did not
+        see it. Returns why the run is skipped instead: a retry's attempt does not wait, and a
+        delivery that came late does not replace a later slot's run, running or waiting."""
+        if self.attempt > 0:
+            return RETRY_NO_WAIT_WHY.format(policy=OverlapPolicy.REPLACE)
+        now = self._now()
+        me = self._named()
+        slot = self._slot()
+        if slot is not None and self.ledger.later_running(periodic_task_id, self.run_id, slot, now):
+            return OUTDATED_WHY
+        for _ in range(3):  # (a refused wait: another waits; an earlier one is replaced)
+            self.ledger.revoke_pending(
+                periodic_task_id,
+                self.run_id,
+                (RunStatus.WAITING,),
+                now,
+                f"revoked: replaced before it started by {me} (overlap policy 'replace')",
+                before=slot,
+            )
+            if self.ledger.wait(
+                self.run_id,
+                token,
+                periodic_task_id,
+                REPLACING_WHY,
+                store=self.store,
+                started=started,
+            ):
+                break
+        else:
+            return OUTDATED_WHY
+        self._revoke_retrying(periodic_task_id, now, me)
+        replaced = self.ledger.replace_running(
+            periodic_task_id,
+            self.run_id,
+            now,
+            f"revoked: replaced by {me} (overlap policy 'replace')",
+        )
+        metrics.execution(self.task.name, RunStatus.WAITING)
+        log_run(
+            logging.INFO,
+            "run %s replaces the task's running run (%s): revoked, and run once its body "
+            "is gone (overlap policy 'replace')",
+            self.run_id,
+            ", ".join(replaced) or "it ended meanwhile",
+            run_id=self.run_id,
+            action="overlap-replace",
+        )
+        self.locks.close()  # the run's lock: its next delivery takes it at once
+        if replaced:
+            self._revoke(replaced)
+        if not self._another_runs(periodic_task_id):
+            self._hand_on(periodic_task_id, handed=False)
+        raise Ignore()
+
+    def _slot(self) -> datetime | None:
+        """This run's slot, as its message says (None: not said, or unreadable)."""
+        try:
+            return datetime.fromisoformat(self.delivery.headers.slot or "")
+        except ValueError:
+            return None
+
+    def _named(self) -> str:
+        """This run, as the runs it replaces name it: its slot (from its message) and id."""
+        slot = self.delivery.headers.slot
+        return f"the run of slot {slot} (run {self.run_id})" if slot else f"run {self.run_id}"
+
+    def _revoke_retrying(self, periodic_task_id: int, now: datetime, me: str) -> None:
+        """Overlap policy ``replace``: a run of the task between two attempts is replaced too
+        (it ends ``revoked``): its retry does not come back."""
+        self.ledger.revoke_pending(
+            periodic_task_id,
+            self.run_id,
+            (RunStatus.RETRYING,),
+            now,
+            f"revoked: replaced before its retry by {me} (overlap policy 'replace')",
+        )
+
+    def _revoke(self, task_ids: list[str]) -> None:
+        """Ask the workers to revoke the replaced runs' messages, terminating their bodies
+        where the pool can (Celery's broadcast: no reply awaited). Never raises: a revoke
+        that does not arrive (the broker away, the worker's remote control off) leaves the
+        body to run to its end, which the replacement waits for."""
+        try:
+            self.task.app.control.revoke(task_ids, terminate=True)
+        except Exception as exc:
+            log_run(
+                logging.WARNING,
+                "run %s: could not send the revoke of %s (%s); the replaced run's body runs "
+                "to its end, and this run waits for it",
+                self.run_id,
+                ", ".join(task_ids),
+                exc,
+                run_id=self.run_id,
+                action="replace-revoke-failed",
+            )
 
     def _hand_on(self, periodic_task_id: int, *, handed: bool) -> None:
         """Overlap policies ``buffer_one``, ``buffer_all``, outside a body: take the task's
@@ -423,9 +571,11 @@ class Overlap:
         before this one under a lasting lease runs whatever the lock says (Redis may have
         lost the key while its body runs); one started before a waiting run was handed the
         lock is a later slot's, which finds the lock held and waits or is skipped."""
-        buffering = policy in BUFFERING
+        buffering = policy in WAITING_POLICIES
         earlier = self._another_runs(periodic_task_id, starts_at=starts_at)
-        task_lock = running_lock(lock_backend(self.settings), periodic_task_id, self.settings)
+        task_lock = running_lock(
+            lock_backend(self.settings), periodic_task_id, self.settings, run_id=self.run_id
+        )
         try:
             free = not earlier and task_lock.acquire(blocking=False)
             held = free or task_lock.take_handed(running_lock_heir(self.run_id))
@@ -447,6 +597,8 @@ class Overlap:
             watched = self.locks.enter_context(task_lock.watch())
             if buffering:  # given up before the lock is (the stack's order)
                 self.locks.callback(self._take_back_waiting, periodic_task_id, watched)
+            if policy == OverlapPolicy.REPLACE:
+                self._revoke_retrying(periodic_task_id, self._now(), self._named())
         return held
 
     def _queue_behind(self, periodic_task_id: int, task_lock: DistributedLock) -> bool:
@@ -463,3 +615,66 @@ class Overlap:
                 with suppress(LockError):  # it lapses after its lease
                     task_lock.release()
         return queued
+
+
+def replaced_body_killed(app: Any, request: Any) -> None:
+    """In a prefork worker's main process, once the pool has seen the pool process that ran a
+    run's body end (killed by the terminating revoke of overlap policy ``replace``, or lost
+    otherwise): if another run replaced that run, take the task's running lock over from the
+    killed holder (:meth:`~celery_driftsafe.locks.DistributedLock.take_from`: only the lock
+    that run's delivery held, only while its lease lasts; a free lock is taken as any), take
+    the task's waiting run back into the outbox, hand the lock to it and publish it, as the
+    run's own delivery does at its end. The body is gone for sure then (the pool reaped its
+    process), so the replacement starts without waiting out the lease, and never beside it.
+    ``request``: the worker request's context. Never raises: what it cannot do, a beat's
+    recovery does once the lease is over."""
+    from django.db import close_old_connections
+
+    from celery_driftsafe.claim.outbox import release_waiting
+    from celery_driftsafe.conf import get_settings
+    from celery_driftsafe.core.headers import valid_headers
+    from celery_driftsafe.publish.dispatcher import Dispatcher
+
+    headers = valid_headers(request)
+    if headers is None or headers.periodic_task_id is None:
+        return
+    periodic_task_id, run_id = headers.periodic_task_id, headers.run_id
+    close_old_connections()
+    try:
+        if Ledger().replaced_by(run_id) is None:
+            return
+        settings = get_settings()
+        task_lock = running_lock(lock_backend(settings), periodic_task_id, settings)
+        if not (
+            task_lock.take_from(running_lock_holder(run_id)) or task_lock.acquire(blocking=False)
+        ):
+            return  # held by a run of the task: its end hands it on
+        clock = authority_clock()
+        worker = str(getattr(request, "hostname", "") or "")
+        with task_lock.watch(watchdog=False) as held:
+            runs = release_waiting(
+                clock.now(), f"worker:{worker}", periodic_task_id=periodic_task_id
+            )
+            if runs:
+                held.heir = running_lock_heir(runs[0].run_id)
+        if runs:
+            Dispatcher(app, clock).dispatch(runs)
+        log_run(
+            logging.INFO,
+            "run %s, replaced, was killed: its replacement %s is published (overlap policy "
+            "'replace')",
+            run_id,
+            runs[0].run_id if runs else "(none waiting)",
+            run_id=run_id,
+            action="replace-killed",
+        )
+    except Exception as exc:  # the database, Redis or the broker away: a beat does it later
+        log_run(
+            logging.WARNING,
+            "run %s, replaced, was killed; its replacement could not be published (%s): a "
+            "beat will, once the task's running lock is free",
+            run_id,
+            exc,
+            run_id=run_id,
+            action="release-waiting-failed",
+        )

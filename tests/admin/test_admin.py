@@ -622,6 +622,18 @@ def _readonly(page: str, field: str) -> str:
     return page[start : page.index("</div>", page.index("readonly", start))]
 
 
+def test_the_form_offers_overlap_policy_replace_and_says_what_a_threads_pool_does(
+    admin_client: Any, app: Any
+) -> None:
+    """Overlap policy ``replace``: offered by the form, whose help text says what a pool that
+    cannot terminate a body does."""
+    page = admin_client.get(ADD).content.decode()
+    assert '<option value="replace">Replace the running run: revoke it' in page
+    assert "replace on a threads pool (or solo) waits for the running body to end" in page
+    assert admin_client.post(ADD, form_data(overlap_policy="replace")).status_code == 302
+    assert PeriodicTask.objects.get(name="nightly").overlap_policy == "replace"
+
+
 @pytest.mark.django_db
 def test_a_form_opened_before_the_task_finished_does_not_switch_it_back_on(
     admin_client: Any, app: Any

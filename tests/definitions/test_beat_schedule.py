@@ -49,7 +49,7 @@ BAD_ENTRIES = {
     "overlap-unknown": (
         {"options": {"overlap_policy": "buffer_two"}},
         "options.overlap_policy",
-        "unknown policy 'buffer_two'; use one of allow, skip, buffer_one, buffer_all",
+        "unknown policy 'buffer_two'; use one of allow, skip, buffer_one, buffer_all, replace",
     ),
     "schedule-inf": ({"schedule": math.inf}, "schedule", "interval inf s must be a finite"),
     "schedule-nan": ({"schedule": math.nan}, "schedule", "interval nan s must be a finite"),
@@ -93,19 +93,21 @@ def test_a_bad_entry_is_skipped_by_name_and_field_and_the_others_sync(
 def test_an_entry_sets_its_tasks_overlap_policy_and_without_it_the_rows_own_stays(
     app: Celery,
 ) -> None:
-    """``options["overlap_policy"]`` sets the task's overlap policy (``buffer_all`` here); an
-    entry without it leaves the row's policy as it is (set in the admin, say), and a restart
-    changes nothing."""
+    """``options["overlap_policy"]`` sets the task's overlap policy (``buffer_all``,
+    ``replace``); an entry without it leaves the row's policy as it is (set in the admin,
+    say), and a restart changes nothing."""
     app.conf.beat_schedule = {
         "queued": {**GOOD, "options": {"overlap_policy": "buffer_all", "queue": "slow"}},
+        "replacing": {**GOOD, "options": {"overlap_policy": "replace"}},
         "plain": GOOD,
     }
-    assert sync_beat_schedule(app, now=T0).created == ["queued", "plain"]
+    assert sync_beat_schedule(app, now=T0).created == ["queued", "replacing", "plain"]
     assert PeriodicTask.objects.get(name="queued").overlap_policy == "buffer_all"
+    assert PeriodicTask.objects.get(name="replacing").overlap_policy == "replace"
     assert PeriodicTask.objects.get(name="queued").queue == "slow"
     PeriodicTask.objects.filter(name="plain").update(overlap_policy="skip")  # the admin's
     report = sync_beat_schedule(app, now=T0 + timedelta(hours=1))
-    assert report.unchanged == ["queued", "plain"]
+    assert report.unchanged == ["queued", "replacing", "plain"]
     assert PeriodicTask.objects.get(name="plain").overlap_policy == "skip"
     app.conf.beat_schedule = {"queued": {**GOOD, "options": {"overlap_policy": "skip"}}}
     assert sync_beat_schedule(app, now=T0 + timedelta(hours=2)).updated == ["queued"]

@@ -175,6 +175,7 @@ def main(command: str) -> None:
                 "missed_until": iso(r.missed_until),
                 "late_at": iso(r.late_at),
                 "attempt_rows": attempt_rows.get(r.pk, []),
+                "replaced_by": r.replaced_by,
             }
             for r in Run.objects.all()
         ]

@@ -1,7 +1,7 @@
 """Overlap policy ``buffer_all`` in-process, against the real database and Redis (or database
 locks: the ``locks`` fixture), on both of the worker's paths (the ``path`` fixture). It is
 ``buffer_one``'s mechanism with several runs waiting, so these tests use that suite's
-deliveries and runs (:mod:`tests.worker.test_overlap_buffer_one`) and show what differs: the
+deliveries and runs (:mod:`tests.support.overlap`) and show what differs: the
 order of release, the bound, a slot that must not overtake the waiting ones, a beat's
 recovery, and a task switched away from ``buffer_all`` while runs wait."""
 
@@ -21,14 +21,7 @@ from celery_driftsafe.locks import lock_identity
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
 from celery_driftsafe.store.clock import authority_clock
 from tests.support import drain, wait_until
-from tests.worker.test_overlap_buffer_one import (
-    _buffering_task,
-    _held_for,
-    _recover,
-    _running,
-    _slot_run,
-    delivery,
-)
+from tests.support.overlap import delivery, held_for, overlap_task, recover, running, slot_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -63,10 +56,10 @@ def test_every_slot_waits_and_they_run_one_at_a_time_in_slot_order(
     first ends, the earliest waiting slot (2) is taken back, published and handed the running
     lock; the others keep waiting. Each released run, as it ends, releases the next, so the
     bodies run one at a time in slot order: 2, 3, 4."""
-    periodic = _buffering_task("all-in-order", "buffer_all")
-    first, second, third, fourth = (_slot_run(periodic, s) for s in (1, 2, 3, 4))
+    periodic = overlap_task("all-in-order", "buffer_all")
+    first, second, third, fourth = (slot_run(periodic, s) for s in (1, 2, 3, 4))
     drain()
-    worker = _running(record, first, "a", redis_client)
+    worker = running(record, first, "a", redis_client)
     try:
         for run in (fourth, second, third):
             _wait(record, run)
@@ -80,7 +73,7 @@ def test_every_slot_waits_and_they_run_one_at_a_time_in_slot_order(
         RunStatus.WAITING,
         RunStatus.WAITING,
     ]
-    assert _held_for(redis_client, second) == f"heir:run:{second.pk}"
+    assert held_for(redis_client, second) == f"heir:run:{second.pk}"
     for run in (second, third, fourth):
         _run_released(record, run)
     assert drain() == []
@@ -93,12 +86,12 @@ def test_past_the_bound_a_slot_is_skipped_naming_the_bound_and_the_policy(
 ) -> None:
     """While the first runs, BUFFER_ALL_MAX_WAITING slots wait; the next is skipped, its
     reason naming the bound and the policy. The ones that waited all run, in slot order."""
-    periodic = _buffering_task("all-bounded", "buffer_all")
-    first = _slot_run(periodic, 1)
-    queued = [_slot_run(periodic, 10 + i) for i in range(BUFFER_ALL_MAX_WAITING)]
-    past_the_bound = _slot_run(periodic, 50)
+    periodic = overlap_task("all-bounded", "buffer_all")
+    first = slot_run(periodic, 1)
+    queued = [slot_run(periodic, 10 + i) for i in range(BUFFER_ALL_MAX_WAITING)]
+    past_the_bound = slot_run(periodic, 50)
     drain()
-    worker = _running(record, first, "a", redis_client)
+    worker = running(record, first, "a", redis_client)
     try:
         for run in queued:
             _wait(record, run)
@@ -125,10 +118,10 @@ def test_slots_delivered_before_the_released_one_wait_behind_it_in_slot_order(
     reaches a worker, slot 5 is delivered, then slot 4 (claimed before the release: under
     ``buffer_all`` it is not dropped, as ``buffer_one`` drops it, it waits its turn): neither
     takes the lock handed to slot 2, both wait. Then 2, 3, 4, 5 run, in slot order."""
-    periodic = _buffering_task("all-overtaken", "buffer_all")
-    first, second, third, fourth = (_slot_run(periodic, s) for s in (1, 2, 3, 4))
+    periodic = overlap_task("all-overtaken", "buffer_all")
+    first, second, third, fourth = (slot_run(periodic, s) for s in (1, 2, 3, 4))
     drain()
-    worker = _running(record, first, "a", redis_client)
+    worker = running(record, first, "a", redis_client)
     try:
         _wait(record, second)
         _wait(record, third)
@@ -142,7 +135,7 @@ def test_slots_delivered_before_the_released_one_wait_behind_it_in_slot_order(
     ]
     [released] = drain()
     assert released["id"] == second.celery_task_id
-    fifth = _slot_run(periodic, 5)
+    fifth = slot_run(periodic, 5)
     _wait(record, fifth)
     _wait(record, fourth)
     assert drain() == [], "the lock is handed to slot 2: nothing else is published"
@@ -162,20 +155,20 @@ def test_a_slot_that_finds_the_lock_free_while_runs_wait_does_not_overtake_them(
     delivered then does not run in their place: it waits too, and the earliest waiting slot
     is published and handed the lock at once. A later slot (4) goes after 2 and 3; an earlier
     one (1, its message late) goes first: slot order, whatever the order of delivery."""
-    periodic = _buffering_task("all-lock-free", "buffer_all")
+    periodic = overlap_task("all-lock-free", "buffer_all")
     store = lock_identity(get_settings())
     waiting = [
-        _slot_run(periodic, s, status=RunStatus.WAITING, fencing_token=1, lock_store=store)
+        slot_run(periodic, s, status=RunStatus.WAITING, fencing_token=1, lock_store=store)
         for s in (2, 3)
     ]
-    late = _slot_run(periodic, second)
+    late = slot_run(periodic, second)
     drain()
     with delivery(record, late), pytest.raises(Ignore):
         record("late")
     assert calls == [], "it did not run in the waiting runs' place"
     in_order = sorted([*waiting, late], key=lambda run: run.slot)
     assert _statuses(*in_order) == [RunStatus.DISPATCHED, RunStatus.WAITING, RunStatus.WAITING]
-    assert _held_for(redis_client, in_order[0]) == f"heir:run:{in_order[0].pk}"
+    assert held_for(redis_client, in_order[0]) == f"heir:run:{in_order[0].pk}"
     for run in in_order:
         _run_released(record, run)
     assert calls == [f"s{run.slot.second}" for run in in_order]
@@ -189,9 +182,9 @@ def test_a_beat_releases_the_earliest_waiting_run_when_the_running_ones_worker_d
     earliest (slot 2) only, and hands it the lock; another pass releases nothing more (the
     lock is handed). The released run's end releases the next: 2, 3, 4."""
     settings = get_settings()
-    periodic = _buffering_task("all-orphans", "buffer_all")
+    periodic = overlap_task("all-orphans", "buffer_all")
     now = authority_clock().now()
-    _slot_run(
+    slot_run(
         periodic,
         1,
         status=RunStatus.STARTED,
@@ -202,7 +195,7 @@ def test_a_beat_releases_the_earliest_waiting_run_when_the_running_ones_worker_d
         lease_until=now - timedelta(seconds=1),
     )
     fourth, second, third = (
-        _slot_run(
+        slot_run(
             periodic,
             s,
             status=RunStatus.WAITING,
@@ -212,15 +205,15 @@ def test_a_beat_releases_the_earliest_waiting_run_when_the_running_ones_worker_d
         for s in (4, 2, 3)
     )
     drain()
-    _recover(broker_app)
-    _recover(broker_app)
+    recover(broker_app)
+    recover(broker_app)
     assert _statuses(second, third, fourth) == [
         RunStatus.DISPATCHED,
         RunStatus.WAITING,
         RunStatus.WAITING,
     ]
     assert Run.objects.get(pk=second.pk).claimed_by == "beat-1"
-    assert _held_for(redis_client, second) == f"heir:run:{second.pk}"
+    assert held_for(redis_client, second) == f"heir:run:{second.pk}"
     for run in (second, third, fourth):
         _run_released(record, run)
     assert calls == ["s2", "s3", "s4"]
@@ -240,17 +233,17 @@ def test_runs_waiting_when_the_task_leaves_buffer_all_are_released_and_meet_its_
     next recovery pass releases both at once, without waiting for the running run; each then
     meets the new policy: under ``allow`` both run beside the running one, under ``skip``
     both are skipped while it runs. None is left waiting."""
-    periodic = _buffering_task(f"all-to-{policy}", "buffer_all")
-    first, second, third = (_slot_run(periodic, s) for s in (1, 2, 3))
+    periodic = overlap_task(f"all-to-{policy}", "buffer_all")
+    first, second, third = (slot_run(periodic, s) for s in (1, 2, 3))
     drain()
-    worker = _running(record, first, "a", redis_client)
+    worker = running(record, first, "a", redis_client)
     deliveries: list[threading.Thread] = []
     try:
         _wait(record, second)
         _wait(record, third)
         PeriodicTask.objects.filter(pk=periodic.pk).update(overlap_policy=policy)
         with caplog.at_level(logging.INFO, logger="celery_driftsafe.dispatch"):
-            _recover(broker_app)
+            recover(broker_app)
         messages = drain()
         assert [m["id"] for m in messages] == [second.celery_task_id, third.celery_task_id]
         said = [r.getMessage() for r in caplog.records if r.action == "release-waiting"]
