@@ -622,6 +622,7 @@ def _readonly(page: str, field: str) -> str:
     return page[start : page.index("</div>", page.index("readonly", start))]
 
 
+@pytest.mark.django_db
 def test_the_form_offers_overlap_policy_replace_and_says_what_a_threads_pool_does(
     admin_client: Any, app: Any
 ) -> None:
