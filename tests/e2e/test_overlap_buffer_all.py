@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter, defaultdict
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +18,11 @@ import pytest
 
 from tests import settings as test_settings
 from tests.e2e.harness import E2ERun, real_now
-from tests.e2e.test_overlap_buffer_one import _all_ended, _instant, _ready
 from tests.skip_guard import configuration
 
 BACKEND = "postgresql" if test_settings.TEST_DB == "postgres" else "sqlite"
+_instant = datetime.fromisoformat
+
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(
@@ -87,7 +88,7 @@ def test_two_beats_a_prefork_and_a_threads_worker_run_every_slot_one_at_a_time_i
         run.start_beat(0.6)
         run.wait_until_claiming()
         for worker in workers.values():
-            _ready(run, worker)
+            run.wait_ready(worker)
         start = real_now() + timedelta(seconds=1)
         run.seed([_queued("prefork", run.queue), _queued("threads", threads_queue)], start)
         # five slots or more: at the fifth, slot 1 runs and 2, 3 and 4 wait (at least two of
@@ -95,7 +96,7 @@ def test_two_beats_a_prefork_and_a_threads_worker_run_every_slot_one_at_a_time_i
         time.sleep(max((start - real_now()).total_seconds(), 0) + 4)
         at_stop = run.tool("dump")["runs"]  # (the beats go on meanwhile: a second or two)
         run.stop()
-        dump_runs = _all_ended(run, timeout=60)
+        dump_runs = run.all_ended(timeout=60)
         tasks = {t["id"]: t["name"] for t in run.tool("dump")["tasks"]}
         logs = run.logs()
     finally:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from celery_driftsafe.models import PeriodicTask, RunStatus
+from tests.support.factories import finished, new_run
 from tests.worker import test_celery_features as features
-from tests.worker.test_celery_features import finished, new_run
 
 pytestmark = features.pytestmark
 make_env = features.make_env  # the fixture: an in-process worker with the module's tasks
