@@ -2,9 +2,10 @@
 
 Each peer's cell says what its documentation says, citing the page it says it on
 (:data:`SOURCES`, numbered as the cells cite them); "measured below" points at the page's
-tables. celery_driftsafe's cells name its setting, command or model field. Temporal schedules
+tables. celery_driftsafe's cells name its setting, command or model field. Celery beat's
+column is its own scheduler as shipped (``PersistentScheduler``, one beat). Temporal schedules
 and Kubernetes CronJob are not Celery schedulers and are not in the measured tables; they are
-here for their policies (overlap, catch-up, backfill).
+here for their policies (overlap, catch-up, backfill, pausing, exclusions).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 #: The columns, in order: the key of each and its heading.
 COLUMNS = (
     ("driftsafe", "celery_driftsafe"),
+    ("celery-beat", "Celery beat"),
     ("django-celery-beat", "django-celery-beat"),
     ("redbeat", "RedBeat"),
     ("temporal", "Temporal schedules"),
@@ -23,7 +25,8 @@ COLUMNS = (
 SOURCES = (
     # [1] Celery's beat guide: one scheduler per schedule at a time, or duplicate tasks
     # (django-celery-beat's DatabaseScheduler and RedBeat's are such beats); the app's
-    # ``timezone`` setting.
+    # ``timezone`` setting; the default scheduler keeps last run times in a local file
+    # (``celerybeat-schedule``).
     "https://docs.celeryq.dev/en/stable/userguide/periodic-tasks.html",
     # [2] django-celery-beat's README: tasks managed in the Django admin; a PeriodicTask keeps
     # its last run time (``last_run_at``; with ``total_run_count``), no history of runs;
@@ -51,7 +54,7 @@ SOURCES = (
     "https://kubernetes.io/docs/concepts/workloads/controllers/cron-jobs/",
     # [10] The CronJob API: timeZone (default: the controller manager's), a job that missed
     # its start deadline counts as failed, successfulJobsHistoryLimit 3 and
-    # failedJobsHistoryLimit 1 by default.
+    # failedJobsHistoryLimit 1 by default; ``suspend`` stops scheduling (set by hand).
     "https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/cron-job-v1/",
 )
 
@@ -61,6 +64,7 @@ ROWS: tuple[tuple[str, dict[str, str]], ...] = (
         "Several beats active at once",
         {
             "driftsafe": "yes: every beat claims; one run per slot (a unique row)",
+            "celery-beat": "no: exactly one beat, or duplicate tasks [1]",
             "django-celery-beat": "no: one beat at a time, or duplicate tasks [1]",
             "redbeat": "no: one beat holds a Redis lock, the others wait [3]",
             "temporal": "n/a: the Temporal Service runs schedules itself [4]",
@@ -71,6 +75,7 @@ ROWS: tuple[tuple[str, dict[str, str]], ...] = (
         "Duplicate-free under clock skew",
         {
             "driftsafe": "yes: due on one authority's clock (measured below)",
+            "celery-beat": "only with one beat [1]",
             "django-celery-beat": "only with one beat [1]; K beats send K copies (measured below)",
             "redbeat": "one active beat: no duplicates, early by its skew (measured below)",
             "temporal": "server-side; the workflow id carries the action's time [5]",
@@ -82,6 +87,7 @@ ROWS: tuple[tuple[str, dict[str, str]], ...] = (
         {
             "driftsafe": "none needed: the other beats claim on (measured below); a killed "
             "beat's unpublished runs after `LEASE_SECONDS`",
+            "celery-beat": "none built in: one beat [1]",
             "django-celery-beat": "none built in: another beat started by hand or a supervisor [1]",
             "redbeat": "the lock's timeout: 25 min by default [3] (measured below)",
             "temporal": "the Temporal Service's own",
@@ -92,6 +98,7 @@ ROWS: tuple[tuple[str, dict[str, str]], ...] = (
         "At-most-once execution on redelivery",
         {
             "driftsafe": "yes, with `DriftSafeTask`: a body starts once per attempt",
+            "celery-beat": "no: Celery's delivery",
             "django-celery-beat": "no: Celery's delivery",
             "redbeat": "no: Celery's delivery",
             "temporal": "one workflow id per action [5]; activities retry",
@@ -102,6 +109,7 @@ ROWS: tuple[tuple[str, dict[str, str]], ...] = (
         "Misfire / catch-up policies",
         {
             "driftsafe": "fire once, fire all (bounded), skip; a grace per task",
+            "celery-beat": "none",
             "django-celery-beat": "none",
             "redbeat": "none",
             "temporal": "catchup window, default one year [4]",
@@ -111,7 +119,9 @@ ROWS: tuple[tuple[str, dict[str, str]], ...] = (
     (
         "Overlap policies",
         {
-            "driftsafe": "allow, skip, buffer one",
+            "driftsafe": "allow, skip, buffer one, buffer all (ten waiting at most), replace "
+            "(terminating the body where the pool can)",
+            "celery-beat": "none",
             "django-celery-beat": "none",
             "redbeat": "none",
             "temporal": "skip, buffer one, buffer all, cancel other, terminate other, allow "
@@ -120,9 +130,34 @@ ROWS: tuple[tuple[str, dict[str, str]], ...] = (
         },
     ),
     (
+        "Pause after repeated failures",
+        {
+            "driftsafe": "per-task `pause_after_failures`: disabled after N failed or missed "
+            "runs in a row, with the reason, a signal and a metric",
+            "celery-beat": "no",
+            "django-celery-beat": "no",
+            "redbeat": "no",
+            "temporal": "pause on failure: paused after one failed action [4]",
+            "cronjob": "no: `suspend` is set by hand [10]",
+        },
+    ),
+    (
+        "Excluded dates / holiday calendars",
+        {
+            "driftsafe": "per task `excluded_dates`, and calendars shared by tasks (dates, a "
+            "crontab of excluded times); excluded slots never fire nor count missed",
+            "celery-beat": "no",
+            "django-celery-beat": "no",
+            "redbeat": "no",
+            "temporal": "exclusions in the schedule spec (calendar specs) [4]",
+            "cronjob": "no",
+        },
+    ),
+    (
         "Backfill of a past range",
         {
             "driftsafe": "yes: `driftsafe_backfill`, admin action; each slot at most once",
+            "celery-beat": "no",
             "django-celery-beat": "no",
             "redbeat": "no",
             "temporal": "yes, with an overlap policy [6]",
@@ -133,6 +168,7 @@ ROWS: tuple[tuple[str, dict[str, str]], ...] = (
         "Preview of next slots before saving",
         {
             "driftsafe": "yes: a button on the admin form (`driftsafe_status` for saved tasks)",
+            "celery-beat": "no",
             "django-celery-beat": "no",
             "redbeat": "no",
             "temporal": "after saving: the next 10 action times [7]",
@@ -144,6 +180,7 @@ ROWS: tuple[tuple[str, dict[str, str]], ...] = (
         {
             "driftsafe": "per-task `deadline_seconds`: late flag, Django signal, metrics, "
             "stale flag",
+            "celery-beat": "no",
             "django-celery-beat": "no",
             "redbeat": "no",
             "temporal": "a namespace-wide counter of missed actions [8]",
@@ -154,6 +191,7 @@ ROWS: tuple[tuple[str, dict[str, str]], ...] = (
         "Admin UI",
         {
             "driftsafe": "Django admin: tasks, runs, nodes, dashboard",
+            "celery-beat": "no: `beat_schedule` in code [1]",
             "django-celery-beat": "Django admin [2]",
             "redbeat": "no: entries in Redis [3]",
             "temporal": "Temporal Web UI [4]",
@@ -164,6 +202,7 @@ ROWS: tuple[tuple[str, dict[str, str]], ...] = (
         "Time zones / DST",
         {
             "driftsafe": "per task (IANA); DST gaps and folds handled and previewed",
+            "celery-beat": "the app's `timezone` [1]",
             "django-celery-beat": "per crontab schedule [2]",
             "redbeat": "the app's `timezone` [1]",
             "temporal": "per schedule spec [4]",
@@ -174,6 +213,7 @@ ROWS: tuple[tuple[str, dict[str, str]], ...] = (
         "Jitter",
         {
             "driftsafe": "yes: `jitter_seconds`, the same instant on every beat",
+            "celery-beat": "no",
             "django-celery-beat": "no",
             "redbeat": "no",
             "temporal": "yes [4]",
@@ -184,6 +224,7 @@ ROWS: tuple[tuple[str, dict[str, str]], ...] = (
         "Run history",
         {
             "driftsafe": "a run per slot with its attempts and outcome",
+            "celery-beat": "last run times in a local file [1]",
             "django-celery-beat": "last run time and count [2]",
             "redbeat": "last run time [3]",
             "temporal": "10 most recent actions [7]; workflow histories",

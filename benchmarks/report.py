@@ -871,7 +871,9 @@ def features() -> str:
             "What each scheduler offers, from its own documentation (*measured below* points "
             "at the tables of this page, the rest is not measured). Temporal schedules and "
             "Kubernetes CronJob are not Celery schedulers and are not measured here; they are "
-            "in the table for their policies. [n] is a source listed under the table.",
+            "in the table for their policies. Celery beat is Celery's own scheduler as shipped "
+            "(`PersistentScheduler`, one beat), which the measured peers replace. [n] is a "
+            "source listed under the table.",
             "",
             _table(header, rows, markdown=True),
             "",

@@ -210,6 +210,25 @@ class PartialUniqueIndex(_DatabaseIndex):
         return f"DROP INDEX{_how(schema_editor)} IF EXISTS {name}"
 
 
+class DropPartialUniqueIndex(PartialUniqueIndex):
+    """:class:`PartialUniqueIndex` undone: dropped going forwards (without blocking writes on
+    PostgreSQL; nothing on a database without partial indexes, which never had it), built
+    again going back. Its arguments are the index's, as it was created."""
+
+    def describe(self) -> str:
+        return f"Drop unique index {self.name} on {self.model_name} where {self.where}"
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        super().database_backwards(app_label, schema_editor, from_state, to_state)
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        super().database_forwards(app_label, schema_editor, from_state, to_state)
+
+
 class IndexWithoutPartialIndexes(_DatabaseIndex):
     """A plain index ``name`` on ``columns``, the database's alone (no model state), built only
     on a database without partial indexes (MySQL, MariaDB): there it serves a query that a

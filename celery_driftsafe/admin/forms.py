@@ -28,7 +28,9 @@ Each problem is reported on the field at fault, all at once (not the first one o
 * ``valid_until`` — after ``valid_from`` when both are set; ``one_off_at`` and
   ``valid_from`` within the calendar's margins (a slot at 9999-12-31 plus its jitter
   would leave it: see :mod:`celery_driftsafe.core.validation`); ``max_runs`` — 1 or more;
-  ``jitter_seconds`` — 0 to 86,400 (see :mod:`celery_driftsafe.core.bounds`).
+  ``jitter_seconds`` — 0 to 86,400 (see :mod:`celery_driftsafe.core.bounds`);
+* ``pause_after_failures`` — empty, 0 or a whole number of failures in a row (see
+  :mod:`celery_driftsafe.claim.pausing`).
 
 Saving goes through the model's ``save()``, so :mod:`celery_driftsafe.definitions.changes`
 recomputes the
@@ -69,7 +71,7 @@ from celery_driftsafe.core.bounds import bound_problems
 from celery_driftsafe.core.exclusions import iso_dates, parse_dates
 from celery_driftsafe.core.preview import Preview
 from celery_driftsafe.core.schedules import Crontab, Solar
-from celery_driftsafe.core.validation import loads_json
+from celery_driftsafe.core.validation import loads_json, pause_problems
 from celery_driftsafe.exceptions import ClockError, ScheduleError, TaskModulesError
 from celery_driftsafe.models import PeriodicTask, ScheduleKind
 from celery_driftsafe.models.schedule_fields import (
@@ -253,6 +255,7 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             "misfire_grace_seconds",
             "overlap_policy",
             "deadline_seconds",
+            "pause_after_failures",
             "queue",
             "exchange",
             "routing_key",
@@ -284,8 +287,9 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
         every.min_value = None
         every.validators = [v for v in every.validators if not isinstance(v, MinValueValidator)]
         every.widget.attrs.pop("min", None)
-        # Our own messages for max runs below 1 and a negative jitter (in clean()).
-        for name in ("max_runs", "jitter_seconds"):
+        # Our own messages for max runs below 1, a negative jitter (in clean()) and a negative
+        # pause_after_failures (the model's validation).
+        for name in ("max_runs", "jitter_seconds", "pause_after_failures"):
             number = self.fields[name]
             assert isinstance(number, forms.IntegerField | forms.FloatField)
             number.min_value = None
@@ -526,13 +530,14 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             ) from exc
 
     def _clean_bounds(self, data: dict[str, Any]) -> None:
-        """Valid until after valid from, max runs of 1 or more, a jitter of 0 to a day."""
+        """Valid until after valid from, max runs of 1 or more, a jitter of 0 to a day, a
+        pause after 0 (never) or more failures."""
         for problem in bound_problems(
             valid_from=data.get("valid_from"),
             valid_until=data.get("valid_until"),
             max_runs=data.get("max_runs"),
             jitter_seconds=data.get("jitter_seconds"),
-        ):
+        ) + pause_problems(data.get("pause_after_failures")):
             if problem.field not in self.errors:
                 self.add_error(
                     problem.field, problem.message[:1].upper() + problem.message[1:] + "."

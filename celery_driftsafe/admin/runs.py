@@ -239,6 +239,7 @@ class RunAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[type-arg]
         "worker",
         "lock_store",
         "lease",
+        "replaced_by",
         "error",
     )
     fields = readonly_fields

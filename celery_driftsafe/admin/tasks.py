@@ -53,6 +53,7 @@ from celery_driftsafe.admin.forms import (
 from celery_driftsafe.celery_app import get_celery_app
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.core.preview import Preview, instant_text
+from celery_driftsafe.core.stored_names import MAX_WAITING
 from celery_driftsafe.definitions import changes
 from celery_driftsafe.exceptions import (
     ClockError,
@@ -224,8 +225,10 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
         "due",
         "last_slot",
         "last_outcome",
+        "waiting",
         "limits",
         "run_count",
+        "consecutive_failures",
         "stale",
         "anchor",
         "source",
@@ -317,6 +320,7 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
                     "misfire_grace_seconds",
                     "overlap_policy",
                     "deadline_seconds",
+                    "pause_after_failures",
                 ),
             },
         ),
@@ -428,6 +432,30 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
                 f"jitter {jitter:g} s" if isinstance(jitter, float | int) else "jitter invalid"
             )
         return " · ".join(parts) or "—"
+
+    @admin.display(description="runs waiting")
+    def waiting(self, task: PeriodicTask) -> SafeString | str:
+        """How many runs of the task wait for its running run (overlap policies
+        ``buffer_one``, ``buffer_all``), of how many may, linked to them in the run list (one
+        count, on the page of one task)."""
+        count = Run.objects.filter(periodic_task=task, status=RunStatus.WAITING).count()
+        bound = MAX_WAITING.get(task.overlap_policy)  # type: ignore[call-overload]
+        if not count:
+            return "none" if bound is not None else "none (its overlap policy waits for nothing)"
+        url = reverse("admin:celery_driftsafe_run_changelist", current_app=self.admin_site.name)
+        of = (
+            f" of at most {bound} (overlap policy {task.overlap_policy})"
+            if bound is not None
+            else f" (released by a beat's next pass: its overlap policy is now "
+            f"{task.overlap_policy})"
+        )
+        return format_html(
+            '<a href="{}?periodic_task={}&amp;status__exact=waiting">{} waiting</a>{}',
+            url,
+            task.pk,
+            count,
+            of,
+        )
 
     @admin.display(description="last run")
     def last_outcome(self, task: PeriodicTask) -> SafeString | str:

@@ -10,9 +10,9 @@ task's outcome, :mod:`celery_driftsafe.worker.plain_task_receivers`). Each beat 
 read and each change is conditional on the status it read, so beats reconciling at once never
 fight.
 
-* ``claimed``, ``dispatched`` or ``waiting`` (overlap policy ``buffer_one``) past its
-  ``expires_at`` (plus a lease, for a worker that took it just in time) becomes ``expired``:
-  a worker discards the message, and ``DriftSafeTask`` refuses a finished run.
+* ``claimed``, ``dispatched`` or ``waiting`` (overlap policies ``buffer_one``, ``buffer_all``)
+  past its ``expires_at`` (plus a lease, for a worker that took it just in time) becomes
+  ``expired``: a worker discards the message, and ``DriftSafeTask`` refuses a finished run.
 * ``started`` longer than ``STUCK_RUN_SECONDS`` ago, whose run lock nobody holds (its worker
   renews the lock while the body runs), becomes ``failed`` ("worker lost"), written under a
   fresh fencing token so that a worker that was merely paused cannot record over it. The
@@ -39,6 +39,7 @@ from django.db.models import CharField, Q, Value
 from django.db.models.functions import Cast, Concat
 
 from celery_driftsafe.beat.result_states import backend_states
+from celery_driftsafe.claim.pausing import count_outcomes
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.exceptions import LockError
 from celery_driftsafe.ledger.lost_runs import Until, lost_runs, next_page
@@ -130,6 +131,8 @@ def reconcile(
     _expire(runs, now, lease, batch, until, done)
     bound = now - timedelta(seconds=settings.stuck_run_seconds)
     done.lost, done.unreachable = lost_runs(runs, bound, now, batch, until, using, settings)
+    # A lost worker's run failed: towards its task's pause_after_failures.
+    count_outcomes(using, done.lost, RunStatus.FAILED, now)
     if app is not None and not isinstance(app.backend, DisabledBackend):
         lookup = now - timedelta(seconds=settings.result_lookup_seconds)
         done.backend_after = _from_result_backend(
@@ -264,6 +267,7 @@ def _settle_from_backend(
         status = _BACKEND_STATES[state]
         error = f"outcome taken from the result backend: {state}"
         settled = _settle(runs, pks, RunStatus.DISPATCHED, status, now, error)
+        count_outcomes(runs.db, settled, status, now)  # in the batch's transaction
         done.from_results += settled
         by_status = done.from_results_by_status
         by_status[status] = by_status.get(status, 0) + len(settled)
@@ -279,8 +283,9 @@ def recover(
     using: str = "default",
 ) -> None:
     """A beat's recovery pass: mark silent nodes dead, re-publish stale claims (the outbox) and
-    the waiting runs (overlap policy ``buffer_one``) whose task's running run is over (its
-    worker died before it could publish them), through ``dispatcher``. Reconciling runs is
+    the waiting runs (overlap policies ``buffer_one``, ``buffer_all``: each task's earliest)
+    whose task's running run is over (its worker died before it could publish them), through
+    ``dispatcher``. Reconciling runs is
     :class:`BackgroundReconciler`'s."""
     from celery_driftsafe.beat import nodes
     from celery_driftsafe.claim.outbox import reclaim_stale, release_waiting
@@ -299,8 +304,8 @@ class TakeRunningLock:
     worker looked for it (its ``lock_store``), as far as this beat reaches it; then hands it
     to the run taken back (it runs next), or frees it. None (the run left waiting) when the
     lock is held, or the store is out of reach or cannot tell: a beat that reaches it
-    publishes the run. A run whose periodic task was deleted since has no running lock to
-    wait for (a worker runs it without the overlap policy): nothing to take."""
+    publishes the run. (A run whose periodic task was deleted, or no longer waits, is
+    released without a lock: :func:`~celery_driftsafe.claim.outbox.release_waiting`.)"""
 
     def __init__(self, settings: DriftSafeSettings, using: str) -> None:
         self.settings = settings
@@ -309,8 +314,7 @@ class TakeRunningLock:
     def __call__(self, run: Run) -> Callable[[bool], None] | None:
         from celery_driftsafe.locks import lock_backend_for, running_lock, running_lock_heir
 
-        if run.periodic_task_id is None:
-            return _nothing_to_settle
+        assert run.periodic_task_id is not None
         locks = lock_backend_for(run.lock_store, self.settings, using=self.using)
         if locks is None:
             return None
@@ -338,10 +342,6 @@ class TakeRunningLock:
                 )
 
         return settle
-
-
-def _nothing_to_settle(taken_back: bool) -> None:
-    """No running lock was taken."""
 
 
 class BackgroundReconciler(BackgroundPass):

@@ -39,7 +39,9 @@ from django.db import (
 from django.db.models import TextField
 from django.db.models.functions import Cast
 
+from celery_driftsafe.claim.disabling import disable_by_id
 from celery_driftsafe.claim.outbox import ClaimedRun, celery_task_id, run_message
+from celery_driftsafe.claim.pausing import count_missed
 from celery_driftsafe.claim.sql import (
     NewRun,
     advance_tasks,
@@ -411,6 +413,18 @@ class ClaimSteps:
             )
             result.disabled.append(task.name)
 
+    def _count_missed(
+        self,
+        planned: Iterable[tuple[PeriodicTask, ClaimPlan]],
+        refused: list[PeriodicTask],
+        now: datetime,
+    ) -> None:
+        """Count the round's missed slots towards ``pause_after_failures`` (in the round's
+        transaction; see :mod:`celery_driftsafe.claim.pausing`)."""
+        for task, plan in planned:
+            if plan.missed_count and task not in refused:
+                count_missed(self.using, task, plan.missed_count, len(plan.fire), now)
+
     def _advance(self, task: PeriodicTask, plan: ClaimPlan, result: ClaimResult) -> None:
         task.next_slot_at = plan.next_slot
         task.due_at = due_instant(task.name, plan.next_slot, task.jitter_seconds)
@@ -429,23 +443,6 @@ class ClaimSteps:
                 extra={"action": "finish", "task": task.name},
             )
             result.finished.append(task.name)
-
-
-def disable_by_id(using: str, pk: int, problem: str, *, name: str | None = None) -> str:
-    """Disable the task ``pk``, which cannot be read, planned or published, with the reason
-    (logged once, here), and without a next slot, as the claim leaves a task it disables; its
-    name (read here unless given)."""
-    if name is None:
-        found = PeriodicTask.objects.using(using).filter(pk=pk).values_list("name", flat=True)
-        name = str(found.first() or pk)
-    logger.error("task %s disabled: %s", name, problem, extra={"action": "disable", "task": name})
-    PeriodicTask.objects.using(using).filter(pk=pk).update(
-        enabled=False,
-        next_slot_at=None,
-        due_at=None,
-        disabled_reason=disabled_by_scheduler(problem),
-    )
-    return name
 
 
 #: The largest run count the column holds (a ``bigint`` on every database).
@@ -514,6 +511,7 @@ class SkipLockedClaimer(ClaimSteps):
             refused = self._write_runs(planned, now, node_id, result)
             advance_tasks(self.using, tasks)
             self._disable_refused(refused, result)
+            self._count_missed(planned, refused, now)
         return result
 
 
@@ -547,6 +545,7 @@ class CompareAndSwapClaimer(ClaimSteps):
                 result.finished = [t.name for t, _ in planned if t.name in result.finished]
                 refused = self._write_runs(planned, now, node_id, result)
                 self._disable_refused(refused, result)
+                self._count_missed(planned, refused, now)
         except OperationalError as exc:
             if "locked" not in str(exc):
                 raise

@@ -9,8 +9,9 @@ Celery task id, then marked ``dispatched``. A crash between publish and mark lea
 that second delivery harmless. A run is never marked dispatched unless its publish returned,
 and it is published only by the node that still holds its claim.
 
-A run that waits for its task's running run (overlap policy ``buffer_one``) comes back into
-the outbox when that run ends (:func:`release_waiting`): taken from ``waiting`` to ``claimed``
+A run that waits for its task's running run (overlap policies ``buffer_one``, ``buffer_all``)
+comes back into the outbox when its turn comes (:func:`release_waiting`: the running run
+ended, and it is its task's earliest waiting slot): taken from ``waiting`` to ``claimed``
 by its publisher, then published and marked as any claimed run is, so a publisher that dies
 in between leaves it to :func:`reclaim_stale`. Whoever takes it back holds the task's running
 lock meanwhile, and hands that lock to it: no later slot can start in between.
@@ -37,10 +38,11 @@ from celery_driftsafe.core.headers import (
     HEADER_SLOT,
 )
 from celery_driftsafe.core.instants import iso_text
+from celery_driftsafe.core.stored_names import WAITING_POLICIES
 from celery_driftsafe.core.validation import message_problems
 from celery_driftsafe.ledger.run_ledger import UNLOCKED
 from celery_driftsafe.locks import lock_identity
-from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
+from celery_driftsafe.models import OverlapPolicy, PeriodicTask, Run, RunKind, RunStatus
 
 logger = logging.getLogger("celery_driftsafe.dispatch")
 
@@ -299,6 +301,19 @@ DROPPED_WHY = (
 )
 
 
+def released_why(policy: str | None) -> str:
+    """What a waiting run taken back into the outbox says: its turn came (its task's policy
+    ``policy`` still waits), or the task no longer waits (its policy changed, or it was
+    deleted) and the run meets the task's policy as any delivery does."""
+    if policy == OverlapPolicy.REPLACE:
+        return "released: the run it replaced is gone (overlap policy 'replace')"
+    if policy in WAITING_POLICIES:
+        return f"released: the task's running run ended (overlap policy '{policy}')"
+    if policy is None:
+        return "released: its periodic task was deleted; nothing waits for it any more"
+    return f"released: the task's overlap policy is now '{policy}', under which no run waits"
+
+
 #: Takes a waiting run's task's running lock for :func:`release_waiting`: None when it is held
 #: (or cannot be told); else a function told, once the release was tried, whether the run was
 #: taken back (then the lock is handed to it, so that it runs next) or not (then it is freed).
@@ -314,34 +329,48 @@ def release_waiting(
     limit: int = 100,
     using: str = "default",
 ) -> list[ClaimedRun]:
-    """Overlap policy ``buffer_one``: waiting runs whose task's running run has ended go back
-    into the outbox. Each is moved from ``waiting`` to ``claimed`` by ``actor`` at ``now``
-    (one conditional update on the row as read: of two releasers one wins) and returned for
-    publishing under its Celery task id, with its captured message and the token it waited
-    under (the next delivery's lock takes one above it).
+    """Overlap policies ``buffer_one``, ``buffer_all`` and ``replace``: waiting runs whose turn
+    came go back into the outbox (under ``replace``, once the body it replaced is gone). Each is
+    moved from ``waiting`` to ``claimed`` by ``actor`` at ``now`` (one conditional update on the
+    row as read: of two releasers one wins) and returned for publishing under its Celery task
+    id, with its captured message and the token it waited under (the next delivery's lock takes
+    one above it). A task's turn is its earliest waiting slot's (slot order): the others keep
+    waiting.
 
-    With ``periodic_task_id``: that task's waiting run (the caller holds the task's running
-    lock: its run of the task just ended, or it found the lock free; it hands the lock to the
-    run it gets). Without: every task's, where no run of the task is ``started`` under a
-    lasting lease (or without a lock) and ``take_lock(run)`` took the task's running lock (a
-    beat's recovery, after the worker of the running run died or could not publish). A run
-    whose publisher dies before it is marked dispatched is re-published by
-    :func:`reclaim_stale` after the lease."""
+    With ``periodic_task_id``: that task's earliest waiting run (the caller holds the task's
+    running lock: its run of the task just ended, or it found the lock free; it hands the
+    lock to the run it gets). Without: each task's earliest, where no run of the task is
+    ``started`` under a lasting lease (or without a lock) and ``take_lock(run)`` took the
+    task's running lock (a beat's recovery, after the worker of the running run died or could
+    not publish); and every waiting run of a task whose policy no longer waits (changed to
+    ``allow`` or ``skip`` meanwhile) or that was deleted, at once, without a lock: each meets
+    the task's policy when delivered (it runs, or is skipped). A run whose publisher dies
+    before it is marked dispatched is re-published by :func:`reclaim_stale` after the
+    lease."""
     runs = Run.objects.using(using)
     waiting = runs.filter(status=RunStatus.WAITING)
     if periodic_task_id is not None:
-        waiting = waiting.filter(periodic_task_id=periodic_task_id)
+        waiting, limit = waiting.filter(periodic_task_id=periodic_task_id), 1
     else:
         running = runs.filter(
             Q(lease_until__gt=now) | Q(lease_until__isnull=True, worker__endswith=UNLOCKED),
             periodic_task=OuterRef("periodic_task"),
             status=RunStatus.STARTED,
         )
-        waiting = waiting.exclude(Exists(running))
+        waiting = waiting.exclude(
+            Q(periodic_task__overlap_policy__in=WAITING_POLICIES) & Exists(running)
+        )
     taken: list[ClaimedRun] = []
-    for run in waiting.select_related("periodic_task").order_by("pk")[:limit]:
-        settle = take_lock(run) if take_lock is not None else None
-        if take_lock is not None and settle is None:
+    turns_tried: set[int | None] = set()
+    for run in waiting.select_related("periodic_task").order_by("slot", "pk")[:limit]:
+        policy = run.periodic_task.overlap_policy if run.periodic_task is not None else None
+        queued = policy in WAITING_POLICIES and periodic_task_id is None
+        if queued:
+            if run.periodic_task_id in turns_tried:
+                continue  # its task's turn was its earliest waiting run's
+            turns_tried.add(run.periodic_task_id)
+        settle = take_lock(run) if take_lock is not None and queued else None
+        if queued and take_lock is not None and settle is None:
             continue
         updated = 0
         try:
@@ -354,27 +383,32 @@ def release_waiting(
                 dispatched_at=None,
                 retry_at=None,
                 dispatch_attempts=F("dispatch_attempts") + 1,
-                error="released: the task's running run ended (overlap policy 'buffer_one')",
+                error=released_why(policy),
             )
         finally:
             if settle is not None:
                 settle(bool(updated))
         if not updated:
             continue  # another releaser took it, or a delivery started it meanwhile
-        # The task's later slots not started yet came while the run ran and this one waited
-        # (a worker busy or dead left their messages queued): under buffer_one they are
-        # dropped, and this one, published behind them, runs next rather than be skipped.
-        dropped = runs.filter(
-            periodic_task_id=run.periodic_task_id,
-            kind=RunKind.SCHEDULED,
-            slot__gt=run.slot,
-            status__in=(RunStatus.CLAIMED, RunStatus.DISPATCHED),
-        ).update(status=RunStatus.SKIPPED, error=DROPPED_WHY, finished_at=now)
+        dropped = 0
+        if policy == OverlapPolicy.BUFFER_ONE:
+            # The task's later slots not started yet came while the run ran and this one
+            # waited (a worker busy or dead left their messages queued): under buffer_one they
+            # are dropped, and this one, published behind them, runs next rather than be
+            # skipped. Under buffer_all they wait behind it when delivered (the lock is
+            # handed to it).
+            dropped = runs.filter(
+                periodic_task_id=run.periodic_task_id,
+                kind=RunKind.SCHEDULED,
+                slot__gt=run.slot,
+                status__in=(RunStatus.CLAIMED, RunStatus.DISPATCHED),
+            ).update(status=RunStatus.SKIPPED, error=DROPPED_WHY, finished_at=now)
         logger.info(
-            "publishing waiting run %s of %s (slot %s): the task's running run ended%s",
+            "publishing waiting run %s of %s (slot %s): %s%s",
             run.pk,
             run.task_name,
             run.slot,
+            released_why(policy).removeprefix("released: "),
             f"; {dropped} later slots not started are skipped" if dropped else "",
             extra={"action": "release-waiting", "task": run.task_name, "slot": run.slot},
         )

@@ -61,8 +61,9 @@ class RunStatus(StoredName):
     DISPATCHED = "dispatched", "Dispatched"
     STARTED = "started", "Started"
     RETRYING = "retrying", "Retry scheduled"
-    #: Overlap policy ``buffer_one``: came while the task's previous run was running, and
-    #: waits in the ledger (not in a worker) to be published again when that run ends.
+    #: Overlap policies ``buffer_one`` and ``buffer_all``: came while the task's previous run
+    #: was running, and waits in the ledger (not in a worker) to be published again when that
+    #: run ends.
     WAITING = "waiting", "Waiting for the running run"
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"
@@ -73,7 +74,8 @@ class RunStatus(StoredName):
 
 
 #: Not started yet: waiting for a worker (the first delivery, or the next attempt after a
-#: retry), or, under overlap policy ``buffer_one``, for the task's running run to end.
+#: retry), or, under overlap policy ``buffer_one`` or ``buffer_all``, for the task's running
+#: run to end.
 PRE_START = (RunStatus.CLAIMED, RunStatus.DISPATCHED, RunStatus.RETRYING, RunStatus.WAITING)
 #: A run's ``error`` while a worker runs it again after its first worker was lost.
 TAKEN_OVER = "taken over: the worker that started it was lost (its lease ran out)"
@@ -116,6 +118,31 @@ class OverlapPolicy(StoredName):
         "buffer_one",
         "Keep one slot waiting while the previous run is running (skip any further)",
     )
+    BUFFER_ALL = (
+        "buffer_all",
+        "Keep every slot waiting while the previous run is running; run them in slot order",
+    )
+    REPLACE = (
+        "replace",
+        "Replace the running run: revoke it (terminate where the pool can), then run",
+    )
+
+
+#: Overlap policy ``buffer_all``: how many runs of a task may wait at once; a slot that finds
+#: that many waiting is skipped. A waiting run costs a ledger row only (no worker, no message),
+#: so the bound is about lateness: a task whose body keeps outlasting its interval falls one
+#: slot further behind with each slot, and past ten the backlog is a fault to see (the skipped
+#: runs say so), not a burst to absorb. How late a waiting run may still run is the task's
+#: own, per task: its ``expires_seconds`` (a run still waiting at its expiry is expired).
+BUFFER_ALL_MAX_WAITING = 10
+#: The overlap policies under which a run that finds its task running waits, and how many runs
+#: of a task may wait at once under each.
+MAX_WAITING = {OverlapPolicy.BUFFER_ONE: 1, OverlapPolicy.BUFFER_ALL: BUFFER_ALL_MAX_WAITING}
+BUFFERING = tuple(MAX_WAITING)
+#: The overlap policies whose runs wait in the ledger for the task's running run: the
+#: buffering ones, and ``replace`` (its run waits for the body it replaced to be gone; one at
+#: a time, a later slot replacing an earlier waiting one).
+WAITING_POLICIES = (*BUFFERING, OverlapPolicy.REPLACE)
 
 
 class TimeAuthority(StrEnum):

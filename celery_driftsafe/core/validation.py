@@ -391,6 +391,21 @@ def deadline_problems(deadline_seconds: Any) -> list[Problem]:
     ]
 
 
+def pause_problems(pause_after_failures: Any) -> list[Problem]:
+    """Problems of a task's ``pause_after_failures``: empty or 0 (never pause), or a whole
+    number of failures in a row."""
+    value = pause_after_failures
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return []
+    return [
+        Problem(
+            "pause_after_failures",
+            "must be a whole number of failed or missed runs in a row, 1 or more "
+            f"(empty or 0: never pause), not {value!r}",
+        )
+    ]
+
+
 def seconds_in_calendar(value: Any) -> bool:
     """Seconds an instant can be moved by: a finite number up to :data:`MAX_SECONDS`."""
     return _number(value) and math.isfinite(value) and abs(value) <= MAX_SECONDS

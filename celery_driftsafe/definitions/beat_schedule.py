@@ -193,39 +193,57 @@ def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> 
     elif expires is not None:
         raise EntryError(name, "options.expires", f"must be seconds or a datetime, not {expires!r}")
     fields["headers"] = _json_entry_value(name, "options.headers", options.get("headers"), dict)
-    fields["excluded_dates"] = _entry_dates(name, entry.get("excluded_dates"))
+    pause = options.get("pause_after_failures")
+    for problem in validation.pause_problems(pause):
+        raise EntryError(name, f"options.{problem.field}", problem.message)
+    fields["pause_after_failures"] = pause
+    if "overlap_policy" in options:  # else the row's own (the admin's, or the default)
+        policy = options["overlap_policy"]
+        if policy not in validation.OVERLAP_POLICIES:
+            raise EntryError(
+                name,
+                "options.overlap_policy",
+                f"unknown policy {policy!r}; use one of {', '.join(validation.OVERLAP_POLICIES)}",
+            )
+        fields["overlap_policy"] = str(policy)
+    fields["excluded_dates"] = _entry_dates(name, options.get("excluded_dates"))
     return fields
 
 
 def _entry_dates(name: str, value: Any) -> list[str]:
-    """An entry's ``excluded_dates`` (dates, or ISO texts, in the app's time zone) as stored:
-    sorted ISO texts, each once."""
+    """An entry's ``options["excluded_dates"]`` (dates, or ISO texts, in the app's time zone)
+    as stored: sorted ISO texts, each once."""
     if value is None:
         return []
     if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
         raise EntryError(
             name,
-            "excluded_dates",
+            "options.excluded_dates",
             f"must be a list of dates (date objects or 'YYYY-MM-DD'), not "
             f"{validation.shape(value)}",
         )
     dates, problems = parse_dates(list(value), "excluded_dates")
     if problems:
-        raise EntryError(name, "excluded_dates", problems[0].message)
+        raise EntryError(name, "options.excluded_dates", problems[0].message)
     return iso_dates(dates)
 
 
 def entry_calendars(name: str, entry: Mapping[str, Any]) -> list[str]:
-    """The names in an entry's ``calendars`` (a list of :class:`Calendar` names)."""
-    value = entry.get("calendars")
+    """The names in an entry's ``options["calendars"]`` (a list of :class:`Calendar` names)."""
+    options = entry.get("options")
+    value = options.get("calendars") if isinstance(options, Mapping) else None
     if value is None:
         return []
     if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
         raise EntryError(
-            name, "calendars", f"must be a list of calendar names, not {validation.shape(value)}"
+            name,
+            "options.calendars",
+            f"must be a list of calendar names, not {validation.shape(value)}",
         )
     if not all(isinstance(item, str) and item.strip() for item in value):
-        raise EntryError(name, "calendars", f"must hold calendar names (text), not {value!r}")
+        raise EntryError(
+            name, "options.calendars", f"must hold calendar names (text), not {value!r}"
+        )
     return sorted({item.strip() for item in value})
 
 
@@ -236,28 +254,19 @@ def _calendars(name: str, names: list[str], using: str) -> list[Calendar]:
     if missing:
         raise EntryError(
             name,
-            "calendars",
+            "options.calendars",
             f"no calendar named {', '.join(map(repr, missing))}: create it in the admin "
             "(Calendars) or in a data migration first",
         )
     return found
 
 
-#: The keys of an entry read: Celery's, and this package's ``excluded_dates`` and
-#: ``calendars`` (Celery's own beat refuses an entry with keys of its own).
-OUR_KEYS = (
-    "task",
-    "schedule",
-    "args",
-    "kwargs",
-    "options",
-    "relative",
-    "excluded_dates",
-    "calendars",
-)
-
 #: The options of an entry's ``options`` this package publishes with.
 PUBLISH_OPTIONS = ("queue", "exchange", "routing_key", "priority", "expires", "headers")
+#: The options of an entry's ``options`` that set a field of its task, not its message
+#: (Celery's own beat passes them to ``apply_async``, which sends what it does not know along
+#: as message properties, harmlessly).
+TASK_OPTIONS = ("overlap_policy", "pause_after_failures", "excluded_dates", "calendars")
 
 
 def entry_report(
@@ -279,23 +288,24 @@ def entry_report(
             carried.append(("options.expires", "valid_until (no slot at or after it)"))
         elif key == "expires":
             carried.append(("options.expires", "expires_seconds"))
-        elif key in PUBLISH_OPTIONS:
+        elif key == "calendars":
+            carried.append(("options.calendars", "calendars (linked when a beat syncs the entry)"))
+        elif key in PUBLISH_OPTIONS or key in TASK_OPTIONS:
             carried.append((f"options.{key}", key))
         else:
             dropped.append(
                 (
                     f"options.{key}",
-                    f"not a publish option this package sends ({', '.join(PUBLISH_OPTIONS)})",
+                    f"not a publish option this package sends ({', '.join(PUBLISH_OPTIONS)}), "
+                    f"nor a task's ({', '.join(TASK_OPTIONS)})",
                 )
             )
-    if fields.get("excluded_dates"):
-        carried.append(("excluded_dates", f"excluded_dates ({len(fields['excluded_dates'])})"))
-    if entry.get("calendars"):
-        carried.append(("calendars", "calendars (linked by name when a beat syncs the entry)"))
+    if "overlap_policy" in fields:
+        carried.append(("overlap_policy", f"overlap_policy {fields['overlap_policy']}"))
     if entry.get("relative"):
         dropped.append(("relative", "interval slots are anchored, not rounded to the period"))
     for key in entry:
-        if key not in OUR_KEYS:
+        if key not in ("task", "schedule", "args", "kwargs", "options", "relative"):
             dropped.append((str(key), "not a key of Celery's beat entries"))
     return carried, dropped
 

@@ -188,10 +188,11 @@ def prepare_save(instance: PeriodicTask, options: dict[str, Any]) -> None:
         ) from exc
     if re_enabled:
         instance.disabled_reason = ""
+        instance.consecutive_failures = 0  # a paused task starts counting again
     fields = options.get("update_fields")
     if fields is not None:
         extra = {"next_slot_at", "due_at", "interval_anchor"} | (
-            {"disabled_reason"} if re_enabled else set()
+            {"disabled_reason", "consecutive_failures"} if re_enabled else set()
         )
         options["update_fields"] = list(dict.fromkeys([*fields, *extra]))
 

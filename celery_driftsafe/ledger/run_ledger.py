@@ -42,6 +42,15 @@ OWN_MESSAGE = "(celery_task_id = '' OR celery_task_id = %s)"
 #: such a start is never taken over by a lock holder, who cannot know whether it still runs.
 UNLOCKED = " (no lock)"
 
+#: How a run's end is written (two parameters: its error, then its status): a run another run
+#: replaced while it ran (overlap policy ``replace``) ends ``revoked``, with the reason the
+#: replacement wrote (:meth:`Ledger.replace_running`), whatever its body did and whenever its
+#: end comes. (``error`` first: MySQL assigns left to right.)
+REPLACED_END = (
+    "error = CASE WHEN replaced_by IS NULL THEN %s ELSE error END, "
+    "status = CASE WHEN replaced_by IS NULL THEN %s ELSE 'revoked' END"
+)
+
 T = TypeVar("T")
 
 
@@ -144,7 +153,7 @@ class Ledger:
         )
         self._pre_start = ", ".join(f"'{status}'" for status in PRE_START)
 
-    def _execute(self, sql: str, params: list[Any], *, fetch: bool, unique: bool = False) -> Any:
+    def _execute(self, sql: str, params: list[Any], *, fetch: bool, many: bool = False) -> Any:
         """Run one statement. Outside a transaction a statement the database rolled back for a
         concurrent update (SQLSTATE class 40: a serialization failure, a deadlock) is run
         again, at most :data:`ROLLED_BACK_RETRIES` times: it changed nothing. PostgreSQL does
@@ -157,13 +166,10 @@ class Ledger:
             try:
                 with self.connection.cursor() as cursor:
                     cursor.execute(sql, params)
-                    return cursor.fetchone() if fetch else int(cursor.rowcount)
+                    if fetch:
+                        return cursor.fetchall() if many else cursor.fetchone()
+                    return int(cursor.rowcount)
             except IntegrityError as exc:
-                # ``unique``: a unique index refused the change, which is an answer (another
-                # row holds the place); outside a transaction the statement changed nothing.
-                if unique and not self.connection.in_atomic_block:
-                    logger.debug("ledger statement refused by a unique index: %s", exc)
-                    return None if fetch else 0
                 raise LedgerUnavailable(f"database refused the statement: {exc}") from exc
             except DatabaseError as exc:
                 why = _unavailable(exc)
@@ -253,7 +259,8 @@ class Ledger:
 
     def start(self, start: Start) -> Started | None:
         """Start the run: the one statement every start is (with a lock or without, the run
-        read before or not). None when refused (:meth:`load` says why).
+        read before or not). None when refused (:meth:`load` says why). A run another one
+        replaced (overlap policy ``replace``) never starts again.
 
         It starts a run that is not started yet (claimed, dispatched, retrying, waiting) and
         whose fencing token is below ``start.token``, at an attempt up to ``start.attempt``,
@@ -284,7 +291,8 @@ class Ledger:
             f"AND (%s IS NULL OR {OWN_MESSAGE}) "
             "AND (%s IS NULL OR periodic_task_id = %s "
             "OR (periodic_task_id IS NULL AND kind <> 'adhoc')) "
-            "AND (expires_at IS NULL OR expires_at > %s OR status = 'started')"
+            "AND (expires_at IS NULL OR expires_at > %s OR status = 'started') "
+            "AND replaced_by IS NULL"
         )
         params = [
             TAKEN_OVER,
@@ -371,6 +379,88 @@ class Ledger:
             params += [self._at(starts_at), self._at(starts_at), run_id]
         return self._fetch(sql + "))", params) is not None
 
+    def others_waiting(self, periodic_task_id: int, run_id: int) -> bool:
+        """Whether another run of the periodic task waits (overlap policy ``buffer_all``: a
+        run that finds the task's running lock free while others wait queues behind them)."""
+        sql = (
+            f"SELECT 1 FROM {self.runs} WHERE periodic_task_id = %s AND status = 'waiting' "
+            "AND id <> %s"
+        )
+        return self._fetch(sql, [periodic_task_id, run_id]) is not None
+
+    def later_running(
+        self, periodic_task_id: int, run_id: int, slot: datetime, now: datetime
+    ) -> bool:
+        """Overlap policy ``replace``: whether a run of a slot after ``slot`` runs (started,
+        its worker's lease lasting or not recorded): an earlier slot does not replace it."""
+        return (
+            self._fetch(
+                f"SELECT 1 FROM {self.runs} WHERE periodic_task_id = %s AND id <> %s "
+                "AND status = 'started' AND slot > %s "
+                "AND (lease_until IS NULL OR lease_until > %s)",
+                [periodic_task_id, run_id, self._at(slot), self._at(now)],
+            )
+            is not None
+        )
+
+    def replace_running(
+        self, periodic_task_id: int, run_id: int, now: datetime, why: str
+    ) -> list[str]:
+        """Overlap policy ``replace``: run ``run_id`` replaces the task's running runs (started,
+        and their worker's lease in the ledger lasting or not recorded): each is marked
+        replaced by it (``replaced_by``, ``why`` as its error; a run an earlier replacement
+        marked is marked again, by the later one), one conditional update a run, on its still
+        being started, so a run that ended meanwhile keeps its own outcome. From then on it
+        ends ``revoked`` whatever its body does (:data:`REPLACED_END`), and neither retries
+        nor starts again. Returns the Celery task ids of the runs marked, to revoke."""
+        rows = self._execute(
+            f"SELECT id, celery_task_id FROM {self.runs} WHERE periodic_task_id = %s "
+            "AND status = 'started' AND id <> %s AND (lease_until IS NULL OR lease_until > %s)",
+            [periodic_task_id, run_id, self._at(now)],
+            fetch=True,
+            many=True,
+        )
+        marked = []
+        for other, task_id in rows:
+            if self._write(
+                f"UPDATE {self.runs} SET replaced_by = %s, error = %s "
+                "WHERE id = %s AND status = 'started' "
+                "AND (replaced_by IS NULL OR replaced_by < %s)",
+                [run_id, why, other, run_id],
+            ):
+                marked.append(str(task_id or ""))
+        return [task_id for task_id in marked if task_id]
+
+    def revoke_pending(
+        self,
+        periodic_task_id: int,
+        run_id: int,
+        statuses: tuple[str, ...],
+        now: datetime,
+        why: str,
+        *,
+        before: datetime | None = None,
+    ) -> int:
+        """Overlap policy ``replace``: the task's other runs in ``statuses`` (``retrying``:
+        between two attempts; ``waiting``: an earlier replacement not started yet), of a slot
+        before ``before`` (None: any), end ``revoked`` with ``why``: run ``run_id`` replaces
+        them, and their next delivery finds them finished. Rows changed."""
+        marks = ", ".join(["%s"] * len(statuses))
+        sql = (
+            f"UPDATE {self.runs} SET status = 'revoked', finished_at = %s, error = %s "
+            f"WHERE periodic_task_id = %s AND id <> %s AND status IN ({marks})"
+        )
+        params: list[Any] = [self._at(now), why, periodic_task_id, run_id, *statuses]
+        if before is not None:
+            sql += " AND slot < %s"
+            params.append(self._at(before))
+        return self._write(sql, params)
+
+    def replaced_by(self, run_id: int) -> int | None:
+        """The run that replaced run ``run_id`` (overlap policy ``replace``); None: none."""
+        row = self._fetch(f"SELECT replaced_by FROM {self.runs} WHERE id = %s", [run_id])
+        return None if row is None or row[0] is None else int(row[0])
+
     def wait(
         self,
         run_id: int,
@@ -380,19 +470,19 @@ class Ledger:
         *,
         store: str,
         started: bool,
+        limit: int = 1,
     ) -> bool:
-        """Overlap policy ``buffer_one``: the run, whose delivery holds its lock under
-        ``token``, waits for the task's running run (``waiting``, with ``why``; ``store``: where
-        that run's running lock is, for a beat to look), unless another run of the task waits
-        already (False). ``started``: the delivery started it (the fast path), under that very
-        token; else it is not started, and its token is below.
+        """Overlap policies ``buffer_one`` and ``buffer_all``: the run, whose delivery holds
+        its lock under ``token``, waits for the task's running run (``waiting``, with ``why``;
+        ``store``: where that run's running lock is, for a beat to look), unless ``limit``
+        other runs of the task wait already (False). ``started``: the delivery started it (the
+        fast path), under that very token; else it is not started, and its token is below.
 
-        The database decides between two deliveries that try at once: the condition reads the
-        other waiting runs, and where two statements both read none (PostgreSQL's snapshots)
-        the partial unique index ``driftsafe_run_one_waiting`` refuses the second. MySQL has no
-        partial index, and InnoDB reads the condition's rows without locking them, so there
-        the statement runs holding the task's row (:meth:`_holding_task`): the second delivery
-        waits for the first to commit and then reads its waiting run."""
+        The database decides between deliveries that try at once: the statement runs holding
+        the task's row (:meth:`_holding_task`), so the second of two waits for the first to
+        commit and then counts its waiting run (a claim of the task in that instant skips it
+        for a round, or waits for it). SQLite, which writes one transaction at a time, counts
+        under its write lock."""
         if started:
             mine = "fencing_token = %s AND status = 'started'"
         else:
@@ -402,14 +492,14 @@ class Ledger:
             f"UPDATE {self.runs} SET status = 'waiting', error = %s, fencing_token = %s, "
             f"lock_store = %s, started_at = NULL, lease_until = NULL, worker = '' "
             f"WHERE id = %s AND {mine} "
-            f"AND NOT EXISTS (SELECT 1 FROM (SELECT id FROM {self.runs} "
-            f"WHERE periodic_task_id = %s AND status = 'waiting' AND id <> %s) AS other)"
+            f"AND (SELECT COUNT(*) FROM (SELECT id FROM {self.runs} "
+            f"WHERE periodic_task_id = %s AND status = 'waiting' AND id <> %s) AS other) < %s"
         )
-        params = [why, token, store, run_id, token, periodic_task_id, run_id]
-        if self.connection.vendor == "mysql":
-            return self._holding_task(periodic_task_id, sql, params) == 1
-        changed: int = self._execute(sql, params, fetch=False, unique=True)
-        return changed == 1
+        params = [why, token, store, run_id, token, periodic_task_id, run_id, limit]
+        if self.connection.vendor == "sqlite":
+            changed: int = self._execute(sql, params, fetch=False)
+            return changed == 1
+        return self._holding_task(periodic_task_id, sql, params) == 1
 
     def _holding_task(self, periodic_task_id: int, sql: str, params: list[Any]) -> int:
         """Rows ``sql`` changed, run in a transaction that first locks the task's row (a
@@ -427,32 +517,40 @@ class Ledger:
         return self.together(holding)
 
     def finish(self, run_id: int, token: int, status: str, now: datetime, error: str) -> bool:
+        """Record the outcome under ``token``; a run another one replaced meanwhile (overlap
+        policy ``replace``) ends ``revoked`` instead, keeping the reason that names its
+        replacement (:data:`REPLACED_END`)."""
         return (
             self._write(
-                f"UPDATE {self.runs} SET status = %s, finished_at = %s, error = %s "
+                f"UPDATE {self.runs} SET {REPLACED_END}, finished_at = %s "
                 f"WHERE id = %s AND fencing_token = %s",
-                [status, self._at(now), error, run_id, token],
+                [error, status, self._at(now), run_id, token],
             )
             == 1
         )
 
     def hand_over(self, run_id: int, token: int, next_attempt: int, error: str) -> bool:
-        """The attempt under ``token`` ends in a retry: the run waits for ``next_attempt``."""
+        """The attempt under ``token`` ends in a retry: the run waits for ``next_attempt``.
+        Refused for a run another one replaced (overlap policy ``replace``): its retry does
+        not come back."""
         return (
             self._write(
                 f"UPDATE {self.runs} SET status = 'retrying', attempt = %s, error = %s "
-                f"WHERE id = %s AND fencing_token = %s AND status = 'started'",
+                f"WHERE id = %s AND fencing_token = %s AND status = 'started' "
+                "AND replaced_by IS NULL",
                 [next_attempt, error, run_id, token],
             )
             == 1
         )
 
     def requeue(self, run_id: int, token: int, error: str) -> bool:
-        """The attempt under ``token`` gave its message back (``Reject(requeue=True)``)."""
+        """The attempt under ``token`` gave its message back (``Reject(requeue=True)``);
+        refused for a replaced run, as a retry is."""
         return (
             self._write(
                 f"UPDATE {self.runs} SET status = 'dispatched', error = %s "
-                f"WHERE id = %s AND fencing_token = %s AND status = 'started'",
+                f"WHERE id = %s AND fencing_token = %s AND status = 'started' "
+                "AND replaced_by IS NULL",
                 [error, run_id, token],
             )
             == 1
@@ -498,17 +596,18 @@ class Ledger:
     ) -> bool:
         """End ``attempt`` of a run from the worker's main process (hard time limit, a lost
         pool process, a terminating revoke): waiting, or started by that worker, and the
-        run of the message ``task_id`` (:data:`OWN_MESSAGE`)."""
+        run of the message ``task_id`` (:data:`OWN_MESSAGE`). A replaced run ends ``revoked``
+        with the reason naming its replacement (:data:`REPLACED_END`)."""
         return (
             self._write(
-                f"UPDATE {self.runs} SET status = %s, finished_at = %s, error = %s "
+                f"UPDATE {self.runs} SET {REPLACED_END}, finished_at = %s "
                 f"WHERE id = %s AND {OWN_MESSAGE} AND attempt = %s "
                 f"AND (status IN ({self._pre_start}) "
                 f"OR (status = 'started' AND worker IN (%s, %s)))",
                 [
+                    error,
                     status,
                     self._at(now),
-                    error,
                     run_id,
                     task_id,
                     attempt,

@@ -62,6 +62,7 @@ __all__ = [
     "lock_identity",
     "running_lock",
     "running_lock_heir",
+    "running_lock_holder",
 ]
 
 
@@ -147,14 +148,27 @@ def lock_backend(
 
 
 def running_lock(
-    locks: LockBackend, periodic_task_id: int, settings: DriftSafeSettings
+    locks: LockBackend,
+    periodic_task_id: int,
+    settings: DriftSafeSettings,
+    *,
+    run_id: int | None = None,
 ) -> DistributedLock:
-    """A periodic task's running lock (overlap policies ``skip`` and ``buffer_one``): held by
-    the delivery whose body runs, renewed with the run's lease."""
-    return locks.lock(f"task-running:{periodic_task_id}", ttl=settings.lease_seconds)
+    """A periodic task's running lock (overlap policies ``skip``, ``buffer_one``, ``buffer_all`` and
+    ``replace``): held by the delivery whose body runs, renewed with the run's lease. Taken for run
+    ``run_id``, its token names that run (:func:`running_lock_holder`), so that the process that saw
+    the run's body killed can take it over (:meth:`DistributedLock.take_from`)."""
+    holder = running_lock_holder(run_id) if run_id is not None else ""
+    return locks.lock(f"task-running:{periodic_task_id}", ttl=settings.lease_seconds, holder=holder)
+
+
+def running_lock_holder(run_id: int) -> str:
+    """The holder a task's running lock names while run ``run_id``'s delivery holds it."""
+    return f"run:{run_id}"
 
 
 def running_lock_heir(run_id: int) -> str:
     """The name a task's running lock is handed to (:meth:`DistributedLock.hand_over`) for
-    run ``run_id`` (overlap policy ``buffer_one``: the waiting run goes next)."""
+    run ``run_id`` (overlap policies ``buffer_one``, ``buffer_all``: the waiting run goes
+    next)."""
     return f"heir:run:{run_id}"

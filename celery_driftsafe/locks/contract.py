@@ -41,6 +41,12 @@ class DistributedLock(Protocol):
       takes it (a fresh token, the fencing counter incremented) while that lease lasts; once it
       has run out the lock is free. A holder passes its turn on this way so that nobody can
       take the lock in the moment between its release and its successor's acquisition.
+    * A lock made with ``holder="<name>"`` (no ``#`` in it) stores tokens that start with
+      ``<name>#``; then
+      ``take_from(name)`` takes it (a fresh token, the fencing counter incremented), in one
+      atomic step, while such a token is stored and its lease lasts, and fails otherwise. It is
+      for a holder that cannot give the lock up (its process was killed), taken over by a
+      process that knows for sure the holder is gone: the process that saw it end.
     * A backend that cannot be reached raises :class:`LockError`; that call's outcome is
       unknown (the lease still ends by itself).
     * ``lease_remaining()`` is the local, pessimistic view: measured from before the request
@@ -60,6 +66,8 @@ class DistributedLock(Protocol):
     def hand_over(self, heir: str) -> bool: ...
 
     def take_handed(self, heir: str) -> bool: ...
+
+    def take_from(self, holder: str) -> bool: ...
 
     def extend(self, ttl: float | None = None) -> bool: ...
 
@@ -87,7 +95,7 @@ class LockBackend(Protocol):
     """Makes lock objects; cheap, so make one lock object per use and per thread."""
 
     def lock(
-        self, name: str, ttl: float = DEFAULT_TTL, *, fencing_floor: int = 0
+        self, name: str, ttl: float = DEFAULT_TTL, *, fencing_floor: int = 0, holder: str = ""
     ) -> DistributedLock: ...
 
 

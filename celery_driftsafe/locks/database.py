@@ -27,8 +27,10 @@ class DatabaseLockBackend:
         self.using = using
         self.clock: Clock = clock if clock is not None else AuthorityClock(DatabaseAuthority(using))
 
-    def lock(self, name: str, ttl: float = DEFAULT_TTL, *, fencing_floor: int = 0) -> DatabaseLock:
-        return DatabaseLock(self, name, ttl, fencing_floor=fencing_floor)
+    def lock(
+        self, name: str, ttl: float = DEFAULT_TTL, *, fencing_floor: int = 0, holder: str = ""
+    ) -> DatabaseLock:
+        return DatabaseLock(self, name, ttl, fencing_floor=fencing_floor, holder=holder)
 
 
 class DatabaseLock(_LeaseLock):
@@ -41,8 +43,9 @@ class DatabaseLock(_LeaseLock):
         ttl: float = DEFAULT_TTL,
         *,
         fencing_floor: int = 0,
+        holder: str = "",
     ) -> None:
-        super().__init__(name, ttl, backend.clock, fencing_floor)
+        super().__init__(name, ttl, backend.clock, fencing_floor, holder)
         self.using = backend.using
 
     def _rows(self) -> Any:
@@ -59,7 +62,9 @@ class DatabaseLock(_LeaseLock):
                 "outside a transaction (others would not see the lock until it commits)"
             )
 
-    def _acquire_token(self, token: str, ttl: float, heir: str | None = None) -> int | None:
+    def _acquire_token(
+        self, token: str, ttl: float, heir: str | None = None, holder: str | None = None
+    ) -> int | None:
         from django.db import DatabaseError, transaction
         from django.db.models import F, Q, Value
         from django.db.models.functions import Greatest
@@ -74,11 +79,12 @@ class DatabaseLock(_LeaseLock):
                 # Take over a free or expired row (or the one handed to ``heir``). On
                 # PostgreSQL a concurrent taker waits on the row lock and then re-checks the
                 # condition against the new row: one wins.
-                takeable = (
-                    Q(token="") | Q(expires_at__lte=now)
-                    if heir is None
-                    else Q(token=heir, expires_at__gt=now)
-                )
+                if holder is not None:
+                    takeable = Q(token__startswith=f"{holder}#", expires_at__gt=now)
+                elif heir is not None:
+                    takeable = Q(token=heir, expires_at__gt=now)
+                else:
+                    takeable = Q(token="") | Q(expires_at__lte=now)
                 taken = (
                     self._rows()
                     .filter(takeable)
@@ -90,7 +96,7 @@ class DatabaseLock(_LeaseLock):
                         expires_at=expires_at,
                     )
                 )
-                if not taken and heir is None:  # no row yet, or held: insert unless one is
+                if not taken and heir is None and holder is None:  # no row yet, or held
                     LockRow.objects.using(self.using).bulk_create(
                         [
                             LockRow(

@@ -38,13 +38,21 @@ def _log_extra(action: str, lock: _LeaseLock) -> dict[str, Any]:
 class _LeaseLock:
     """What both backends share: polling, bookkeeping, logging, ``hold()`` and the watchdog."""
 
-    def __init__(self, name: str, ttl: float, clock: Clock, fencing_floor: int = 0) -> None:
+    def __init__(
+        self, name: str, ttl: float, clock: Clock, fencing_floor: int = 0, holder: str = ""
+    ) -> None:
         if not name:
             raise ValueError("a lock needs a non-empty name")
         _check_ttl(ttl)
         if fencing_floor < 0:
             raise ValueError(f"fencing_floor must be >= 0, not {fencing_floor!r}")
         self.fencing_floor = int(fencing_floor)
+        if "#" in holder:
+            raise ValueError(f"a lock's holder has no '#' in its name, not {holder!r}")
+        #: What this object's tokens start with (``<holder>#``; empty: nothing), so that a
+        #: process that knows the holder, not its token, can take the lock from it
+        #: (:meth:`take_from`).
+        self.holder = holder
         self.name = name
         self.ttl = float(ttl)
         self.clock = clock
@@ -57,9 +65,13 @@ class _LeaseLock:
         return f"<{type(self).__name__} {self.name!r} ttl={self.ttl} {state}>"
 
     # -- the backend's three atomic steps -------------------------------------------------------
-    def _acquire_token(self, token: str, ttl: float, heir: str | None = None) -> int | None:
+    def _acquire_token(
+        self, token: str, ttl: float, heir: str | None = None, holder: str | None = None
+    ) -> int | None:
         """Take the lock for ``token``: the new fencing token, or None when it is held. With
-        ``heir``: only the lock handed to ``heir`` (:meth:`hand_over`), and its lease lasting."""
+        ``heir``: only the lock handed to ``heir`` (:meth:`hand_over`), and its lease lasting;
+        with ``holder``: only the lock held under a token made for ``holder`` (its lease
+        lasting)."""
         raise NotImplementedError
 
     def _hand_token(self, token: str, heir: str, ttl: float) -> bool:
@@ -96,18 +108,21 @@ class _LeaseLock:
             self.clock.sleep(delay if give_up is None else min(delay, give_up - now))
             pause = min(pause * 2, POLL_MAX_SECONDS)
 
-    def _try_acquire(self, heir: str | None = None) -> bool:
+    def _try_acquire(self, heir: str | None = None, holder: str | None = None) -> bool:
         token = secrets.token_hex(16)
+        if self.holder:
+            token = f"{self.holder}#{token}"
         sent = self.clock.monotonic()
-        fencing_token = self._acquire_token(token, self.ttl, heir)
+        fencing_token = self._acquire_token(token, self.ttl, heir, holder)
         if fencing_token is None:
             return False
         self.token, self.fencing_token = token, fencing_token
         self._lease_ends = sent + self.ttl
         logger.debug(
-            "acquired lock %s%s, fencing token %s",
+            "acquired lock %s%s%s, fencing token %s",
             self.name,
             "" if heir is None else f" handed to {heir}",
+            "" if holder is None else f" taken from {holder}",
             fencing_token,
             extra=_log_extra("lock-acquired", self),
         )
@@ -118,6 +133,15 @@ class _LeaseLock:
         (:meth:`hand_over`) and that lease lasts; tries once. A fresh token and fencing token,
         as :meth:`acquire`."""
         return self._try_acquire(heir)
+
+    def take_from(self, holder: str) -> bool:
+        """Acquire the lock if, and only if, it is held under a token made for ``holder`` (a
+        lock object made with that ``holder``) and that lease lasts; tries once. For a holder
+        that cannot give the lock up itself (its process was killed) and whose end another
+        process has seen for sure. A fresh token and fencing token, as :meth:`acquire`."""
+        if not holder or "#" in holder:
+            raise ValueError(f"take_from needs a holder's name without '#', not {holder!r}")
+        return self._try_acquire(holder=holder)
 
     def hand_over(self, heir: str) -> bool:
         """Give the lock up to ``heir`` rather than free it: while this object holds it, its

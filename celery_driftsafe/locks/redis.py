@@ -17,10 +17,16 @@ logger = logging.getLogger("celery_driftsafe.locks")
 
 # KEYS[1] the lock, KEYS[2] its fencing counter; ARGV[1] the token, ARGV[2] the lease in ms,
 # ARGV[3] the fencing floor (the token handed out is above it), ARGV[4] the counter's time to
-# live in ms (0: none), ARGV[5] '' (a free lock) or the heir it must have been handed to.
+# live in ms (0: none), ARGV[5] '' (a free lock) or the heir it must have been handed to,
+# ARGV[6] '' or the start of the token it must be held under ('<holder>#', see take_from).
 _ACQUIRE_SCRIPT = """
 local taken
-if ARGV[5] == '' then
+if ARGV[6] ~= '' then
+    local held = redis.call('GET', KEYS[1])
+    if held and string.sub(held, 1, string.len(ARGV[6])) == ARGV[6] then
+        taken = redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    end
+elseif ARGV[5] == '' then
     taken = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
 elseif redis.call('GET', KEYS[1]) == ARGV[5] then
     taken = redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -96,8 +102,10 @@ class RedisLockBackend:
         self.release_script = client.register_script(_RELEASE_SCRIPT)
         self.hand_script = client.register_script(_HAND_SCRIPT)
 
-    def lock(self, name: str, ttl: float = DEFAULT_TTL, *, fencing_floor: int = 0) -> RedisLock:
-        return RedisLock(self, name, ttl, fencing_floor=fencing_floor)
+    def lock(
+        self, name: str, ttl: float = DEFAULT_TTL, *, fencing_floor: int = 0, holder: str = ""
+    ) -> RedisLock:
+        return RedisLock(self, name, ttl, fencing_floor=fencing_floor, holder=holder)
 
     def lock_key(self, name: str) -> str:
         return f"{self.key_prefix}:lock:{name}"
@@ -121,8 +129,9 @@ class RedisLock(_LeaseLock):
         ttl: float = DEFAULT_TTL,
         *,
         fencing_floor: int = 0,
+        holder: str = "",
     ) -> None:
-        super().__init__(name, ttl, backend.clock, fencing_floor)
+        super().__init__(name, ttl, backend.clock, fencing_floor, holder)
         self.backend = backend
         self.key = backend.lock_key(name)
 
@@ -134,13 +143,22 @@ class RedisLock(_LeaseLock):
         except RedisError as exc:
             raise LockError(f"lock {self.name!r}: Redis error: {exc}") from exc
 
-    def _acquire_token(self, token: str, ttl: float, heir: str | None = None) -> int | None:
+    def _acquire_token(
+        self, token: str, ttl: float, heir: str | None = None, holder: str | None = None
+    ) -> int | None:
         keys = (self.key, self.backend.fence_key(self.name))
         fence_ttl = self.backend.fence_ttl
         fencing_token = self._call(
             self.backend.acquire_script,
             keys,
-            (token, _ms(ttl), self.fencing_floor, _ms(fence_ttl) if fence_ttl else 0, heir or ""),
+            (
+                token,
+                _ms(ttl),
+                self.fencing_floor,
+                _ms(fence_ttl) if fence_ttl else 0,
+                heir or "",
+                f"{holder}#" if holder else "",
+            ),
         )
         return fencing_token or None
 

@@ -20,6 +20,7 @@ from celery_driftsafe.core.exclusions import (
 )
 from celery_driftsafe.core.jitter import due_instant
 from celery_driftsafe.core.schedules import OneOff, Schedule, Solar, shared_crontab, shared_interval
+from celery_driftsafe.core.stored_names import BUFFER_ALL_MAX_WAITING
 from celery_driftsafe.core.validation import (
     Problem,
     coerce_json,
@@ -27,6 +28,7 @@ from celery_driftsafe.core.validation import (
     instant_problems,
     json_problems,
     option_problems,
+    pause_problems,
 )
 from celery_driftsafe.exceptions import ScheduleError
 from celery_driftsafe.models.choices import (
@@ -58,9 +60,19 @@ _UNIT_MICROSECONDS = {
     "days": 86400 * 10**6,
 }
 
-#: The columns the scheduler writes (the claim's, and the deadline check's ``stale_since``):
-#: never written back by a ``save()`` of a loaded instance.
-CLAIM_FIELDS = frozenset({"next_slot_at", "due_at", "last_slot_at", "run_count", "stale_since"})
+#: The columns the scheduler writes (the claim's, the deadline check's ``stale_since``, the
+#: failure count of ``pause_after_failures``): never written back by a ``save()`` of a loaded
+#: instance.
+CLAIM_FIELDS = frozenset(
+    {
+        "next_slot_at",
+        "due_at",
+        "last_slot_at",
+        "run_count",
+        "stale_since",
+        "consecutive_failures",
+    }
+)
 
 
 def _mirror_due_at(values: dict[str, Any]) -> None:
@@ -89,8 +101,11 @@ class PeriodicTaskQuerySet(models.QuerySet["PeriodicTask"]):
     def update(self, **kwargs: Any) -> int:
         """``update(next_slot_at=...)`` also sets ``due_at`` (see :func:`_mirror_due_at`); an
         update of anything but the claim's own state stamps ``changed_at``, as ``save()`` does
-        (a compare-and-swap claim reads it: see :mod:`celery_driftsafe.claim.claimers`)."""
+        (a compare-and-swap claim reads it: see :mod:`celery_driftsafe.claim.claimers`);
+        ``update(enabled=True)`` clears ``consecutive_failures``, as a re-enabling save does."""
         _mirror_due_at(kwargs)
+        if kwargs.get("enabled") is True:
+            kwargs.setdefault("consecutive_failures", 0)
         if kwargs.keys() - CLAIM_FIELDS and "changed_at" not in kwargs:
             kwargs["changed_at"] = django_now()
         return super().update(**kwargs)
@@ -246,7 +261,12 @@ class PeriodicTask(models.Model):
         default=OverlapPolicy.ALLOW,
         help_text="What a slot does while the task's previous run is still running: "
         "allow: run beside it; skip: record the slot skipped; buffer_one: wait (one slot at "
-        "most, further ones are skipped) and run as soon as the running one ends.",
+        "most, further ones are skipped) and run as soon as the running one ends; "
+        f"buffer_all: wait, every slot (up to {BUFFER_ALL_MAX_WAITING} at once, further ones "
+        "are skipped), and run one at a time in slot order; replace: "
+        "revoke the running run and run once its body is gone (a prefork worker terminates "
+        "it; gevent and eventlet kill it at its next yield); replace on a threads pool (or "
+        "solo) waits for the running body to end, then runs. Never two bodies at once.",
     )
     deadline_seconds = models.FloatField(
         null=True,
@@ -254,6 +274,19 @@ class PeriodicTask(models.Model):
         help_text="Each scheduled run must have succeeded this many seconds after its slot; "
         "a run that has not is flagged late (the run_deadline_missed signal). "
         "Empty: no deadline.",
+    )
+    pause_after_failures = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Disable (pause) the task once this many of its runs in a row ended failed "
+        "(retries exhausted) or its slots were missed; a success starts the count again, "
+        "re-enabling the task clears it. Empty or 0: never pause.",
+    )
+    # Written by the run's outcome and the claim only (celery_driftsafe.claim.pausing).
+    consecutive_failures = models.PositiveIntegerField(
+        default=0,
+        help_text="Runs in a row that ended failed or slots missed since the last success "
+        "(counted for pause_after_failures only; cleared on re-enabling).",
     )
     # Written by the beats' deadline check only (celery_driftsafe.beat.deadlines).
     stale_since = models.DateTimeField(
@@ -414,6 +447,7 @@ class PeriodicTask(models.Model):
             overlap_policy=self.overlap_policy,
         )
         found += deadline_problems(self.deadline_seconds)
+        found += pause_problems(self.pause_after_failures)
         found += bound_problems(
             valid_from=self.valid_from,
             valid_until=self.valid_until,

@@ -63,6 +63,13 @@ class Run(models.Model):
         "nobody takes a started run over before then, even if the lock itself was lost "
         "(a Redis flush or restart). Empty: not started, or started before this was recorded.",
     )
+    replaced_by = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="Overlap policy replace: the id of the run (of a later slot) that replaced "
+        "this one while it ran; the run ends revoked, whatever its body did. Empty: not "
+        "replaced.",
+    )
     error = models.TextField(blank=True)
     message = models.JSONField(
         default=dict,
@@ -109,13 +116,12 @@ class Run(models.Model):
             models.UniqueConstraint(
                 fields=["periodic_task", "slot"], name="driftsafe_run_slot_once"
             ),
-            # Overlap policy ``buffer_one``: at most one run of a task waits for its running
-            # run. Two deliveries that find it running at once both try to wait; the database
-            # lets one (the other is recorded skipped). Migration 0017 makes the unique index
-            # ``driftsafe_run_one_waiting`` on ``periodic_task`` ``WHERE status = 'waiting'``
-            # (no entry for a run that does not wait), the database's alone, as the idempotency
-            # key's: MySQL, which has no partial indexes, has none (see
-            # docs/howto/overlap-policies.md).
+            # Overlap policies ``buffer_one`` and ``buffer_all``: at most one run of a task
+            # (``buffer_all``: BUFFER_ALL_MAX_WAITING) waits for its running run. The ledger's
+            # statement that makes a run wait counts the others while it holds the task's row
+            # (Ledger.wait), so of deliveries trying at once only as many wait as may. Migration
+            # 0019's partial unique index ``driftsafe_run_one_waiting`` (one a task) is dropped
+            # by 0023.
         ]
         indexes = [
             models.Index(fields=["status", "claimed_at"], name="driftsafe_run_outbox"),

@@ -104,6 +104,9 @@ class WorkerMetrics:
 _lock = threading.Lock()
 _beat: BeatMetrics | None = None
 _worker: WorkerMetrics | None = None
+#: ``driftsafe_tasks_paused_total``: counted by beats and workers alike (whichever recorded
+#: the outcome that paused the task), so it is made once per process, apart from both.
+_paused: Any = None
 
 
 def import_prometheus() -> Any:
@@ -380,6 +383,25 @@ def dependency_up(dependency: str, up: bool) -> None:
     m = beat_metrics()
     if m is not None:
         m.dependency_up.labels(dependency=dependency).set(1 if up else 0)
+
+
+# -- beat and worker hooks -----------------------------------------------------------------------
+
+
+def task_paused(task: str) -> None:
+    """The periodic task named ``task`` was paused after failures (by this process)."""
+    global _paused
+    if not enabled():
+        return
+    with _lock:
+        if _paused is None:
+            _paused = import_prometheus().Counter(
+                "driftsafe_tasks_paused",
+                "Tasks paused (disabled) after pause_after_failures failed or missed runs in a "
+                "row, by the beat or worker that recorded the last of them (once per pause)",
+                ["task"],
+            )
+    _paused.labels(task=task).inc()
 
 
 # -- worker hooks --------------------------------------------------------------------------------

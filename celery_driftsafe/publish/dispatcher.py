@@ -27,7 +27,7 @@ from django.db import DatabaseError, transaction
 from django.db.models import Case, F, Q, TextField, Value, When
 
 from celery_driftsafe.celery_app import argument_problem
-from celery_driftsafe.claim.claimers import disable_by_id
+from celery_driftsafe.claim.disabling import disable_by_id
 from celery_driftsafe.claim.outbox import message_headers, message_refusal
 from celery_driftsafe.claim.sql import id_set
 from celery_driftsafe.conf import get_settings

@@ -13,15 +13,19 @@ serialised afresh, through kombu's producer
 (:class:`~celery_driftsafe.publish.message_parts.ChangedParts`).
 
 The cost is what receivers cannot do without: the parts a message is made of and two signals.
-Whether receivers changed something is found mostly by identity: every value handed to them
-that cannot be changed in place is compared by ``is`` (the value lists are kept, so that no
-address is reused meanwhile), and only the few that can be (a list, a dict) are compared by
-value with the template's. ``tests/publish/test_fast_path.py`` holds the parts receivers get
-to Celery's, argument by argument, and what they change to the message that goes out.
+Whether receivers changed something is found by identity first, in C: each value handed to
+them still in its place (the lists of them are kept, so that no address is reused meanwhile),
+and each copy of a list or dict still holding the very items copied. Only where that fails is
+a value compared with its original by value
+(:func:`~celery_driftsafe.publish.message_parts.same_value`): an equal value of the same type
+makes the same message. ``tests/publish/test_fast_path.py``
+holds the parts receivers get to Celery's, argument by argument, and what they change to the
+message that goes out.
 """
 
 from __future__ import annotations
 
+from operator import is_
 from typing import Any
 
 from celery import signals
@@ -54,26 +58,26 @@ def publish(message: RunMessage, writer: Writer) -> bool:
             headers["compression"] = custom["compression"]
         else:
             del headers["compression"]
+    header_names = list(headers)
+    property_names = list(properties)
     # copies of what a receiver could change in place (a stamp in ``stamps``): for this
-    # message only
-    for name in skeleton.mutable_headers:
-        if name not in custom:
-            headers[name] = _fresh(headers[name])
-    changeable = [name for name, value in custom.items() if type(value) not in IMMUTABLE]
-    for name in changeable:
-        headers[name] = _fresh(headers[name])
-    mutable_properties = skeleton.mutable_properties
-    for name in mutable_properties:
-        properties[name] = _fresh(properties[name])
-    given_headers = _given(headers)
-    given_properties = _given(properties)
+    # message only, each kept beside its original to find a change made in it
+    copies = [_copy_into(headers, name) for name in skeleton.mutable_headers if name not in custom]
+    if not IMMUTABLE.issuperset(map(type, custom.values())):
+        copies.extend(
+            _copy_into(headers, name)
+            for name, value in custom.items()
+            if type(value) not in IMMUTABLE
+        )
+    copies.extend(_copy_into(properties, name) for name in skeleton.mutable_properties)
+    handed_headers = list(headers.values())
+    handed_properties = list(properties.values())
     # the run's own arguments, as Celery's: copies, the template's are shared
-    args, kwargs = template.args, template.kwargs
-    body = (_fresh(args) if args else (), _fresh(kwargs) if kwargs else {}, _fresh(skeleton.embed))
+    args, kwargs, embed = template.args, template.kwargs, skeleton.embed
+    body = (_fresh(args) if args else (), _fresh(kwargs) if kwargs else {}, _fresh(embed))
     publish_kwargs = skeleton.publish_kwargs.copy()
     policy = skeleton.publish_kwargs["retry_policy"]
     retry_policy = publish_kwargs["retry_policy"] = _fresh(policy)
-    given_policy = _given(retry_policy)
     declare = list(skeleton.declare) if skeleton.declare is not None else None
     exchange, routing_key = publish_kwargs["exchange"], publish_kwargs["routing_key"]
     signals.before_task_publish.send(
@@ -89,16 +93,15 @@ def publish(message: RunMessage, writer: Writer) -> bool:
     same_entities = _same_entities(declare, skeleton.declare)
     added = None
     if template.compression is None and same_entities:
-        added = _added(headers, given_headers, skeleton.mutable_headers, changeable, message)
+        added = _added(headers, header_names, handed_headers)
     if (
         added is not None
-        and _unchanged(properties, given_properties)
-        and all(same_value(properties[n], skeleton.properties[n]) for n in mutable_properties)
-        and _unchanged(retry_policy, given_policy)
-        and (IMMUTABLE.issuperset(map(type, given_policy[1])) or same_value(retry_policy, policy))
-        and _same(body[0], args)
-        and _same(body[1], kwargs)
-        and _same(body[2], skeleton.embed)
+        and _kept_parts(properties, property_names, handed_properties)
+        and all(_kept(copy, original) for copy, original in copies)
+        and _kept(retry_policy, policy)
+        and _kept_argument(body[0], args)
+        and _kept_argument(body[1], kwargs)
+        and _kept(body[2], embed)
     ):
         if added:
             message = RunMessage(
@@ -126,6 +129,14 @@ def publish(message: RunMessage, writer: Writer) -> bool:
     return direct
 
 
+def _copy_into(parts: dict[str, Any], name: str) -> tuple[Any, Any]:
+    """Put a copy of ``parts[name]`` that shares nothing changeable with it in its place;
+    the copy and the original."""
+    original = parts[name]
+    copy = parts[name] = _fresh(original)
+    return copy, original
+
+
 def _fresh(value: Any) -> Any:
     """``value`` or, where it may be changed in place, a copy that shares nothing with it."""
     kind = type(value)
@@ -150,67 +161,60 @@ def _fresh(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-def _same(value: Any, original: Any) -> bool:
-    """Whether ``value``, a copy of ``original`` (or the empty value in its place) that
-    receivers were handed, is still the same value."""
-    if not original:  # empty arguments: () and {} in the body, which a receiver may fill
-        return not value and type(value) is (tuple if type(original) is list else type(original))
+def _kept(value: Any, original: Any) -> bool:
+    """Whether ``value``, a copy of ``original`` handed to receivers, is still the same value:
+    each item the very one copied, in the same order (found in C), or else
+    :func:`same_value`. A receiver can only replace an item by another object, so identity
+    shows it unchanged; a nested container was copied (:func:`_fresh`), so a change made in it
+    falls to the comparison by value."""
+    kind = type(value)
+    if kind is not type(original) or len(value) != len(original):
+        return False
+    if kind is dict:
+        if all(map(is_, value, original)) and all(map(is_, value.values(), original.values())):
+            return True
+    elif (kind is list or kind is tuple) and all(map(is_, value, original)):
+        return True
     return same_value(value, original)
 
 
-def _unchanged(parts: dict[str, Any], given: tuple[list[str], list[Any]]) -> bool:
-    """Whether receivers left ``parts`` as ``given`` (:func:`_given`): the same names in the
-    same order, each with the very value it had."""
-    return len(parts) == len(given[0]) and _same_prefix(parts, given)
+def _kept_argument(value: Any, original: list[Any] | dict[str, Any]) -> bool:
+    """Whether the body's arguments ``value``, handed to receivers for the template's
+    ``original`` (a copy; ``()`` or ``{}`` in the place of empty ones, as Celery's), are
+    still the same value."""
+    if original:
+        return _kept(value, original)
+    return not value and type(value) is (tuple if type(original) is list else dict)
 
 
-def _given(parts: dict[str, Any]) -> tuple[list[str], list[Any]]:
-    """The names and values of ``parts`` as handed to receivers (the values kept: no other
-    object can take one's address meanwhile, so an identity compares as the value)."""
-    return list(parts), list(parts.values())
+def _kept_parts(parts: dict[str, Any], names: list[str], handed: list[Any]) -> bool:
+    """Whether receivers left ``parts`` (the properties) the same: the ``names`` they were
+    handed, in their order, with the values ``handed`` (:func:`_same_values`)."""
+    return len(parts) == len(names) and list(parts) == names and _same_values(parts, handed)
 
 
-def _same_prefix(parts: dict[str, Any], given: tuple[list[str], list[Any]]) -> bool:
-    """Whether ``parts`` begins with ``given``'s names, each with its very value."""
-    names, values = given
+def _same_values(parts: dict[str, Any], handed: list[Any]) -> bool:
+    """Whether the first values of ``parts`` are the same as those ``handed``: the very ones
+    (found in C), or else each the same value. (A copy handed for a value that can change in
+    place is compared with its original by the caller, :func:`_kept`.)"""
+    values = list(parts.values())[: len(handed)] if len(parts) > len(handed) else parts.values()
+    return all(map(is_, values, handed)) or all(map(same_value, values, handed))
+
+
+def _added(headers: dict[str, Any], names: list[str], handed: list[Any]) -> dict[str, Any] | None:
+    """The headers receivers added after the ``names`` they were handed, whose values they
+    left the same and in their order (:func:`_same_values`); None when they changed, removed
+    or moved one of them."""
     count = len(names)
-    if len(parts) == count:
-        return list(parts) == names and list(map(id, parts.values())) == list(map(id, values))
-    return list(parts)[:count] == names and list(map(id, list(parts.values())[:count])) == list(
-        map(id, values)
-    )
-
-
-def _added(
-    headers: dict[str, Any],
-    given: tuple[list[str], list[Any]],
-    mutable: tuple[str, ...],
-    changeable: list[str],
-    message: RunMessage,
-) -> dict[str, Any] | None:
-    """The headers receivers added after the ``given`` ones, which they left as they were,
-    in their order; None when they changed, removed or moved one of them."""
-    count = len(given[0])
-    if len(headers) < count or not _same_prefix(headers, given):
-        return None
-    # replaced values were found by identity; changes in place are found by value
-    custom = message.headers
-    skeleton_headers = message.skeleton.headers
-    for name in mutable:
-        if name not in custom and not same_value(headers[name], skeleton_headers[name]):
-            return None
-    for name in changeable:
-        if not same_value(headers[name], custom[name]):
-            return None
     if len(headers) == count:
-        return {}
-    return dict(list(headers.items())[count:])
+        return {} if list(headers) == names and _same_values(headers, handed) else None
+    if len(headers) < count or list(headers)[:count] != names:
+        return None
+    return dict(list(headers.items())[count:]) if _same_values(headers, handed) else None
 
 
 def _same_entities(declare: list[Any] | None, entities: tuple[Any, ...] | None) -> bool:
     """Whether receivers left the list of entities to declare as it was given."""
     if declare is None or entities is None:
         return declare is None and entities is None
-    return len(declare) == len(entities) and all(
-        a is b for a, b in zip(declare, entities, strict=True)
-    )
+    return len(declare) == len(entities) and all(map(is_, declare, entities))

@@ -201,6 +201,17 @@ class Execution:
             now,
             reason,
         ):
+            replaced_by = self.ledger.replaced_by(self.run_id)
+            if replaced_by is not None:  # the run ends revoked (its body's end is written so)
+                log_run(
+                    logging.INFO,
+                    "run %s: retry not sent, run %s replaced it (overlap policy 'replace')",
+                    self.run_id,
+                    replaced_by,
+                    run_id=self.run_id,
+                    action="replace-no-retry",
+                )
+                raise LockLost(f"run {self.run_id} was replaced; its retry is not sent")
             metrics.fenced_out(self.task.name)
             log_run(
                 logging.ERROR,
@@ -271,15 +282,23 @@ class Execution:
         return True
 
     def _write_outcome(self, status: str, now: datetime, error: str) -> bool:
-        """The outcome under the token and, for a run that had more than one attempt, this
-        attempt's row (a first attempt has none, and its one statement needs no transaction)."""
+        """The outcome under the token, counted towards its task's ``pause_after_failures``
+        (:mod:`celery_driftsafe.claim.pausing`) in the same transaction, and, for a run that had
+        more than one attempt, this attempt's row (a first attempt has none)."""
+        from celery_driftsafe.claim.pausing import count_outcome
+
         token = self.token
         assert token is not None
 
         def finish() -> bool:
-            return self.ledger.finish(self.run_id, token, status, now, error)
+            if not self.ledger.finish(self.run_id, token, status, now, error):
+                return False
+            count_outcome(self.ledger.connection.alias, self.run_id, status, now)
+            return True
 
-        return finish() if self.attempt == 0 else self._with_attempt(finish, status, now, error)
+        if self.attempt == 0:
+            return self.ledger.together(finish)
+        return self._with_attempt(finish, status, now, error)
 
     def _with_attempt(
         self, write: Callable[[], bool], outcome: str, now: datetime, error: str
@@ -563,9 +582,12 @@ class Execution:
                 self.hand_over(self.attempt + 1, str(exc))
             raise
         except Reject as exc:
-            if exc.requeue and self.token is not None:
-                self.ledger.requeue(self.run_id, self.token, f"requeued: {exc.reason!r}")
-            else:
+            # (a run replaced meanwhile is not requeued: it ends, revoked)
+            if not (
+                exc.requeue
+                and self.token is not None
+                and self.ledger.requeue(self.run_id, self.token, f"requeued: {exc.reason!r}")
+            ):
                 self._finish(RunStatus.FAILED, traceback.format_exc(limit=20))
             raise
         except Exception:

@@ -74,6 +74,7 @@ def on_task_postrun(
         return
     from django.db import close_old_connections
 
+    from celery_driftsafe.claim.pausing import count_outcome
     from celery_driftsafe.ledger.run_ledger import Ledger
     from celery_driftsafe.monitoring import metrics
 
@@ -93,8 +94,10 @@ def on_task_postrun(
         return
     if not request.is_eager:  # an eager call may be inside the caller's transaction
         close_old_connections()
-    try:
-        written = Ledger().end_plain(
+    ledger = Ledger()
+
+    def end() -> bool:
+        ended = ledger.end_plain(
             headers.run_id,
             task.name,
             str(request.id or ""),
@@ -105,6 +108,12 @@ def on_task_postrun(
             finished_at,
             error,
         )
+        if ended:  # towards pause_after_failures, in the same transaction
+            count_outcome(ledger.connection.alias, headers.run_id, status, finished_at)
+        return ended
+
+    try:
+        written = ledger.together(end)
     except LedgerUnavailable as exc:
         logger.error(
             "run %s: could not record %s: %s; the outcome is left to the reconciliation",

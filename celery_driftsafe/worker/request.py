@@ -3,6 +3,12 @@ finishing: a hard time limit, a pool process lost without a redelivery, a revoke
 message. Only messages carrying ``driftsafe_run_id`` are touched.
 
 :class:`DriftSafeRequest` is :class:`~celery_driftsafe.task.DriftSafeTask`'s request class.
+For overlap policy ``replace`` it also stands where the worker meets its pool: a terminating
+revoke on a pool that cannot terminate a body (threads, solo) is said so in the log, not failed
+(the body runs on to its end, and its replacement waits for it); and once a prefork pool has
+seen a replaced run's pool process end, its replacement is published at once
+(:func:`~celery_driftsafe.worker.overlap.replaced_body_killed`).
+
 It also leaves a run's expiry to the time authority: Celery would compare a message's
 ``expires`` with this machine's wall clock and drop the message unrecorded, so for a run the
 worker lets the body's side (:mod:`celery_driftsafe.worker.execution`) judge ``Run.expires_at``.
@@ -14,7 +20,8 @@ import logging
 from typing import Any
 
 from billiard.einfo import ExceptionWithTraceback
-from billiard.exceptions import WorkerLostError
+from billiard.exceptions import Terminated, WorkerLostError
+from celery.concurrency.base import BasePool
 from celery.worker.request import Request
 
 from celery_driftsafe.core.headers import valid_headers
@@ -29,6 +36,7 @@ def record_from_worker(request: Any, status: str, error: str, *, started_too: bo
     (``started_too``) started by this worker in this attempt."""
     from django.db import close_old_connections
 
+    from celery_driftsafe.claim.pausing import count_outcome
     from celery_driftsafe.exceptions import LedgerUnavailable
     from celery_driftsafe.ledger.run_ledger import Ledger
     from celery_driftsafe.store.clock import authority_clock
@@ -44,9 +52,16 @@ def record_from_worker(request: Any, status: str, error: str, *, started_too: bo
     now = authority_clock().now()
     try:
         if started_too:
-            written = ledger.end_by_worker(
-                headers.run_id, task_id, attempt, worker, status, now, error
-            )
+
+            def end() -> bool:
+                ended = ledger.end_by_worker(
+                    headers.run_id, task_id, attempt, worker, status, now, error
+                )
+                if ended:  # towards pause_after_failures, in the same transaction
+                    count_outcome(ledger.connection.alias, headers.run_id, status, now)
+                return ended
+
+            written = ledger.together(end)
         else:
             written = ledger.end_waiting(headers.run_id, status, now, error, task_id=task_id)
     except LedgerUnavailable as exc:
@@ -100,6 +115,36 @@ class DriftSafeRequest(Request):
             record_from_worker(
                 self._context, RunStatus.FAILED, f"worker lost: {exc}", started_too=True
             )
+        if isinstance(exc, Terminated | WorkerLostError):  # its pool process has ended
+            from celery_driftsafe.worker.overlap import replaced_body_killed
+
+            replaced_body_killed(self.task.app, self._context)
+
+    def terminate(self, pool: Any, signal: Any = None) -> None:
+        """A terminating revoke: Celery's, where the pool can terminate a body; on a pool that
+        cannot (threads, solo: Celery would fail the revoke with ``NotImplementedError``), the
+        body runs on to its end, and the log says so. The message is revoked either way."""
+        if _can_terminate(pool):
+            super().terminate(pool, signal)
+            return
+        logger.warning(
+            "%s[%s]: this worker's pool (%s) cannot terminate a running body; it runs on to "
+            "its end",
+            self.task.name,
+            self.id,
+            type(pool).__module__,
+            extra={
+                "action": "revoke-no-terminate",
+                "run": getattr(self._context, "driftsafe_run_id", -1),
+            },
+        )
+
+
+def _can_terminate(pool: Any) -> bool:
+    """Whether ``pool`` terminates a running body (prefork; gevent and eventlet kill its
+    greenlet), rather than keeping Celery's ``terminate_job``, which raises."""
+    job = getattr(pool, "terminate_job", None)
+    return job is not None and getattr(job, "__func__", None) is not BasePool.terminate_job
 
 
 def on_task_revoked(

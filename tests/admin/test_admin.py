@@ -587,6 +587,55 @@ def test_the_form_offers_overlap_policy_buffer_one_and_explains_it(
 
 
 @pytest.mark.django_db
+def test_the_form_offers_buffer_all_stating_its_bound_and_the_task_page_counts_waiting_runs(
+    admin_client: Any, app: Any
+) -> None:
+    """Overlap policy ``buffer_all``: offered by the form, whose help text states how many
+    runs may wait; the task's page says how many of its runs wait, of at most how many,
+    linked to them in the run list."""
+    page = admin_client.get(ADD).content.decode()
+    assert '<option value="buffer_all">Keep every slot waiting' in page
+    assert "buffer_all: wait, every slot (up to 10 at once, further ones are skipped)" in page
+    assert admin_client.post(ADD, form_data(overlap_policy="buffer_all")).status_code == 302
+    task = PeriodicTask.objects.get(name="nightly")
+    assert task.overlap_policy == "buffer_all"
+    change = reverse("admin:celery_driftsafe_periodictask_change", args=[task.pk])
+    assert "none" in _readonly(admin_client.get(change).content.decode(), "waiting")
+    for second in (1, 2, 3):
+        Run.objects.create(
+            periodic_task=task,
+            task_name=task.task,
+            slot=datetime(2026, 3, 1, 0, 0, second, tzinfo=UTC),
+            status=RunStatus.WAITING if second > 1 else RunStatus.STARTED,
+        )
+    shown = _readonly(admin_client.get(change).content.decode(), "waiting")
+    assert "2 waiting</a> of at most 10 (overlap policy buffer_all)" in shown
+    assert f"periodic_task={task.pk}&amp;status__exact=waiting" in shown
+    assert (
+        admin_client.get(f"{RUNS}?periodic_task={task.pk}&status__exact=waiting").status_code == 200
+    )
+
+
+def _readonly(page: str, field: str) -> str:
+    """The text of the read-only field ``field`` on an admin change page."""
+    start = page.index(f"field-{field}")
+    return page[start : page.index("</div>", page.index("readonly", start))]
+
+
+@pytest.mark.django_db
+def test_the_form_offers_overlap_policy_replace_and_says_what_a_threads_pool_does(
+    admin_client: Any, app: Any
+) -> None:
+    """Overlap policy ``replace``: offered by the form, whose help text says what a pool that
+    cannot terminate a body does."""
+    page = admin_client.get(ADD).content.decode()
+    assert '<option value="replace">Replace the running run: revoke it' in page
+    assert "replace on a threads pool (or solo) waits for the running body to end" in page
+    assert admin_client.post(ADD, form_data(overlap_policy="replace")).status_code == 302
+    assert PeriodicTask.objects.get(name="nightly").overlap_policy == "replace"
+
+
+@pytest.mark.django_db
 def test_a_form_opened_before_the_task_finished_does_not_switch_it_back_on(
     admin_client: Any, app: Any
 ) -> None:

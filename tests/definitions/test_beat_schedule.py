@@ -46,6 +46,11 @@ BAD_ENTRIES = {
         "holds inf",
     ),
     "expires-inf": ({"options": {"expires": math.inf}}, "options.expires", "finite number"),
+    "overlap-unknown": (
+        {"options": {"overlap_policy": "buffer_two"}},
+        "options.overlap_policy",
+        "unknown policy 'buffer_two'; use one of allow, skip, buffer_one, buffer_all, replace",
+    ),
     "schedule-inf": ({"schedule": math.inf}, "schedule", "interval inf s must be a finite"),
     "schedule-nan": ({"schedule": math.nan}, "schedule", "interval nan s must be a finite"),
     "schedule-huge": ({"schedule": 1e20}, "schedule", "up to 3155760000 (a hundred years)"),
@@ -56,10 +61,26 @@ BAD_ENTRIES = {
     ),
     "task-int": ({"task": 5}, "task", "must be a task name, not int 5"),
     "schedule-none": ({"schedule": None}, "schedule", "NoneType schedules are not supported"),
-    "dates-text": ({"excluded_dates": "2026-12-25"}, "excluded_dates", "must be a list of dates"),
-    "dates-bad": ({"excluded_dates": ["2026-12-25", "xmas"]}, "excluded_dates", "'xmas' is no"),
-    "calendars-text": ({"calendars": "holidays"}, "calendars", "must be a list of calendar"),
-    "calendars-unknown": ({"calendars": ["no such"]}, "calendars", "no calendar named 'no such'"),
+    "dates-text": (
+        {"options": {"excluded_dates": "2026-12-25"}},
+        "options.excluded_dates",
+        "must be a list of dates",
+    ),
+    "dates-bad": (
+        {"options": {"excluded_dates": ["2026-12-25", "xmas"]}},
+        "options.excluded_dates",
+        "'xmas' is no",
+    ),
+    "calendars-text": (
+        {"options": {"calendars": "holidays"}},
+        "options.calendars",
+        "must be a list of calendar",
+    ),
+    "calendars-unknown": (
+        {"options": {"calendars": ["no such"]}},
+        "options.calendars",
+        "no calendar named 'no such'",
+    ),
 }
 
 
@@ -86,6 +107,31 @@ def test_a_bad_entry_is_skipped_by_name_and_field_and_the_others_sync(
     message = record.getMessage()
     assert message.startswith(f"beat_schedule entry {bad!r} skipped, nothing of it written: ")
     assert f"{field}: " in message and reason in message
+
+
+@pytest.mark.django_db
+def test_an_entry_sets_its_tasks_overlap_policy_and_without_it_the_rows_own_stays(
+    app: Celery,
+) -> None:
+    """``options["overlap_policy"]`` sets the task's overlap policy (``buffer_all``,
+    ``replace``); an entry without it leaves the row's policy as it is (set in the admin,
+    say), and a restart changes nothing."""
+    app.conf.beat_schedule = {
+        "queued": {**GOOD, "options": {"overlap_policy": "buffer_all", "queue": "slow"}},
+        "replacing": {**GOOD, "options": {"overlap_policy": "replace"}},
+        "plain": GOOD,
+    }
+    assert sync_beat_schedule(app, now=T0).created == ["queued", "replacing", "plain"]
+    assert PeriodicTask.objects.get(name="queued").overlap_policy == "buffer_all"
+    assert PeriodicTask.objects.get(name="replacing").overlap_policy == "replace"
+    assert PeriodicTask.objects.get(name="queued").queue == "slow"
+    PeriodicTask.objects.filter(name="plain").update(overlap_policy="skip")  # the admin's
+    report = sync_beat_schedule(app, now=T0 + timedelta(hours=1))
+    assert report.unchanged == ["queued", "replacing", "plain"]
+    assert PeriodicTask.objects.get(name="plain").overlap_policy == "skip"
+    app.conf.beat_schedule = {"queued": {**GOOD, "options": {"overlap_policy": "skip"}}}
+    assert sync_beat_schedule(app, now=T0 + timedelta(hours=2)).updated == ["queued"]
+    assert PeriodicTask.objects.get(name="queued").overlap_policy == "skip"
 
 
 @pytest.mark.django_db
@@ -160,8 +206,10 @@ def test_excluded_dates_and_calendars_of_an_entry(app: Celery) -> None:
     app.conf.beat_schedule = {
         "report": {
             **GOOD,
-            "excluded_dates": [date(2026, 12, 31), "2026-12-24", "2026-12-24"],
-            "calendars": ["holidays DE", "shutdown"],
+            "options": {
+                "excluded_dates": [date(2026, 12, 31), "2026-12-24", "2026-12-24"],
+                "calendars": ["holidays DE", "shutdown"],
+            },
         }
     }
     assert sync_beat_schedule(app).created == ["report"]
@@ -174,7 +222,7 @@ def test_excluded_dates_and_calendars_of_an_entry(app: Celery) -> None:
     }
     # a restart with the same entry changes nothing; one calendar fewer is an update
     assert sync_beat_schedule(app).unchanged == ["report"]
-    app.conf.beat_schedule["report"]["calendars"] = ["shutdown"]
+    app.conf.beat_schedule["report"]["options"]["calendars"] = ["shutdown"]
     assert sync_beat_schedule(app).updated == ["report"]
     task.refresh_from_db()
     assert task.calendar_exclusions == {"dates": ["2026-12-28"], "crontabs": []}

@@ -68,6 +68,37 @@ def slot_work(self: Any, seconds: float = 0.0, timed: bool = False) -> None:
         log.write(line + "\n")
 
 
+@app.task(
+    name="e2e.slot_phases",
+    base=DriftSafeTask,
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
+def slot_phases(self: Any, seconds: float, die_on_term: bool = False) -> None:
+    """Appends "begin <periodic task id> <slot> <pid> <time>" to a file as its body begins, and
+    "end ..." as it ends after ``seconds`` (a revoke that terminates it leaves no end line);
+    <time>: this machine's clock, which every worker shares. ``die_on_term``: a SIGTERM ends
+    its (prefork pool) process at once, as SIGKILL would, with no ``finally`` run in it (a
+    pool process otherwise unwinds its stack first)."""
+    if die_on_term:
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    def line(phase: str) -> None:
+        request = self.request
+        with open(os.environ["DRIFTSAFE_E2E_EXEC_LOG"], "a") as log:
+            log.write(
+                f"{phase} {request.driftsafe_periodic_task_id} {request.driftsafe_slot} "
+                f"{os.getpid()} {time.time()}\n"
+            )
+
+    line("begin")
+    time.sleep(seconds)
+    line("end")
+
+
 @app.task(name="e2e.fail", base=DriftSafeTask)
 def fail(marker: str) -> None:
     """Always fails (tests/e2e/test_deadlines.py)."""
@@ -100,6 +131,22 @@ if os.environ.get("DRIFTSAFE_E2E_SIGNALS"):  # tests/e2e/test_deadlines.py
 
     run_deadline_missed.connect(_late, weak=False)
     task_became_stale.connect(_stale, weak=False)
+
+    # tests/e2e/test_pause_after_failures.py: connected in workers too (a failed run pauses)
+    from celery_driftsafe.signals import task_paused
+
+    def _paused(sender: Any, task: Any, reason: str, failures: int, **kw: Any) -> None:
+        _write(
+            {
+                "signal": "paused",
+                "task": task.name,
+                "enabled": task.enabled,
+                "reason": reason,
+                "failures": failures,
+            }
+        )
+
+    task_paused.connect(_paused, weak=False)
 
 
 # A result backend when the test asks for one (the semantics tests read results back).

@@ -46,6 +46,7 @@ from tests import settings as test_settings
 from tests.support import wait_until
 
 __all__ = [
+    "OPEN",
     "OWN_REDIS_OPTIONS",
     "E2ERun",
     "Received",
@@ -74,6 +75,8 @@ SCHEDULER = "celery_driftsafe.scheduler:DriftSafeScheduler"
 #: unless the machine is so loaded that a first round comes seconds late. Beyond this bound
 #: it is not a slow start: the beats' slots went unclaimed, and each is reported missed.
 LATE_START = timedelta(seconds=3)
+#: A run's statuses before its end.
+OPEN = frozenset({"claimed", "dispatched", "started", "retrying", "waiting"})
 #: The commands of ``tests.e2e.tool`` that one process of a run's answers (they only read).
 SERVED = frozenset({"dump", "run"})
 
@@ -457,6 +460,28 @@ class E2ERun:
 
     def logs(self) -> str:
         return self.children.logs()
+
+    def wait_ready(self, worker: Beat) -> None:
+        """Wait until ``worker`` (:meth:`start_worker`) says it is ready."""
+        self.wait_for(
+            lambda: "ready." in worker.log.read_text(), f"{worker.name} ready", timeout=60
+        )
+
+    def all_ended(self, timeout: float = 30) -> list[dict[str, Any]]:
+        """Every run of the ledger, once none is open (:data:`OPEN`) and two looks in a row
+        read them alike."""
+        last: list[list[dict[str, Any]]] = []
+
+        def ended() -> list[dict[str, Any]] | None:
+            runs: list[dict[str, Any]] = self.tool("dump")["runs"]
+            if any(r["status"] in OPEN for r in runs):
+                last.clear()
+                return None
+            settled = bool(last) and last[-1] == runs
+            last[:] = [runs]
+            return runs if settled else None
+
+        return self.wait_for(ended, "every run to end", timeout=timeout)
 
     def wait_for(self, condition: Callable[[], T], what: str, timeout: float) -> T:
         """:func:`tests.support.wait_until` for a condition read from this run's ledger or

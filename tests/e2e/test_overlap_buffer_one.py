@@ -24,12 +24,6 @@ from tests.skip_guard import configuration
 
 pytestmark = pytest.mark.e2e
 BACKEND = "postgresql" if test_settings.TEST_DB == "postgres" else "sqlite"
-#: A run that has not ended.
-OPEN = {"claimed", "dispatched", "started", "retrying", "waiting"}
-
-
-def _ready(run: E2ERun, worker: Any) -> None:
-    run.wait_for(lambda: "ready." in worker.log.read_text(), f"{worker.name} ready", timeout=60)
 
 
 def _instant(text: str) -> datetime:
@@ -94,22 +88,6 @@ class WaitingWatch:
         self._thread.join()
 
 
-def _all_ended(run: E2ERun, timeout: float = 30) -> list[dict[str, Any]]:
-    """Every run, once none is open and two looks in a row read them alike."""
-    last: list[list[dict[str, Any]]] = []
-
-    def ended() -> list[dict[str, Any]] | None:
-        runs: list[dict[str, Any]] = run.tool("dump")["runs"]
-        if any(r["status"] in OPEN for r in runs):
-            last.clear()
-            return None
-        settled = bool(last) and last[-1] == runs
-        last[:] = [runs]
-        return runs if settled else None
-
-    return run.wait_for(ended, "every run to end", timeout=timeout)
-
-
 #: The green pools run on the PostgreSQL pass only: the worker's ledger statements are the same
 #: whatever the pool, and the suite must stay short.
 ON_POSTGRES = pytest.mark.skipif(
@@ -139,13 +117,13 @@ def test_real_beat_buffer_one_runs_one_at_a_time_and_the_waiting_slot_next(
         worker = run.start_worker("w1", pool=pool, concurrency=concurrency)
         run.start_beat(0.0)
         run.wait_until_claiming()
-        _ready(run, worker)
+        run.wait_ready(worker)
         start = real_now() + timedelta(seconds=1)
         run.seed([_buffering("buffered", "e2e.work", ["buffered", 3.0])], start)
         watch = WaitingWatch(run)
         time.sleep(max((start - real_now()).total_seconds(), 0) + 8)
         run.stop()
-        runs = _all_ended(run)
+        runs = run.all_ended()
         watch.stop()
         bodies = sorted((e["began"], e["ended"]) for e in run.executions())
         statuses = Counter(r["status"] for r in runs)
@@ -189,7 +167,7 @@ def test_worker_killed_mid_body_with_a_slot_waiting_the_slot_still_runs_once(
         first = run.start_worker("w1", pool="prefork", concurrency=2)
         run.start_beat(0.0)
         run.wait_until_claiming()
-        _ready(run, first)
+        run.wait_ready(first)
         run.seed([_buffering("killed", "e2e.slot_work", [3.0])], real_now())
 
         def one_waiting() -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -221,7 +199,7 @@ def test_worker_killed_mid_body_with_a_slot_waiting_the_slot_still_runs_once(
         )
         published = waiting_run()
         assert not published["claimed_by"].startswith("worker:"), published
-        _ready(run, run.start_worker("w2", pool="prefork", concurrency=2))
+        run.wait_ready(run.start_worker("w2", pool="prefork", concurrency=2))
         run.wait_for(
             lambda: waiting_run()["status"] == "succeeded", "the waiting slot to run", timeout=40
         )
@@ -259,7 +237,7 @@ def test_buffer_one_through_a_redis_restart_keeps_one_body_at_a_time_and_strands
         worker = run.start_worker("w1", pool="prefork", concurrency=2)
         run.start_beat(0.0)
         run.wait_until_claiming()
-        _ready(run, worker)
+        run.wait_ready(worker)
         start = real_now() + timedelta(seconds=1)
         # fire_all: a slot the beat reaches late (the machine loaded, a round held up by the
         # restart) still goes out, so that the overlap policy alone decides how each slot
@@ -271,7 +249,7 @@ def test_buffer_one_through_a_redis_restart_keeps_one_body_at_a_time_and_strands
         server = restart_redis(server, redis_dir)
         time.sleep(7)
         run.stop()
-        runs = _all_ended(run)
+        runs = run.all_ended()
     finally:
         run.close()
         server.stop()

@@ -159,6 +159,7 @@ def main(command: str) -> None:
                 "enabled": t.enabled,
                 "disabled_reason": t.disabled_reason,
                 "stale_since": iso(t.stale_since),
+                "consecutive_failures": t.consecutive_failures,
             }
             for t in PeriodicTask.objects.all()
         ]
@@ -186,6 +187,7 @@ def main(command: str) -> None:
                 "missed_until": iso(r.missed_until),
                 "late_at": iso(r.late_at),
                 "attempt_rows": attempt_rows.get(r.pk, []),
+                "replaced_by": r.replaced_by,
             }
             for r in Run.objects.all()
         ]

@@ -225,6 +225,33 @@ class TestLockContract:
         assert not other.take_handed("heir:run:7"), "a free lock is not a handed one"
         assert other.acquire(blocking=False) and other.fencing_token == 3
 
+    def test_a_lock_is_taken_from_a_named_holder_alone_and_only_while_its_lease_lasts(
+        self, harness: Harness
+    ) -> None:
+        """``take_from(holder)``: the lock held under a token made for ``holder`` is taken over
+        (a fresh token, the fencing counter on), once; not a free lock, not one held by
+        another holder or handed to a heir, and not a lapsed one (free for anyone then)."""
+        locks, expire = harness.expiring_backend(ttl=0.2)
+        killed = locks.lock("job", ttl=0.2, holder="run:7")
+        assert killed.acquire(blocking=False) and killed.fencing_token == 1
+        assert isinstance(killed.token, str) and killed.token.startswith("run:7#")
+        assert not locks.lock("job", ttl=0.2).take_from("run:8"), "another holder's name"
+        assert not locks.lock("job", ttl=0.2).take_from("run"), "a name is matched whole"
+        taker = locks.lock("job", ttl=0.2)
+        assert taker.take_from("run:7") and taker.fencing_token == 2
+        assert not killed.extend(), "the killed holder no longer holds it"
+        assert not locks.lock("job", ttl=0.2).take_from("run:7"), "taken once"
+        assert not locks.lock("job", ttl=0.2).acquire(blocking=False), "the taker holds it"
+        assert taker.hand_over("heir:run:9")
+        assert not locks.lock("job", ttl=0.2).take_from("heir"), "a heir's name is no holder's"
+        heir = locks.lock("job", ttl=0.2)
+        assert heir.take_handed("heir:run:9") and heir.release()
+        assert not locks.lock("job", ttl=0.2).take_from("run:7"), "a free lock"
+        lapsed = locks.lock("job", ttl=0.2, holder="run:10")
+        assert lapsed.acquire(blocking=False)
+        expire()
+        assert not locks.lock("job", ttl=0.2).take_from("run:10"), "its lease ran out"
+
     def test_a_handed_lock_nobody_takes_is_free_once_its_lease_runs_out(
         self, harness: Harness
     ) -> None:

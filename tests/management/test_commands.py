@@ -675,7 +675,11 @@ def test_import_beat_schedule_reports_options_it_does_not_bring_over(app: Any) -
             "options": {"expires": datetime(2031, 1, 1, 0, 0), "queue": "q", "countdown": 5},
             "relative": True,
         },
-        "plain": {"task": "tests.any", "schedule": 30.0, "options": {"expires": 20}},
+        "plain": {
+            "task": "tests.any",
+            "schedule": 30.0,
+            "options": {"expires": 20, "overlap_policy": "buffer_all"},
+        },
         "quick": {"task": "tests.any", "schedule": timedelta(milliseconds=250)},
     }
     text = run("driftsafe_import", "--source", "beat_schedule")
@@ -691,6 +695,9 @@ def test_import_beat_schedule_reports_options_it_does_not_bring_over(app: Any) -
     assert task.valid_until == datetime(2030, 12, 31, 23, 0, tzinfo=UTC)
     assert task.queue == "q" and task.expires_seconds is None
     assert PeriodicTask.objects.get(name="plain").expires_seconds == 20.0
+    assert "| options.overlap_policy | overlap_policy" in text
+    assert PeriodicTask.objects.get(name="plain").overlap_policy == "buffer_all"
+    assert PeriodicTask.objects.get(name="quick").overlap_policy == "allow"
 
 
 @pytest.mark.django_db(transaction=True)  # the connection is closed and pointed elsewhere

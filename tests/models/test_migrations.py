@@ -155,14 +155,18 @@ def test_unique_where_set_keeps_keys_unique_and_takes_no_entry_for_a_run_without
     reason=configuration("MySQL has no partial index: there the ledger holds the task's row"),
 )
 @pytest.mark.django_db(transaction=True)
-def test_the_one_waiting_index_is_partial_and_valid_and_goes_back() -> None:
-    """Migration 0017: the partial unique index that lets one run of a task wait (built
+def test_the_one_waiting_index_is_built_by_0019_and_dropped_by_0023_both_ways() -> None:
+    """Migration 0019 builds the partial unique index that let one run of a task wait (built
     concurrently on PostgreSQL, where a failed concurrent build would leave it invalid);
-    going back drops it."""
+    migration 0023 drops it (overlap policy ``buffer_all``: several wait), and going back
+    builds it again."""
     from django.db import connection
     from django.db.migrations.executor import MigrationExecutor
 
     name = "driftsafe_run_one_waiting"
+    assert name not in _indexes_on("celery_driftsafe_run", "periodic_task_id")
+    executor = MigrationExecutor(connection)
+    executor.migrate([("celery_driftsafe", "0021_beat_node_redis")])
     indexes = _indexes_on("celery_driftsafe_run", "periodic_task_id")
     assert indexes[name]["unique"]
     if connection.vendor == "postgresql":
@@ -181,4 +185,4 @@ def test_the_one_waiting_index_is_partial_and_valid_and_goes_back() -> None:
     executor.migrate([("celery_driftsafe", "0016_run_kind_backfill")])
     assert name not in _indexes_on("celery_driftsafe_run", "periodic_task_id")
     call_command("migrate", "celery_driftsafe", verbosity=0)
-    assert name in _indexes_on("celery_driftsafe_run", "periodic_task_id")
+    assert name not in _indexes_on("celery_driftsafe_run", "periodic_task_id")

@@ -21,6 +21,7 @@ def test_the_feature_table_has_every_scheduler_and_cites_every_source() -> None:
     assert [cell.strip() for cell in header.strip("|").split("|")] == [
         "feature",
         "celery_driftsafe",
+        "Celery beat",
         "django-celery-beat",
         "RedBeat",
         "Temporal schedules",
@@ -28,10 +29,10 @@ def test_the_feature_table_has_every_scheduler_and_cites_every_source() -> None:
     ]
     rows = lines[lines.index(header) + 2 :]
     rows = rows[: next(i for i, line in enumerate(rows) if not line.startswith("| "))]
-    assert len(rows) == len(features.ROWS) >= 13
+    assert len(rows) == len(features.ROWS) >= 15
     for line, (feature, cells) in zip(rows, features.ROWS, strict=True):
         parts = [cell.strip() for cell in line.strip("|").split("|")]
-        assert parts[0] == feature and len(parts) == 6, line
+        assert parts[0] == feature and len(parts) == 7, line
         assert all(parts[1:]), f"{feature}: an empty cell"
         assert set(cells) == {key for key, _ in features.COLUMNS}
     # every [n] names a listed source, and every source is cited
@@ -39,7 +40,7 @@ def test_the_feature_table_has_every_scheduler_and_cites_every_source() -> None:
     assert cited == set(range(1, len(features.SOURCES) + 1))
     for n, url in enumerate(features.SOURCES, start=1):
         assert f"{n}. <{url}>" in lines
-    assert "allow, skip, buffer one" in section
+    assert "allow, skip, buffer one, buffer all" in section
 
 
 def test_the_page_renders_from_results_json_deterministically_and_as_published(

@@ -97,3 +97,24 @@ def test_the_models_store_the_names_defined_once() -> None:
     assert set(names.PRE_START) | set(names.FINISHED) | {names.RunStatus.STARTED} == set(
         names.RunStatus
     )
+
+
+def test_no_test_module_imports_another() -> None:
+    """What several test modules share lives in ``tests/support`` (or a conftest.py): a test
+    module imported by another runs its tests' module-level setup twice and ties two files'
+    fixtures together, so none imports a ``test_*`` module."""
+    tests = PACKAGE.parent / "tests"
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            found += [
+                f"{path.relative_to(tests.parent)} imports {name}"
+                for name in names
+                if name.startswith("tests.") and name.rsplit(".", 1)[-1].startswith("test_")
+            ]
+    assert found == []

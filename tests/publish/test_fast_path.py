@@ -498,6 +498,54 @@ def test_a_message_whose_receivers_only_add_headers_is_written_straight_to_redis
     ]
 
 
+@pytest.mark.parametrize(
+    ("change", "direct"),
+    [
+        # an equal value of another type is another message: Celery's JSON writes ``false``
+        (lambda headers, properties: headers.__setitem__("retries", False), 0),
+        (lambda headers, properties: properties.__setitem__("reply_to", b"x".decode()), 0),
+        # an equal value of the same type, another object: the same message, straight to Redis
+        (lambda headers, properties: headers.__setitem__("lang", "".join(["p", "y"])), 2),
+        (lambda headers, properties: headers.__setitem__("timelimit", [None, None]), 2),
+        # a property renamed in its place: the values as they were, in their order
+        (lambda headers, properties: _rename(properties, "reply_to", "x"), 0),
+    ],
+    ids=["bool-for-int", "other-reply-to", "equal-text", "equal-list", "renamed-property"],
+)
+def test_a_receiver_that_replaces_a_value_is_found_out_by_its_value(
+    change: Callable[[dict[str, Any], dict[str, Any]], None],
+    direct: int,
+    make_app: Callable[..., Celery],
+    queue: str,
+    settings: Any,
+) -> None:
+    """Whether receivers changed the message is found first by identity (each value handed
+    still there), then by value: a value replaced by another of the same type and value leaves
+    the message as it was (written straight to Redis), any other replacement goes out as the
+    receiver left it, as Celery's does."""
+    app = make_app()
+
+    def before(headers: dict[str, Any], properties: dict[str, Any], **kwargs: Any) -> None:
+        change(headers, properties)
+
+    runs = claim(task="fast.add")
+    signals.before_task_publish.connect(before, weak=False)
+    try:
+        celery_sent, fast_sent, dispatcher = both_ways(app, settings, runs, queue, FakeClock(T0))
+    finally:
+        signals.before_task_publish.disconnect(before)
+    assert (dispatcher.fast.published, dispatcher.fast.direct) == (2, direct)
+    for (key, celery_msg), (fast_key, fast_msg) in zip(celery_sent, fast_sent, strict=True):
+        assert comparable(fast_key, fast_msg) == comparable(key, celery_msg)
+        assert same_expiry(fast_msg, celery_msg)
+
+
+def _rename(parts: dict[str, Any], name: str, new_name: str) -> None:
+    items = list(parts.items())
+    parts.clear()
+    parts.update((new_name if key == name else key, value) for key, value in items)
+
+
 def test_a_receiver_that_changes_a_value_in_place_changes_its_message_only(
     make_app: Callable[..., Celery], queue: str, settings: Any
 ) -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from celery_driftsafe.models import PeriodicTask, ScheduleKind
+from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus, ScheduleKind
+from tests.support import wait_until
 
 
 def at_once(count: int, work: Callable[[int], Any], timeout: float = 60.0) -> list[Any]:
@@ -152,4 +154,37 @@ def solar_task(
             "solar_longitude": longitude,
             **fields,
         },
+    )
+
+
+def finished(run: Run) -> Run:
+    """Wait until the run has a final status; return it fresh."""
+
+    def done() -> Run | None:
+        fresh = Run.objects.get(pk=run.pk)
+        return (
+            fresh if fresh.status not in ("claimed", "dispatched", "started", "retrying") else None
+        )
+
+    result: Run = wait_until(done, what=f"run {run.pk} to finish")
+    return result
+
+
+def new_run(task_name: str, kind: str) -> Run:
+    fields: dict[str, Any] = {}
+    if kind == "scheduled":
+        anchor = datetime(2026, 3, 1, tzinfo=UTC)
+        fields = {
+            "periodic_task": interval_task(
+                f"p-{uuid.uuid4().hex[:6]}", 60, anchor=anchor, task=task_name
+            ),
+            "slot": anchor + timedelta(minutes=1),
+            "kind": RunKind.SCHEDULED,
+        }
+    elif kind == "manual":
+        fields = {"kind": RunKind.MANUAL, "claimed_by": "admin:tester"}
+    else:
+        fields = {"kind": RunKind.ADHOC}
+    return Run.objects.create(
+        task_name=task_name, status=RunStatus.DISPATCHED, celery_task_id=str(uuid.uuid4()), **fields
     )

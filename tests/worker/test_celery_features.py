@@ -24,11 +24,11 @@ from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from celery_driftsafe.models import Run, RunAttempt, RunKind, RunStatus
+from celery_driftsafe.models import Run, RunAttempt, RunStatus
 from celery_driftsafe.task import DriftSafeTask, authority_clock
 from tests import settings as test_settings
 from tests.support import wait_until
-from tests.support.factories import interval_task
+from tests.support.factories import finished, new_run
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -234,39 +234,6 @@ def make_env(redis_client: Any) -> Iterator[Callable[..., Env]]:
     for queue in queues:
         client.delete(queue)
     client.close()
-
-
-def finished(run: Run) -> Run:
-    """Wait until the run has a final status; return it fresh."""
-
-    def done() -> Run | None:
-        fresh = Run.objects.get(pk=run.pk)
-        return (
-            fresh if fresh.status not in ("claimed", "dispatched", "started", "retrying") else None
-        )
-
-    result: Run = wait_until(done, what=f"run {run.pk} to finish")
-    return result
-
-
-def new_run(task_name: str, kind: str) -> Run:
-    fields: dict[str, Any] = {}
-    if kind == "scheduled":
-        anchor = datetime(2026, 3, 1, tzinfo=UTC)
-        fields = {
-            "periodic_task": interval_task(
-                f"p-{uuid.uuid4().hex[:6]}", 60, anchor=anchor, task=task_name
-            ),
-            "slot": anchor + timedelta(minutes=1),
-            "kind": RunKind.SCHEDULED,
-        }
-    elif kind == "manual":
-        fields = {"kind": RunKind.MANUAL, "claimed_by": "admin:tester"}
-    else:
-        fields = {"kind": RunKind.ADHOC}
-    return Run.objects.create(
-        task_name=task_name, status=RunStatus.DISPATCHED, celery_task_id=str(uuid.uuid4()), **fields
-    )
 
 
 def start(env: Env, kind: str, task: str, args: list[Any]) -> Run:

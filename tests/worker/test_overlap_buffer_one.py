@@ -5,9 +5,6 @@ real Redis broker, where the tests read it back (:func:`tests.conftest.drain`)."
 from __future__ import annotations
 
 import threading
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,103 +13,21 @@ from celery.exceptions import Ignore
 
 from celery_driftsafe.conf import get_settings
 from celery_driftsafe.locks import lock_backend, lock_identity
-from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
+from celery_driftsafe.models import PeriodicTask, Run, RunStatus
 from celery_driftsafe.store.clock import authority_clock
 from tests import settings as test_settings
-from tests.skip_guard import configuration
-from tests.support import drain, wait_until
-from tests.support.factories import interval_task
-
-#: The package's Redis keys in these tests start with it (the tests' KEY_PREFIX).
-PREFIX = test_settings.DRIFTSAFE["KEY_PREFIX"]
+from tests.support import drain
+from tests.support.overlap import (
+    deliver,
+    delivery,
+    held_for,
+    overlap_task,
+    recover,
+    running,
+    slot_run,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _buffering_task(name: str, policy: str = "buffer_one") -> PeriodicTask:
-    return interval_task(
-        name, 1, anchor=datetime(2026, 3, 1, tzinfo=UTC), task="tests.record", overlap_policy=policy
-    )
-
-
-def _slot_run(periodic: PeriodicTask, second: int, **fields: Any) -> Run:
-    return Run.objects.create(
-        periodic_task=periodic,
-        kind=RunKind.SCHEDULED,
-        task_name="tests.record",
-        slot=datetime(2026, 3, 1, 0, 0, second, tzinfo=UTC),
-        status=fields.pop("status", RunStatus.DISPATCHED),
-        celery_task_id=str(uuid.uuid4()),
-        message={"args": ["x"], "kwargs": {}, "options": {}},
-        **fields,
-    )
-
-
-@contextmanager
-def delivery(task: Any, run: Run, token: int = 0, retries: int = 0) -> Iterator[None]:
-    task.push_request(
-        id=run.celery_task_id,
-        retries=retries,
-        hostname="worker-1",
-        delivery_info={},
-        args=[],
-        kwargs={},
-        driftsafe_run_id=run.pk,
-        driftsafe_fencing_token=token,
-        driftsafe_periodic_task_id=run.periodic_task_id,
-    )
-    try:
-        yield
-    finally:
-        task.pop_request()
-
-
-def _deliver(task: Any, run: Run, value: str) -> None:
-    """A delivery in a thread of its own (a worker elsewhere), its connections closed after."""
-    from django.db import connections
-
-    try:
-        with delivery(task, run):
-            task(value)
-    except (Ignore, ValueError):
-        pass
-    finally:
-        connections.close_all()
-
-
-def _running(task: Any, run: Run, value: str, redis_client: Any) -> threading.Thread:
-    """``run``'s body running in a thread, held at the task's gate, once it holds the task's
-    running lock."""
-    task.gate.clear()
-    worker = threading.Thread(target=_deliver, args=(task, run, value))
-    worker.start()
-    # (the slow path takes the lock before the start, the fast path after it)
-    wait_until(
-        lambda: (
-            _held_for(redis_client, run) is not None
-            and Run.objects.get(pk=run.pk).status == RunStatus.STARTED
-        ),
-        "the run started holding the task's running lock",
-    )
-    return worker
-
-
-@pytest.fixture(params=["fast", "slow"])
-def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The worker's path: ``fast``, one conditional start, then the overlap policy (PostgreSQL,
-    SQLite 3.35+); ``slow``, the run read, the policy applied, then the start (a database
-    without ``UPDATE … RETURNING``: MySQL, an older SQLite)."""
-    from celery_driftsafe.ledger.run_ledger import Ledger
-
-    if request.param == "slow":
-        original = Ledger.__init__
-
-        def without_returning(self: Ledger) -> None:
-            original(self)
-            self.can_return = False
-
-        monkeypatch.setattr(Ledger, "__init__", without_returning)
-    return str(request.param)
 
 
 @pytest.mark.parametrize("value", ["a", "boom"])
@@ -123,10 +38,10 @@ def test_one_slot_waits_further_ones_skip_and_the_waiting_one_runs_when_the_runn
     no worker held); the third is skipped, saying another waits. When the first ends (in
     success or failure) its worker publishes the waiting run's message again, same Celery task
     id, and that delivery runs it. On both of the worker's paths."""
-    periodic = _buffering_task("buffered")
-    first, second, third = (_slot_run(periodic, s) for s in (1, 2, 3))
+    periodic = overlap_task("buffered", "buffer_one")
+    first, second, third = (slot_run(periodic, s) for s in (1, 2, 3))
     drain()
-    worker = _running(record, first, value, redis_client)
+    worker = running(record, first, value, redis_client)
     try:
         with delivery(record, second), pytest.raises(Ignore):
             record("b")
@@ -165,9 +80,9 @@ def test_a_copy_of_the_waiting_runs_message_leaves_it_waiting(
 ) -> None:
     """A second delivery of the waiting run's own message (Celery delivers at least once)
     while the first still runs: the run still waits (it is the one waiting), not skipped."""
-    periodic = _buffering_task("copy")
-    first, second = (_slot_run(periodic, s) for s in (1, 2))
-    worker = _running(record, first, "a", redis_client)
+    periodic = overlap_task("copy", "buffer_one")
+    first, second = (slot_run(periodic, s) for s in (1, 2))
+    worker = running(record, first, "a", redis_client)
     try:
         for _ in range(2):
             with delivery(record, second), pytest.raises(Ignore):
@@ -190,8 +105,8 @@ def test_a_run_that_ends_while_the_next_one_decides_to_wait_does_not_strand_it(
     from celery_driftsafe.ledger.run_ledger import Ledger
 
     settings = get_settings()
-    periodic = _buffering_task("ends-meanwhile")
-    second = _slot_run(periodic, 2)
+    periodic = overlap_task("ends-meanwhile", "buffer_one")
+    second = slot_run(periodic, 2)
     running_lock = lock_backend(settings).lock(
         f"task-running:{periodic.pk}", ttl=settings.lease_seconds
     )
@@ -217,49 +132,15 @@ def test_a_run_that_ends_while_the_next_one_decides_to_wait_does_not_strand_it(
     assert calls == ["x"]
 
 
-def _held_for(redis_client: Any, run: Run) -> str | None:
-    """What the running lock of ``run``'s task holds, in Redis or (database locks) in its row:
-    a holder's token, or the name of the run it was handed to; None: free."""
-    from celery_driftsafe.models import Lock as LockRow
-
-    value: bytes | None = redis_client.get(f"{PREFIX}:lock:task-running:{run.periodic_task_id}")
-    if value is not None:
-        return value.decode()
-    row: str | None = (
-        LockRow.objects.filter(name=f"task-running:{run.periodic_task_id}")
-        .exclude(token="")
-        .values_list("token", flat=True)
-        .first()
-    )
-    return row
-
-
-@pytest.fixture(params=["redis", "database"])
-def locks(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Where the worker takes its locks: Redis (the tests' settings), or the database (no
-    ``REDIS_URL``; the database is the time authority then)."""
-    if request.param == "redis":
-        yield "redis"
-        return
-    from django.test import override_settings
-
-    without_redis = {**test_settings.DRIFTSAFE, "REDIS_URL": None, "TIME_AUTHORITY": "database"}
-    from celery_driftsafe.models import Lock as LockRow
-
-    with override_settings(DRIFTSAFE=without_redis):
-        yield "database"
-    assert LockRow.objects.filter(name__startswith="task-running:").exists(), "no database lock"
-
-
 def _first_ran_while_second_waited(
     record: Any, redis_client: Any, name: str, meanwhile: Any = None
 ) -> tuple[Run, Run]:
     """Two slots of a ``buffer_one`` task: the first runs (body "a"), the second is delivered
     meanwhile and waits, ``meanwhile()`` is called, then the first ends."""
-    periodic = _buffering_task(name)
-    first, second = (_slot_run(periodic, s) for s in (1, 2))
+    periodic = overlap_task(name, "buffer_one")
+    first, second = (slot_run(periodic, s) for s in (1, 2))
     drain()
-    worker = _running(record, first, "a", redis_client)
+    worker = running(record, first, "a", redis_client)
     try:
         with delivery(record, second), pytest.raises(Ignore):
             record("b")
@@ -292,8 +173,8 @@ def test_a_later_slot_delivered_as_the_running_run_ends_does_not_go_before_the_w
 
     def a_later_slot_comes_first(*args: Any, **kwargs: Any) -> Any:
         if not later:
-            later.append(_slot_run(PeriodicTask.objects.get(name="ends-as-one-comes"), 3))
-            late = threading.Thread(target=_deliver, args=(record, later[0], "c"))
+            later.append(slot_run(PeriodicTask.objects.get(name="ends-as-one-comes"), 3))
+            late = threading.Thread(target=deliver, args=(record, later[0], "c"))
             late.start()
             late.join()
         return original(*args, **kwargs)
@@ -308,14 +189,14 @@ def test_a_later_slot_delivered_as_the_running_run_ends_does_not_go_before_the_w
     third.refresh_from_db()
     assert third.status == RunStatus.SKIPPED, third.error
     assert "already waiting" in third.error
-    assert _held_for(redis_client, second) == f"heir:run:{second.pk}"
+    assert held_for(redis_client, second) == f"heir:run:{second.pk}"
     [message] = drain()
     assert message["id"] == second.celery_task_id
     with delivery(record, second, token=message["driftsafe_fencing_token"]):
         assert record("x") == "x"
     assert calls == ["a", "x"]
     assert Run.objects.get(pk=second.pk).status == RunStatus.SUCCEEDED
-    assert _held_for(redis_client, second) is None, "given back at the end"
+    assert held_for(redis_client, second) is None, "given back at the end"
 
 
 def test_a_slot_delivered_before_the_released_run_waits_behind_it(
@@ -329,7 +210,7 @@ def test_a_slot_delivered_before_the_released_run_waits_behind_it(
     first, second = _first_ran_while_second_waited(record, redis_client, "overtaken")
     [released] = drain()
     assert released["id"] == second.celery_task_id
-    third = _slot_run(first.periodic_task, 3)  # claimed after the release: not dropped
+    third = slot_run(first.periodic_task, 3)  # claimed after the release: not dropped
     with delivery(record, third), pytest.raises(Ignore):
         record("c")
     third.refresh_from_db()
@@ -339,7 +220,7 @@ def test_a_slot_delivered_before_the_released_run_waits_behind_it(
         assert record("x") == "x"
     [next_one] = drain()
     assert next_one["id"] == third.celery_task_id
-    assert _held_for(redis_client, third) == f"heir:run:{third.pk}"
+    assert held_for(redis_client, third) == f"heir:run:{third.pk}"
     with delivery(record, third, token=next_one["driftsafe_fencing_token"]):
         assert record("y") == "y"
     assert calls == ["a", "x", "y"]
@@ -357,7 +238,7 @@ def test_a_released_run_that_expired_passes_its_turn_on(
     handed lock's lease runs out."""
     first, second = _first_ran_while_second_waited(record, redis_client, "expired-heir")
     [released] = drain()
-    third = _slot_run(first.periodic_task, 3)
+    third = slot_run(first.periodic_task, 3)
     with delivery(record, third), pytest.raises(Ignore):
         record("c")
     assert Run.objects.get(pk=third.pk).status == RunStatus.WAITING
@@ -389,7 +270,7 @@ def test_a_released_run_takes_the_lock_handed_to_it_after_the_policy_became_skip
     with delivery(record, second, token=released["driftsafe_fencing_token"]):
         assert record("x") == "x"
     assert calls == ["a", "x"]
-    assert _held_for(redis_client, second) is None, "freed at the end (skip hands nothing on)"
+    assert held_for(redis_client, second) is None, "freed at the end (skip hands nothing on)"
 
 
 def test_a_run_whose_running_lock_was_lost_leaves_the_waiting_run_to_a_beat(
@@ -416,27 +297,28 @@ def test_a_run_whose_running_lock_was_lost_leaves_the_waiting_run_to_a_beat(
     _, second = _first_ran_while_second_waited(record, redis_client, "lost-at-the-end")
     assert Run.objects.get(pk=second.pk).status == RunStatus.WAITING
     assert drain() == []
-    assert _held_for(redis_client, second) is None, "freed, not handed"
-    _recover(broker_app)
+    assert held_for(redis_client, second) is None, "freed, not handed"
+    recover(broker_app)
     [message] = drain()
     assert message["id"] == second.celery_task_id
-    assert _held_for(redis_client, second) == f"heir:run:{second.pk}"
+    assert held_for(redis_client, second) == f"heir:run:{second.pk}"
     monkeypatch.undo()
     with delivery(record, second, token=message["driftsafe_fencing_token"]):
         assert record("x") == "x"
     assert calls == ["a", "x"]
 
 
+@pytest.mark.parametrize("policy", ["buffer_one", "buffer_all"])
 def test_a_retrys_attempt_does_not_wait_it_is_skipped_saying_why(
-    record: Any, calls: list[Any], redis_client: Any, path: str
+    record: Any, calls: list[Any], redis_client: Any, path: str, policy: str
 ) -> None:
     """A retry's attempt (its run ``retrying``) finds the task running: it does not wait (its
     message would come back as the first attempt's, and be dropped as a copy of it); it is
-    skipped as under ``skip``, saying so."""
-    periodic = _buffering_task("retrying")
-    first = _slot_run(periodic, 1)
-    second = _slot_run(periodic, 2, status=RunStatus.RETRYING, attempt=1)
-    worker = _running(record, first, "a", redis_client)
+    skipped as under ``skip``, saying so, under either buffering policy."""
+    periodic = overlap_task("retrying", policy)
+    first = slot_run(periodic, 1)
+    second = slot_run(periodic, 2, status=RunStatus.RETRYING, attempt=1)
+    worker = running(record, first, "a", redis_client)
     try:
         with delivery(record, second, retries=1), pytest.raises(Ignore):
             record("b")
@@ -446,6 +328,7 @@ def test_a_retrys_attempt_does_not_wait_it_is_skipped_saying_why(
     second.refresh_from_db()
     assert second.status == RunStatus.SKIPPED
     assert "a retry's attempt does not wait" in second.error
+    assert f"(overlap policy '{policy}')" in second.error
     assert not Run.objects.filter(status=RunStatus.WAITING).exists()
     assert calls == ["a"]
 
@@ -455,19 +338,19 @@ def test_two_deliveries_at_once_while_one_runs_leave_one_waiting_one_skipped(
 ) -> None:
     """Two slots' deliveries reach two workers at the same moment while the task runs: the
     database lets one wait; the other is skipped. Repeated, for the race to be a race."""
-    periodic = _buffering_task("race")
-    first = _slot_run(periodic, 1)
-    worker = _running(record, first, "a", redis_client)
+    periodic = overlap_task("race", "buffer_one")
+    first = slot_run(periodic, 1)
+    worker = running(record, first, "a", redis_client)
     try:
         for round_ in range(5):
-            pair = [_slot_run(periodic, 10 + 2 * round_ + i) for i in (0, 1)]
+            pair = [slot_run(periodic, 10 + 2 * round_ + i) for i in (0, 1)]
             barrier = threading.Barrier(2)
 
-            def deliver(run: Run, barrier: threading.Barrier) -> None:
+            def at_once(run: Run, barrier: threading.Barrier) -> None:
                 barrier.wait()
-                _deliver(record, run, "late")
+                deliver(record, run, "late")
 
-            threads = [threading.Thread(target=deliver, args=(run, barrier)) for run in pair]
+            threads = [threading.Thread(target=at_once, args=(run, barrier)) for run in pair]
             for thread in threads:
                 thread.start()
             for thread in threads:
@@ -482,16 +365,21 @@ def test_two_deliveries_at_once_while_one_runs_leave_one_waiting_one_skipped(
     assert calls == ["a"]
 
 
-def test_the_database_lets_one_of_many_runs_wait_at_once() -> None:
-    """The ledger's statement alone, eight threads each on its own run and connection,
-    released at once: one run waits; the others learn another waits."""
+@pytest.mark.parametrize("policy", ["buffer_one", "buffer_all"])
+def test_the_database_lets_as_many_runs_wait_as_may_of_many_at_once(policy: str) -> None:
+    """The ledger's statement alone, seven threads more than may wait (``buffer_one``: one,
+    ``buffer_all``: its bound), each on its own run and connection, released at once: as many
+    wait as may; the others learn that many wait already. The index that decided for
+    ``buffer_one`` is gone (migration 0022): the statement holds the task's row."""
     from django.db import connections
 
+    from celery_driftsafe.core.stored_names import MAX_WAITING, OverlapPolicy
     from celery_driftsafe.ledger.run_ledger import Ledger
 
-    periodic = _buffering_task("many")
-    for round_ in range(4):
-        runs = [_slot_run(periodic, 8 * round_ + i) for i in range(8)]
+    limit = MAX_WAITING[OverlapPolicy(policy)]
+    periodic = overlap_task("many", policy)
+    for round_ in range(3):
+        runs = [slot_run(periodic, (limit + 7) * round_ + i) for i in range(limit + 7)]
         barrier = threading.Barrier(len(runs))
         results: dict[int, bool] = {}
 
@@ -499,7 +387,7 @@ def test_the_database_lets_one_of_many_runs_wait_at_once() -> None:
             try:
                 barrier.wait()
                 results[run.pk] = Ledger().wait(
-                    run.pk, 1, periodic.pk, "waiting", store="database", started=False
+                    run.pk, 1, periodic.pk, "waiting", store="database", started=False, limit=limit
                 )
             finally:
                 connections.close_all()
@@ -509,37 +397,20 @@ def test_the_database_lets_one_of_many_runs_wait_at_once() -> None:
             thread.start()
         for thread in threads:
             thread.join()
-        assert sorted(results.values()) == [False] * 7 + [True]
+        assert sorted(results.values()) == [False] * 7 + [True] * limit
         waiting = Run.objects.filter(status=RunStatus.WAITING)
-        assert list(waiting.values_list("pk", flat=True)) == [
+        assert sorted(waiting.values_list("pk", flat=True)) == sorted(
             pk for pk, waited in results.items() if waited
-        ]
+        )
         waiting.update(status=RunStatus.SKIPPED)
-
-
-@pytest.mark.skipif(
-    test_settings.TEST_DB == "mysql",
-    reason=configuration("MySQL has no partial index: there the ledger holds the task's row"),
-)
-def test_the_database_refuses_a_second_waiting_run_of_a_task() -> None:
-    """The partial unique index: a second run of a task cannot be written ``waiting`` by any
-    path (runs of other tasks, and runs in other statuses, are not concerned)."""
-    from django.db import IntegrityError, transaction
-
-    periodic, other = _buffering_task("one"), _buffering_task("other")
-    _slot_run(periodic, 1, status=RunStatus.WAITING)
-    _slot_run(other, 1, status=RunStatus.WAITING)
-    _slot_run(periodic, 2, status=RunStatus.SKIPPED)
-    with pytest.raises(IntegrityError), transaction.atomic():
-        _slot_run(periodic, 3, status=RunStatus.WAITING)
 
 
 def test_overlap_skip_still_skips_and_never_waits(
     record: Any, calls: list[Any], redis_client: Any
 ) -> None:
-    periodic = _buffering_task("skipper", policy="skip")
-    first, second = (_slot_run(periodic, s) for s in (1, 2))
-    worker = _running(record, first, "a", redis_client)
+    periodic = overlap_task("skipper", policy="skip")
+    first, second = (slot_run(periodic, s) for s in (1, 2))
+    worker = running(record, first, "a", redis_client)
     try:
         with delivery(record, second), pytest.raises(Ignore):
             record("b")
@@ -550,16 +421,17 @@ def test_overlap_skip_still_skips_and_never_waits(
     assert drain() == []
 
 
+@pytest.mark.parametrize("policy", ["buffer_one", "buffer_all"])
 def test_without_a_run_lock_a_run_does_not_wait_it_is_skipped_saying_why(
-    record: Any, calls: list[Any]
+    record: Any, calls: list[Any], policy: str
 ) -> None:
     """Redis away and ``REDIS_UNAVAILABLE = "fail_open"``: the database's conditional start
     alone decides, and no shared running lock would tell when to go on, so a run that finds
     the task running is skipped as under ``skip``, saying why; it does not wait."""
     from django.test import override_settings
 
-    periodic = _buffering_task("open")
-    running, late = (_slot_run(periodic, s) for s in (1, 2))
+    periodic = overlap_task("open", policy)
+    running, late = (slot_run(periodic, s) for s in (1, 2))
     Run.objects.filter(pk=running.pk).update(status=RunStatus.STARTED, worker="other")
     dead_redis = {
         **test_settings.DRIFTSAFE,
@@ -572,16 +444,9 @@ def test_without_a_run_lock_a_run_does_not_wait_it_is_skipped_saying_why(
     late.refresh_from_db()
     assert late.status == RunStatus.SKIPPED
     assert "without a run lock a run does not wait" in late.error
+    assert f"(overlap policy '{policy}')" in late.error
     assert not Run.objects.filter(status=RunStatus.WAITING).exists()
     assert calls == []
-
-
-def _recover(app: Any) -> None:
-    from celery_driftsafe.beat.recovery import recover
-    from celery_driftsafe.publish.dispatcher import Dispatcher
-
-    clock = authority_clock()
-    recover(clock.now(), "beat-1", get_settings(), Dispatcher(app, clock))
 
 
 def test_a_beat_publishes_a_waiting_run_once_the_running_ones_worker_is_gone(
@@ -592,9 +457,9 @@ def test_a_beat_publishes_a_waiting_run_once_the_running_ones_worker_is_gone(
     recovery leaves the waiting run alone; once both are over it publishes it (same task id,
     the token it waited under), and only once."""
     settings = get_settings()
-    periodic = _buffering_task("orphan")
+    periodic = overlap_task("orphan", "buffer_one")
     now = authority_clock().now()
-    lost = _slot_run(
+    lost = slot_run(
         periodic,
         1,
         status=RunStatus.STARTED,
@@ -604,11 +469,11 @@ def test_a_beat_publishes_a_waiting_run_once_the_running_ones_worker_is_gone(
         started_at=now - timedelta(seconds=5),
         lease_until=now + timedelta(seconds=30),
     )
-    waiting = _slot_run(
+    waiting = slot_run(
         periodic, 2, status=RunStatus.WAITING, fencing_token=4, lock_store=lock_identity(settings)
     )
     drain()
-    _recover(broker_app)  # the running run's lease lasts
+    recover(broker_app)  # the running run's lease lasts
     assert Run.objects.get(pk=waiting.pk).status == RunStatus.WAITING
     Run.objects.filter(pk=lost.pk).update(lease_until=now - timedelta(seconds=1))
     running_lock = lock_backend(settings).lock(
@@ -616,13 +481,13 @@ def test_a_beat_publishes_a_waiting_run_once_the_running_ones_worker_is_gone(
     )
     assert running_lock.acquire(blocking=False)
     try:
-        _recover(broker_app)  # its lock is still held (its lease in Redis lasts)
+        recover(broker_app)  # its lock is still held (its lease in Redis lasts)
         assert Run.objects.get(pk=waiting.pk).status == RunStatus.WAITING
     finally:
         running_lock.release()
     assert drain() == []
-    _recover(broker_app)
-    _recover(broker_app)
+    recover(broker_app)
+    recover(broker_app)
     waiting.refresh_from_db()
     assert waiting.status == RunStatus.DISPATCHED
     assert waiting.claimed_by == "beat-1"
@@ -631,7 +496,7 @@ def test_a_beat_publishes_a_waiting_run_once_the_running_ones_worker_is_gone(
         (waiting.celery_task_id, 4)
     ]
     # and the running lock was handed to it: no later slot starts before it
-    assert _held_for(redis_client, waiting) == f"heir:run:{waiting.pk}"
+    assert held_for(redis_client, waiting) == f"heir:run:{waiting.pk}"
     assert not running_lock.acquire(blocking=False)
 
 
@@ -641,13 +506,13 @@ def test_a_run_waiting_when_its_periodic_task_is_deleted_is_published_and_runs_o
     """The task is deleted while a run of it waits: its runs are kept (their task set null),
     nothing of the task runs any more to publish the waiting one, so a beat does; it runs
     once, as a run already sent of a deleted task does."""
-    periodic = _buffering_task("deleted")
-    waiting = _slot_run(
+    periodic = overlap_task("deleted", "buffer_one")
+    waiting = slot_run(
         periodic, 2, status=RunStatus.WAITING, fencing_token=4, lock_store=lock_identity()
     )
     periodic.delete()
     drain()
-    _recover(broker_app)
+    recover(broker_app)
     waiting.refresh_from_db()
     assert waiting.status == RunStatus.DISPATCHED
     [message] = drain()
@@ -662,9 +527,9 @@ def test_a_waiting_run_past_its_expiry_is_recorded_expired(broker_app: Any) -> N
     it expired, and a beat does not publish it."""
     from celery_driftsafe.beat.recovery import reconcile
 
-    periodic = _buffering_task("expiring")
+    periodic = overlap_task("expiring", "buffer_one")
     now = authority_clock().now()
-    waiting = _slot_run(
+    waiting = slot_run(
         periodic,
         1,
         status=RunStatus.WAITING,
@@ -685,12 +550,12 @@ def test_releasing_the_waiting_run_drops_the_later_slots_queued_behind_the_runni
     started are skipped, a started one is left alone, another task's are not touched."""
     from celery_driftsafe.claim.outbox import DROPPED_WHY, release_waiting
 
-    periodic, other = _buffering_task("busy"), _buffering_task("bystander")
-    _slot_run(periodic, 1, status=RunStatus.SUCCEEDED)  # the run that ended
-    waiting = _slot_run(periodic, 2, status=RunStatus.WAITING, fencing_token=1)
-    queued = [_slot_run(periodic, s) for s in (3, 4)]
-    claimed = _slot_run(periodic, 5, status=RunStatus.CLAIMED)
-    bystander = _slot_run(other, 3)
+    periodic, other = overlap_task("busy", "buffer_one"), overlap_task("bystander", "buffer_one")
+    slot_run(periodic, 1, status=RunStatus.SUCCEEDED)  # the run that ended
+    waiting = slot_run(periodic, 2, status=RunStatus.WAITING, fencing_token=1)
+    queued = [slot_run(periodic, s) for s in (3, 4)]
+    claimed = slot_run(periodic, 5, status=RunStatus.CLAIMED)
+    bystander = slot_run(other, 3)
     now = datetime(2026, 3, 1, 0, 0, 6, tzinfo=UTC)
     released = release_waiting(now, "worker:w1", periodic_task_id=periodic.pk)
     assert [run.run_id for run in released] == [waiting.pk]
@@ -700,6 +565,6 @@ def test_releasing_the_waiting_run_drops_the_later_slots_queued_behind_the_runni
         assert (row.status, row.error) == (RunStatus.SKIPPED, DROPPED_WHY)
     assert Run.objects.get(pk=bystander.pk).status == RunStatus.DISPATCHED
     # a slot claimed after the release is the next one's business, not dropped
-    later = _slot_run(periodic, 7)
+    later = slot_run(periodic, 7)
     assert release_waiting(now, "worker:w1", periodic_task_id=periodic.pk) == []
     assert Run.objects.get(pk=later.pk).status == RunStatus.DISPATCHED

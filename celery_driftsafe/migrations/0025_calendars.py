@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('celery_driftsafe', '0021_beat_node_redis'),
+        ('celery_driftsafe', '0024_overlap_replace'),
     ]
 
     operations = [
