@@ -20,12 +20,12 @@ class DriftSafeConfig(AppConfig):
         )
         from django.core import checks
         from django.core.signals import setting_changed
-        from django.db.models.signals import post_delete, post_save
+        from django.db.models.signals import m2m_changed, post_delete, post_save, pre_delete
 
         from celery_driftsafe import checks as driftsafe_checks
         from celery_driftsafe import conf
-        from celery_driftsafe.definitions import changes
-        from celery_driftsafe.models import PeriodicTask
+        from celery_driftsafe.definitions import calendars, changes
+        from celery_driftsafe.models import Calendar, PeriodicTask
         from celery_driftsafe.models.periodic_task import prepare_saves_with
         from celery_driftsafe.monitoring import metrics_server
         from celery_driftsafe.worker import plain_task_receivers, request
@@ -42,6 +42,21 @@ class DriftSafeConfig(AppConfig):
         post_save.connect(changes.after_change, sender=PeriodicTask, dispatch_uid="driftsafe-post")
         post_delete.connect(
             changes.after_change, sender=PeriodicTask, dispatch_uid="driftsafe-delete"
+        )
+        # A calendar's dates copied into its tasks' rows, their next slots moved.
+        post_save.connect(
+            calendars.after_calendar_save, sender=Calendar, dispatch_uid="driftsafe-calendar"
+        )
+        pre_delete.connect(
+            calendars.before_calendar_delete, sender=Calendar, dispatch_uid="driftsafe-cal-del"
+        )
+        post_delete.connect(
+            calendars.after_calendar_delete, sender=Calendar, dispatch_uid="driftsafe-cal-gone"
+        )
+        m2m_changed.connect(
+            calendars.after_links_change,
+            sender=PeriodicTask.calendars.through,
+            dispatch_uid="driftsafe-calendar-links",
         )
         # Worker side: a revoked or expired run message is recorded (runs' messages only).
         task_revoked.connect(request.on_task_revoked, dispatch_uid="driftsafe-revoked")

@@ -46,6 +46,7 @@ instead of from its own now, so the slots saved are the slots previewed.
 from __future__ import annotations
 
 import json
+import re
 import zoneinfo
 from datetime import datetime
 from functools import lru_cache
@@ -67,6 +68,7 @@ from celery_driftsafe.celery_app import (
     registered_task_names,
 )
 from celery_driftsafe.core.bounds import bound_problems
+from celery_driftsafe.core.exclusions import iso_dates, parse_dates
 from celery_driftsafe.core.preview import Preview
 from celery_driftsafe.core.schedules import Crontab, Solar
 from celery_driftsafe.core.validation import loads_json, pause_problems
@@ -136,6 +138,41 @@ class JSONInputField(forms.JSONField):
             return loads_json(data)
         except ValueError:
             return InvalidJSONInput(data)
+
+
+class DatesField(forms.CharField):
+    """A list of dates typed one a line or separated by commas (``2026-12-25, 2026-12-26``),
+    stored as sorted ISO texts; every entry that is no date is named in one error."""
+
+    widget = forms.Textarea(attrs={"rows": 3, "cols": 40})
+
+    def __init__(self, *, encoder: Any = None, decoder: Any = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)  # a JSONField's form field is offered its encoder: unused
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, list | tuple):
+            return "\n".join(str(item) for item in value)
+        return value
+
+    def to_python(self, value: Any) -> list[str]:  # type: ignore[override]
+        if isinstance(value, list | tuple):
+            entries = [str(item) for item in value]
+        else:
+            entries = re.split(r"[\s,;]+", str(value or "").strip())
+        entries = [entry for entry in entries if entry]
+        dates, problems = parse_dates(entries, "dates")
+        if problems:
+            raise ValidationError(
+                f"{problems[0].message} (one date a line, or separated by commas)",
+                code="invalid",
+            )
+        return iso_dates(dates)
+
+    def has_changed(self, initial: Any, data: Any) -> bool:
+        try:
+            return self.to_python(data) != self.to_python(initial or [])
+        except ValidationError:
+            return True
 
 
 def _task_suggestions() -> list[str]:
@@ -212,6 +249,8 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             "run_once",
             "max_runs",
             "jitter_seconds",
+            "excluded_dates",
+            "calendars",
             "misfire_policy",
             "misfire_grace_seconds",
             "overlap_policy",
@@ -224,7 +263,10 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             "expires_seconds",
             "headers",
         ]
-        field_classes = {name: JSONInputField for name in ("args", "kwargs", "headers")}
+        field_classes = {
+            **{name: JSONInputField for name in ("args", "kwargs", "headers")},
+            "excluded_dates": DatesField,
+        }
         widgets = {
             "task": SuggestingTextInput(_task_suggestions, attrs={"size": 60}),
             "timezone": SuggestingTextInput(time_zone_names),
@@ -405,6 +447,13 @@ class PeriodicTaskForm(forms.ModelForm):  # type: ignore[type-arg]
             for name in SWITCH:  # left as shown: what the task has now (read for this POST)
                 if name in data and name not in self.changed_data:
                     data[name] = getattr(self.instance, name)
+        if "calendars" in self.fields and "calendars" not in self.errors:
+            from celery_driftsafe.definitions.calendars import exclusions_of
+
+            # The calendars chosen, as saving them copies them to the task (its validation
+            # and the preview see them; the save of a stored task keeps the stored copy until
+            # the calendars are saved, just after it).
+            self.instance.calendar_exclusions = exclusions_of(data.get("calendars") or ())
         kind = data.get("schedule_kind")
         self._ignore_other_kinds(kind, data)
         if kind == ScheduleKind.INTERVAL:

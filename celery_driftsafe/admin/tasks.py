@@ -218,6 +218,7 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
     show_full_result_count = False
     actions = ("enable_tasks", "disable_tasks", "run_now", "backfill", "reset_schedule")
     radio_fields = {"schedule_kind": admin.VERTICAL}
+    filter_horizontal = ("calendars",)
     readonly_fields = (
         "schedule_text",
         "next_slot",
@@ -299,6 +300,16 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
                 "whose valid until has passed, is disabled by the scheduler with "
                 "the reason. Jitter spreads each run over the first seconds of its "
                 "slot, at an instant every beat computes alike.",
+            },
+        ),
+        (
+            "Excluded dates",
+            {
+                "fields": ("excluded_dates", "calendars"),
+                "description": "Optional. No slot on these dates (in the task's time zone), or "
+                "on a date or at a time of the chosen calendars, fires; such a slot is not "
+                "recorded missed either: it is not a slot. Dates one a line or separated by "
+                "commas, as YYYY-MM-DD.",
             },
         ),
         (
@@ -734,6 +745,7 @@ class PeriodicTaskAdmin(AuthorityNowMixin, admin.ModelAdmin):  # type: ignore[ty
         if preview is not None:
             context["driftsafe_preview"] = preview_rows(preview)
             context["driftsafe_preview_end"] = preview.end
+            context["driftsafe_preview_excluded"] = preview.excluded
             context["driftsafe_preview_zone"] = zone
             context["driftsafe_preview_disabled"] = not (obj or form.instance).enabled
         # The interval anchor a preview counted from, handed back with the next submit so that

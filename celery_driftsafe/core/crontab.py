@@ -340,6 +340,21 @@ class Crontab:
                 return candidate
         return None
 
+    # ------------------------------------------------------------------ wall-time matching
+
+    def matches_day(self, day: int) -> bool:
+        """Whether local date index ``day`` (``date.toordinal() - 1``) matches the day fields
+        (day of month, month, day of week, with the Vixie OR rule)."""
+        return self._next_day(day) == day
+
+    def wall_stretches(self) -> tuple[tuple[int, int], ...]:
+        """The wall times of a matching day that the expression covers, as merged stretches
+        ``[start, end)`` in microseconds after local midnight: each matching second ``[t, t +
+        1 s)``, or, when the second field is ``0`` (a five-field expression), each matching
+        minute whole ``[t, t + 60 s)``. For excluding slots by wall time (see
+        :mod:`celery_driftsafe.core.exclusions`), not for finding this crontab's slots."""
+        return _wall_stretches(self._times, self.second.strip() == "0")
+
     # ------------------------------------------------------------------ counting
 
     def count_between(self, start: datetime, end: datetime) -> int:
@@ -546,6 +561,18 @@ def _transition_days(zone: ZoneInfo, year: int) -> frozenset[int]:
                     days.add(day)
             before = after
     return frozenset(days)
+
+
+@lru_cache(maxsize=256)
+def _wall_stretches(times: tuple[int, ...], whole_minutes: bool) -> tuple[tuple[int, int], ...]:
+    width = 60 * SECOND_US if whole_minutes else SECOND_US
+    merged: list[list[int]] = []
+    for start in times:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], start + width)
+        else:
+            merged.append([start, start + width])
+    return tuple((start, min(end, DAY_US)) for start, end in merged)
 
 
 def _month_length(year: int, month: int) -> int:

@@ -43,6 +43,7 @@ from functools import lru_cache
 from typing import Any, Protocol, cast, runtime_checkable
 
 from celery_driftsafe.core.bounds import Bounded, Limits, run_budget
+from celery_driftsafe.core.exclusions import MAX_CONSECUTIVE_EXCLUSIONS, is_excluding
 from celery_driftsafe.core.instants import from_us, to_us
 from celery_driftsafe.core.jitter import due_instant, spread_us
 from celery_driftsafe.core.schedules import Interval, Schedule
@@ -400,9 +401,14 @@ def plan_limited(
     before valid until, or no run left), why — the claim then disables it. ``options`` go to
     ``plan_claim`` (policy, grace, ...)."""
     start: datetime | None = next_slot
-    if limits.valid_from is not None or limits.valid_until is not None:
+    excludes = is_excluding(schedule)
+    if limits.valid_from is not None or limits.valid_until is not None or excludes:
+        # A stored next slot outside the bounds, or on a date excluded since it was stored
+        # (a calendar edited), moves to the first slot that may fire.
         start = schedule.first_at_or_after(next_slot)
     ended = f"valid until {limits.valid_until}: no slot is left before it"
+    if start is None and excludes and limits.valid_until is None:
+        return ClaimPlan(), EXCLUDED_TO_THE_END
     if start is None:
         if limits.valid_until is None:  # a valid_from past the last slot the calendar holds
             return ClaimPlan(), f"valid from {limits.valid_from}: no slot is left after it"
@@ -422,4 +428,13 @@ def plan_limited(
         )
     if plan.next_slot is None and limits.valid_until is not None:
         return plan, ended
+    if plan.next_slot is None and excludes:
+        return plan, EXCLUDED_TO_THE_END
     return plan, None
+
+
+#: Why a task whose every further slot is excluded is finished.
+EXCLUDED_TO_THE_END = (
+    "excluded dates: every slot left is excluded (none found in "
+    f"{MAX_CONSECUTIVE_EXCLUSIONS:,} excluded stretches in a row)"
+)

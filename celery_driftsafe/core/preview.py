@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from celery_driftsafe.core.bounds import Limits
+from celery_driftsafe.core.exclusions import excluded_between
 from celery_driftsafe.core.jitter import due_instant
 from celery_driftsafe.core.misfire import plan_limited
 from celery_driftsafe.core.schedules import Schedule
@@ -92,6 +93,9 @@ class Preview:
     #: preview took the instant it was computed at (a save stores its own now unless it is
     #: handed this one; see :func:`celery_driftsafe.definitions.changes.preview`).
     anchor: datetime | None = None
+    #: Slots of the schedule skipped between the first and the last row because they fall on
+    #: an excluded date or time (:mod:`celery_driftsafe.core.exclusions`).
+    excluded: int = 0
 
 
 def upcoming_slots(
@@ -132,13 +136,24 @@ def upcoming_slots(
             rows.append(SlotRow(fired, due, now, local, change))
         limits = replace(limits, run_count=limits.run_count + len(plan.fire))
         if finished is not None:
+            if rows:
+                last = rows[-1].slot + timedelta.resolution
+                return Preview(
+                    rows, finished, excluded=excluded_between(schedule, rows[0].slot, last)
+                )
             return Preview(rows, finished)
         if not plan.fire and plan.next_slot == slot:  # pragma: no cover - never at its due
             break
         slot = plan.next_slot
+    excluded = 0
+    if rows:
+        excluded = excluded_between(schedule, rows[0].slot, rows[-1].slot + timedelta.resolution)
     if slot is None:
-        return Preview(rows, "the schedule has no slot left")
-    return Preview(rows)
+        return Preview(rows, _NO_SLOT_LEFT, excluded=excluded)
+    return Preview(rows, excluded=excluded)
+
+
+_NO_SLOT_LEFT = "the schedule has no slot left"
 
 
 def instant_text(value: datetime, *, date: bool = True) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -28,9 +28,10 @@ from django.db.models import QuerySet
 
 from celery_driftsafe.celery_app import argument_problem
 from celery_driftsafe.core import validation
+from celery_driftsafe.core.exclusions import iso_dates, parse_dates
 from celery_driftsafe.definitions.upsert import Upserted, upsert_by_name
 from celery_driftsafe.exceptions import DriftSafeError
-from celery_driftsafe.models import IntervalUnit, PeriodicTask, ScheduleKind, TaskSource
+from celery_driftsafe.models import Calendar, IntervalUnit, PeriodicTask, ScheduleKind, TaskSource
 
 logger = logging.getLogger("celery_driftsafe.beat_schedule")
 
@@ -205,7 +206,59 @@ def entry_fields(name: str, entry: Mapping[str, Any], timezone: str = "UTC") -> 
                 f"unknown policy {policy!r}; use one of {', '.join(validation.OVERLAP_POLICIES)}",
             )
         fields["overlap_policy"] = str(policy)
+    fields["excluded_dates"] = _entry_dates(name, options.get("excluded_dates"))
     return fields
+
+
+def _entry_dates(name: str, value: Any) -> list[str]:
+    """An entry's ``options["excluded_dates"]`` (dates, or ISO texts, in the app's time zone)
+    as stored: sorted ISO texts, each once."""
+    if value is None:
+        return []
+    if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
+        raise EntryError(
+            name,
+            "options.excluded_dates",
+            f"must be a list of dates (date objects or 'YYYY-MM-DD'), not "
+            f"{validation.shape(value)}",
+        )
+    dates, problems = parse_dates(list(value), "excluded_dates")
+    if problems:
+        raise EntryError(name, "options.excluded_dates", problems[0].message)
+    return iso_dates(dates)
+
+
+def entry_calendars(name: str, entry: Mapping[str, Any]) -> list[str]:
+    """The names in an entry's ``options["calendars"]`` (a list of :class:`Calendar` names)."""
+    options = entry.get("options")
+    value = options.get("calendars") if isinstance(options, Mapping) else None
+    if value is None:
+        return []
+    if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
+        raise EntryError(
+            name,
+            "options.calendars",
+            f"must be a list of calendar names, not {validation.shape(value)}",
+        )
+    if not all(isinstance(item, str) and item.strip() for item in value):
+        raise EntryError(
+            name, "options.calendars", f"must hold calendar names (text), not {value!r}"
+        )
+    return sorted({item.strip() for item in value})
+
+
+def _calendars(name: str, names: list[str], using: str) -> list[Calendar]:
+    """The calendars named; raises :class:`EntryError` naming those that do not exist."""
+    found = list(Calendar.objects.using(using).filter(name__in=names))
+    missing = sorted(set(names) - {calendar.name for calendar in found})
+    if missing:
+        raise EntryError(
+            name,
+            "options.calendars",
+            f"no calendar named {', '.join(map(repr, missing))}: create it in the admin "
+            "(Calendars) or in a data migration first",
+        )
+    return found
 
 
 #: The options of an entry's ``options`` this package publishes with.
@@ -213,7 +266,7 @@ PUBLISH_OPTIONS = ("queue", "exchange", "routing_key", "priority", "expires", "h
 #: The options of an entry's ``options`` that set a field of its task, not its message
 #: (Celery's own beat passes them to ``apply_async``, which sends what it does not know along
 #: as message properties, harmlessly).
-TASK_OPTIONS = ("overlap_policy", "pause_after_failures")
+TASK_OPTIONS = ("overlap_policy", "pause_after_failures", "excluded_dates", "calendars")
 
 
 def entry_report(
@@ -235,6 +288,8 @@ def entry_report(
             carried.append(("options.expires", "valid_until (no slot at or after it)"))
         elif key == "expires":
             carried.append(("options.expires", "expires_seconds"))
+        elif key == "calendars":
+            carried.append(("options.calendars", "calendars (linked when a beat syncs the entry)"))
         elif key in PUBLISH_OPTIONS or key in TASK_OPTIONS:
             carried.append((f"options.{key}", key))
         else:
@@ -276,8 +331,9 @@ def sync_beat_schedule(
                 raise EntryError(name, "args", unfit)
             if owner is not None:
                 fields["source_app"] = owner
+            calendars = entry_calendars(name, entry)
             with transaction.atomic(using=using):  # all of the entry or nothing of it
-                _sync_one(name, fields, report, using, now)
+                _sync_one(name, fields, report, using, now, calendars)
         except ENTRY_ERRORS as exc:
             report.errors[name] = error_text(exc)
             logger.error(
@@ -371,8 +427,14 @@ def log_orphans(entries: Mapping[str, Any], owner: str | None, using: str = "def
 
 
 def _sync_one(
-    name: str, fields: dict[str, Any], report: SyncReport, using: str, now: datetime | None
+    name: str,
+    fields: dict[str, Any],
+    report: SyncReport,
+    using: str,
+    now: datetime | None,
+    calendar_names: Sequence[str] = (),
 ) -> None:
+    calendars = _calendars(name, list(calendar_names), using)
     outcome = upsert_by_name(
         name,
         fields,
@@ -383,6 +445,12 @@ def _sync_one(
         validate=True,
     )
     if outcome != Upserted.REFUSED:
+        task = PeriodicTask.objects.using(using).get(name=name)
+        linked = set(task.calendars.using(using).values_list("pk", flat=True))
+        if linked != {calendar.pk for calendar in calendars}:
+            task.calendars.set(calendars)  # its next slot moves (definitions/calendars.py)
+            if outcome == Upserted.UNCHANGED:
+                outcome = Upserted.UPDATED
         _enable_if_back(name, using, now)
     if outcome == Upserted.CREATED:
         report.created.append(name)

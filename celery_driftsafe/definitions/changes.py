@@ -48,6 +48,10 @@ from celery_driftsafe.store.redis import channel, get_redis
 
 logger = logging.getLogger("celery_driftsafe.changes")
 
+#: The column a task's calendars write (:mod:`celery_driftsafe.definitions.calendars`), never
+#: a save of the task.
+CALENDARS_FIELD = "calendar_exclusions"
+
 
 def authority_now(using: str = "default") -> datetime:
     """The configured authority's now (for edits made outside a beat)."""
@@ -126,14 +130,17 @@ def prepare_save(instance: PeriodicTask, options: dict[str, Any]) -> None:
         previous = (
             PeriodicTask.objects.using(using)
             .filter(pk=instance.pk)
-            .values(*RESCHEDULE_FIELDS, "enabled", "disabled_reason", "name")
+            .values(*RESCHEDULE_FIELDS, "enabled", "disabled_reason", "name", CALENDARS_FIELD)
             .first()
         )
+        if previous is not None:
+            # The calendars' part is theirs (definitions/calendars.py): the stored one counts.
+            instance.calendar_exclusions = previous[CALENDARS_FIELD]
         if previous is not None and options.get("update_fields") is None:
             options["update_fields"] = [
                 f.name
                 for f in PeriodicTask._meta.concrete_fields
-                if not f.primary_key and f.name not in CLAIM_FIELDS
+                if not f.primary_key and f.name not in CLAIM_FIELDS and f.name != CALENDARS_FIELD
             ]
     changed = previous is None or any(
         previous[name] != getattr(instance, name) for name in RESCHEDULE_FIELDS

@@ -6,6 +6,7 @@ and :mod:`~celery_driftsafe.models.coordination` (beat nodes and database locks)
 from here: ``from celery_driftsafe.models import PeriodicTask, Run``.
 """
 
+from celery_driftsafe.models.calendars import Calendar
 from celery_driftsafe.models.choices import (
     IntervalUnit,
     MisfirePolicy,
@@ -35,6 +36,7 @@ __all__ = [
     "SCHEDULE_ERROR_FIELDS",
     "STAND_IN_ANCHOR",
     "BeatNode",
+    "Calendar",
     "IntervalUnit",
     "Lock",
     "MisfirePolicy",

@@ -11,6 +11,13 @@ from django.db import models, router, transaction
 from django.utils.timezone import now as django_now
 
 from celery_driftsafe.core.bounds import Limits, bound_problems, bounded
+from celery_driftsafe.core.exclusions import (
+    MAX_CONSECUTIVE_EXCLUSIONS,
+    iso_dates,
+    parse_dates,
+    shared_excluding,
+    stored_exclusions,
+)
 from celery_driftsafe.core.jitter import due_instant
 from celery_driftsafe.core.schedules import OneOff, Schedule, Solar, shared_crontab, shared_interval
 from celery_driftsafe.core.stored_names import BUFFER_ALL_MAX_WAITING
@@ -217,6 +224,28 @@ class PeriodicTask(models.Model):
         "derived from the task's name and the slot (the same on every beat). "
         "Empty: on the slot.",
     )
+    # Excluded dates (see celery_driftsafe.core.exclusions).
+    excluded_dates = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Dates (YYYY-MM-DD) in the task's time zone on which no slot fires; such a "
+        "slot is not recorded missed either.",
+    )
+    calendars = models.ManyToManyField(
+        "celery_driftsafe.Calendar",
+        blank=True,
+        related_name="tasks",
+        help_text="Shared calendars whose dates (and crontab) are excluded too.",
+    )
+    # Written by the calendars only (celery_driftsafe.definitions.calendars), never by a save of
+    # the task: what its calendars exclude, so the claim reads a task's exclusions in its row.
+    calendar_exclusions = models.JSONField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="What the task's calendars exclude ({dates, crontabs}), kept by the "
+        "calendars. Empty: no calendar.",
+    )
     # State and policies.
     enabled = models.BooleanField(default=True)
     disabled_reason = models.TextField(blank=True)
@@ -312,7 +341,17 @@ class PeriodicTask(models.Model):
     def schedule(self) -> Schedule:
         """The slot arithmetic object for this row, within its bounds (``valid_from``,
         ``valid_until``); raises :class:`ScheduleError`."""
-        return bounded(self.build_schedule(), self.valid_from, self.valid_until)
+        return bounded(self.excluding(self.build_schedule()), self.valid_from, self.valid_until)
+
+    def excluding(self, schedule: Schedule) -> Schedule:
+        """``schedule`` without the slots on the task's excluded dates and its calendars'
+        (read in its time zone); ``schedule`` itself when nothing is excluded. Raises
+        :class:`ScheduleError` naming ``excluded_dates`` or ``calendars``."""
+        if not self.excluded_dates and not self.calendar_exclusions:
+            return schedule
+        zone = self.timezone or "UTC"
+        dates, crontabs = stored_exclusions(self.excluded_dates, self.calendar_exclusions, zone)
+        return shared_excluding(schedule, dates, zone, crontabs)
 
     @property
     def limits(self) -> Limits:
@@ -382,6 +421,7 @@ class PeriodicTask(models.Model):
         self.args = coerce_json(self.args, list)
         self.kwargs = coerce_json(self.kwargs, dict)
         self.headers = coerce_json(self.headers, dict)
+        self.excluded_dates = coerce_json(self.excluded_dates, list)
 
     def publish_problems(self, *, schedule: bool = True, writing: bool = False) -> list[Problem]:
         """The gate of everything published from this row (the claim, the beat's messages
@@ -423,10 +463,29 @@ class PeriodicTask(models.Model):
             )
         if not schedule:
             return found
+        if writing:
+            dates, date_problems = parse_dates(self.excluded_dates, "excluded_dates")
+            found += date_problems
+            if not date_problems:
+                self.excluded_dates = iso_dates(dates)
         try:
             # An interval's anchor is stored on first save; any aware instant validates it.
             built = self.build_schedule(anchor=STAND_IN_ANCHOR)
-            built.next_after(self.interval_anchor or STAND_IN_ANCHOR)
+            start = self.interval_anchor or STAND_IN_ANCHOR
+            built.next_after(start)
+            if (
+                (self.excluded_dates or self.calendar_exclusions)
+                and built.next_after(start) is not None
+                and self.excluding(built).next_after(start) is None
+            ):
+                found.append(
+                    Problem(
+                        "excluded_dates",
+                        "every slot of the schedule is excluded (by these dates or the "
+                        f"calendars' crontabs, {MAX_CONSECUTIVE_EXCLUSIONS:,} excluded "
+                        "stretches in a row): the task would never fire",
+                    )
+                )
         except ScheduleError as exc:
             found.append(schedule_problem(exc))
         except (ValueError, OverflowError, TypeError, KeyError) as exc:

@@ -36,9 +36,9 @@ SCHEDULE_FIELDS = (
     *ONE_OFF_FIELDS,
     *SOLAR_FIELDS,
 )
-#: The bounds and the jitter: no schedule of their own, but a change to one of them moves the
-#: next slot or its due instant, as a schedule edit does.
-TIMING_FIELDS = ("valid_from", "valid_until", "jitter_seconds")
+#: The bounds, the jitter and the excluded dates: no schedule of their own, but a change to one
+#: of them moves the next slot or its due instant, as a schedule edit does.
+TIMING_FIELDS = ("valid_from", "valid_until", "jitter_seconds", "excluded_dates")
 #: Every field whose change recomputes a task's next slot
 #: (:mod:`celery_driftsafe.definitions.changes`).
 RESCHEDULE_FIELDS = (*SCHEDULE_FIELDS, *TIMING_FIELDS)
@@ -67,4 +67,6 @@ ERROR_FIELDS = {
     "latitude": "solar_latitude",
     "longitude": "solar_longitude",
     "schedule_kind": "schedule_kind",
+    "excluded_dates": "excluded_dates",
+    "calendars": "calendars",
 }

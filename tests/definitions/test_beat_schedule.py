@@ -61,6 +61,26 @@ BAD_ENTRIES = {
     ),
     "task-int": ({"task": 5}, "task", "must be a task name, not int 5"),
     "schedule-none": ({"schedule": None}, "schedule", "NoneType schedules are not supported"),
+    "dates-text": (
+        {"options": {"excluded_dates": "2026-12-25"}},
+        "options.excluded_dates",
+        "must be a list of dates",
+    ),
+    "dates-bad": (
+        {"options": {"excluded_dates": ["2026-12-25", "xmas"]}},
+        "options.excluded_dates",
+        "'xmas' is no",
+    ),
+    "calendars-text": (
+        {"options": {"calendars": "holidays"}},
+        "options.calendars",
+        "must be a list of calendar",
+    ),
+    "calendars-unknown": (
+        {"options": {"calendars": ["no such"]}},
+        "options.calendars",
+        "no calendar named 'no such'",
+    ),
 }
 
 
@@ -173,3 +193,36 @@ def test_tuples_inside_arguments_are_stored_as_lists_and_a_restart_changes_nothi
     assert (task.args, task.kwargs) == ([[1, 2], [3, 4]], {"p": [5]})
     again = sync_beat_schedule(app, now=T0 + timedelta(hours=1))
     assert (again.unchanged, again.updated) == (["pairs"], [])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_excluded_dates_and_calendars_of_an_entry(app: Celery) -> None:
+    from datetime import date
+
+    from celery_driftsafe.models import Calendar
+
+    Calendar.objects.create(name="holidays DE", dates=["2026-12-25", "2026-12-26"])
+    Calendar.objects.create(name="shutdown", dates=["2026-12-28"])
+    app.conf.beat_schedule = {
+        "report": {
+            **GOOD,
+            "options": {
+                "excluded_dates": [date(2026, 12, 31), "2026-12-24", "2026-12-24"],
+                "calendars": ["holidays DE", "shutdown"],
+            },
+        }
+    }
+    assert sync_beat_schedule(app).created == ["report"]
+    task = PeriodicTask.objects.get(name="report")
+    assert task.excluded_dates == ["2026-12-24", "2026-12-31"]
+    assert sorted(task.calendars.values_list("name", flat=True)) == ["holidays DE", "shutdown"]
+    assert task.calendar_exclusions == {
+        "dates": ["2026-12-25", "2026-12-26", "2026-12-28"],
+        "crontabs": [],
+    }
+    # a restart with the same entry changes nothing; one calendar fewer is an update
+    assert sync_beat_schedule(app).unchanged == ["report"]
+    app.conf.beat_schedule["report"]["options"]["calendars"] = ["shutdown"]
+    assert sync_beat_schedule(app).updated == ["report"]
+    task.refresh_from_db()
+    assert task.calendar_exclusions == {"dates": ["2026-12-28"], "crontabs": []}

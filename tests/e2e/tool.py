@@ -1,12 +1,13 @@
 """Run inside the e2e database's settings: ``python -m tests.e2e.tool <command>``.
 
-Commands: migrate, seed, add, preview_and_add, update, delete, make_run, run, stale_saves,
-corrupt, dump; and ``serve``, which answers commands one after the other in one process
-(:func:`serve`).
+Commands: migrate, calendars, seed, add, preview_and_add, update, delete, make_run, run,
+stale_saves, corrupt, dump; and ``serve``, which answers commands one after the other in one
+process (:func:`serve`).
 
-``seed`` reads a JSON list of task specs on stdin and sets each task's first slot to the first
-slot at or after ``start``; ``preview_and_add`` previews a new task as the admin's button does
-and saves it as the admin's form then does (with the preview's anchor), printing the preview;
+``seed`` reads a JSON list of task specs on stdin (``calendars``: names of calendars made by
+``calendars`` before) and sets each task's first slot to the first slot at or after ``start``;
+``preview_and_add`` previews a new task as the admin's button does and saves it as the admin's
+form then does (with the preview's anchor), printing the preview;
 ``dump`` prints tasks, runs and nodes as JSON.
 """
 
@@ -32,9 +33,17 @@ def main(command: str) -> None:
 
     if command == "migrate":
         call_command("migrate", verbosity=0, interactive=False)
+    elif command == "calendars":  # JSON list of Calendar fields
+        from celery_driftsafe.models import Calendar
+
+        for spec in json.load(sys.stdin):
+            Calendar.objects.create(**spec)
     elif command == "seed":
+        from celery_driftsafe.models import Calendar
+
         for spec in json.load(sys.stdin):
             start = datetime.fromisoformat(spec.pop("start"))
+            calendars = spec.pop("calendars", [])
             task = PeriodicTask(**{"task": "e2e.tick", **spec})
             task.driftsafe_now = start  # type: ignore[attr-defined]
             task.full_clean(exclude=["interval_anchor"])
@@ -43,6 +52,9 @@ def main(command: str) -> None:
             # (or set it back after the claim)
             with transaction.atomic():
                 task.save()
+                if calendars:  # linked by name: their exclusions copied into the row
+                    task.calendars.set(Calendar.objects.filter(name__in=calendars))
+                    task.refresh_from_db()
                 PeriodicTask.objects.filter(pk=task.pk).update(
                     next_slot_at=task.schedule.first_at_or_after(start)
                 )
