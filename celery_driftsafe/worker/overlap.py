@@ -312,7 +312,7 @@ class Overlap:
                 why = self._replace(periodic_task_id, token, started=True)
             else:
                 why = self._wait(periodic_task_id, token, policy, started=True)
-        self.ledger.finish(self.run_id, token, status, self._now(), why)
+        self._finish(token, status, why)
         metrics.execution(self.task.name, status)
         log_run(
             logging.WARNING if took_over else logging.INFO,
@@ -323,6 +323,20 @@ class Overlap:
             action="overlap-skip",
         )
         raise Ignore()
+
+    def _finish(self, token: int, status: str, why: str) -> None:
+        """End the run ``status`` under ``token``; a failure (a run taken over from a lost
+        worker, not run again) counts towards its task's ``pause_after_failures`` in the same
+        transaction (:mod:`celery_driftsafe.claim.pausing`), as every failed run does."""
+        from celery_driftsafe.claim.pausing import count_outcome
+
+        now = self._now()
+
+        def finish() -> None:
+            if self.ledger.finish(self.run_id, token, status, now, why):
+                count_outcome(self.ledger.connection.alias, self.run_id, status, now)
+
+        self.ledger.together(finish)
 
     def _wait(self, periodic_task_id: int, token: int, policy: str, *, started: bool) -> str:
         """Overlap policy ``policy`` (``buffer_one``, ``buffer_all``), the task's running lock

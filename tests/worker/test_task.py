@@ -17,7 +17,7 @@ from django.test import override_settings
 
 from celery_driftsafe.core.headers import read_headers
 from celery_driftsafe.locks.database import DatabaseLockBackend
-from celery_driftsafe.models import Run, RunKind, RunStatus
+from celery_driftsafe.models import PeriodicTask, Run, RunKind, RunStatus
 from celery_driftsafe.task import DriftSafeTask
 from tests import settings as test_settings
 from tests.skip_guard import configuration
@@ -412,12 +412,14 @@ def test_a_run_taken_over_while_the_next_one_runs_ends_failed_not_skipped(
     """Overlap policy ``skip``: the first slot's worker died mid-body, and the second slot's
     run now holds the task's running lock. A redelivered copy of the first takes its run over
     (one conditional start, the fast path) and must not run the body beside the second; the
-    run ran in part, so it ends failed, not skipped (a skipped run never ran). A first start
-    that finds the running lock held is still skipped."""
+    run ran in part, so it ends failed, not skipped (a skipped run never ran), and that
+    failure counts towards ``pause_after_failures``. A first start that finds the running lock
+    held is still skipped."""
     from celery_driftsafe.ledger.run_ledger import Ledger
     from celery_driftsafe.locks import lock_backend
 
     first, second = _two_slots_of_a_skipping_task("taken-over")
+    PeriodicTask.objects.filter(pk=first.periodic_task_id).update(pause_after_failures=1)
     Run.objects.filter(pk=first.pk).update(
         status=RunStatus.STARTED, worker="dead-worker", fencing_token=1, started_at=T0
     )
@@ -436,6 +438,8 @@ def test_a_run_taken_over_while_the_next_one_runs_ends_failed_not_skipped(
     if Ledger().can_return:  # the fast path: one conditional start, which took the run over
         assert first.status == RunStatus.FAILED, first.error
         assert "worker that started it was lost" in first.error and first.fencing_token > 1
+        task = PeriodicTask.objects.get(pk=first.periodic_task_id)
+        assert not task.enabled and "paused after 1 failed" in task.disabled_reason
     else:  # MySQL: the run is read first and left started, for a reconcile pass to fail
         assert (first.status, first.worker) == (RunStatus.STARTED, "dead-worker")
     assert second.status == RunStatus.SKIPPED
