@@ -103,6 +103,18 @@ def running(task: Any, run: Run, value: str, redis_client: Any) -> threading.Thr
     return worker
 
 
+@contextmanager
+def body_running(task: Any, run: Run, value: str, redis_client: Any) -> Iterator[threading.Thread]:
+    """``run``'s body running in a thread, held at the task's gate (:func:`running`) while the
+    block runs; let go, and the thread joined, as it ends."""
+    worker = running(task, run, value, redis_client)
+    try:
+        yield worker
+    finally:
+        task.gate.set()
+        worker.join()
+
+
 def held_for(redis_client: Any, run: Run) -> str | None:
     """What the running lock of ``run``'s task holds, in Redis or (database locks) in its row:
     a holder's token, or the name of the run it was handed to; None: free."""

@@ -21,7 +21,15 @@ from celery_driftsafe.locks import lock_identity
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus
 from celery_driftsafe.store.clock import authority_clock
 from tests.support import drain, wait_until
-from tests.support.overlap import delivery, held_for, overlap_task, recover, running, slot_run
+from tests.support.overlap import (
+    body_running,
+    delivery,
+    held_for,
+    overlap_task,
+    recover,
+    running,
+    slot_run,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -59,15 +67,11 @@ def test_every_slot_waits_and_they_run_one_at_a_time_in_slot_order(
     periodic = overlap_task("all-in-order", "buffer_all")
     first, second, third, fourth = (slot_run(periodic, s) for s in (1, 2, 3, 4))
     drain()
-    worker = running(record, first, "a", redis_client)
-    try:
+    with body_running(record, first, "a", redis_client):
         for run in (fourth, second, third):
             _wait(record, run)
         assert "in slot order (overlap policy 'buffer_all')" in Run.objects.get(pk=third.pk).error
         assert drain() == []
-    finally:
-        record.gate.set()
-        worker.join()
     assert _statuses(second, third, fourth) == [
         RunStatus.DISPATCHED,
         RunStatus.WAITING,
@@ -91,15 +95,11 @@ def test_past_the_bound_a_slot_is_skipped_naming_the_bound_and_the_policy(
     queued = [slot_run(periodic, 10 + i) for i in range(BUFFER_ALL_MAX_WAITING)]
     past_the_bound = slot_run(periodic, 50)
     drain()
-    worker = running(record, first, "a", redis_client)
-    try:
+    with body_running(record, first, "a", redis_client):
         for run in queued:
             _wait(record, run)
         with delivery(record, past_the_bound), pytest.raises(Ignore):
             record("too many")
-    finally:
-        record.gate.set()
-        worker.join()
     past_the_bound.refresh_from_db()
     assert past_the_bound.status == RunStatus.SKIPPED
     assert (
@@ -121,13 +121,9 @@ def test_slots_delivered_before_the_released_one_wait_behind_it_in_slot_order(
     periodic = overlap_task("all-overtaken", "buffer_all")
     first, second, third, fourth = (slot_run(periodic, s) for s in (1, 2, 3, 4))
     drain()
-    worker = running(record, first, "a", redis_client)
-    try:
+    with body_running(record, first, "a", redis_client):
         _wait(record, second)
         _wait(record, third)
-    finally:
-        record.gate.set()
-        worker.join()
     assert _statuses(second, third, fourth) == [
         RunStatus.DISPATCHED,
         RunStatus.WAITING,

@@ -18,12 +18,12 @@ from celery_driftsafe.store.clock import authority_clock
 from tests import settings as test_settings
 from tests.support import drain
 from tests.support.overlap import (
+    body_running,
     deliver,
     delivery,
     held_for,
     overlap_task,
     recover,
-    running,
     slot_run,
 )
 
@@ -41,8 +41,7 @@ def test_one_slot_waits_further_ones_skip_and_the_waiting_one_runs_when_the_runn
     periodic = overlap_task("buffered", "buffer_one")
     first, second, third = (slot_run(periodic, s) for s in (1, 2, 3))
     drain()
-    worker = running(record, first, value, redis_client)
-    try:
+    with body_running(record, first, value, redis_client):
         with delivery(record, second), pytest.raises(Ignore):
             record("b")
         second.refresh_from_db()
@@ -55,9 +54,6 @@ def test_one_slot_waits_further_ones_skip_and_the_waiting_one_runs_when_the_runn
         assert third.status == RunStatus.SKIPPED
         assert "another run of it is already waiting" in third.error
         assert drain() == []  # nothing published while the first runs
-    finally:
-        record.gate.set()
-        worker.join()
     first.refresh_from_db()
     assert first.status == (RunStatus.SUCCEEDED if value == "a" else RunStatus.FAILED)
     second.refresh_from_db()
@@ -82,15 +78,11 @@ def test_a_copy_of_the_waiting_runs_message_leaves_it_waiting(
     while the first still runs: the run still waits (it is the one waiting), not skipped."""
     periodic = overlap_task("copy", "buffer_one")
     first, second = (slot_run(periodic, s) for s in (1, 2))
-    worker = running(record, first, "a", redis_client)
-    try:
+    with body_running(record, first, "a", redis_client):
         for _ in range(2):
             with delivery(record, second), pytest.raises(Ignore):
                 record("b")
             assert Run.objects.get(pk=second.pk).status == RunStatus.WAITING
-    finally:
-        record.gate.set()
-        worker.join()
     assert Run.objects.get(pk=second.pk).status == RunStatus.DISPATCHED
     assert calls == ["a"]
 
@@ -140,16 +132,12 @@ def _first_ran_while_second_waited(
     periodic = overlap_task(name, "buffer_one")
     first, second = (slot_run(periodic, s) for s in (1, 2))
     drain()
-    worker = running(record, first, "a", redis_client)
-    try:
+    with body_running(record, first, "a", redis_client):
         with delivery(record, second), pytest.raises(Ignore):
             record("b")
         assert Run.objects.get(pk=second.pk).status == RunStatus.WAITING
         if meanwhile is not None:
             meanwhile()
-    finally:
-        record.gate.set()
-        worker.join()
     return first, second
 
 
@@ -318,13 +306,12 @@ def test_a_retrys_attempt_does_not_wait_it_is_skipped_saying_why(
     periodic = overlap_task("retrying", policy)
     first = slot_run(periodic, 1)
     second = slot_run(periodic, 2, status=RunStatus.RETRYING, attempt=1)
-    worker = running(record, first, "a", redis_client)
-    try:
-        with delivery(record, second, retries=1), pytest.raises(Ignore):
-            record("b")
-    finally:
-        record.gate.set()
-        worker.join()
+    with (
+        body_running(record, first, "a", redis_client),
+        delivery(record, second, retries=1),
+        pytest.raises(Ignore),
+    ):
+        record("b")
     second.refresh_from_db()
     assert second.status == RunStatus.SKIPPED
     assert "a retry's attempt does not wait" in second.error
@@ -340,8 +327,7 @@ def test_two_deliveries_at_once_while_one_runs_leave_one_waiting_one_skipped(
     database lets one wait; the other is skipped. Repeated, for the race to be a race."""
     periodic = overlap_task("race", "buffer_one")
     first = slot_run(periodic, 1)
-    worker = running(record, first, "a", redis_client)
-    try:
+    with body_running(record, first, "a", redis_client):
         for round_ in range(5):
             pair = [slot_run(periodic, 10 + 2 * round_ + i) for i in (0, 1)]
             barrier = threading.Barrier(2)
@@ -359,9 +345,6 @@ def test_two_deliveries_at_once_while_one_runs_leave_one_waiting_one_skipped(
             assert statuses == [RunStatus.SKIPPED, RunStatus.WAITING], statuses
             # the next round: the waiting one is skipped by hand, as if its slot had passed
             Run.objects.filter(status=RunStatus.WAITING).update(status=RunStatus.SKIPPED)
-    finally:
-        record.gate.set()
-        worker.join()
     assert calls == ["a"]
 
 
@@ -410,13 +393,12 @@ def test_overlap_skip_still_skips_and_never_waits(
 ) -> None:
     periodic = overlap_task("skipper", policy="skip")
     first, second = (slot_run(periodic, s) for s in (1, 2))
-    worker = running(record, first, "a", redis_client)
-    try:
-        with delivery(record, second), pytest.raises(Ignore):
-            record("b")
-    finally:
-        record.gate.set()
-        worker.join()
+    with (
+        body_running(record, first, "a", redis_client),
+        delivery(record, second),
+        pytest.raises(Ignore),
+    ):
+        record("b")
     assert Run.objects.get(pk=second.pk).status == RunStatus.SKIPPED
     assert drain() == []
 

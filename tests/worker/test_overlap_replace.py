@@ -23,8 +23,8 @@ from celery_driftsafe.store.clock import authority_clock
 from celery_driftsafe.worker.overlap import REPLACING_WHY, replaced_body_killed
 from tests.support import drain, wait_until
 from tests.support.factories import interval_task
+from tests.support.overlap import body_running, held_for, overlap_task, slot_run
 from tests.support.overlap import delivery as unslotted_delivery
-from tests.support.overlap import held_for, overlap_task, running, slot_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -73,8 +73,7 @@ def test_the_next_slot_replaces_a_running_run_and_runs_once_its_body_is_gone(
     periodic = overlap_task("replaced", "replace")
     first, second = (slot_run(periodic, s) for s in (1, 2))
     drain()
-    worker = running(record, first, "a", redis_client)
-    try:
+    with body_running(record, first, "a", redis_client):
         with delivery(record, second), pytest.raises(Ignore):
             record("b")
         second.refresh_from_db()
@@ -85,9 +84,6 @@ def test_the_next_slot_replaces_a_running_run_and_runs_once_its_body_is_gone(
         assert first.replaced_by == second.pk
         assert revokes == [([first.celery_task_id], True)]
         assert drain() == [], "nothing published while the replaced body runs"
-    finally:
-        record.gate.set()
-        worker.join()
     first.refresh_from_db()
     assert first.status == RunStatus.REVOKED, first.error
     assert first.error == f"revoked: replaced by {_reason(second)} (overlap policy 'replace')"
@@ -110,13 +106,12 @@ def test_a_failing_replaced_body_ends_revoked_too(
     it; it is still recorded ``revoked``, naming its replacement."""
     periodic = overlap_task("fails", "replace")
     first, second = (slot_run(periodic, s) for s in (1, 2))
-    worker = running(record, first, "boom", redis_client)
-    try:
-        with delivery(record, second), pytest.raises(Ignore):
-            record("b")
-    finally:
-        record.gate.set()
-        worker.join()
+    with (
+        body_running(record, first, "boom", redis_client),
+        delivery(record, second),
+        pytest.raises(Ignore),
+    ):
+        record("b")
     first.refresh_from_db()
     assert (first.status, first.replaced_by) == (RunStatus.REVOKED, second.pk)
     assert _reason(second) in first.error
@@ -133,8 +128,7 @@ def test_a_later_slot_replaces_the_waiting_one_and_every_slot_is_accounted_for(
     periodic = overlap_task("latest-wins", "replace")
     first, second, third = (slot_run(periodic, s) for s in (1, 2, 3))
     drain()
-    worker = running(record, first, "a", redis_client)
-    try:
+    with body_running(record, first, "a", redis_client):
         for run, value in ((second, "b"), (third, "c")):
             with delivery(record, run), pytest.raises(Ignore):
                 record(value)
@@ -145,9 +139,6 @@ def test_a_later_slot_replaces_the_waiting_one_and_every_slot_is_accounted_for(
         )
         assert Run.objects.get(pk=third.pk).status == RunStatus.WAITING
         assert Run.objects.get(pk=first.pk).replaced_by == third.pk
-    finally:
-        record.gate.set()
-        worker.join()
     [message] = drain()
     assert message["id"] == third.celery_task_id
     with delivery(record, third, token=message["driftsafe_fencing_token"]):
@@ -165,8 +156,7 @@ def test_a_delivery_that_came_late_does_not_replace_a_later_slots_run(
     not replaced; likewise while a later slot's run waits, which keeps waiting."""
     periodic = overlap_task("late-delivery", "replace")
     first, busy, third, fourth = (slot_run(periodic, s) for s in (1, 2, 3, 4))
-    worker = running(record, busy, "b", redis_client)
-    try:
+    with body_running(record, busy, "b", redis_client):
         with delivery(record, first), pytest.raises(Ignore):
             record("a")  # a later slot's run runs
         with delivery(record, fourth), pytest.raises(Ignore):
@@ -181,9 +171,6 @@ def test_a_delivery_that_came_late_does_not_replace_a_later_slots_run(
         assert Run.objects.get(pk=fourth.pk).status == RunStatus.WAITING, "still waiting"
         assert Run.objects.get(pk=busy.pk).replaced_by == fourth.pk
         assert revokes == [([busy.celery_task_id], True)]
-    finally:
-        record.gate.set()
-        worker.join()
     assert calls == ["b"]
 
 
