@@ -11,12 +11,11 @@ from collections import Counter
 from datetime import datetime, timedelta
 
 import pytest
-from django.db import connection
 from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from celery_driftsafe.claim.claimers import Claimer, CompareAndSwapClaimer, SkipLockedClaimer
+from celery_driftsafe.claim.claimers import Claimer
 from celery_driftsafe.claim.outbox import celery_task_id
 from celery_driftsafe.core.bounds import Bounded, bounded, run_budget
 from celery_driftsafe.core.jitter import due_instant, offset
@@ -24,7 +23,6 @@ from celery_driftsafe.core.misfire import ClaimPlan, Jitter, limit_plan, plan_cl
 from celery_driftsafe.core.schedules import Crontab, Interval, OneOff, Solar
 from celery_driftsafe.definitions import changes
 from celery_driftsafe.models import PeriodicTask, Run, RunStatus, ScheduleKind
-from tests.skip_guard import configuration
 from tests.support import T0
 from tests.support.factories import crontab_task, interval_task, solar_task
 
@@ -160,22 +158,6 @@ def test_plan_with_jitter_never_fires_early_and_measures_grace_from_the_jittered
 
 
 # -- through real claim rounds -----------------------------------------------------------------
-
-
-def _claimers() -> list[str]:
-    names = [] if connection.vendor == "mysql" else ["cas"]
-    if connection.features.has_select_for_update_skip_locked:
-        names.append("skip_locked")
-    return names
-
-
-@pytest.fixture(params=["cas", "skip_locked"])
-def claimer(request: pytest.FixtureRequest) -> Claimer:
-    if request.param not in _claimers():
-        pytest.skip(
-            configuration(f"{connection.vendor} does not support the {request.param} claimer")
-        )
-    return CompareAndSwapClaimer() if request.param == "cas" else SkipLockedClaimer()
 
 
 def _slots(task: PeriodicTask) -> list[tuple[datetime | None, str]]:

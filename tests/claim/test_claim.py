@@ -39,29 +39,8 @@ from tests.support.factories import (
 S = timedelta(seconds=1)
 
 
-def _claimers() -> list[str]:
-    # The compare-and-swap claimer needs UPDATE … RETURNING (not in MySQL/MariaDB).
-    names = [] if connection.vendor == "mysql" else ["cas"]
-    if connection.features.has_select_for_update_skip_locked:
-        names.append("skip_locked")
-    return names
-
-
+#: The ``make_claimer`` fixture (tests/claim/conftest.py).
 MakeClaimer = Callable[..., Claimer]
-
-
-@pytest.fixture(params=["cas", "skip_locked"])
-def make_claimer(request: pytest.FixtureRequest) -> MakeClaimer:
-    if request.param not in _claimers():
-        pytest.skip(
-            configuration(f"{connection.vendor} does not support the {request.param} claimer")
-        )
-    cls = CompareAndSwapClaimer if request.param == "cas" else SkipLockedClaimer
-
-    def make(**kwargs: Any) -> Claimer:
-        return cls(**kwargs)
-
-    return make
 
 
 @pytest.mark.django_db(transaction=True)
@@ -233,6 +212,7 @@ class TestClaimContract:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("edit", ["save", "queryset update"])
+@pytest.mark.usefixtures("cas_supported")
 def test_an_edit_made_while_the_cas_claimer_plans_is_claimed_with_the_new_schedule(
     edit: str,
 ) -> None:
@@ -242,10 +222,6 @@ def test_an_edit_made_while_the_cas_claimer_plans_is_claimed_with_the_new_schedu
     later, by the old schedule, once. Now the swap also compares ``changed_at``, which saves
     and queryset updates of anything but the claim's state stamp: the round loses, and the
     next one plans from the edited row."""
-    if "cas" not in _claimers():
-        pytest.skip(
-            configuration(f"{connection.vendor} does not support the compare-and-swap claimer")
-        )
     now = authority_clock().now()
     even_hour = now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
     even_hour += timedelta(hours=even_hour.hour % 2)

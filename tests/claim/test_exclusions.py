@@ -11,34 +11,16 @@ from typing import Any
 
 import pytest
 from django.core.exceptions import ValidationError
-from django.db import connection
 
-from celery_driftsafe.claim.claimers import Claimer, CompareAndSwapClaimer, SkipLockedClaimer
+from celery_driftsafe.claim.claimers import Claimer
 from celery_driftsafe.core.exclusions import Excluding
 from celery_driftsafe.definitions import changes
 from celery_driftsafe.models import Calendar, PeriodicTask, Run, RunStatus
-from tests.skip_guard import configuration
 from tests.support import T0
 from tests.support.factories import crontab_task, interval_task
 
 S = timedelta(seconds=1)
 DAY = timedelta(days=1)
-
-
-def _claimers() -> list[str]:
-    names = [] if connection.vendor == "mysql" else ["cas"]
-    if connection.features.has_select_for_update_skip_locked:
-        names.append("skip_locked")
-    return names
-
-
-@pytest.fixture(params=["cas", "skip_locked"])
-def claimer(request: pytest.FixtureRequest) -> Claimer:
-    if request.param not in _claimers():
-        pytest.skip(
-            configuration(f"{connection.vendor} does not support the {request.param} claimer")
-        )
-    return CompareAndSwapClaimer() if request.param == "cas" else SkipLockedClaimer()
 
 
 def _ledger(task: PeriodicTask) -> dict[datetime, tuple[str, int]]:
