@@ -294,7 +294,8 @@ class Form(HTMLParser):
             self.data[name] = "on"
         elif tag == "select" and name:
             self.select = name
-            self.data.setdefault(name, "")
+            if "multiple" not in a:  # a browser sends nothing for a multiple select left empty
+                self.data.setdefault(name, "")
         elif tag == "option" and self.select and "selected" in a:
             self.data[self.select] = a.get("value") or ""
         elif tag == "option" and not self.select and a.get("value"):
