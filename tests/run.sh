@@ -165,7 +165,10 @@ RUN_ID=$DRIFTSAFE_TEST_RUN_ID
 #   1. the PostgreSQL pass, on the run's PostgreSQL (its output below);
 #   2. ruff, import-linter, mypy and the docs, then the SQLite pass;
 #   3. the chaos test: it restarts PostgreSQL, so it gets a PostgreSQL cluster of its own
-#      (DRIFTSAFE_TEST_PG_DATA; a Redis of its own it starts itself); then the MariaDB pass.
+#      (DRIFTSAFE_TEST_PG_DATA; a Redis of its own it starts itself); then the end-to-end runs
+#      behind PgBouncer (-m pgbouncer, on the run's PostgreSQL beside lane 1: their own
+#      databases and run id; here rather than in lane 1, which is the longest); then the
+#      MariaDB pass (it reuses the PgBouncer runs' Redis databases, one after the other).
 # The passes share the run's Redis, RabbitMQ and MariaDB, each with Redis databases and a key
 # prefix of its own (first_db, RUN_ID).
 # Lanes 2 and 3 write to logs, shown once they are done. A failing step fails the run at the
@@ -203,6 +206,14 @@ chaos() {
   if [ "$code" = 5 ] && [ $# -gt 0 ]; then return 0; fi
   return "$code"
 }
+pgbouncer() {
+  local code=0
+  DRIFTSAFE_TEST_DB=postgres DRIFTSAFE_TEST_REDIS_DB="$(first_db 2)" \
+    DRIFTSAFE_TEST_RUN_ID="${RUN_ID}b" "$PY" -m pytest -m pgbouncer --durations 5 "$@" || code=$?
+  # exit 5, nothing selected, is fine only when extra arguments deselected it
+  if [ "$code" = 5 ] && [ $# -gt 0 ]; then return 0; fi
+  return "$code"
+}
 # The same commands as tox's lint, type and docs environments.
 checks() {
   say "ruff and import-linter (tox -e lint)" && "$VENV/bin/ruff" check . \
@@ -229,6 +240,8 @@ lane3() {
   local code=0
   say "the chaos test (on a PostgreSQL cluster of its own)"
   step chaos chaos "$@" || code=$?
+  say "pytest behind PgBouncer (end-to-end, on the run's PostgreSQL)"
+  step pgbouncer pgbouncer "$@" || code=$?
   mariadb_pass "$@" || code=$?
   return "$code"
 }
@@ -239,13 +252,13 @@ lane3 "$@" > "$scratch/lane3.log" 2>&1 &
 lane3_pid=$!
 LANES+=("$lane3_pid")
 say "pytest on PostgreSQL ($WORKERS workers; beside it: the checks and the SQLite pass, the" \
-  "chaos test and the MariaDB pass; their output follows)"
+  "chaos test, the runs behind PgBouncer and the MariaDB pass; their output follows)"
 pg_code=0
 # in the background and waited for: a TERM to the command then stops it at once (bash runs a
 # trap only once its foreground command is done)
 step postgres env DRIFTSAFE_TEST_DB=postgres DRIFTSAFE_TEST_REDIS_DB="$(first_db 0)" \
   DRIFTSAFE_TEST_RUN_ID="${RUN_ID}p" \
-  "$PY" -m pytest "${PARALLEL[@]}" -m "not pure and not chaos" "$@" &
+  "$PY" -m pytest "${PARALLEL[@]}" -m "not pure and not chaos and not pgbouncer" "$@" &
 pg_pid=$!
 LANES+=("$pg_pid")
 wait "$pg_pid" || pg_code=$?

@@ -28,6 +28,7 @@ from tests.skip_guard import configuration
 
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.pgbouncer,  # tests/run.sh runs these beside the PostgreSQL pass, not in it
     pytest.mark.skipif(
         test_settings.TEST_DB != "postgres", reason=configuration("PgBouncer fronts PostgreSQL")
     ),
