@@ -431,15 +431,17 @@ def test_without_a_run_lock_a_run_does_not_wait_it_is_skipped_saying_why(
     assert calls == []
 
 
+@pytest.mark.parametrize("policy", ["buffer_one", "buffer_all", "replace"])
 def test_a_beat_publishes_a_waiting_run_once_the_running_ones_worker_is_gone(
-    broker_app: Any, redis_client: Any
+    broker_app: Any, redis_client: Any, policy: str
 ) -> None:
     """The worker of the running run died before it could publish the waiting run: while the
     task's running lock is held, or the running run's lease in the ledger lasts, a beat's
     recovery leaves the waiting run alone; once both are over it publishes it (same task id,
-    the token it waited under), and only once."""
+    the token it waited under), and only once, handing it the lock. The same under every
+    policy whose runs wait (``replace``: the run that replaced the lost one)."""
     settings = get_settings()
-    periodic = overlap_task("orphan", "buffer_one")
+    periodic = overlap_task("orphan", policy)
     now = authority_clock().now()
     lost = slot_run(
         periodic,
