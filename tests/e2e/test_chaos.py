@@ -75,8 +75,8 @@ bodies at once, so that the long bodies below leave room for the ten:
 
 Bodies overlap by their spans, with one exception, the frozen worker: a body that ran in one of
 its pool processes across the instant it was stopped is frozen past its lease, and a task's
-run counts as running only while its lease lasts (docs/explanation/drift-safety.md: the
-exception to at most once), so a body of the task that began after the freeze began may
+run counts as running only while its lease lasts (docs/howto/overlap-policies.md; the same
+exception as at most once's), so a body of the task that began after the freeze began may
 overlap it. Every other pair may not.
 
 The broker is RabbitMQ, so a Redis restart (Redis here keeps nothing on disk) takes locks,
@@ -734,7 +734,8 @@ def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path, pg_data: str) -
     print("bodies at once, excused by the freeze:", *excused or ["none"], sep="\n  ")
     assert totals["due"] > 150
     assert missed <= excusable, (
-        f"{missed} slots recorded missed; the restart and the resume allow {excusable}"
+        f"{missed} slots recorded missed; the restart and the resume allow {excusable}\n"
+        + "\n".join(problems[:40])
     )
     assert not problems, "\n".join(problems[:40])
     # Most slots fell due with beats up: they ran, every one (the outage's slots aside).
