@@ -75,12 +75,16 @@ def slot_work(self: Any, seconds: float = 0.0, timed: bool = False) -> None:
     acks_late=True,
     reject_on_worker_lost=True,
 )
-def slot_phases(self: Any, seconds: float, die_on_term: bool = False) -> None:
+def slot_phases(
+    self: Any, seconds: float, die_on_term: bool = False, record_cut: bool = False
+) -> None:
     """Appends "begin <periodic task id> <slot> <pid> <time>" to a file as its body begins, and
     "end ..." as it ends after ``seconds`` (a revoke that terminates it leaves no end line);
     <time>: this machine's clock, which every worker shares. ``die_on_term``: a SIGTERM ends
     its (prefork pool) process at once, as SIGKILL would, with no ``finally`` run in it (a
-    pool process otherwise unwinds its stack first)."""
+    pool process otherwise unwinds its stack first). ``record_cut``: a body cut short by an
+    exception (the SIGTERM of a terminating revoke, as its pool process unwinds) appends
+    "cut ..." as its stack unwinds: its code ran no further than that instant."""
     if die_on_term:
         import signal
 
@@ -95,7 +99,12 @@ def slot_phases(self: Any, seconds: float, die_on_term: bool = False) -> None:
             )
 
     line("begin")
-    time.sleep(seconds)
+    try:
+        time.sleep(seconds)
+    except BaseException:
+        if record_cut:
+            line("cut")
+        raise
     line("end")
 
 
