@@ -440,11 +440,14 @@ class Ledger:
         why: str,
         *,
         before: datetime | None = None,
+        kind: str | None = None,
     ) -> int:
         """Overlap policy ``replace``: the task's other runs in ``statuses`` (``retrying``:
-        between two attempts; ``waiting``: an earlier replacement not started yet), of a slot
-        before ``before`` (None: any), end ``revoked`` with ``why``: run ``run_id`` replaces
-        them, and their next delivery finds them finished. Rows changed."""
+        between two attempts; ``waiting``, ``claimed``, ``dispatched``: an earlier slot's run
+        not started yet, a replacement released to run next among them), of a slot before
+        ``before`` (None: any) and of ``kind`` (None: any), end ``revoked`` with ``why``: run
+        ``run_id`` replaces them, and their next delivery finds them finished (and passes on
+        the running lock handed to it). Rows changed."""
         marks = ", ".join(["%s"] * len(statuses))
         sql = (
             f"UPDATE {self.runs} SET status = 'revoked', finished_at = %s, error = %s "
@@ -454,6 +457,9 @@ class Ledger:
         if before is not None:
             sql += " AND slot < %s"
             params.append(self._at(before))
+        if kind is not None:
+            sql += " AND kind = %s"
+            params.append(kind)
         return self._write(sql, params)
 
     def replaced_by(self, run_id: int) -> int | None:

@@ -58,6 +58,7 @@ from celery_driftsafe.core.stored_names import (
     MAX_WAITING,
     WAITING_POLICIES,
     OverlapPolicy,
+    RunKind,
     RunStatus,
 )
 from celery_driftsafe.exceptions import LockError, LockLost
@@ -399,6 +400,10 @@ class Overlap:
         if slot is not None and self.ledger.later_running(periodic_task_id, self.run_id, slot, now):
             return OUTDATED_WHY
         for _ in range(3):  # (a refused wait: another waits; an earlier one is replaced)
+            # an earlier slot's run not started yet is replaced before it starts: one that
+            # waits, and one released to run next (the running lock handed to it: its delivery
+            # finds it revoked and passes the lock on to this one), or any scheduled one whose
+            # message is still on its way: the latest slot wins
             self.ledger.revoke_pending(
                 periodic_task_id,
                 self.run_id,
@@ -406,6 +411,15 @@ class Overlap:
                 now,
                 f"revoked: replaced before it started by {me} (overlap policy 'replace')",
                 before=slot,
+            )
+            self.ledger.revoke_pending(
+                periodic_task_id,
+                self.run_id,
+                (RunStatus.CLAIMED, RunStatus.DISPATCHED),
+                now,
+                f"revoked: replaced before it started by {me} (overlap policy 'replace')",
+                before=slot,
+                kind=RunKind.SCHEDULED,
             )
             if self.ledger.wait(
                 self.run_id,

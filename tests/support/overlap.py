@@ -115,6 +115,17 @@ def body_running(task: Any, run: Run, value: str, redis_client: Any) -> Iterator
         worker.join()
 
 
+def deliver_published(task: Any, run: Run, value: str) -> Any:
+    """The one message published, ``run``'s, delivered under the fencing token it carries
+    (the lock handed to the run it released is taken with it): what the body returned."""
+    from tests.support import drain
+
+    [message] = drain()
+    assert message["id"] == run.celery_task_id
+    with delivery(task, run, token=message["driftsafe_fencing_token"]):
+        return task(value)
+
+
 def held_for(redis_client: Any, run: Run) -> str | None:
     """What the running lock of ``run``'s task holds, in Redis or (database locks) in its row:
     a holder's token, or the name of the run it was handed to; None: free."""

@@ -23,6 +23,7 @@ from celery_driftsafe.store.clock import authority_clock
 from tests.support import drain, wait_until
 from tests.support.overlap import (
     body_running,
+    deliver_published,
     delivery,
     held_for,
     overlap_task,
@@ -42,15 +43,11 @@ def _wait(record: Any, run: Run) -> None:
     assert run.status == RunStatus.WAITING, run.error
 
 
-def _run_released(record: Any, expected: Run) -> dict[str, Any] | None:
+def _run_released(record: Any, expected: Run) -> None:
     """The one message published, ``expected``'s, delivered: its body runs (its value the
-    slot's second). Returns the message published as it ends (the next waiting run's)."""
-    [message] = drain()
-    assert message["id"] == expected.celery_task_id
-    with delivery(record, expected, token=message["driftsafe_fencing_token"]):
-        record(f"s{expected.slot.second}")
+    slot's second) and succeeds."""
+    deliver_published(record, expected, f"s{expected.slot.second}")
     assert Run.objects.get(pk=expected.pk).status == RunStatus.SUCCEEDED
-    return message
 
 
 def _statuses(*runs: Run) -> list[str]:

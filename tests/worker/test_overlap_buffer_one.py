@@ -20,6 +20,7 @@ from tests.support import drain
 from tests.support.overlap import (
     body_running,
     deliver,
+    deliver_published,
     delivery,
     held_for,
     overlap_task,
@@ -178,10 +179,7 @@ def test_a_later_slot_delivered_as_the_running_run_ends_does_not_go_before_the_w
     assert third.status == RunStatus.SKIPPED, third.error
     assert "already waiting" in third.error
     assert held_for(redis_client, second) == f"heir:run:{second.pk}"
-    [message] = drain()
-    assert message["id"] == second.celery_task_id
-    with delivery(record, second, token=message["driftsafe_fencing_token"]):
-        assert record("x") == "x"
+    assert deliver_published(record, second, "x") == "x"
     assert calls == ["a", "x"]
     assert Run.objects.get(pk=second.pk).status == RunStatus.SUCCEEDED
     assert held_for(redis_client, second) is None, "given back at the end"
@@ -499,9 +497,7 @@ def test_a_run_waiting_when_its_periodic_task_is_deleted_is_published_and_runs_o
     recover(broker_app)
     waiting.refresh_from_db()
     assert waiting.status == RunStatus.DISPATCHED
-    [message] = drain()
-    with delivery(record, waiting, token=message["driftsafe_fencing_token"]):
-        assert record("x") == "x"
+    assert deliver_published(record, waiting, "x") == "x"
     assert calls == ["x"]
     assert Run.objects.get(pk=waiting.pk).status == RunStatus.SUCCEEDED
 

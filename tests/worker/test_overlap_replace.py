@@ -23,7 +23,7 @@ from celery_driftsafe.store.clock import authority_clock
 from celery_driftsafe.worker.overlap import REPLACING_WHY, replaced_body_killed
 from tests.support import drain, wait_until
 from tests.support.factories import interval_task
-from tests.support.overlap import body_running, held_for, overlap_task, slot_run
+from tests.support.overlap import body_running, deliver_published, held_for, overlap_task, slot_run
 from tests.support.overlap import delivery as unslotted_delivery
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -91,12 +91,50 @@ def test_the_next_slot_replaces_a_running_run_and_runs_once_its_body_is_gone(
     second.refresh_from_db()
     assert second.status == RunStatus.DISPATCHED, second.error
     assert held_for(redis_client, second) == f"heir:run:{second.pk}"
-    [message] = drain()
-    assert message["id"] == second.celery_task_id
-    with delivery(record, second, token=message["driftsafe_fencing_token"]):
-        assert record("x") == "x"
+    assert deliver_published(record, second, "x") == "x"
     assert calls == ["a", "x"]
     assert Run.objects.get(pk=second.pk).status == RunStatus.SUCCEEDED
+
+
+def test_a_released_replacement_not_started_yet_is_replaced_by_the_next_slot(
+    record: Any,
+    calls: list[Any],
+    redis_client: Any,
+    revokes: list[tuple[list[str], bool]],
+    path: str,
+    locks: str,
+) -> None:
+    """The second slot replaced the first, whose body ended: the second is released, the
+    running lock handed to it, and its message is on its way. The third slot comes first: the
+    latest slot wins, so the second ends ``revoked`` before it starts (naming the third) and
+    the third waits; the second's delivery then finds it finished and passes the lock on to
+    the third, which runs. Before, the third waited behind the second, whose whole body ran
+    (a slot later on a body longer than the interval)."""
+    periodic = overlap_task("released-replaced", "replace")
+    first, second, third = (slot_run(periodic, s) for s in (1, 2, 3))
+    drain()
+    with (
+        body_running(record, first, "a", redis_client),
+        delivery(record, second),
+        pytest.raises(Ignore),
+    ):
+        record("b")
+    [message] = drain()  # the second, released, the running lock handed to it
+    assert message["id"] == second.celery_task_id
+    assert held_for(redis_client, second) == f"heir:run:{second.pk}"
+    with delivery(record, third), pytest.raises(Ignore):
+        record("c")
+    second.refresh_from_db()
+    assert second.status == RunStatus.REVOKED, second.error
+    assert second.error.startswith(f"revoked: replaced before it started by {_reason(third)}")
+    assert Run.objects.get(pk=third.pk).status == RunStatus.WAITING
+    assert drain() == [], "the lock is the second's: the third waits for it"
+    with delivery(record, second, token=message["driftsafe_fencing_token"]), pytest.raises(Ignore):
+        record("b")  # finished: its turn goes on to the third
+    assert deliver_published(record, third, "z") == "z"
+    assert calls == ["a", "z"]
+    assert Run.objects.get(pk=third.pk).status == RunStatus.SUCCEEDED
+    assert held_for(redis_client, third) is None, "given back at the end"
 
 
 def test_a_failing_replaced_body_ends_revoked_too(
@@ -139,10 +177,7 @@ def test_a_later_slot_replaces_the_waiting_one_and_every_slot_is_accounted_for(
         )
         assert Run.objects.get(pk=third.pk).status == RunStatus.WAITING
         assert Run.objects.get(pk=first.pk).replaced_by == third.pk
-    [message] = drain()
-    assert message["id"] == third.celery_task_id
-    with delivery(record, third, token=message["driftsafe_fencing_token"]):
-        record("z")
+    deliver_published(record, third, "z")
     assert calls == ["a", "z"]
     statuses = [Run.objects.get(pk=run.pk).status for run in (first, second, third)]
     assert statuses == [RunStatus.REVOKED, RunStatus.REVOKED, RunStatus.SUCCEEDED]
@@ -153,7 +188,10 @@ def test_a_delivery_that_came_late_does_not_replace_a_later_slots_run(
 ) -> None:
     """An earlier slot's message reaches a worker after a later slot's run started (a worker's
     prefetch, a message sent again): it is skipped, saying why, and the running run goes on,
-    not replaced; likewise while a later slot's run waits, which keeps waiting."""
+    not replaced. A later slot that comes replaces the running run and, before they start, the
+    earlier slots' runs whose messages are still on their way (the latest slot wins): such a
+    run ends revoked, naming it, and its delivery changes nothing; the later slot's run keeps
+    waiting."""
     periodic = overlap_task("late-delivery", "replace")
     first, busy, third, fourth = (slot_run(periodic, s) for s in (1, 2, 3, 4))
     with body_running(record, busy, "b", redis_client):
@@ -162,12 +200,15 @@ def test_a_delivery_that_came_late_does_not_replace_a_later_slots_run(
         with delivery(record, fourth), pytest.raises(Ignore):
             record("d")
         assert Run.objects.get(pk=fourth.pk).status == RunStatus.WAITING
+        third.refresh_from_db()
+        assert third.status == RunStatus.REVOKED, third.error
+        assert third.error.startswith(f"revoked: replaced before it started by {_reason(fourth)}")
         with delivery(record, third), pytest.raises(Ignore):
-            record("c")  # an earlier slot's run runs, a later one's waits
-        for late in (first, third):
-            late.refresh_from_db()
-            assert late.status == RunStatus.SKIPPED
-            assert "a run of a later slot of this task runs or waits" in late.error
+            record("c")  # its run was replaced before it started
+        first.refresh_from_db()
+        assert first.status == RunStatus.SKIPPED
+        assert "a run of a later slot of this task runs or waits" in first.error
+        assert Run.objects.get(pk=third.pk).status == RunStatus.REVOKED
         assert Run.objects.get(pk=fourth.pk).status == RunStatus.WAITING, "still waiting"
         assert Run.objects.get(pk=busy.pk).replaced_by == fourth.pk
         assert revokes == [([busy.celery_task_id], True)]
@@ -319,10 +360,7 @@ def test_the_main_process_publishes_the_replacement_once_the_killed_body_is_gone
     assert second.status == RunStatus.DISPATCHED, second.error
     assert second.claimed_by == "worker:worker-0"
     assert held_for(redis_client, second) == f"heir:run:{second.pk}"
-    [message] = drain()
-    assert message["id"] == second.celery_task_id
-    with delivery(record, second, token=message["driftsafe_fencing_token"]):
-        assert record("x") == "x"
+    assert deliver_published(record, second, "x") == "x"
     assert calls == ["x"]
 
 
