@@ -71,7 +71,7 @@ def inner_schedules(draw: st.DrawFn, zone: str, start: datetime) -> Schedule:
     return spec.crontab(zone)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data(), st.sampled_from(BRUTE_FORCE_ZONES))
 def test_excluding_matches_the_brute_force_reference(data: st.DataObject, zone: str) -> None:
     start = data.draw(instants(zone, near_transition=80))
