@@ -369,6 +369,7 @@ def release_waiting(
             if run.periodic_task_id in turns_tried:
                 continue  # its task's turn was its earliest waiting run's
             turns_tried.add(run.periodic_task_id)
+        why = released_why(policy)
         settle = take_lock(run) if take_lock is not None and queued else None
         if queued and take_lock is not None and settle is None:
             continue
@@ -383,7 +384,7 @@ def release_waiting(
                 dispatched_at=None,
                 retry_at=None,
                 dispatch_attempts=F("dispatch_attempts") + 1,
-                error=released_why(policy),
+                error=why,
             )
         finally:
             if settle is not None:
@@ -396,7 +397,7 @@ def release_waiting(
             # waited (a worker busy or dead left their messages queued): under buffer_one they
             # are dropped, and this one, published behind them, runs next rather than be
             # skipped. Under buffer_all they wait behind it when delivered (the lock is
-            # handed to it).
+            # handed to it); under replace the first of them to come replaces it.
             dropped = runs.filter(
                 periodic_task_id=run.periodic_task_id,
                 kind=RunKind.SCHEDULED,
@@ -408,7 +409,7 @@ def release_waiting(
             run.pk,
             run.task_name,
             run.slot,
-            released_why(policy).removeprefix("released: "),
+            why.removeprefix("released: "),
             f"; {dropped} later slots not started are skipped" if dropped else "",
             extra={"action": "release-waiting", "task": run.task_name, "slot": run.slot},
         )

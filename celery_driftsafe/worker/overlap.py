@@ -111,7 +111,7 @@ BUFFER_FULL_WHY = {
         f"that may wait (overlap policy 'buffer_all')"
     ),
 }
-#: Overlap policies ``buffer_one``, ``buffer_all``: a retry's attempt does not wait.
+#: Overlap policies whose runs wait: a retry's attempt does not wait.
 RETRY_NO_WAIT_WHY = (
     "skipped: the previous run of this task is still running, and a retry's attempt does not "
     "wait for it (overlap policy '{policy}')"
@@ -195,10 +195,10 @@ class Overlap:
         raise Ignore()
 
     def pass_turn_on(self, row: RunRow) -> None:
-        """Overlap policies ``buffer_one`` and ``replace``: the run ends without its body; if
-        the task's running lock was handed to it (it waited), the next waiting run gets it
-        (:meth:`_hand_on`), rather than the task's slots waiting for that lock's lease to run
-        out."""
+        """Overlap policies whose runs wait (``buffer_one``, ``buffer_all``, ``replace``): the
+        run ends without its body; if the task's running lock was handed to it (it waited), the
+        next waiting run gets it (:meth:`_hand_on`), rather than the task's slots waiting for
+        that lock's lease to run out."""
         if row.periodic_task_id is not None and row.overlap_policy in WAITING_POLICIES:
             self._hand_on(row.periodic_task_id, handed=True)
 
@@ -384,14 +384,15 @@ class Overlap:
 
     def _replace(self, periodic_task_id: int, token: int, *, started: bool) -> str:
         """Overlap policy ``replace``, the task's running lock held by another run: this run
-        waits in the ledger in place of any run of an earlier slot of the task waiting
-        already (that one ends ``revoked``: replaced before it started), marks the running
-        run replaced (:meth:`Ledger.replace_running`), asks Celery to revoke it, terminating
-        it (:meth:`_revoke`), and this delivery ends; the run is published again, handed the
-        running lock, once the replaced body is gone (see the module docstring). As in
-        :meth:`_wait`, it looks at the lock once it waits: a run that ended meanwhile did not
-        see it. Returns why the run is skipped instead: a retry's attempt does not wait, and a
-        delivery that came late does not replace a later slot's run, running or waiting."""
+        waits in the ledger in place of any run of an earlier slot of the task not started yet
+        (waiting, released to run next, or on its way: it ends ``revoked``, replaced before it
+        started), marks the running run replaced (:meth:`Ledger.replace_running`), asks Celery
+        to revoke it, terminating it (:meth:`_revoke`), and this delivery ends; the run is
+        published again, handed the running lock, once the replaced body is gone (see the module
+        docstring). As in :meth:`_wait`, it looks at the lock once it waits: a run that ended
+        meanwhile did not see it. Returns why the run is skipped instead: a retry's attempt does
+        not wait, and a delivery that came late does not replace a later slot's run, running or
+        waiting."""
         if self.attempt > 0:
             return RETRY_NO_WAIT_WHY.format(policy=OverlapPolicy.REPLACE)
         now = self._now()
@@ -399,27 +400,28 @@ class Overlap:
         slot = self._slot()
         if slot is not None and self.ledger.later_running(periodic_task_id, self.run_id, slot, now):
             return OUTDATED_WHY
+        # an earlier slot's run not started yet is replaced before it starts (the latest slot
+        # wins): one released to run next (the running lock handed to it: its delivery finds
+        # it revoked and passes the lock on to this one), or a scheduled one whose message is
+        # still on its way; and, below, one that waits
+        before_start = f"revoked: replaced before it started by {me} (overlap policy 'replace')"
+        self.ledger.revoke_pending(
+            periodic_task_id,
+            self.run_id,
+            (RunStatus.CLAIMED, RunStatus.DISPATCHED),
+            now,
+            before_start,
+            before=slot,
+            kind=RunKind.SCHEDULED,
+        )
         for _ in range(3):  # (a refused wait: another waits; an earlier one is replaced)
-            # an earlier slot's run not started yet is replaced before it starts: one that
-            # waits, and one released to run next (the running lock handed to it: its delivery
-            # finds it revoked and passes the lock on to this one), or any scheduled one whose
-            # message is still on its way: the latest slot wins
             self.ledger.revoke_pending(
                 periodic_task_id,
                 self.run_id,
                 (RunStatus.WAITING,),
                 now,
-                f"revoked: replaced before it started by {me} (overlap policy 'replace')",
+                before_start,
                 before=slot,
-            )
-            self.ledger.revoke_pending(
-                periodic_task_id,
-                self.run_id,
-                (RunStatus.CLAIMED, RunStatus.DISPATCHED),
-                now,
-                f"revoked: replaced before it started by {me} (overlap policy 'replace')",
-                before=slot,
-                kind=RunKind.SCHEDULED,
             )
             if self.ledger.wait(
                 self.run_id,
