@@ -32,10 +32,8 @@ Re-enabling the task (a save, the admin's action, ``update(enabled=True)``) clea
 from __future__ import annotations
 
 import logging
-import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 from django.db import connections, transaction
 from django.db.models import Count
@@ -45,6 +43,7 @@ from celery_driftsafe.core.stored_names import RunStatus
 from celery_driftsafe.models import PeriodicTask, Run
 from celery_driftsafe.monitoring import metrics
 from celery_driftsafe.signals import task_paused
+from celery_driftsafe.store.connections import returns_rows
 
 logger = logging.getLogger("celery_driftsafe.claim")
 
@@ -121,7 +120,7 @@ def count_failures(
     )
     read = "id, name, consecutive_failures, pause_after_failures"
     with transaction.atomic(using=using), connection.cursor() as cursor:
-        if _returns(connection):
+        if returns_rows(connection):
             cursor.execute(f"{update} RETURNING {read}", [failures, key])
             row = cursor.fetchone()
         else:  # MySQL: the row stays locked by the update until the commit
@@ -153,13 +152,6 @@ def _reset(using: str, run_id: int) -> None:
             "WHERE id = %s) AND consecutive_failures > 0 AND enabled",
             [run_id],
         )
-
-
-def _returns(connection: Any) -> bool:
-    """Whether ``UPDATE … RETURNING`` is there (PostgreSQL, SQLite 3.35+)."""
-    return connection.vendor == "postgresql" or (
-        connection.vendor == "sqlite" and sqlite3.sqlite_version_info >= (3, 35)
-    )
 
 
 def _announce(using: str, pk: int, reason: str, failures: int) -> None:

@@ -18,7 +18,6 @@ Status names are spelled out (not imported from the models): a Celery app module
 from __future__ import annotations
 
 import logging
-import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,7 +25,7 @@ from typing import Any, TypeVar
 
 from celery_driftsafe.core.stored_names import PRE_START, TAKEN_OVER
 from celery_driftsafe.exceptions import LedgerUnavailable
-from celery_driftsafe.store.connections import missing_schema, rolled_back
+from celery_driftsafe.store.connections import missing_schema, returns_rows, rolled_back
 
 logger = logging.getLogger("celery_driftsafe.ledger")
 
@@ -148,9 +147,7 @@ class Ledger:
         self.tasks = quote(PeriodicTask._meta.db_table)
         self.attempts = quote(RunAttempt._meta.db_table)
         #: UPDATE … RETURNING (PostgreSQL, SQLite 3.35+): the start checks and reads at once.
-        self.can_return = connection.vendor == "postgresql" or (
-            connection.vendor == "sqlite" and sqlite3.sqlite_version_info >= (3, 35)
-        )
+        self.can_return = returns_rows(connection)
         self._pre_start = ", ".join(f"'{status}'" for status in PRE_START)
 
     def _execute(self, sql: str, params: list[Any], *, fetch: bool, many: bool = False) -> Any:

@@ -11,12 +11,21 @@ does.
 
 from __future__ import annotations
 
+import sqlite3
 from contextlib import suppress
 from typing import Any
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
+
+
+def returns_rows(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the database has ``UPDATE … RETURNING`` (PostgreSQL, SQLite 3.35+; not MySQL
+    or MariaDB): a conditional write that also reads the row it changed, in one statement."""
+    return connection.vendor == "postgresql" or (
+        connection.vendor == "sqlite" and sqlite3.sqlite_version_info >= (3, 35)
+    )
 
 
 def refresh_between_rounds(alias: str) -> None:
