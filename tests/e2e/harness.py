@@ -483,11 +483,21 @@ class E2ERun:
 
         return self.wait_for(ended, "every run to end", timeout=timeout)
 
-    def wait_for(self, condition: Callable[[], T], what: str, timeout: float) -> T:
+    def wait_for(
+        self,
+        condition: Callable[[], T],
+        what: str,
+        timeout: float,
+        seen: Callable[[], str] | None = None,
+    ) -> T:
         """:func:`tests.support.wait_until` for a condition read from this run's ledger or
         processes: looked at every 0.1 s (each look may start a process or query the ledger),
-        and this run's logs in the failure."""
-        return wait_until(condition, what, timeout=timeout, interval=0.1, context=self.logs)
+        and in the failure what ``seen()`` says of the last look, then this run's logs."""
+
+        def context() -> str:
+            return (f"{seen()}\n" if seen is not None else "") + self.logs()
+
+        return wait_until(condition, what, timeout=timeout, interval=0.1, context=context)
 
 
 def schedule_of(task: dict[str, Any]) -> Schedule:

@@ -536,15 +536,34 @@ def test_chaos_loses_nothing_and_doubles_nothing(tmp_path: Path, pg_data: str) -
                 codes.append(None)
         time.sleep(12)  # workers drain what is queued, re-sent or redelivered
 
+        busy: list[dict[str, Any]] = []
+
         def drained() -> dict[str, Any] | None:
             """The ledger, once no run of the overlap tasks is under way (their waiting runs
             are published by the workers, which need no beat)."""
             dump: dict[str, Any] = run.tool("dump")
-            ids = {t["id"] for t in dump["tasks"] if t["name"] in (BUFFERED, REPLACED)}
-            busy = [r for r in dump["runs"] if r["task_id"] in ids and r["status"] in UNDER_WAY]
+            ids = {t["id"]: t["name"] for t in dump["tasks"] if t["name"] in (BUFFERED, REPLACED)}
+            busy[:] = [
+                {"task": ids[r["task_id"]], **r}
+                for r in dump["runs"]
+                if r["task_id"] in ids and r["status"] in UNDER_WAY
+            ]
             return None if busy else dump
 
-        dump = run.wait_for(drained, "the overlap tasks' runs to end", timeout=60)
+        def still_under_way() -> str:
+            """The runs under way at the last look, and every run of their tasks."""
+            tasks = {r["task_id"] for r in busy}
+            ledger = sorted(
+                (r for r in run.tool("dump")["runs"] if r["task_id"] in tasks),
+                key=lambda r: (r["task_id"], r["slot"], r["id"]),
+            )
+            return "\n".join(
+                ["runs under way:", *map(str, busy), "every run of their tasks:", *map(str, ledger)]
+            )
+
+        dump = run.wait_for(
+            drained, "the overlap tasks' runs to end", timeout=60, seen=still_under_way
+        )
         assert dump is not None  # (what the condition gave once it held)
     finally:
         run.close()
