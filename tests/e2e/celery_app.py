@@ -84,20 +84,30 @@ def slot_phases(
     its (prefork pool) process at once, as SIGKILL would, with no ``finally`` run in it (a
     pool process otherwise unwinds its stack first). ``record_cut``: a body cut short by an
     exception (the SIGTERM of a terminating revoke, as its pool process unwinds) appends
-    "cut ..." as its stack unwinds: its code ran no further than that instant."""
+    "cut ..." as its stack unwinds: its code ran no further than that instant.
+
+    With ``die_on_term``, a body's process ends where its body does (it ran to its end, or it
+    died), so as it begins the body also appends "alive <task> <slot> <pid> <time>" for each
+    body of its task begun before it (in another process) with no end line whose process
+    still runs: two bodies at once, seen on the machine itself, no clocks compared."""
     if die_on_term:
         import signal
 
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    request = self.request
+    exec_log = os.environ["DRIFTSAFE_E2E_EXEC_LOG"]
 
-    def line(phase: str) -> None:
-        request = self.request
-        with open(os.environ["DRIFTSAFE_E2E_EXEC_LOG"], "a") as log:
+    def line(phase: str, pid: int | None = None, slot: str | None = None) -> None:
+        with open(exec_log, "a") as log:
             log.write(
-                f"{phase} {request.driftsafe_periodic_task_id} {request.driftsafe_slot} "
-                f"{os.getpid()} {time.time()}\n"
+                f"{phase} {request.driftsafe_periodic_task_id} {slot or request.driftsafe_slot} "
+                f"{pid or os.getpid()} {time.time()}\n"
             )
 
+    if die_on_term:
+        for slot, pid in _unfinished_elsewhere(exec_log, str(request.driftsafe_periodic_task_id)):
+            if _runs(pid):
+                line("alive", pid, slot)
     line("begin")
     try:
         time.sleep(seconds)
@@ -106,6 +116,30 @@ def slot_phases(
             line("cut")
         raise
     line("end")
+
+
+def _unfinished_elsewhere(exec_log: str, task: str) -> set[tuple[str, int]]:
+    """(slot, pid) of the bodies of periodic task ``task`` that began in another process and
+    wrote no end line (``e2e.slot_phases``' lines; none yet: no file)."""
+    begun: set[tuple[str, int]] = set()
+    ended: set[tuple[str, int]] = set()
+    if not os.path.exists(exec_log):
+        return begun
+    with open(exec_log) as log:
+        for fields in map(str.split, log):
+            if len(fields) == 5 and fields[1] == task and fields[0] in ("begin", "end"):
+                (begun if fields[0] == "begin" else ended).add((fields[2], int(fields[3])))
+    return {(slot, pid) for slot, pid in begun - ended if pid != os.getpid()}
+
+
+def _runs(pid: int) -> bool:
+    """Whether process ``pid`` still runs (it exists and is not a zombie, whose code has
+    stopped and which only waits to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
 
 
 @app.task(name="e2e.fail", base=DriftSafeTask)
