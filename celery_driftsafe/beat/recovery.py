@@ -17,6 +17,9 @@ fight.
   renews the lock while the body runs), becomes ``failed`` ("worker lost"), written under a
   fresh fencing token so that a worker that was merely paused cannot record over it. The
   lock is looked for where the starting worker took it (:mod:`celery_driftsafe.ledger.lost_runs`).
+  A ``started`` run that another run replaced (overlap policy ``replace``) becomes ``revoked``
+  the same way, as soon as its lease is over: by each beat's recovery pass (:func:`recover`),
+  which also publishes its replacement then.
 * ``dispatched`` longer than ``RESULT_LOOKUP_SECONDS`` ago takes the state of the Celery
   result backend when it has one for the task id (``SUCCESS``, ``FAILURE``, ``REVOKED``);
   otherwise it stays (asked again next time), and after ``STUCK_RUN_SECONDS`` the admin lists it
@@ -42,7 +45,7 @@ from celery_driftsafe.beat.result_states import backend_states
 from celery_driftsafe.claim.pausing import count_outcomes
 from celery_driftsafe.conf import DriftSafeSettings, get_settings
 from celery_driftsafe.exceptions import LockError
-from celery_driftsafe.ledger.lost_runs import Until, lost_runs, next_page
+from celery_driftsafe.ledger.lost_runs import Until, lost_runs, next_page, replaced_runs_gone
 from celery_driftsafe.models import Run, RunStatus
 from celery_driftsafe.monitoring import metrics
 from celery_driftsafe.store.background_pass import BackgroundPass
@@ -77,6 +80,8 @@ _WAITING = (RunStatus.CLAIMED, RunStatus.DISPATCHED, RunStatus.WAITING)
 class Reconciled:
     expired: list[int] = field(default_factory=list)
     lost: list[int] = field(default_factory=list)
+    #: Started runs replaced under overlap policy ``replace`` whose delivery is gone: revoked.
+    replaced: list[int] = field(default_factory=list)
     from_results: list[int] = field(default_factory=list)
     #: Started runs whose lock is in a store this beat cannot reach: left as they are.
     unreachable: list[int] = field(default_factory=list)
@@ -92,6 +97,7 @@ class Reconciled:
         return {
             "expired": len(self.expired),
             "worker_lost": len(self.lost),
+            "replaced": len(self.replaced),
             **self.from_results_by_status,
         }
 
@@ -130,7 +136,8 @@ def reconcile(
     runs = Run.objects.using(using)
     _expire(runs, now, lease, batch, until, done)
     bound = now - timedelta(seconds=settings.stuck_run_seconds)
-    done.lost, done.unreachable = lost_runs(runs, bound, now, batch, until, using, settings)
+    lost = lost_runs(runs, bound, now, batch, until, using, settings)
+    done.lost, done.replaced, done.unreachable = lost.failed, lost.replaced, lost.unreachable
     # A lost worker's run failed: towards its task's pause_after_failures.
     count_outcomes(using, done.lost, RunStatus.FAILED, now)
     if app is not None and not isinstance(app.backend, DisabledBackend):
@@ -147,14 +154,15 @@ def reconcile(
             done.unreachable[:20],
             extra={"action": "reconcile"},
         )
-    if done.expired or done.lost or done.from_results:
+    if done.expired or done.lost or done.replaced or done.from_results:
         # A plain task's runs end this way every minute: only an expiry or a lost worker warns.
         logger.log(
             logging.WARNING if done.expired or done.lost else logging.INFO,
-            "reconciled runs without an outcome: %d expired, %d worker lost, %d from the "
-            "result backend",
+            "reconciled runs without an outcome: %d expired, %d worker lost, %d replaced, %d "
+            "from the result backend",
             len(done.expired),
             len(done.lost),
+            len(done.replaced),
             len(done.from_results),
             extra={"action": "reconcile"},
         )
@@ -283,15 +291,27 @@ def recover(
     using: str = "default",
 ) -> None:
     """A beat's recovery pass: mark silent nodes dead, re-publish stale claims (the outbox) and
-    the waiting runs (overlap policies ``buffer_one``, ``buffer_all``: each task's earliest)
-    whose task's running run is over (its worker died before it could publish them), through
-    ``dispatcher``. Reconciling runs is
+    the waiting runs (overlap policies ``buffer_one``, ``buffer_all``, ``replace``: each task's
+    earliest) whose task's running run is over (its worker died before it could publish them),
+    through ``dispatcher``; and record ``revoked`` the runs replaced under ``replace`` whose
+    delivery is gone (a batch a pass: :func:`~celery_driftsafe.ledger.lost_runs.lost_runs`), so
+    that none stays ``started`` beside the replacement that runs. Reconciling runs is
     :class:`BackgroundReconciler`'s."""
     from celery_driftsafe.beat import nodes
     from celery_driftsafe.claim.outbox import reclaim_stale, release_waiting
 
     dead_after = timedelta(seconds=settings.node_dead_after_seconds)
     nodes.mark_dead(now, dead_after, node_id, using=using)
+    gone = replaced_runs_gone(now, RECONCILE_BATCH, Until(time.monotonic()), using, settings)
+    if gone.replaced:
+        logger.info(
+            "%d replaced runs recorded revoked: their lease is over and nobody holds their "
+            "lock (overlap policy 'replace'); run ids: %s",
+            len(gone.replaced),
+            gone.replaced[:20],
+            extra={"action": "reconcile"},
+        )
+        metrics.reconciled({"replaced": len(gone.replaced)})
     lease = timedelta(seconds=settings.lease_seconds)
     stale = reclaim_stale(now, node_id, lease=lease, using=using, dead_after=dead_after)
     take_lock = TakeRunningLock(settings, using)

@@ -1,5 +1,7 @@
 """Started runs whose worker is gone: :func:`lost_runs`, the part of a reconcile pass
-(:mod:`celery_driftsafe.beat.recovery`) that records them ``failed``.
+(:mod:`celery_driftsafe.beat.recovery`) that records them ``failed``, and that records a run
+replaced under overlap policy ``replace`` ``revoked`` (:func:`replaced_runs_gone`, also a part
+of each recovery pass: its replacement runs meanwhile).
 
 A run is judged in the store its starting worker locked in (its ``lock_store``), as far as the
 beat reaches it (:func:`celery_driftsafe.locks.lock_backend_for`): a beat that looked only in
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -54,6 +56,18 @@ def lease_over(now: datetime) -> Q:
     return Q(lease_until__isnull=True) | Q(lease_until__lte=now)
 
 
+@dataclass
+class Lost:
+    """What :func:`lost_runs` recorded: run ids."""
+
+    #: ``failed``: the worker was lost.
+    failed: list[int] = field(default_factory=list)
+    #: ``revoked``: replaced (overlap policy ``replace``), its delivery gone.
+    replaced: list[int] = field(default_factory=list)
+    #: Left as they are: their lock is in a store out of this beat's reach.
+    unreachable: list[int] = field(default_factory=list)
+
+
 def lost_runs(
     runs: Any,
     bound: datetime,
@@ -62,29 +76,46 @@ def lost_runs(
     until: Until,
     using: str,
     settings: DriftSafeSettings,
-) -> tuple[list[int], list[int]]:
+) -> Lost:
     """Record ``failed`` the runs started before ``bound`` whose lock nobody holds and whose
-    lease in the ledger is over (a lock Redis lost is not a dead worker), a batch
-    at a time until none is left or ``until``: (ids recorded, ids whose store is out of
-    reach)."""
-    lost: list[int] = []
-    unreachable: list[int] = []
+    lease in the ledger is over (a lock Redis lost is not a dead worker), a batch at a time
+    until none is left or ``until``. A run another run replaced (overlap policy ``replace``:
+    it ends ``revoked`` whatever its body does, its reason naming its replacement, and never
+    starts again) is recorded ``revoked`` once its lease is over and its lock free, whenever
+    it started: its delivery is gone (its worker died, or a message it re-sent itself was
+    discarded by the revoke of its id)."""
+    lost = Lost()
     backends: dict[str | None, LockBackend | None] = {}
     after: tuple[datetime, int] | None = None
     while True:
-        started = runs.filter(lease_over(now), status=RunStatus.STARTED, started_at__lt=bound)
-        rows = next_page(started, "started_at", after, batch, "fencing_token", "lock_store")
-        for pk, started_at, token, store in rows:
+        started = runs.filter(
+            Q(started_at__lt=bound) | Q(replaced_by__isnull=False),
+            lease_over(now),
+            status=RunStatus.STARTED,
+        )
+        rows = next_page(
+            started, "started_at", after, batch, "fencing_token", "lock_store", "replaced_by"
+        )
+        for pk, started_at, token, store, replaced_by in rows:
             if store not in backends:
                 backends[store] = lock_backend_for(store, settings, using=using)
             locks = backends[store]
             if locks is None:
-                unreachable.append(pk)
+                lost.unreachable.append(pk)
             elif _worker_lost(locks, (pk, started_at, token, store), now, using, settings):
-                lost.append(pk)
+                (lost.failed if replaced_by is None else lost.replaced).append(pk)
         if len(rows) < batch or until.reached():
-            return lost, unreachable
+            return lost
         after = (rows[-1][1], rows[-1][0])
+
+
+def replaced_runs_gone(
+    now: datetime, batch: int, until: Until, using: str, settings: DriftSafeSettings
+) -> Lost:
+    """:func:`lost_runs` for the replaced runs alone (a recovery pass's: a replaced run is
+    recorded as soon as its lease is over, not a reconcile interval later)."""
+    replaced = Run.objects.using(using).filter(replaced_by__isnull=False)
+    return lost_runs(replaced, now, now, batch, until, using, settings)
 
 
 def _worker_lost(
@@ -94,8 +125,10 @@ def _worker_lost(
     using: str,
     settings: DriftSafeSettings,
 ) -> bool:
-    """Record ``run`` (id, start, token, lock store) failed if nobody holds its lock in
-    ``locks`` (its store's backend); the update is conditional on the run as read."""
+    """Record ``run`` (id, start, token, lock store) ended if nobody holds its lock in
+    ``locks`` (its store's backend): ``failed``, or ``revoked`` if another run replaced it
+    (its reason, naming its replacement, kept); the update is conditional on the run as
+    read."""
     pk, started_at, token, store = run
     # Above the run's token even when the lock's counter expired or was lost.
     lock = locks.lock(f"run:{pk}", ttl=settings.lease_seconds, fencing_floor=token)
@@ -106,16 +139,19 @@ def _worker_lost(
         return False  # cannot tell: leave it for a later pass
     try:
         taken = lock.fencing_token
+        this_run = Run.objects.using(using).filter(
+            lease_over(now),
+            pk=pk,
+            status=RunStatus.STARTED,
+            fencing_token__lt=taken,
+            lock_store=store,
+        )
+        ended = this_run.filter(replaced_by__isnull=False).update(
+            status=RunStatus.REVOKED, finished_at=now, fencing_token=taken
+        )
         return bool(
-            Run.objects.using(using)
-            .filter(
-                lease_over(now),
-                pk=pk,
-                status=RunStatus.STARTED,
-                fencing_token__lt=taken,
-                lock_store=store,
-            )
-            .update(
+            ended
+            or this_run.filter(replaced_by__isnull=True).update(
                 status=RunStatus.FAILED,
                 finished_at=now,
                 fencing_token=taken,

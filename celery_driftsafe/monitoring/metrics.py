@@ -207,7 +207,7 @@ def beat_metrics() -> BeatMetrics | None:
                 reconciled=pc.Counter(
                     "driftsafe_beat_runs_reconciled",
                     "Runs this beat's reconciliation gave an outcome: expired, worker_lost, "
-                    "or the result backend's (succeeded, failed, revoked)",
+                    "replaced, or the result backend's (succeeded, failed, revoked)",
                     ["outcome"],
                 ),
                 deadlines_missed=pc.Counter(

@@ -33,9 +33,11 @@ run to its end: :class:`~celery_driftsafe.worker.request.DriftSafeRequest` says 
 failing the revoke); for a prefork pool process that dies outright, which cannot, by the
 worker's main process once the pool has reaped it (:func:`replaced_body_killed`, which takes
 the lock from the killed holder: :meth:`~celery_driftsafe.locks.DistributedLock.take_from`);
-or by a beat after the lease when that worker is gone too. So two bodies of the
-task never run at once, whatever the pool, and a revoke that never reaches the worker (its
-remote control off or out of reach) only means the replacement waits for the body's end.
+or by a beat after the lease when that worker is gone too (which then records the replaced
+run ``revoked``: :func:`~celery_driftsafe.ledger.lost_runs.replaced_runs_gone`). So two
+bodies of the task never run at once, whatever the pool, and a revoke that never reaches the
+worker (its remote control off or out of reach) only means the replacement waits for the
+body's end.
 
 The delivery (:class:`~celery_driftsafe.worker.execution.Execution`) asks before it starts the
 run when it read the run first (:meth:`Overlap.before_start`,

@@ -23,10 +23,16 @@ from tests.support.factories import interval_task
 PREFIX = test_settings.DRIFTSAFE["KEY_PREFIX"]
 
 
-def overlap_task(name: str, policy: str) -> PeriodicTask:
-    """A periodic task of ``tests.record`` every second under overlap policy ``policy``."""
+def overlap_task(name: str, policy: str, **fields: Any) -> PeriodicTask:
+    """A periodic task of ``tests.record`` every second under overlap policy ``policy`` (and
+    ``fields``)."""
     return interval_task(
-        name, 1, anchor=datetime(2026, 3, 1, tzinfo=UTC), task="tests.record", overlap_policy=policy
+        name,
+        1,
+        anchor=datetime(2026, 3, 1, tzinfo=UTC),
+        task="tests.record",
+        overlap_policy=policy,
+        **fields,
     )
 
 

@@ -23,7 +23,14 @@ from celery_driftsafe.store.clock import authority_clock
 from celery_driftsafe.worker.overlap import REPLACING_WHY, replaced_body_killed
 from tests.support import drain, wait_until
 from tests.support.factories import interval_task
-from tests.support.overlap import body_running, deliver_published, held_for, overlap_task, slot_run
+from tests.support.overlap import (
+    body_running,
+    deliver_published,
+    held_for,
+    overlap_task,
+    recover,
+    slot_run,
+)
 from tests.support.overlap import delivery as unslotted_delivery
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -362,6 +369,92 @@ def test_the_main_process_publishes_the_replacement_once_the_killed_body_is_gone
     assert held_for(redis_client, second) == f"heir:run:{second.pk}"
     assert deliver_published(record, second, "x") == "x"
     assert calls == ["x"]
+
+
+def _gone_delivery(run: Run) -> None:
+    """``run`` started (its start written, under a lease), then its delivery went away with
+    no outcome, giving its locks back: the database failed it just after the start and it
+    re-sent its message for later, a message the revoke of the run's id (its replacement's)
+    makes its worker discard unrecorded."""
+    now = authority_clock().now()
+    Run.objects.filter(pk=run.pk).update(
+        status=RunStatus.STARTED,
+        started_at=now,
+        worker="worker-0",
+        fencing_token=1,
+        lease_until=now + timedelta(seconds=get_settings().lease_seconds),
+    )
+
+
+def _lease_over(run: Run) -> None:
+    """The lease of started ``run`` ran out (nobody renews it: its delivery is gone)."""
+    Run.objects.filter(pk=run.pk).update(lease_until=authority_clock().now() - timedelta(seconds=1))
+
+
+def test_a_replaced_run_whose_delivery_is_gone_is_recorded_revoked_by_a_beat(
+    record: Any,
+    calls: list[Any],
+    broker_app: Any,
+    redis_client: Any,
+    revokes: Any,
+    path: str,
+    locks: str,
+) -> None:
+    """The chaos run's case: the first run's start was written, then its delivery went away
+    (see :func:`_gone_delivery`); the second slot replaces it and waits. Nothing is done
+    while the first's lease lasts (a body may run under it). Once it is over, a beat's
+    recovery records the first ``revoked``, naming its replacement (before, it stayed
+    ``started`` beside the replacement that ran, until the reconciliation recorded it
+    ``failed`` an hour later, a failure towards ``pause_after_failures``), and publishes the
+    second, which runs."""
+    periodic = overlap_task("gone", "replace")
+    first, second = (slot_run(periodic, s) for s in (1, 2))
+    _gone_delivery(first)
+    drain()
+    with delivery(record, second), pytest.raises(Ignore):
+        record("b")
+    assert revokes == [([first.celery_task_id], True)]
+    recover(broker_app)
+    assert Run.objects.get(pk=first.pk).status == RunStatus.STARTED, "its lease lasts"
+    assert Run.objects.get(pk=second.pk).status == RunStatus.WAITING
+    assert drain() == []
+    _lease_over(first)
+    recover(broker_app)
+    first.refresh_from_db()
+    assert first.status == RunStatus.REVOKED, first.error
+    assert first.error == f"revoked: replaced by {_reason(second)} (overlap policy 'replace')"
+    assert first.finished_at is not None and first.fencing_token > 1
+    assert deliver_published(record, second, "x") == "x"
+    assert calls == ["x"]
+    periodic.refresh_from_db()
+    assert periodic.consecutive_failures == 0
+
+
+def test_the_reconciliation_records_a_gone_replaced_run_revoked_not_failed(
+    record: Any, redis_client: Any, revokes: Any
+) -> None:
+    """A replaced run left started by a delivery that is gone, its lease over: the minute's
+    reconciliation (a beat that has not run its recovery yet) records it ``revoked`` too,
+    at once, not ``failed`` once ``STUCK_RUN_SECONDS`` have gone; a run nobody replaced is
+    left for then. Neither counts towards ``pause_after_failures``."""
+    from celery_driftsafe.beat.recovery import reconcile
+
+    periodic = overlap_task("gone-reconciled", "replace", pause_after_failures=1)
+    first, second = (slot_run(periodic, s) for s in (1, 2))
+    alone = slot_run(overlap_task("not-replaced-gone", "replace"), 1)
+    _gone_delivery(first)
+    _gone_delivery(alone)
+    with delivery(record, second), pytest.raises(Ignore):
+        record("b")
+    _lease_over(first)
+    _lease_over(alone)
+    done = reconcile(authority_clock().now(), lease=timedelta(seconds=get_settings().lease_seconds))
+    assert (done.replaced, done.lost) == ([first.pk], [])
+    assert done.outcomes()["replaced"] == 1
+    assert Run.objects.get(pk=first.pk).status == RunStatus.REVOKED
+    assert Run.objects.get(pk=alone.pk).status == RunStatus.STARTED
+    periodic.refresh_from_db()
+    assert (periodic.enabled, periodic.consecutive_failures) == (True, 0)
 
 
 def test_the_main_process_leaves_a_run_nobody_replaced_alone(
