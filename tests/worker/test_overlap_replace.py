@@ -323,13 +323,18 @@ def _killed_body(periodic: PeriodicTask, run: Run) -> None:
     settings = get_settings()
     held = running_lock(lock_backend(settings), periodic.pk, settings, run_id=run.pk)
     assert held.acquire(blocking=False)
+    _started(run)
+
+
+def _started(run: Run) -> None:
+    """``run``'s start as its delivery writes it: by ``worker-0``, token 1, under a lease."""
     now = authority_clock().now()
     Run.objects.filter(pk=run.pk).update(
         status=RunStatus.STARTED,
         started_at=now,
         worker="worker-0",
         fencing_token=1,
-        lease_until=now + timedelta(seconds=settings.lease_seconds),
+        lease_until=now + timedelta(seconds=get_settings().lease_seconds),
     )
 
 
@@ -371,21 +376,6 @@ def test_the_main_process_publishes_the_replacement_once_the_killed_body_is_gone
     assert calls == ["x"]
 
 
-def _gone_delivery(run: Run) -> None:
-    """``run`` started (its start written, under a lease), then its delivery went away with
-    no outcome, giving its locks back: the database failed it just after the start and it
-    re-sent its message for later, a message the revoke of the run's id (its replacement's)
-    makes its worker discard unrecorded."""
-    now = authority_clock().now()
-    Run.objects.filter(pk=run.pk).update(
-        status=RunStatus.STARTED,
-        started_at=now,
-        worker="worker-0",
-        fencing_token=1,
-        lease_until=now + timedelta(seconds=get_settings().lease_seconds),
-    )
-
-
 def _lease_over(run: Run) -> None:
     """The lease of started ``run`` ran out (nobody renews it: its delivery is gone)."""
     Run.objects.filter(pk=run.pk).update(lease_until=authority_clock().now() - timedelta(seconds=1))
@@ -401,7 +391,9 @@ def test_a_replaced_run_whose_delivery_is_gone_is_recorded_revoked_by_a_beat(
     locks: str,
 ) -> None:
     """The chaos run's case: the first run's start was written, then its delivery went away
-    (see :func:`_gone_delivery`); the second slot replaces it and waits. Nothing is done
+    with no outcome, giving its locks back (the database failed it just after the start, and
+    it re-sent its message for later, a message the revoke of the run's id makes its worker
+    discard unrecorded); the second slot replaces it and waits. Nothing is done
     while the first's lease lasts (a body may run under it). Once it is over, a beat's
     recovery records the first ``revoked``, naming its replacement (before, it stayed
     ``started`` beside the replacement that ran, until the reconciliation recorded it
@@ -409,7 +401,7 @@ def test_a_replaced_run_whose_delivery_is_gone_is_recorded_revoked_by_a_beat(
     second, which runs."""
     periodic = overlap_task("gone", "replace")
     first, second = (slot_run(periodic, s) for s in (1, 2))
-    _gone_delivery(first)
+    _started(first)
     drain()
     with delivery(record, second), pytest.raises(Ignore):
         record("b")
@@ -442,8 +434,8 @@ def test_the_reconciliation_records_a_gone_replaced_run_revoked_not_failed(
     periodic = overlap_task("gone-reconciled", "replace", pause_after_failures=1)
     first, second = (slot_run(periodic, s) for s in (1, 2))
     alone = slot_run(overlap_task("not-replaced-gone", "replace"), 1)
-    _gone_delivery(first)
-    _gone_delivery(alone)
+    _started(first)
+    _started(alone)
     with delivery(record, second), pytest.raises(Ignore):
         record("b")
     _lease_over(first)
