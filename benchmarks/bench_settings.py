@@ -99,7 +99,13 @@ DATABASES = {
     }
 }
 _PREFIX = os.environ.get("BENCH_PREFIX", "dsbench")
-_STORE = os.environ.get("BENCH_STORE_URL", "redis://127.0.0.1:6379/9")
+_STORE = os.environ.get("BENCH_STORE_URL", "")
+if not _STORE:  # never a server of the machine's by default
+    raise RuntimeError(
+        "BENCH_STORE_URL is not set: benchmarks.bench_settings is the settings module of a "
+        "benchmark trial's processes, which benchmarks/trial.py starts with it set (a Redis "
+        "database of the run's own)"
+    )
 
 DRIFTSAFE: dict[str, Any] = {
     "REDIS_URL": _STORE,
@@ -119,7 +125,7 @@ _public, _internal = switched_off(os.environ.get("DRIFTSAFE_BENCH_OFF", ""))
 DRIFTSAFE.update(_public)
 DRIFTSAFE_INTERNALS.update(_internal)
 
-CELERY_BROKER_URL = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/9")
+CELERY_BROKER_URL = os.environ.get("BENCH_BROKER_URL", _STORE)
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("BENCH_QUEUE", f"{_PREFIX}:queue")
 CELERY_TIMEZONE = "UTC"
 CELERY_REDBEAT_REDIS_URL = _STORE

@@ -5,8 +5,8 @@
 #   bash benchmarks/compare.sh --quick    # every scenario at small sizes (a few minutes)
 #   bash benchmarks/compare.sh --help     # pick scenarios, sizes, bounds
 # Needs PostgreSQL (DRIFTSAFE_TEST_POSTGRES_URL; eval "$(bash tests/services.sh up)" starts one),
-# redis-server (the run starts its own broker and schedule store; without it, the Redis at
-# DRIFTSAFE_BENCH_REDIS_URL, default redis://127.0.0.1:6379/9) and libfaketime (Debian package
+# redis-server (the run starts its own broker and schedule store; without it, the Redis database
+# DRIFTSAFE_BENCH_REDIS_URL names, if set) and libfaketime (Debian package
 # faketime, plus gcc for its shim). The peers are installed into .venv-bench only.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -11,8 +11,9 @@ from ``/proc`` twice a second.
 
 The schedule store (RedBeat's schedule and lock, celery_driftsafe's locks and wake-ups) and the
 broker are two ``redis-server`` processes of the run's own, so the store's command counter
-counts only the schedulers' traffic. Without ``redis-server`` on PATH both fall back to
-``DRIFTSAFE_BENCH_REDIS_URL`` (default database 9 of the local Redis, which no test uses).
+counts only the schedulers' traffic. Without ``redis-server`` on PATH both are the Redis
+database that ``DRIFTSAFE_BENCH_REDIS_URL`` names, if set (a server of the machine's is never
+written to unasked); otherwise the run stops, saying so.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ from celery_driftsafe.testing.processes import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-BROKER_URL = os.environ.get("DRIFTSAFE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/9")
+#: A Redis database the run may write to when it cannot start its own (no ``redis-server``).
+BROKER_URL = os.environ.get("DRIFTSAFE_BENCH_REDIS_URL")
 
 
 def pg_exec(sql: str, dbname: str = "postgres") -> list[tuple[Any, ...]]:
@@ -86,7 +88,7 @@ class Services:
         self.redis_servers: list[RedisServer] = []
         # Two servers of the run's own: the store's command counter then counts only the
         # schedulers' traffic, and nothing else on the machine (a test restarting the shared
-        # Redis) can disturb the broker. Without redis-server both fall back to BROKER_URL.
+        # Redis) can disturb the broker. Without redis-server both are BROKER_URL.
         self.store_url = self._start_redis("store")
         self.broker_url = self._start_redis("broker")
         pg_exec(f"CREATE DATABASE {self.template}")
@@ -104,6 +106,14 @@ class Services:
 
     def _start_redis(self, name: str) -> str:
         if shutil.which("redis-server") is None:
+            if BROKER_URL is None:
+                self.close()
+                raise RuntimeError(
+                    "redis-server is not on PATH, so the comparison cannot start Redis servers "
+                    "of its own: install it (bash tests/services.sh --install, or apt-get "
+                    "install redis-server), or set DRIFTSAFE_BENCH_REDIS_URL to a Redis "
+                    "database the comparison may write to"
+                )
             return BROKER_URL
         server = start_redis(self.workdir / f"redis-{name}")
         self.redis_servers.append(server)
