@@ -1,10 +1,11 @@
 """End-to-end: overlap policy ``replace`` with two real ``celery beat`` processes (clocks 0.7 s
-apart) and two real ``celery worker`` processes side by side, a prefork one and a threads one,
-each on a queue of its own with a task of its own: a 2-second task whose body takes far longer.
-On prefork each slot's run replaces the previous one, whose body is terminated (its pool
-process killed outright, so the worker's main process hands the task on); on threads,
-which cannot terminate a body, the next run waits for the running body to end. Every fact is
-read from the ledger and from the lines the bodies write."""
+apart) and three real ``celery worker`` processes side by side, a prefork one, a gevent one and
+a threads one, each on a queue of its own with a task of its own: a 2-second task whose body
+takes far longer. On prefork each slot's run replaces the previous one, whose body is
+terminated (its pool process killed outright, so the worker's main process hands the task on);
+on gevent the revoke kills the body's greenlet, which unwinds and hands the task on itself; on
+threads, which cannot terminate a body, the next run waits for the running body to end. Every
+fact is read from the ledger and from the lines the bodies write."""
 
 from __future__ import annotations
 
@@ -57,11 +58,10 @@ def _replacing(name: str, args: list[Any], queue: str) -> dict[str, Any]:
 
 
 def _bodies(log: Path) -> dict[tuple[int, str], dict[str, list[float]]]:
-    """(periodic task id, slot) -> {"begin": [times], "end": [times], "alive": [times]} from
-    the bodies' lines ("alive": a later body began while this one's process still ran)."""
-    bodies: dict[tuple[int, str], dict[str, list[float]]] = defaultdict(
-        lambda: {"begin": [], "end": [], "alive": []}
-    )
+    """(periodic task id, slot) -> {"begin": [times], "end": [times], "cut": [times], "alive":
+    [times]} from the bodies' lines ("cut": the body was cut short as it unwound; "alive": a
+    later body began while this one's process still ran)."""
+    bodies: dict[tuple[int, str], dict[str, list[float]]] = defaultdict(_no_lines)
     for line in log.read_text().splitlines():
         phase, task_id, slot, _pid, at = line.split()
         key = (int(task_id), datetime.fromisoformat(slot).isoformat())
@@ -69,22 +69,29 @@ def _bodies(log: Path) -> dict[tuple[int, str], dict[str, list[float]]]:
     return bodies
 
 
+def _no_lines() -> dict[str, list[float]]:
+    return {"begin": [], "end": [], "cut": [], "alive": []}
+
+
 def _slot_named(error: str) -> str:
     """The slot a revoked run's reason names as its replacement's."""
     return error.split("the run of slot ", 1)[1].split(" ", 1)[0]
 
 
-def test_real_beats_replace_terminates_on_prefork_and_waits_on_threads(tmp_path: Path) -> None:
+def test_real_beats_replace_terminates_on_prefork_and_gevent_and_waits_on_threads(
+    tmp_path: Path,
+) -> None:
     run = E2ERun("postgresql", tmp_path, lease=10.0, dead_after=3.0)
-    threads_queue = f"{run.queue}-threads"
+    threads_queue, gevent_queue = f"{run.queue}-threads", f"{run.queue}-gevent"
     try:
         prefork = run.start_worker("prefork", pool="prefork", concurrency=2)
         threads = run.start_worker("threads", pool="threads", concurrency=2, queue=threads_queue)
+        gevent = run.start_worker("gevent", pool="gevent", concurrency=2, queue=gevent_queue)
         run.start_beat(0.0)
         run.start_beat(0.7)
         run.wait_until_claiming()
-        run.wait_ready(prefork)
-        run.wait_ready(threads)
+        for worker in (prefork, threads, gevent):
+            run.wait_ready(worker)
         start = real_now() + timedelta(seconds=1)
         run.seed(
             [
@@ -92,6 +99,8 @@ def test_real_beats_replace_terminates_on_prefork_and_waits_on_threads(tmp_path:
                 # worker's main process does
                 _replacing("cut", [PREFORK_BODY, True], run.queue),
                 _replacing("waits", [THREADS_BODY], threads_queue),
+                # its greenlet killed: it unwinds (and says so), handing the lock on itself
+                _replacing("greenlet", [PREFORK_BODY, False, True], gevent_queue),
             ],
             start,
         )
@@ -106,7 +115,7 @@ def test_real_beats_replace_terminates_on_prefork_and_waits_on_threads(tmp_path:
     ids = {t["name"]: t["id"] for t in dump["tasks"]}
     bodies = _bodies(tmp_path / "executions.log")
     by_id = {r["id"]: r for r in runs}
-    for name, pool in (("cut", "prefork"), ("waits", "threads")):
+    for name, pool in (("cut", "prefork"), ("waits", "threads"), ("greenlet", "gevent")):
         mine = sorted((r for r in runs if r["task_id"] == ids[name]), key=lambda r: r["slot"])
         print(f"\n{pool}:")
         for r in mine:
@@ -119,10 +128,10 @@ def test_real_beats_replace_terminates_on_prefork_and_waits_on_threads(tmp_path:
         assert all(b - a == timedelta(seconds=INTERVAL) for a, b in itertools.pairwise(slots))
         assert {r["status"] for r in mine} <= {"revoked", "succeeded", "skipped"}, (pool, mine)
         for r in mine:
-            body = bodies.get((ids[name], r["slot"]), {"begin": [], "end": [], "alive": []})
+            body = bodies.get((ids[name], r["slot"]), _no_lines())
             assert len(body["begin"]) <= 1 and len(body["end"]) <= 1, f"doubled: {r}"
-            # (prefork: a later body began while this one's process still ran; threads, one
-            # process, are judged by their spans below)
+            # (prefork: a later body began while this one's process still ran; threads and
+            # gevent, one process, are judged by their spans below)
             assert not body["alive"], f"a later body began beside this one: {r}"
             if r["status"] == "skipped":  # its delivery came after a later slot's
                 assert "a run of a later slot of this task runs or waits" in r["error"], r
@@ -141,7 +150,8 @@ def test_real_beats_replace_terminates_on_prefork_and_waits_on_threads(tmp_path:
             else:
                 assert body["begin"] and body["end"], f"succeeded without its body: {r}"
         # a run that waited was published again (a second dispatch) by a worker (the main
-        # process of the prefork one, the body's end on threads), not by a beat after the lease
+        # process of the prefork one, the body's end or unwinding on threads and gevent), not
+        # by a beat after the lease
         ran = [r for r in mine if bodies.get((ids[name], r["slot"]), {}).get("begin")]
         assert len(ran) >= 2, (pool, ran)
         released = [r for r in mine if r["attempts"] >= 2]
@@ -151,17 +161,25 @@ def test_real_beats_replace_terminates_on_prefork_and_waits_on_threads(tmp_path:
         replaced_running = [r for r in ran if r["replaced_by"] is not None]
         assert replaced_running, f"{pool}: no running run was replaced: {mine}"
         ended = [r for r in ran if bodies[(ids[name], r["slot"])]["end"]]
-        if pool == "prefork":
+        if pool == "threads":
+            # threads cannot terminate: every body ran to its end
+            assert ended == ran, "a threads body was cut short"
+        else:
             # each run replaced while its body ran was cut short (terminated): no end line
+            # (gevent: its greenlet unwound, and said so)
             assert all(not bodies[(ids[name], r["slot"])]["end"] for r in replaced_running)
             assert ended == [mine[-1]], "only the last body ran to its end"
-        else:
-            # threads cannot terminate: every body ran to its end, one at a time
-            assert ended == ran, "a threads body was cut short"
+        if pool == "gevent":
+            assert all(bodies[(ids[name], r["slot"])]["cut"] for r in replaced_running)
+        if pool != "prefork":
+            # one process: its bodies' spans (to the end, or to the cut) one after the other
             spans = sorted(
                 (
                     bodies[(ids[name], r["slot"])]["begin"][0],
-                    bodies[(ids[name], r["slot"])]["end"][0],
+                    max(
+                        bodies[(ids[name], r["slot"])]["end"]
+                        + bodies[(ids[name], r["slot"])]["cut"]
+                    ),
                 )
                 for r in ran
             )
