@@ -9,7 +9,7 @@ every mechanism on, then with each one off in turn, in one run on one machine.
     python -m benchmarks ablation --table RESULTS_JSON     # the tables again, from a saved run
 
 A mechanism is turned off through the benchmarks' own switch, ``DRIFTSAFE_BENCH_OFF``, which
-``benchmarks/bench_settings.py`` maps to the ``FAST_PUBLISH`` setting or to the constants a
+``benchmarks/switches.py`` maps to the ``FAST_PUBLISH`` setting or to the constants a
 project does not set (``CLAIM_PROCESS``, ``PUBLISH_BATCH_SIZE``, ``MIN_ROUND_INTERVAL_SECONDS``,
 ``OPTIMISATIONS_OFF``, in ``DRIFTSAFE_INTERNALS``).
 Each repeat runs every configuration once, in an order rotated by one from the repeat
@@ -58,7 +58,7 @@ from benchmarks import scenarios
 from benchmarks.peers import PEERS
 from benchmarks.trial import ROOT, Services, pg_exec
 
-#: Mechanisms switched by a setting of their own (bench_settings.py maps the names).
+#: Mechanisms switched by a setting of their own (benchmarks/switches.py maps the names).
 SETTING_SWITCHES = {
     "fast_publish": "FAST_PUBLISH = False",
     "claim_process": "CLAIM_PROCESS = False",

@@ -12,8 +12,8 @@ one trial comes from the environment, set by :mod:`benchmarks.peers`:
 ``BENCH_MAX_LOOP``        tuned runs only: ``beat_max_loop_interval`` (seconds)
 ``BENCH_REDBEAT_LOCK``    tuned runs only: ``redbeat_lock_timeout`` (seconds)
 ``DRIFTSAFE_BENCH_OFF``   celery_driftsafe's performance mechanisms switched off, by name,
-                          comma-separated (:func:`switched_off`), for the ablation benchmark;
-                          inherited from the command's environment
+                          comma-separated (:func:`benchmarks.switches.switched_off`), for
+                          the ablation benchmark; inherited from the command's environment
 
 celery_driftsafe's constants (batch sizes, the round interval, the claim process, the
 performance mechanisms) are no project's to set: the benchmarks change them through
@@ -28,44 +28,7 @@ import os
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from celery_driftsafe.core.stored_names import Optimisation
-
-#: Mechanisms with a value of their own, by the name the benchmark gives them, and the key
-#: that switches each off (``FAST_PUBLISH`` in ``DRIFTSAFE``, the others in
-#: ``DRIFTSAFE_INTERNALS``).
-OWN_SETTINGS: dict[str, tuple[str, Any]] = {
-    "fast_publish": ("FAST_PUBLISH", False),
-    "claim_process": ("CLAIM_PROCESS", False),
-    "publish_batch": ("PUBLISH_BATCH_SIZE", 1),
-    "round_interval": ("MIN_ROUND_INTERVAL_SECONDS", 0),
-}
-
-
-#: The one of :data:`OWN_SETTINGS` a project may set (in ``DRIFTSAFE``).
-PUBLIC = ("FAST_PUBLISH",)
-
-
-def switched_off(names: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The ``DRIFTSAFE`` and the ``DRIFTSAFE_INTERNALS`` entries that switch off the mechanisms
-    ``names`` (comma-separated): an :class:`~celery_driftsafe.core.stored_names.Optimisation`
-    goes to ``OPTIMISATIONS_OFF``, one of :data:`OWN_SETTINGS` to its key. An unknown name
-    raises, listing the known."""
-    public: dict[str, Any] = {}
-    entries: dict[str, Any] = {}
-    off: list[str] = []
-    for name in filter(None, (part.strip() for part in names.split(","))):
-        if name in OWN_SETTINGS:
-            key, value = OWN_SETTINGS[name]
-            (public if key in PUBLIC else entries)[key] = value
-        elif name in Optimisation.values:
-            off.append(name)
-        else:
-            known = ", ".join([*OWN_SETTINGS, *Optimisation.values])
-            raise ValueError(f"DRIFTSAFE_BENCH_OFF: unknown mechanism {name!r}; known: {known}")
-    if off:
-        entries["OPTIMISATIONS_OFF"] = off
-    return public, entries
-
+from benchmarks.switches import switched_off
 
 SECRET_KEY = "benchmark-only-not-secret"
 DEBUG = False

@@ -1,7 +1,7 @@
 """``OPTIMISATIONS_OFF``: each performance mechanism can be switched off at run time, and off
 it takes the plain way (shown by what it then uses or does not do) with the same outcome: the
 same claimed runs and task states, the same published messages, the same misfire plans.
-``benchmarks/bench_settings.py`` names these and the mechanisms with settings of their own."""
+``benchmarks/switches.py`` names these and the mechanisms with settings of their own."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from django.core.checks import Error
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from benchmarks.bench_settings import OWN_SETTINGS, switched_off
+from benchmarks.switches import OWN_SETTINGS, switched_off
 from celery_driftsafe.beat import nodes
 from celery_driftsafe.beat.gc_freeze import MIN_OBJECTS, HeapKeeper, widen_young_generation
 from celery_driftsafe.checks import _check_raw
