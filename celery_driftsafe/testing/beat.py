@@ -33,13 +33,15 @@ from zoneinfo import ZoneInfo
 
 from celery import Celery
 from celery.signals import after_task_publish
+from django.db import DatabaseError
 from django.db.models import Min
 from django.db.models.signals import post_save
 
 from celery_driftsafe.beat import nodes
 from celery_driftsafe.core.headers import HEADER_PERIODIC_TASK_ID, HEADER_RUN_ID, HEADER_SLOT
 from celery_driftsafe.definitions.beat_schedule import SyncReport, sync_beat_schedule
-from celery_driftsafe.scheduler import DriftSafeScheduler
+from celery_driftsafe.scheduler import ROLLED_BACK_ROUNDS, DriftSafeScheduler
+from celery_driftsafe.store.connections import rolled_back
 from celery_driftsafe.testing import FakeClock
 
 #: Settings copied from the application's Celery app to the beat's own in-memory one: what
@@ -218,7 +220,16 @@ class SteppedBeat:
         celery_log = logging.getLogger("celery.app.base")
         celery_log.addFilter(_past_expiry)
         try:
-            scheduler.run_round()
+            for again in range(ROLLED_BACK_ROUNDS, -1, -1):
+                try:
+                    scheduler.run_round()
+                    break
+                except DatabaseError as exc:
+                    # rolled back for a concurrent transaction (a deadlock with a worker
+                    # recording an outcome, say): it changed nothing, and a beat runs the
+                    # round again at once, a few times in a row; so does this one
+                    if not (again and rolled_back(exc)):
+                        raise
         finally:
             celery_log.removeFilter(_past_expiry)
             after_task_publish.disconnect(record)

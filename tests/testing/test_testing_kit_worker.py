@@ -19,6 +19,9 @@ from celery.signals import task_postrun
 
 from celery_driftsafe.models import PeriodicTask, RunStatus
 from celery_driftsafe.task import DriftSafeTask
+from tests import settings as test_settings
+from tests.skip_guard import configuration
+from tests.support.factories import real_deadlock
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
@@ -78,3 +81,46 @@ def test_what_the_stepped_beat_publishes_runs_once_per_slot_on_a_worker(
     assert sorted(executed) == sorted(m.task_id for m in published)  # each once
     # The worker's clock in this process is the fake one: the runs started at fake times.
     assert {run.started_at.date() for run in runs} == {datetime(2026, 3, 29).date()}
+
+
+@pytest.mark.skipif(
+    test_settings.TEST_DB == "sqlite", reason=configuration("SQLite has no deadlocks")
+)
+def test_a_round_the_database_rolls_back_for_a_concurrent_transaction_runs_again(
+    driftsafe: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round's transaction chosen as a deadlock's victim (MariaDB's claim beside a worker
+    recording an outcome, seen in CI: the user's test failed on it) changed nothing: the
+    stepped beat runs the round again, as a beat does, and the slot fires once. An error the
+    database did not roll back for a concurrent transaction still reaches the test."""
+    from django.db import DatabaseError
+
+    deadlock = real_deadlock()
+    driftsafe.clock.set(datetime(2026, 3, 29, 0, 0, tzinfo=UTC))
+    PeriodicTask.objects.create(
+        name="tick",
+        task="kit.tick",
+        schedule_kind="interval",
+        interval_every=10,
+        interval_unit="minutes",
+    )
+    scheduler = driftsafe.scheduler
+    original = scheduler.run_round
+    failures = [deadlock, deadlock]
+
+    def run_round() -> float:
+        if failures:
+            raise failures.pop()
+        result: float = original()
+        return result
+
+    monkeypatch.setattr(scheduler, "run_round", run_round)
+    driftsafe.advance(timedelta(minutes=10))
+    assert not failures
+    assert driftsafe.fired("tick") == [datetime(2026, 3, 29, 0, 10, tzinfo=UTC)]
+    failures.append(DatabaseError("not rolled back"))
+    with pytest.raises(DatabaseError, match="not rolled back"):
+        driftsafe.advance(timedelta(minutes=10))
+    failures.extend([deadlock] * 4)  # one more than a beat runs again in a row
+    with pytest.raises(DatabaseError):
+        driftsafe.advance(timedelta(minutes=10))
