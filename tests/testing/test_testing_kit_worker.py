@@ -17,6 +17,12 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 from celery.signals import task_postrun
 
+# celery_driftsafe.testing.beat is imported here, at collection, rather than by the ``driftsafe``
+# fixture with the worker's thread already running: pytest parses the package's modules (to
+# rewrite their asserts) as they are imported, and CPython 3.11 (3.11.7 here) can fail a parse
+# beside another thread's with "SystemError: AST constructor recursion depth mismatch"
+# (python/cpython#106905), as this test did here.
+import celery_driftsafe.testing.beat  # noqa: F401
 from celery_driftsafe.models import PeriodicTask, RunStatus
 from celery_driftsafe.task import DriftSafeTask
 from tests import settings as test_settings
