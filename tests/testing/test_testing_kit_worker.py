@@ -63,9 +63,9 @@ def executed(celery_app: Any, redis_client: Any) -> Iterator[list[str]]:
         task_postrun.disconnect(dispatch_uid="kit-close-postrun")
 
 
-def test_what_the_stepped_beat_publishes_runs_once_per_slot_on_a_worker(
-    driftsafe: Any, executed: list[str]
-) -> None:
+def _tick_every_ten_minutes(driftsafe: Any) -> None:
+    """The task ``tick`` (``kit.tick``) every 10 minutes, from 2026-03-29 00:00 UTC on the
+    stepped beat's clock."""
     driftsafe.clock.set(datetime(2026, 3, 29, 0, 0, tzinfo=UTC))
     PeriodicTask.objects.create(
         name="tick",
@@ -74,6 +74,12 @@ def test_what_the_stepped_beat_publishes_runs_once_per_slot_on_a_worker(
         interval_every=10,
         interval_unit="minutes",
     )
+
+
+def test_what_the_stepped_beat_publishes_runs_once_per_slot_on_a_worker(
+    driftsafe: Any, executed: list[str]
+) -> None:
+    _tick_every_ten_minutes(driftsafe)
     driftsafe.advance(timedelta(hours=1))
     published = driftsafe.messages("tick")
     assert [m.slot for m in published] == [
@@ -102,14 +108,7 @@ def test_a_round_the_database_rolls_back_for_a_concurrent_transaction_runs_again
     from django.db import DatabaseError
 
     deadlock = real_deadlock()
-    driftsafe.clock.set(datetime(2026, 3, 29, 0, 0, tzinfo=UTC))
-    PeriodicTask.objects.create(
-        name="tick",
-        task="kit.tick",
-        schedule_kind="interval",
-        interval_every=10,
-        interval_unit="minutes",
-    )
+    _tick_every_ten_minutes(driftsafe)
     scheduler = driftsafe.scheduler
     original = scheduler.run_round
     failures = [deadlock, deadlock]
