@@ -102,7 +102,9 @@ def lost_runs(
             locks = backends[store]
             if locks is None:
                 lost.unreachable.append(pk)
-            elif _worker_lost(locks, (pk, started_at, token, store), now, using, settings):
+            elif _worker_lost(
+                locks, (pk, started_at, token, store, replaced_by), now, using, settings
+            ):
                 (lost.failed if replaced_by is None else lost.replaced).append(pk)
         if len(rows) < batch or until.reached():
             return lost
@@ -120,16 +122,17 @@ def replaced_runs_gone(
 
 def _worker_lost(
     locks: LockBackend,
-    run: tuple[int, datetime | None, int, str | None],
+    run: tuple[int, datetime | None, int, str | None, int | None],
     now: datetime,
     using: str,
     settings: DriftSafeSettings,
 ) -> bool:
-    """Record ``run`` (id, start, token, lock store) ended if nobody holds its lock in
-    ``locks`` (its store's backend): ``failed``, or ``revoked`` if another run replaced it
-    (its reason, naming its replacement, kept); the update is conditional on the run as
-    read."""
-    pk, started_at, token, store = run
+    """Record ``run`` (id, start, token, lock store, the run that replaced it) ended if nobody
+    holds its lock in ``locks`` (its store's backend): ``failed``, or ``revoked`` if another
+    run replaced it (its reason, naming its replacement, kept); the update is conditional on
+    the run as read, its replacement included (one replaced since is left for the next
+    pass, not recorded failed)."""
+    pk, started_at, token, store, replaced_by = run
     # Above the run's token even when the lock's counter expired or was lost.
     lock = locks.lock(f"run:{pk}", ttl=settings.lease_seconds, fencing_floor=token)
     try:
@@ -139,25 +142,26 @@ def _worker_lost(
         return False  # cannot tell: leave it for a later pass
     try:
         taken = lock.fencing_token
-        this_run = Run.objects.using(using).filter(
-            lease_over(now),
-            pk=pk,
-            status=RunStatus.STARTED,
-            fencing_token__lt=taken,
-            lock_store=store,
-        )
-        ended = this_run.filter(replaced_by__isnull=False).update(
-            status=RunStatus.REVOKED, finished_at=now, fencing_token=taken
+        ended: dict[str, Any] = (
+            {"status": RunStatus.REVOKED}  # its error names its replacement already
+            if replaced_by is not None
+            else {
+                "status": RunStatus.FAILED,
+                "error": f"worker lost: started at {started_at}, no outcome recorded and "
+                "nobody holds the run's lock (the worker died or was killed)",
+            }
         )
         return bool(
-            ended
-            or this_run.filter(replaced_by__isnull=True).update(
-                status=RunStatus.FAILED,
-                finished_at=now,
-                fencing_token=taken,
-                error=f"worker lost: started at {started_at}, no outcome recorded and nobody "
-                "holds the run's lock (the worker died or was killed)",
+            Run.objects.using(using)
+            .filter(
+                lease_over(now),
+                pk=pk,
+                status=RunStatus.STARTED,
+                fencing_token__lt=taken,
+                lock_store=store,
+                replaced_by=replaced_by,
             )
+            .update(finished_at=now, fencing_token=taken, **ended)
         )
     finally:
         lock.release()
