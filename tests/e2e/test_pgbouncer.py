@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -115,13 +116,12 @@ def _read(path: Path) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def _server_connections(db_name: str) -> int:
-    """How many server connections the database has now (read off PostgreSQL itself)."""
-    rows = postgres_exec(
-        "SELECT count(*) FROM pg_stat_activity "
+def _backends(db_name: str) -> list[tuple[Any, ...]]:
+    """The database's server connections now (read off PostgreSQL itself), a row each."""
+    return postgres_exec(
+        "SELECT pid, usename, backend_start, state, left(query, 80) FROM pg_stat_activity "
         f"WHERE datname = '{db_name}' AND pid <> pg_backend_pid()"
     )
-    return int(rows[0][0])
 
 
 def _server_connections_held(db_name: str) -> tuple[int, int]:
@@ -131,19 +131,10 @@ def _server_connections_held(db_name: str) -> tuple[int, int]:
     milliseconds, so one reading can count it beside its successor (seen in CI once: 3 of a
     pool of 2, for an instant); a client connected past PgBouncer holds its connection for
     longer than that."""
-    first = _server_connections(db_name)
+    first = len(_backends(db_name))
     time.sleep(0.1)
-    second = _server_connections(db_name)
+    second = len(_backends(db_name))
     return min(first, second), max(first, second)
-
-
-def _backends(db_name: str) -> str:
-    """The database's server connections now, a line each (for a failure's message)."""
-    rows = postgres_exec(
-        "SELECT pid, usename, backend_start, state, left(query, 80) FROM pg_stat_activity "
-        f"WHERE datname = '{db_name}' AND pid <> pg_backend_pid()"
-    )
-    return "\n".join(map(str, rows))
 
 
 def _default_level(bouncer: Bouncer, db_name: str, user: str) -> str:
@@ -228,7 +219,7 @@ def test_beats_and_a_worker_behind_pgbouncer_in_transaction_pooling(
             held, most = _server_connections_held(run.db_name)
             instant = max(instant, most)
             if held > busiest:
-                busiest, seen = held, _backends(run.db_name)
+                busiest, seen = held, "\n".join(map(str, _backends(run.db_name)))
             time.sleep(0.5)
         if beat_role:  # the levels each side's sessions start at, as the test means them
             assert _default_level(pgbouncer, run.db_name, PG["USER"]) == "repeatable read"
