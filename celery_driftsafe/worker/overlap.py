@@ -352,8 +352,9 @@ class Overlap:
         first attempt's).
 
         The run waits first, then looks at the running lock: a run that ends meanwhile looks
-        for the waiting run before it gives its lock up, so one of the two sees the other and
-        takes the waiting run back (:meth:`_hand_on`)."""
+        for the waiting run before it gives its lock up and, finding none, once more after
+        (:meth:`_look_again`), so one of the two sees the other and takes the waiting run back
+        (:meth:`_hand_on`)."""
         if self.attempt > 0:
             return RETRY_NO_WAIT_WHY.format(policy=policy)
         if not self.ledger.wait(
@@ -502,7 +503,7 @@ class Overlap:
                 action="replace-revoke-failed",
             )
 
-    def _hand_on(self, periodic_task_id: int, *, handed: bool) -> None:
+    def _hand_on(self, periodic_task_id: int, *, handed: bool, look_again: bool = True) -> None:
         """Overlap policies ``buffer_one``, ``buffer_all``, outside a body: take the task's
         running lock (free, or, ``handed``, handed to this run), take the task's earliest
         waiting run back and hand the lock to it (:meth:`_take_back_waiting`), then publish
@@ -510,7 +511,8 @@ class Overlap:
         of the task runs (so it publishes the earliest, itself if it is), and a run the lock
         was handed to whose delivery ends without its body (expired, a copy of a finished run)
         passes its turn on. Nothing when the lock is held, or the lock backend cannot tell:
-        then a beat publishes the waiting run once the lock is free."""
+        then a beat publishes the waiting run once the lock is free. Having given the lock up
+        handed to no run, it looks once more (``look_again``, :meth:`_look_again`)."""
         task_lock = running_lock(lock_backend(self.settings), periodic_task_id, self.settings)
         try:
             taken = (
@@ -524,7 +526,28 @@ class Overlap:
             return
         with task_lock.watch(watchdog=False) as held:
             self._take_back_waiting(periodic_task_id, held)
-        self.publish_released()
+        if self.released:
+            self.publish_released()
+        elif look_again:
+            self._look_again(periodic_task_id)
+
+    def _look_again(self, periodic_task_id: int) -> None:
+        """The task's running lock given up, handed to no run (this delivery looked for a
+        waiting run while it held the lock, and found none): a run that began waiting after
+        that look found the lock still held and left its turn to the holder, so the holder
+        looks once more, and a run it finds waiting is handed on as by a run that just waited
+        (:meth:`_hand_on`, with no further look). Of a waiter (writes that it waits, then
+        tries the lock) and a holder (gives the lock up, then looks), one sees the other.
+        Never raises: a waiting run left is published by a beat's recovery pass."""
+        if self.released:  # the lock was handed to the run taken back
+            return
+        try:
+            waiting = self.ledger.others_waiting(periodic_task_id, self.run_id)
+        except Exception as exc:  # the database away: the beats take it over
+            self._release_failed(exc)
+            return
+        if waiting:
+            self._hand_on(periodic_task_id, handed=False, look_again=False)
 
     def _take_back_waiting(self, periodic_task_id: int, held: HeldLock) -> None:
         """Overlap policies ``buffer_one``, ``buffer_all``, the task's running lock still held
@@ -626,8 +649,10 @@ class Overlap:
         ):
             return False
         if held:
+            if buffering:  # once the lock is given up (the stack's order)
+                self.locks.callback(self._look_again, periodic_task_id)
             watched = self.locks.enter_context(task_lock.watch())
-            if buffering:  # given up before the lock is (the stack's order)
+            if buffering:  # before the lock is given up
                 self.locks.callback(self._take_back_waiting, periodic_task_id, watched)
             if policy == OverlapPolicy.REPLACE:
                 self._revoke_retrying(periodic_task_id, self._now(), self._named())

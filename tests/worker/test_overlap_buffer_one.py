@@ -125,6 +125,50 @@ def test_a_run_that_ends_while_the_next_one_decides_to_wait_does_not_strand_it(
     assert calls == ["x"]
 
 
+@pytest.mark.parametrize("policy", ["buffer_one", "buffer_all", "replace"])
+def test_a_run_that_waits_once_the_ending_run_looked_is_published_as_the_lock_is_given_up(
+    record: Any,
+    calls: list[Any],
+    redis_client: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+    locks: str,
+    policy: str,
+) -> None:
+    """The race's other side: the running run's end looks for a waiting run and finds none;
+    the next slot's delivery then waits and finds the running lock still held (not given up
+    yet), so it leaves its turn to the holder. Having given the lock up handed to nobody, the
+    ending run looks once more and publishes the waiting run. Before, it waited for a beat's
+    recovery pass (a chaos run whose beats had stopped left such a run waiting for good)."""
+    from celery_driftsafe.claim import outbox
+
+    periodic = overlap_task(f"waits-after-the-look-{policy}", policy)
+    first, second = (slot_run(periodic, s) for s in (1, 2))
+    original = outbox.release_waiting
+    seen: list[str] = []
+
+    def waits_after_the_look(*args: Any, **kwargs: Any) -> Any:
+        runs = original(*args, **kwargs)
+        if not seen:
+            comes = threading.Thread(target=deliver, args=(record, second, "b"))
+            comes.start()
+            comes.join()
+            seen.append(Run.objects.get(pk=second.pk).status)
+        return runs
+
+    drain()
+    with body_running(record, first, "a", redis_client):
+        monkeypatch.setattr(outbox, "release_waiting", waits_after_the_look)
+    monkeypatch.undo()
+    assert seen == [RunStatus.WAITING], "the next slot waited while the lock was held"
+    second.refresh_from_db()
+    assert second.status == RunStatus.DISPATCHED, second.error
+    assert second.claimed_by == "worker:worker-1"
+    assert deliver_published(record, second, "x") == "x"
+    assert calls == ["a", "x"]
+    assert Run.objects.get(pk=second.pk).status == RunStatus.SUCCEEDED
+
+
 def _first_ran_while_second_waited(
     record: Any, redis_client: Any, name: str, meanwhile: Any = None
 ) -> tuple[Run, Run]:
