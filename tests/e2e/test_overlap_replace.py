@@ -1,11 +1,11 @@
 """End-to-end: overlap policy ``replace`` with two real ``celery beat`` processes (clocks 0.7 s
-apart) and three real ``celery worker`` processes side by side, a prefork one, a gevent one and
-a threads one, each on a queue of its own with a task of its own: a 2-second task whose body
-takes far longer. On prefork each slot's run replaces the previous one, whose body is
-terminated (its pool process killed outright, so the worker's main process hands the task on);
-on gevent the revoke kills the body's greenlet, which unwinds and hands the task on itself; on
-threads, which cannot terminate a body, the next run waits for the running body to end. Every
-fact is read from the ledger and from the lines the bodies write."""
+apart) and four real ``celery worker`` processes side by side, a prefork one, a gevent one, an
+eventlet one and a threads one, each on a queue of its own with a task of its own: a 2-second
+task whose body takes far longer. On prefork each slot's run replaces the previous one, whose
+body is terminated (its pool process killed outright, so the worker's main process hands the
+task on); on gevent and eventlet the revoke kills the body's greenlet, which unwinds and hands
+the task on itself; on threads, which cannot terminate a body, the next run waits for the
+running body to end. Every fact is read from the ledger and from the lines the bodies write."""
 
 from __future__ import annotations
 
@@ -78,19 +78,23 @@ def _slot_named(error: str) -> str:
     return error.split("the run of slot ", 1)[1].split(" ", 1)[0]
 
 
-def test_real_beats_replace_terminates_on_prefork_and_gevent_and_waits_on_threads(
+def test_real_beats_replace_terminates_on_prefork_and_green_pools_and_waits_on_threads(
     tmp_path: Path,
 ) -> None:
     run = E2ERun("postgresql", tmp_path, lease=10.0, dead_after=3.0)
     threads_queue, gevent_queue = f"{run.queue}-threads", f"{run.queue}-gevent"
+    eventlet_queue = f"{run.queue}-eventlet"
     try:
         prefork = run.start_worker("prefork", pool="prefork", concurrency=2)
         threads = run.start_worker("threads", pool="threads", concurrency=2, queue=threads_queue)
         gevent = run.start_worker("gevent", pool="gevent", concurrency=2, queue=gevent_queue)
+        eventlet = run.start_worker(
+            "eventlet", pool="eventlet", concurrency=2, queue=eventlet_queue
+        )
         run.start_beat(0.0)
         run.start_beat(0.7)
         run.wait_until_claiming()
-        for worker in (prefork, threads, gevent):
+        for worker in (prefork, threads, gevent, eventlet):
             run.wait_ready(worker)
         start = real_now() + timedelta(seconds=1)
         run.seed(
@@ -101,6 +105,7 @@ def test_real_beats_replace_terminates_on_prefork_and_gevent_and_waits_on_thread
                 _replacing("waits", [THREADS_BODY], threads_queue),
                 # its greenlet killed: it unwinds (and says so), handing the lock on itself
                 _replacing("greenlet", [PREFORK_BODY, False, True], gevent_queue),
+                _replacing("eventlet-greenlet", [PREFORK_BODY, False, True], eventlet_queue),
             ],
             start,
         )
@@ -115,7 +120,12 @@ def test_real_beats_replace_terminates_on_prefork_and_gevent_and_waits_on_thread
     ids = {t["name"]: t["id"] for t in dump["tasks"]}
     bodies = _bodies(tmp_path / "executions.log")
     by_id = {r["id"]: r for r in runs}
-    for name, pool in (("cut", "prefork"), ("waits", "threads"), ("greenlet", "gevent")):
+    for name, pool in (
+        ("cut", "prefork"),
+        ("waits", "threads"),
+        ("greenlet", "gevent"),
+        ("eventlet-greenlet", "eventlet"),
+    ):
         mine = sorted((r for r in runs if r["task_id"] == ids[name]), key=lambda r: r["slot"])
         print(f"\n{pool}:")
         for r in mine:
@@ -131,7 +141,7 @@ def test_real_beats_replace_terminates_on_prefork_and_gevent_and_waits_on_thread
             body = bodies.get((ids[name], r["slot"]), _no_lines())
             assert len(body["begin"]) <= 1 and len(body["end"]) <= 1, f"doubled: {r}"
             # (prefork: a later body began while this one's process still ran; threads and
-            # gevent, one process, are judged by their spans below)
+            # the green pools, one process each, are judged by their spans below)
             assert not body["alive"], f"a later body began beside this one: {r}"
             if r["status"] == "skipped":  # its delivery came after a later slot's
                 assert "a run of a later slot of this task runs or waits" in r["error"], r
@@ -150,8 +160,8 @@ def test_real_beats_replace_terminates_on_prefork_and_gevent_and_waits_on_thread
             else:
                 assert body["begin"] and body["end"], f"succeeded without its body: {r}"
         # a run that waited was published again (a second dispatch) by a worker (the main
-        # process of the prefork one, the body's end or unwinding on threads and gevent), not
-        # by a beat after the lease
+        # process of the prefork one, the body's end or unwinding on threads and the green
+        # pools), not by a beat after the lease
         ran = [r for r in mine if bodies.get((ids[name], r["slot"]), {}).get("begin")]
         assert len(ran) >= 2, (pool, ran)
         released = [r for r in mine if r["attempts"] >= 2]
@@ -166,10 +176,10 @@ def test_real_beats_replace_terminates_on_prefork_and_gevent_and_waits_on_thread
             assert ended == ran, "a threads body was cut short"
         else:
             # each run replaced while its body ran was cut short (terminated): no end line
-            # (gevent: its greenlet unwound, and said so)
+            # (gevent, eventlet: its greenlet unwound, and said so)
             assert all(not bodies[(ids[name], r["slot"])]["end"] for r in replaced_running)
             assert ended == [mine[-1]], "only the last body ran to its end"
-        if pool == "gevent":
+        if pool in ("gevent", "eventlet"):
             assert all(bodies[(ids[name], r["slot"])]["cut"] for r in replaced_running)
         if pool != "prefork":
             # one process: its bodies' spans (to the end, or to the cut) one after the other
