@@ -37,6 +37,18 @@ SLOTS = 3
 PREFORK_BODY = 5.0
 #: The threads task's body: longer than the interval, short enough to run to its end.
 THREADS_BODY = 3.0
+#: The pools whose revoke kills the body's greenlet: it unwinds (and says so), handing the
+#: lock on itself.
+GREEN_POOLS = ("gevent", "eventlet")
+#: Each worker's pool -> its task's name and ``e2e.slot_phases`` arguments. On prefork the
+#: body's process is killed outright by the revoke: its delivery cannot hand the lock on, the
+#: worker's main process does.
+TASKS: dict[str, tuple[str, list[Any]]] = {
+    "prefork": ("cut", [PREFORK_BODY, True]),
+    "threads": ("waits", [THREADS_BODY]),
+    "gevent": ("greenlet", [PREFORK_BODY, False, True]),
+    "eventlet": ("eventlet-greenlet", [PREFORK_BODY, False, True]),
+}
 
 
 def _replacing(name: str, args: list[Any], queue: str) -> dict[str, Any]:
@@ -82,31 +94,20 @@ def test_real_beats_replace_terminates_on_prefork_and_green_pools_and_waits_on_t
     tmp_path: Path,
 ) -> None:
     run = E2ERun("postgresql", tmp_path, lease=10.0, dead_after=3.0)
-    threads_queue, gevent_queue = f"{run.queue}-threads", f"{run.queue}-gevent"
-    eventlet_queue = f"{run.queue}-eventlet"
+    queues = {pool: run.queue if pool == "prefork" else f"{run.queue}-{pool}" for pool in TASKS}
     try:
-        prefork = run.start_worker("prefork", pool="prefork", concurrency=2)
-        threads = run.start_worker("threads", pool="threads", concurrency=2, queue=threads_queue)
-        gevent = run.start_worker("gevent", pool="gevent", concurrency=2, queue=gevent_queue)
-        eventlet = run.start_worker(
-            "eventlet", pool="eventlet", concurrency=2, queue=eventlet_queue
-        )
+        workers = {
+            pool: run.start_worker(pool, pool=pool, concurrency=2, queue=queues[pool])
+            for pool in TASKS
+        }
         run.start_beat(0.0)
         run.start_beat(0.7)
         run.wait_until_claiming()
-        for worker in (prefork, threads, gevent, eventlet):
+        for worker in workers.values():
             run.wait_ready(worker)
         start = real_now() + timedelta(seconds=1)
         run.seed(
-            [
-                # killed outright by the revoke: its delivery cannot hand the lock on, the
-                # worker's main process does
-                _replacing("cut", [PREFORK_BODY, True], run.queue),
-                _replacing("waits", [THREADS_BODY], threads_queue),
-                # its greenlet killed: it unwinds (and says so), handing the lock on itself
-                _replacing("greenlet", [PREFORK_BODY, False, True], gevent_queue),
-                _replacing("eventlet-greenlet", [PREFORK_BODY, False, True], eventlet_queue),
-            ],
+            [_replacing(name, args, queues[pool]) for pool, (name, args) in TASKS.items()],
             start,
         )
         last_slot = start + timedelta(seconds=(SLOTS - 1) * INTERVAL)
@@ -114,18 +115,13 @@ def test_real_beats_replace_terminates_on_prefork_and_green_pools_and_waits_on_t
         runs = run.all_ended(timeout=60)  # nothing left waiting or started
         dump = run.tool("dump")
         logs = run.logs()
-        threads_log = threads.log.read_text()
+        threads_log = workers["threads"].log.read_text()
     finally:
         run.close()
     ids = {t["name"]: t["id"] for t in dump["tasks"]}
     bodies = _bodies(tmp_path / "executions.log")
     by_id = {r["id"]: r for r in runs}
-    for name, pool in (
-        ("cut", "prefork"),
-        ("waits", "threads"),
-        ("greenlet", "gevent"),
-        ("eventlet-greenlet", "eventlet"),
-    ):
+    for pool, (name, _args) in TASKS.items():
         mine = sorted((r for r in runs if r["task_id"] == ids[name]), key=lambda r: r["slot"])
         print(f"\n{pool}:")
         for r in mine:
@@ -179,7 +175,7 @@ def test_real_beats_replace_terminates_on_prefork_and_green_pools_and_waits_on_t
             # (gevent, eventlet: its greenlet unwound, and said so)
             assert all(not bodies[(ids[name], r["slot"])]["end"] for r in replaced_running)
             assert ended == [mine[-1]], "only the last body ran to its end"
-        if pool in ("gevent", "eventlet"):
+        if pool in GREEN_POOLS:
             assert all(bodies[(ids[name], r["slot"])]["cut"] for r in replaced_running)
         if pool != "prefork":
             # one process: its bodies' spans (to the end, or to the cut) one after the other
